@@ -1,0 +1,1 @@
+"""tapfix core: pure logic (no mitmproxy imports outside the runner) and the CLI."""

@@ -1,0 +1,19 @@
+"""Every change tapfix makes to traffic, recorded beside the original (design invariant 2)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Change:
+    stage: str  # "router", "sampling", "reasoning", "toolcalls", "framing", ...
+    kind: str  # "inject", "override", "clamp", "drop", "rename", "repair", "detect", ...
+    path: str  # JSON path of what changed, e.g. "$.temperature" or "$.choices[0].tool_calls[1]"
+    before: Any = None
+    after: Any = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

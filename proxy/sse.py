@@ -1,0 +1,126 @@
+"""Server-sent events, split without changing a byte.
+
+The proxy must pass streams through byte for byte (CRLF, comments, odd spacing), so the splitter
+never re-serializes: it only finds event boundaries and hands out the original bytes of each event,
+terminating blank line included. Stages that need an event's payload call `event_data`.
+"""
+
+from __future__ import annotations
+
+import re
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class SSESplitter:
+    """Incremental splitter: `feed(chunk) -> [event_bytes, ...]`, `flush() -> [rest]`.
+
+    Each returned item is one whole event as it arrived, ending with its blank line, so that
+    `b"".join(all outputs) == b"".join(all inputs)` always holds.
+    """
+
+    __slots__ = ("_buffer", "_cr_seen")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._cr_seen = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if not chunk:
+            return []
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if not self._cr_seen and b"\r" in chunk:
+            self._cr_seen = True
+        if not self._cr_seen:
+            # Fast path: LF-only streams (vLLM, SGLang, llama.cpp all send these).
+            end = buffer.rfind(b"\n\n")
+            if end < 0:
+                self._buffer = buffer
+                return []
+            self._buffer = buffer[end + 2 :]
+            whole = buffer[: end + 2]
+            if whole.count(b"\n\n") == 1:
+                return [whole]
+            return _split_lf(whole)
+        events, self._buffer = _split_general(buffer)
+        return events
+
+    def flush(self) -> list[bytes]:
+        rest, self._buffer = self._buffer, b""
+        return [rest] if rest else []
+
+    @property
+    def pending(self) -> bytes:
+        return self._buffer
+
+
+def _split_lf(whole: bytes) -> list[bytes]:
+    events = []
+    start = 0
+    while True:
+        end = whole.find(b"\n\n", start)
+        if end < 0:
+            return events
+        # A run of blank lines ("\n\n\n") belongs to the event that ends first.
+        stop = end + 2
+        while stop < len(whole) and whole[stop] == 0x0A:
+            stop += 1
+        events.append(whole[start:stop])
+        start = stop
+
+
+def _split_general(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Split on any of CRLF, CR, LF; a trailing CR is held (it may be half of a CRLF)."""
+    events: list[bytes] = []
+    start = 0
+    line_start = 0
+    pos = 0
+    n = len(buffer)
+    while pos < n:
+        m = _LINE_END.search(buffer, pos)
+        if m is None:
+            break
+        if m.group() == b"\r" and m.end() == n:
+            break  # may be the first half of CRLF
+        if m.start() == line_start and line_start > start:
+            events.append(buffer[start : m.end()])
+            start = m.end()
+        elif m.start() == line_start and line_start == start:
+            # a blank line with no event before it: glue it to the previous event or keep it alone
+            if events:
+                events[-1] += buffer[start : m.end()]
+            else:
+                events.append(buffer[start : m.end()])
+            start = m.end()
+        line_start = m.end()
+        pos = m.end()
+    return events, buffer[start:]
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The event's `data` payload (data lines joined by LF), or None for comment-only events."""
+    if event.startswith(b"data: ") and event.count(b"\n") <= 2 and b"\r" not in event:
+        # The common one-line event `data: {...}\n\n`.
+        return event[6:].rstrip(b"\n")
+    parts = []
+    for line in _LINE_END.split(event):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            if value.startswith(b" "):
+                value = value[1:]
+            parts.append(value)
+    if not parts:
+        return None
+    return b"\n".join(parts)
+
+
+def format_event(data: bytes, newline: bytes = b"\n") -> bytes:
+    """A one-line `data:` event, the way vLLM and SGLang frame them."""
+    return b"data: " + data + newline + newline
+
+
+def comment(text: str, newline: bytes = b"\n") -> bytes:
+    return b": " + text.encode() + newline + newline
+
+
+DONE = b"[DONE]"
