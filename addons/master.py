@@ -1,0 +1,131 @@
+"""Runs mitmproxy in this process through its Python API, with tapfix's addon chain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+
+from tapfix.proxy.settings import Settings
+from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.upstream import UpstreamTarget
+
+from . import default_addons
+from .runtime import Runtime
+
+log = logging.getLogger("tapfix")
+
+
+def confdir() -> Path:
+    """mitmproxy's CA lives under the user's config dir, readable by the user only."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    path = base / "tapfix" / "mitmproxy"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def build_runtime(settings: Settings, policy: Any = None, targets: dict[str, UpstreamTarget] | None = None,
+                  writer: CaptureWriter | None = None) -> Runtime:
+    default = UpstreamTarget.parse(settings.upstream) if settings.upstream else None
+    all_targets = dict(targets or {})
+    if default is not None:
+        all_targets.setdefault(default.name, default)
+    if default is None and all_targets and settings.mode == "reverse":
+        default = next(iter(all_targets.values()))
+    runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy,
+                      targets=all_targets)
+    runtime.intercept_hosts = set(settings.intercept) or {t.host for t in all_targets.values()}
+    return runtime
+
+
+def mitm_options(settings: Settings, runtime: Runtime) -> dict[str, Any]:
+    if settings.mode == "reverse":
+        if runtime.default_target is None:
+            raise ValueError("reverse mode needs an upstream (--upstream URL or a config with upstreams)")
+        mode = [f"reverse:{runtime.default_target.origin}@{settings.listen_host}:{settings.listen_port}"]
+    else:
+        mode = [f"regular@{settings.listen_host}:{settings.listen_port}"]
+    opts: dict[str, Any] = dict(
+        mode=mode,
+        connection_strategy="lazy",
+        ssl_insecure=settings.insecure,
+        termlog_verbosity="warn",
+        tcp_timeout=settings.idle_timeout,
+    )
+    if settings.upstream_ca:
+        opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)
+    if settings.mode == "regular" and runtime.intercept_hosts:
+        opts["allow_hosts"] = [_host_pattern(h) for h in sorted(runtime.intercept_hosts)]
+    return opts
+
+
+def _host_pattern(host: str) -> str:
+    import re
+
+    return rf"^{re.escape(host)}(:\d+)?$"
+
+
+async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> None:
+    master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
+    master.options.update(**mitm_options(settings, runtime))
+    master.addons.add(*default_addons(runtime))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, master.shutdown)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not on the main thread
+            pass
+    task = asyncio.create_task(master.run())
+    addrs = await _wait_listening(master)
+    if not addrs:
+        master.shutdown()
+        await task
+        raise OSError(f"could not listen on {settings.listen_host}:{settings.listen_port} (in use?)")
+    if ready is not None:
+        ready()
+    await task
+
+
+async def _wait_listening(master: DumpMaster) -> list[Any]:
+    proxyserver = master.addons.get("proxyserver")
+    for _ in range(500):
+        if proxyserver.is_running and not proxyserver.servers.is_updating:
+            return list(proxyserver.listen_addrs())
+        await asyncio.sleep(0.01)
+    return []
+
+
+def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
+    """Blocking: serve until SIGINT/SIGTERM, then drain the capture queue before exiting."""
+    try:
+        asyncio.run(serve(settings, runtime, ready=ready))
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        print(f"tapfix: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if runtime.writer is not None:
+            runtime.writer.close()
+            health = runtime.writer.health()
+            if health["failures"]:
+                print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)
+    return 0
+
+
+def prepare(settings: Settings) -> Runtime:
+    """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
+    policy, targets = None, {}
+    from .policy_setup import build_policy
+
+    policy, targets = build_policy(settings)
+    writer = CaptureWriter(settings.db)
+    return build_runtime(settings, policy=policy, targets=targets, writer=writer)

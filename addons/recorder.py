@@ -1,0 +1,106 @@
+"""Recorder: first in the chain it keeps the client's exact request; last, it hands the exchange
+to the capture writer. Nothing here parses a response or touches disk (that is the writer's job)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+from mitmproxy import http
+
+from tapfix.proxy.exchange import Exchange
+
+from .runtime import META, Runtime, exchange_of
+
+log = logging.getLogger("tapfix")
+INFERENCE_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages")
+
+
+class RecordRequest:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live or META in flow.metadata:
+            return
+        if not self.runtime.intercepted(flow) or flow.request.path.startswith("/tapfix/"):
+            return
+        request = flow.request
+        body = request.raw_content or b""
+        ex = Exchange(
+            client_addr=f"{flow.client_conn.peername[0]}" if flow.client_conn.peername else "",
+            method=request.method,
+            path=request.path,
+            url=request.pretty_url,
+            user_agent=request.headers.get("user-agent", ""),
+            client_body=body,
+            request_headers=list(request.headers.items(multi=True)),
+            store_bodies=self.runtime.settings.store_bodies,
+        )
+        ex.started_at = request.timestamp_start or time.time()
+        if request.method == "POST" and body[:1] == b"{" and request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
+            try:
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                ex.flags.add("malformed_request_body")
+            else:
+                if isinstance(parsed, dict):
+                    ex.extra["json"] = parsed
+                    model = parsed.get("model")
+                    ex.model = model if isinstance(model, str) else None
+                    ex.stream = parsed.get("stream") is True
+                    tools = parsed.get("tools")
+                    ex.tools = tools if isinstance(tools, list) and tools else None
+        elif request.method == "POST" and body and request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
+            ex.flags.add("malformed_request_body")
+        flow.metadata[META] = ex
+        self.runtime.exchanges_seen += 1
+
+
+class RecordExchange:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is None or ex.ended_at is not None:
+            return
+        self._finish(flow, ex)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is None or ex.ended_at is not None:
+            return
+        message = flow.error.msg if flow.error else "unknown error"
+        ex.error = message
+        lowered = message.lower()
+        if flow.response is None:
+            ex.flags.add("upstream_error")
+        elif "client" in lowered:
+            ex.flags.add("client_disconnected")
+        else:
+            ex.flags.add("upstream_reset")
+        self._finish(flow, ex)
+
+    def _finish(self, flow: http.HTTPFlow, ex: Exchange) -> None:
+        ex.ended_at = time.perf_counter()
+        request = flow.request
+        if request.raw_content != ex.client_body:
+            ex.forwarded_body = request.raw_content
+        forwarded_headers = list(request.headers.items(multi=True))
+        if forwarded_headers != ex.request_headers:
+            ex.forwarded_headers = forwarded_headers
+        ex.upstream_url = request.pretty_url if ex.upstream_url == "" else ex.upstream_url
+        response = flow.response
+        if response is not None:
+            ex.status = response.status_code
+            ex.response_headers = list(response.headers.items(multi=True))
+            ex.content_type = response.headers.get("content-type", "")
+            if not response.stream and ex.upstream_body is None and not ex.upstream_chunks:
+                ex.upstream_body = response.raw_content or b""
+        self.runtime.submit(ex)
+        if self.runtime.settings.verbose or log.isEnabledFor(logging.INFO):
+            took = (ex.ended_at - ex.mark) * 1000
+            log.info("%s %s %s model=%s %s %.0fms id=%s%s", ex.method, ex.path, ex.status or "-", ex.model,
+                     "stream" if ex.stream else "", took, ex.id, f" error={ex.error}" if ex.error else "")

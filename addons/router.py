@@ -1,0 +1,95 @@
+"""Router: picks the upstream for each request, applies the request policy (model aliases, sampling
+defaults, reasoning dialect), and answers locally when forwarding can't work (unknown model,
+upstream down) with JSON errors agents understand — never mitmproxy's HTML 502."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from mitmproxy import http
+
+from tapfix.proxy.changes import Change
+from tapfix.proxy.upstream import UpstreamTarget
+
+from .runtime import Runtime, exchange_of
+
+log = logging.getLogger("tapfix")
+
+
+def json_response(status: int, payload: object, capture_id: str | None = None) -> http.Response:
+    headers = {"content-type": "application/json"}
+    if capture_id:
+        headers["x-tapfix-capture-id"] = capture_id
+    return http.Response.make(status, orjson.dumps(payload), headers)
+
+
+class Router:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        if flow.request.path.startswith("/tapfix/health"):
+            flow.response = json_response(200, self.runtime.health())
+            return
+        ex = exchange_of(flow)
+        if ex is None:
+            return
+        target = self.runtime.default_target
+        policy = self.runtime.policy
+        if policy is not None:
+            outcome = policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
+            ex.changes.extend(outcome.changes)
+            ex.flags.update(outcome.flags)
+            ex.served_model = outcome.served_model
+            if outcome.error is not None:
+                status, body = outcome.error
+                flow.response = http.Response.make(status, body, {"content-type": "application/json",
+                                                                  "x-tapfix-capture-id": ex.id})
+                return
+            if outcome.body is not flow.request.raw_content:
+                flow.request.raw_content = outcome.body
+            for name in getattr(outcome, "remove_headers", ()) or ():
+                flow.request.headers.pop(name, None)
+            for name, value in (outcome.upstream_headers or {}).items():
+                flow.request.headers[name] = value
+            if outcome.upstream is not None:
+                target = self.runtime.targets.get(outcome.upstream.name) or target
+        if target is None:  # regular mode: the client chose the host
+            self._strip_encoding(flow)
+            return
+        self._point_at(flow, target)
+        ex.upstream_url = f"{target.origin}{flow.request.path}"
+        ex.extra["target"] = target.name
+        self._strip_encoding(flow)
+        why = await self.runtime.unreachable(target)
+        if why is not None:
+            ex.flags.add("upstream_unreachable")
+            ex.error = f"upstream {target.url} unreachable: {why}"
+            flow.response = json_response(
+                502, {"error": {"message": ex.error, "type": "upstream_unreachable"}}, ex.id
+            )
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is not None and "target" in ex.extra and flow.response and flow.server_conn.timestamp_start:
+            self.runtime.saw_upstream(ex.extra["target"])
+
+    @staticmethod
+    def _point_at(flow: http.HTTPFlow, target: UpstreamTarget) -> None:
+        request = flow.request
+        request.scheme = target.scheme
+        request.host = target.host
+        request.port = target.port
+        request.path = target.join(request.path)
+
+    @staticmethod
+    def _strip_encoding(flow: http.HTTPFlow) -> None:
+        """Compressed SSE can't be read, repaired or recorded as text: ask the upstream for identity."""
+        ex = exchange_of(flow)
+        value = flow.request.headers.pop("accept-encoding", None)
+        if value is not None and ex is not None:
+            ex.changes.append(Change("framing", "drop", "headers.accept-encoding", value, None,
+                                     "tapfix reads the response; compressed SSE can't be repaired or recorded"))

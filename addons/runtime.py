@@ -1,0 +1,75 @@
+"""State shared by the addons of one proxy process: settings, the capture writer, upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import http
+
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.settings import Settings
+from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.upstream import UpstreamTarget
+
+log = logging.getLogger("tapfix")
+REACHABLE_FOR_S = 2.0
+META = "tapfix"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    writer: CaptureWriter | None
+    default_target: UpstreamTarget | None
+    policy: Any = None  # tapfix.proxy.request_policy.RequestPolicy in config mode / with request-side flags
+    targets: dict[str, UpstreamTarget] = field(default_factory=dict)
+    intercept_hosts: set[str] = field(default_factory=set)
+    exchanges_seen: int = 0
+    started: float = field(default_factory=time.time)
+    _reachable_until: dict[str, float] = field(default_factory=dict)
+
+    def intercepted(self, flow: http.HTTPFlow) -> bool:
+        """Regular mode captures only allow-listed hosts; reverse mode captures everything."""
+        if self.settings.mode == "reverse":
+            return True
+        return flow.request.pretty_host in self.intercept_hosts
+
+    async def unreachable(self, target: UpstreamTarget) -> str | None:
+        """None if the upstream accepts TCP connections; else why not. Cached for a moment when it did."""
+        now = time.monotonic()
+        if self._reachable_until.get(target.name, 0.0) > now:
+            return None
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(target.host, target.port), self.settings.connect_timeout
+            )
+        except (OSError, TimeoutError) as e:
+            return str(e) or type(e).__name__
+        writer.close()
+        self._reachable_until[target.name] = now + REACHABLE_FOR_S
+        return None
+
+    def saw_upstream(self, target_name: str) -> None:
+        self._reachable_until[target_name] = time.monotonic() + REACHABLE_FOR_S
+
+    def submit(self, exchange: Exchange) -> None:
+        if self.writer is not None:
+            self.writer.submit(exchange)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "uptime_s": round(time.time() - self.started, 1),
+            "exchanges": self.exchanges_seen,
+            "capture_writer": self.writer.health() if self.writer else None,
+            "mode": self.settings.mode,
+            "upstreams": {name: t.url for name, t in self.targets.items()},
+        }
+
+
+def exchange_of(flow: http.HTTPFlow) -> Exchange | None:
+    return flow.metadata.get(META)

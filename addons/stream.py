@@ -1,0 +1,81 @@
+"""Stream owner: the only addon that sets `flow.response.stream` (a flow has one stream callable).
+
+It composes the recorder's taps with the response stages (tool-call repair, reasoning-field
+rename) in one `StreamPipeline`; plain JSON bodies go through the same stages in `response`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mitmproxy import http
+
+from tapfix.proxy.changes import Change
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.pipeline import Stage, StreamPipeline
+
+from .runtime import Runtime, exchange_of
+
+
+def _is_chat(ex: Exchange) -> bool:
+    return ex.path.split("?")[0].endswith("/chat/completions")
+
+
+class StreamOwner:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def stages_for(self, ex: Exchange) -> list[Stage]:
+        stages: list[Stage] = []
+        policy = self.runtime.settings.tool_repair
+        if policy != "off" and ex.tools and _is_chat(ex):
+            from tapfix.proxy.toolcalls import ChatToolCallRepair
+
+            stage = ChatToolCallRepair(ex.tools, policy=policy, capture_id=ex.id)
+            ex.extra["toolcalls"] = stage
+            stages.append(stage)
+        rename = self.runtime.policy.response_stage(ex) if self.runtime.policy is not None and hasattr(
+            self.runtime.policy, "response_stage") else None
+        if rename is not None:
+            stages.append(rename)
+        return stages
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        response = flow.response
+        if ex is None or response is None:
+            return
+        ex.response_started_at = time.perf_counter()
+        response.headers["x-tapfix-capture-id"] = ex.id
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            return
+        ex.content_type = response.headers.get("content-type", "")
+        stages = self.stages_for(ex) if response.status_code < 400 else []
+        if stages and "content-length" in response.headers:
+            length = response.headers.pop("content-length")
+            ex.changes.append(Change("framing", "drop", "headers.content-length", length, None,
+                                     "the stream may change length when repaired; sent chunked instead"))
+        flow.response.stream = StreamPipeline(ex, stages)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        response = flow.response
+        if ex is None or response is None or response.stream:
+            return
+        body = response.raw_content or b""
+        ex.upstream_body = body
+        ex.content_type = response.headers.get("content-type", "")
+        policy = self.runtime.settings.tool_repair
+        if policy == "off" or not ex.tools or not _is_chat(ex) or response.status_code >= 400:
+            return
+        if response.headers.get("content-encoding"):
+            return
+        from tapfix.proxy.toolcalls import repair_chat_completion
+
+        repaired, changes, outcome = repair_chat_completion(body, ex.tools)
+        ex.changes.extend(changes)
+        if outcome and outcome != "untouched":
+            ex.flags.add(f"toolcall_{outcome}")
+        if repaired is not body and repaired != body:
+            ex.client_body_out = repaired
+            response.raw_content = repaired

@@ -1,0 +1,138 @@
+"""Body storage: every body reconstructs byte for byte, a long agent session costs a few % of raw.
+
+Agents resend the whole conversation each turn, so turn N's body is turn N-1's body with a few
+thousand bytes spliced in near the end. A body is stored as a prefix/suffix delta against the
+latest body of the same family (session) when they share most bytes; the middle is zlib-compressed.
+Chains are capped in depth so a read never rebuilds more than `MAX_DEPTH` bodies, and identical
+bodies are stored once (content-addressed by sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import zlib
+from collections import OrderedDict
+
+MAX_DEPTH = 48
+MIN_SHARED_FRACTION = 0.5
+_FAMILIES = 256
+
+
+def common_prefix_len(a: bytes, b: bytes) -> int:
+    """Length of the shared prefix, by binary search on slices (memcmp speed, not a Python loop)."""
+    hi = min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_suffix_len(a: bytes, b: bytes, limit: int) -> int:
+    hi = min(len(a), len(b), limit)
+    if hi == 0:
+        return 0
+    if a[len(a) - hi :] == b[len(b) - hi :]:
+        return hi
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid : len(a) - lo] == b[len(b) - mid : len(b) - lo]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _pack(data: bytes) -> tuple[str, bytes]:
+    if len(data) < 64:
+        return "raw", data
+    packed = zlib.compress(data, 6)
+    if len(packed) >= len(data):
+        return "raw", data
+    return "zlib", packed
+
+
+def _unpack(encoding: str, data: bytes) -> bytes:
+    return zlib.decompress(data) if encoding == "zlib" else bytes(data)
+
+
+class BodyWriter:
+    """Used by the single writer thread only; keeps the latest body of each family in memory."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._latest: OrderedDict[str, tuple[int, bytes, int]] = OrderedDict()
+
+    def put(self, data: bytes, family: str | None = None) -> int:
+        digest = hashlib.sha256(data).hexdigest()
+        row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
+        if row is not None:
+            self._remember(family, row[0], data, row[1])
+            return row[0]
+        base = self._latest.get(family) if family else None
+        body_id, depth = self._insert(data, digest, base)
+        self._remember(family, body_id, data, depth)
+        return body_id
+
+    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes, int] | None) -> tuple[int, int]:
+        if base is not None and base[2] < MAX_DEPTH:
+            base_id, base_data, base_depth = base
+            prefix = common_prefix_len(data, base_data)
+            suffix = common_suffix_len(data, base_data, min(len(data), len(base_data)) - prefix)
+            if prefix + suffix >= MIN_SHARED_FRACTION * len(data):
+                encoding, packed = _pack(data[prefix : len(data) - suffix])
+                cur = self.conn.execute(
+                    "insert into bodies (sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth)"
+                    " values (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (digest, len(data), base_id, prefix, suffix, encoding, packed, base_depth + 1),
+                )
+                return int(cur.lastrowid or 0), base_depth + 1
+        encoding, packed = _pack(data)
+        cur = self.conn.execute(
+            "insert into bodies (sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth)"
+            " values (?, ?, NULL, 0, 0, ?, ?, 0)",
+            (digest, len(data), encoding, packed),
+        )
+        return int(cur.lastrowid or 0), 0
+
+    def _remember(self, family: str | None, body_id: int, data: bytes, depth: int) -> None:
+        if not family:
+            return
+        self._latest[family] = (body_id, data, depth)
+        self._latest.move_to_end(family)
+        while len(self._latest) > _FAMILIES:
+            self._latest.popitem(last=False)
+
+    def shares_prefix(self, family: str, data: bytes) -> bool:
+        base = self._latest.get(family)
+        return base is not None and common_prefix_len(data, base[1]) >= MIN_SHARED_FRACTION * len(data)
+
+
+def read_body(conn: sqlite3.Connection, body_id: int | None) -> bytes | None:
+    """Rebuild a body from its delta chain (iteratively, oldest base first)."""
+    if body_id is None:
+        return None
+    chain = []
+    next_id: int | None = body_id
+    while next_id is not None:
+        row = conn.execute(
+            "select base_id, prefix_len, suffix_len, encoding, data, size from bodies where id = ?", (next_id,)
+        ).fetchone()
+        if row is None:
+            raise LookupError(f"body {next_id} is missing from the store")
+        chain.append(row)
+        next_id = row[0]
+    data = b""
+    for base_id, prefix, suffix, encoding, packed, size in reversed(chain):
+        middle = _unpack(encoding, packed)
+        data = data[:prefix] + middle + data[len(data) - suffix :] if base_id is not None else middle
+        if len(data) != size:
+            raise ValueError(f"body rebuilt to {len(data)} bytes, expected {size}")
+    return data

@@ -1,0 +1,97 @@
+"""Read side of the store for the CLI (and anything else that only reads): list, resolve, load."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from .bodies import read_body
+from .store import StoreError
+
+
+class CaptureNotFound(StoreError):
+    pass
+
+
+LIST_COLUMNS = (
+    "id, started_at, method, path, model, status, user_agent, stream, changes_count, flags, tags, "
+    "first_token_ms, duration_ms, finish_reason, error, session_id, source_id"
+)
+
+
+def list_captures(conn: sqlite3.Connection, *, limit: int = 20, flag: str | None = None,
+                  tag: str | None = None, session: str | None = None) -> list[dict[str, Any]]:
+    where, args = [], []
+    if flag:
+        where.append("exists (select 1 from json_each(exchanges.flags) where value = ?)")
+        args.append(flag)
+    if tag:
+        where.append("exists (select 1 from json_each(exchanges.tags) where value = ?)")
+        args.append(tag)
+    if session:
+        where.append("session_id = ?")
+        args.append(session)
+    sql = f"select {LIST_COLUMNS} from exchanges"
+    if where:
+        sql += " where " + " and ".join(where)
+    sql += " order by id desc"
+    if limit > 0:
+        sql += f" limit {int(limit)}"
+    return [_decode(dict(row)) for row in conn.execute(sql, args)]
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for key in ("flags", "tags", "request_headers", "forwarded_headers", "response_headers", "tool_calls", "usage"):
+        if key in row and isinstance(row[key], str):
+            row[key] = orjson.loads(row[key])
+    if "stream" in row and row["stream"] is not None:
+        row["stream"] = bool(row["stream"])
+    row["changes"] = row.pop("changes_count", 0)
+    return row
+
+
+def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:
+    prefix = prefix.strip().lower()
+    if not prefix:
+        raise CaptureNotFound("empty capture id")
+    rows = conn.execute("select id from exchanges where id >= ? and id < ? order by id limit 3",
+                        (prefix, prefix + "\uffff")).fetchall()
+    if not rows:
+        raise CaptureNotFound(f"no capture with id {prefix!r} (see `tapfix captures list`)")
+    if len(rows) > 1 and rows[0][0] != prefix:
+        ids = ", ".join(r[0] for r in rows)
+        raise CaptureNotFound(f"capture id {prefix!r} is ambiguous: {ids}, ...")
+    return rows[0][0]
+
+
+def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
+    capture_id = resolve_id(conn, capture_id)
+    row = conn.execute("select * from exchanges where id = ?", (capture_id,)).fetchone()
+    capture = _decode(dict(row))
+    capture["change_rows"] = [
+        {**dict(c), "before": orjson.loads(c["before"]) if c["before"] else None,
+         "after": orjson.loads(c["after"]) if c["after"] else None}
+        for c in conn.execute(
+            "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by seq",
+            (capture_id,),
+        )
+    ]
+    return capture
+
+
+def capture_body(conn: sqlite3.Connection, capture: dict[str, Any], which: str) -> bytes:
+    """which: request | forwarded | response | client_response — exact bytes."""
+    if which == "forwarded":
+        body_id = capture["forwarded_body_id"] or capture["request_body_id"]
+    elif which == "client_response":
+        body_id = capture["client_response_body_id"] or capture["response_body_id"]
+    else:
+        body_id = capture[f"{which}_body_id"]
+    if body_id is None:
+        if capture.get("request_body_id") is None and capture.get("request_size"):
+            raise StoreError(f"capture {capture['id']} was stored without bodies (privacy mode)")
+        return b""
+    data = read_body(conn, body_id)
+    return data or b""

@@ -1,0 +1,89 @@
+"""Group exchanges into agent sessions, so a whole agent run can be shown and replayed turn by turn.
+
+The key is, in order: opencode's `x-session-id`, the Responses API's `prompt_cache_key`, else the
+conversation's opening (system prompt + first user turn) from the same client and model — every
+later turn of a chat resends that opening unchanged. A session idle for longer than `IDLE_GAP_S`
+starts afresh even if the opening repeats (the same prompt run twice is two runs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import re
+import sqlite3
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from .exchange import Exchange
+
+IDLE_GAP_S = 30 * 60
+_PROMPT_CACHE_KEY = re.compile(rb'"prompt_cache_key"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+
+
+def _opening(body: bytes) -> bytes | None:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    messages = obj.get("messages")
+    if not isinstance(messages, list):
+        messages = obj.get("input") if isinstance(obj.get("input"), list) else None
+    if not messages:
+        return None
+    opening: list[Any] = [obj.get("system")] if "system" in obj else []
+    for message in messages:
+        opening.append(message)
+        if isinstance(message, dict) and message.get("role") == "user":
+            break
+    return orjson.dumps(opening, option=orjson.OPT_SORT_KEYS)
+
+
+def explicit_key(ex: Exchange) -> str | None:
+    for name, value in ex.request_headers:
+        if name.lower() == "x-session-id" and value:
+            return value[:200]
+    if ex.session_hint:
+        return ex.session_hint
+    match = _PROMPT_CACHE_KEY.search(ex.client_body[:65536]) if b"prompt_cache_key" in ex.client_body else None
+    return match.group(1).decode(errors="replace") if match else None
+
+
+class SessionTracker:
+    """Lives in the writer thread: maps conversation openings to session ids."""
+
+    def __init__(self) -> None:
+        self._by_opening: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def assign(self, ex: Exchange) -> str | None:
+        key = explicit_key(ex)
+        if key:
+            return key
+        opening = _opening(ex.client_body) if ex.client_body[:1] == b"{" else None
+        if opening is None:
+            return None
+        digest = hashlib.sha256(f"{ex.user_agent}\0{ex.model}\0".encode() + opening).hexdigest()[:16]
+        known = self._by_opening.get(digest)
+        if known is not None and ex.started_at - known[1] < IDLE_GAP_S:
+            session_id = known[0]
+        else:
+            session_id = f"s-{ex.id}"
+        self._by_opening[digest] = (session_id, ex.started_at)
+        self._by_opening.move_to_end(digest)
+        while len(self._by_opening) > 4096:
+            self._by_opening.popitem(last=False)
+        return session_id
+
+    def record(self, conn: sqlite3.Connection, session_id: str | None, ex: Exchange) -> None:
+        if not session_id:
+            return
+        when = datetime.datetime.fromtimestamp(ex.started_at, datetime.UTC).isoformat(timespec="milliseconds")
+        conn.execute(
+            "insert into sessions (id, first_at, last_at, user_agent, model, exchanges) values (?, ?, ?, ?, ?, 1)"
+            " on conflict(id) do update set last_at = excluded.last_at, exchanges = exchanges + 1",
+            (session_id, when, when, ex.user_agent, ex.model),
+        )

@@ -1,0 +1,79 @@
+"""`tapfix captures show`: a readable view of one exchange."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from .captures import capture_body
+
+
+def _pretty(body: bytes, limit: int = 4000) -> str:
+    if not body:
+        return "(empty)"
+    try:
+        text = orjson.dumps(orjson.loads(body), option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", errors="replace")
+    if len(text) > limit:
+        text = text[:limit] + f"\n… ({len(text) - limit} more characters; `tapfix captures export` gives all)"
+    return text
+
+
+def _value(value: Any) -> str:
+    return orjson.dumps(value).decode() if not isinstance(value, str) else repr(value)
+
+
+def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
+    c = capture
+    lines = [
+        f"capture {c['id']}  {c['started_at']}",
+        f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
+        f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})   session: {c.get('session_id') or '-'}",
+        f"  model: {c.get('model') or '-'}" + (f" → served as {c['served_model']}" if c.get("served_model") else ""),
+        f"  status: {c.get('status') or '-'}   stream: {'yes' if c.get('stream') else 'no'}"
+        f"   finish_reason: {c.get('finish_reason') or '-'}",
+        f"  timings: first byte {_ms(c.get('upstream_first_byte_ms'))}, first token {_ms(c.get('first_token_ms'))},"
+        f" total {_ms(c.get('duration_ms'))}, {c.get('chunk_count') or 0} chunks",
+    ]
+    if c.get("flags"):
+        lines.append(f"  flags: {', '.join(c['flags'])}")
+    if c.get("tags"):
+        lines.append(f"  tags: {', '.join(c['tags'])}")
+    if c.get("error"):
+        lines.append(f"  error: {c['error']}")
+    if c.get("source_id"):
+        lines.append(f"  replay of: {c['source_id']}")
+    lines.append("")
+    lines.append(f"changes ({len(c['change_rows'])}):")
+    for ch in c["change_rows"]:
+        lines.append(f"  [{ch['stage']}] {ch['kind']} {ch['path']}: {_value(ch['before'])} → {_value(ch['after'])}"
+                     + (f"  ({ch['reason']})" if ch.get("reason") else ""))
+    if not c["change_rows"]:
+        lines.append("  none: the request and response passed unchanged")
+    request = capture_body(conn, c, "request")
+    lines += ["", f"request as sent by the client ({len(request)} bytes):", _pretty(request)]
+    if c.get("forwarded_body_id"):
+        forwarded = capture_body(conn, c, "forwarded")
+        lines += ["", f"request as forwarded upstream ({len(forwarded)} bytes):", _pretty(forwarded)]
+    lines += ["", "response assembled:"]
+    if c.get("reasoning"):
+        lines += ["  reasoning:", _indent(c["reasoning"])]
+    lines += ["  content:", _indent(c.get("content") or "(none)")]
+    for call in c.get("tool_calls") or []:
+        lines.append(f"  tool call {call.get('id') or '-'}: {call.get('name')}({call.get('arguments')})")
+    if c.get("usage"):
+        lines.append(f"  usage: {orjson.dumps(c['usage']).decode()}")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _indent(text: str, limit: int = 4000) -> str:
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return "\n".join("    " + line for line in text.splitlines() or [""])

@@ -1,0 +1,284 @@
+"""The capture store: one writer thread fed by a queue, readers on their own read-only connections.
+
+The event loop never waits on disk: addons hand finished `Exchange`s to `CaptureWriter.submit`,
+which only enqueues. The writer thread assembles, redacts and stores them, committing every batch
+(at least once a second), so a crash or `kill -9` loses at most the last second.
+"""
+
+from __future__ import annotations
+
+import array
+import datetime
+import hashlib
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlite_utils import Database
+
+from .assemble import Assembled, assemble, assemble_sse
+from .bodies import BodyWriter, read_body
+from .exchange import Exchange
+from .flags import response_flags
+from .redact import redact_headers, redact_url
+from .sessions import SessionTracker
+from .store_schema import migrations
+
+log = logging.getLogger("tapfix.store")
+BUSY_TIMEOUT_MS = 5000
+
+
+class StoreError(Exception):
+    """A database that can't be opened or isn't a tapfix capture store."""
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("TAPFIX_DB") or "captures/tapfix.db")
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def open_for_writing(path: Path | str) -> sqlite3.Connection:
+    """Open (creating with mode 0600) and migrate: only a process that writes migrates."""
+    path = Path(path)
+    if str(path) != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("pragma journal_mode = wal")
+        conn.execute("pragma synchronous = normal")
+        conn.execute("pragma journal_size_limit = 8388608")
+        conn.execute("pragma foreign_keys = off")
+        migrations.apply(Database(conn))
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path}: not a usable tapfix capture database ({e})") from e
+    return conn
+
+
+def open_for_reading(path: Path | str) -> sqlite3.Connection:
+    """Read-only: never migrates, never takes the write lock."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"no capture database at {path} (run `tapfix run` or `tapfix demo` first, or pass --db)")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+    try:
+        conn.execute("select id from exchanges limit 0")
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
+    return conn
+
+
+@dataclass
+class WriterStats:
+    queued: int = 0
+    written: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    last_commit: float = field(default_factory=time.time)
+
+    def as_dict(self, depth: int) -> dict[str, Any]:
+        return {"queue_depth": depth, "written": self.written, "failures": self.failures,
+                "last_error": self.last_error}
+
+
+class CaptureWriter:
+    """Owns the single write connection; `submit` is safe to call from the event loop."""
+
+    def __init__(self, path: Path | str, *, batch: int = 256) -> None:
+        self.path = Path(path)
+        self.conn = open_for_writing(path)
+        self.bodies = BodyWriter(self.conn)
+        self.sessions = SessionTracker()
+        self.stats = WriterStats()
+        self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
+        self._batch = batch
+        self._thread = threading.Thread(target=self._run, name="tapfix-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, exchange: Exchange) -> None:
+        self.stats.queued += 1
+        self._queue.put(exchange)
+
+    def health(self) -> dict[str, Any]:
+        return self.stats.as_dict(self._queue.qsize())
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Drain what is queued, checkpoint the WAL, close."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        try:
+            self.conn.execute("pragma wal_checkpoint(truncate)")
+            self.conn.close()
+        except sqlite3.Error as e:  # pragma: no cover - closing a broken db
+            log.warning("closing capture db: %s", e)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while len(batch) < self._batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            self._write_batch([e for e in batch if e is not None])
+            if stop:
+                return
+
+    def _write_batch(self, batch: list[Exchange]) -> None:
+        if not batch:
+            return
+        try:
+            self.conn.execute("begin immediate")
+            for exchange in batch:
+                self._write_one(exchange)
+            self.conn.execute("commit")
+            self.stats.written += len(batch)
+            self.stats.last_commit = time.time()
+        except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
+            self.stats.failures += len(batch)
+            self.stats.last_error = f"{type(e).__name__}: {e}"
+            log.error("capture write failed for %d exchange(s): %s", len(batch), e)
+            try:
+                self.conn.execute("rollback")
+            except sqlite3.Error:
+                pass
+
+    def _write_one(self, ex: Exchange) -> None:
+        upstream = ex.upstream_response()
+        if ex.client_body_out is not None:
+            client = ex.client_body_out
+        elif ex.client_chunks is not None:
+            client = b"".join(ex.client_chunks)
+        else:
+            client = upstream
+        assembled = _assemble(ex, client)
+        first_token_ms = None
+        if ex.upstream_body is None and ex.chunk_times:
+            timed = assembled if client is upstream or client == upstream else assemble_sse(ex.upstream_chunks)
+            if timed.first_token_chunk is not None:
+                first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
+        session_id = self.sessions.assign(ex)
+        flags = set(ex.flags) | response_flags(assembled, ex.status, ex.stream)
+        bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
+        if ex.store_bodies:
+            bodies["req"] = self.bodies.put(ex.client_body, session_id)
+            if ex.forwarded_body is not None and ex.forwarded_body != ex.client_body:
+                bodies["fwd"] = self.bodies.put(ex.forwarded_body, session_id)
+            if ex.status is not None or upstream:
+                bodies["resp"] = self.bodies.put(upstream)
+            if client is not upstream and client != upstream:
+                bodies["client"] = self.bodies.put(client)
+        usage = assembled.usage if isinstance(assembled.usage, dict) else {}
+        row = {
+            "id": ex.id,
+            "ts": ex.started_at,
+            "started_at": _iso(ex.started_at),
+            "upstream_first_byte_ms": _ms(ex.response_started_at, ex.mark),
+            "first_token_ms": first_token_ms,
+            "duration_ms": _ms(ex.ended_at, ex.mark),
+            "client_addr": ex.client_addr,
+            "user_agent": ex.user_agent,
+            "method": ex.method,
+            "path": ex.path,
+            "url": redact_url(ex.url),
+            "upstream_url": redact_url(ex.upstream_url),
+            "model": ex.model,
+            "served_model": ex.served_model,
+            "stream": int(ex.stream),
+            "status": ex.status,
+            "error": ex.error,
+            "session_id": session_id,
+            "source_id": ex.source_id,
+            "tags": _json(sorted(ex.tags)),
+            "flags": _json(sorted(flags)),
+            "changes_count": len(ex.changes),
+            "request_body_id": bodies["req"],
+            "forwarded_body_id": bodies["fwd"],
+            "response_body_id": bodies["resp"],
+            "client_response_body_id": bodies["client"],
+            "request_size": len(ex.client_body),
+            "response_size": len(upstream),
+            "request_headers": _json(redact_headers(ex.request_headers)),
+            "forwarded_headers": _json(redact_headers(ex.forwarded_headers))
+            if ex.forwarded_headers is not None else None,
+            "response_headers": _json(redact_headers(ex.response_headers)),
+            "content": assembled.content if ex.store_bodies else None,
+            "reasoning": assembled.reasoning if ex.store_bodies else None,
+            "tool_calls": _json(assembled.tool_calls) if ex.store_bodies else None,
+            "finish_reason": assembled.finish_reason,
+            "usage": _json(assembled.usage) if assembled.usage is not None else None,
+            "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
+            "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+            "chunk_count": len(ex.chunk_times),
+            "chunk_timing": _pack_timing(ex.chunk_times, ex.upstream_chunks),
+        }
+        columns = ", ".join(row)
+        marks = ", ".join("?" * len(row))
+        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
+        self.conn.execute("delete from changes where exchange_id = ?", (ex.id,))
+        self.conn.executemany(
+            "insert into changes (exchange_id, seq, stage, kind, path, before, after, reason)"
+            " values (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(ex.id, i, c.stage, c.kind, c.path, _json(c.before), _json(c.after), c.reason)
+             for i, c in enumerate(ex.changes)],
+        )
+        self.sessions.record(self.conn, session_id, ex)
+
+
+def _assemble(ex: Exchange, body: bytes) -> Assembled:
+    if ex.client_chunks is None and ex.upstream_body is None and ex.upstream_chunks and "event-stream" in ex.content_type:
+        return assemble_sse(ex.upstream_chunks)
+    return assemble(body, ex.content_type)
+
+
+def _ms(when: float | None, mark: float) -> float | None:
+    return None if when is None else round((when - mark) * 1000, 3)
+
+
+def _pack_timing(times: list[float], chunks: list[bytes]) -> bytes | None:
+    if not times:
+        return None
+    offsets = array.array("f", (t * 1000 for t in times))
+    sizes = array.array("I", (len(c) for c in chunks[: len(times)]))
+    return offsets.tobytes() + sizes.tobytes()
+
+
+def unpack_timing(blob: bytes | None) -> list[tuple[float, int]]:
+    """[(ms offset, size), ...] from an exchange's chunk_timing column."""
+    if not blob:
+        return []
+    n = len(blob) // 8
+    offsets = array.array("f")
+    offsets.frombytes(blob[: 4 * n])
+    sizes = array.array("I")
+    sizes.frombytes(blob[4 * n :])
+    return list(zip(offsets, sizes, strict=False))
+
+
+def body_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+__all__ = ["CaptureWriter", "StoreError", "open_for_reading", "open_for_writing", "read_body", "unpack_timing"]

@@ -1,0 +1,120 @@
+"""The capture database schema, as ordered named migrations. A shipped migration is never edited.
+
+Plain tables with readable column names, so `sqlite-utils` and Datasette work out of the box:
+`exchanges` (one row per request), `changes` (what tapfix changed), `bodies` (exact bytes, stored
+as deltas), `sessions` (agent runs), and the view `exchange_view`.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+from sqlite_utils.db import Table
+from sqlite_utils.migrations import Migrations
+
+migrations = Migrations("tapfix")
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    db.execute(
+        """
+        create table exchanges (
+            id text primary key,
+            ts real not null,                 -- unix time the request arrived
+            started_at text not null,         -- the same, ISO 8601 UTC
+            upstream_first_byte_ms real,      -- response headers from upstream, ms after arrival
+            first_token_ms real,              -- first content/reasoning/tool-call token, ms after arrival
+            duration_ms real,
+            client_addr text,
+            user_agent text,
+            method text,
+            path text,
+            url text,
+            upstream_url text,
+            model text,
+            served_model text,
+            stream integer,
+            status integer,
+            error text,
+            session_id text,
+            source_id text,                   -- the capture this one replays
+            tags text not null default '[]',  -- JSON list: probe, replay, ...
+            flags text not null default '[]', -- JSON list: degeneration and fault flags
+            changes_count integer not null default 0,
+            request_body_id integer references bodies(id),
+            forwarded_body_id integer references bodies(id),  -- only when it differs
+            response_body_id integer references bodies(id),
+            client_response_body_id integer references bodies(id),  -- only when it differs
+            request_size integer,
+            response_size integer,
+            request_headers text,             -- JSON [[name, value], ...], secrets redacted
+            forwarded_headers text,
+            response_headers text,
+            content text,
+            reasoning text,
+            tool_calls text,                  -- JSON list of {id, name, arguments}
+            finish_reason text,
+            usage text,
+            prompt_tokens integer,
+            completion_tokens integer,
+            chunk_count integer,
+            chunk_timing blob                 -- little-endian float32 ms offsets, then uint32 sizes
+        )
+        """
+    )
+    db.execute(
+        """
+        create table changes (
+            id integer primary key,
+            exchange_id text not null references exchanges(id),
+            seq integer not null,
+            stage text not null,
+            kind text not null,
+            path text,
+            before text,                      -- JSON
+            after text,                       -- JSON
+            reason text
+        )
+        """
+    )
+    db.execute(
+        """
+        create table bodies (
+            id integer primary key,
+            sha256 text not null unique,
+            size integer not null,
+            base_id integer references bodies(id),
+            prefix_len integer not null,
+            suffix_len integer not null,
+            encoding text not null,
+            data blob not null,
+            depth integer not null
+        )
+        """
+    )
+    db.execute(
+        """
+        create table sessions (
+            id text primary key,
+            first_at text,
+            last_at text,
+            user_agent text,
+            model text,
+            exchanges integer not null default 0
+        )
+        """
+    )
+    exchanges = Table(db, "exchanges")
+    for columns in (["ts"], ["model"], ["user_agent"], ["status"], ["session_id"], ["source_id"], ["path"]):
+        exchanges.create_index(columns)
+    Table(db, "changes").create_index(["exchange_id"])
+    Table(db, "bodies").create_index(["base_id"])
+    db.execute(
+        """
+        create view exchange_view as
+        select id, started_at, user_agent, method, path, model, served_model, stream, status,
+               first_token_ms, duration_ms, finish_reason, changes_count, flags, tags, session_id,
+               prompt_tokens, completion_tokens, substr(content, 1, 200) as content_start, error
+        from exchanges order by id desc
+        """
+    )
