@@ -10,6 +10,7 @@ import orjson
 from mitmproxy import http
 
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.redact import redact_url
 
 from .runtime import META, Runtime, exchange_of
 
@@ -102,5 +103,5 @@ class RecordExchange:
         self.runtime.submit(ex)
         if self.runtime.settings.verbose or log.isEnabledFor(logging.INFO):
             took = (ex.ended_at - ex.mark) * 1000
-            log.info("%s %s %s model=%s %s %.0fms id=%s%s", ex.method, ex.path, ex.status or "-", ex.model,
+            log.info("%s %s %s model=%s %s %.0fms id=%s%s", ex.method, redact_url(ex.path), ex.status or "-", ex.model,
                      "stream" if ex.stream else "", took, ex.id, f" error={ex.error}" if ex.error else "")

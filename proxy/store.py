@@ -201,7 +201,7 @@ class CaptureWriter:
             "client_addr": ex.client_addr,
             "user_agent": ex.user_agent,
             "method": ex.method,
-            "path": ex.path,
+            "path": redact_url(ex.path),
             "url": redact_url(ex.url),
             "upstream_url": redact_url(ex.upstream_url),
             "model": ex.model,

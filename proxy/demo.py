@@ -1,0 +1,85 @@
+"""`tapfix demo`: the scripted upstream and the proxy in one process, ready for a client."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import uvicorn
+
+from .settings import parse_listen
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(host: str, port: int) -> int:
+    if _free(host, port):
+        return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_mock_thread(host: str, port: int) -> uvicorn.Server:
+    from .mock import MockOptions, uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(MockOptions(), host, port))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the proxy owns signals
+    thread = threading.Thread(target=server.run, name="tapfix-demo-mock", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise click.ClickException(f"the demo's scripted upstream could not start on {host}:{port}")
+        time.sleep(0.02)
+    return server
+
+
+def banner(base: str, mock_url: str, db: Path) -> str:
+    return f"""
+tapfix demo is running.
+  proxy (point clients here):  {base}/v1
+  scripted upstream:           {mock_url}/v1   (model "tapfix-mock": plain text, reasoning, tool calls)
+  captures:                    {db}
+
+Try it:
+  curl -s {base}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "tapfix-mock", "stream": true, "messages": [{{"role": "user", "content": "Say hello"}}]}}'
+
+  python - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{base}/v1", api_key="not-needed")
+reply = client.chat.completions.create(model="tapfix-mock", messages=[{{"role": "user", "content": "Say hello"}}])
+print(reply.choices[0].message.content)
+PY
+
+Then look at what went over the wire:
+  tapfix captures list --db {db}
+  tapfix captures show <ID> --db {db}
+  sqlite-utils {db} "select id, model, status, first_token_ms from exchange_view limit 5" --table
+
+Ctrl-C stops both.
+"""
+
+
+def run_demo(listen: str, mock_listen: str, db: Path, run_proxy: Callable, make_settings: Callable) -> int:
+    mock_host, mock_port = parse_listen(mock_listen, 8000)
+    mock_port = _pick_port(mock_host, mock_port)
+    server = start_mock_thread(mock_host, mock_port)
+    mock_url = f"http://{mock_host}:{mock_port}"
+    settings = make_settings({"upstream": mock_url, "listen": listen, "db": db})
+    try:
+        return run_proxy(settings, banner=lambda base: click.echo(banner(base, mock_url, db)))
+    finally:
+        server.should_exit = True

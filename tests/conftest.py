@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import start_mock, start_proxy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def corpus_dir() -> Path:
+    """The shared corpus when present (CI has ../shared), else the project's copy."""
+    shared = ROOT.parent / "shared" / "corpus" / "toolcalls"
+    return shared if shared.is_dir() else ROOT / "tests" / "corpus" / "toolcalls"
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def mock(module_tmp):
+    proc = start_mock(module_tmp)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(module_tmp, mock):
+    proc = start_proxy(module_tmp, mock.url)
+    yield proc
+    proc.stop()

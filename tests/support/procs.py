@@ -1,0 +1,117 @@
+"""Start real tapfix processes on loopback for end-to-end tests, and stop them by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TAPFIX = [sys.executable, "-m", "tapfix.proxy.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}:\n"
+                               + _output(proc))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+def _output(proc: subprocess.Popen) -> str:
+    log = getattr(proc, "log_path", None)
+    return Path(log).read_text(errors="replace")[-4000:] if log and Path(log).exists() else ""
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start(args: list[str], port: int, log_path: Path, env: dict | None = None) -> Proc:
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(TAPFIX + args, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    handle = Proc(proc, port, log_path)
+    try:
+        wait_port(port, proc)
+    except Exception:
+        handle.stop(signal.SIGKILL)
+        raise
+    return handle
+
+
+def start_mock(tmp: Path, *args: str) -> Proc:
+    port = free_port()
+    return start(["mock", "--listen", f"127.0.0.1:{port}", *args], port, tmp / f"mock-{port}.log")
+
+
+def start_proxy(tmp: Path, upstream: str, *args: str, db: Path | None = None, env: dict | None = None) -> Proc:
+    port = free_port()
+    db = db or tmp / "captures.db"
+    handle = start(["run", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), *args],
+                   port, tmp / f"proxy-{port}.log", env)
+    handle.extra["db"] = db
+    return handle
+
+
+def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
+    """Poll the store (read-only, as any reader does) until the writer has committed the capture."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if db.exists():
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            conn.row_factory = sqlite3.Row
+            try:
+                row = conn.execute("select * from exchanges where id = ?", (capture_id,)).fetchone()
+            except sqlite3.OperationalError:
+                row = None
+            finally:
+                conn.close()
+            if row is not None:
+                return dict(row)
+        time.sleep(0.05)
+    raise TimeoutError(f"capture {capture_id} not in {db} after {timeout}s")
+
+
+def cli(*args: str, env: dict | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})},
+                          input=input, timeout=60)

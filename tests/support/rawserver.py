@@ -1,0 +1,96 @@
+"""A byte-precise scripted upstream: records each request exactly and answers with scripted TCP writes.
+
+`tapfix mock` plays a realistic server; this one exists for the framing tests that need control over
+TCP chunk boundaries (a UTF-8 character split across writes, CRLF, comments) and abrupt resets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Script = list[tuple[float, bytes]]  # (seconds to wait first, bytes to write); b"<RESET>" aborts the socket
+
+
+@dataclass
+class RawRequest:
+    head: bytes
+    body: bytes
+
+    @property
+    def path(self) -> str:
+        return self.head.split(b" ", 2)[1].decode()
+
+    def header(self, name: str) -> str | None:
+        for line in self.head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name.lower().encode():
+                return value.strip().decode()
+        return None
+
+
+def sse_response(events: list[bytes], *, split: Callable[[bytes], list[bytes]] | None = None,
+                 delay: float = 0.0) -> Script:
+    """A chunked text/event-stream response whose body is written in the given pieces."""
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n")
+    script: Script = [(0.0, head)]
+    for event in events:
+        for piece in (split(event) if split else [event]):
+            script.append((delay, b"%x\r\n%s\r\n" % (len(piece), piece)))
+    script.append((0.0, b"0\r\n\r\n"))
+    return script
+
+
+@dataclass
+class RawServer:
+    respond: Callable[[RawRequest], Script]
+    requests: list[RawRequest] = field(default_factory=list)
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._server = server
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                request = RawRequest(head, b"")
+                length = int(request.header("content-length") or 0)
+                request.body = await reader.readexactly(length) if length else b""
+                self.requests.append(request)
+                for wait, data in self.respond(request):
+                    if wait:
+                        await asyncio.sleep(wait)
+                    if data == b"<RESET>":
+                        writer.transport.abort()
+                        return
+                    writer.write(data)
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

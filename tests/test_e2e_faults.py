@@ -1,0 +1,195 @@
+"""Bad input and faults through a real proxy process: nothing crashes, nothing hangs, nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.support.procs import cli, free_port, start_proxy, wait_capture
+from tests.support.rawserver import RawRequest, RawServer, sse_response
+
+pytestmark = pytest.mark.e2e
+
+CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
+JSON_OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+
+def _json_ok(_: RawRequest):
+    return [(0.0, JSON_OK)]
+
+
+@pytest.fixture
+def raw(request):
+    servers: list[RawServer] = []
+
+    def make(respond) -> RawServer:
+        server = RawServer(respond)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def proxy_for(tmp_path):
+    procs = []
+
+    def make(upstream: str, *args: str):
+        proc = start_proxy(tmp_path, upstream, *args, db=tmp_path / f"c{len(procs)}.db")
+        procs.append(proc)
+        return proc
+
+    yield make
+    for proc in procs:
+        proc.stop()
+
+
+def _export(proxy, capture_id: str, *flags: str) -> bytes:
+    result = cli("captures", "export", capture_id, "--db", str(proxy.extra["db"]), *flags)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("body", [b"not json at all", b'{"model": "m", "messages": [', b"\xff\xfe\x00garbage"])
+def test_malformed_request_body_is_forwarded_unchanged_and_flagged(raw, proxy_for, body):
+    server = raw(_json_ok)
+    proxy = proxy_for(server.url)
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 200
+    assert server.requests[-1].body == body
+    row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+    assert "malformed_request_body" in json.loads(row["flags"])
+    assert _export(proxy, row["id"]) == body
+
+
+def test_upstream_down_gets_json_502(proxy_for):
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy = proxy_for(dead)
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["type"] == "upstream_unreachable"
+    assert error["message"].startswith(f"upstream {dead} unreachable: ")
+    row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+    assert row["status"] == 502 and "upstream_unreachable" in json.loads(row["flags"])
+
+
+def test_upstream_reset_mid_stream_ends_client_promptly(raw, proxy_for):
+    def respond(_: RawRequest):
+        script = sse_response([CHUNK % b"one", CHUNK % b"two"])[:-1]  # no terminating chunk
+        return [*script, (0.2, b"<RESET>")]
+
+    server = raw(respond)
+    proxy = proxy_for(server.url)
+    received = b""
+    started = time.monotonic()
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10,
+                          json={"model": "m", "stream": True, "messages": []}) as response:
+            capture_id = response.headers["x-tapfix-capture-id"]
+            for piece in response.iter_raw():
+                received += piece
+    assert time.monotonic() - started < 5
+    assert received == CHUNK % b"one" + CHUNK % b"two"
+    row = wait_capture(proxy.extra["db"], capture_id)
+    assert row["error"] and "upstream_reset" in json.loads(row["flags"])
+    assert _export(proxy, capture_id, "--response") == received
+    assert row["content"] == "onetwo"
+
+
+def test_client_disconnect_mid_stream_is_kept_and_marked(raw, proxy_for):
+    def respond(_: RawRequest):
+        return sse_response([CHUNK % b"%d" % i for i in range(40)], delay=0.05)
+
+    server = raw(respond)
+    proxy = proxy_for(server.url)
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10,
+                      json={"model": "m", "stream": True, "messages": []}) as response:
+        capture_id = response.headers["x-tapfix-capture-id"]
+        next(response.iter_raw())
+    row = wait_capture(proxy.extra["db"], capture_id, timeout=15)
+    assert "client_disconnected" in json.loads(row["flags"]) and row["error"]
+    assert row["chunk_count"] >= 1
+
+
+def test_five_megabyte_body_passes_exactly(raw, proxy_for):
+    server = raw(_json_ok)
+    proxy = proxy_for(server.url)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}).encode()
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, timeout=30)
+    assert response.status_code == 200
+    assert server.requests[-1].body == body
+    row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+    assert _export(proxy, row["id"]) == body
+
+
+def _split_every(n: int):
+    return lambda event: [event[i : i + n] for i in range(0, len(event), n)]
+
+
+ODD_EVENTS = [
+    b": keep-alive\r\n\r\n",
+    b'data: {"choices":[{"index":0,"delta":{"content":"caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80"}}]}\r\n\r\n',
+    b":ping\r\n\r\n",
+    b'data:{"choices":[{"index":0,"delta":{"content":" \\u00e9 "}}]}\r\n\r\n',
+    b"data: [DONE]\r\n\r\n",
+]
+TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
+@pytest.mark.parametrize("piece", [1, 3, 7])
+def test_odd_stream_passes_byte_identical(raw, proxy_for, with_tools, piece):
+    server = raw(lambda _: sse_response(ODD_EVENTS, split=_split_every(piece)))
+    proxy = proxy_for(server.url)
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    if with_tools:
+        body["tools"] = TOOLS
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
+        received = b"".join(response.iter_raw())
+    assert received == b"".join(ODD_EVENTS)
+    row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+    assert row["client_response_body_id"] is None
+    assert row["content"] == "café ✓ 😀 é "
+
+
+@pytest.mark.parametrize(("root", "expected"), [("/api", "/api/v1/chat/completions"),
+                                                 ("/v1", "/v1/chat/completions"),
+                                                 ("/openai/v1/", "/openai/v1/chat/completions")])
+def test_upstream_path_prefix_is_joined_without_doubling_v1(raw, proxy_for, root, expected):
+    server = raw(_json_ok)
+    proxy = proxy_for(server.url + root)
+    httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert server.requests[-1].path == expected
+
+
+def test_sigterm_drains_the_capture_queue(raw, tmp_path):
+    server = raw(_json_ok)
+    proxy = start_proxy(tmp_path, server.url, db=tmp_path / "drain.db")
+    ids = []
+    with httpx.Client() as client:
+        for i in range(30):
+            response = client.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "n": i})
+            ids.append(response.headers["x-tapfix-capture-id"])
+    assert proxy.stop(signal.SIGTERM) == 0
+    listed = cli("captures", "list", "--json", "--limit", "0", "--db", str(tmp_path / "drain.db"))
+    assert {json.loads(line)["id"] for line in listed.stdout.splitlines()} >= set(ids)
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
+                     "--db", str(tmp_path / "x.db"))
+    assert result.returncode != 0
+    assert b"could not listen" in result.stderr or b"in use" in result.stderr
