@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import sqlite3
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tapfix.proxy.bodies import BodyWriter, common_prefix_len, common_suffix_len, read_body
+from tapfix.proxy.store_schema import migrations
+from sqlite_utils import Database
+
+
+def _conn() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    migrations.apply(Database(conn))
+    return conn
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_common_prefix_and_suffix(a, b):
+    p = common_prefix_len(a, b)
+    assert a[:p] == b[:p] and (p == min(len(a), len(b)) or a[p] != b[p])
+    s = common_suffix_len(a, b, min(len(a), len(b)) - p)
+    assert p + s <= min(len(a), len(b))
+    assert a[len(a) - s :] == b[len(b) - s :]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.binary(max_size=400), min_size=1, max_size=12), st.binary(min_size=1, max_size=2000))
+def test_growing_conversation_reconstructs_exactly(turns, system):
+    conn = _conn()
+    writer = BodyWriter(conn)
+    body = system
+    ids = []
+    expected = []
+    for turn in turns:
+        body = body[:-1] + turn + body[-1:]  # a new message spliced in before the closing bracket
+        ids.append(writer.put(body, "session"))
+        expected.append(body)
+    for body_id, data in zip(ids, expected, strict=True):
+        assert read_body(conn, body_id) == data
+
+
+def test_long_session_costs_a_small_fraction():
+    conn = _conn()
+    writer = BodyWriter(conn)
+    prefix = b'{"messages":[{"role":"system","content":"' + bytes(range(32, 127)) * 200 + b'"}'
+    body = prefix + b"]}"
+    raw = 0
+    for turn in range(120):
+        body = body[:-2] + b',{"role":"user","content":"turn %d %s"}]}' % (turn, b"z" * 300)
+        raw += len(body)
+        writer.put(body, "s1")
+    stored = conn.execute("select sum(length(data)) from bodies").fetchone()[0]
+    assert stored < 0.05 * raw
+    assert conn.execute("select max(depth) from bodies").fetchone()[0] <= 48
+
+
+def test_identical_bodies_are_stored_once():
+    conn = _conn()
+    writer = BodyWriter(conn)
+    assert writer.put(b"same body", "a") == writer.put(b"same body", "b")
+    assert conn.execute("select count(*) from bodies").fetchone()[0] == 1

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tapfix.proxy.sse import SSESplitter, event_data
+
+
+def split_all(data: bytes, cuts: list[int]) -> list[bytes]:
+    splitter = SSESplitter()
+    out: list[bytes] = []
+    last = 0
+    for cut in sorted(set(c % (len(data) + 1) for c in cuts)):
+        out += splitter.feed(data[last:cut])
+        last = cut
+    out += splitter.feed(data[last:])
+    return out + splitter.flush()
+
+
+def test_hostile_splits_keep_bytes_and_events():
+    stream = b'data: {"a":1}\r\n\r\n: ping\r\n\r\ndata: x\n\ndata: y\r\rdata: [DONE]\n\n'
+    for cuts in ([1], [15, 16, 17], list(range(len(stream)))):
+        events = split_all(stream, cuts)
+        assert b"".join(events) == stream
+        assert [event_data(e) for e in events] == [b'{"a":1}', None, b"x", b"y", b"[DONE]"]
+
+
+def test_event_data_joins_lines_and_strips_one_space():
+    assert event_data(b"event: x\ndata:  two\ndata:3\n\n") == b" two\n3"
+    assert event_data(b": comment only\n\n") is None
+
+
+SSE_LINE = st.sampled_from([b"data: {}", b"data:x", b": ping", b"event: e", b"id: 1", b"data: \xc3\xa9"])
+NEWLINE = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@given(st.lists(st.tuples(st.lists(SSE_LINE, min_size=1, max_size=3), NEWLINE), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=10_000), max_size=20))
+def test_any_stream_any_split_reconstructs(events, cuts):
+    stream = b"".join(nl.join(lines) + nl + nl for lines, nl in events)
+    out = split_all(stream, cuts)
+    assert b"".join(out) == stream
+
+
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=0, max_value=2000), max_size=10))
+def test_random_bytes_never_raise(data, cuts):
+    out = split_all(data, cuts)
+    assert b"".join(out) == data
+    for event in out:
+        event_data(event)

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from tapfix.proxy.redact import redact_header, redact_url
+from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.upstream import UpstreamTarget, UpstreamURLError
+
+
+@pytest.mark.parametrize(("root", "path", "joined"), [
+    ("http://h:1", "/v1/chat/completions", "/v1/chat/completions"),
+    ("http://h:1/v1", "/v1/models", "/v1/models"),
+    ("http://h:1/v1/", "/v1", "/v1"),
+    ("https://h/api", "/v1/x?a=1", "/api/v1/x?a=1"),
+    ("http://h:1/openai/v1", "/health", "/openai/v1/health"),
+])
+def test_join_never_doubles_v1(root, path, joined):
+    assert UpstreamTarget.parse(root).join(path) == joined
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:8000", "ftp://h", "http://", "http://h:99999", "http://h/?q=1"])
+def test_bad_upstream_urls_are_clear(bad):
+    with pytest.raises(UpstreamURLError):
+        UpstreamTarget.parse(bad)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("Authorization", "Bearer abc"), ("x-api-key", "k"), ("Cookie", "a=b"), ("X-My-Token", "t"),
+    ("api-key", "x"), ("Proxy-Authorization", "Basic x"),
+])
+def test_secret_headers_are_redacted(name, value):
+    assert redact_header(name, value) == "[redacted]"
+
+
+def test_keylike_values_and_url_params_are_redacted():
+    assert "sk-abcdefghijklmnopqrst" not in redact_header("x-note", "sk-abcdefghijklmnopqrst")
+    assert redact_header("x-session-id", "ses_123") == "ses_123"
+    assert redact_url("/v1/x?key=SECRET&model=m&api_key=S2") == "/v1/x?key=[redacted]&model=m&api_key=[redacted]"
+
+
+@pytest.mark.parametrize(("value", "expected"), [("127.0.0.1:9", ("127.0.0.1", 9)), (":81", ("127.0.0.1", 81)),
+                                                 ("8082", ("127.0.0.1", 8082)), ("[::1]:7", ("::1", 7))])
+def test_parse_listen(value, expected):
+    assert parse_listen(value, 1) == expected
