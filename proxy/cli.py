@@ -79,8 +79,8 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True)
 def run(**kw) -> None:
     """Run the proxy in front of an inference server."""
-    if not kw["upstream"] and not kw["config_path"]:
-        raise click.UsageError("give --upstream URL or --config FILE")
+    if not kw["upstream"] and not kw["config_path"] and kw["mode"] == "reverse":
+        raise click.UsageError("give --upstream URL or --config FILE (or use --mode regular)")
     settings = _settings(kw)
     sys.exit(_run_proxy(settings))
 

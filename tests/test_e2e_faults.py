@@ -193,3 +193,23 @@ def test_port_in_use_is_a_clear_error(tmp_path):
                      "--db", str(tmp_path / "x.db"))
     assert result.returncode != 0
     assert b"could not listen" in result.stderr or b"in use" in result.stderr
+
+
+@pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
+def test_stream_is_forwarded_as_it_arrives(raw, proxy_for, with_tools):
+    """Content deltas reach the client while the upstream is still generating (never buffered)."""
+    events = [CHUNK % b"first", CHUNK % b"second", b"data: [DONE]\n\n"]
+    server = raw(lambda _: [(0.0, sse_response(events[:1])[0][1]), (0.0, sse_response(events[:1])[1][1]),
+                            (1.5, sse_response(events[1:2])[1][1]), (0.0, sse_response(events[2:])[1][1]),
+                            (0.0, b"0\r\n\r\n")])
+    proxy = proxy_for(server.url)
+    body = {"model": "m", "stream": True, "messages": [], **({"tools": TOOLS} if with_tools else {})}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
+        pieces = []
+        for piece in response.iter_raw():
+            pieces.append((time.monotonic() - started, piece))
+    first_at = next(t for t, p in pieces if b"first" in p)
+    last_at = pieces[-1][0]
+    assert last_at - first_at > 1.0, pieces
+    assert b"".join(p for _, p in pieces) == b"".join(events)
