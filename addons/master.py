@@ -17,7 +17,7 @@ from tapfix.proxy.settings import Settings
 from tapfix.proxy.store import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget
 
-from . import default_addons
+from . import default_addons, reset_tail
 from .runtime import Runtime
 
 log = logging.getLogger("tapfix")
@@ -74,6 +74,7 @@ def _host_pattern(host: str) -> str:
 
 
 async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> None:
+    reset_tail.install()
     master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
     master.options.update(**mitm_options(settings, runtime))
     master.addons.add(*default_addons(runtime))

@@ -10,10 +10,13 @@ import time
 
 from mitmproxy import http
 
+import orjson
+
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
 
+from .reset_tail import TAIL_ATTR
 from .runtime import Runtime, exchange_of
 
 
@@ -79,3 +82,26 @@ class StreamOwner:
         if repaired is not body and repaired != body:
             ex.client_body_out = repaired
             response.raw_content = repaired
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """Upstream reset mid-stream: flush what the stages hold, then an SSE error agents retry."""
+        ex = exchange_of(flow)
+        response = flow.response
+        if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
+            return
+        if flow.error and "client" in flow.error.msg.lower():
+            return  # nobody left to tell
+        pipeline = response.stream
+        held = pipeline(b"")
+        tail = held if isinstance(held, bytes) else b"".join(held)
+        error = {"error": {
+            "message": f"upstream server error: the upstream connection broke mid-stream ({flow.error.msg if flow.error else 'reset'})",
+            "type": "server_error", "code": 502,
+            "tapfix": {"reason": "upstream_reset", "capture_id": ex.id}}}
+        event = b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+        if ex.client_chunks is None:
+            ex.client_chunks = list(ex.upstream_chunks)
+        ex.client_chunks.append(event)
+        ex.changes.append(Change("stream", "inject", "$.error", None, error["error"],
+                                 "the upstream reset mid-stream; the client gets a retryable error event"))
+        setattr(flow.client_conn, TAIL_ATTR, tail + event)

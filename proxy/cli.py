@@ -141,15 +141,16 @@ def demo(listen: str, mock_listen: str, db: Path | None) -> None:
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT")
 @click.option("--case", "cases", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="serve this corpus case's stream (repeatable)")
-@click.option("--scenario", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="a scenario file: per-request behaviours (degenerate, faults, ...)")
+@click.option("--scenario", metavar="FILE|NAME",
+              help="a scenario file, or a shipped one by name (e.g. probe_failures/forget_needle): "
+                   "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md")
 @click.option("--chunk-delay-ms", type=int, default=0, show_default=True)
 @_db_option
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
 def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture."""
-    from .mock import MockOptions, serve
+    from .mock import MockOptions, ScenarioError, serve
 
     host, port = parse_listen(listen, 8000)
     recorded = None
@@ -163,6 +164,12 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
             raise click.ClickException(str(e)) from e
     opts = MockOptions(cases=list(cases), scenario=scenario, chunk_delay_ms=chunk_delay_ms, recorded=recorded,
                        fast=fast)
+    try:
+        from .mock import create_app
+
+        create_app(opts)  # validates cases and the scenario before binding
+    except (ScenarioError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from e
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on http://{host}:{port}/v1", err=True)
     serve(opts, host=host, port=port)
 

@@ -82,26 +82,30 @@ def test_upstream_down_gets_json_502(proxy_for):
     assert row["status"] == 502 and "upstream_unreachable" in json.loads(row["flags"])
 
 
-def test_upstream_reset_mid_stream_ends_client_promptly(raw, proxy_for):
+@pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
+def test_upstream_reset_mid_stream_ends_client_promptly(raw, proxy_for, with_tools):
     def respond(_: RawRequest):
         script = sse_response([CHUNK % b"one", CHUNK % b"two"])[:-1]  # no terminating chunk
         return [*script, (0.2, b"<RESET>")]
 
     server = raw(respond)
     proxy = proxy_for(server.url)
-    received = b""
+    body = {"model": "m", "stream": True, "messages": [], **({"tools": TOOLS} if with_tools else {})}
     started = time.monotonic()
-    with pytest.raises(httpx.HTTPError):
-        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10,
-                          json={"model": "m", "stream": True, "messages": []}) as response:
-            capture_id = response.headers["x-tapfix-capture-id"]
-            for piece in response.iter_raw():
-                received += piece
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10, json=body) as response:
+        capture_id = response.headers["x-tapfix-capture-id"]
+        received = b"".join(response.iter_raw())
     assert time.monotonic() - started < 5
-    assert received == CHUNK % b"one" + CHUNK % b"two"
+    # What arrived is passed on, then an SSE error event agents retry, then [DONE]: a clean end.
+    assert received.startswith(CHUNK % b"one" + CHUNK % b"two")
+    events = [e for e in received.split(b"\n\n") if e]
+    error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert error["type"] == "server_error" and error["code"] == 502 and "server error" in error["message"]
+    assert error["tapfix"]["capture_id"] == capture_id and events[-1] == b"data: [DONE]"
     row = wait_capture(proxy.extra["db"], capture_id)
     assert row["error"] and "upstream_reset" in json.loads(row["flags"])
-    assert _export(proxy, capture_id, "--response") == received
+    assert _export(proxy, capture_id, "--response") == CHUNK % b"one" + CHUNK % b"two"
+    assert _export(proxy, capture_id, "--client-response") == received
     assert row["content"] == "onetwo"
 
 

@@ -1,0 +1,40 @@
+"""Let an SSE client see a clean error event when the upstream resets mid-stream.
+
+mitmproxy has no hook to write to the client after an upstream error: once the server connection
+breaks it closes the client's connection, and the agent sees a truncated chunked body (a transport
+error, which some agents don't retry). tapfix wants to first flush what it held back and send an SSE
+`server_error` event, which every agent retries (clients.md §8). The error hook stores those bytes on
+the client connection; this small wrapper around mitmproxy's HTTP/1 server writes them (and the
+chunked terminator) before mitmproxy closes the connection. Installed once, by the runner.
+"""
+
+from __future__ import annotations
+
+from mitmproxy.connection import ConnectionState
+from mitmproxy.proxy import commands
+from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+TAIL_ATTR = "_tapfix_tail"
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    original = _http1.Http1Server.send
+
+    def send(self, event):  # type: ignore[no-untyped-def]
+        tail = getattr(self.conn, TAIL_ATTR, None)
+        if (isinstance(event, ResponseProtocolError) and tail and self.response is not None
+                and self.conn.state & ConnectionState.CAN_WRITE):
+            setattr(self.conn, TAIL_ATTR, None)
+            if "chunked" in self.response.headers.get("transfer-encoding", "").lower():
+                yield commands.SendData(self.conn, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+            else:
+                yield commands.SendData(self.conn, tail)
+        yield from original(self, event)
+
+    _http1.Http1Server.send = send  # type: ignore[method-assign]
+    _installed = True

@@ -1,0 +1,293 @@
+"""The Starlette app of `tapfix mock`: routes, per-process counters, and request dispatch.
+
+Every response is a `wire.Plan` of pre-built bytes. Nothing is recorded and nothing is logged per
+request: the mock must never be the bottleneck of a benchmark or the noise in a test's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+from .agent_script import image_urls, text_of
+from .behaviours import Ids, apply_faults, make_reply, max_tokens_of
+from .cases import Case, load_case
+from .jsonish import arr, obj
+from .options import DEFAULT_MODEL, MockOptions, RecordedResponse
+from .scenario import RequestFacts, Rule, Scenario, load_scenario
+from .sse_vllm import (
+    ChunkBuilder,
+    completion_body,
+    completion_events,
+    dumps,
+    error_body,
+    models_body,
+    reply_body,
+    stream_events,
+    usage_object,
+)
+from .wire import SSE_HEADERS, Plan, Send, json_headers, paced
+
+_ATTEMPT_MEMORY = 100_000
+_HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+@dataclass
+class MockState:
+    """What survives between requests: the loaded cases and scenario, and the counters."""
+
+    opts: MockOptions
+    scenario: Scenario | None = None
+    cases: dict[str, Case] = field(default_factory=dict)
+    nth: int = 0
+    round_robin: int = 0
+    attempts: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+    @classmethod
+    def load(cls, opts: MockOptions) -> MockState:
+        state = cls(opts)
+        if opts.scenario is not None:
+            state.scenario = load_scenario(opts.scenario)
+        for path in opts.cases:
+            case = load_case(path)
+            state.cases[case.name] = case
+        return state
+
+    @property
+    def models(self) -> list[str]:
+        base = (self.scenario.models if self.scenario and self.scenario.models else None) or self.opts.models
+        ids = list(base or [DEFAULT_MODEL])
+        return ids + [name for name in self.cases if name not in ids]
+
+    def count(self, digest: str) -> tuple[int, int]:
+        """(nth generation request, attempt number of this exact body)."""
+        self.nth += 1
+        attempt = self.attempts.pop(digest, 0) + 1
+        self.attempts[digest] = attempt
+        if len(self.attempts) > _ATTEMPT_MEMORY:
+            self.attempts.popitem(last=False)
+        return self.nth, attempt
+
+    def case_for(self, model: str | None) -> Case | None:
+        if not self.cases:
+            return None
+        if model in self.cases:
+            return self.cases[model]
+        names = list(self.cases)
+        case = self.cases[names[self.round_robin % len(names)]]
+        self.round_robin += 1
+        return case
+
+
+def create_app(opts: MockOptions) -> Starlette:
+    """The mock as an ASGI app; raises ValueError (ScenarioError) at once on a bad scenario or case."""
+    state = MockState.load(opts)
+    if opts.recorded is not None:
+        recorded = opts.recorded
+
+        async def replay(request: Request) -> Plan:
+            await request.body()
+            return _replay_plan(recorded, opts.fast)
+
+        return Starlette(routes=[Route("/{path:path}", replay, methods=ALL_METHODS)])
+
+    async def health(request: Request) -> Plan:
+        return _json(200, b"{}")
+
+    async def models(request: Request) -> Plan:
+        rule = _match(state, request.url.path, None, 0, 0)
+        if rule is not None and rule.do == "http_error":
+            return _http_error(rule)
+        return _json(200, models_body(state.models, created=1_760_000_000))
+
+    async def chat(request: Request) -> Plan:
+        return await _generate(state, request, chat=True)
+
+    async def completions(request: Request) -> Plan:
+        return await _generate(state, request, chat=False)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _match(state: MockState, path: str, req: dict[str, Any] | None, nth: int, attempt: int) -> Rule | None:
+    if state.scenario is None:
+        return None
+    req = req or {}
+    messages = arr(req.get("messages"))
+    facts = RequestFacts(
+        nth=nth,
+        attempt=attempt,
+        path=path,
+        model=req.get("model") if isinstance(req.get("model"), str) else None,
+        has_tools=bool(req.get("tools")),
+        has_images=any(isinstance(m, dict) and image_urls(m.get("content")) for m in messages),
+        stream=bool(req.get("stream")),
+    )
+    return state.scenario.match(facts)
+
+
+async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
+    body = await request.body()
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return _json(400, error_body(f"Invalid JSON body: {e}", 400))
+    if not isinstance(req, dict):
+        return _json(400, error_body("The request body must be a JSON object", 400))
+    if chat and not isinstance(req.get("messages"), list):
+        return _json(400, error_body("Field required: messages", 400, param="messages"))
+    ids = Ids.of(body)
+    nth, attempt = state.count(ids.digest)
+    rule = _match(state, request.url.path, req, nth, attempt)
+    requested = req.get("model") if isinstance(req.get("model"), str) else None
+    if state.scenario and state.scenario.strict_models and requested not in state.models:
+        return _json(404, error_body(f"The model `{requested}` does not exist.", 404, param="model"))
+    plan = _respond(state, req, rule, ids, chat, requested or state.models[0])
+    params = rule.params if rule else {}
+    delay_ms = float(params.get("ms", 0) if rule and rule.do == "delay_ms" else params.get("delay_ms", 0))
+    plan.before_headers = delay_ms / 1000
+    return plan
+
+
+def _respond(
+    state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids, chat: bool, model: str
+) -> Plan:
+    if rule is not None and rule.do == "http_error":
+        return _http_error(rule)
+    if rule is not None and rule.do == "garbage":
+        junk = str(
+            rule.params.get("body", "<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01")
+        ).encode()
+        content_type = str(rule.params.get("content_type", "text/event-stream; charset=utf-8")).encode()
+        return Plan(int(rule.params.get("status", 200)), [(b"content-type", content_type)], [Send(junk)])
+    stream = bool(req.get("stream"))
+    params = rule.params if rule else {}
+    delay = float(params.get("chunk_delay_ms", state.opts.chunk_delay_ms)) / 1000
+    case = (
+        rule.case
+        if rule is not None and rule.do == "serve_case"
+        else (state.case_for(model) if chat else None)
+    )
+    builder = ChunkBuilder(ids.chat_id, ids.created, model) if chat else None
+    if case is not None:
+        if not stream:
+            status, data = case.non_stream()
+            return Plan(
+                status, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False)
+            )
+        return Plan(200, _headers(SSE_HEADERS), apply_faults(paced(case.events, delay), rule, builder, True))
+    if not chat:
+        req = {**req, "messages": [{"role": "user", "content": _prompt_of(req.get("prompt"))}]}
+        req.pop("tools", None)
+    reply = make_reply(req, rule, ids).tokenize(max_tokens_of(req))
+    prompt_tokens = max(1, len(orjson.dumps(req.get("messages"))) // 4)
+    options = obj(req.get("stream_options"))
+    include_usage = bool(options.get("include_usage"))
+    if chat and builder is not None:
+        if stream:
+            events = stream_events(reply, builder, prompt_tokens, include_usage)
+        else:
+            data = reply_body(reply, ids.chat_id, ids.created, model, prompt_tokens)
+    else:
+        usage = usage_object(prompt_tokens, reply.completion_tokens)
+        if stream:
+            events = completion_events(
+                reply.content_pieces,
+                ids.completion_id,
+                ids.created,
+                model,
+                reply.finish_reason,
+                usage if include_usage else None,
+            )
+        else:
+            data = completion_body(
+                reply.content, ids.completion_id, ids.created, model, reply.finish_reason, usage
+            )
+    if stream:
+        return Plan(200, _headers(SSE_HEADERS), apply_faults(paced(events, delay), rule, builder, True))
+    return Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False))
+
+
+def _prompt_of(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        return " ".join(p for p in prompt if isinstance(p, str))
+    return prompt if isinstance(prompt, str) else text_of(prompt)
+
+
+def _headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """vLLM runs under uvicorn: `date` and `server` come first (uvicorn's own are switched off)."""
+    return [(b"date", formatdate(usegmt=True).encode()), (b"server", b"uvicorn"), *headers]
+
+
+def _json(status: int, data: bytes) -> Plan:
+    return Plan(status, _headers(json_headers(data)), [Send(data)])
+
+
+def _http_error(rule: Rule) -> Plan:
+    status = int(rule.params.get("status", 500))
+    body = rule.params.get("body")
+    if body is None:
+        data = error_body("Internal server error" if status >= 500 else "Bad request", status)
+    elif isinstance(body, str):
+        data = body.encode()
+    else:
+        data = dumps(body)
+    headers = [(k.lower().encode(), v.encode()) for k, v in rule.params.get("headers", {}).items()]
+    return Plan(status, _headers(json_headers(data)) + headers, [Send(data)])
+
+
+def _replay_plan(recorded: RecordedResponse, fast: bool) -> Plan:
+    """The captured bytes at their captured offsets (a recorded reset shows as an early end)."""
+    headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1"))
+        for k, v in recorded.headers
+        if k.lower() not in _HOP_BY_HOP
+    ]
+    return _TimedPlan(
+        recorded.status,
+        headers,
+        chunks=[] if fast else recorded.chunks,
+        ops=[Send(data) for _, data in recorded.chunks] if fast else [],
+    )
+
+
+class _TimedPlan(Plan):
+    """Sends each chunk at its recorded offset from the start of the request, not after a fixed gap."""
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        chunks: list[tuple[float, bytes]],
+        ops: list[Any],
+    ) -> None:
+        super().__init__(status, headers, ops)
+        self.chunks = chunks
+        self.start = time.monotonic()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not self.chunks:
+            return await super().__call__(scope, receive, send)
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        for offset, data in self.chunks:
+            wait = self.start + offset - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,342 @@
+"""Byte builders for vLLM's OpenAI-compatible wire format.
+
+Every end-to-end test compares bytes, so the chunks copy what current vLLM (0.11 and later, pydantic
+`model_dump_json(exclude_unset=True)`) puts on the wire: key order id, object, created, model, choices;
+`"prompt_token_ids":null` on the role chunk; `"token_ids":null` on each later choice; `"stop_reason":null`
+on the finish chunk; the usage chunk with `"choices":[]` and usage keys prompt, total, completion (dumped
+with `exclude_none`); tool-call deltas keyed id, type, index, function. Reasoning goes in `reasoning`.
+
+Chunks are assembled from pre-encoded byte prefixes: only the small delta is serialized per chunk.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import orjson
+
+DONE = b"data: [DONE]\n\n"
+
+# A word with its leading space, a run of punctuation, or a newline: roughly one BPE token each.
+_TOKEN = re.compile(r"\n|[ \t]*[A-Za-z0-9_']+|[ \t]*[^\sA-Za-z0-9_']|[ \t]+")
+
+
+def split_tokens(text: str) -> list[str]:
+    """Split text into token-sized pieces whose concatenation is exactly `text`.
+
+    Long words are cut into pieces of at most 6 characters, as a BPE tokenizer would.
+    """
+    pieces: list[str] = []
+    pos = 0
+    for m in _TOKEN.finditer(text):
+        if m.start() != pos:  # characters the pattern skipped (never expected): keep them
+            pieces.append(text[pos : m.start()])
+        piece = m.group()
+        while len(piece) > 7:
+            pieces.append(piece[:6])
+            piece = piece[6:]
+        pieces.append(piece)
+        pos = m.end()
+    if pos < len(text):
+        pieces.append(text[pos:])
+    return pieces
+
+
+def split_fragments(text: str, per_fragment: int = 2) -> list[str]:
+    """Tool-call argument fragments: a couple of tokens each, like a tool parser's diffs."""
+    tokens = split_tokens(text)
+    return ["".join(tokens[i : i + per_fragment]) for i in range(0, len(tokens), per_fragment)]
+
+
+def dumps(obj: object) -> bytes:
+    """Compact JSON, UTF-8 left unescaped (pydantic's and llama-server's output)."""
+    return orjson.dumps(obj)
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Reply:
+    """What the scripted model says, independent of framing (stream or not)."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    # Token-sized pieces; filled by `tokenize()` so streamed and non-streamed agree on truncation.
+    reasoning_pieces: list[str] = field(default_factory=list)
+    content_pieces: list[str] = field(default_factory=list)
+    arg_pieces: list[list[str]] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    def tokenize(self, max_tokens: int | None) -> Reply:
+        """Cut the reply into tokens; past `max_tokens`, stop with finish_reason length."""
+        budget = max_tokens if max_tokens and max_tokens > 0 else None
+        used = 0
+
+        def take(pieces: list[str]) -> list[str]:
+            nonlocal used
+            if budget is None:
+                used += len(pieces)
+                return pieces
+            room = max(0, budget - used)
+            used += min(room, len(pieces))
+            if room < len(pieces):
+                self.finish_reason = "length"
+            return pieces[:room]
+
+        self.reasoning_pieces = take(split_tokens(self.reasoning))
+        self.content_pieces = take(split_tokens(self.content))
+        self.arg_pieces = []
+        for call in self.tool_calls:
+            frags = take(split_fragments(call.arguments))
+            self.arg_pieces.append(frags)
+            call.arguments = "".join(frags)
+        self.reasoning = "".join(self.reasoning_pieces)
+        self.content = "".join(self.content_pieces)
+        self.completion_tokens = used
+        return self
+
+
+class ChunkBuilder:
+    """Builds the `data: …\\n\\n` events of one chat completion stream."""
+
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        head = b'{"id":' + dumps(completion_id) + b',"object":"chat.completion.chunk","created":'
+        head += str(created).encode() + b',"model":' + dumps(model) + b',"choices":'
+        self._head = b"data: " + head
+        self._delta_open = self._head + b'[{"index":0,"delta":'
+
+    def role(self) -> bytes:
+        return self._delta_open + (
+            b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
+        )
+
+    def delta(self, delta: dict[str, object]) -> bytes:
+        return (
+            self._delta_open + dumps(delta) + b',"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+        )
+
+    def content(self, text: str) -> bytes:
+        return self.delta({"content": text})
+
+    def reasoning(self, text: str) -> bytes:
+        return self.delta({"reasoning": text})
+
+    def tool_open(self, index: int, call_id: str, name: str) -> bytes:
+        call = {
+            "id": call_id,
+            "type": "function",
+            "index": index,
+            "function": {"name": name, "arguments": ""},
+        }
+        return self.delta({"tool_calls": [call]})
+
+    def tool_args(self, index: int, fragment: str) -> bytes:
+        return self.delta({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+
+    def finish(self, reason: str, tool_calls: bool = False) -> bytes:
+        delta = b"{}" if tool_calls else b'{"content":""}'
+        return (
+            self._delta_open
+            + delta
+            + b',"logprobs":null,"finish_reason":'
+            + dumps(reason)
+            + b',"stop_reason":null,"token_ids":null}]}\n\n'
+        )
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        return self._head + b'[],"usage":' + dumps(usage) + b"}\n\n"
+
+
+def stream_events(
+    reply: Reply, builder: ChunkBuilder, prompt_tokens: int, include_usage: bool
+) -> list[bytes]:
+    """The whole stream of a tokenized reply, `[DONE]` included."""
+    events = [builder.role()]
+    events += [builder.reasoning(p) for p in reply.reasoning_pieces]
+    events += [builder.content(p) for p in reply.content_pieces]
+    for index, (call, frags) in enumerate(zip(reply.tool_calls, reply.arg_pieces, strict=True)):
+        events.append(builder.tool_open(index, call.id, call.name))
+        events += [builder.tool_args(index, f) for f in frags]
+    events.append(builder.finish(reply.finish_reason, tool_calls=bool(reply.tool_calls)))
+    if include_usage:
+        events.append(builder.usage(prompt_tokens, reply.completion_tokens))
+    events.append(DONE)
+    return events
+
+
+def usage_object(prompt_tokens: int, completion_tokens: int) -> dict[str, object]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+def chat_completion(
+    completion_id: str,
+    created: int,
+    model: str,
+    message: dict[str, object],
+    finish_reason: str | None,
+    usage: dict[str, object] | None,
+) -> dict[str, object]:
+    """A non-streamed `chat.completion` body (vLLM's key order and nulls)."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+    }
+
+
+def reply_message(
+    content: str | None, reasoning: str | None, tool_calls: list[dict[str, object]]
+) -> dict[str, object]:
+    """vLLM's ChatMessage: `tool_calls` is dropped when empty, `reasoning` comes last."""
+    message: dict[str, object] = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = reasoning
+    return message
+
+
+def reply_body(reply: Reply, completion_id: str, created: int, model: str, prompt_tokens: int) -> bytes:
+    calls: list[dict[str, object]] = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in reply.tool_calls
+    ]
+    content = reply.content if (reply.content or not calls) else None
+    message = reply_message(content, reply.reasoning or None, calls)
+    finish = "tool_calls" if calls and reply.finish_reason == "stop" else reply.finish_reason
+    usage = usage_object(prompt_tokens, reply.completion_tokens)
+    return dumps(chat_completion(completion_id, created, model, message, finish, usage))
+
+
+def error_body(message: str, status: int, err_type: str | None = None, param: str | None = None) -> bytes:
+    """vLLM's ErrorResponse: `{"error": {message, type, param, code}}`."""
+    kind = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
+
+
+def models_body(model_ids: list[str], created: int, max_model_len: int = 32768) -> bytes:
+    data = [
+        {
+            "id": mid,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": mid,
+            "parent": None,
+            "max_model_len": max_model_len,
+            "permission": [
+                {
+                    "id": "modelperm-" + format(abs(hash_text(mid)), "x")[:16],
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        for mid in model_ids
+    ]
+    return dumps({"object": "list", "data": data})
+
+
+def hash_text(text: str) -> int:
+    """A stable (not per-process salted) integer hash for ids derived from names."""
+    value = 1469598103934665603
+    for byte in text.encode():
+        value = ((value ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return value
+
+
+def completion_events(
+    text_pieces: list[str],
+    completion_id: str,
+    created: int,
+    model: str,
+    finish_reason: str,
+    usage: dict[str, object] | None,
+) -> list[bytes]:
+    """Legacy /v1/completions stream (`text_completion` objects)."""
+    head = {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+    events = []
+    for piece in text_pieces:
+        choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None, "stop_reason": None}
+        events.append(b"data: " + dumps({**head, "choices": [choice]}) + b"\n\n")
+    last = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    events.append(b"data: " + dumps({**head, "choices": [last]}) + b"\n\n")
+    if usage is not None:
+        events.append(b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
+    events.append(DONE)
+    return events
+
+
+def completion_body(
+    text: str, completion_id: str, created: int, model: str, finish_reason: str, usage: dict[str, object]
+) -> bytes:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    body = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "kv_transfer_params": None,
+    }
+    return dumps(body)
