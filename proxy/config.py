@@ -1,0 +1,395 @@
+"""The TOML configuration: upstreams, the models served through them, and per-model policy.
+
+Validated with the JSON Schema in `schemas/config.schema.json`, then with the checks a schema
+can't express (references between tables, alias clashes, bounds). Every error names the file, the
+path inside it, what was found and what was expected, so a user can fix it without reading code.
+Credentials are never written in the file: an upstream names the environment variable that holds
+its key (`api_key_env`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from .reasoning import ENGINE_DIALECT, ReasoningSettings
+from .sampling import ParamPolicy
+
+_LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class ConfigError(Exception):
+    """A configuration that can't be used; `str(e)` is the message for the user, one line per problem."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    name: str
+    base_url: str
+    engine: str | None = None
+    api_key_env: str | None = None
+    style: str = "openai"  # how the key is sent: openai = Authorization: Bearer, anthropic = x-api-key
+    ca_file: str | None = None
+    insecure: bool = False
+    connect_timeout: float | None = None
+    read_timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    upstream: str
+    upstream_model: str
+    aliases: tuple[str, ...] = ()
+    sampling: Mapping[str, ParamPolicy] = field(default_factory=dict)
+    generation_config: Path | None = None
+    reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFieldPolicy:
+    """Which reasoning field each client gets in responses; "keep" = as the upstream sent it."""
+
+    default: str = "keep"
+    clients: Mapping[str, str] = field(default_factory=dict)
+
+    def for_user_agent(self, user_agent: str | None) -> str | None:
+        """The field to emit for this client, or None to leave responses as they are."""
+        ua = (user_agent or "").lower()
+        for needle, choice in self.clients.items():
+            if needle.lower() in ua:
+                return None if choice == "keep" else choice
+        return None if self.default == "keep" else self.default
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    upstreams: Mapping[str, Upstream]
+    models: Mapping[str, ModelConfig] = field(default_factory=dict)
+    listen: str | None = None
+    db: str | None = None
+    mode: str = "reverse"
+    strict: bool = False
+    reasoning_field: ReasoningFieldPolicy = field(default_factory=ReasoningFieldPolicy)
+    tool_repair: Mapping[str, Any] = field(default_factory=dict)
+    probe: Mapping[str, Any] = field(default_factory=dict)
+    security: Mapping[str, Any] = field(default_factory=dict)
+    retention: Mapping[str, Any] = field(default_factory=dict)
+    source: str | None = None  # the file it came from
+    quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
+
+    @property
+    def is_quick(self) -> bool:
+        return self.quick_model is not None
+
+    def aliases(self) -> dict[str, str]:
+        """alias → public model name."""
+        return {alias: m.name for m in self.models.values() for alias in m.aliases}
+
+    @classmethod
+    def quick(
+        cls,
+        upstream_url: str,
+        engine: str | None = None,
+        generation_config: str | Path | None = None,
+        reasoning_dialect: str | None = None,
+        upstream_key_env: str | None = None,
+    ) -> Config:
+        """Quick mode (`tapfix run --upstream URL ...`): one upstream, every model name passes through."""
+        return quick(upstream_url, engine, generation_config, reasoning_dialect, upstream_key_env)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Config:
+        return load(path)
+
+
+def quick(
+    upstream_url: str,
+    engine: str | None = None,
+    generation_config: str | Path | None = None,
+    reasoning_dialect: str | None = None,
+    upstream_key_env: str | None = None,
+) -> Config:
+    data: dict[str, Any] = {"base_url": upstream_url, "engine": engine or "openai"}
+    if upstream_key_env:
+        data["api_key_env"] = upstream_key_env
+    flags: dict[str, Any] = {}
+    if generation_config is not None:
+        flags["generation_config"] = str(generation_config)
+    if reasoning_dialect is not None:
+        flags["reasoning"] = {"dialect": reasoning_dialect}
+    checked = {"upstreams": {"default": data}, "models": {"*": flags}}
+    _validate(checked, "command line")
+    upstream = _upstream("default", data)
+    if engine is None:
+        upstream = Upstream("default", upstream.base_url, None, upstream.api_key_env)
+    dialect = reasoning_dialect or ENGINE_DIALECT.get(engine or "")
+    model = ModelConfig(
+        name="*",
+        upstream="default",
+        upstream_model="*",
+        generation_config=Path(generation_config).expanduser() if generation_config is not None else None,
+        reasoning=ReasoningSettings(dialect=dialect),
+    )
+    return Config(upstreams={"default": upstream}, quick_model=model)
+
+
+def load(path: str | Path) -> Config:
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{file}: cannot read the config file ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{file}: not UTF-8 text ({e})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: not valid TOML: {e}") from e
+    return from_dict(data, source=str(file), base_dir=file.parent)
+
+
+def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
+    """Validate a parsed config and build it; relative paths resolve against `base_dir`."""
+    _validate(data, source)
+    base = base_dir or Path(".")
+    upstreams = {name: _upstream(name, u) for name, u in data["upstreams"].items()}
+    problems: list[str] = []
+    models: dict[str, ModelConfig] = {}
+    claimed: dict[str, str] = {}  # every routable name → where it was declared
+    for name, m in data["models"].items():
+        where = f"models.{_key(name)}"
+        if name in claimed:
+            problems.append(f"{source}: {where}: found the name {name!r}, which is already {claimed[name]}")
+        claimed[name] = f"the model {where}"
+        upstream = m.get("upstream")
+        if upstream is None:
+            if len(upstreams) != 1:
+                problems.append(
+                    f"{source}: {where}: missing key 'upstream', expected one of {', '.join(upstreams)}"
+                )
+                continue
+            upstream = next(iter(upstreams))
+        elif upstream not in upstreams:
+            problems.append(
+                f"{source}: {where}.upstream: found {upstream!r}, expected one of {', '.join(upstreams)}"
+            )
+            continue
+        for alias in m.get("aliases", []):
+            if alias in claimed:
+                problems.append(
+                    f"{source}: {where}.aliases: found {alias!r}, which is already {claimed[alias]}"
+                )
+            claimed[alias] = f"an alias of {where}"
+        sampling = {
+            p: _param(f"{source}: {where}.sampling.{p}", v, problems)
+            for p, v in m.get("sampling", {}).items()
+        }
+        gc = m.get("generation_config")
+        gc_path = None if gc is None else _resolve(base, gc)
+        r = m.get("reasoning", {})
+        engine = upstreams[upstream].engine
+        reasoning = ReasoningSettings(
+            dialect=r.get("dialect") or ENGINE_DIALECT.get(engine or ""),
+            levels=tuple(r["levels"]) if "levels" in r else None,
+            template_var=r.get("template_var"),
+            field=r.get("field", "reasoning_effort"),
+            reject_unmappable=r.get("reject_unmappable", bool(data.get("strict", False))),
+            default_level=r.get("default_level", "medium"),
+            budgets=dict(r.get("budgets", {})),
+        )
+        if reasoning.levels and reasoning.default_level not in reasoning.levels and "default_level" in r:
+            problems.append(
+                f"{source}: {where}.reasoning.default_level: found {reasoning.default_level!r}, "
+                f"expected one of the accepted levels {', '.join(reasoning.levels)}"
+            )
+        models[name] = ModelConfig(
+            name=name,
+            upstream=upstream,
+            upstream_model=m.get("upstream_model", name),
+            aliases=tuple(m.get("aliases", [])),
+            sampling=sampling,
+            generation_config=gc_path,
+            reasoning=reasoning,
+        )
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+    rf = data.get("reasoning_field", {})
+    return Config(
+        upstreams=upstreams,
+        models=models,
+        listen=data.get("listen"),
+        db=str(_resolve(base, data["db"])) if "db" in data else None,
+        mode=data.get("mode", "reverse"),
+        strict=data.get("strict", False),
+        reasoning_field=ReasoningFieldPolicy(rf.get("default", "keep"), dict(rf.get("clients", {}))),
+        tool_repair=dict(data.get("tool_repair", {})),
+        probe=dict(data.get("probe", {})),
+        security=dict(data.get("security", {})),
+        retention=dict(data.get("retention", {})),
+        source=source,
+    )
+
+
+def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
+    engine = u["engine"]
+    return Upstream(
+        name=name,
+        base_url=u["base_url"].rstrip("/"),
+        engine=engine,
+        api_key_env=u.get("api_key_env"),
+        style=u.get("style", "anthropic" if engine == "anthropic" else "openai"),
+        ca_file=u.get("ca_file"),
+        insecure=u.get("insecure", False),
+        connect_timeout=u.get("connect_timeout"),
+        read_timeout=u.get("read_timeout"),
+    )
+
+
+def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:
+    reason = "config " + where.split(": ", 1)[1]
+    if not isinstance(value, dict):
+        return ParamPolicy("fill", value, reason=reason)
+    mode = value.get("mode", "fill")
+    low, high, v = value.get("min"), value.get("max"), value.get("value")
+    if mode == "clamp" and low is None and high is None:
+        problems.append(f"{where}: found mode 'clamp' without bounds, expected min and/or max")
+    if mode == "drop" and (v is not None or low is not None or high is not None):
+        problems.append(f"{where}: found mode 'drop' with value/min/max, expected none of them")
+    if low is not None and high is not None and low > high:
+        problems.append(f"{where}.min: found {low} > max {high}, expected min <= max")
+    if v is not None and ((low is not None and v < low) or (high is not None and v > high)):
+        problems.append(f"{where}.value: found {v}, expected a value within [{low}, {high}]")
+    return ParamPolicy(mode, v, low, high, reason)
+
+
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+_VALIDATOR: Draft202012Validator | None = None
+
+
+def schema() -> dict[str, Any]:
+    text = (files("tapfix.schemas") / "config.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def _validate(data: Mapping[str, Any], source: str) -> None:
+    global _VALIDATOR
+    literal = _literal_credentials(data)
+    problems = [f"{source}: {where}: {message}" for where, message in literal.items()]
+    if _VALIDATOR is None:
+        _VALIDATOR = Draft202012Validator(schema())
+    errors = sorted(_VALIDATOR.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    for e in errors:
+        for where, message in _describe(e):
+            if where not in literal:
+                problems.append(f"{source}: {where}: {message}")
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+
+
+def _literal_credentials(data: Mapping[str, Any]) -> dict[str, str]:
+    found = {}
+    upstreams = data.get("upstreams")
+    if isinstance(upstreams, dict):
+        for name, u in upstreams.items():
+            if isinstance(u, dict):
+                for key in u:
+                    if key.lower().replace("-", "_") in _LITERAL_KEYS:
+                        found[f"upstreams.{_key(name)}.{_key(key)}"] = (
+                            'found a credential written in the file, expected api_key_env = "SOME_ENV_VAR" '
+                            "naming the environment variable that holds it"
+                        )
+    return found
+
+
+def _describe(e: ValidationError) -> list[tuple[str, str]]:
+    """(path in the file, "found ..., expected ...") for one schema error."""
+    where = _dotted(e.absolute_path)
+    v = e.validator
+    if v == "additionalProperties":
+        allowed = ", ".join(sorted(e.schema.get("properties", {})))
+        extra = [k for k in e.instance if k not in e.schema.get("properties", {})]
+        prefix = f"{where}." if where else ""
+        return [(f"{prefix}{_key(k)}", f"found an unknown key, expected one of {allowed}") for k in extra]
+    if v == "required":
+        missing = re.findall(r"'([^']+)' is a required property", e.message)
+        name = missing[0] if missing else "?"
+        sub = e.schema.get("properties", {}).get(name, {})
+        prefix = f"{where}." if where else ""
+        return [(f"{prefix}{_key(name)}", f"missing, expected {_expectation(sub, name)}")]
+    found = _found(e)
+    expected = e.schema.get("x-expected")
+    if expected is None:
+        if v in ("enum", "type"):
+            expected = _expectation({v: e.validator_value}, "")
+        elif v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
+            expected = f"a number {op} {e.validator_value}"
+        elif v == "minProperties":
+            expected = "at least one entry"
+        elif v == "uniqueItems":
+            expected = "no duplicates"
+        else:
+            expected = e.message
+    return [(where or "(top level)", f"found {found}, expected {expected}")]
+
+
+def _expectation(sub: Mapping[str, Any], name: str) -> str:
+    if "x-expected" in sub:
+        return str(sub["x-expected"])
+    if "enum" in sub:
+        return "one of " + ", ".join(str(x) for x in sub["enum"])
+    if "$ref" in sub:
+        return f"a [{name}] table" if name else "a table"
+    types = sub.get("type", [])
+    words = {
+        "object": f"a [{name}.NAME] table" if name else "a table",
+        "array": "a list",
+        "integer": "an integer",
+        "number": "a number",
+        "string": "a string",
+        "boolean": "true or false",
+    }
+    names = types if isinstance(types, list) else [types]
+    return " or ".join(words.get(str(t), str(t)) for t in names) or "a value"
+
+
+def _found(e: ValidationError) -> str:
+    value = e.instance
+    if e.validator == "pattern" and list(e.absolute_path)[-1:] == ["api_key_env"] and isinstance(value, str):
+        return f"{value[:3]}… (redacted, {len(value)} characters)"
+    kind = {
+        dict: "a table",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
+    if isinstance(value, dict | list):
+        return kind
+    return f"{value!r} ({kind})"
+
+
+def _dotted(path: Any) -> str:
+    return ".".join(_key(str(p)) for p in path)
+
+
+def _key(name: str) -> str:
+    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)

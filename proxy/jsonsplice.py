@@ -1,0 +1,356 @@
+"""Edit a JSON object's bytes in place: only the keys concerned change.
+
+The proxy must forward what the client sent byte for byte except where it changed something
+(design invariant 1), so request edits are spliced into the original bytes instead of
+re-serializing the body. Only the objects being edited are scanned member by member; values
+that are skipped (a 5 MB `messages` array) are crossed by jumping from one structural character to
+the next with a compiled regex and over each string with `bytes.find`, so the Python loop runs
+once per bracket or string, never once per character.
+
+Paths are tuples of object keys: `("chat_template_kwargs", "enable_thinking")`. Arrays are never
+entered: every request-side knob lives in nested objects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+Path = tuple[str, ...]
+
+_WS = re.compile(rb"[ \t\r\n]*")
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+# What a depth counter must look at: a quote opens a string (skipped whole), brackets nest.
+_STRUCTURAL = re.compile(rb'["\[\]{}]')
+_SCALAR = re.compile(rb"[^\s,\]}]+")
+
+
+class SpliceError(ValueError):
+    """The bytes are not the JSON object the caller parsed (a bug or a non-object body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    path: Path
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    path: Path
+
+
+Edit = Set | Delete
+
+
+@dataclass(slots=True)
+class _Member:
+    key: str
+    key_start: int
+    value_start: int
+    value_end: int
+
+
+@dataclass(slots=True)
+class _Style:
+    item_sep: str  # "," or ", "
+    key_sep: str  # ":" or ": "
+
+
+def apply_to_dict(obj: dict[str, Any], edits: Iterable[Edit]) -> dict[str, Any]:
+    """The reference semantics of `splice`, on a parsed object (returns a modified deep copy)."""
+    out: dict[str, Any] = _copy(obj)
+    for edit in edits:
+        *parents, last = edit.path
+        node = out
+        if isinstance(edit, Set):
+            for key in parents:
+                child = node.get(key)
+                if not isinstance(child, dict):
+                    child = node[key] = {}
+                node = child
+            node[last] = edit.value
+        else:
+            for key in parents:
+                child = node.get(key)
+                if not isinstance(child, dict):
+                    break
+                node = child
+            else:
+                node.pop(last, None)
+    return out
+
+
+def _copy(obj: Any) -> Any:
+    try:
+        return orjson.loads(orjson.dumps(obj))
+    except (TypeError, orjson.JSONDecodeError):  # integers beyond 64 bits
+        return json.loads(json.dumps(obj))
+
+
+def splice(body: bytes, edits: Sequence[Edit]) -> bytes:
+    """Apply `edits` to the JSON object in `body`, touching only the bytes of the keys concerned.
+
+    Inserted keys go after the object's last member (or inside an empty object), written in the
+    body's own style: compact `"k":v` or spaced `"k": v`, and the separator the object already uses.
+    """
+    if not edits:
+        return body
+    start = _WS.match(body, 0).end()  # type: ignore[union-attr]
+    if start >= len(body) or body[start] != 0x7B:
+        raise SpliceError("body is not a JSON object")
+    style = _detect_style(body, start)
+    tree = _edit_tree(edits)
+    patches: list[tuple[int, int, bytes]] = []
+    _edit_object(body, start, tree, style, patches, top=True)
+    patches.sort(key=lambda p: (p[0], p[1]))
+    out: list[bytes] = []
+    pos = 0
+    for begin, end, text in patches:
+        if begin < pos:
+            raise SpliceError("overlapping edits")
+        out.append(body[pos:begin])
+        out.append(text)
+        pos = end
+    out.append(body[pos:])
+    return b"".join(out)
+
+
+class _Tree(dict[str, tuple[str, Any]]):
+    """Edits of one object: key -> ("set", value) | ("delete", None) | ("tree", _Tree).
+
+    `create` is true when a Set passes through: the object must exist afterwards even if later
+    deletions leave it empty (the same as the dict semantics of `apply_to_dict`).
+    """
+
+    create = False
+
+
+def _edit_tree(edits: Sequence[Edit]) -> _Tree:
+    """Group edits by object; a later edit wins over an earlier one on the same path."""
+    root = _Tree()
+    for edit in edits:
+        if not edit.path:
+            raise SpliceError("empty path")
+        node = root
+        for depth, key in enumerate(edit.path[:-1]):
+            kind, sub = node.get(key, ("tree", None))
+            if kind == "delete" and isinstance(edit, Set):
+                kind, sub = "set", None  # deleted, then set inside: a fresh object
+            if kind == "set":
+                # A nested edit inside a value set whole: fold it into that value.
+                rest = ("v", *edit.path[depth + 1 :])
+                sub_edit: Edit = Set(rest, edit.value) if isinstance(edit, Set) else Delete(rest)
+                node[key] = ("set", apply_to_dict({"v": sub}, [sub_edit])["v"])
+                break
+            if kind == "delete" and isinstance(edit, Delete):
+                break  # deleting inside something already deleted
+            if kind != "tree" or sub is None:
+                sub = _Tree()
+                node[key] = ("tree", sub)
+            if isinstance(edit, Set):
+                sub.create = True
+            node = sub
+        else:
+            last = edit.path[-1]
+            node[last] = ("set", edit.value) if isinstance(edit, Set) else ("delete", None)
+    return root
+
+
+def _edit_object(
+    body: bytes, start: int, tree: _Tree, style: _Style, patches: list[tuple[int, int, bytes]], top: bool
+) -> None:
+    members, close = _members(body, start)
+    last_index: dict[str, int] = {}
+    for i, m in enumerate(members):
+        last_index[m.key] = i
+    deleted: set[int] = set()
+    inserts: list[tuple[str, Any]] = []
+    for key, (kind, arg) in tree.items():
+        index = last_index.get(key)
+        if kind == "delete":
+            if index is not None:
+                deleted.update(i for i, m in enumerate(members) if m.key == key)
+        elif kind == "set":
+            if index is None:
+                inserts.append((key, arg))
+            else:
+                m = members[index]
+                patches.append((m.value_start, m.value_end, _dumps(arg, style)))
+        else:  # nested edits
+            if index is not None and body[members[index].value_start] == 0x7B:
+                _edit_object(body, members[index].value_start, arg, style, patches, top=False)
+            else:
+                created = _build(arg)
+                if created is None:
+                    continue  # only deletions under a missing object: nothing to do
+                if index is None:
+                    inserts.append((key, created))
+                else:
+                    m = members[index]
+                    patches.append((m.value_start, m.value_end, _dumps(created, style)))
+    _delete_members(members, deleted, patches)
+    if inserts:
+        kept = [m for i, m in enumerate(members) if i not in deleted]
+        sep = _member_separator(body, start, members, style)
+        text = sep.join(
+            (_dumps(key, style) + style.key_sep.encode() + _dumps(value, style)).decode("utf-8")
+            for key, value in inserts
+        ).encode("utf-8")
+        if kept:
+            patches.append((members[-1].value_end, members[-1].value_end, sep.encode() + text))
+        elif members:
+            patches.append((members[-1].value_end, members[-1].value_end, text))
+        else:
+            patches.append((close, close, text))
+
+
+def _build(tree: _Tree) -> dict[str, Any] | None:
+    """The new object a tree describes when there is no object to edit (None: nothing to create)."""
+    out: dict[str, Any] = {}
+    for key, (kind, arg) in tree.items():
+        if kind == "set":
+            out[key] = arg
+        elif kind == "tree":
+            sub = _build(arg)
+            if sub is not None:
+                out[key] = sub
+    return out if out or tree.create else None
+
+
+def _delete_members(members: list[_Member], deleted: set[int], patches: list[tuple[int, int, bytes]]) -> None:
+    """Remove runs of deleted members together with exactly one separator, keeping valid JSON."""
+    i = 0
+    n = len(members)
+    while i < n:
+        if i not in deleted:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and j + 1 in deleted:
+            j += 1
+        if j + 1 < n:  # a kept member follows: remove up to its key
+            patches.append((members[i].key_start, members[j + 1].key_start, b""))
+        elif i > 0:  # run at the end after a kept member: remove from that member's value end
+            patches.append((members[i - 1].value_end, members[j].value_end, b""))
+        else:  # every member goes
+            patches.append((members[i].key_start, members[j].value_end, b""))
+        i = j + 1
+
+
+def _member_separator(body: bytes, start: int, members: list[_Member], style: _Style) -> str:
+    if len(members) >= 2:
+        return body[members[-2].value_end : members[-1].key_start].decode("utf-8", "replace")
+    if members:
+        indent = body[start + 1 : members[0].key_start]
+        if b"\n" in indent:
+            return "," + indent.decode("utf-8", "replace")
+    return style.item_sep
+
+
+def _dumps(value: Any, style: _Style) -> bytes:
+    if style.key_sep == ":" and style.item_sep == ",":
+        try:
+            return orjson.dumps(value)
+        except TypeError:
+            pass
+    return json.dumps(value, ensure_ascii=False, separators=(style.item_sep, style.key_sep)).encode("utf-8")
+
+
+def _detect_style(body: bytes, start: int) -> _Style:
+    """Compact or spaced, judged from the first member (`{"model": "x", ...}` → spaced)."""
+    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    key = _STRING.match(body, pos)
+    if key is None:
+        return _Style(",", ":")
+    after = body[key.end() : key.end() + 2]
+    spaced = after.startswith(b": ") or after.startswith(b" :")
+    return _Style(", ", ": ") if spaced else _Style(",", ":")
+
+
+def _members(body: bytes, start: int) -> tuple[list[_Member], int]:
+    """The members of the object whose `{` is at `start`, and the index of its `}`."""
+    members: list[_Member] = []
+    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    if pos < len(body) and body[pos] == 0x7D:
+        return members, pos
+    while True:
+        key = _STRING.match(body, pos)
+        if key is None:
+            raise SpliceError(f"expected a key at byte {pos}")
+        raw = key.group()
+        name = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8")
+        pos = _WS.match(body, key.end()).end()  # type: ignore[union-attr]
+        if pos >= len(body) or body[pos] != 0x3A:
+            raise SpliceError(f"expected ':' at byte {pos}")
+        value_start = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+        value_end = _value_end(body, value_start)
+        members.append(_Member(name, key.start(), value_start, value_end))
+        pos = _WS.match(body, value_end).end()  # type: ignore[union-attr]
+        if pos >= len(body):
+            raise SpliceError("unterminated object")
+        if body[pos] == 0x2C:
+            pos = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+            continue
+        if body[pos] == 0x7D:
+            return members, pos
+        raise SpliceError(f"expected ',' or '}}' at byte {pos}")
+
+
+def _value_end(body: bytes, pos: int) -> int:
+    if pos >= len(body):
+        raise SpliceError("missing value")
+    first = body[pos]
+    if first == 0x22:
+        return _string_end(body, pos)
+    if first in (0x7B, 0x5B):
+        depth = 0
+        search = _STRUCTURAL.search
+        while True:
+            m = search(body, pos)
+            if m is None:
+                raise SpliceError("unterminated container")
+            c = body[m.start()]
+            if c == 0x22:
+                pos = _string_end(body, m.start())
+                continue
+            pos = m.end()
+            if c in (0x7B, 0x5B):
+                depth += 1
+            else:
+                depth -= 1
+                if depth == 0:
+                    return pos
+    m = _SCALAR.match(body, pos)
+    if m is None:
+        raise SpliceError(f"expected a value at byte {pos}")
+    return m.end()
+
+
+def _string_end(body: bytes, pos: int) -> int:
+    """The end of the string opened at `pos`: memchr-speed jumps from quote to quote, so a long
+    string costs one `find`, not a regex step per character."""
+    find = body.find
+    i = pos + 1
+    while True:
+        quote = find(b'"', i)
+        if quote < 0:
+            raise SpliceError(f"unterminated string at byte {pos}")
+        j = quote - 1
+        while body[j] == 0x5C:  # count the backslashes before the quote
+            j -= 1
+        if (quote - 1 - j) % 2 == 0:
+            return quote + 1
+        i = quote + 1
+
+
+def json_path(path: Path) -> str:
+    """`("reasoning", "effort")` → `$.reasoning.effort`, the notation of `Change.path`."""
+    return "$" + "".join(
+        f".{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) else f"[{json.dumps(k)}]" for k in path
+    )

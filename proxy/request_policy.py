@@ -1,0 +1,232 @@
+"""The request side in one call: route, fill sampling defaults, normalize reasoning, splice.
+
+The router, sampling and reasoning addons all edit the same body; doing it in one pass means one
+parse, one splice and one consistent list of changes. `apply` never raises: whatever it can't
+handle is forwarded unchanged and flagged, so a bad request is captured, not lost (invariant 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .changes import Change
+from .config import Config, ConfigError, ModelConfig, Upstream
+from .jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
+from .reasoning import apply_reasoning
+from .routing import RouteError, resolve
+from .sampling import (
+    GenerationConfigError,
+    SamplingPolicy,
+    apply_sampling,
+    load_generation_config,
+    sent_sampling,
+)
+
+_SURFACE = re.compile(r"(?:^|/)(chat/completions|completions|responses|messages)/?$")
+_SURFACES = {
+    "chat/completions": "chat",
+    "completions": "completions",
+    "responses": "responses",
+    "messages": "messages",
+}
+_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+@dataclass(slots=True)
+class Outcome:
+    body: bytes  # what to forward (the original object when unchanged)
+    changes: list[Change] = field(default_factory=list)
+    error: tuple[int, bytes] | None = None  # answer the client with this instead of forwarding
+    upstream: Upstream | None = None  # None: the single upstream (quick mode)
+    upstream_headers: dict[str, str] = field(default_factory=dict)  # headers to set upstream
+    remove_headers: list[str] = field(default_factory=list)  # client headers not to forward
+    model: str | None = None
+    served_model: str | None = None
+    parsed: Any = None  # the client's JSON (None when the body is not JSON)
+    flags: set[str] = field(default_factory=set)
+    surface: str | None = None  # chat | completions | responses | messages | None
+
+
+def surface_for(path: str) -> str | None:
+    """Which API a request path is, with or without `/v1` and with any prefix before it."""
+    m = _SURFACE.search(path.split("?", 1)[0])
+    return _SURFACES[m.group(1)] if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelPolicy:
+    settings: ModelConfig
+    sampling: SamplingPolicy
+
+
+class RequestPolicy:
+    """Built once at start (reads generation_config files: raises ConfigError if one is unusable)."""
+
+    def __init__(self, config: Config, environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self._environ = os.environ if environ is None else environ
+        self._policies: dict[str, _ModelPolicy] = {}
+        models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
+        for m in models:
+            self._policies[m.name] = _ModelPolicy(m, self._sampling(m))
+
+    def _sampling(self, m: ModelConfig) -> SamplingPolicy:
+        values: dict[str, float | int] = {}
+        label = "generation_config.json"
+        if m.generation_config is not None:
+            try:
+                values, label = load_generation_config(m.generation_config)
+            except GenerationConfigError as e:
+                where = "--generation-config" if m.name == "*" else f"models.{m.name}.generation_config"
+                raise ConfigError(f"{self.config.source or 'command line'}: {where}: {e}") from e
+        return SamplingPolicy.build(m.sampling, values, label)
+
+    def apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        try:
+            return self._apply(path, body, headers)
+        except Exception as e:  # never raise on input: forward unchanged, say why
+            outcome = Outcome(body=body, flags={"request_policy_error"})
+            outcome.changes.append(
+                Change("policy", "warning", "$", None, None, f"internal error {e!r}; unchanged")
+            )
+            if not self.config.is_quick and len(self.config.upstreams) == 1:
+                outcome.upstream = next(iter(self.config.upstreams.values()))
+            elif not self.config.is_quick:
+                outcome.error = _error(
+                    500, "tapfix could not process this request", "tapfix_error", "internal"
+                )
+            return outcome
+
+    def _apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        outcome = Outcome(body=body, surface=surface_for(path))
+        lowered = {k.lower(): v for k, v in headers.items()}
+        encoding = lowered.get("content-encoding", "identity").strip().lower()
+        parsed, ok = _parse(body) if encoding in ("", "identity") else (None, False)
+        outcome.parsed = parsed
+        if encoding not in ("", "identity"):
+            outcome.flags.add("encoded_request_body")
+        elif not body.strip():
+            outcome.flags.add("empty_request_body")
+        elif not ok or not isinstance(parsed, dict):
+            outcome.flags.add("malformed_request_body")
+        if not isinstance(parsed, dict):
+            return self._unroutable(outcome)
+        route = resolve(self.config, parsed.get("model"))
+        if isinstance(route, RouteError):
+            if outcome.surface is None:
+                return self._unroutable(outcome)  # other paths are forwarded untouched
+            outcome.model = parsed.get("model") if isinstance(parsed.get("model"), str) else None
+            outcome.error = (route.status, route.body)
+            return outcome
+        outcome.model, outcome.served_model, outcome.upstream = (
+            route.model,
+            route.served_model,
+            route.upstream,
+        )
+        self._credentials(outcome, route.upstream)
+        if outcome.surface is None:
+            return outcome
+        edits: list[Edit] = []
+        rename = route.change()
+        if rename is not None:
+            edits.append(Set(("model",), route.served_model))
+            outcome.changes.append(rename)
+        if outcome.surface != "messages" and not sent_sampling(parsed):
+            outcome.flags.add("no_sampling_params")
+        policy = self._policies.get(route.settings.name if route.settings else "")
+        if policy is not None:
+            engine = self._engine(route.upstream)
+            s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
+            edits += s_edits
+            outcome.changes += s_changes
+            r = apply_reasoning(parsed, policy.settings.reasoning, outcome.surface)
+            if r.error is not None:
+                outcome.error = r.error
+                outcome.changes += r.changes
+                return outcome
+            edits += r.edits
+            outcome.changes += r.changes
+        if edits:
+            outcome.body = self._splice(body, parsed, edits, outcome)
+        return outcome
+
+    def _engine(self, upstream: Upstream | None) -> str | None:
+        if upstream is None:
+            upstream = next(iter(self.config.upstreams.values()), None)
+        return upstream.engine if upstream else None
+
+    def _unroutable(self, outcome: Outcome) -> Outcome:
+        """No model to route by: one upstream takes it; with several, only surface requests fail."""
+        if self.config.is_quick:
+            self._credentials(outcome, None)
+            return outcome
+        upstreams = list(self.config.upstreams.values())
+        if len(upstreams) == 1:
+            outcome.upstream = upstreams[0]
+            self._credentials(outcome, upstreams[0])
+        elif outcome.surface is not None:
+            outcome.error = _error(
+                400,
+                "request body is not a JSON object with a 'model'; tapfix routes by model",
+                "invalid_request_error",
+                "invalid_body",
+            )
+        return outcome
+
+    def _credentials(self, outcome: Outcome, upstream: Upstream | None) -> None:
+        if upstream is None:
+            upstream = next(iter(self.config.upstreams.values()), None) if self.config.is_quick else None
+        if upstream is None or not upstream.api_key_env:
+            return
+        key = self._environ.get(upstream.api_key_env)
+        if not key:
+            outcome.flags.add("upstream_credential_missing")
+            return
+        if upstream.style == "anthropic":
+            outcome.upstream_headers["x-api-key"] = key
+        else:
+            outcome.upstream_headers["authorization"] = f"Bearer {key}"
+        outcome.remove_headers = [h for h in _CREDENTIAL_HEADERS if h not in outcome.upstream_headers]
+
+    def _splice(self, body: bytes, parsed: dict[str, Any], edits: list[Edit], outcome: Outcome) -> bytes:
+        """Splice, then check the result parses to exactly the edited object; else re-serialize."""
+        touched = {e.path[0] for e in edits}
+        expected = dict(parsed)
+        edited = apply_to_dict({k: parsed[k] for k in touched if k in parsed}, edits)
+        for k in touched:
+            expected.pop(k, None)
+        expected.update(edited)
+        try:
+            result = splice(body, edits)
+            if _parse(result) == (expected, True):
+                return result
+        except SpliceError:
+            pass
+        outcome.flags.add("request_reserialized")
+        return json.dumps(expected, ensure_ascii=False).encode("utf-8")
+
+
+def _parse(body: bytes) -> tuple[Any, bool]:
+    try:
+        return orjson.loads(body), True
+    except orjson.JSONDecodeError:
+        pass
+    try:  # integers beyond 64 bits, lone surrogates: what orjson refuses and servers may accept
+        return json.loads(body, parse_constant=_reject), True
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, False
+
+
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _error(status: int, message: str, kind: str, code: str) -> tuple[int, bytes]:
+    return status, orjson.dumps({"error": {"message": message, "type": kind, "code": code}})

@@ -1,0 +1,172 @@
+"""Model routing: the client's model name (or alias) → (upstream, served id), and preflight checks.
+
+In config mode an unknown model is a clear 404 that lists what is served: silently sending a
+request to another model would make every later capture misleading. In quick mode every name
+passes through to the single upstream.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .changes import Change
+from .config import Config, ModelConfig, Upstream
+from .sampling import GenerationConfigError, load_generation_config
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    model: str | None  # as the client sent it
+    served_model: str | None  # what the upstream is asked for
+    upstream: Upstream | None  # None in quick mode: the single upstream
+    settings: ModelConfig | None  # the model's policy
+
+    def change(self) -> Change | None:
+        """The rewrite of `model`, if the served id differs from the client's name."""
+        if self.model is None or self.served_model == self.model:
+            return None
+        via = f" on upstream {self.upstream.name}" if self.upstream else ""
+        return Change("router", "rename", "$.model", self.model, self.served_model, f"served id{via}")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteError:
+    status: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    severity: str  # "error" | "warning"
+    where: str  # e.g. "upstreams.gpu0.api_key_env" or "models.qwen"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.where}: {self.message}"
+
+
+def resolve(config: Config, model: Any) -> Route | RouteError:
+    if config.quick_model is not None:
+        name = model if isinstance(model, str) else None
+        return Route(name, name, None, config.quick_model)
+    if not isinstance(model, str) or not model:
+        found = "no 'model'" if model is None else f"'model' = {orjson.dumps(model).decode()[:80]}"
+        return _error(
+            400,
+            f"request has {found}; expected the name of a served model; {_served(config)}",
+            "invalid_request_error",
+            "missing_model" if model is None else "invalid_model",
+        )
+    settings = config.models.get(model)
+    if settings is None:
+        target = config.aliases().get(model)
+        if target is None:
+            return _error(
+                404,
+                f"model '{model}' is not served here; {_served(config)}",
+                "invalid_request_error",
+                "model_not_found",
+            )
+        settings = config.models[target]
+    return Route(model, settings.upstream_model, config.upstreams[settings.upstream], settings)
+
+
+def _served(config: Config) -> str:
+    text = "served models: " + ", ".join(config.models)
+    aliases = config.aliases()
+    if aliases:
+        text += " (aliases: " + ", ".join(f"{a} → {m}" for a, m in aliases.items()) + ")"
+    return text
+
+
+def _error(status: int, message: str, kind: str, code: str) -> RouteError:
+    body = {"error": {"message": message, "type": kind, "code": code, "param": "model"}}
+    return RouteError(status, orjson.dumps(body))
+
+
+def models_listing(config: Config) -> dict[str, Any]:
+    """The body of `GET /v1/models`: every served model and alias (empty in quick mode)."""
+    data = []
+    for m in config.models.values():
+        entry = {
+            "id": m.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": m.upstream,
+            "root": m.upstream_model,
+        }
+        data.append(entry)
+        for alias in m.aliases:
+            data.append({**entry, "id": alias, "parent": m.name})
+    return {"object": "list", "data": data}
+
+
+def preflight_static(config: Config, environ: Mapping[str, str]) -> list[Problem]:
+    """What can be checked without the network: credentials, files, unused upstreams."""
+    problems: list[Problem] = []
+    for u in config.upstreams.values():
+        where = f"upstreams.{u.name}"
+        if u.api_key_env and not environ.get(u.api_key_env):
+            state = "is empty" if u.api_key_env in environ else "is not set"
+            problems.append(
+                Problem("error", f"{where}.api_key_env", f"environment variable {u.api_key_env} {state}")
+            )
+        if u.ca_file and not _readable(u.ca_file):
+            problems.append(Problem("error", f"{where}.ca_file", f"cannot read {u.ca_file}"))
+        if u.insecure:
+            problems.append(Problem("warning", f"{where}.insecure", "TLS certificates are not verified"))
+        if not config.is_quick and not any(m.upstream == u.name for m in config.models.values()):
+            problems.append(Problem("warning", where, "no model is routed to this upstream"))
+    models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
+    for m in models:
+        where = f"models.{m.name}" if m.name != "*" else "--generation-config"
+        if m.generation_config is not None:
+            try:
+                load_generation_config(m.generation_config)
+            except GenerationConfigError as e:
+                problems.append(Problem("error", f"{where}.generation_config", str(e)))
+        for param, rule in m.sampling.items():
+            if rule.mode in ("fill", "override") and rule.value is None and m.generation_config is None:
+                problems.append(
+                    Problem(
+                        "warning",
+                        f"{where}.sampling.{param}",
+                        f"mode {rule.mode} has no value and the model has no generation_config",
+                    )
+                )
+    return problems
+
+
+def compare_served(config: Config, upstream_name: str, served_ids: Iterable[str]) -> list[Problem]:
+    """Configured ids the upstream does not list in its `/v1/models`."""
+    if upstream_name not in config.upstreams:
+        return [Problem("error", f"upstreams.{upstream_name}", "no such upstream in the config")]
+    served = list(served_ids)
+    problems = []
+    for m in config.models.values():
+        if m.upstream != upstream_name or m.upstream_model in served:
+            continue
+        close = difflib.get_close_matches(m.upstream_model, served, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        listing = ", ".join(served) or "nothing"
+        problems.append(
+            Problem(
+                "error",
+                f"models.{m.name}.upstream_model",
+                f"upstream {upstream_name} does not serve {m.upstream_model!r}; it serves: {listing}{hint}",
+            )
+        )
+    return problems
+
+
+def _readable(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
