@@ -34,10 +34,11 @@ def confdir() -> Path:
 
 def build_runtime(settings: Settings, policy: Any = None, targets: dict[str, UpstreamTarget] | None = None,
                   writer: CaptureWriter | None = None) -> Runtime:
-    default = UpstreamTarget.parse(settings.upstream) if settings.upstream else None
     all_targets = dict(targets or {})
-    if default is not None:
-        all_targets.setdefault(default.name, default)
+    default = all_targets.get("default")
+    if default is None and settings.upstream:
+        default = UpstreamTarget.parse(settings.upstream)
+        all_targets[default.name] = default
     if default is None and all_targets and settings.mode == "reverse":
         default = next(iter(all_targets.values()))
     runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy,
@@ -124,7 +125,6 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
 
 def prepare(settings: Settings) -> Runtime:
     """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
-    policy, targets = None, {}
     from .policy_setup import build_policy
 
     policy, targets = build_policy(settings)

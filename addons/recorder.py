@@ -40,23 +40,27 @@ class RecordRequest:
             store_bodies=self.runtime.settings.store_bodies,
         )
         ex.started_at = request.timestamp_start or time.time()
-        if request.method == "POST" and body[:1] == b"{" and request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
-            try:
-                parsed = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                ex.flags.add("malformed_request_body")
-            else:
-                if isinstance(parsed, dict):
-                    ex.extra["json"] = parsed
-                    model = parsed.get("model")
-                    ex.model = model if isinstance(model, str) else None
-                    ex.stream = parsed.get("stream") is True
-                    tools = parsed.get("tools")
-                    ex.tools = tools if isinstance(tools, list) and tools else None
-        elif request.method == "POST" and body and request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
-            ex.flags.add("malformed_request_body")
+        if self.runtime.policy is None and request.method == "POST" and body:
+            # With a request policy, the router parses the body once and notes it instead.
+            if request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
+                try:
+                    note_request_json(ex, orjson.loads(body) if body[:1] == b"{" else None)
+                except orjson.JSONDecodeError:
+                    note_request_json(ex, None)
         flow.metadata[META] = ex
         self.runtime.exchanges_seen += 1
+
+
+def note_request_json(ex: Exchange, parsed: object) -> None:
+    """What the recorder and the stream stages need from a request body: model, stream, tools."""
+    if not isinstance(parsed, dict):
+        ex.flags.add("malformed_request_body")
+        return
+    model = parsed.get("model")
+    ex.model = model if isinstance(model, str) else None
+    ex.stream = parsed.get("stream") is True
+    tools = parsed.get("tools")
+    ex.tools = tools if isinstance(tools, list) and tools else None
 
 
 class RecordExchange:

@@ -10,8 +10,10 @@ import orjson
 from mitmproxy import http
 
 from tapfix.proxy.changes import Change
+from tapfix.proxy.routing import models_listing
 from tapfix.proxy.upstream import UpstreamTarget
 
+from .recorder import note_request_json
 from .runtime import Runtime, exchange_of
 
 log = logging.getLogger("tapfix")
@@ -40,7 +42,13 @@ class Router:
         target = self.runtime.default_target
         policy = self.runtime.policy
         if policy is not None:
+            if flow.request.method == "GET" and flow.request.path.split("?")[0].rstrip("/").endswith("/models") \
+                    and not policy.config.is_quick:
+                flow.response = json_response(200, models_listing(policy.config), ex.id)
+                return
             outcome = policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
+            if outcome.surface is not None and flow.request.method == "POST":
+                note_request_json(ex, outcome.parsed)
             ex.changes.extend(outcome.changes)
             ex.flags.update(outcome.flags)
             ex.served_model = outcome.served_model
@@ -51,6 +59,8 @@ class Router:
                 return
             if outcome.body is not flow.request.raw_content:
                 flow.request.raw_content = outcome.body
+                if "content-length" in flow.request.headers:  # raw_content doesn't update framing
+                    flow.request.headers["content-length"] = str(len(outcome.body))
             for name in getattr(outcome, "remove_headers", ()) or ():
                 flow.request.headers.pop(name, None)
             for name, value in (outcome.upstream_headers or {}).items():

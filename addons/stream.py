@@ -15,6 +15,7 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
+from tapfix.proxy.reasoning_fields import FIELDS, ReasoningFieldRename
 
 from .reset_tail import TAIL_ATTR
 from .runtime import Runtime, exchange_of
@@ -37,10 +38,13 @@ class StreamOwner:
             stage = ChatToolCallRepair(ex.tools, policy=policy, capture_id=ex.id)
             ex.extra["toolcalls"] = stage
             stages.append(stage)
-        rename = self.runtime.policy.response_stage(ex) if self.runtime.policy is not None and hasattr(
-            self.runtime.policy, "response_stage") else None
-        if rename is not None:
-            stages.append(rename)
+        if self.runtime.policy is not None:
+            wanted = self.runtime.policy.config.reasoning_field.for_user_agent(ex.user_agent)
+            if wanted in FIELDS:
+                other = next(f for f in FIELDS if f != wanted)
+                rename = ReasoningFieldRename(other, wanted)
+                ex.extra["reasoning_rename"] = rename
+                stages.append(rename)
         return stages
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -60,10 +64,25 @@ class StreamOwner:
                                      "the stream may change length when repaired; sent chunked instead"))
         flow.response.stream = StreamPipeline(ex, stages)
 
+    @staticmethod
+    def collect(ex: Exchange) -> None:
+        """The stages' own records (repairs, renames) join the exchange's changes once, at the end."""
+        stage = ex.extra.pop("toolcalls", None)
+        if stage is not None:
+            ex.changes.extend(stage.changes)
+            if stage.outcome != "untouched":
+                ex.flags.add(f"toolcall_{stage.outcome}")
+        rename = ex.extra.pop("reasoning_rename", None)
+        if rename is not None and (change := rename.change()) is not None:
+            ex.changes.append(change)
+
     def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or response is None or response.stream:
+        if ex is None or response is None:
+            return
+        if response.stream:
+            self.collect(ex)
             return
         body = response.raw_content or b""
         ex.upstream_body = body
@@ -90,6 +109,7 @@ class StreamOwner:
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return
         if flow.error and "client" in flow.error.msg.lower():
+            self.collect(ex)
             return  # nobody left to tell
         pipeline = response.stream
         held = pipeline(b"")
@@ -105,3 +125,4 @@ class StreamOwner:
         ex.changes.append(Change("stream", "inject", "$.error", None, error["error"],
                                  "the upstream reset mid-stream; the client gets a retryable error event"))
         setattr(flow.client_conn, TAIL_ATTR, tail + event)
+        self.collect(ex)

@@ -81,8 +81,27 @@ def run(**kw) -> None:
     """Run the proxy in front of an inference server."""
     if not kw["upstream"] and not kw["config_path"] and kw["mode"] == "reverse":
         raise click.UsageError("give --upstream URL or --config FILE (or use --mode regular)")
+    if kw["upstream"] and kw["config_path"]:
+        raise click.UsageError("give either --upstream (quick mode) or --config, not both")
+    if kw["config_path"]:
+        _config_defaults(kw)
     settings = _settings(kw)
     sys.exit(_run_proxy(settings))
+
+
+def _config_defaults(kw: dict) -> None:
+    """listen, db and mode from the config file, unless given on the command line."""
+    from .config import Config, ConfigError
+
+    try:
+        config = Config.load(kw["config_path"])
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+    ctx = click.get_current_context()
+    for key in ("listen", "db", "mode"):
+        value = getattr(config, key, None)
+        if value and ctx.get_parameter_source(key) is not click.core.ParameterSource.COMMANDLINE:
+            kw[key] = Path(value) if key == "db" else value
 
 
 def _settings(kw: dict) -> Settings:
@@ -110,7 +129,7 @@ def _run_proxy(settings: Settings, banner=None) -> int:
         from tapfix.addons.master import prepare
 
         runtime = prepare(settings)
-    except (UpstreamURLError, ValueError, StoreError) as e:
+    except (UpstreamURLError, ValueError, StoreError) as e:  # StartupError is a ValueError
         raise click.ClickException(str(e)) from e
     from tapfix.addons.master import run as run_master
 
@@ -172,6 +191,23 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
         raise click.ClickException(str(e)) from e
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on http://{host}:{port}/v1", err=True)
     serve(opts, host=host, port=port)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="seconds per upstream")
+def check(config_path: Path, timeout: float) -> None:
+    """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set."""
+    from .config import Config, ConfigError
+    from .preflight import render, run_checks
+
+    try:
+        config = Config.load(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+    statuses, problems = run_checks(config, timeout=timeout)
+    click.echo(render(config, statuses, problems))
+    sys.exit(1 if any(p.severity == "error" for p in problems) else 0)
 
 
 @main.group()
