@@ -94,13 +94,18 @@ class StreamOwner:
             return
         from tapfix.proxy.toolcalls import repair_chat_completion
 
-        repaired, changes, outcome = repair_chat_completion(body, ex.tools)
+        repaired, changes, outcome = repair_chat_completion(body, ex.tools, capture_id=ex.id, policy=policy)
         ex.changes.extend(changes)
         if outcome and outcome != "untouched":
             ex.flags.add(f"toolcall_{outcome}")
         if repaired is not body and repaired != body:
             ex.client_body_out = repaired
             response.raw_content = repaired
+            if "content-length" in response.headers:
+                response.headers["content-length"] = str(len(repaired))
+            if outcome == "unrecoverable":
+                # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
+                response.status_code = 422 if policy == "fail_fast" else 502
 
     def error(self, flow: http.HTTPFlow) -> None:
         """Upstream reset mid-stream: flush what the stages hold, then an SSE error agents retry."""

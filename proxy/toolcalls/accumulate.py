@@ -1,0 +1,146 @@
+"""Collecting streamed tool-call deltas into calls, robust to the index/id mistakes servers make.
+
+Spec clients key calls strictly by `index`; servers break that in known ways (every parallel call on
+index 0, ids and names repeated on a finish-time chunk, openers without id or name). The rules here
+are the ones that tell those apart from a valid interleaved stream: a *different* non-null id (or a
+different name after arguments started) on an index starts a new call; a repeated identical name or
+id is a duplicate, never appended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+WRONG_INDEX = "wrong_index_or_id"
+
+
+@dataclass(slots=True)
+class Call:
+    index: int | None  # the upstream index it arrived on
+    id: str | None = None
+    name: str | None = None
+    frags: list[Any] = field(default_factory=list)  # str fragments, or objects sent as arguments
+    kinds: list[str] = field(default_factory=list)
+    null_args: bool = False
+    started_args: bool = False
+    original: str | None = None  # the arguments as received, kept when a repair rewrites `frags`
+    original_name: str | None = None
+
+    def note(self, kind: str) -> None:
+        if kind not in self.kinds:
+            self.kinds.append(kind)
+
+    def raw_arguments(self) -> str:
+        if self.original is not None:
+            return self.original
+        return "".join(f if isinstance(f, str) else _show(f) for f in self.frags)
+
+
+def _show(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class CallAccumulator:
+    """One choice's calls, in the order they were opened."""
+
+    __slots__ = ("calls", "_by_index", "_by_id")
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self._by_index: dict[int, Call] = {}
+        self._by_id: dict[str, Call] = {}
+
+    def add(self, delta: Any) -> None:
+        if not isinstance(delta, dict):
+            self._new(None).note(WRONG_INDEX)
+            return
+        index = delta.get("index")
+        call_id = delta.get("id") if isinstance(delta.get("id"), str) and delta.get("id") else None
+        fn = delta.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        name = fn.get("name") if isinstance(fn.get("name"), str) and fn.get("name") else None
+        args = fn.get("arguments", None)
+
+        if isinstance(index, bool) or not isinstance(index, int):
+            index = None
+            if call_id is not None and call_id in self._by_id:
+                cur: Call | None = self._by_id[call_id]
+            elif call_id is not None or not self.calls:
+                cur = None
+            else:
+                cur = self.calls[-1]
+            noted = True
+        else:
+            cur = self._by_index.get(index)
+            noted = False
+        if cur is not None:
+            if call_id is not None and cur.id is not None and call_id != cur.id:
+                cur = None
+                noted = True
+            elif name is not None and cur.name is not None and name != cur.name and cur.started_args:
+                cur = None
+                noted = True
+        if cur is None:
+            cur = self._new(index)
+            if noted:
+                cur.note(WRONG_INDEX)
+            if call_id is None:
+                cur.note(WRONG_INDEX)
+        elif noted:
+            cur.note(WRONG_INDEX)
+        if call_id is not None and cur.id is None:
+            cur.id = call_id
+            self._by_id[call_id] = cur
+        if name is not None:
+            if cur.name is None:
+                cur.name = name
+            elif name == cur.name:
+                cur.note("duplicated_fragments")
+            else:
+                cur.name += name  # a name streamed in pieces
+        if args is None:
+            if "arguments" in fn:
+                cur.null_args = True
+        elif isinstance(args, str):
+            if args:
+                cur.frags.append(args)
+                cur.started_args = True
+        else:
+            cur.frags.append(args)
+            cur.started_args = True
+            cur.note("args_as_object")
+
+    def _new(self, index: int | None) -> Call:
+        call = Call(index=index)
+        self.calls.append(call)
+        if index is not None:
+            self._by_index[index] = call
+        return call
+
+
+def assemble_tool_calls(events: list[dict[str, Any]], choice: int = 0) -> list[dict[str, Any]]:
+    """What a strict spec client builds: calls keyed by index, name/arguments appended, id kept.
+
+    `events` are parsed chunk objects (not raw bytes). Used by tests to judge what an agent would run.
+    """
+    calls: dict[int, dict[str, Any]] = {}
+    for event in events:
+        for ch in event.get("choices") or []:
+            if ch.get("index", 0) != choice:
+                continue
+            for tc in (ch.get("delta") or {}).get("tool_calls") or []:
+                slot = calls.setdefault(tc.get("index"), {"id": None, "name": "", "arguments": ""})
+                if tc.get("id"):
+                    slot["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                if isinstance(fn.get("name"), str):
+                    slot["name"] += fn["name"]
+                args = fn.get("arguments")
+                slot["arguments"] += args if isinstance(args, str) else ("" if args is None else _show(args))
+    return [calls[k] for k in sorted(calls, key=lambda k: (k is None, k if isinstance(k, int) else 0))]

@@ -1,0 +1,392 @@
+"""A tolerant JSON reader for tool-call arguments that says what it fixed and where text was cut.
+
+json.loads is always tried first by callers; this reader only runs on text that failed it. It must
+tell a value the model finished (repairable: a missing `}` after a closed string) from one that was
+cut (unrecoverable: the text stops inside a string or after `1.`), because omp and pi silently
+"complete" partial JSON and write half files. String scanning jumps between special characters with
+one regex, so cost stays linear in the argument size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING: Any = object()
+
+_WS = " \t\r\n"
+_SPECIAL = {'"': re.compile(r'["\\\x00-\x1f]|<\|'), "'": re.compile(r"['\\\x00-\x1f]|<\|")}
+# Gemma-4 string delimiter `<|"|>` and the fragments of it that leak when split across deltas.
+_DEBRIS = re.compile(r'<\|\\?"\|?>?|<\|\\(?!")')
+_GEMMA_DELIM = '<|"|>'
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_NUMBER_LOOSE = re.compile(r"[-+]?\d*\.?\d*(?:[eE][-+]?\d*)?")
+_STRICT_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_WORD = re.compile(r"[A-Za-z_$][\w$.\-]*")
+_LITERALS: dict[str, Any] = {
+    "true": True,
+    "false": False,
+    "null": None,
+    "True": True,
+    "False": False,
+    "None": None,
+}
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class _Cut(Exception):
+    """The text ends inside a value: the model wrote more than we have."""
+
+
+class _Bad(Exception):
+    """The text is not JSON-like enough to read."""
+
+
+class _Spliced(_Bad):
+    """A key repeats inside one object: fragments were duplicated or spliced together."""
+
+
+@dataclass(slots=True)
+class Parsed:
+    value: Any = MISSING
+    fixes: list[str] = field(default_factory=list)
+    cut: str | None = None  # what the text stopped inside of: "string", "number", "value", ...
+    bad: bool = False
+    spliced: bool = False
+    closed: int = 0  # brackets closed at the end because they were missing
+    ends_on_number: bool = False  # the last token is a number at the very end (maybe cut short)
+    rest: str = ""  # text after the first complete top-level value
+    partial: dict[str, Any] | None = None  # completed members of the top-level object when cut
+
+
+class _Reader:
+    __slots__ = ("text", "n", "pos", "fixes", "closed", "top", "last_number_end")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.n = len(text)
+        self.pos = 0
+        self.fixes: list[str] = []
+        self.closed = 0
+        self.top: dict[str, Any] | None = None
+        self.last_number_end = -1
+
+    def skip(self) -> None:
+        text, n, pos = self.text, self.n, self.pos
+        while pos < n and text[pos] in _WS:
+            pos += 1
+        self.pos = pos
+
+    def fix(self, kind: str) -> None:
+        if kind not in self.fixes:
+            self.fixes.append(kind)
+
+    def value(self, ctx: str, depth: int) -> Any:
+        if depth > 200:
+            raise _Bad("too deep")
+        self.skip()
+        if self.pos >= self.n:
+            raise _Cut("value")
+        c = self.text[self.pos]
+        if c == "{":
+            return self.obj(depth)
+        if c == "[":
+            return self.arr(depth)
+        if c == '"' or c == "'":
+            if c == "'":
+                self.fix("single_quotes")
+            return self.string(c, ctx)
+        if c.isdigit() or c in "-+.":
+            return self.number()
+        if c == "<" and self.text.startswith(_GEMMA_DELIM, self.pos):
+            self.fix("delimiter_debris")
+            end = self.text.find(_GEMMA_DELIM, self.pos + len(_GEMMA_DELIM))
+            if end < 0:
+                raise _Cut("string")
+            value = self.text[self.pos + len(_GEMMA_DELIM) : end]
+            self.pos = end + len(_GEMMA_DELIM)
+            return value
+        return self.word(ctx)
+
+    def obj(self, depth: int) -> dict[str, Any]:
+        self.pos += 1
+        result: dict[str, Any] = {}
+        if self.top is None:
+            self.top = result
+        after_value = False
+        after_comma = False
+        while True:
+            self.skip()
+            if self.pos >= self.n:
+                if after_comma or not result:
+                    raise _Cut("member")
+                self.closed += 1
+                return result
+            c = self.text[self.pos]
+            if c == "}" or c == "]":
+                if c == "]":
+                    self.fix("mismatched_bracket")
+                if after_comma:
+                    self.fix("trailing_comma")
+                self.pos += 1
+                return result
+            if c == ",":
+                if not after_value:
+                    self.fix("extra_comma")
+                self.pos += 1
+                after_value, after_comma = False, True
+                continue
+            if after_value:
+                self.fix("missing_comma")
+            key = self.key()
+            if key in result:
+                raise _Spliced(key)
+            self.skip()
+            if self.pos >= self.n:
+                raise _Cut("key")
+            if self.text[self.pos] != ":":
+                if self.text[self.pos] != "=":
+                    raise _Bad("expected ':'")
+                self.fix("bare_word")
+            self.pos += 1
+            self.skip()
+            if self.pos >= self.n:
+                raise _Cut("value")
+            result[key] = self.value("object", depth + 1)
+            after_value, after_comma = True, False
+
+    def key(self) -> str:
+        c = self.text[self.pos]
+        if c == '"' or c == "'":
+            if c == "'":
+                self.fix("single_quotes")
+            return self.string(c, "key")
+        m = _WORD.match(self.text, self.pos)
+        if m is None:
+            raise _Bad("expected a key")
+        if m.end() >= self.n:
+            raise _Cut("key")
+        self.fix("bare_word")
+        self.pos = m.end()
+        return m.group()
+
+    def arr(self, depth: int) -> list[Any]:
+        self.pos += 1
+        result: list[Any] = []
+        after_value = False
+        after_comma = False
+        while True:
+            self.skip()
+            if self.pos >= self.n:
+                if after_comma or not result:
+                    raise _Cut("member")
+                self.closed += 1
+                return result
+            c = self.text[self.pos]
+            if c == "]" or c == "}":
+                if c == "}":
+                    self.fix("mismatched_bracket")
+                if after_comma:
+                    self.fix("trailing_comma")
+                self.pos += 1
+                return result
+            if c == ",":
+                if not after_value:
+                    self.fix("extra_comma")
+                self.pos += 1
+                after_value, after_comma = False, True
+                continue
+            if after_value:
+                self.fix("missing_comma")
+            result.append(self.value("array", depth + 1))
+            after_value, after_comma = True, False
+
+    def closes(self, k: int, ctx: str) -> bool:
+        """Whether a quote at k-1 ends the string: it must be followed by what can follow a string."""
+        text, n = self.text, self.n
+        while k < n and text[k] in _WS:
+            k += 1
+        if k >= n:
+            return True
+        c = text[k]
+        if ctx == "key":
+            return c == ":"
+        if ctx == "top":
+            return True
+        return c in ",}]"
+
+    def string(self, quote: str, ctx: str) -> str:
+        text, n = self.text, self.n
+        special = _SPECIAL[quote]
+        parts: list[str] = []
+        i = self.pos + 1
+        while True:
+            m = special.search(text, i)
+            if m is None:
+                raise _Cut("string")
+            j = m.start()
+            if j > i:
+                parts.append(text[i:j])
+            c = text[j]
+            if c == quote:
+                if self.closes(j + 1, ctx):
+                    self.pos = j + 1
+                    return "".join(parts)
+                self.fix("unescaped_quote")
+                parts.append(quote)
+                i = j + 1
+            elif c == "\\":
+                i = self.escape(j, parts)
+            elif c == "<":
+                d = _DEBRIS.match(text, j)
+                if d is None:
+                    parts.append("<")
+                    i = j + 1
+                    continue
+                self.fix("delimiter_debris")
+                end = d.end()
+                started = any(parts)
+                if (
+                    '"' in d.group()
+                    and started
+                    and (end >= n or text[end] != quote)
+                    and self.closes(end, ctx)
+                ):
+                    self.pos = end
+                    return "".join(parts)
+                i = end
+            else:
+                self.fix("control_character")
+                parts.append(c)
+                i = j + 1
+
+    def escape(self, j: int, parts: list[str]) -> int:
+        text, n = self.text, self.n
+        if j + 1 >= n:
+            raise _Cut("string")
+        e = text[j + 1]
+        if e in _ESCAPES:
+            parts.append(_ESCAPES[e])
+            return j + 2
+        if e == "u":
+            if j + 6 > n:
+                if re.fullmatch(r"[0-9a-fA-F]*", text[j + 2 :]):
+                    raise _Cut("string")
+            digits = text[j + 2 : j + 6]
+            if re.fullmatch(r"[0-9a-fA-F]{4}", digits):
+                code = int(digits, 16)
+                if 0xD800 <= code < 0xDC00 and text.startswith("\\u", j + 6):
+                    low_digits = text[j + 8 : j + 12]
+                    if re.fullmatch(r"[0-9a-fA-F]{4}", low_digits) and 0xDC00 <= int(low_digits, 16) < 0xE000:
+                        low = int(low_digits, 16)
+                        parts.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                        return j + 12
+                parts.append(chr(code))
+                return j + 6
+        if e == "'":
+            parts.append("'")
+            return j + 2
+        self.fix("unescaped_backslash")
+        parts.append("\\")
+        return j + 1
+
+    def number(self) -> Any:
+        text = self.text
+        m = _NUMBER_LOOSE.match(text, self.pos)
+        token = m.group() if m else ""
+        end = self.pos + len(token)
+        if not token:
+            raise _Bad("not a number")
+        if end >= self.n and not _STRICT_NUMBER.fullmatch(token):
+            raise _Cut("number")
+        self.pos = end
+        if end >= self.n:
+            self.last_number_end = end
+        if _STRICT_NUMBER.fullmatch(token):
+            return float(token) if any(c in token for c in ".eE") else int(token)
+        strict = _NUMBER.fullmatch(token)
+        if strict is None:
+            raise _Bad("not a number")
+        self.fix("number_format")
+        value = float(token)
+        return int(value) if value.is_integer() and not any(c in token for c in ".eE") else value
+
+    def word(self, ctx: str) -> Any:
+        text, n = self.text, self.n
+        m = _WORD.match(text, self.pos)
+        if m is None:
+            raise _Bad("unexpected character")
+        token = m.group()
+        if token in _LITERALS:
+            if m.end() >= n and token not in ("None",):
+                pass
+            if token[0].isupper():
+                self.fix("python_literal")
+            self.pos = m.end()
+            return _LITERALS[token]
+        if m.end() >= n and any(lit.startswith(token) for lit in _LITERALS):
+            raise _Cut("literal")
+        # A bare word: read it as a string up to the next delimiter of the context.
+        stop = re.compile(r"[,}\]\n]") if ctx != "top" else re.compile(r"$")
+        s = stop.search(text, self.pos)
+        end = s.start() if s else n
+        if end >= n and ctx != "top":
+            raise _Cut("value")
+        self.fix("bare_word")
+        value = text[self.pos : end].strip()
+        self.pos = end
+        return value
+
+
+def loads_tolerant(text: str) -> Parsed:
+    """Read the first JSON-ish value of `text`; never raises."""
+    reader = _Reader(text)
+    reader.skip()
+    if reader.pos >= reader.n:
+        return Parsed()
+    try:
+        value = reader.value("top", 0)
+    except _Cut as cut:
+        return Parsed(fixes=reader.fixes, cut=str(cut), partial=reader.top)
+    except _Spliced:
+        return Parsed(fixes=reader.fixes, bad=True, spliced=True, partial=reader.top)
+    except (_Bad, RecursionError):
+        return Parsed(fixes=reader.fixes, bad=True, partial=reader.top)
+    if reader.closed:
+        reader.fix("closed_brackets")
+    return Parsed(
+        value=value,
+        fixes=reader.fixes,
+        closed=reader.closed,
+        ends_on_number=reader.last_number_end == reader.n,
+        rest=text[reader.pos :],
+    )
+
+
+_DEBRIS_TAIL = re.compile(r'(?:\s|["\'`}\]]|</tool_call>|</function>|<\|tool_calls?_(?:section_)?end\|>)*')
+
+
+def is_debris(rest: str) -> bool:
+    """Whether text after a complete value is only stray quotes, closers or end markers."""
+    return _DEBRIS_TAIL.fullmatch(rest) is not None
+
+
+def strip_gemma_delimiters(value: Any) -> tuple[Any, bool]:
+    """Remove whole `<|"|>` tokens from string values (they are special tokens, never payload)."""
+    if isinstance(value, str):
+        if _GEMMA_DELIM in value:
+            return value.replace(_GEMMA_DELIM, ""), True
+        return value, False
+    if isinstance(value, dict):
+        changed = False
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out[k], c = strip_gemma_delimiters(v)
+            changed |= c
+        return (out, True) if changed else (value, False)
+    if isinstance(value, list):
+        items = [strip_gemma_delimiters(v) for v in value]
+        if any(c for _, c in items):
+            return [v for v, _ in items], True
+    return value, False

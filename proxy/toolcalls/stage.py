@@ -1,0 +1,404 @@
+"""The streaming stage: hold a message's tool-call events until they are complete, then pass or repair.
+
+Content and reasoning events go out at once; only tool-call events (and what arrives while they are
+open, so order and bytes are kept) and text that may start leaked call syntax are held. A valid stream
+goes out byte for byte: held events are released verbatim unless a rule found a defect.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..changes import Change
+from ..sse import comment, event_data, format_event
+from .accumulate import Call, CallAccumulator
+from .arguments import dumps
+from .errors import error_event, passthrough_note
+from .jsonfix import loads_tolerant
+from .leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
+from .output import ENVELOPE_KEYS, Item, Writer
+from .plan import STAGE, ChoicePlan, Fatal, Part, plan_choice
+from .schema import ToolSchemas
+
+_PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
+
+
+@dataclass(slots=True)
+class _Choice:
+    acc: CallAccumulator = field(default_factory=CallAccumulator)
+    call_seqs: list[int] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
+    finish: str | None = None
+    leak: str = "none"  # "none" | "maybe" | "leak"
+    at_start: bool = True  # no visible content yet: a bare JSON call could still be the whole message
+    hold_at_start: bool = True
+
+    @property
+    def needs_hold(self) -> bool:
+        return bool(self.acc.calls) or self.leak != "none"
+
+
+class ChatToolCallRepair:
+    def __init__(
+        self,
+        tools: list[Any] | None,
+        policy: str = "error",
+        capture_id: str = "",
+        stream_valid_prefix: bool = False,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        keepalive_s: float = 10.0,
+    ) -> None:
+        if policy not in ("error", "fail_fast", "passthrough"):
+            raise ValueError(f"unknown policy {policy!r}")
+        self.policy = policy
+        self.capture_id = capture_id
+        # Accepted for the interface, not implemented: fragments are held until the call is complete.
+        self.stream_valid_prefix = stream_valid_prefix
+        self.changes: list[Change] = []
+        self.defects: list[str] = []
+        self.outcome = "untouched"
+        self._schemas = ToolSchemas(tools)
+        self._tools = bool(self._schemas)
+        self._clock = clock
+        self._keepalive_s = keepalive_s
+        self._last_out = clock()
+        self._out = Writer()
+        self._framing_known = False
+        self._choices: dict[int, _Choice] = {}
+        self._held: list[Item] = []
+        self._holding = False
+        self._seq = 0
+        self._ended = False
+        self._done_sent = False
+        self._sent: dict[int, list[str]] = {}  # ids of the calls each choice has sent
+
+    # -- public --------------------------------------------------------------------------------
+    def feed(self, event: bytes) -> list[bytes]:
+        if self._ended:
+            return []
+        if not self._holding:
+            if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
+                self._last_out = self._clock()
+                return [event]
+        out = self._keepalive()
+        out += self._feed(event)
+        if out:
+            self._last_out = self._clock()
+        return out
+
+    def flush(self) -> list[bytes]:
+        if self._ended or not self._holding:
+            return []
+        return self._finalize(end_of_stream=True)
+
+    # -- intake --------------------------------------------------------------------------------
+    def _interesting(self, event: bytes) -> bool:
+        """Cheap byte checks: may this content event start leaked call syntax, or carry an error?"""
+        if b'"error"' in event or b"<" in event or b"\\u003c" in event or b"\\u003C" in event:
+            return True
+        if b"`" in event or event.count(b"[") > 1:
+            return True
+        return any(c.at_start for c in self._choices.values()) or not self._choices
+
+    def _keepalive(self) -> list[bytes]:
+        if self._holding and self._clock() - self._last_out >= self._keepalive_s:
+            return [comment("tapfix: holding tool call", self._out.nl)]
+        return []
+
+    def _feed(self, event: bytes) -> list[bytes]:
+        if not self._framing_known:
+            self._framing_known = True
+            if b"\r\n" in event:
+                self._out.nl = b"\r\n"
+        data = event_data(event)
+        if data is None:
+            return self._hold_or_pass(Item(event, None))
+        if data.strip() == b"[DONE]":
+            return self._on_done(event)
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            return self._hold_or_pass(Item(event, None))
+        if "error" in obj and "choices" not in obj:
+            return self._on_error(event, obj)
+        if not self._out.envelope:
+            self._out.envelope = {k: obj[k] for k in ENVELOPE_KEYS if k in obj}
+            self._out.envelope.setdefault("object", "chat.completion.chunk")
+        item = Item(event, obj)
+        self._seq += 1
+        hold = self._holding
+        resolved = False
+        choices = obj.get("choices")
+        for ch in choices if isinstance(choices, list) else []:
+            if not isinstance(ch, dict):
+                continue
+            ci = ch.get("index", 0)
+            ci = ci if isinstance(ci, int) else 0
+            cs = self._choices.setdefault(ci, _Choice(at_start=True))
+            delta = ch.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            tool_calls = delta.get("tool_calls")
+            if isinstance(tool_calls, list) and tool_calls:
+                for tc in tool_calls:
+                    before = len(cs.acc.calls)
+                    cs.acc.add(tc)
+                    cs.call_seqs.extend([self._seq] * (len(cs.acc.calls) - before))
+                hold = True
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                cs.parts.append(Part(self._seq, content))
+                item.parts[ci] = len(cs.parts) - 1
+                if self._tools and not cs.acc.calls:
+                    verdict = self._leak_verdict(cs, content)
+                    if verdict != "no":
+                        hold = True
+                    elif cs.leak == "maybe":
+                        cs.leak = "none"
+                        resolved = True
+            finish = ch.get("finish_reason")
+            if isinstance(finish, str) and finish:
+                cs.finish = finish
+        if not hold:
+            for ci in item.parts:
+                cs = self._choices[ci]
+                if cs.parts[-1].text.strip():
+                    cs.at_start = False
+                cs.parts.clear()
+            return [event]
+        if not self._holding:
+            self._holding = True
+            for cs in self._choices.values():
+                cs.hold_at_start = cs.at_start
+                cs.parts = cs.parts[-1:] if cs.parts and cs.parts[-1].seq == self._seq else []
+            item.parts = {ci: 0 for ci, cs in self._choices.items() if cs.parts}
+        self._held.append(item)
+        if resolved and not any(c.needs_hold for c in self._choices.values()):
+            return self._release_raw()
+        holding = [c for c in self._choices.values() if c.needs_hold]
+        if holding and all(c.finish for c in holding):
+            return self._finalize()
+        return []
+
+    def _leak_verdict(self, cs: _Choice, content: str) -> str:
+        if cs.leak == "leak":
+            return "leak"
+        if cs.leak == "maybe":
+            text = "".join(p.text for p in cs.parts)
+            at_start = cs.hold_at_start
+        else:
+            if self._holding:
+                return "no"  # held for another reason; the whole text is searched at the end
+            text, at_start = content, cs.at_start
+        verdict = hold_verdict(text, at_start, self._schemas)
+        if verdict != "no":
+            cs.leak = verdict
+        return verdict
+
+    def _hold_or_pass(self, item: Item) -> list[bytes]:
+        if self._holding:
+            self._held.append(item)
+            return []
+        return [item.raw]
+
+    def _release_raw(self) -> list[bytes]:
+        out = [item.raw for item in self._held]
+        for cs in self._choices.values():
+            if any(p.text.strip() for p in cs.parts):
+                cs.at_start = False
+        self._reset_hold()
+        return out
+
+    def _reset_hold(self) -> None:
+        self._held = []
+        self._holding = False
+        for ci, cs in self._choices.items():
+            self._choices[ci] = _Choice(at_start=cs.at_start and not any(p.text.strip() for p in cs.parts))
+
+    # -- ends ----------------------------------------------------------------------------------
+    def _on_done(self, event: bytes) -> list[bytes]:
+        out = self._finalize() if self._holding else []
+        if self._ended or self._done_sent:
+            return out
+        self._done_sent = True
+        return out + [event]
+
+    def _on_error(self, event: bytes, obj: dict[str, Any]) -> list[bytes]:
+        if self._tools:
+            recovered = self._recover(obj)
+            if recovered is not None:
+                return recovered
+        if not self._holding:
+            return [event]
+        if not any(c.acc.calls for c in self._choices.values()):
+            return self._release_raw() + [event]
+        last = next(c for c in self._choices.values() if c.acc.calls).acc.calls[-1]
+        message = _error_message(obj)
+        self._note_upstream_error(message, "replaced by tapfix's error event")
+        fatal = Fatal(
+            last.name or "?",
+            "the upstream stream broke off before the call was complete",
+            "missing_last_chunk",
+        )
+        return self._fatal(fatal, upstream=event)
+
+    def _recover(self, obj: dict[str, Any]) -> list[bytes] | None:
+        """llama-server ends a stream it cannot parse with the model's raw text inside the error."""
+        message = _error_message(obj)
+        m = _PARSE_ERROR.search(message)
+        if m is None:
+            return None
+        leak = find_leak(message[m.end() :], self._schemas, at_start=True)
+        if leak is None or not leak.confirmed:
+            return None
+        ci = min(self._choices) if self._choices else 0
+        cs = self._choices.setdefault(ci, _Choice())
+        for name, raw in leak.calls:
+            args = typed_xml_args(raw, self._schemas.properties(name)) if is_xml_args(raw) else raw
+            last = cs.acc.calls[-1] if cs.acc.calls else None
+            if last is not None and last.name == name and _incomplete(last):
+                head = loads_tolerant("".join(f for f in last.frags if isinstance(f, str)))
+                base = head.value if isinstance(head.value, dict) else (head.partial or {})
+                last.original = last.raw_arguments()
+                last.frags = [{**base, **args} if isinstance(args, dict) else args]
+                last.note("invalid_json")
+            else:
+                call = Call(index=None, name=name, frags=[args])
+                call.note("invalid_json")
+                cs.acc.calls.append(call)
+                cs.call_seqs.append(self._seq)
+        for call in cs.acc.calls:
+            call.frags = [dumps(f) if not isinstance(f, str) else f for f in call.frags]
+        cs.finish = cs.finish or "tool_calls"
+        plans = self._plans()
+        if any(p.fatal for p in plans.values()):
+            return None
+        self._note_upstream_error(
+            message, "tool call recovered from the raw model text in the upstream error"
+        )
+        self.outcome = "recovered_from_error"
+        out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=True)
+        self._reset_hold()
+        self._done_sent = True
+        return out + [format_event(b"[DONE]", self._out.nl)]
+
+    def _note_upstream_error(self, message: str, reason: str) -> None:
+        self.changes.append(Change(STAGE, "upstream_error", "$.error", message, None, reason))
+
+    def _plans(self) -> dict[int, ChoicePlan]:
+        plans = {}
+        for ci, cs in self._choices.items():
+            if not cs.acc.calls and not cs.parts:
+                continue
+            plans[ci] = plan_choice(
+                cs.acc.calls,
+                cs.call_seqs,
+                cs.parts,
+                self._schemas,
+                cs.finish,
+                ci,
+                cs.hold_at_start,
+                f"{self._out.envelope.get('id', '')}:{self.capture_id}",
+                index_base=len(self._sent.get(ci, [])),
+                sent_ids=frozenset(self._sent.get(ci, [])),
+            )
+        return plans
+
+    def _remember_sent(self, plans: dict[int, ChoicePlan] | None) -> None:
+        for ci, cs in self._choices.items():
+            plan = plans.get(ci) if plans else None
+            if plan is not None and plan.calls:
+                ids = [c.id for c in plan.calls]
+            elif plan is not None and not plan.structured_clean:
+                ids = []
+            else:
+                ids = [c.id or f"#{k}" for k, c in enumerate(cs.acc.calls)]
+            self._sent.setdefault(ci, []).extend(ids)
+
+    def _finalize(self, end_of_stream: bool = False) -> list[bytes]:
+        plans = self._plans()
+        for plan in plans.values():
+            for kind in plan.defects:
+                if kind not in self.defects:
+                    self.defects.append(kind)
+        fatal = next((p.fatal for p in plans.values() if p.fatal), None)
+        if fatal is not None and any(self._sent.get(ci) for ci, p in plans.items() if p.fatal):
+            # Calls after the message already finished with calls: stray deltas, not a turn to fail.
+            self.changes.append(
+                Change(
+                    STAGE,
+                    fatal.kind,
+                    "$.choices[0].delta.tool_calls",
+                    {"name": fatal.name},
+                    None,
+                    f"tool-call deltas after the finish dropped ({fatal.reason})",
+                )
+            )
+            out = self._out.rebuild(self._held, self.changes, {}, synthesize_finish=False, strip_all=True)
+            self._reset_hold()
+            return out
+        if fatal is not None:
+            return self._fatal(fatal)
+        if all(p.untouched for p in plans.values()):
+            self._remember_sent(None)
+            return self._release_raw()
+        for plan in plans.values():
+            self.changes.extend(plan.changes)
+        if self.outcome == "untouched":
+            self.outcome = "repaired"
+        out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=end_of_stream)
+        self._remember_sent(plans)
+        self._reset_hold()
+        return out
+
+    def _fatal(self, fatal: Fatal, upstream: bytes | None = None) -> list[bytes]:
+        self.outcome = "unrecoverable"
+        if fatal.kind not in self.defects:
+            self.defects.append(fatal.kind)
+        self.changes.append(
+            Change(
+                STAGE,
+                fatal.kind,
+                "$.choices[0].delta.tool_calls",
+                {"name": fatal.name},
+                None,
+                f"unrecoverable ({fatal.reason}); policy {self.policy}",
+            )
+        )
+        if self.policy == "passthrough":
+            note = comment(passthrough_note(fatal), self._out.nl)
+            out = [note] + [item.raw for item in self._held] + ([upstream] if upstream else [])
+            self._reset_hold()
+            return out
+        out = self._out.rebuild(self._held, self.changes, {}, synthesize_finish=False, strip_all=True)
+        out.append(error_event(fatal, self.policy, self.capture_id, self._out.nl))
+        out.append(format_event(b"[DONE]", self._out.nl))
+        self._held = []
+        self._ended = True
+        self._done_sent = True
+        return out
+
+
+def _incomplete(call: Call) -> bool:
+    text = "".join(f for f in call.frags if isinstance(f, str))
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
+def _error_message(obj: dict[str, Any]) -> str:
+    error = obj.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        return message if isinstance(message, str) else ""
+    return error if isinstance(error, str) else ""

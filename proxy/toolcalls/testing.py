@@ -1,0 +1,97 @@
+"""Helpers for tests and benchmarks: build SSE bytes from chunk objects, run the stage over hostile
+splits, and read the result the way a strict client would."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sse import SSESplitter, event_data
+from .accumulate import assemble_tool_calls
+from .stage import ChatToolCallRepair
+
+
+def sse_bytes(stream: list[Any], done: bool = True, newline: str = "\n") -> bytes:
+    """`data: <compact json>` events, as vLLM/SGLang frame them, then `[DONE]`."""
+    events = [
+        f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}{newline}{newline}"
+        for obj in stream
+    ]
+    if done:
+        events.append(f"data: [DONE]{newline}{newline}")
+    return "".join(events).encode()
+
+
+def random_splits(data: bytes, rng: random.Random, max_piece: int = 40) -> list[bytes]:
+    pieces = []
+    pos = 0
+    while pos < len(data):
+        step = rng.randint(1, max_piece)
+        pieces.append(data[pos : pos + step])
+        pos += step
+    return pieces
+
+
+def run_stage(stage: ChatToolCallRepair, pieces: list[bytes]) -> bytes:
+    splitter = SSESplitter()
+    out: list[bytes] = []
+    for piece in pieces:
+        for event in splitter.feed(piece):
+            out += stage.feed(event)
+    for event in splitter.flush():
+        out += stage.feed(event)
+    out += stage.flush()
+    for item in out:
+        assert isinstance(item, bytes) and item, "stages return whole non-empty events"
+    return b"".join(out)
+
+
+@dataclass
+class ClientView:
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    comments: list[bytes] = field(default_factory=list)
+    done: int = 0
+    after_done: int = 0
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return assemble_tool_calls(self.chunks)
+
+    @property
+    def content(self) -> str:
+        return "".join(
+            (ch.get("delta") or {}).get("content") or "" for c in self.chunks for ch in c.get("choices") or []
+        )
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return [
+            ch["finish_reason"]
+            for c in self.chunks
+            for ch in c.get("choices") or []
+            if ch.get("finish_reason")
+        ]
+
+
+def client_view(data: bytes) -> ClientView:
+    view = ClientView()
+    splitter = SSESplitter()
+    for event in splitter.feed(data) + splitter.flush():
+        payload = event_data(event)
+        if payload is None:
+            view.comments.append(event)
+            continue
+        if view.done:
+            view.after_done += 1
+        if payload.strip() == b"[DONE]":
+            view.done += 1
+            continue
+        obj = json.loads(payload)
+        if "error" in obj and "choices" not in obj:
+            view.errors.append(obj["error"])
+        else:
+            view.chunks.append(obj)
+    return view
