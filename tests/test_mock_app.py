@@ -10,9 +10,9 @@ from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, RecordedResponse, create_app
 from tapfix.proxy.mock.wire import MockReset
 
-SHARED = Path("/work/shared/corpus/toolcalls")
-LOCAL = Path(__file__).parent / "corpus" / "toolcalls"  # the repository's copy
-CORPUS = SHARED if SHARED.is_dir() else LOCAL
+from tests.conftest import corpus_dir  # noqa: E402
+
+CORPUS = corpus_dir()
 needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not found")
 
 WRITE_TOOL = {

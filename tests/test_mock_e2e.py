@@ -17,8 +17,9 @@ from tapfix.proxy.mock import MockOptions, RecordedResponse, uvicorn_config
 
 pytestmark = pytest.mark.e2e
 
-SHARED = Path("/work/shared/corpus/toolcalls")
-CORPUS = SHARED if SHARED.is_dir() else Path(__file__).parent / "corpus" / "toolcalls"
+from tests.conftest import corpus_dir  # noqa: E402
+
+CORPUS = corpus_dir()
 WRITE_TOOL = {
     "type": "function",
     "function": {

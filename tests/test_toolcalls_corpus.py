@@ -11,10 +11,11 @@ import pytest
 from tapfix.proxy.toolcalls import ChatToolCallRepair
 from tapfix.proxy.toolcalls.testing import client_view, random_splits, run_stage, sse_bytes
 
-SHARED = Path("/work/shared/corpus/toolcalls")
-LOCAL = Path(__file__).parent / "corpus" / "toolcalls"
-CORPUS = SHARED if SHARED.is_dir() else LOCAL
+from tests.conftest import corpus_dir
+
+CORPUS = corpus_dir()
 CASES = sorted(CORPUS.glob("*.json"))
+assert len(CASES) >= 25, f"the corpus at {CORPUS} is incomplete"
 
 # Cases whose stream lacks what `expected` shows, so `repair` can only be scored as `detect`.
 # The llama-server error message in the report stops at `"oldText":` (the notes say the value is

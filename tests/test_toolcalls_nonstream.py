@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from tapfix.proxy.toolcalls import assemble_tool_calls, repair_chat_completion
 
-SHARED = Path("/work/shared/corpus/toolcalls")
-CORPUS = SHARED if SHARED.is_dir() else Path(__file__).parent / "corpus" / "toolcalls"
+from tests.conftest import corpus_dir  # noqa: E402
+
+CORPUS = corpus_dir()
 TOOLS = [
     {
         "type": "function",
