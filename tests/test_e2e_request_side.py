@@ -165,3 +165,59 @@ def test_bad_config_files_get_clear_errors(tmp_path, text, expected):
         assert result.returncode != 0
         assert str(config).encode() in result.stderr and expected.encode() in result.stderr
         assert b"sk-literal-secret" not in result.stderr
+
+
+RENAME_CONFIG = """
+[reasoning_field]
+default = "keep"
+clients = {{ "opencode" = "reasoning_content" }}
+
+[upstreams.mock]
+base_url = "{url}"
+engine = "vllm"
+
+[models."tapfix-mock"]
+upstream = "mock"
+"""
+
+
+def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
+    mock = start_mock(tmp_path)
+    config = tmp_path / "rename.toml"
+    config.write_text(RENAME_CONFIG.format(url=mock.url))
+    proxy = _run(tmp_path, "--config", str(config))
+    try:
+        body = {"model": "tapfix-mock", "stream": True, "reasoning_effort": "high",
+                "messages": [{"role": "user", "content": "think about it"}]}
+        seen = {}
+        for agent in ("opencode/1.18.33 ai-sdk", "omp/18.2.3"):
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
+                              headers={"user-agent": agent}) as response:
+                seen[agent] = (b"".join(response.iter_raw()), response.headers["x-tapfix-capture-id"])
+        opencode, omp = seen["opencode/1.18.33 ai-sdk"][0], seen["omp/18.2.3"][0]
+        assert b'"reasoning_content":' in opencode and b'"reasoning":' not in opencode
+        assert b'"reasoning":' in omp and b'"reasoning_content":' not in omp
+        row = wait_capture(proxy.extra["db"], seen["opencode/1.18.33 ai-sdk"][1])
+        assert row["reasoning"] and row["client_response_body_id"] is not None
+        shown = cli("captures", "show", row["id"], "--db", str(proxy.extra["db"])).stdout.decode()
+        assert "[reasoning_field] rename" in shown
+    finally:
+        proxy.stop()
+        mock.stop()
+
+
+def test_upstream_key_env_replaces_the_client_credential(tmp_path, upstream):
+    proxy = _run(tmp_path, "--upstream", upstream.url, "--upstream-key-env", "TAPFIX_TEST_KEY",
+                 env={"TAPFIX_TEST_KEY": "server-side-key"})
+    try:
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "anything", "messages": []},
+                              headers={"authorization": "Bearer whatever-the-agent-has"})
+        assert response.status_code == 200
+        assert upstream.requests[-1].header("authorization") == "Bearer server-side-key"
+        db_bytes = proxy.extra["db"].read_bytes() if proxy.extra["db"].exists() else b""
+        wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+        for path in proxy.extra["db"].parent.glob(proxy.extra["db"].name + "*"):
+            db_bytes += path.read_bytes()
+        assert b"server-side-key" not in db_bytes and b"whatever-the-agent-has" not in db_bytes
+    finally:
+        proxy.stop()
