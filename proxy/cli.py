@@ -102,6 +102,9 @@ def _config_defaults(kw: dict) -> None:
         value = getattr(config, key, None)
         if value and ctx.get_parameter_source(key) is not click.core.ParameterSource.COMMANDLINE:
             kw[key] = Path(value) if key == "db" else value
+    mode = (config.tool_repair or {}).get("mode")
+    if mode and ctx.get_parameter_source("tool_repair") is not click.core.ParameterSource.COMMANDLINE:
+        kw["tool_repair"] = mode
 
 
 def _settings(kw: dict) -> Settings:

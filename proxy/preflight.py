@@ -80,8 +80,14 @@ def render(config: Config, statuses: list[UpstreamStatus], problems: list[Proble
     lines = [f"config: {config.source or 'command line'}: valid"]
     for s in statuses:
         lines.append(f"upstream {s.name:<12} {'ok  ' if s.ok else 'FAIL'} {s.url}  {s.detail}")
+    reachable = {s.name for s in statuses if s.ok}
     for model in config.models.values():
-        mark = "FAIL" if any(p.where.startswith(f"models.{model.name}") for p in problems) else "ok  "
+        if any(p.where.startswith(f"models.{model.name}") for p in problems):
+            mark = "FAIL"
+        elif model.upstream not in reachable:
+            mark = "?   "  # its upstream didn't answer, so whether it is served is unknown
+        else:
+            mark = "ok  "
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
         lines.append(f"model    {model.name:<12} {mark} → {model.upstream}/{model.upstream_model}{aliases}")
     if problems:
