@@ -293,5 +293,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _register() -> None:
+    """Commands that live in their own modules (one concern each)."""
+    from .cli_probe import probe
+
+    main.add_command(probe)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

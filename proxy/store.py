@@ -176,11 +176,14 @@ class CaptureWriter:
         assembled = _assemble(ex, client)
         first_token_ms = None
         if ex.upstream_body is None and ex.chunk_times:
-            timed = assembled if client is upstream or client == upstream else assemble_sse(ex.upstream_chunks)
+            timed = assembled if client is upstream or client == upstream else assemble_sse(
+                ex.upstream_chunks, ex.path.split("?", 1)[0])
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
         session_id = self.sessions.assign(ex)
-        flags = set(ex.flags) | response_flags(assembled, ex.status, ex.stream)
+        flags = set(ex.flags)
+        if _is_inference(ex.path):
+            flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.client_body)
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
         if ex.store_bodies:
             bodies["req"] = self.bodies.put(ex.client_body, session_id)
@@ -247,10 +250,18 @@ class CaptureWriter:
         self.sessions.record(self.conn, session_id, ex)
 
 
+_INFERENCE = ("/chat/completions", "/completions", "/responses", "/messages")
+
+
+def _is_inference(path: str) -> bool:
+    return path.split("?", 1)[0].rstrip("/").endswith(_INFERENCE)
+
+
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
+    path = ex.path.split("?", 1)[0]
     if ex.client_chunks is None and ex.upstream_body is None and ex.upstream_chunks and "event-stream" in ex.content_type:
-        return assemble_sse(ex.upstream_chunks)
-    return assemble(body, ex.content_type)
+        return assemble_sse(ex.upstream_chunks, path)
+    return assemble(body, ex.content_type, path)
 
 
 def _ms(when: float | None, mark: float) -> float | None:
