@@ -80,11 +80,17 @@ def _apply_choice(result: Assembled, calls: dict[int, dict[str, Any]], choice: d
     return token
 
 
-def assemble_sse(body: bytes | list[bytes]) -> Assembled:
+def assemble_sse(body: bytes | list[bytes], path: str | None = None) -> Assembled:
+    """`path` picks the surface (Responses, Messages); without it the stream's first bytes do."""
+    chunks = [body] if isinstance(body, bytes) else body
+    surface = _surface(path, chunks[0] if chunks else b"")
+    if surface is not None:
+        from .assemble_surfaces import assemble_surface_sse
+
+        return assemble_surface_sse(surface, chunks)
     result = Assembled()
     calls: dict[int, dict[str, Any]] = {}
     splitter = SSESplitter()
-    chunks = [body] if isinstance(body, bytes) else body
     for chunk_index, events in enumerate([*(splitter.feed(c) for c in chunks), splitter.flush()]):
         for event in events:
             _fold_event(result, calls, event, min(chunk_index, len(chunks) - 1))
@@ -118,7 +124,7 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
                 result.first_token_chunk = chunk_index
 
 
-def assemble_json(body: bytes) -> Assembled:
+def assemble_json(body: bytes, path: str | None = None) -> Assembled:
     result = Assembled()
     try:
         obj = orjson.loads(body)
@@ -127,6 +133,11 @@ def assemble_json(body: bytes) -> Assembled:
         return result
     if not isinstance(obj, dict):
         return result
+    from .assemble_surfaces import assemble_surface_json, sniff_body
+
+    surface = (_surface(path, b"") if path is not None else None) or sniff_body(obj)
+    if surface is not None and (obj.get("type") != "error" or surface != "messages"):
+        return assemble_surface_json(surface, obj)
     result.error = obj.get("error")
     result.usage = obj.get("usage")
     calls: dict[int, dict[str, Any]] = {}
@@ -145,9 +156,25 @@ def assemble_json(body: bytes) -> Assembled:
     return result
 
 
-def assemble(body: bytes, content_type: str) -> Assembled:
+def _surface(path: str | None, head: bytes) -> str | None:
+    """"responses" | "messages" | None (chat and legacy completions) for a stream."""
+    if path is not None:
+        from .request_policy import surface_for
+
+        surface = surface_for(path)
+        if surface in ("responses", "messages"):
+            return surface
+        if surface is not None:
+            return None
+    from .assemble_surfaces import sniff_surface
+
+    return sniff_surface(head)
+
+
+def assemble(body: bytes, content_type: str, path: str | None = None) -> Assembled:
+    """One message from a response body; `path` (the request path) names the API surface."""
     if "text/event-stream" in content_type:
-        return assemble_sse(body)
+        return assemble_sse(body, path)
     if "json" in content_type or body[:1] in (b"{", b"["):
-        return assemble_json(body)
+        return assemble_json(body, path)
     return Assembled()
