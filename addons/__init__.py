@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .health import Health
 from .recorder import RecordExchange, RecordRequest
 from .router import Router
 from .runtime import Runtime
@@ -10,4 +11,4 @@ from .stream import StreamOwner
 
 def default_addons(runtime: Runtime) -> list[object]:
     """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), stream, recorder."""
-    return [RecordRequest(runtime), Router(runtime), StreamOwner(runtime), RecordExchange(runtime)]
+    return [Health(runtime), RecordRequest(runtime), Router(runtime), StreamOwner(runtime), RecordExchange(runtime)]

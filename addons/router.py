@@ -33,9 +33,6 @@ class Router:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
-        if flow.request.path.startswith("/tapfix/health"):
-            flow.response = json_response(200, self.runtime.health())
-            return
         ex = exchange_of(flow)
         if ex is None:
             return

@@ -1,0 +1,88 @@
+"""`GET /tapfix/health`: liveness plus the capture writer's state; `?deep=1` adds real model probes.
+
+A port that answers proves little (the mission's "health check proves the port but not the model"),
+so deep health runs tapfix's cheap probes (models, completion, streaming) against each upstream:
+in the background every `[probe] interval` seconds when configured, else on demand, cached briefly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from mitmproxy import http
+
+from .router import json_response
+from .runtime import Runtime
+
+log = logging.getLogger("tapfix")
+ON_DEMAND_TTL_S = 30.0
+
+
+class Health:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.results: dict[str, dict[str, Any]] = {}
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def interval(self) -> float:
+        policy = self.runtime.policy
+        probe = getattr(getattr(policy, "config", None), "probe", None) or {}
+        return float(probe.get("interval", 0) or 0)
+
+    def running(self) -> None:
+        if self.interval > 0 and self.runtime.targets and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._every(self.interval))
+
+    def done(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or not flow.request.path.startswith("/tapfix/health"):
+            return
+        body = self.runtime.health()
+        if flow.request.query.get("deep") in ("1", "true", "yes"):
+            fresh = self.interval or ON_DEMAND_TTL_S
+            if not self.results or any(time.time() - r["at"] > fresh * 2 for r in self.results.values()):
+                await self.probe_all()
+            body["probes"] = self.results
+            if any(not r["ok"] for r in self.results.values()):
+                body["status"] = "degraded"
+        writer = body.get("capture_writer") or {}
+        if writer.get("failures"):
+            body["status"] = "degraded"
+        flow.response = json_response(200, body)
+
+    async def _every(self, interval: float) -> None:
+        while True:
+            try:
+                await self.probe_all()
+            except Exception as e:  # noqa: BLE001 - a probe must never take the proxy down
+                log.warning("background probe failed: %s", e)
+            await asyncio.sleep(interval)
+
+    async def probe_all(self) -> None:
+        from tapfix.proxy.probe import CHEAP_CHECKS, run_probe
+
+        async with self._lock:
+            for name, target in self.runtime.targets.items():
+                capture = self.runtime.writer.submit if self.runtime.writer is not None else None
+                report = await run_probe(target.url, None, checks=CHEAP_CHECKS, timeout=20, capture=capture,
+                                         headers=self._headers(name))
+                self.results[name] = {"at": time.time(), "ok": report.ok, "url": target.url,
+                                      **report.as_dict()}
+
+    def _headers(self, name: str) -> dict[str, str]:
+        import os
+
+        policy = self.runtime.policy
+        upstream = getattr(getattr(policy, "config", None), "upstreams", {}).get(name)
+        key = os.environ.get(upstream.api_key_env or "") if upstream is not None and upstream.api_key_env else None
+        if not key:
+            return {}
+        return {"x-api-key": key} if upstream.style == "anthropic" else {"authorization": f"Bearer {key}"}
