@@ -295,8 +295,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def _register() -> None:
     """Commands that live in their own modules (one concern each)."""
+    from .cli_browse import browse
     from .cli_probe import probe
 
+    main.add_command(browse)
     main.add_command(probe)
 
 

@@ -1,0 +1,242 @@
+"""`tapfix browse`: a Starlette app over the capture store, read-only, HTML rendered on the server.
+
+Endpoints are plain functions (Starlette runs them in its thread pool), each on its own thread-local
+read-only connection, so the proxy can keep writing (WAL) while pages are served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import tempfile
+import zipfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from ..captures import CaptureNotFound, capture_body, load_capture
+from ..store import StoreError
+from . import static
+from .detail import BODIES, export_available, load_detail
+from .fts import SearchIndex
+from .queries import FilterError, Filters, Page, Store, facets, list_exchanges, list_sessions
+from .security import HostGuard, SecurityHeaders, TokenGate
+from .session_turns import load_session
+from .stats import Stats, compute_stats
+from .svg import histogram_svg
+from .views import render
+
+SYNC_SEARCH_BACKLOG = 500  # a search indexes this many new captures itself; the background does the rest
+
+
+def create_app(
+    db_path: Path | str,
+    *,
+    token: str | None = None,
+    loopback_only: bool = True,
+    search: bool = True,
+    index_path: Path | None = None,
+    background_index: bool = True,
+) -> Starlette:
+    db_path = Path(db_path)
+    index = SearchIndex(db_path, index_path) if search else None
+    store = Store(db_path, index)
+    shown_db = str(db_path)
+    replay_db = shlex.quote(str(db_path.resolve()))
+
+    def page(name: str, status_code: int = 200, **context: object) -> Response:
+        return render(name, status_code, db=shown_db, **context)
+
+    def error(status_code: int, message: str) -> Response:
+        return page("error", status_code, status=status_code, message=message)
+
+    def captures(request: Request) -> Response:
+        f = Filters.from_params(request.query_params)
+        if f.q and index is not None:
+            index.catch_up(limit=SYNC_SEARCH_BACKLOG, wait=False)
+        try:
+            result = list_exchanges(
+                store,
+                f,
+                before=request.query_params.get("before", ""),
+                after=request.query_params.get("after", ""),
+            )
+            problem = None
+        except FilterError as e:
+            result, problem = Page([]), str(e)
+        return page(
+            "list", 200 if problem is None else 400, f=f, page=result, facets=facets(store), error=problem
+        )
+
+    def exchange(request: Request) -> Response:
+        capture_id = request.path_params["capture_id"]
+        try:
+            d = load_detail(store.conn(), capture_id)
+        except CaptureNotFound as e:
+            return error(404, str(e))
+        if d.capture["id"] != capture_id:
+            return RedirectResponse(f"/exchange/{d.capture['id']}", status_code=302)
+        return page("exchange", d=d, replay_cmd=f"tapfix replay {d.capture['id']} --db {replay_db}")
+
+    def body(request: Request) -> Response:
+        which = request.path_params["which"]
+        if which not in BODIES:
+            return error(404, f"no body {which!r}: one of {', '.join(BODIES)}")
+        conn = store.conn()
+        try:
+            capture = load_capture(conn, request.path_params["capture_id"])
+            data = capture_body(conn, capture, which)
+        except CaptureNotFound as e:
+            return error(404, str(e))
+        except StoreError as e:
+            return error(410, str(e))
+        suffix = (
+            ".json"
+            if data[:1] in (b"{", b"[")
+            else ".sse"
+            if capture.get("stream") and "response" in which
+            else ".bin"
+        )
+        return _download(data, f"tapfix-{capture['id']}-{which}{suffix}")
+
+    def bundle(request: Request) -> Response:
+        if not export_available():
+            return error(404, "repro bundles need tapfix.proxy.export, which this installation lacks")
+        from ..export import export_capture  # type: ignore[import-not-found,unused-ignore]
+
+        conn = store.conn()
+        try:
+            capture = load_capture(conn, request.path_params["capture_id"])
+            with tempfile.TemporaryDirectory(prefix="tapfix-browse-") as tmp:
+                out = Path(tmp) / f"tapfix-bundle-{capture['id']}.zip"
+                export_capture(conn, capture, "bundle", out, "forwarded")
+                data, name = _packed(out)
+        except CaptureNotFound as e:
+            return error(404, str(e))
+        except (StoreError, OSError, ValueError) as e:
+            return error(500, f"could not build the bundle: {e}")
+        return _download(data, name)
+
+    def sessions(request: Request) -> Response:
+        return page(
+            "sessions", page=list_sessions(store.conn(), before=request.query_params.get("before", ""))
+        )
+
+    def session(request: Request) -> Response:
+        after = request.query_params.get("after", "0")
+        view = load_session(
+            store.conn(), request.path_params["session_id"], after=int(after) if after.isdigit() else 0
+        )
+        if view is None:
+            return error(404, f"no session {request.path_params['session_id']!r}")
+        return page("session", v=view)
+
+    def stats_of(f: Filters) -> tuple[Stats, str, str]:
+        """Aggregates over the whole store take a while (~0.2-1 s at 100k): cached, refreshed behind."""
+
+        def compute() -> tuple[Stats, str, str]:
+            s = compute_stats(store, f)
+            return (
+                s,
+                histogram_svg(s.ttft_ms, unit="ms", label="time to first token"),
+                histogram_svg(s.decode_rate, unit="tok/s", label="decode rate"),
+            )
+
+        return store.cached(f"stats?{f.query()}", 10.0, compute)
+
+    def stats(request: Request) -> Response:
+        f = Filters.from_params(request.query_params)
+        try:
+            s, ttft_svg, rate_svg = stats_of(f)
+            problem = None
+        except FilterError as e:
+            s, ttft_svg, rate_svg, problem = Stats(), "", "", str(e)
+        return page(
+            "stats",
+            200 if problem is None else 400,
+            f=f,
+            s=s,
+            error=problem,
+            ttft_svg=ttft_svg,
+            rate_svg=rate_svg,
+        )
+
+    def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name == "browse.css":
+            return Response(static.CSS, media_type="text/css")
+        if name == "browse.js":
+            return Response(static.JS, media_type="text/javascript")
+        return Response("not found", status_code=404, media_type="text/plain")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        def warm() -> None:  # ready before the first visit; stats only once they'd be complete
+            facets(store)
+            if index is None or index.status()[0] >= index.status()[1]:
+                stats_of(Filters())
+
+        store.in_thread(warm)
+        if index is not None and background_index:
+            index.start()
+        try:
+            yield
+        finally:
+            if index is not None:
+                index.stop()
+
+    routes = [
+        Route("/", captures),
+        Route("/exchange/{capture_id}", exchange),
+        Route("/exchange/{capture_id}/body/{which}", body),
+        Route("/exchange/{capture_id}/bundle", bundle),
+        Route("/sessions", sessions),
+        Route("/session/{session_id:path}", session),
+        Route("/stats", stats),
+        Route("/static/{name}", asset),
+    ]
+    middleware = [Middleware(SecurityHeaders)]
+    if token:
+        middleware.append(Middleware(TokenGate, token=token))
+    elif loopback_only:
+        middleware.append(Middleware(HostGuard))
+    else:
+        raise ValueError("a browser reachable beyond loopback needs a token")
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.store = store
+    app.state.index = index
+    return app
+
+
+def _download(data: bytes, filename: str) -> Response:
+    """Exact bytes as an attachment: never rendered, whatever they contain (nosniff is set too)."""
+    return Response(
+        data,
+        media_type="application/octet-stream",
+        headers={"content-disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+def _packed(out: Path) -> tuple[bytes, str]:
+    """The exporter may write a file (any name starting with `out`) or a folder: zip a folder."""
+    if out.is_dir():
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in sorted(out.rglob("*")):
+                if path.is_file():
+                    z.write(path, str(path.relative_to(out.parent)))
+        return buffer.getvalue(), out.name + ".zip"
+    if out.is_file():
+        return out.read_bytes(), out.name
+    made = sorted(p for p in out.parent.iterdir() if p.name.startswith(out.name))
+    if not made:
+        raise ValueError("the exporter wrote nothing")
+    if made[0].is_dir():
+        return _packed(made[0])
+    return made[0].read_bytes(), made[0].name

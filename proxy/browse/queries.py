@@ -1,0 +1,345 @@
+"""All the browser's SQL against the capture store (read-only) and the search sidecar.
+
+Lists are newest first by `exchanges.rowid` (write order) with keyset pagination: every single-column
+index of the schema ends in the rowid, so `where model = ? order by rowid desc limit 51` walks one
+index in order and stops after a page, however many captures there are. Cursors in URLs are capture
+ids (`?before=ID`), turned into rowids through the primary key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import orjson
+
+from ..store import open_for_reading
+from .fts import SearchIndex, to_match
+
+T = TypeVar("T")
+PAGE = 50
+LIST_COLUMNS = (
+    "e.rowid as rid, e.id, e.started_at, e.method, e.path, e.model, e.status, e.user_agent, e.stream,"
+    " e.changes_count, e.flags, e.tags, e.first_token_ms, e.duration_ms, e.finish_reason, e.error,"
+    " e.session_id, e.source_id, e.prompt_tokens, e.completion_tokens,"
+    " substr(e.content, 1, 160) as content_start"
+)
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class FilterError(ValueError):
+    """A filter value the user typed that can't be understood; shown on the page, never a 500."""
+
+
+def parse_time(value: str, now: float | None = None) -> float:
+    """`15m`, `2h`, `7d` (ago) or an ISO date/datetime (UTC unless it says otherwise) → unix time."""
+    value = value.strip()
+    match = _RELATIVE.match(value)
+    if match:
+        return (now or time.time()) - float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise FilterError(f"time {value!r}: use 15m, 2h, 7d or 2025-01-31T10:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+@dataclass
+class Filters:
+    """The list page's filters, as typed in the form (strings), with their SQL."""
+
+    q: str = ""
+    model: str = ""
+    client: str = ""
+    path: str = ""
+    status: str = ""
+    flag: str = ""
+    tag: str = ""
+    session: str = ""
+    since: str = ""
+    until: str = ""
+    changes: str = ""
+    repairs: str = ""
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> Filters:
+        return cls(**{f.name: str(params.get(f.name, "")).strip()[:500] for f in fields(cls)})
+
+    def query(self, **override: str) -> str:
+        values = {f.name: getattr(self, f.name) for f in fields(self)} | override
+        return urlencode({k: v for k, v in values.items() if v})
+
+    def active(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+    def where(self, now: float | None = None) -> tuple[list[str], list[Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("model", self.model), ("path", self.path), ("session_id", self.session)):
+            if value:
+                where.append(f"e.{column} = ?")
+                args.append(value)
+        if self.client:  # a prefix: "opencode" matches "opencode/0.4.1 ai-sdk/..."; served by the index
+            where.append("e.user_agent >= ? and e.user_agent < ?")
+            args += [self.client, self.client + "\U0010ffff"]
+        if self.status:
+            where.append(self._status_sql(args))
+        for column, value in (("flags", self.flag), ("tags", self.tag)):
+            if value:  # values are identifiers: their quoted JSON form can only match an element
+                where.append(f"e.{column} != '[]' and instr(e.{column}, ?) > 0")
+                args.append(orjson.dumps(value).decode())
+        if self.changes:
+            where.append("e.changes_count > 0")
+        if self.repairs:
+            where.append(
+                "e.changes_count > 0 and exists (select 1 from changes c"
+                " where c.exchange_id = e.id and c.stage = 'toolcalls')"
+            )
+        for value, op in ((self.since, ">="), (self.until, "<")):
+            if value:
+                where.append(f"e.ts {op} ?")
+                args.append(parse_time(value, now))
+        return where, args
+
+    def _status_sql(self, args: list[Any]) -> str:
+        status = self.status.lower()
+        if status == "error":
+            return "(e.status is null or e.status >= 400 or e.error is not null)"
+        if re.fullmatch(r"[1-5]xx", status):
+            args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
+            return "e.status >= ? and e.status < ?"
+        if status.isdigit():
+            args.append(int(status))
+            return "e.status = ?"
+        raise FilterError(f"status {self.status!r}: use a code (200), a class (4xx) or 'error'")
+
+
+@dataclass
+class Page:
+    rows: list[dict[str, Any]]
+    older: str | None = None  # capture id to pass as ?before=
+    newer: str | None = None  # capture id to pass as ?after=
+    searched: bool = False
+    index_behind: int = 0  # exchanges the search index has not reached yet
+
+
+class Store:
+    """Thread-local read-only connections (Starlette runs sync endpoints in a thread pool)."""
+
+    def __init__(self, db_path: Path, index: SearchIndex | None = None) -> None:
+        self.db_path = db_path
+        self.index = index
+        self._local = threading.local()
+        self._cache: dict[str, tuple[float, Any]] = {}
+        self._refreshing: set[str] = set()
+        open_for_reading(db_path).close()  # fail now, at start, on a missing or foreign db
+
+    def conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = open_for_reading(self.db_path)
+            if self.index is not None:
+                conn.execute("attach database ? as fts", (self.index.attach_uri(),))
+            self._local.conn = conn
+        return conn
+
+    def cached(self, key: str, ttl: float, compute: Callable[[], T]) -> T:
+        """Stale-while-revalidate: only the very first request waits for an aggregate over the whole
+        store; later ones get the last value while a thread recomputes it."""
+        hit = self._cache.get(key)
+        if hit is None:
+            value = compute()
+            self._cache[key] = (time.monotonic(), value)
+            while len(self._cache) > 128:  # one entry per filter combination: keep the newest
+                self._cache.pop(next(iter(self._cache)))
+            return value
+        if time.monotonic() - hit[0] >= ttl and key not in self._refreshing:
+            self._refreshing.add(key)
+            threading.Thread(target=self._refresh, args=(key, compute), daemon=True).start()
+        return hit[1]  # type: ignore[no-any-return]
+
+    def in_thread(self, compute: Callable[[], Any]) -> None:
+        """Run `compute` (say, warming a cache at start) on its own thread and connection."""
+        threading.Thread(target=self._refresh, args=(None, compute), daemon=True).start()
+
+    def _refresh(self, key: str | None, compute: Callable[[], Any]) -> None:
+        try:
+            value = compute()
+            if key is not None:
+                self._cache[key] = (time.monotonic(), value)
+        except sqlite3.Error:
+            pass  # keep the stale value; the next request tries again
+        finally:
+            if key is not None:
+                self._refreshing.discard(key)
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:  # this thread ends: don't leave its connection to the collector
+                conn.close()
+                self._local.conn = None
+
+
+def rowid_of(conn: sqlite3.Connection, capture_id: str) -> int | None:
+    row = conn.execute("select rowid from exchanges where id = ?", (capture_id,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def decode_row(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    for key in ("flags", "tags"):
+        if isinstance(out.get(key), str):
+            out[key] = orjson.loads(out[key])
+    return out
+
+
+def list_exchanges(
+    store: Store,
+    f: Filters,
+    *,
+    before: str = "",
+    after: str = "",
+    limit: int = PAGE,
+    now: float | None = None,
+) -> Page:
+    conn = store.conn()
+    where, args = f.where(now)
+    searched = bool(f.q and store.index is not None and to_match(f.q))
+    key = "d.rowid" if searched else "e.rowid"
+    if before or after:
+        rid = rowid_of(conn, before or after)
+        if rid is not None:
+            where.append(f"{key} {'<' if before else '>'} ?")
+            args.append(rid)
+    if searched:
+        sql = (
+            f"select {LIST_COLUMNS}, snippet(doc, -1, char(2), char(3), '…', 16) as snippet"
+            " from fts.doc d join exchanges e on e.rowid = d.rowid where doc match ?"
+        )
+        args.insert(0, to_match(f.q))
+        sql += "".join(f" and {w}" for w in where)
+    direction = "asc" if after and not before else "desc"
+    if searched:
+        sql += f" order by {key} {direction} limit ?"
+    else:  # rowids first: index-only when the filters are on indexed columns, then one page of rows
+        inner = "select e.rowid from exchanges e" + (" where " + " and ".join(where) if where else "")
+        sql = (
+            f"select {LIST_COLUMNS} from exchanges e where e.rowid in ({inner} order by e.rowid {direction}"
+            f" limit ?) order by e.rowid {direction}"
+        )
+    rows = [decode_row(r) for r in conn.execute(sql, [*args, limit + 1])]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    page = Page(rows, searched=searched)
+    if after and not before:
+        rows.reverse()
+        page.newer = rows[0]["id"] if more and rows else None
+        page.older = rows[-1]["id"] if rows else None
+    else:
+        page.older = rows[-1]["id"] if more else None
+        page.newer = rows[0]["id"] if (before and rows) else None
+    if searched and store.index is not None:
+        top = conn.execute("select max(rowid) from exchanges").fetchone()[0] or 0
+        done = conn.execute("select value from fts.meta where key = 'last_rowid'").fetchone()
+        page.index_behind = max(0, int(top) - int(done[0] if done else 0))
+    return page
+
+
+def facets(store: Store) -> dict[str, list[tuple[str, int]]]:
+    """Values for the filter form's suggestions; cached, they cost a scan of an index each."""
+
+    def compute() -> dict[str, list[tuple[str, int]]]:
+        conn = store.conn()
+        out = {}
+        for name, column in (("models", "model"), ("clients", "user_agent"), ("paths", "path")):
+            out[name] = [
+                (r[0], r[1])
+                for r in conn.execute(
+                    f"select {column}, count(*) from exchanges where {column} is not null"
+                    f" group by {column} order by 2 desc limit 60"
+                )
+            ]
+        out["flags"] = [
+            (r[0], r[1])
+            for r in conn.execute(
+                "select j.value, count(*) from exchanges e, json_each(e.flags) j where e.flags != '[]'"
+                " group by j.value order by 2 desc limit 60"
+            )
+        ]
+        return out
+
+    return store.cached("facets", 30.0, compute)
+
+
+def replays_of(conn: sqlite3.Connection, capture_id: str) -> list[dict[str, Any]]:
+    return [
+        decode_row(r)
+        for r in conn.execute(
+            "select id, started_at, status, duration_ms, first_token_ms, flags, changes_count from exchanges"
+            " where source_id = ? order by rowid desc limit 200",
+            (capture_id,),
+        )
+    ]
+
+
+def session_neighbours(conn: sqlite3.Connection, capture: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    if not capture.get("session_id"):
+        return None, None
+    rid = rowid_of(conn, capture["id"])
+    prev = conn.execute(
+        "select id from exchanges where session_id = ? and rowid < ? order by rowid desc limit 1",
+        (capture["session_id"], rid),
+    ).fetchone()
+    nxt = conn.execute(
+        "select id from exchanges where session_id = ? and rowid > ? order by rowid limit 1",
+        (capture["session_id"], rid),
+    ).fetchone()
+    return (prev[0] if prev else None), (nxt[0] if nxt else None)
+
+
+@dataclass
+class SessionPage:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    older: str | None = None
+
+
+def list_sessions(conn: sqlite3.Connection, *, before: str = "", limit: int = PAGE) -> SessionPage:
+    """Agent runs, most recently active first, with per-run totals from the exchanges index."""
+    where, args = "", []
+    if before:
+        row = conn.execute("select last_at, id from sessions where id = ?", (before,)).fetchone()
+        if row is not None:
+            where, args = " where (last_at, id) < (?, ?)", [row[0], row[1]]
+    rows = [
+        dict(r)
+        for r in conn.execute(
+            f"select * from sessions{where} order by last_at desc, id desc limit ?", [*args, limit + 1]
+        )
+    ]
+    page = SessionPage(rows[:limit], rows[limit - 1]["id"] if len(rows) > limit else None)
+    ids = [r["id"] for r in page.rows]
+    if ids:
+        marks = ",".join("?" * len(ids))
+        totals = {
+            r["session_id"]: dict(r)
+            for r in conn.execute(
+                "select session_id, count(*) as turns, sum(changes_count) as changes,"
+                " sum(flags != '[]') as flagged, sum(prompt_tokens) as prompt_tokens,"
+                " sum(completion_tokens) as completion_tokens, sum(duration_ms) as duration_ms,"
+                " sum(status is null or status >= 400 or error is not null) as errors"
+                f" from exchanges where session_id in ({marks}) group by session_id",
+                ids,
+            )
+        }
+        for row in page.rows:
+            row.update(totals.get(row["id"], {}))
+    return page
