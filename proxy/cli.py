@@ -259,6 +259,7 @@ def captures_show(capture_id, db) -> None:
 @captures.command("export")
 @click.argument("capture_id")
 @_db_option
+@click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")
 @click.option("--client-response", "which", flag_value="client_response", help="the bytes the client received")
@@ -275,6 +276,7 @@ def captures_export(capture_id, db, which, as_format, output) -> None:
         if as_format != "raw":
             from .export import export_capture
 
+            # A repro resends what the server got unless --original asks for the client's bytes.
             export_capture(conn, capture, as_format, output, which or "forwarded")
             return
         data = capture_body(conn, capture, which or "request")
@@ -297,9 +299,11 @@ def _register() -> None:
     """Commands that live in their own modules (one concern each)."""
     from .cli_browse import browse
     from .cli_probe import probe
+    from .cli_replay import replay
 
     main.add_command(browse)
     main.add_command(probe)
+    main.add_command(replay)
 
 
 _register()
