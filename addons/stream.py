@@ -16,13 +16,17 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
 from tapfix.proxy.reasoning_fields import FIELDS, ReasoningFieldRename
+from tapfix.proxy.request_policy import surface_for
+from tapfix.proxy.toolcalls import body_repair_for, stage_for
+from tapfix.proxy.toolcalls.surface import named_event
 
 from .reset_tail import TAIL_ATTR
 from .runtime import Runtime, exchange_of
 
 
-def _is_chat(ex: Exchange) -> bool:
-    return ex.path.split("?")[0].endswith("/chat/completions")
+def _surface(ex: Exchange) -> str | None:
+    """chat | completions | responses | messages | None, from the request path."""
+    return surface_for(ex.path)
 
 
 class StreamOwner:
@@ -32,13 +36,13 @@ class StreamOwner:
     def stages_for(self, ex: Exchange) -> list[Stage]:
         stages: list[Stage] = []
         policy = self.runtime.settings.tool_repair
-        if policy != "off" and ex.tools and _is_chat(ex):
-            from tapfix.proxy.toolcalls import ChatToolCallRepair
-
-            stage = ChatToolCallRepair(ex.tools, policy=policy, capture_id=ex.id)
-            ex.extra["toolcalls"] = stage
-            stages.append(stage)
-        if self.runtime.policy is not None:
+        surface = _surface(ex)
+        if policy != "off" and ex.tools:
+            stage = stage_for(surface, ex.tools, policy, ex.id)
+            if stage is not None:
+                ex.extra["toolcalls"] = stage
+                stages.append(stage)
+        if self.runtime.policy is not None and surface in ("chat", "completions", None):
             wanted = self.runtime.policy.config.reasoning_field.for_user_agent(ex.user_agent)
             if wanted in FIELDS:
                 other = next(f for f in FIELDS if f != wanted)
@@ -88,13 +92,15 @@ class StreamOwner:
         ex.upstream_body = body
         ex.content_type = response.headers.get("content-type", "")
         policy = self.runtime.settings.tool_repair
-        if policy == "off" or not ex.tools or not _is_chat(ex) or response.status_code >= 400:
+        if policy == "off" or not ex.tools or response.status_code >= 400:
             return
         if response.headers.get("content-encoding"):
             return
-        from tapfix.proxy.toolcalls import repair_chat_completion
 
-        repaired, changes, outcome = repair_chat_completion(body, ex.tools, capture_id=ex.id, policy=policy)
+        repair = body_repair_for(_surface(ex))
+        if repair is None:
+            return
+        repaired, changes, outcome = repair(body, ex.tools, capture_id=ex.id, policy=policy)
         ex.changes.extend(changes)
         if outcome and outcome != "untouched":
             ex.flags.add(f"toolcall_{outcome}")
@@ -119,15 +125,26 @@ class StreamOwner:
         pipeline = response.stream
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)
-        error = {"error": {
-            "message": f"upstream server error: the upstream connection broke mid-stream ({flow.error.msg if flow.error else 'reset'})",
-            "type": "server_error", "code": 502,
-            "tapfix": {"reason": "upstream_reset", "capture_id": ex.id}}}
-        event = b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+        message = ("upstream server error: the upstream connection broke mid-stream "
+                   f"({flow.error.msg if flow.error else 'reset'})")
+        event, error = reset_event(surface_for(ex.path), message, ex.id)
         if ex.client_chunks is None:
             ex.client_chunks = list(ex.upstream_chunks)
         ex.client_chunks.append(event)
-        ex.changes.append(Change("stream", "inject", "$.error", None, error["error"],
+        ex.changes.append(Change("stream", "inject", "$.error", None, error,
                                  "the upstream reset mid-stream; the client gets a retryable error event"))
         setattr(flow.client_conn, TAIL_ATTR, tail + event)
         self.collect(ex)
+
+
+def reset_event(surface: str | None, message: str, capture_id: str) -> tuple[bytes, dict]:
+    """The retryable error each SDK raises on, in the stream's own framing (clients.md §8)."""
+    tapfix = {"reason": "upstream_reset", "capture_id": capture_id}
+    if surface == "messages":
+        error = {"type": "api_error", "message": message}
+        return named_event("error", {"type": "error", "error": error}), error
+    error = {"message": message, "type": "server_error", "code": 502, "tapfix": tapfix}
+    if surface == "responses":
+        return named_event("error", {"type": "error", "code": "server_error", "message": message,
+                                     "error": error, "sequence_number": 0}), error
+    return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n", error

@@ -254,8 +254,8 @@ def assemble_messages_json(obj: dict[str, Any]) -> Assembled:
             r.reasoning += block["thinking"]
         elif kind == "tool_use":
             args = block.get("input")
-            r.tool_calls.append({"id": block.get("id"), "name": block.get("name") or "",
-                                 "arguments": args if isinstance(args, str) else orjson.dumps(args or {}).decode()})
+            text = args if isinstance(args, str) else orjson.dumps(args or {}).decode()
+            r.tool_calls.append({"id": block.get("id"), "name": block.get("name") or "", "arguments": text})
     r.finish_reason = obj.get("stop_reason")
     r.usage = obj.get("usage")
     return r

@@ -31,7 +31,7 @@ def response_flags(
         return flags
     if not assembled.content.strip() and not assembled.tool_calls and not assembled.reasoning.strip():
         flags.add("empty_answer")
-    if assembled.finish_reason == "length":
+    if assembled.finish_reason in ("length", "max_tokens", "max_output_tokens"):  # chat, messages, responses
         flags.add("runaway_length")
     if stream and not assembled.done and assembled.events:
         flags.add("stream_incomplete")

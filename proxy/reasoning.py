@@ -247,10 +247,17 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     """The edits and changes that put the client's reasoning request into the target dialect."""
     result = ReasoningResult()
     dialect = settings.dialect
-    if dialect in (None, "passthrough") or surface == "messages":
+    if dialect in (None, "passthrough"):
         return result
+    if surface == "messages":
+        from .reasoning_messages import apply_messages_reasoning
+
+        return apply_messages_reasoning(body, settings, result)
     signals = detect(body)
     accepted = settings.accepted()
+    if surface == "responses":
+        # Engines validate Responses `reasoning` with OpenAI's type: no `max` level there.
+        accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
     for s in (s for s in signals if s.on is None):
         if settings.reject_unmappable:
             result.error = (400, _error_body(s, accepted))
@@ -361,7 +368,10 @@ def _primary(
         return {(_container(body, dialect), var): _var_value(var, on, level, settings)}
     if level is None and settings.template_var in ("enable_thinking", "thinking"):
         return {}  # on/off only: the configured template variable says it exactly
-    effort = clamp_level(level or settings.default_level, settings.accepted())
+    accepted = settings.accepted()
+    if surface == "responses":
+        accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
+    effort = clamp_level(level or settings.default_level, accepted)
     return {("reasoning", "effort") if surface == "responses" else ("reasoning_effort",): effort}
 
 

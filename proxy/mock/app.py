@@ -35,6 +35,9 @@ from .sse_vllm import (
     stream_events,
     usage_object,
 )
+from .messages import messages_body, messages_error, messages_events
+from .responses import responses_body, responses_error, responses_events
+from .surface_script import break_pieces, chat_from_messages, chat_from_responses, from_case, from_reply
 from .wire import SSE_HEADERS, Plan, Send, json_headers, paced
 
 _ATTEMPT_MEMORY = 100_000
@@ -116,11 +119,19 @@ def create_app(opts: MockOptions) -> Starlette:
     async def completions(request: Request) -> Plan:
         return await _generate(state, request, chat=False)
 
+    async def responses(request: Request) -> Plan:
+        return await _generate_surface(state, request, "responses")
+
+    async def messages(request: Request) -> Plan:
+        return await _generate_surface(state, request, "messages")
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
     ]
     return Starlette(routes=routes)
 
@@ -196,6 +207,8 @@ def _respond(
         req = {**req, "messages": [{"role": "user", "content": _prompt_of(req.get("prompt"))}]}
         req.pop("tools", None)
     reply = make_reply(req, rule, ids).tokenize(max_tokens_of(req))
+    if rule is not None and rule.do == "break_tool_call":
+        reply = break_pieces(reply, str(rule.params.get("mode", "truncate")))
     prompt_tokens = max(1, len(orjson.dumps(req.get("messages"))) // 4)
     options = obj(req.get("stream_options"))
     include_usage = bool(options.get("include_usage"))
@@ -222,6 +235,70 @@ def _respond(
     if stream:
         return Plan(200, _headers(SSE_HEADERS), apply_faults(paced(events, delay), rule, builder, True))
     return Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False))
+
+
+async def _generate_surface(state: MockState, request: Request, surface: str) -> Plan:
+    """/v1/responses and /v1/messages: the same script and scenario rules, drawn in that format."""
+    error = responses_error if surface == "responses" else messages_error
+    body = await request.body()
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return _json(400, error(f"Invalid JSON body: {e}", 400))
+    if not isinstance(req, dict):
+        return _json(400, error("The request body must be a JSON object", 400))
+    field_name = "input" if surface == "responses" else "messages"
+    if req.get(field_name) is None:
+        return _json(400, error(f"Field required: {field_name}", 400))
+    chat = (chat_from_responses if surface == "responses" else chat_from_messages)(req)
+    chat["stream"] = bool(req.get("stream"))
+    ids = Ids.of(body)
+    nth, attempt = state.count(ids.digest)
+    rule = _match(state, request.url.path, chat, nth, attempt)
+    model = req.get("model") if isinstance(req.get("model"), str) else state.models[0]
+    if state.scenario and state.scenario.strict_models and model not in state.models:
+        return _json(404, error(f"The model `{model}` does not exist.", 404))
+    if rule is not None and rule.do in ("http_error", "garbage"):
+        return _respond(state, chat, rule, ids, True, model)
+    case = rule.case if rule is not None and rule.do == "serve_case" else state.case_for(model)
+    if case is not None:
+        script = from_case(case.data.get("stream", []))
+    else:
+        reply = make_reply(chat, rule, ids).tokenize(max_tokens_of(chat))
+        if rule is not None and rule.do == "break_tool_call":
+            reply = break_pieces(reply, str(rule.params.get("mode", "truncate")))
+        script = from_reply(reply)
+    prompt_tokens = max(1, len(orjson.dumps(chat["messages"])) // 4)
+    stream = chat["stream"]
+    if surface == "responses":
+        args = (script, req, ids.digest, ids.created, model, prompt_tokens)
+        events = responses_events(*args) if stream else []
+        data = b"" if stream else responses_body(*args)
+    else:
+        events = messages_events(script, ids.digest, model, prompt_tokens) if stream else []
+        data = b"" if stream else messages_body(script, ids.digest, model, prompt_tokens)
+    if case is not None and case.error is not None:
+        message = str(case.error.get("message") or "upstream error")
+        if not stream:
+            return _json(500, error(message, 500))
+        events = events[: -1 if surface == "responses" else -2] + [_surface_error_event(surface, message)]
+    params = rule.params if rule else {}
+    delay = float(params.get("chunk_delay_ms", state.opts.chunk_delay_ms)) / 1000
+    if stream:
+        plan = Plan(200, _headers(SSE_HEADERS), apply_faults(paced(events, delay), rule, None, True))
+    else:
+        plan = Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, None, False))
+    delay_ms = float(params.get("ms", 0) if rule and rule.do == "delay_ms" else params.get("delay_ms", 0))
+    plan.before_headers = delay_ms / 1000
+    return plan
+
+
+def _surface_error_event(surface: str, message: str) -> bytes:
+    if surface == "responses":
+        data = {"type": "error", "code": "server_error", "message": message, "param": None}
+    else:
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+    return b"event: error\ndata: " + dumps(data) + b"\n\n"
 
 
 def _prompt_of(prompt: Any) -> str:

@@ -73,7 +73,9 @@ def make_reply(req: dict[str, Any], rule: Rule | None, ids: Ids) -> Reply:
             rule.params.get("style", "cjk_drift"), english, int(rule.params.get("tokens", default_tokens))
         )
     if do == "break_tool_call" and reply.tool_calls:
-        return break_tool_call(reply, rule.params.get("mode", "truncate"))
+        mode = rule.params.get("mode", "truncate")
+        if mode in ("truncate", "unclosed"):  # the fragment-level modes act after tokenization
+            return break_tool_call(reply, mode)
     return reply
 
 

@@ -52,8 +52,8 @@ CONDITIONS = {
     "stream",
 }
 MALFORMED_KINDS = ("no_blank_lines", "huge_line", "invalid_utf8", "error_object_midstream")
-BREAK_MODES = ("truncate", "unclosed")
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+BREAK_MODES = ("truncate", "unclosed", "resend_whole", "drop_opening")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
 

@@ -1,11 +1,52 @@
-"""Streamed and non-streamed tool-call repair for OpenAI Chat Completions.
+"""Streamed and non-streamed tool-call repair: Chat Completions, Responses and Anthropic Messages.
 
-`ChatToolCallRepair` is an incremental `feed(event)/flush()` stage over whole raw SSE events (as
-`SSESplitter` yields them); `repair_chat_completion` applies the same rules to a non-streamed body.
+`ChatToolCallRepair`, `ResponsesToolCallRepair` and `MessagesToolCallRepair` are incremental
+`feed(event)/flush()` stages over whole raw SSE events (as `SSESplitter` yields them);
+`repair_chat_completion`, `repair_responses_body` and `repair_messages_body` apply the same rules to
+a non-streamed body. `stage_for(surface, ...)` / `body_repair_for(surface)` pick one by API surface.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 from .accumulate import assemble_tool_calls
+from .messages import MessagesToolCallRepair, repair_messages_body
 from .nonstream import repair_chat_completion
+from .responses import ResponsesToolCallRepair, repair_responses_body
 from .stage import ChatToolCallRepair
 
-__all__ = ["ChatToolCallRepair", "assemble_tool_calls", "repair_chat_completion"]
+_STAGES: dict[str, Any] = {
+    "chat": ChatToolCallRepair,
+    "responses": ResponsesToolCallRepair,
+    "messages": MessagesToolCallRepair,
+}
+_BODIES: dict[str, Callable[..., tuple[bytes, list[Any], str]]] = {
+    "chat": repair_chat_completion,
+    "responses": repair_responses_body,
+    "messages": repair_messages_body,
+}
+
+
+def stage_for(surface: str | None, tools: list[Any], policy: str, capture_id: str) -> Any | None:
+    """The streaming repair stage of an API surface (None: the surface has none)."""
+    cls = _STAGES.get(surface or "")
+    return cls(tools, policy=policy, capture_id=capture_id) if cls is not None else None
+
+
+def body_repair_for(surface: str | None) -> Callable[..., tuple[bytes, list[Any], str]] | None:
+    return _BODIES.get(surface or "")
+
+
+__all__ = [
+    "ChatToolCallRepair",
+    "MessagesToolCallRepair",
+    "ResponsesToolCallRepair",
+    "assemble_tool_calls",
+    "body_repair_for",
+    "repair_chat_completion",
+    "repair_messages_body",
+    "repair_responses_body",
+    "stage_for",
+]

@@ -1,0 +1,233 @@
+"""What the Responses and Messages repair stages share: one call's verdict, named SSE events, the hold.
+
+Both surfaces stream one call as open → argument fragments → close, with `event: NAME` framing, so
+the rules are the chat stage's rules applied per call: hold the call's events until it closes, run
+`repair_arguments` (strict JSON first, then the defect-class rules, then the schema), and release
+the held bytes verbatim when nothing was wrong. Only the verdict's *wire form* differs per surface,
+which the subclasses build.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..changes import Change
+from ..sse import comment
+from .arguments import repair_arguments
+from .errors import passthrough_note
+from .plan import STAGE, Fatal, _repeated_name
+from .schema import ToolSchemas
+
+POLICIES = ("error", "fail_fast", "passthrough")
+
+
+def normalize_tools(tools: list[Any] | None) -> list[Any]:
+    """Responses `{type, name, parameters}` and Anthropic `{name, input_schema}` → ToolSchemas' shape."""
+    out: list[Any] = []
+    for tool in tools or []:
+        if isinstance(tool, dict) and "input_schema" in tool and "parameters" not in tool:
+            out.append({"name": tool.get("name"), "parameters": tool.get("input_schema")})
+        else:
+            out.append(tool)
+    return out
+
+
+@dataclass(slots=True)
+class HeldCall:
+    key: Any  # the Responses item id, or the Messages block index
+    name: str | None = None
+    call_id: str | None = None
+    frags: list[str] = field(default_factory=list)
+    final: str | None = None  # the arguments a `.done` event or item repeats (Responses)
+    closed: bool = False
+    finish: str | None = None  # "length" when the item/message says it was cut
+
+
+@dataclass(slots=True)
+class Verdict:
+    arguments: str | None = None  # None: untouched
+    name: str | None = None
+    kinds: list[str] = field(default_factory=list)
+    reason: str = ""
+    fatal: Fatal | None = None
+
+
+def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) -> Verdict:
+    """Untouched, repaired arguments (and name), or unrecoverable — for one closed call."""
+    name = call.name
+    verdict = Verdict()
+    if name is not None and schemas and name not in schemas.schemas:
+        repeated = _repeated_name(name, schemas.names)
+        if repeated:
+            verdict.name, verdict.kinds = repeated, ["duplicated_fragments"]
+            name = repeated
+    if name is None:
+        if len(schemas.names) != 1:
+            verdict.fatal = Fatal("?", "tool call has no name", "wrong_index_or_id")
+            return verdict
+        verdict.name = name = schemas.names[0]
+        verdict.kinds.append("wrong_index_or_id")
+    text = "".join(call.frags)
+    frags = call.frags if call.frags or not empty_is_object else ["{}"]
+    if not call.frags and call.final is not None:
+        frags = [call.final]
+    res = repair_arguments(frags, name, schemas, call.finish)
+    if call.final is not None and call.frags and call.final != text:
+        alt = repair_arguments([call.final], name, schemas, call.finish)
+        kind = "duplicated_fragments" if len(text) > len(call.final) else "missing_fragment"
+        if not alt.fatal and (not alt.changed or res.fatal):
+            verdict.arguments = alt.text
+            verdict.kinds += [kind] + alt.kinds
+            verdict.reason = "argument deltas disagree with the final arguments; the final ones kept"
+            return verdict
+    if res.fatal:
+        kind = (res.kinds or ["missing_last_chunk" if "cut" in res.fatal else "invalid_json"])[0]
+        if res.fatal.startswith("required"):
+            kind = (res.kinds or ["missing_fragment"])[0]
+        verdict.fatal = Fatal(name, res.fatal, kind)
+        return verdict
+    if res.changed and not (empty_is_object and not call.frags and res.kinds == ["empty_arguments"]):
+        verdict.arguments = res.text
+        verdict.kinds += res.kinds
+        verdict.reason = "; ".join(res.fixes) or res.kinds[0]
+    if verdict.arguments is None and verdict.name is not None:
+        verdict.arguments = text if call.frags else res.text
+    return verdict
+
+
+def named_event(name: str, obj: dict[str, Any], nl: bytes = b"\n") -> bytes:
+    """`event: NAME` + one compact `data:` line, the framing of both surfaces."""
+    return b"event: " + name.encode() + nl + b"data: " + orjson.dumps(obj) + nl + nl
+
+
+def event_name(event: bytes) -> str | None:
+    if event.startswith(b"event:"):
+        line = event.split(b"\n", 1)[0].rstrip(b"\r")
+        return line[6:].strip().decode("utf-8", "replace")
+    return None
+
+
+class HoldingStage:
+    """The hold/release/fatal machinery; subclasses parse their surface's events."""
+
+    path_prefix = "$"
+
+    def __init__(
+        self,
+        tools: list[Any] | None,
+        policy: str = "error",
+        capture_id: str = "",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        keepalive_s: float = 10.0,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        self.policy = policy
+        self.capture_id = capture_id
+        self.changes: list[Change] = []
+        self.defects: list[str] = []
+        self.outcome = "untouched"
+        self.schemas = ToolSchemas(normalize_tools(tools))
+        self.nl = b"\n"
+        self._framing_known = False
+        self._clock = clock
+        self._keepalive_s = keepalive_s
+        self._last_out = clock()
+        self.held: list[bytes] = []
+        self.calls: dict[Any, HeldCall] = {}
+        self.ended = False
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.calls)
+
+    def feed(self, event: bytes) -> list[bytes]:
+        if self.ended:
+            return []
+        if not self._framing_known:
+            self._framing_known = True
+            if b"\r\n" in event:
+                self.nl = b"\r\n"
+        out: list[bytes] = []
+        if self.holding and self._clock() - self._last_out >= self._keepalive_s:
+            out.append(comment("tapfix: holding tool call", self.nl))
+        out += self.on_event(event)
+        if out:
+            self._last_out = self._clock()
+        return out
+
+    def flush(self) -> list[bytes]:
+        if self.ended or not self.holding:
+            return []
+        call = next(iter(self.calls.values()))
+        return self.fatal(
+            Fatal(call.name or "?", "the stream ended before the call was complete", "missing_last_chunk")
+        )
+
+    def on_event(self, event: bytes) -> list[bytes]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def hold(self, event: bytes) -> list[bytes]:
+        if self.holding:
+            self.held.append(event)
+            return []
+        return [event]
+
+    def note(self, verdict: Verdict, call: HeldCall, where: str, after: str) -> None:
+        for kind in verdict.kinds:
+            if kind not in self.defects:
+                self.defects.append(kind)
+        self.changes.append(
+            Change(
+                STAGE,
+                verdict.kinds[0] if verdict.kinds else "repair",
+                where,
+                {"name": call.name, "arguments": "".join(call.frags) or call.final, "id": call.call_id},
+                {"name": verdict.name or call.name, "arguments": after, "id": call.call_id},
+                verdict.reason or "repaired",
+            )
+        )
+        if self.outcome == "untouched":
+            self.outcome = "repaired"
+
+    def fatal(self, fatal: Fatal, upstream: bytes | None = None) -> list[bytes]:
+        """Unrecoverable: by policy, the surface's error event (the held call never goes out)."""
+        self.outcome = "unrecoverable"
+        if fatal.kind not in self.defects:
+            self.defects.append(fatal.kind)
+        self.changes.append(
+            Change(STAGE, fatal.kind, self.path_prefix, {"name": fatal.name}, None,
+                   f"unrecoverable ({fatal.reason}); policy {self.policy}")
+        )
+        held, self.held, self.calls = self.held, [], {}
+        if self.policy == "passthrough":
+            return [comment(passthrough_note(fatal), self.nl), *held] + ([upstream] if upstream else [])
+        self.ended = True
+        return self.error_events(fatal, held)
+
+    def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def note_upstream_error(self, message: str) -> None:
+        self.changes.append(
+            Change(STAGE, "upstream_error", "$.error", message, None, "replaced by tapfix's error event")
+        )
+
+
+def parse(event: bytes) -> dict[str, Any] | None:
+    from ..sse import event_data
+
+    data = event_data(event)
+    if data is None:
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
