@@ -36,7 +36,25 @@ def _reader(db: Path | None):
         raise click.ClickException(str(e)) from e
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Commands that live in their own modules load only when used, so `captures` starts fast."""
+
+    lazy = {"browse": "tapfix.proxy.cli_browse:browse", "probe": "tapfix.proxy.cli_probe:probe",
+            "replay": "tapfix.proxy.cli_replay:replay"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy and name not in self.commands:
+            import importlib
+
+            module, attr = self.lazy[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tapfix")
 def main() -> None:
     """tapfix: a logging and repairing proxy for self-hosted LLM inference.
@@ -294,19 +312,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
-
-def _register() -> None:
-    """Commands that live in their own modules (one concern each)."""
-    from .cli_browse import browse
-    from .cli_probe import probe
-    from .cli_replay import replay
-
-    main.add_command(browse)
-    main.add_command(probe)
-    main.add_command(replay)
-
-
-_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

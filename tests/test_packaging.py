@@ -42,7 +42,8 @@ def test_every_command_is_documented():
     from tapfix.proxy.cli import main
 
     def walk(group, prefix=()):
-        for name, command in group.commands.items():
+        for name in group.list_commands(None):
+            command = group.get_command(None, name)
             yield (*prefix, name), command
             if hasattr(command, "commands"):
                 yield from walk(command, (*prefix, name))
