@@ -1,0 +1,354 @@
+"""The benchmark: direct vs plain mitmproxy vs tapfix, side by side in one run, one table.
+
+Why this shape: the machine is shared and noisy, so absolute numbers drift between runs; ratios
+measured in the same run do not. Every phase is split into rounds and each round runs every row's
+block in a rotated order, so a noisy moment hits all rows alike. CPU is read from /proc for each
+proxy process (all threads) before a block and after it once the process is idle again (tapfix's
+writer thread stores captures after the load), never from wall time.
+
+Rows: direct (client → upstream), plain mitmproxy (`mitmdump --mode reverse` + bench/mitm_stream.py),
+tapfix with no `tools` (capture only), tapfix with `tools` in the request (repair armed; the stream
+has no tool calls), tapfix with a streamed tool call. All three processes run for the whole run.
+
+CPU per chunk and fixed CPU per request come from a two-point fit over paced (1 ms) streams of 256
+and 16 events: per_chunk = (cpu256 - cpu16) / 240, fixed = cpu16 - 16 * per_chunk. Paced so that
+each event is its own read, as with a real model (the stored captures' chunk_count checks that).
+
+    bench/run            # full, a few minutes
+    bench/run --quick    # about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import load
+import procstat
+from load import Result, pct
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    target: str  # upstream | mitm | tapfix
+    tools: bool
+    kind: str  # content | tools
+
+
+ROWS = [
+    Row("direct", "upstream", True, "content"),
+    Row("plain mitmproxy", "mitm", True, "content"),
+    Row("tapfix, no tools (capture only)", "tapfix", False, "content"),
+    Row("tapfix, tools armed, no calls", "tapfix", True, "content"),
+    Row("tapfix, tool call in stream", "tapfix", True, "tools"),
+]
+ARMED, CALLS, MITM = ROWS[3].name, ROWS[4].name, ROWS[1].name
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    concurrency: int
+    chunks: int
+    delay_ms: float
+    requests: int  # per row, full mode
+    quick: int  # per row, --quick
+    body: int = 2048
+    rows: tuple[str, ...] = ()  # () = all rows
+    rounds: int = 0  # 0: the run's default
+    steady: bool = False  # stagger the workers' starts over one stream's duration
+
+
+PHASES = [
+    Phase("ttft1", 1, 16, 0, 1000, 150),
+    Phase("ttft8", 8, 16, 0, 1200, 320),
+    Phase("paced32", 32, 256, 5, 256, 64, rounds=2, steady=True),
+    Phase("cpu256", 8, 256, 1, 128, 24),
+    Phase("cpu16", 8, 16, 1, 512, 96),
+    Phase("burst", 8, 256, 0, 160, 32),
+    Phase("mem32x1MB", 32, 256, 5, 96, 32, body=MB, rows=(MITM, ARMED), rounds=1, steady=True),
+]
+
+
+@dataclass
+class Cell:
+    res: Result = field(default_factory=Result)
+    cpu_ns: int = 0
+    upstream_ns: int = 0
+    requests: int = 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode} before listening (see its log)")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{what} did not listen on {port} within {timeout}s")
+
+
+class Fleet:
+    """The upstream and both proxies as child processes; stopped (by PID) on exit."""
+
+    def __init__(self, work: Path, tapfix_args: list[str]) -> None:
+        self.work = work
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        self.db = work / "bench.db"
+        self.tapfix_args = tapfix_args
+
+    def start(self, which: tuple[str, ...] = ("mitm", "tapfix")) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(self.work / "config")}
+        up = free_port()
+        self._spawn("upstream", [sys.executable, str(ROOT / "bench/upstream.py"), "--listen", f"127.0.0.1:{up}"],
+                    up, env)
+        origin = f"http://127.0.0.1:{up}"
+        if "mitm" in which:
+            self._spawn_mitm(origin, env)
+        if "tapfix" in which:
+            port = free_port()
+            self._spawn("tapfix", [str(BIN / "tapfix"), "run", "--upstream", origin, "--listen", f"127.0.0.1:{port}",
+                                   "--db", str(self.db), *self.tapfix_args], port, env)
+
+    def _spawn_mitm(self, origin: str, env: dict) -> None:
+        port = free_port()
+        self._spawn("mitm", [str(BIN / "mitmdump"), "-q", "--mode", f"reverse:{origin}@127.0.0.1:{port}",
+                             "-s", str(ROOT / "bench/mitm_stream.py"), "--set", "connection_strategy=lazy",
+                             "--set", f"confdir={self.work / 'mitm-conf'}"], port, env)
+
+    def _spawn(self, name: str, argv: list[str], port: int, env: dict) -> None:
+        log = open(self.work / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.work)
+        self.ports[name] = port
+        wait_port(port, self.procs[name], name)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def stop(self) -> None:
+        for name in ("tapfix", "mitm", "upstream"):
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT if name == "tapfix" else signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def run_block(fleet: Fleet, row: Row, phase: Phase, n: int, body: bytes) -> Result:
+    stream_s = phase.chunks * (phase.delay_ms + 0.3) / 1000  # 0.3 ms: the sleep's own overshoot
+    stagger = stream_s / phase.concurrency if phase.steady else 0.0
+    return await load.run_load("127.0.0.1", fleet.ports[row.target], concurrency=min(phase.concurrency, n),
+                               requests=n, body=body, headers=load.bench_headers(row.kind, phase.chunks, phase.delay_ms),
+                               stagger_s=stagger)
+
+
+def run_phase(fleet: Fleet, phase: Phase, quick: bool, rounds: int) -> dict[str, Cell]:
+    rounds = max(1, phase.rounds // 2) if quick and phase.rounds else (phase.rounds or rounds)
+    rows = [r for r in ROWS if not phase.rows or r.name in phase.rows]
+    total = phase.quick if quick else phase.requests
+    per_round = [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+    bodies = {t: load.request_body(phase.body, tools=t) for t in (True, False)}
+    cells = {r.name: Cell() for r in rows}
+    pids = fleet.pids
+    for i, n in enumerate(per_round):
+        order = rows[i % len(rows):] + rows[: i % len(rows)]
+        for row in order:
+            procstat.wait_idle(pids)
+            before = procstat.snapshot(pids)
+            res = asyncio.run(run_block(fleet, row, phase, n, bodies[row.tools]))
+            procstat.wait_idle(pids)
+            after = procstat.snapshot(pids)
+            cell = cells[row.name]
+            cell.res.merge(res)
+            cell.requests += n
+            cell.upstream_ns += after["upstream"] - before["upstream"]
+            if row.target != "upstream":
+                cell.cpu_ns += after[row.target] - before[row.target]
+            if res.errors:
+                print(f"  {phase.name}/{row.name}: {len(res.errors)} errors, first: {res.errors[0]}", file=sys.stderr)
+    return cells
+
+
+def warm_up(fleet: Fleet) -> None:
+    """Import lazily loaded modules, open upstream connections, let the CA and db settle."""
+    for row in ROWS:
+        for chunks in (16, 256):
+            asyncio.run(run_block(fleet, row, Phase("warm", 4, chunks, 0, 0, 0), 16,
+                                  load.request_body(2048, row.tools)))
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.2f}"
+
+
+def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[list[list[str]], dict]:
+    """Rows of the printed table and the numbers the targets are checked against."""
+    direct = ROWS[0].name
+    nums: dict[str, dict] = {}
+    out = [["", "+TTFT 1 stream p50/p99 ms", "+TTFT 8 streams p50/p99 ms", "+TTFT 32 paced p50/p99 ms",
+            "throughput ratio", "CPU µs/chunk", "CPU ms/request", "RSS peak MB"]]
+    for row in ROWS:
+        n: dict = {}
+        cells = []
+        for ph in ("ttft1", "ttft8", "paced32"):
+            c, d = results[ph][row.name].res, results[ph][direct].res
+            if row.name == direct:
+                cells.append(f"({ms(pct(d.ttft, 50))}/{ms(pct(d.ttft, 99))} abs)")
+                continue
+            p50, p99 = pct(c.ttft, 50) - pct(d.ttft, 50), pct(c.ttft, 99) - pct(d.ttft, 99)
+            n[ph] = (p50 * 1000, p99 * 1000)
+            cells.append(f"{ms(p50)}/{ms(p99)}")
+        b, bd = results["burst"][row.name].res, results["burst"][direct].res
+        bm = results["burst"][MITM].res
+        ratio = (b.events / b.wall) / (bd.events / bd.wall)
+        vs_mitm = (b.events / b.wall) / (bm.events / bm.wall)
+        cells.append(f"{ratio:.2f} ({vs_mitm:.2f}× mitm)" if row.target == "tapfix" else f"{ratio:.2f}")
+        long, short = results["cpu256"][row.name], results["cpu16"][row.name]
+        key = "upstream_ns" if row.target == "upstream" else "cpu_ns"
+        c256, c16 = getattr(long, key) / long.requests, getattr(short, key) / short.requests
+        per_chunk = (c256 - c16) / (256 - 16)
+        fixed = c16 - 16 * per_chunk
+        n.update(per_chunk_us=per_chunk / 1000, fixed_ms=fixed / 1e6)
+        tag = " (upstream)" if row.target == "upstream" else ""
+        cells += [f"{per_chunk / 1000:.1f}{tag}", f"{fixed / 1e6:.2f}{tag}",
+                  f"{hwm[row.target] / 1024:.0f}" if row.target != "upstream" else "-"]
+        nums[row.name] = n
+        out.append([row.name, *cells])
+    return out, nums
+
+
+def check_targets(nums: dict, hwm: dict[str, int]) -> list[str]:
+    m, a, c = nums[MITM], nums[ARMED], nums[CALLS]
+    rss = hwm["tapfix"] / 1024
+    checks = [
+        ("CPU/chunk, full chain armed, no calls ≤ 1.25× mitmproxy", a["per_chunk_us"] / m["per_chunk_us"], 1.25,
+         f"{a['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs"),
+        ("CPU/chunk, tool call in stream ≤ 2× mitmproxy", c["per_chunk_us"] / m["per_chunk_us"], 2.0,
+         f"{c['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs"),
+        ("fixed CPU/request ≤ 1.5× mitmproxy", a["fixed_ms"] / m["fixed_ms"], 1.5,
+         f"{a['fixed_ms']:.2f} vs {m['fixed_ms']:.2f} ms"),
+        ("added TTFT p50 at 1 stream ≤ 2 ms", a["ttft1"][0], 2.0, "ms"),
+        ("added TTFT p99 at 1 stream ≤ 5 ms", a["ttft1"][1], 5.0, "ms"),
+        ("added TTFT p99, 32 paced streams ≤ 10 ms", a["paced32"][1], 10.0, "ms"),
+        ("RSS peak, 32 streams × 1 MB bodies ≤ 150 MB", rss, 150.0, "MB"),
+    ]
+    lines = []
+    for what, value, limit, note in checks:
+        verdict = "PASS" if value <= limit else "MISS"
+        shown = f"{value:.2f}×" if "× mitmproxy" in what else f"{value:.2f}"
+        lines.append(f"{verdict}  {what}: {shown} ({note}; {value / limit * 100:.0f}% of the target)")
+    return lines
+
+
+def chunk_reads(db: Path) -> str:
+    """How many upstream reads tapfix saw per stream kind: 1 per event means CPU/chunk is per event."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        rows = conn.execute("select request_headers, chunk_count from exchanges").fetchall()
+        conn.close()
+    except sqlite3.Error as e:
+        return f"(could not read {db}: {e})"
+    groups: dict[tuple[str, str], list[int]] = {}
+    for headers, count in rows:
+        h = dict(json.loads(headers))
+        groups.setdefault((h.get("x-bench-chunks", "?"), h.get("x-bench-delay-ms", "?")), []).append(count or 0)
+    parts = [f"{k[0]} events @{k[1]} ms: {sum(v) / len(v):.1f} reads ({len(v)} captures)"
+             for k, v in sorted(groups.items())]
+    return f"{len(rows)} captures stored; " + "; ".join(parts)
+
+
+def render(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer requests (about a minute)")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds per phase (default 4, quick 2)")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (db, logs)")
+    ap.add_argument("--json", type=Path, help="also write the raw numbers here")
+    ap.add_argument("--tapfix-arg", action="append", default=None,
+                    help="extra `tapfix run` argument (repeatable; default: --engine vllm)")
+    a = ap.parse_args()
+    rounds = a.rounds or (2 if a.quick else 4)
+    work = Path(tempfile.mkdtemp(prefix="tapfix-bench-"))
+    fleet = Fleet(work, a.tapfix_arg if a.tapfix_arg is not None else ["--engine", "vllm"])
+    t0 = time.monotonic()
+    print(f"tapfix bench {'--quick ' if a.quick else ''}{datetime.datetime.now().isoformat(timespec='seconds')}; "
+          f"{os.cpu_count()} cpus; work dir {work}", file=sys.stderr)
+    try:
+        fleet.start()
+        busy0, ours0 = procstat.machine_busy_ns(), procstat.self_cpu_ns() + sum(
+            procstat.ticks_ns(p) for p in fleet.pids.values())
+        idle = {k: procstat.idle_rate_ns_per_s(p, 0.5) / 1e6 for k, p in fleet.pids.items()}
+        warm_up(fleet)
+        results = {}
+        for phase in PHASES:
+            t = time.monotonic()
+            results[phase.name] = run_phase(fleet, phase, a.quick, rounds)
+            print(f"  {phase.name}: {time.monotonic() - t:.1f}s", file=sys.stderr)
+        hwm = {k: procstat.memory_kb(p)["VmHWM"] for k, p in fleet.pids.items()}
+        ours = procstat.self_cpu_ns() + sum(procstat.ticks_ns(p) for p in fleet.pids.values()) - ours0
+        others = procstat.machine_busy_ns() - busy0 - ours
+        elapsed = time.monotonic() - t0
+        rows, nums = table(results, hwm)
+        up = results["cpu256"]["direct"]
+        print()
+        print(render(rows))
+        print()
+        for line in check_targets(nums, hwm):
+            print(line)
+        print()
+        print(f"upstream's own cost: {up.upstream_ns / up.requests / 256 / 1000:.1f} µs CPU per chunk "
+              f"(bench/upstream.py; idle CPU ms/s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()) + ")")
+        print(f"tapfix: {chunk_reads(fleet.db)}")
+        print(f"wall time {elapsed:.0f}s; phases x rounds: {len(PHASES)} x {rounds}; noise: other processes used "
+              f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
+              f"{open('/proc/loadavg').read().split()[0]}")
+        if a.json:
+            a.json.write_text(json.dumps({"nums": nums, "hwm_kb": hwm, "table": rows}, indent=2))
+    finally:
+        fleet.stop()
+        size = sum(f.stat().st_size for f in work.glob("bench.db*"))
+        print(f"capture db after shutdown: {size / MB:.1f} MB", file=sys.stderr)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""A fast fake inference upstream for the benchmark: raw asyncio, pre-built SSE bytes, its own CPU.
+
+Why not `tapfix mock`: the mock is a realistic Starlette app whose per-chunk cost would be as large
+as the proxy's and would blur what we measure. Here each response is a list of pre-framed byte
+strings (vLLM wire format, HTTP chunked encoding like uvicorn), built once per (kind, chunks) and
+written one event per `write()`, optionally paced. The server counts requests and chunks and reads
+its own CPU from /proc, so the runner can show that the upstream is not the bottleneck
+(`GET /stats`, and a line on stderr at exit).
+
+The request chooses the response with headers:
+  x-bench-chunks: N        SSE events in the stream, [DONE] included (default 256)
+  x-bench-delay-ms: F      pause between events (default 0 = burst)
+  x-bench-kind: content | tools   plain text reply, or text then one streamed tool call
+
+    python bench/upstream.py --listen 127.0.0.1:9100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from functools import lru_cache
+
+import orjson
+
+ID = "chatcmpl-bench0123456789abcdef"
+MODEL = "bench-model"
+WORDS = (" the", " proxy", " streams", " each", " token", " to", " the", " agent", ",", " and",
+         " records", " what", " went", " over", " the", " wire", ".", "\n")
+
+
+def _event(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if finish:
+        choice["stop_reason"] = None
+    obj = {"id": ID, "object": "chat.completion.chunk", "created": 1700000000, "model": MODEL,
+           "choices": [choice] if usage is None else []}
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def tool_arguments(size: int) -> str:
+    """Valid `write_file` arguments of about `size` bytes (JSON text with escapes and newlines)."""
+    line = 'def handler(event):\n    return {"ok": True, "path": "a/b.py"}  # tab\there\n'
+    content = (line * (size // len(line) + 1))[: max(size - 40, 8)]
+    return orjson.dumps({"path": "src/app/handler.py", "content": content}).decode()
+
+
+def split_even(text: str, parts: int) -> list[str]:
+    step = max(1, -(-len(text) // max(parts, 1)))
+    return [text[i : i + step] for i in range(0, len(text), step)]
+
+
+@lru_cache(maxsize=64)
+def sse_events(kind: str = "content", chunks: int = 256, arg_bytes: int = 0) -> tuple[bytes, ...]:
+    """The stream as a tuple of whole SSE events: role, tokens (or tokens + a tool call), finish,
+    usage, [DONE]. `chunks` counts every event; at least 6."""
+    chunks = max(chunks, 6)
+    events = [_event({"role": "assistant", "content": ""})]
+    body = chunks - 4  # role, finish, usage, [DONE]
+    if kind == "tools":
+        text_n = max(1, body // 8)
+        args = tool_arguments(arg_bytes or 2048)
+        events += [_event({"content": "Sure" if i == 0 else WORDS[i % len(WORDS)]}) for i in range(text_n)]
+        frags = split_even(args, body - text_n - 1)
+        events.append(_event({"tool_calls": [{"id": "call_bench0001", "type": "function", "index": 0,
+                                               "function": {"name": "write_file", "arguments": ""}}]}))
+        events += [_event({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}) for f in frags]
+        finish = "tool_calls"
+    else:
+        events += [_event({"content": "Sure" if i == 0 else WORDS[i % len(WORDS)]}) for i in range(body)]
+        finish = "stop"
+    events.append(_event({}, finish))
+    n_out = len(events) - 1
+    events.append(_event({}, usage={"prompt_tokens": 600, "total_tokens": 600 + n_out, "completion_tokens": n_out}))
+    events.append(b"data: [DONE]\n\n")
+    return tuple(events)
+
+
+@lru_cache(maxsize=64)
+def framed(kind: str, chunks: int) -> tuple[bytes, ...]:
+    """The events in HTTP/1.1 chunked framing, the terminating zero chunk glued to the last one."""
+    out = [b"%x\r\n%s\r\n" % (len(e), e) for e in sse_events(kind, chunks)]
+    out[-1] += b"0\r\n\r\n"
+    return tuple(out)
+
+
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+        b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+def cpu_ns(pid: int | str = "self") -> int:
+    """utime+stime of the whole process, all threads, in ns (clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.chunks = 0
+        self.started = time.monotonic()
+
+    def stats(self) -> dict:
+        return {"requests": self.requests, "chunks": self.chunks, "cpu_ns": cpu_ns(),
+                "uptime_s": round(time.monotonic() - self.started, 3), "pid": os.getpid()}
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                line, _, rest = head.partition(b"\r\n")
+                headers = {}
+                for h in rest.split(b"\r\n"):
+                    k, sep, v = h.partition(b":")
+                    if sep:
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get(b"content-length", b"0"))
+                if length:
+                    await reader.readexactly(length)
+                path = line.split(b" ")[1] if b" " in line else b"/"
+                if path.startswith(b"/stats"):
+                    body = orjson.dumps(self.stats())
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                                 % (len(body), body))
+                    await writer.drain()
+                    continue
+                await self.stream(writer, headers)
+                if headers.get(b"connection", b"").lower() == b"close":
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    async def stream(self, writer: asyncio.StreamWriter, headers: dict) -> None:
+        kind = headers.get(b"x-bench-kind", b"content").decode()
+        chunks = int(headers.get(b"x-bench-chunks", b"256"))
+        delay = float(headers.get(b"x-bench-delay-ms", b"0")) / 1000
+        frames = framed(kind, chunks)
+        self.requests += 1
+        self.chunks += len(frames)
+        writer.write(HEAD)
+        for i, frame in enumerate(frames):
+            writer.write(frame)
+            if delay and i + 1 < len(frames):
+                await writer.drain()
+                await asyncio.sleep(delay)
+        await writer.drain()
+
+
+async def serve(host: str, port: int) -> None:
+    server = Server()
+    srv = await asyncio.start_server(server.handle, host, port, backlog=512)
+    print(f"ready {srv.sockets[0].getsockname()[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with srv:
+        await stop.wait()
+    s = server.stats()
+    print(f"upstream: {s['requests']} requests, {s['chunks']} chunks, cpu {s['cpu_ns'] / 1e6:.0f} ms", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--listen", default="127.0.0.1:9100")
+    a = ap.parse_args()
+    host, _, port = a.listen.rpartition(":")
+    asyncio.run(serve(host or "127.0.0.1", int(port)))
+
+
+if __name__ == "__main__":
+    main()
