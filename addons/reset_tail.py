@@ -25,16 +25,21 @@ def install() -> None:
         return
     original = _http1.Http1Server.send
 
-    def send(self, event):  # type: ignore[no-untyped-def]
-        tail = getattr(self.conn, TAIL_ATTR, None)
-        if (isinstance(event, ResponseProtocolError) and tail and self.response is not None
-                and self.conn.state & ConnectionState.CAN_WRITE):
-            setattr(self.conn, TAIL_ATTR, None)
-            if "chunked" in self.response.headers.get("transfer-encoding", "").lower():
-                yield commands.SendData(self.conn, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
-            else:
-                yield commands.SendData(self.conn, tail)
+    def send_tail_first(self, event, tail):  # type: ignore[no-untyped-def]
+        setattr(self.conn, TAIL_ATTR, None)
+        if "chunked" in self.response.headers.get("transfer-encoding", "").lower():
+            yield commands.SendData(self.conn, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+        else:
+            yield commands.SendData(self.conn, tail)
         yield from original(self, event)
+
+    def send(self, event):  # type: ignore[no-untyped-def]
+        # Not a generator itself: the per-chunk path stays mitmproxy's own, one isinstance away.
+        if isinstance(event, ResponseProtocolError):
+            tail = getattr(self.conn, TAIL_ATTR, None)
+            if tail and self.response is not None and self.conn.state & ConnectionState.CAN_WRITE:
+                return send_tail_first(self, event, tail)
+        return original(self, event)
 
     _http1.Http1Server.send = send  # type: ignore[method-assign]
     _installed = True

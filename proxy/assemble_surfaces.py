@@ -61,11 +61,11 @@ class _ResponsesFold:
         r = self.result
         token = False
         if kind == "response.output_text.delta" and isinstance(obj.get("delta"), str):
-            r.content += obj["delta"]
+            r.append("content", obj["delta"])
             token = bool(obj["delta"])
         elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             if isinstance(obj.get("delta"), str):
-                r.reasoning += obj["delta"]
+                r.append("reasoning", obj["delta"])
                 token = bool(obj["delta"])
         elif kind in ("response.output_item.added", "response.output_item.done"):
             item = obj.get("item")
@@ -107,6 +107,7 @@ class _ResponsesFold:
                 call["arguments"] = "".join(frags)
             calls.append(call)
         r.tool_calls = calls
+        r.join_parts()
         if self.final is not None:
             _from_response(r, self.final, keep_deltas=True)
         return r
@@ -186,24 +187,24 @@ class _MessagesFold:
             self.blocks[index] = block
             self.order.append(index)
             if block.get("type") == "tool_use":
-                block["_json"] = ""
+                block["_json"] = []
                 token = True
             elif block.get("type") == "text" and block.get("text"):
-                r.content += block["text"]
+                r.append("content", block["text"])
                 token = True
         elif kind == "content_block_delta" and isinstance(obj.get("delta"), dict):
             delta = obj["delta"]
             dtype = delta.get("type")
             if dtype == "text_delta" and isinstance(delta.get("text"), str):
-                r.content += delta["text"]
+                r.append("content", delta["text"])
                 token = bool(delta["text"])
             elif dtype == "thinking_delta" and isinstance(delta.get("thinking"), str):
-                r.reasoning += delta["thinking"]
+                r.append("reasoning", delta["thinking"])
                 token = bool(delta["thinking"])
             elif dtype == "input_json_delta" and isinstance(delta.get("partial_json"), str):
                 block = self.blocks.get(obj.get("index"))  # type: ignore[arg-type]
                 if block is not None and "_json" in block:
-                    block["_json"] += delta["partial_json"]
+                    block["_json"].append(delta["partial_json"])
                     token = True
         elif kind == "message_delta":
             delta = obj.get("delta")
@@ -225,12 +226,12 @@ class _MessagesFold:
             block = self.blocks[index]
             if block.get("type") != "tool_use":
                 continue
-            raw = block.get("_json", "")
+            raw = "".join(block.get("_json") or ())
             if not raw and block.get("input"):
                 raw = orjson.dumps(block["input"]).decode()
             calls.append({"id": block.get("id"), "name": block.get("name") or "", "arguments": raw or "{}"})
         self.result.tool_calls = calls
-        return self.result
+        return self.result.join_parts()
 
 
 def assemble_messages_sse(chunks: list[bytes]) -> Assembled:
@@ -249,16 +250,16 @@ def assemble_messages_json(obj: dict[str, Any]) -> Assembled:
             continue
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
-            r.content += block["text"]
+            r.append("content", block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
-            r.reasoning += block["thinking"]
+            r.append("reasoning", block["thinking"])
         elif kind == "tool_use":
             args = block.get("input")
             text = args if isinstance(args, str) else orjson.dumps(args or {}).decode()
             r.tool_calls.append({"id": block.get("id"), "name": block.get("name") or "", "arguments": text})
     r.finish_reason = obj.get("stop_reason")
     r.usage = obj.get("usage")
-    return r
+    return r.join_parts()
 
 
 # -- shared ------------------------------------------------------------------------------------
