@@ -125,7 +125,7 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
     if data is None:
         return
     result.events += 1
-    if data.strip() == b"[DONE]":
+    if data[:1] != b"{" and data.strip() == b"[DONE]":
         result.done = True
         return
     try:
@@ -136,11 +136,26 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
     if not isinstance(obj, dict):
         result.malformed_events += 1
         return
+    choices = obj.get("choices")
+    # Most events are one choice carrying one content delta: fold those without the general walk
+    # (this runs in the writer for every chunk of every stream).
+    if choices.__class__ is list and len(choices) == 1 and not obj.get("usage") and "error" not in obj:
+        choice = choices[0]
+        if choice.__class__ is dict and not choice.get("finish_reason"):
+            delta = choice.get("delta")
+            if delta.__class__ is dict and len(delta) == 1:
+                text = delta.get("content")
+                if text.__class__ is str:
+                    if text:
+                        result.append("content", text)
+                        if result.first_token_chunk is None:
+                            result.first_token_chunk = chunk_index
+                    return
     if "error" in obj:
         result.error = obj["error"]
     if obj.get("usage"):
         result.usage = obj["usage"]
-    for choice in obj.get("choices") or ():
+    for choice in choices or ():
         if isinstance(choice, dict) and _apply_choice(result, calls, choice):
             if result.first_token_chunk is None:
                 result.first_token_chunk = chunk_index
