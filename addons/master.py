@@ -13,7 +13,7 @@ from typing import Any
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
-from tapfix.proxy.settings import Settings
+from tapfix.proxy.settings import Settings, is_loopback
 from tapfix.proxy.store import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget
 
@@ -125,8 +125,32 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
 
 def prepare(settings: Settings) -> Runtime:
     """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
-    from .policy_setup import build_policy
+    from tapfix.proxy.retention import Retention
 
+    from .policy_setup import StartupError, build_policy
+
+    check_exposure(settings)
     policy, targets = build_policy(settings)
-    writer = CaptureWriter(settings.db)
+    retention = None
+    if settings.max_age_s is not None or settings.max_db_bytes is not None:
+        retention = Retention(max_age_s=settings.max_age_s, max_bytes=settings.max_db_bytes)
+    elif policy is not None:
+        try:
+            retention = Retention.from_config(dict(policy.config.retention))
+        except ValueError as e:
+            raise StartupError(f"{policy.config.source}: retention: {e}") from e
+    writer = CaptureWriter(settings.db, retention=retention)
     return build_runtime(settings, policy=policy, targets=targets, writer=writer)
+
+
+def check_exposure(settings: Settings) -> None:
+    """Captures hold prompts and code, and the proxy spends the upstream's key: beyond loopback, a token."""
+    from .policy_setup import StartupError
+
+    if settings.token is not None and len(settings.token) < 8:
+        raise StartupError("--token / $TAPFIX_TOKEN must be at least 8 characters")
+    if not is_loopback(settings.listen_host) and not settings.token:
+        raise StartupError(
+            f"refusing to listen on {settings.listen_host}:{settings.listen_port} without a token: anyone who can "
+            "reach it could use your upstream (and its key) through tapfix. Give --token SECRET (or set "
+            "TAPFIX_TOKEN); clients then use SECRET as their API key. Or listen on 127.0.0.1.")

@@ -49,6 +49,8 @@ class Router:
             ex.changes.extend(outcome.changes)
             ex.flags.update(outcome.flags)
             ex.served_model = outcome.served_model
+            if not outcome.store_bodies:
+                ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
             if outcome.error is not None:
                 status, body = outcome.error
                 flow.response = http.Response.make(status, body, {"content-type": "application/json",

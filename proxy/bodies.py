@@ -68,24 +68,35 @@ class BodyWriter:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        self._latest: OrderedDict[str, tuple[int, bytes, int]] = OrderedDict()
+        # family → (body id, bytes, depth, sha256): the base the next body of the family is a delta on
+        self._latest: OrderedDict[str, tuple[int, bytes, int, str]] = OrderedDict()
+
+    def forget(self) -> None:
+        """After a rollback the remembered ids may not exist (or be reused by other bodies): start over."""
+        self._latest.clear()
 
     def put(self, data: bytes, family: str | None = None, *, level: int = 6) -> int:
         """Store a body; `level` is zlib's (responses use 1: 10x cheaper, a few % larger)."""
         digest = hashlib.sha256(data).hexdigest()
         row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
         if row is not None:
-            self._remember(family, row[0], data, row[1])
+            self._remember(family, row[0], data, row[1], digest)
             return row[0]
         base = self._latest.get(family) if family else None
         body_id, depth = self._insert(data, digest, base, level)
-        self._remember(family, body_id, data, depth)
+        self._remember(family, body_id, data, depth, digest)
         return body_id
 
-    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes, int] | None,
+    def _still_stored(self, body_id: int, digest: str) -> bool:
+        """A purge (retention, `tapfix captures purge`) may have removed the base, and SQLite may have
+        given its id to another body since: check the id still holds the same bytes."""
+        row = self.conn.execute("select sha256 from bodies where id = ?", (body_id,)).fetchone()
+        return row is not None and row[0] == digest
+
+    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes, int, str] | None,
                 level: int = 6) -> tuple[int, int]:
-        if base is not None and base[2] < MAX_DEPTH:
-            base_id, base_data, base_depth = base
+        if base is not None and base[2] < MAX_DEPTH and self._still_stored(base[0], base[3]):
+            base_id, base_data, base_depth, _ = base
             prefix = common_prefix_len(data, base_data)
             suffix = common_suffix_len(data, base_data, min(len(data), len(base_data)) - prefix)
             if prefix + suffix >= MIN_SHARED_FRACTION * len(data):
@@ -104,10 +115,10 @@ class BodyWriter:
         )
         return int(cur.lastrowid or 0), 0
 
-    def _remember(self, family: str | None, body_id: int, data: bytes, depth: int) -> None:
+    def _remember(self, family: str | None, body_id: int, data: bytes, depth: int, digest: str) -> None:
         if not family:
             return
-        self._latest[family] = (body_id, data, depth)
+        self._latest[family] = (body_id, data, depth, digest)
         self._latest.move_to_end(family)
         while len(self._latest) > _FAMILIES:
             self._latest.popitem(last=False)
@@ -131,6 +142,8 @@ def read_body(conn: sqlite3.Connection, body_id: int | None) -> bytes | None:
             raise LookupError(f"body {next_id} is missing from the store")
         chain.append(row)
         next_id = row[0]
+        if len(chain) > MAX_DEPTH + 1:  # a damaged store (a cycle) must fail, not loop forever
+            raise ValueError(f"body {body_id}: delta chain longer than {MAX_DEPTH + 1} (damaged store)")
     data = b""
     for base_id, prefix, suffix, encoding, packed, size in reversed(chain):
         middle = _unpack(encoding, packed)

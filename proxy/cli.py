@@ -93,6 +93,10 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--tool-repair", type=click.Choice(["error", "fail_fast", "passthrough", "off"]), default="error",
               show_default=True, help="what an unrecoverable streamed tool call becomes")
 @click.option("--no-bodies", is_flag=True, help="privacy: store metadata only, never bodies")
+@click.option("--token", envvar="TAPFIX_TOKEN", metavar="SECRET", show_envvar=True,
+              help="required to listen beyond loopback: clients send it as their API key (it is never forwarded)")
+@click.option("--max-age", metavar="AGE", help="retention: purge captures older than this (7d, 12h)")
+@click.option("--max-db-size", metavar="SIZE", help="retention: purge the oldest captures above this size (2G)")
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
 @click.option("-v", "--verbose", is_flag=True)
 def run(**kw) -> None:
@@ -126,10 +130,17 @@ def _config_defaults(kw: dict) -> None:
 
 
 def _settings(kw: dict) -> Settings:
+    from .retention import parse_duration, parse_size
+
     try:
         host, port = parse_listen(kw["listen"], 8080)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--listen") from e
+    try:
+        max_age = parse_duration(kw["max_age"]) if kw.get("max_age") else None
+        max_size = parse_size(kw["max_db_size"]) if kw.get("max_db_size") else None
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
     return Settings(
         upstream=kw.get("upstream"), config_path=kw.get("config_path"), listen_host=host, listen_port=port,
         db=_resolve_db(kw.get("db")), mode=kw.get("mode", "reverse"), intercept=list(kw.get("intercept") or ()),
@@ -138,7 +149,7 @@ def _settings(kw: dict) -> Settings:
         strict=kw.get("strict", False), engine=kw.get("engine"), generation_config=kw.get("generation_config"),
         reasoning_dialect=kw.get("reasoning_dialect"), upstream_key_env=kw.get("upstream_key_env"),
         tool_repair=kw.get("tool_repair", "error"), store_bodies=not kw.get("no_bodies", False),
-        verbose=kw.get("verbose", False),
+        verbose=kw.get("verbose", False), token=kw.get("token") or None, max_age_s=max_age, max_db_bytes=max_size,
     )
 
 
@@ -312,6 +323,10 @@ def _write_atomically(path: Path, data: bytes) -> None:
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
+
+from .cli_purge import purge as _purge  # noqa: E402 - its imports are light: click, orjson, the store
+
+captures.add_command(_purge)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -58,6 +58,7 @@ class ModelConfig:
     sampling: Mapping[str, ParamPolicy] = field(default_factory=dict)
     generation_config: Path | None = None
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
+    store_bodies: bool = True  # privacy: false = metadata only for this model's exchanges
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +224,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             sampling=sampling,
             generation_config=gc_path,
             reasoning=reasoning,
+            store_bodies=m.get("store_bodies", True),
         )
     if problems:
         raise ConfigError("\n".join(problems), problems)

@@ -52,6 +52,7 @@ class Outcome:
     parsed: Any = None  # the client's JSON (None when the body is not JSON)
     flags: set[str] = field(default_factory=set)
     surface: str | None = None  # chat | completions | responses | messages | None
+    store_bodies: bool = True  # false: the routed model's config asks for metadata only
 
 
 def surface_for(path: str) -> str | None:
@@ -130,6 +131,8 @@ class RequestPolicy:
             route.served_model,
             route.upstream,
         )
+        if route.settings is not None and not route.settings.store_bodies:
+            outcome.store_bodies = False
         self._credentials(outcome, route.upstream)
         if outcome.surface is None:
             return outcome
@@ -207,10 +210,13 @@ class RequestPolicy:
             result = splice(body, edits)
             if _parse(result) == (expected, True):
                 return result
-        except SpliceError:
+        except (SpliceError, ValueError):  # ValueError: orjson refusing a lone-surrogate key while splicing
             pass
         outcome.flags.add("request_reserialized")
-        return json.dumps(expected, ensure_ascii=False).encode("utf-8")
+        try:
+            return json.dumps(expected, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (legal JSON as a \u escape): keep it escaped
+            return json.dumps(expected).encode("ascii")
 
 
 def _parse(body: bytes) -> tuple[Any, bool]:
@@ -229,4 +235,4 @@ def _reject(name: str) -> Any:
 
 
 def _error(status: int, message: str, kind: str, code: str) -> tuple[int, bytes]:
-    return status, orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+    return status, json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()

@@ -7,6 +7,8 @@ passes through to the single upstream.
 
 from __future__ import annotations
 
+import json
+
 import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -55,7 +57,7 @@ def resolve(config: Config, model: Any) -> Route | RouteError:
         name = model if isinstance(model, str) else None
         return Route(name, name, None, config.quick_model)
     if not isinstance(model, str) or not model:
-        found = "no 'model'" if model is None else f"'model' = {orjson.dumps(model).decode()[:80]}"
+        found = "no 'model'" if model is None else f"'model' = {json.dumps(model)[:80]}"
         return _error(
             400,
             f"request has {found}; expected the name of a served model; {_served(config)}",
@@ -86,7 +88,8 @@ def _served(config: Config) -> str:
 
 def _error(status: int, message: str, kind: str, code: str) -> RouteError:
     body = {"error": {"message": message, "type": kind, "code": code, "param": "model"}}
-    return RouteError(status, orjson.dumps(body))
+    # json, not orjson: a model name may hold a lone surrogate escape, which only ASCII output can carry.
+    return RouteError(status, json.dumps(body).encode())
 
 
 def models_listing(config: Config) -> dict[str, Any]:

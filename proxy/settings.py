@@ -53,4 +53,7 @@ class Settings:
     tool_repair: str = "error"  # error | fail_fast | passthrough | off
     store_bodies: bool = True
     verbose: bool = False
+    token: str | None = None  # required by a non-loopback listen address (addons/auth.py)
+    max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/retention.py)
+    max_db_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -28,12 +28,14 @@ from .bodies import BodyWriter, read_body
 from .exchange import Exchange
 from .flags import response_flags
 from .redact import redact_headers, redact_url
+from .retention import Retention
 from .sessions import SessionTracker
 from .store_schema import migrations
 
 log = logging.getLogger("tapfix.store")
 BUSY_TIMEOUT_MS = 5000
 BATCH_WINDOW_S = 0.05  # well inside the 1 s durability window
+LOCK_RETRIES = 3  # a locked database (another process in a long write) is retried before counting a failure
 
 
 class StoreError(Exception):
@@ -94,20 +96,22 @@ class WriterStats:
     queued: int = 0
     written: int = 0
     failures: int = 0
+    lock_retries: int = 0
     last_error: str | None = None
     last_commit: float = field(default_factory=time.time)
 
     def as_dict(self, depth: int) -> dict[str, Any]:
         return {"queue_depth": depth, "written": self.written, "failures": self.failures,
-                "last_error": self.last_error}
+                "lock_retries": self.lock_retries, "last_error": self.last_error}
 
 
 class CaptureWriter:
     """Owns the single write connection; `submit` is safe to call from the event loop."""
 
-    def __init__(self, path: Path | str, *, batch: int = 256) -> None:
+    def __init__(self, path: Path | str, *, batch: int = 256, retention: Retention | None = None) -> None:
         self.path = Path(path)
         self.conn = open_for_writing(path)
+        self.retention = retention
         self.bodies = BodyWriter(self.conn)
         self.sessions = SessionTracker()
         self.stats = WriterStats()
@@ -121,7 +125,10 @@ class CaptureWriter:
         self._queue.put(exchange)
 
     def health(self) -> dict[str, Any]:
-        return self.stats.as_dict(self._queue.qsize())
+        health = self.stats.as_dict(self._queue.qsize())
+        if self.retention is not None:
+            health["retention"] = self.retention.health()
+        return health
 
     def close(self, timeout: float = 10.0) -> None:
         """Drain what is queued, checkpoint the WAL, close."""
@@ -135,7 +142,11 @@ class CaptureWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self.retention.every_s if self.retention else None)
+            except queue.Empty:  # idle: a good moment for retention
+                self._retain()
+                continue
             if item is not None and time.time() - self.stats.last_commit < BATCH_WINDOW_S:
                 # Under load, gather what arrives in a short window into one transaction: one commit
                 # per exchange costs more CPU than the whole hot path, and holds the GIL in bursts.
@@ -148,27 +159,42 @@ class CaptureWriter:
                     break
             stop = None in batch
             self._write_batch([e for e in batch if e is not None])
+            self._retain()
             if stop:
                 return
+
+    def _retain(self) -> None:
+        """Between batches, on this thread: traffic only enqueues, so it never waits on a purge."""
+        if self.retention is not None:
+            self.retention.maybe_run(self.conn)
 
     def _write_batch(self, batch: list[Exchange]) -> None:
         if not batch:
             return
-        try:
-            self.conn.execute("begin immediate")
-            for exchange in batch:
-                self._write_one(exchange)
-            self.conn.execute("commit")
-            self.stats.written += len(batch)
-            self.stats.last_commit = time.time()
-        except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
-            self.stats.failures += len(batch)
-            self.stats.last_error = f"{type(e).__name__}: {e}"
-            log.error("capture write failed for %d exchange(s): %s", len(batch), e)
+        for attempt in range(LOCK_RETRIES + 1):
             try:
-                self.conn.execute("rollback")
-            except sqlite3.Error:
-                pass
+                self.conn.execute("begin immediate")
+                for exchange in batch:
+                    self._write_one(exchange)
+                self.conn.execute("commit")
+                self.stats.written += len(batch)
+                self.stats.last_commit = time.time()
+                return
+            except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
+                self.stats.last_error = f"{type(e).__name__}: {e}"
+                try:
+                    self.conn.execute("rollback")
+                except sqlite3.Error:
+                    pass
+                self.bodies.forget()  # its remembered bases may have been rolled back with the batch
+                locked = isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
+                if locked and attempt < LOCK_RETRIES:
+                    self.stats.lock_retries += 1
+                    log.warning("capture db locked by another process; retrying %d exchange(s)", len(batch))
+                    continue
+                self.stats.failures += len(batch)
+                log.error("capture write failed for %d exchange(s): %s", len(batch), e)
+                return
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.upstream_response()

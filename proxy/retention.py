@@ -1,0 +1,240 @@
+"""Retention: purge old exchanges (by age or to a size cap) without ever breaking a kept body.
+
+Bodies are stored as prefix/suffix deltas against an earlier body of the same session
+(`bodies.base_id`), so a body nobody references any more may still be the base, or the base of a
+base, of a body that is kept. `purge` therefore deletes exchanges (and their changes) first, then
+only the bodies outside the transitive closure "referenced by a kept exchange, plus every base on
+the way down". Every kept exchange's bodies reconstruct byte for byte afterwards (tests prove it).
+
+The capture writer calls `Retention.maybe_run` from its own thread between batches, so traffic
+never waits on it: the event loop only enqueues, and a purge works in small transactions so the
+queue keeps draining. `tapfix captures purge` calls `purge` from another process; SQLite's write
+lock serializes it with the writer (the writer checks a delta base still exists before using it).
+
+Deleted rows free pages inside the file (SQLite reuses them), so a size cap bounds the file at
+about `max_bytes`; only `VACUUM` (`tapfix captures purge --vacuum`) gives space back to the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+log = logging.getLogger("tapfix.retention")
+
+BODY_COLUMNS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")
+_NEEDED = (
+    "with recursive needed(id) as ("
+    + " union ".join(f"select {c} from exchanges where {c} is not null" for c in BODY_COLUMNS)
+    + " union select b.base_id from bodies b join needed n on b.id = n.id where b.base_id is not null)"
+)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_duration(text: str) -> float:
+    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: expected a number and a unit, e.g. 7d, 12h, 30m, 90s")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_size(text: str) -> int:
+    """`500M`, `2G`, `100k`, `1.5GB` or plain bytes → bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size: expected a number and a unit, e.g. 500M, 2G")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+@dataclass
+class PurgeReport:
+    exchanges: int = 0
+    changes: int = 0
+    bodies: int = 0
+    sessions: int = 0
+    kept_bases: int = 0  # unreferenced bodies kept because a kept body is a delta on them
+    bytes_before: int = 0  # bytes in use (pages minus free pages), not the file size
+    bytes_after: int = 0
+    seconds: float = 0.0
+    cutoff: float | None = None  # unix time: exchanges older than this were deleted
+    reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"purged {self.exchanges} exchange(s), {self.changes} change(s), {self.bodies} body(ies), "
+                f"{self.sessions} session(s); kept {self.kept_bases} delta base(s) still needed; "
+                f"in use {self.bytes_before} → {self.bytes_after} bytes in {self.seconds:.2f}s")
+
+
+def used_bytes(conn: sqlite3.Connection) -> int:
+    """Bytes the database uses: pages minus free pages (deletes free pages, VACUUM shrinks the file)."""
+    page_size = conn.execute("pragma page_size").fetchone()[0]
+    pages = conn.execute("pragma page_count").fetchone()[0]
+    free = conn.execute("pragma freelist_count").fetchone()[0]
+    return int((pages - free) * page_size)
+
+
+def purge(conn: sqlite3.Connection, older_than_s: float | None = None, max_bytes: int | None = None,
+          *, now: float | None = None, batch: int = 1000) -> PurgeReport:
+    """Delete exchanges older than `older_than_s`, then the oldest until the store uses ≤ `max_bytes`.
+
+    Works in transactions of at most `batch` exchanges so a concurrent writer waits at most one
+    small step. Never raises on an empty or already-purged store; raises sqlite3 errors as they come.
+    """
+    started = time.monotonic()
+    report = PurgeReport(bytes_before=used_bytes(conn))
+    if older_than_s is not None:
+        if older_than_s < 0:
+            raise ValueError("older_than_s must be ≥ 0")
+        report.cutoff = (time.time() if now is None else now) - older_than_s
+        while True:
+            ids = [r[0] for r in conn.execute(
+                "select id from exchanges where ts < ? order by ts limit ?", (report.cutoff, batch))]
+            if not ids:
+                break
+            _step(conn, ids, report)
+        if report.exchanges:
+            report.reasons.append(f"older than {older_than_s:g}s")
+    if max_bytes is not None:
+        before = report.exchanges
+        _collect_in_tx(conn, report)  # bodies freed by earlier runs count before deciding
+        while used_bytes(conn) > max_bytes:
+            # Delete a share of the oldest exchanges proportional to the overshoot, at least a few.
+            total = conn.execute("select count(*) from exchanges").fetchone()[0]
+            if total == 0:
+                break
+            over = 1 - max_bytes / max(used_bytes(conn), 1)
+            n = max(8, min(batch, int(total * over) + 1))
+            ids = [r[0] for r in conn.execute("select id from exchanges order by ts, id limit ?", (n,))]
+            _step(conn, ids, report)
+        if report.exchanges > before:
+            report.reasons.append(f"over {max_bytes} bytes")
+    report.bytes_after = used_bytes(conn)
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None:
+    """One transaction: these exchanges, their changes, orphaned sessions, then unneeded bodies."""
+    _begin(conn)
+    try:
+        marks = ",".join("?" * len(ids))
+        sessions = [r[0] for r in conn.execute(
+            f"select distinct session_id from exchanges where id in ({marks}) and session_id is not null", ids)]
+        report.changes += conn.execute(f"delete from changes where exchange_id in ({marks})", ids).rowcount
+        report.exchanges += conn.execute(f"delete from exchanges where id in ({marks})", ids).rowcount
+        if sessions:
+            smarks = ",".join("?" * len(sessions))
+            report.sessions += conn.execute(
+                f"delete from sessions where id in ({smarks})"
+                " and not exists (select 1 from exchanges e where e.session_id = sessions.id)", sessions).rowcount
+            conn.execute(
+                f"update sessions set exchanges = (select count(*) from exchanges e where e.session_id = sessions.id),"
+                f" first_at = (select min(started_at) from exchanges e where e.session_id = sessions.id)"
+                f" where id in ({smarks})", sessions)
+        _collect(conn, report)
+        conn.execute("commit")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _collect_in_tx(conn: sqlite3.Connection, report: PurgeReport) -> None:
+    _begin(conn)
+    try:
+        _collect(conn, report)
+        conn.execute("commit")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _collect(conn: sqlite3.Connection, report: PurgeReport) -> None:
+    """Delete bodies neither referenced by an exchange nor (transitively) the base of one that is."""
+    report.bodies += conn.execute(f"{_NEEDED} delete from bodies where id not in (select id from needed)").rowcount
+    report.kept_bases = conn.execute(
+        f"{_NEEDED} select count(*) from needed where id not in ("
+        + " union ".join(f"select {c} from exchanges where {c} is not null" for c in BODY_COLUMNS)
+        + ")").fetchone()[0]
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    if not conn.in_transaction:
+        conn.execute("begin immediate")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    try:
+        if conn.in_transaction:
+            conn.execute("rollback")
+    except sqlite3.Error:  # pragma: no cover - rollback of a broken connection
+        pass
+
+
+def vacuum(conn: sqlite3.Connection) -> None:
+    """Give freed pages back to the disk. Rewrites the whole file: takes the write lock for a while."""
+    if conn.in_transaction:
+        conn.execute("commit")
+    conn.execute("vacuum")
+    conn.execute("pragma wal_checkpoint(truncate)")
+
+
+@dataclass
+class Retention:
+    """Limits the capture writer enforces from its own thread, at most once per `every_s` seconds."""
+
+    max_age_s: float | None = None
+    max_bytes: int | None = None
+    every_s: float = 60.0
+    last_run: float = 0.0
+    runs: int = 0
+    purged: int = 0
+    last_error: str | None = None
+
+    @classmethod
+    def from_config(cls, table: dict[str, Any] | None) -> Retention | None:
+        """`[retention] max_age = "7d"`, `max_size = "2G"`, `check_every = "60s"` (all optional)."""
+        if not table:
+            return None
+        age, size = table.get("max_age"), table.get("max_size")
+        every = table.get("check_every", 60)
+        return cls(
+            max_age_s=parse_duration(str(age)) if age is not None else None,
+            max_bytes=parse_size(str(size)) if size is not None else None,
+            every_s=parse_duration(str(every)),
+        ) if age is not None or size is not None else None
+
+    def due(self, now: float) -> bool:
+        return now - self.last_run >= self.every_s
+
+    def maybe_run(self, conn: sqlite3.Connection, now: float | None = None) -> PurgeReport | None:
+        """Run when due; never raises (a failed purge is counted, logged, and tried again later)."""
+        now = time.time() if now is None else now
+        if not self.due(now):
+            return None
+        self.last_run = now
+        try:
+            report = purge(conn, self.max_age_s, self.max_bytes, now=now)
+        except Exception as e:  # noqa: BLE001 - retention must never stop the writer
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.error("retention purge failed: %s", e)
+            return None
+        self.runs += 1
+        self.purged += report.exchanges
+        if report.exchanges:
+            log.info("retention: %s", report)
+        return report
+
+    def health(self) -> dict[str, Any]:
+        return {"max_age_s": self.max_age_s, "max_bytes": self.max_bytes, "runs": self.runs,
+                "purged": self.purged, "last_error": self.last_error}
