@@ -290,3 +290,117 @@ def test_shipped_scenarios_resolve_by_name() -> None:
     assert TestClient(app).get("/v1/models").status_code == 200
     with pytest.raises(ScenarioError, match="shipped examples"):
         create_app(MockOptions(scenario=Path("no_such_scenario")))
+
+
+# -- last_role ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["robot", [], ["user", "bot"], 1])
+def test_last_role_is_validated(bad: object) -> None:
+    with pytest.raises(ScenarioError, match="last_role"):
+        parse_scenario({"rules": [{"when": {"last_role": bad}, "do": "answer"}]})
+
+
+def test_last_role_matches_one_role_or_a_list() -> None:
+    s = parse_scenario(
+        {
+            "rules": [
+                {"when": {"last_role": "user"}, "do": "crlf"},
+                {"when": {"last_role": ["tool", "assistant"]}, "do": "garbage"},
+            ]
+        }
+    )
+    assert s.match(facts(last_role="user")).do == "crlf"  # type: ignore[union-attr]
+    assert s.match(facts(last_role="tool")).do == "garbage"  # type: ignore[union-attr]
+    assert s.match(facts(last_role="assistant")).do == "garbage"  # type: ignore[union-attr]
+    assert s.match(facts(last_role="system")) is None
+    assert s.match(facts()) is None  # unknown (no messages) matches no role
+
+
+FIRST_TURN_ONLY = {"rules": [{"when": {"last_role": "user", "has_tools": True}, "do": "break_tool_call"}]}
+CHAT_CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "write", "arguments": '{"path": "hello.txt", "content": "Hello, world!\\n"}'},
+}
+
+
+def _chat_finish(c: TestClient, body: dict) -> str:
+    return c.post("/v1/chat/completions", json={**body, "stream": False}).json()["choices"][0][
+        "finish_reason"
+    ]
+
+
+def test_last_role_breaks_only_the_first_turn_on_chat(tmp_path: Path) -> None:
+    c = make(tmp_path, FIRST_TURN_ONLY)
+    assert _chat_finish(c, TOOLS) == "length"  # the user's prompt last: broken
+    title = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Generate a title"},
+            {"role": "user", "content": "Create a file hello.txt"},
+        ],
+    }
+    assert _chat_finish(c, title) == "stop"  # opencode's title request has no tools: healthy
+    second = {
+        **TOOLS,
+        "messages": [
+            *TOOLS["messages"],
+            {"role": "assistant", "content": None, "tool_calls": [CHAT_CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+    }
+    assert _chat_finish(c, second) == "stop"  # a tool result last: healthy
+    assert _chat_finish(c, TOOLS) == "length"  # every retry of the first turn stays broken
+
+
+def test_last_role_on_responses(tmp_path: Path) -> None:
+    c = make(tmp_path, FIRST_TURN_ONLY)
+    tool = {"type": "function", "name": "write", "parameters": WRITE_TOOL["function"]["parameters"]}
+    first = {
+        "model": "m",
+        "tools": [tool],
+        "input": [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": TOOLS["messages"][0]["content"]}],
+            }
+        ],
+    }
+    assert c.post("/v1/responses", json=first).json()["status"] == "incomplete"
+    assert (
+        c.post("/v1/responses", json={**first, "input": TOOLS["messages"][0]["content"]}).json()["status"]
+        == "incomplete"
+    )  # a string input is a user message
+    second = {
+        **first,
+        "input": [
+            *first["input"],
+            {"type": "function_call", "call_id": "c1", "name": "write", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+    }
+    body = c.post("/v1/responses", json=second).json()
+    assert body["status"] == "completed" and body["output"][-1]["type"] == "message"
+
+
+def test_last_role_on_messages(tmp_path: Path) -> None:
+    c = make(tmp_path, FIRST_TURN_ONLY)
+    tool = {"name": "write", "input_schema": WRITE_TOOL["function"]["parameters"]}
+    prompt = {"role": "user", "content": TOOLS["messages"][0]["content"]}
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "write", "input": {}}]}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+    base = {"model": "m", "max_tokens": 1000, "tools": [tool]}
+
+    def stop(messages: list) -> str:
+        return c.post("/v1/messages", json={**base, "messages": messages}).json()["stop_reason"]
+
+    assert stop([prompt]) == "max_tokens"
+    assert stop([prompt, use, {"role": "user", "content": [result]}]) == "end_turn"  # all tool_result: tool
+    mixed = {"role": "user", "content": [result, {"type": "text", "text": "Now create a.txt"}]}
+    assert stop([prompt, use, mixed]) == "max_tokens"  # a tool result plus the user's words: user
+
+
+def test_shipped_break_first_turn(tmp_path: Path) -> None:
+    c = TestClient(create_app(MockOptions(scenario="break_first_turn")))
+    assert _chat_finish(c, TOOLS) == "length"
+    assert _chat_finish(c, TOOLS) == "tool_calls"  # the retry is healthy

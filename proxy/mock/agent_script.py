@@ -9,7 +9,6 @@ through `Knobs`, so a probe can be shown to catch each failure.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ import orjson
 
 from .jsonish import obj
 from .sse_vllm import Reply, ToolCall
-from .toolargs import analyze, build_arguments, pick_tool, tool_name, tool_schema
+from .toolargs import analyze, is_custom, pick_tool, tool_call_arguments, tool_name
 from .vision import decode_data_url, dominant_colour
 
 EFFORT_LEVELS = {"none": 0, "minimal": 1, "low": 2, "medium": 3, "high": 4, "xhigh": 5, "max": 5}
@@ -164,8 +163,7 @@ def respond(req: dict[str, Any], call_id: str, knobs: Knobs = Knobs()) -> Reply:
         else:
             tool = pick_tool(tools, intent, required=choice == "required")
     if tool is not None:
-        args = build_arguments(tool_schema(tool), intent)
-        call = ToolCall(call_id, tool_name(tool), json.dumps(args, ensure_ascii=False))
+        call = ToolCall(call_id, tool_name(tool), tool_call_arguments(tool, intent), custom=is_custom(tool))
         task = intent.summary[0].lower() + intent.summary[1:]
         named = isinstance(choice, dict)  # vLLM: named tool choice finishes with "stop"
         return Reply(
@@ -269,18 +267,32 @@ def _after_tool(messages: list[dict[str, Any]]) -> str:
             break
     fn = obj(call.get("function"))
     name = str(fn.get("name") or "tool")
+    raw = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
     try:
-        args = orjson.loads(fn.get("arguments") or "{}")
+        args = orjson.loads(raw or "{}")
     except (orjson.JSONDecodeError, TypeError):
         args = {}
     args = args if isinstance(args, dict) else {}
     path = next(
         (str(v) for k, v in args.items() if k.lower() in {"path", "filepath", "file_path", "filename"}), None
     )
+    text = " ".join(v for v in (raw, *args.values()) if isinstance(v, str))
+    command = args.get("command") or args.get("cmd")
+    if isinstance(command, list):  # an argv: ["bash", "-lc", "..."]
+        command = command[-1] if command and all(isinstance(c, str) for c in command) else None
+    added = re.search(r"^\*\*\* Add File: (.+)$", text, re.M)
+    created = added or (
+        re.search(r"printf .*> *'?([^'\s;&|]+)'?$", command) if isinstance(command, str) else None
+    )
     low = name.lower()
-    if re.search(r"error|failed|denied|not found", result[:200], re.I):
+    if re.search(r"error|failed|denied|not found|no such file", result[:200], re.I):
         return f"The {name} tool reported a problem: {result[:160]}"
-    if "write" in low or "create" in low:
+    if created:
+        return f"Done. I created {created.group(1).strip()} with the requested content."
+    updated = re.search(r"^\*\*\* Update File: (.+)$", text, re.M)
+    if updated:
+        return f"Done. I edited {updated.group(1).strip()}."
+    if ("write" in low or "create" in low) and "stdin" not in low:
         return f"Done. I created {path or 'the file'} with the requested content."
     if "read" in low or "view" in low or "cat" in low:
         snippet = result[:200]
@@ -291,7 +303,6 @@ def _after_tool(messages: list[dict[str, Any]]) -> str:
         )
     if "edit" in low or "replace" in low:
         return f"Done. I edited {path or 'the file'}."
-    command = args.get("command") or args.get("cmd")
     if command:
         return f"The command `{command}` finished." + (f" Output:\n\n{result[:200]}" if result else "")
     return f"Done. The {name} call completed."

@@ -22,7 +22,9 @@ from .agent_script import image_urls, text_of
 from .behaviours import Ids, apply_faults, make_reply, max_tokens_of
 from .cases import Case, load_case
 from .jsonish import arr, obj
+from .messages import messages_body, messages_error, messages_events
 from .options import DEFAULT_MODEL, MockOptions, RecordedResponse
+from .responses import responses_body, responses_error, responses_events
 from .scenario import RequestFacts, Rule, Scenario, load_scenario
 from .sse_vllm import (
     ChunkBuilder,
@@ -35,9 +37,14 @@ from .sse_vllm import (
     stream_events,
     usage_object,
 )
-from .messages import messages_body, messages_error, messages_events
-from .responses import responses_body, responses_error, responses_events
-from .surface_script import break_pieces, chat_from_messages, chat_from_responses, from_case, from_reply
+from .surface_script import (
+    break_pieces,
+    chat_from_messages,
+    chat_from_responses,
+    from_case,
+    from_reply,
+    last_role,
+)
 from .wire import SSE_HEADERS, Plan, Send, json_headers, paced
 
 _ATTEMPT_MEMORY = 100_000
@@ -136,7 +143,14 @@ def create_app(opts: MockOptions) -> Starlette:
     return Starlette(routes=routes)
 
 
-def _match(state: MockState, path: str, req: dict[str, Any] | None, nth: int, attempt: int) -> Rule | None:
+def _match(
+    state: MockState,
+    path: str,
+    req: dict[str, Any] | None,
+    nth: int,
+    attempt: int,
+    role: str | None = None,
+) -> Rule | None:
     if state.scenario is None:
         return None
     req = req or {}
@@ -149,6 +163,7 @@ def _match(state: MockState, path: str, req: dict[str, Any] | None, nth: int, at
         has_tools=bool(req.get("tools")),
         has_images=any(isinstance(m, dict) and image_urls(m.get("content")) for m in messages),
         stream=bool(req.get("stream")),
+        last_role=role,
     )
     return state.scenario.match(facts)
 
@@ -165,7 +180,8 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
         return _json(400, error_body("Field required: messages", 400, param="messages"))
     ids = Ids.of(body)
     nth, attempt = state.count(ids.digest)
-    rule = _match(state, request.url.path, req, nth, attempt)
+    role = last_role(req, "chat" if chat else "completions")
+    rule = _match(state, request.url.path, req, nth, attempt, role)
     requested = req.get("model") if isinstance(req.get("model"), str) else None
     if state.scenario and state.scenario.strict_models and requested not in state.models:
         return _json(404, error_body(f"The model `{requested}` does not exist.", 404, param="model"))
@@ -254,7 +270,7 @@ async def _generate_surface(state: MockState, request: Request, surface: str) ->
     chat["stream"] = bool(req.get("stream"))
     ids = Ids.of(body)
     nth, attempt = state.count(ids.digest)
-    rule = _match(state, request.url.path, chat, nth, attempt)
+    rule = _match(state, request.url.path, chat, nth, attempt, last_role(req, surface))
     model = req.get("model") if isinstance(req.get("model"), str) else state.models[0]
     if state.scenario and state.scenario.strict_models and model not in state.models:
         return _json(404, error(f"The model `{model}` does not exist.", 404))

@@ -3,7 +3,8 @@
 Event order and fields follow what OpenAI and vLLM's `serving_responses` put on the wire:
 `response.created`, `response.in_progress`, then per output item `response.output_item.added` →
 its deltas (`response.reasoning_text.delta`, `response.output_text.delta` inside a content part,
-`response.function_call_arguments.delta`) → their `.done` → `response.output_item.done`, and
+`response.function_call_arguments.delta`, or `response.custom_tool_call_input.delta` for a custom
+(freeform) tool such as Codex's `apply_patch`) → their `.done` → `response.output_item.done`, and
 finally `response.completed` (or `response.incomplete` with `incomplete_details.reason:
 max_output_tokens`) carrying the whole `response` with its `output` and `usage`. Each event is
 `event: NAME\\ndata: {compact JSON}\\n\\n` with a running `sequence_number`.
@@ -44,6 +45,9 @@ def _item(part: Part, digest: str, index: int, done: bool) -> dict[str, Any]:
         item_id = _item_id("msg", digest, index)
         return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
     call_id = "call_" + part.call_id[-24:]
+    if part.custom:
+        return {"id": _item_id("ctc", digest, index), "type": "custom_tool_call", "status": status,
+                "call_id": call_id, "name": part.name, "input": text if done else ""}
     return {"id": _item_id("fc", digest, index), "type": "function_call", "call_id": call_id,
             "name": part.name, "arguments": text if done else "", "status": status}
 
@@ -114,6 +118,10 @@ def responses_events(
             seq.emit("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []})
             done = {**where, "content_index": 0, "part": {**empty, "text": text}}
             seq.emit("response.content_part.done", done)
+        elif part.custom:
+            for piece in part.pieces:
+                seq.emit("response.custom_tool_call_input.delta", {**where, "delta": piece})
+            seq.emit("response.custom_tool_call_input.done", {**where, "input": text})
         else:
             for piece in part.pieces:
                 seq.emit("response.function_call_arguments.delta", {**where, "delta": piece})

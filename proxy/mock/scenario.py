@@ -50,7 +50,9 @@ CONDITIONS = {
     "has_tools",
     "has_images",
     "stream",
+    "last_role",
 }
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MALFORMED_KINDS = ("no_blank_lines", "huge_line", "invalid_utf8", "error_object_midstream")
 BREAK_MODES = ("truncate", "unclosed", "resend_whole", "drop_opening")
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
@@ -72,6 +74,8 @@ class RequestFacts:
     has_tools: bool
     has_images: bool
     stream: bool
+    # Role of the last message/input item; `tool` for a tool result (see surface_script.last_role).
+    last_role: str | None = None
 
 
 @dataclass
@@ -105,6 +109,8 @@ class Rule:
         for key in ("has_tools", "has_images", "stream"):
             if key in when and bool(when[key]) != getattr(facts, key):
                 return False
+        if "last_role" in when and facts.last_role not in _as_list(when["last_role"]):
+            return False
         return True
 
 
@@ -188,6 +194,10 @@ def _parse_rule(index: int, data: Any, base_dir: Path | None, where: str) -> Rul
     for key in ("every", "first", "after"):
         if key in when and (not isinstance(when[key], int) or when[key] < 1):
             raise ScenarioError(f"{label}: `{key}` must be a positive integer")
+    if "last_role" in when:
+        roles = _as_list(when["last_role"])
+        if not roles or any(r not in ROLES for r in roles):
+            raise ScenarioError(f"{label}: `last_role` must be one of {list(ROLES)} or a list of them")
     params = {k: v for k, v in data.items() if k not in ("do", "when")}
     bad = set(params) - BEHAVIOURS[do] - COMMON_PARAMS
     if bad:

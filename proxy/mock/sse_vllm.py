@@ -59,6 +59,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    custom: bool = False  # a Responses custom (freeform) tool call: `arguments` is its raw input text
 
 
 @dataclass

@@ -24,6 +24,7 @@ class Part:
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
+    custom: bool = False  # a Responses custom tool call (raw input text, no JSON)
 
 
 @dataclass
@@ -40,7 +41,7 @@ def from_reply(reply: Reply) -> Script:
     if reply.content_pieces:
         parts.append(Part("text", list(reply.content_pieces)))
     for call, frags in zip(reply.tool_calls, reply.arg_pieces, strict=True):
-        parts.append(Part("call", list(frags), call.id, call.name))
+        parts.append(Part("call", list(frags), call.id, call.name, custom=call.custom))
     finish = "tool_calls" if reply.tool_calls and reply.finish_reason == "stop" else reply.finish_reason
     return Script(parts, finish, reply.completion_tokens)
 
@@ -123,15 +124,19 @@ def chat_from_responses(req: dict[str, Any]) -> dict[str, Any]:
             role = item.get("role") if item.get("role") in ("user", "assistant", "system") else "user"
             role = "system" if item.get("role") == "developer" else role
             messages.append({"role": role, "content": _text(item.get("content"))})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            args = (item.get("arguments") or "{}") if kind == "function_call" else (item.get("input") or "")
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+                    "function": {"name": item.get("name"), "arguments": args}}
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else _text(output)})
-    tools = [t for t in map(obj, arr(req.get("tools"))) if t.get("type") == "function" and t.get("name")]
+    # Function tools stay flat (the script reads both shapes); custom (freeform) tools keep
+    # `type: custom`, so the call is drawn as a `custom_tool_call` with raw input text.
+    offered = map(obj, arr(req.get("tools")))
+    tools = [t for t in offered if t.get("type") in ("function", "custom") and t.get("name")]
     choice = req.get("tool_choice")
     if isinstance(choice, dict) and choice.get("name"):
         choice = {"type": "function", "function": {"name": choice["name"]}}
@@ -196,3 +201,40 @@ def chat_from_messages(req: dict[str, Any]) -> dict[str, Any]:
     elif thinking.get("type") in ("enabled", "adaptive"):
         out["thinking"] = thinking
     return out
+
+
+# -- the role of the last message, for the scenario condition `last_role` -------------------------
+def last_role(req: dict[str, Any], surface: str) -> str | None:
+    """`user`, `assistant`, `system`/`developer`, or `tool` when the last item is a tool result.
+
+    chat: the last message's role (`function` counts as `tool`); responses: the last `input` item
+    (a string is a user message; `function_call_output` and `custom_tool_call_output` are `tool`, a
+    call or reasoning item `assistant`); messages: the last message's role, `tool` for a user message
+    whose content is all `tool_result` blocks; completions: always `user` (a prompt).
+    """
+    if surface == "completions":
+        return "user"
+    if surface == "responses":
+        items = req.get("input")
+        if isinstance(items, str):
+            return "user"
+        listed = [i for i in arr(items) if isinstance(i, dict)]
+        if not listed:
+            return None
+        item = listed[-1]
+        kind = item.get("type", "message")
+        if kind == "message":
+            return str(item.get("role") or "user")
+        return "tool" if str(kind).endswith("_output") else "assistant"
+    messages = [m for m in arr(req.get("messages")) if isinstance(m, dict)]
+    if not messages:
+        return None
+    last = messages[-1]
+    role = last.get("role")
+    if surface == "messages" and role == "user":
+        blocks = arr(last.get("content"))
+        if blocks and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+            return "tool"
+    if role == "function":
+        return "tool"
+    return role if isinstance(role, str) else None

@@ -4,11 +4,21 @@ Real agents (opencode, omp, pi) name the same tool differently (`write` with `fi
 omp's extra required `i`), so nothing here knows a particular agent: the tool is chosen by name
 synonyms and the arguments by property names and types. Unknown required fields still get a value
 valid for their schema, so the call always validates.
+
+A file-creation prompt goes to a file-writing tool (one with a path field), else an editor whose
+action enum has `create`, else a patch tool (Codex's `apply_patch`, answered with an `*** Add File:`
+patch), else a shell tool with a command that writes the file; tools about another topic (stdin
+sessions, plans, todos, images, MCP resources, sub-agents) are never picked unless the prompt names
+that topic, so `write_stdin` is no "write" tool.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import posixpath
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +54,43 @@ _INTENTS: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     ("list", re.compile(r"\b(list|ls)\b"), ("ls", "list", "list_dir", "list_files", "glob")),
     ("search", re.compile(r"\b(search|grep|find|locate)\b"), ("grep", "search", "rg", "glob", "find")),
 ]
+# Shell tools: opencode/pi/omp `bash`, Codex `exec_command` / `shell` / `shell_command`, others.
+SHELL_TOOLS = (
+    "bash",
+    "shell",
+    "exec_command",
+    "shell_command",
+    "run_command",
+    "run_terminal_cmd",
+    "exec",
+    "execute",
+    "terminal",
+    "run",
+    "command",
+)
 _FALLBACK_TOOLS: dict[str, tuple[str, ...]] = {
-    "list": ("bash", "shell"),
-    "search": ("bash", "shell"),
-    "write": ("edit",),
-    "read": ("bash", "shell"),
+    "list": SHELL_TOOLS,
+    "search": SHELL_TOOLS,
+    "read": SHELL_TOOLS,
 }
+_EDIT_TOOLS = ("edit", "str_replace", "replace", "multiedit", "editor", "edit_file")
+_PATCH_TOOLS = ("apply_patch", "patch", "apply_diff", "diff")
+# A tool about one of these topics is for that topic only: `write_stdin` (Codex) writes to a running
+# command's stdin, `todowrite` writes a todo list, `view_image` shows an image, `update_plan` ...
+_TOPICS = ("stdin", "session", "plan", "todo", "image", "screenshot", "agent", "mcp", "resource", "question")
+# Enum values to prefer, per intent, for an action-like property (`command: view|create|str_replace`).
+_ACTION_KEYS = {"command", "action", "operation", "op", "mode", "cmd"}
+_ACTION_VALUES: dict[str, tuple[str, ...]] = {
+    "write": ("create", "write", "add", "new"),
+    "edit": ("str_replace", "replace", "edit", "update", "modify", "patch"),
+    "read": ("view", "read", "cat", "show", "open"),
+    "list": ("list", "ls", "view"),
+    "search": ("search", "grep", "find"),
+    "run": ("run", "exec", "execute"),
+    "fetch": ("fetch", "get", "markdown"),
+}
+# Number descriptions that ask for a fraction rather than a count.
+_FRACTION = re.compile(r"\b(fraction(al)?|decimal|probability|ratio|between 0(\.0)? and 1(\.0)?)\b", re.I)
 
 _URL = re.compile(r"https?://[^\s\"'`<>)]+")
 _FILE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Za-z_][\w-]*\.[A-Za-z0-9]{1,10})(?![\w/])")
@@ -113,6 +154,7 @@ OLD_TEXT_NAMES = {"oldstring", "oldtext", "oldstr", "searchtext"}
 COMMAND_NAMES = {"command", "cmd", "script", "shellcommand"}
 PATTERN_NAMES = {"pattern", "query", "regex", "glob", "search", "q"}
 INTENT_NAMES = {"i", "intent", "description", "reason", "explanation", "title", "summary", "purpose"}
+PATCH_NAMES = {"input", "patch", "diff", "patchtext"}
 
 
 @dataclass
@@ -124,6 +166,8 @@ class Intent:
     pattern: str
     url: str | None
     summary: str
+    patch: str = ""  # the apply_patch text for a write (Add File) or an edit (Update File)
+    prompt: str = ""  # the prompt, lower-cased (a tool about a topic is only used when it is named)
 
 
 def analyze(prompt: str) -> Intent:
@@ -159,6 +203,8 @@ def analyze(prompt: str) -> Intent:
         pattern,
         url_match.group() if url_match else None,
         f"{verb} {target}",
+        patch=_patch(kind, filename or "README.md", content),
+        prompt=low,
     )
 
 
@@ -202,6 +248,8 @@ def _find_command(prompt: str, low: str, kind: str | None, filename: str | None)
     run = re.search(r"\b(?:run|execute)\s+(?:the\s+command\s+)?[\"']?([a-z0-9][^\"'\n.?!]*)", low)
     if run and run.group(1).split()[0] in _COMMAND_WORDS:
         return prompt[run.start(1) : run.end(1)].strip()
+    if kind == "write":
+        return create_command(filename or "README.md", _find_content(prompt, low, filename))
     if kind == "read" and filename:
         return f"cat {filename}"
     if kind == "list":
@@ -211,21 +259,55 @@ def _find_command(prompt: str, low: str, kind: str | None, filename: str | None)
     return "ls"
 
 
+def create_command(filename: str, content: str) -> str:
+    """A POSIX shell command that writes `content` to `filename`: `printf 'Hello, world!\\n' > hello.txt`."""
+    text = content.replace("\\", "\\\\").replace("%", "%%").replace("\n", "\\n")
+    quoted = "'" + text.replace("'", "'\\''") + "'"
+    dash = "-- " if content.startswith("-") else ""
+    command = f"printf {dash}{quoted} > {shlex.quote(filename)}"
+    directory = posixpath.dirname(filename)
+    return f"mkdir -p {shlex.quote(directory)} && {command}" if directory else command
+
+
+def _patch(kind: str | None, filename: str, content: str) -> str:
+    """Codex's apply_patch format: a new file for a write, else a one-hunk update of the file."""
+    added = "".join(f"+{line}\n" for line in content.splitlines() or [""])
+    if kind == "edit":
+        body = f"*** Update File: {filename}\n@@\n-Hello\n{added}"
+    else:
+        body = f"*** Add File: {filename}\n{added}"
+    return f"*** Begin Patch\n{body}*** End Patch"
+
+
 def _find_pattern(prompt: str) -> str:
     m = re.search(r"[\"“'`]([^\"”'`\n]{1,60})[\"”'`]", prompt) or re.search(r"\bfor\s+([\w.-]+)", prompt)
     return m.group(1) if m else "TODO"
 
 
+def _fn(tool: dict[str, Any]) -> dict[str, Any]:
+    """The function object: chat's nested `function`, or the tool itself (Responses, flat)."""
+    fn = tool.get("function")
+    return fn if isinstance(fn, dict) else tool
+
+
 def tool_name(tool: dict[str, Any]) -> str:
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    name = fn.get("name") if isinstance(fn, dict) else None
+    name = _fn(tool).get("name")
     return name if isinstance(name, str) else ""
 
 
+def tool_description(tool: dict[str, Any]) -> str:
+    text = _fn(tool).get("description")
+    return text if isinstance(text, str) else ""
+
+
 def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    params = fn.get("parameters") if isinstance(fn, dict) else None
+    params = _fn(tool).get("parameters")
     return params if isinstance(params, dict) else {"type": "object", "properties": {}}
+
+
+def is_custom(tool: dict[str, Any]) -> bool:
+    """A Responses custom (freeform) tool: its input is plain text, not JSON (Codex's apply_patch)."""
+    return tool.get("type") == "custom"
 
 
 def _score(name: str, synonyms: tuple[str, ...]) -> int:
@@ -243,19 +325,118 @@ def _score(name: str, synonyms: tuple[str, ...]) -> int:
     return best
 
 
+def _words(name: str) -> set[str]:
+    """`session_id`, `sessionId` -> {session, id}."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w}
+
+
+def _props(tool: dict[str, Any]) -> dict[str, Any]:
+    return obj(_pick_schema(tool_schema(tool)).get("properties"))
+
+
+def _off_topic(tool: dict[str, Any], prompt: str) -> bool:
+    """The tool is about a topic (stdin, plan, todo, image...) the prompt does not mention."""
+    name = tool_name(tool).lower()
+    required = [r for r in arr(_pick_schema(tool_schema(tool)).get("required")) if isinstance(r, str)]
+    words = set().union(*(_words(r) for r in required)) if required else set()
+    for topic in _TOPICS:
+        if (topic in name or topic in words) and not re.search(rf"\b{topic}", prompt):
+            return True
+    return False
+
+
+def _has_prop(tool: dict[str, Any], names: set[str]) -> bool:
+    return any(_norm(prop) in names for prop in _props(tool))
+
+
+def _is_patch_tool(tool: dict[str, Any]) -> bool:
+    if _score(tool_name(tool), _PATCH_TOOLS) >= 200:
+        return True
+    grammar = obj(tool.get("format")).get("definition")
+    text = tool_description(tool) + (grammar if isinstance(grammar, str) else "")
+    return "*** Begin Patch" in text or "*** Add File" in text
+
+
+def _acts(tool: dict[str, Any], wanted: tuple[str, ...]) -> bool:
+    """The tool has an action-like enum (`command: view|create|str_replace`) with one of `wanted`."""
+    for prop, sub in _props(tool).items():
+        values = _pick_schema(sub).get("enum")
+        if _norm(prop) in _ACTION_KEYS and isinstance(values, list) and any(w in values for w in wanted):
+            return True
+    return False
+
+
+def _creates(tool: dict[str, Any]) -> bool:
+    """An editor that can also create a file: an action enum with `create`/`write`, or says so."""
+    if _acts(tool, ("create", "write")):
+        return True
+    return bool(re.search(r"\b(create|creates|creating)\b[^.]{0,40}\bfiles?\b", tool_description(tool), re.I))
+
+
+def _best(tools: list[dict[str, Any]], synonyms: tuple[str, ...], keep: Any = None) -> dict[str, Any] | None:
+    """The tool whose name fits `synonyms` best (first offered wins ties), among those `keep` accepts."""
+    best: tuple[int, int, dict[str, Any]] | None = None
+    for i, tool in enumerate(tools):
+        score = _score(tool_name(tool), synonyms)
+        if score > 0 and (keep is None or keep(tool)) and (best is None or (score, -i) > best[:2]):
+            best = (score, -i, tool)
+    return best[2] if best else None
+
+
+def _shell(tool: dict[str, Any]) -> bool:
+    return not is_custom(tool) and _has_prop(tool, COMMAND_NAMES)
+
+
+def _pick_writer(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """For a file-creation prompt: a write tool, an editor that creates, apply_patch, a shell, an editor."""
+    synonyms = next(s for name, _, s in _INTENTS if name == "write")
+    functions = [t for t in tools if not is_custom(t)]
+    return (
+        _best(functions, synonyms, keep=lambda t: _has_prop(t, PATH_NAMES) and not _is_patch_tool(t))
+        or _best(functions, _EDIT_TOOLS, keep=lambda t: _creates(t) and _has_prop(t, PATH_NAMES))
+        or next((t for t in tools if _is_patch_tool(t)), None)
+        or _best(tools, SHELL_TOOLS, keep=_shell)
+        or _best(functions, _EDIT_TOOLS, keep=lambda t: _has_prop(t, PATH_NAMES))
+    )
+
+
 def pick_tool(tools: list[dict[str, Any]], intent: Intent, required: bool) -> dict[str, Any] | None:
     """The best-fitting tool for the intent; with `required`, the first tool when none fits."""
     tools = [t for t in tools if isinstance(t, dict) and tool_name(t)]
     if not tools:
         return None
-    if intent.kind is not None:
+    usable = [t for t in tools if not _off_topic(t, intent.prompt)]
+    if intent.kind == "write":
+        tool = _pick_writer(usable)
+        if tool is not None:
+            return tool
+    elif intent.kind is not None:
         synonyms = next(s for name, _, s in _INTENTS if name == intent.kind)
-        for group in (synonyms, _FALLBACK_TOOLS.get(intent.kind, ())):
-            scored = [(_score(tool_name(t), group), -i, t) for i, t in enumerate(tools)]
-            best = max(scored, key=lambda item: (item[0], item[1]))
-            if best[0] > 0:
-                return best[2]
+        fallback = _FALLBACK_TOOLS.get(intent.kind, ())
+        actions = _ACTION_VALUES.get(intent.kind, ())
+        tool = (
+            _best(usable, synonyms)
+            or next((t for t in usable if _acts(t, actions) and _has_prop(t, PATH_NAMES)), None)
+            or (_best(usable, fallback, keep=_shell) if fallback else None)
+        )
+        if tool is not None:
+            return tool
     return tools[0] if required else None
+
+
+def tool_call_arguments(tool: dict[str, Any], intent: Intent) -> str:
+    """The call's arguments as sent: JSON for a function tool, the raw text for a custom tool."""
+    if is_custom(tool):
+        return intent.patch if _is_patch_tool(tool) else intent.command if _shell(tool) else intent.content
+    args = build_arguments(tool_schema(tool), intent)
+    if _is_patch_tool(tool):
+        props = _props(tool)
+        key = next((k for k in props if _norm(k) in PATCH_NAMES), None)
+        key = key or next((k for k in props if _type(_pick_schema(props[k])) == "string"), None)
+        if key is not None:
+            args[key] = intent.patch
+    return json.dumps(args, ensure_ascii=False)
 
 
 def build_arguments(schema: dict[str, Any], intent: Intent) -> dict[str, Any]:
@@ -302,10 +483,10 @@ def _value(name: str, raw_schema: Any, intent: Intent, top: bool, depth: int) ->
     schema = _pick_schema(raw_schema)
     if "const" in schema:
         return schema["const"]
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][0]
     kind = _type(schema)
     key = _norm(name)
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return _enum_value(key, schema["enum"], intent)
     if kind == "object":
         props = obj(schema.get("properties"))
         required = [r for r in arr(schema.get("required")) if isinstance(r, str)]
@@ -322,6 +503,9 @@ def _value(name: str, raw_schema: Any, intent: Intent, top: bool, depth: int) ->
         count = min_items if isinstance(min_items, int) else 0
         if count == 0 and key in {"paths", "files", "filepaths"} and intent.filename:
             return [intent.filename]
+        items = _pick_schema(schema.get("items", {}))
+        if key in COMMAND_NAMES and _type(items) == "string" and "enum" not in items:
+            return ["bash", "-lc", intent.command]  # an argv (Codex's `shell`): run it through bash
         return [
             _value(name.rstrip("s"), schema.get("items", {}), intent, False, depth + 1) for _ in range(count)
         ]
@@ -335,20 +519,46 @@ def _value(name: str, raw_schema: Any, intent: Intent, top: bool, depth: int) ->
     return _string(name, schema, intent)
 
 
+def _enum_value(key: str, values: list[Any], intent: Intent) -> Any:
+    """The first enum value, or for an action-like field the one the intent asks for (`create`)."""
+    if key in _ACTION_KEYS and intent.kind in _ACTION_VALUES:
+        for wanted in _ACTION_VALUES[intent.kind]:
+            if wanted in values:
+                return wanted
+    return values[0]
+
+
 def _number(key: str, schema: dict[str, Any], kind: str) -> int | float:
+    """A value inside the bounds; whole (`1`, not `1.0`) unless the schema asks for a fraction.
+
+    JSON Schema's `number` includes integers, and clients often declare ids and counts as `number`
+    while parsing them as integers (Codex reads `write_stdin.session_id` as an i32).
+    """
     default = schema.get("default")
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         return default
-    value: float = 120000 if "timeout" in key else 1
+    step = schema.get("multipleOf")
+    step = step if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0 else None
+    fraction = kind == "number" and (
+        (step is not None and step != int(step))
+        or bool(_FRACTION.search(str(schema.get("description") or "")))
+    )
+    value: float = 120000 if "timeout" in key else 0.5 if fraction else 1
     for bound in ("minimum", "exclusiveMinimum"):
         low = schema.get(bound)
-        if isinstance(low, (int, float)) and value <= low:
+        if isinstance(low, (int, float)) and not isinstance(low, bool) and value <= low:
             value = low + (1 if bound == "exclusiveMinimum" else 0)
     for bound in ("maximum", "exclusiveMaximum"):
         high = schema.get(bound)
-        if isinstance(high, (int, float)) and value >= high:
+        if isinstance(high, (int, float)) and not isinstance(high, bool) and value >= high:
             value = high - (1 if bound == "exclusiveMaximum" else 0)
-    return int(value) if kind == "integer" else float(value)
+    if step is not None:
+        value = math.ceil(value / step - 1e-9) * step
+        if step != int(step):
+            value = round(value, 10)
+    if kind == "integer" or (value == int(value) and not fraction):
+        return int(value) if value == int(value) else math.ceil(value)
+    return float(value)
 
 
 def _string(name: str, schema: dict[str, Any], intent: Intent) -> str:
