@@ -28,25 +28,11 @@ import orjson
 
 from .captures import capture_body
 from .export_readme import bundle_readme, safe_text
+from .http_headers import HOP_BY_HOP
 from .redact import REDACTED, SECRET_HEADERS
 from .store import StoreError, unpack_timing
 
-_SKIP_HEADERS = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "accept-encoding",
-        "cookie",
-        "set-cookie",
-    }
-)
+_SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)
 _PLAIN = re.compile(rb"[\t\n\x20-\x7e\x80-\xff]*")
 REQUEST_BODIES = ("request", "forwarded")

@@ -11,24 +11,13 @@ from __future__ import annotations
 import sqlite3
 
 from .captures import capture_body, load_capture
+from .http_headers import HOP_BY_HOP
 from .mock.options import RecordedResponse
 from .redact import REDACTED
 from .store import StoreError, unpack_timing
 
 # Framing is the mock's own business (it re-chunks); the others were added by tapfix, not the upstream.
-_DROP_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "content-length",
-        "content-encoding",
-    }
-)
+_DROP_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
 def recorded_response(conn: sqlite3.Connection, capture_id: str) -> RecordedResponse:

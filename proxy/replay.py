@@ -29,27 +29,14 @@ from .assemble import Assembled, assemble
 from .captures import CaptureNotFound, capture_body, load_capture
 from .exchange import Exchange
 from .flags import response_flags
+from .http_headers import HOP_BY_HOP
 from .ids import new_capture_id
 from .jsonsplice import Delete, Edit, Set, SpliceError, splice
 from .redact import REDACTED, SECRET_HEADERS
 from .upstream import UpstreamTarget, UpstreamURLError
 
 # Headers httpx must write itself, or that would change what comes back (compressed bytes).
-_NOT_RESENT = frozenset(
-    {
-        "host",
-        "content-length",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "accept-encoding",
-        "cookie",
-    }
-)
+_NOT_RESENT = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie"}
 
 
 class ReplayError(Exception):
