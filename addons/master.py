@@ -12,7 +12,6 @@ from typing import Any
 
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
-
 from tapfix.proxy.settings import Settings, is_loopback
 from tapfix.proxy.store import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget

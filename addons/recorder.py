@@ -8,7 +8,6 @@ import time
 
 import orjson
 from mitmproxy import http
-
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.redact import redact_url
 

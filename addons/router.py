@@ -8,7 +8,6 @@ import logging
 
 import orjson
 from mitmproxy import http
-
 from tapfix.proxy.changes import Change
 from tapfix.proxy.routing import models_listing
 from tapfix.proxy.upstream import UpstreamTarget

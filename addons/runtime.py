@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import http
-
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.settings import Settings
 from tapfix.proxy.store import CaptureWriter

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import time
 
-from mitmproxy import http
-
 import orjson
-
+from mitmproxy import http
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline

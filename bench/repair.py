@@ -21,7 +21,6 @@ import sys
 import time
 
 import orjson
-
 from tapfix.proxy.assemble import assemble_sse
 
 

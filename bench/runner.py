@@ -170,7 +170,8 @@ async def run_block(fleet: Fleet, row: Row, phase: Phase, n: int, body: bytes) -
     stream_s = phase.chunks * (phase.delay_ms + 0.3) / 1000  # 0.3 ms: the sleep's own overshoot
     stagger = stream_s / phase.concurrency if phase.steady else 0.0
     return await load.run_load("127.0.0.1", fleet.ports[row.target], concurrency=min(phase.concurrency, n),
-                               requests=n, body=body, headers=load.bench_headers(row.kind, phase.chunks, phase.delay_ms),
+                               requests=n, body=body,
+                               headers=load.bench_headers(row.kind, phase.chunks, phase.delay_ms),
                                stagger_s=stagger)
 
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import orjson
-
 from tapfix.proxy.captures import capture_body, load_capture
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store import CaptureWriter, open_for_reading
@@ -151,7 +150,8 @@ def main() -> None:
           f"max {max(ms for _, ms in cpu_turn):.2f} ms; at the largest bodies (≥ 90% of the last, "
           f"{len(big)} turns): median {statistics.median(big):.2f} ms, max {max(big):.2f} ms")
     worst = sorted(range(len(cpu_turn)), key=lambda i: -cpu_turn[i][1])[:3]
-    print("  slowest turns: " + ", ".join(f"#{i + 1} ({cpu_turn[i][0] / 1024:.0f} KB) {cpu_turn[i][1]:.1f} ms" for i in worst)
+    slowest = ", ".join(f"#{i + 1} ({cpu_turn[i][0] / 1024:.0f} KB) {cpu_turn[i][1]:.1f} ms" for i in worst)
+    print("  slowest turns: " + slowest
           + " — a full (non-delta) body every bodies.MAX_DEPTH turns; the first turn also creates the db")
     print(f"read-back: {len(originals) - bad}/{len(originals)} exchanges byte-exact (request and response) "
           f"→ {'PASS' if not bad else 'MISS'}; read time per exchange median {statistics.median(read_ms):.1f} ms, "

@@ -14,7 +14,9 @@ from pathlib import Path
 import click
 import orjson
 
-from .retention import PurgeReport, parse_duration, parse_size, purge as purge_store, vacuum as vacuum_store
+from .retention import PurgeReport, parse_duration, parse_size
+from .retention import purge as purge_store
+from .retention import vacuum as vacuum_store
 from .store import StoreError, default_db_path, open_for_writing
 
 

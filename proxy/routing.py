@@ -7,14 +7,11 @@ passes through to the single upstream.
 
 from __future__ import annotations
 
-import json
-
 import difflib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from .changes import Change
 from .config import Config, ModelConfig, Upstream

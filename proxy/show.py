@@ -31,7 +31,8 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
     lines = [
         f"capture {c['id']}  {c['started_at']}",
         f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
-        f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})   session: {c.get('session_id') or '-'}",
+        f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})"
+        f"   session: {c.get('session_id') or '-'}",
         f"  model: {c.get('model') or '-'}" + (f" → served as {c['served_model']}" if c.get("served_model") else ""),
         f"  status: {c.get('status') or '-'}   stream: {'yes' if c.get('stream') else 'no'}"
         f"   finish_reason: {c.get('finish_reason') or '-'}",

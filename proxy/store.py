@@ -290,7 +290,8 @@ def _is_inference(path: str) -> bool:
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
     path = ex.path.split("?", 1)[0]
-    if ex.client_chunks is None and ex.upstream_body is None and ex.upstream_chunks and "event-stream" in ex.content_type:
+    streamed = ex.upstream_body is None and ex.upstream_chunks and "event-stream" in ex.content_type
+    if ex.client_chunks is None and streamed:
         return assemble_sse(ex.upstream_chunks, path)
     return assemble(body, ex.content_type, path)
 

@@ -4,10 +4,9 @@ import sqlite3
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
+from sqlite_utils import Database
 from tapfix.proxy.bodies import BodyWriter, common_prefix_len, common_suffix_len, read_body
 from tapfix.proxy.store_schema import migrations
-from sqlite_utils import Database
 
 
 def _conn() -> sqlite3.Connection:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.support.procs import cli, free_port, start, start_mock, wait_capture
-from tests.support.rawserver import RawRequest, RawServer
+from tests.support.rawserver import RawServer
 
 pytestmark = pytest.mark.e2e
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

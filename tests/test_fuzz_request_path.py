@@ -17,10 +17,8 @@ import os
 import random
 
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tapfix.addons.recorder import note_request_json
 from tapfix.proxy.config import from_dict
 from tapfix.proxy.exchange import Exchange

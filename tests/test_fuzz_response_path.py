@@ -15,7 +15,6 @@ import random
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tapfix.proxy.assemble import assemble, assemble_json, assemble_sse
 from tapfix.proxy.captures import capture_body, load_capture
 from tapfix.proxy.changes import Change
@@ -50,9 +49,11 @@ SEED_STREAM = b"".join([
     _ev({}, "tool_calls"), b": ping\n\n",
     b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n',
     b"data: [DONE]\n\n"])
-SEED_JSON = orjson.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "tool_calls",
-    "message": {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [
-        {"id": "t", "type": "function", "function": {"name": "write", "arguments": '{"filePath": "a", "content": 1'}}]}}],
+_SEED_CALL = {"id": "t", "type": "function",
+              "function": {"name": "write", "arguments": '{"filePath": "a", "content": 1'}}
+SEED_JSON = orjson.dumps({"id": "c", "object": "chat.completion", "choices": [{
+    "index": 0, "finish_reason": "tool_calls",
+    "message": {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_SEED_CALL]}}],
     "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
 JUNK = [b"\n", b"\r\n", b"\n\n", b"data: ", b"data:", b": c\n", b"event: x\n", b"{", b"}", b'"', b"\\", b"\xff",
         b"\xf0\x9f", b"[DONE]", b'{"error":{"message":"boom","code":500}}', b"\x00", b"<tool_call>", b"</tool_call>",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tapfix.proxy.jsonsplice import apply_to_dict
 from tapfix.proxy.reasoning import ReasoningSettings, apply_reasoning
 

@@ -38,7 +38,6 @@ def test_wheel_installs_under_tapfix_with_schemas(tmp_path):
 
 def test_every_command_is_documented():
     from click.testing import CliRunner
-
     from tapfix.proxy.cli import main
 
     def walk(group, prefix=()):

@@ -170,7 +170,8 @@ def test_disk_full_keeps_traffic_flowing_and_counts_failures(stack, tmp_path):
         assert "full" in writer["last_error"].lower() or "disk" in writer["last_error"].lower(), writer
         assert writer["written"] + writer["failures"] >= 1  # every exchange is either stored or counted
         assert httpx.post(f"{proxy.url}/v1/chat/completions", timeout=20,
-                          json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]}).status_code == 200
+                          json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]}
+                          ).status_code == 200
     finally:
         proxy.stop()
     assert "capture(s) failed" in proxy.log()  # said again at exit

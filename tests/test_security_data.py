@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from tapfix.proxy.captures import load_capture
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.settings import Settings
 from tapfix.proxy.store import CaptureWriter, open_for_reading
+
 from tests.support.procs import cli, free_port, start_mock, start_proxy, wait_capture
 
 SECRET = "sk-live-SECRETSECRET0123456789"

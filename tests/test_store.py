@@ -5,7 +5,6 @@ import sqlite3
 import stat
 
 import pytest
-
 from tapfix.proxy.captures import capture_body, list_captures, load_capture
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
@@ -75,7 +74,8 @@ def test_write_failure_is_counted_and_traffic_side_never_raises(tmp_path):
 
 def test_flags_filter(tmp_path):
     writer = CaptureWriter(tmp_path / "g.db")
-    cut = _exchange(upstream_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'],
+    cut_event = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
+    cut = _exchange(upstream_chunks=[cut_event],
                     chunk_times=[0.01])
     writer.submit(cut)
     writer.submit(_exchange())

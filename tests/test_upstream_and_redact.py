@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tapfix.proxy.redact import redact_header, redact_url
 from tapfix.proxy.settings import parse_listen
 from tapfix.proxy.upstream import UpstreamTarget, UpstreamURLError
