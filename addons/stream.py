@@ -36,7 +36,7 @@ class StreamOwner:
         policy = self.runtime.settings.tool_repair
         surface = _surface(ex)
         if policy != "off" and ex.tools:
-            stage = stage_for(surface, ex.tools, policy, ex.id)
+            stage = stage_for(surface, ex.tools, policy, ex.id, self.runtime.settings.stream_valid_prefix)
             if stage is not None:
                 ex.extra["toolcalls"] = stage
                 stages.append(stage)

@@ -92,6 +92,9 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--idle-timeout", type=int, default=600, show_default=True, help="seconds without traffic")
 @click.option("--tool-repair", type=click.Choice(["error", "fail_fast", "passthrough", "off"]), default="error",
               show_default=True, help="what an unrecoverable streamed tool call becomes")
+@click.option("--stream-valid-prefix", is_flag=True,
+              help="forward tool-call fragments at once while they are a valid JSON prefix, instead of holding "
+                   "each call until it is complete (lower latency; a defect found later can only fail the turn)")
 @click.option("--no-bodies", is_flag=True, help="privacy: store metadata only, never bodies")
 @click.option("--token", envvar="TAPFIX_TOKEN", metavar="SECRET", show_envvar=True,
               help="required to listen beyond loopback: clients send it as their API key (it is never forwarded)")
@@ -127,6 +130,8 @@ def _config_defaults(kw: dict) -> None:
     mode = (config.tool_repair or {}).get("mode")
     if mode and ctx.get_parameter_source("tool_repair") is not click.core.ParameterSource.COMMANDLINE:
         kw["tool_repair"] = mode
+    if (config.tool_repair or {}).get("stream_valid_prefix"):
+        kw["stream_valid_prefix"] = True
 
 
 def _settings(kw: dict) -> Settings:
@@ -149,6 +154,7 @@ def _settings(kw: dict) -> Settings:
         strict=kw.get("strict", False), engine=kw.get("engine"), generation_config=kw.get("generation_config"),
         reasoning_dialect=kw.get("reasoning_dialect"), upstream_key_env=kw.get("upstream_key_env"),
         tool_repair=kw.get("tool_repair", "error"), store_bodies=not kw.get("no_bodies", False),
+        stream_valid_prefix=kw.get("stream_valid_prefix", False),
         verbose=kw.get("verbose", False), token=kw.get("token") or None, max_age_s=max_age, max_db_bytes=max_size,
     )
 

@@ -51,6 +51,7 @@ class Settings:
     reasoning_dialect: str | None = None
     upstream_key_env: str | None = None
     tool_repair: str = "error"  # error | fail_fast | passthrough | off
+    stream_valid_prefix: bool = False  # forward tool-call fragments while provably fine (see toolcalls/prefix.py)
     store_bodies: bool = True
     verbose: bool = False
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)

@@ -217,3 +217,26 @@ def test_stream_is_forwarded_as_it_arrives(raw, proxy_for, with_tools):
     last_at = pieces[-1][0]
     assert last_at - first_at > 1.0, pieces
     assert b"".join(p for _, p in pieces) == b"".join(events)
+
+
+@pytest.mark.parametrize("prefix_mode", [True, False], ids=["stream-valid-prefix", "default-hold"])
+def test_tool_call_fragments_held_or_streamed(raw, proxy_for, prefix_mode):
+    """Default: a call is held until complete. --stream-valid-prefix: valid fragments go out at once."""
+    opener = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+              b'"function":{"name":"write","arguments":""}}]}}]}\n\n')
+    frag = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"%s"}}]}}]}\n\n'
+    events = [opener, frag % b'{\\"path\\": \\"a.txt\\"', frag % b"}",
+              b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n', b"data: [DONE]\n\n"]
+    script = sse_response(events)
+    server = raw(lambda _: [*script[:3], (1.5, script[3][1]), *script[4:]])
+    proxy = proxy_for(server.url, *(["--stream-valid-prefix"] if prefix_mode else []))
+    body = {"model": "m", "stream": True, "messages": [], "tools": TOOLS}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
+        pieces = [(time.monotonic() - started, piece) for piece in response.iter_raw()]
+    fragment_at = next(t for t, p in pieces if b"a.txt" in p)
+    if prefix_mode:
+        assert pieces[-1][0] - fragment_at > 1.0, pieces
+    else:
+        assert fragment_at > 1.0, pieces
+    assert b"".join(p for _, p in pieces) == b"".join(events)

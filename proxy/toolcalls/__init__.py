@@ -29,10 +29,20 @@ _BODIES: dict[str, Callable[..., tuple[bytes, list[Any], str]]] = {
 }
 
 
-def stage_for(surface: str | None, tools: list[Any], policy: str, capture_id: str) -> Any | None:
-    """The streaming repair stage of an API surface (None: the surface has none)."""
+def stage_for(
+    surface: str | None, tools: list[Any], policy: str, capture_id: str, stream_valid_prefix: bool = False
+) -> Any | None:
+    """The streaming repair stage of an API surface (None: the surface has none).
+
+    `stream_valid_prefix` (Chat Completions only, off by default): forward tool-call fragments while
+    they are provably fine instead of holding them; see `prefix.py` for what that gives up.
+    """
     cls = _STAGES.get(surface or "")
-    return cls(tools, policy=policy, capture_id=capture_id) if cls is not None else None
+    if cls is None:
+        return None
+    if cls is ChatToolCallRepair and stream_valid_prefix:
+        return cls(tools, policy=policy, capture_id=capture_id, stream_valid_prefix=True)
+    return cls(tools, policy=policy, capture_id=capture_id)
 
 
 def body_repair_for(surface: str | None) -> Callable[..., tuple[bytes, list[Any], str]] | None:

@@ -1,11 +1,13 @@
 """Writing the events that replace held ones: the upstream's envelope and framing, whole calls.
 
 Each repaired call goes out whole in one chunk (all agents accept that, clients.md §8 row 3), with the
-first envelope of the stream (one stable response id) and the upstream's line endings.
+first envelope of the stream (one stable response id) and the upstream's line endings. In prefix mode
+(prefix.py) a call whose start was already streamed gets only its remaining arguments instead.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +73,7 @@ class Writer:
                     ch["finish_reason"] = None
                     dirty = True
                 elif plan is not None and finish and plan.calls and ci not in inserted:
-                    before += [self.call_event(ci, c) for c in plan.calls]
+                    before += self.call_events(ci, plan.calls)
                     inserted.add(ci)
                     if finish == "stop":
                         ch["finish_reason"] = "tool_calls"
@@ -94,26 +96,42 @@ class Writer:
             if not dirty:
                 out.append(item.raw)
             elif new_choices or any(k not in (*ENVELOPE_KEYS, "choices") for k in item.obj):
-                out.append(format_event(orjson.dumps({**item.obj, "choices": new_choices}), self.nl))
+                out.append(format_event(_dumps({**item.obj, "choices": new_choices}), self.nl))
         for ci, plan in plans.items():
             if plan.calls and ci not in inserted:
-                out += [self.call_event(ci, c) for c in plan.calls]
+                out += self.call_events(ci, plan.calls)
                 if synthesize_finish:
                     out.append(self.chunk(ci, {}, "tool_calls"))
         return out
 
+    def call_events(self, ci: int, calls: list[OutCall]) -> list[bytes]:
+        """Whole calls; a continued call (prefix mode) only as its remaining arguments, if any."""
+        return [self.call_event(ci, c) for c in calls if c.arguments or not c.continued]
+
     def call_event(self, ci: int, call: OutCall) -> bytes:
-        tool = {
-            "index": call.index,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments},
-        }
+        tool: dict[str, Any]
+        if call.continued:
+            tool = {"index": call.index, "function": {"arguments": call.arguments}}
+        else:
+            tool = {
+                "index": call.index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
         return self.chunk(ci, {"tool_calls": [tool]}, None)
 
     def chunk(self, ci: int, delta: dict[str, Any], finish: str | None) -> bytes:
         body = {**self.envelope, "choices": [{"index": ci, "delta": delta, "finish_reason": finish}]}
-        return format_event(orjson.dumps(body), self.nl)
+        return format_event(_dumps(body), self.nl)
+
+
+def _dumps(obj: Any) -> bytes:
+    """orjson refuses lone surrogates (a `\\ud83d` cut from its pair, kept by a repair); escape them."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def _empty(ch: dict[str, Any]) -> bool:

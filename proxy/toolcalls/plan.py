@@ -27,6 +27,7 @@ class OutCall:
     id: str
     name: str
     arguments: str
+    continued: bool = False  # prefix mode: only the rest of arguments the client already partly has
 
 
 @dataclass(slots=True)

@@ -3,6 +3,9 @@
 Content and reasoning events go out at once; only tool-call events (and what arrives while they are
 open, so order and bytes are kept) and text that may start leaked call syntax are held. A valid stream
 goes out byte for byte: held events are released verbatim unless a rule found a defect.
+
+`stream_valid_prefix=True` forwards tool-call events at once while they are provably fine and holds
+only from the first one that is not; what happens then is decided in `prefix.py`.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from .jsonfix import loads_tolerant
 from .leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
 from .output import ENVELOPE_KEYS, Item, Writer
 from .plan import STAGE, ChoicePlan, Fatal, Part, plan_choice
+from .prefix import PrefixGate, admit_event, continue_streamed
 from .schema import ToolSchemas
 
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
+_EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
 
 
 @dataclass(slots=True)
@@ -59,7 +64,7 @@ class ChatToolCallRepair:
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
         self.capture_id = capture_id
-        # Accepted for the interface, not implemented: fragments are held until the call is complete.
+        # Off by default: after a streamed prefix a defect can only end in an error event (prefix.py).
         self.stream_valid_prefix = stream_valid_prefix
         self.changes: list[Change] = []
         self.defects: list[str] = []
@@ -78,23 +83,28 @@ class ChatToolCallRepair:
         self._ended = False
         self._done_sent = False
         self._sent: dict[int, list[str]] = {}  # ids of the calls each choice has sent
+        self._gates: dict[int, PrefixGate] = {}  # prefix mode: what this message streamed
+        self._streamed = False  # prefix mode: this message has forwarded tool-call events
+        self._tail_open = False  # the last bytes out were a cut, unterminated event
 
     # -- public --------------------------------------------------------------------------------
     def feed(self, event: bytes) -> list[bytes]:
         if self._ended:
             return []
-        if not self._holding:
+        if not self._holding and not self._streamed:
             if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
+                self._tail_open = not event.endswith(_EVENT_END)
                 return [event]
         out = self._keepalive()
         out += self._feed(event)
         if out:
             self._last_out = self._clock()
+            self._tail_open = not out[-1].endswith(_EVENT_END)
         return out
 
     def flush(self) -> list[bytes]:
-        if self._ended or not self._holding:
+        if self._ended or not (self._holding or self._streamed):
             return []
         return self._finalize(end_of_stream=True)
 
@@ -137,6 +147,9 @@ class ChatToolCallRepair:
         self._seq += 1
         hold = self._holding
         resolved = False
+        admitted = None
+        if self.stream_valid_prefix and self._tools and not hold:
+            admitted = admit_event(obj, self._gates, self._schemas, self._sent)
         choices = obj.get("choices")
         for ch in choices if isinstance(choices, list) else []:
             if not isinstance(ch, dict):
@@ -157,6 +170,7 @@ class ChatToolCallRepair:
             if isinstance(content, str) and content:
                 cs.parts.append(Part(self._seq, content))
                 item.parts[ci] = len(cs.parts) - 1
+                hold = hold or self._streamed  # may continue or leak a streamed call
                 if self._tools and not cs.acc.calls:
                     verdict = self._leak_verdict(cs, content)
                     if verdict != "no":
@@ -167,6 +181,12 @@ class ChatToolCallRepair:
             finish = ch.get("finish_reason")
             if isinstance(finish, str) and finish:
                 cs.finish = finish
+                hold = hold or self._streamed  # the streamed calls are judged at the finish
+        if hold and admitted:  # only tool-call deltas, all provably fine: out at once
+            for gate, pending in admitted:
+                gate.commit(pending)
+            self._streamed = True
+            return [event]
         if not hold:
             for ci in item.parts:
                 cs = self._choices[ci]
@@ -220,12 +240,14 @@ class ChatToolCallRepair:
     def _reset_hold(self) -> None:
         self._held = []
         self._holding = False
+        self._gates = {}
+        self._streamed = False
         for ci, cs in self._choices.items():
             self._choices[ci] = _Choice(at_start=cs.at_start and not any(p.text.strip() for p in cs.parts))
 
     # -- ends ----------------------------------------------------------------------------------
     def _on_done(self, event: bytes) -> list[bytes]:
-        out = self._finalize() if self._holding else []
+        out = self._finalize() if self._holding or self._streamed else []
         if self._ended or self._done_sent:
             return out
         self._done_sent = True
@@ -236,7 +258,7 @@ class ChatToolCallRepair:
             recovered = self._recover(obj)
             if recovered is not None:
                 return recovered
-        if not self._holding:
+        if not self._holding and not self._streamed:
             return [event]
         if not any(c.acc.calls for c in self._choices.values()):
             return self._release_raw() + [event]
@@ -279,7 +301,7 @@ class ChatToolCallRepair:
             call.frags = [dumps(f) if not isinstance(f, str) else f for f in call.frags]
         cs.finish = cs.finish or "tool_calls"
         plans = self._plans()
-        if any(p.fatal for p in plans.values()):
+        if any(p.fatal for p in plans.values()) or self._continue_streamed(plans) is not None:
             return None
         self._note_upstream_error(
             message, "tool call recovered from the raw model text in the upstream error"
@@ -350,6 +372,9 @@ class ChatToolCallRepair:
         if all(p.untouched for p in plans.values()):
             self._remember_sent(None)
             return self._release_raw()
+        fatal = self._continue_streamed(plans)
+        if fatal is not None:
+            return self._fatal(fatal)
         for plan in plans.values():
             self.changes.extend(plan.changes)
         if self.outcome == "untouched":
@@ -358,6 +383,17 @@ class ChatToolCallRepair:
         self._remember_sent(plans)
         self._reset_hold()
         return out
+
+    def _continue_streamed(self, plans: dict[int, ChoicePlan]) -> Fatal | None:
+        """Prefix mode: make repaired plans continue what was streamed, or say why they can't."""
+        for ci, plan in plans.items():
+            gate = self._gates.get(ci)
+            if gate is not None:
+                cs = self._choices[ci]
+                fatal = continue_streamed(plan, gate, cs.acc.calls, cs.finish, ci)
+                if fatal is not None:
+                    return fatal
+        return None
 
     def _fatal(self, fatal: Fatal, upstream: bytes | None = None) -> list[bytes]:
         self.outcome = "unrecoverable"
@@ -370,7 +406,8 @@ class ChatToolCallRepair:
                 "$.choices[0].delta.tool_calls",
                 {"name": fatal.name},
                 None,
-                f"unrecoverable ({fatal.reason}); policy {self.policy}",
+                f"unrecoverable ({fatal.reason}); policy {self.policy}"
+                + ("; part of the call was already streamed" if self._streamed else ""),
             )
         )
         if self.policy == "passthrough":
@@ -379,6 +416,9 @@ class ChatToolCallRepair:
             self._reset_hold()
             return out
         out = self._out.rebuild(self._held, self.changes, {}, synthesize_finish=False, strip_all=True)
+        tail_open = not out[-1].endswith(_EVENT_END) if out else self._tail_open
+        if tail_open:
+            out.append(self._out.nl * 2)  # end a cut event first, or the client reads the error as part of it
         out.append(error_event(fatal, self.policy, self.capture_id, self._out.nl))
         out.append(format_event(b"[DONE]", self._out.nl))
         self._held = []
