@@ -15,6 +15,9 @@ import zlib
 from collections import OrderedDict
 
 MAX_DEPTH = 48
+# Bytes of remembered bases kept in memory; beyond it the oldest families keep only their id and
+# reload the base from the store when their next turn arrives (32 agents × 1 MB bodies stay bounded).
+BASES_MEMORY_BUDGET = 16 * 1024 * 1024
 MIN_SHARED_FRACTION = 0.5
 _FAMILIES = 256
 
@@ -69,11 +72,13 @@ class BodyWriter:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         # family → (body id, bytes, depth, sha256): the base the next body of the family is a delta on
-        self._latest: OrderedDict[str, tuple[int, bytes, int, str]] = OrderedDict()
+        self._latest: OrderedDict[str, tuple[int, bytes | None, int, str]] = OrderedDict()
+        self._held = 0  # bytes of bases held in memory
 
     def forget(self) -> None:
         """After a rollback the remembered ids may not exist (or be reused by other bodies): start over."""
         self._latest.clear()
+        self._held = 0
 
     def put(self, data: bytes, family: str | None = None, *, level: int = 6) -> int:
         """Store a body; `level` is zlib's (responses use 1: 10x cheaper, a few % larger)."""
@@ -93,10 +98,12 @@ class BodyWriter:
         row = self.conn.execute("select sha256 from bodies where id = ?", (body_id,)).fetchone()
         return row is not None and row[0] == digest
 
-    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes, int, str] | None,
+    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None,
                 level: int = 6) -> tuple[int, int]:
         if base is not None and base[2] < MAX_DEPTH and self._still_stored(base[0], base[3]):
             base_id, base_data, base_depth, _ = base
+            if base_data is None:  # evicted from memory: rebuild it from the store
+                base_data = read_body(self.conn, base_id) or b""
             prefix = common_prefix_len(data, base_data)
             suffix = common_suffix_len(data, base_data, min(len(data), len(base_data)) - prefix)
             if prefix + suffix >= MIN_SHARED_FRACTION * len(data):
@@ -118,14 +125,22 @@ class BodyWriter:
     def _remember(self, family: str | None, body_id: int, data: bytes, depth: int, digest: str) -> None:
         if not family:
             return
+        old = self._latest.get(family)
+        if old is not None and old[1] is not None:
+            self._held -= len(old[1])
         self._latest[family] = (body_id, data, depth, digest)
+        self._held += len(data)
         self._latest.move_to_end(family)
         while len(self._latest) > _FAMILIES:
-            self._latest.popitem(last=False)
-
-    def shares_prefix(self, family: str, data: bytes) -> bool:
-        base = self._latest.get(family)
-        return base is not None and common_prefix_len(data, base[1]) >= MIN_SHARED_FRACTION * len(data)
+            _, (_, dropped, _, _) = self._latest.popitem(last=False)
+            self._held -= len(dropped) if dropped is not None else 0
+        if self._held > BASES_MEMORY_BUDGET:
+            for key, (kept_id, kept, kept_depth, kept_digest) in self._latest.items():
+                if self._held <= BASES_MEMORY_BUDGET or key == family:
+                    break
+                if kept is not None:
+                    self._latest[key] = (kept_id, None, kept_depth, kept_digest)
+                    self._held -= len(kept)
 
 
 def read_body(conn: sqlite3.Connection, body_id: int | None) -> bytes | None:

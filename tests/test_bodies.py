@@ -60,3 +60,22 @@ def test_identical_bodies_are_stored_once():
     writer = BodyWriter(conn)
     assert writer.put(b"same body", "a") == writer.put(b"same body", "b")
     assert conn.execute("select count(*) from bodies").fetchone()[0] == 1
+
+
+def test_bases_beyond_the_memory_budget_are_reloaded_from_the_store(monkeypatch):
+    import tapfix.proxy.bodies as bodies
+
+    monkeypatch.setattr(bodies, "BASES_MEMORY_BUDGET", 3000)
+    conn = _conn()
+    writer = BodyWriter(conn)
+    sessions = {f"s{i}": b'{"messages":[' + bytes([65 + i]) * 1000 for i in range(6)}
+    expected = []
+    for turn in range(4):
+        for family, body in sessions.items():
+            body = body + b',{"turn":%d}' % turn
+            sessions[family] = body
+            expected.append((writer.put(body + b"]}", family), body + b"]}"))
+    assert writer._held <= 3000 + 1100
+    assert all(read_body(conn, body_id) == data for body_id, data in expected)
+    deltas = conn.execute("select count(*) from bodies where base_id is not null").fetchone()[0]
+    assert deltas >= 3 * 6  # evicted families still got deltas after the first turn
