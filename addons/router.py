@@ -36,35 +36,12 @@ class Router:
         if ex is None:
             return
         target = self.runtime.default_target
-        policy = self.runtime.policy
-        if policy is not None:
-            if flow.request.method == "GET" and flow.request.path.split("?")[0].rstrip("/").endswith("/models") \
-                    and not policy.config.is_quick:
-                flow.response = json_response(200, models_listing(policy.config), ex.id)
+        if self.runtime.policy is not None:
+            if self._answered_locally(flow, ex):
                 return
-            outcome = policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
-            if outcome.surface is not None and flow.request.method == "POST":
-                note_request_json(ex, outcome.parsed)
-            ex.changes.extend(outcome.changes)
-            ex.flags.update(outcome.flags)
-            ex.served_model = outcome.served_model
-            if not outcome.store_bodies:
-                ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
-            if outcome.error is not None:
-                status, body = outcome.error
-                flow.response = http.Response.make(status, body, {"content-type": "application/json",
-                                                                  "x-tapfix-capture-id": ex.id})
+            target = self._apply_policy(flow, ex) or target
+            if flow.response is not None:
                 return
-            if outcome.body is not flow.request.raw_content:
-                flow.request.raw_content = outcome.body
-                if "content-length" in flow.request.headers:  # raw_content doesn't update framing
-                    flow.request.headers["content-length"] = str(len(outcome.body))
-            for name in getattr(outcome, "remove_headers", ()) or ():
-                flow.request.headers.pop(name, None)
-            for name, value in (outcome.upstream_headers or {}).items():
-                flow.request.headers[name] = value
-            if outcome.upstream is not None:
-                target = self.runtime.targets.get(outcome.upstream.name) or target
         if target is None:  # regular mode: the client chose the host
             self._strip_encoding(flow)
             return
@@ -79,6 +56,40 @@ class Router:
             flow.response = json_response(
                 502, {"error": {"message": ex.error, "type": "upstream_unreachable"}}, ex.id
             )
+
+    def _answered_locally(self, flow: http.HTTPFlow, ex) -> bool:
+        policy = self.runtime.policy
+        if (flow.request.method == "GET" and not policy.config.is_quick
+                and flow.request.path.split("?")[0].rstrip("/").endswith("/models")):
+            flow.response = json_response(200, models_listing(policy.config), ex.id)
+            return True
+        return False
+
+    def _apply_policy(self, flow: http.HTTPFlow, ex) -> UpstreamTarget | None:
+        """Route, fill defaults, rewrite reasoning. A plain method, so the parsed body (megabytes of
+        Python objects for a long conversation) is gone before the request hook awaits anything."""
+        outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
+        if outcome.surface is not None and flow.request.method == "POST":
+            note_request_json(ex, outcome.parsed)
+        ex.changes.extend(outcome.changes)
+        ex.flags.update(outcome.flags)
+        ex.served_model = outcome.served_model
+        if not outcome.store_bodies:
+            ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
+        if outcome.error is not None:
+            status, body = outcome.error
+            flow.response = http.Response.make(status, body, {"content-type": "application/json",
+                                                              "x-tapfix-capture-id": ex.id})
+            return None
+        if outcome.body is not flow.request.raw_content:
+            flow.request.raw_content = outcome.body
+            if "content-length" in flow.request.headers:  # raw_content doesn't update framing
+                flow.request.headers["content-length"] = str(len(outcome.body))
+        for name in outcome.remove_headers:
+            flow.request.headers.pop(name, None)
+        for name, value in outcome.upstream_headers.items():
+            flow.request.headers[name] = value
+        return self.runtime.targets.get(outcome.upstream.name) if outcome.upstream is not None else None
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
