@@ -104,8 +104,24 @@ async def _wait_listening(master: DumpMaster) -> list[Any]:
     return []
 
 
+def _return_big_buffers_to_the_os() -> None:
+    """Agents send megabyte bodies; glibc's dynamic mmap threshold then moves such buffers into the
+    heap of each thread, where they fragment and stay (measured: +20 MB peak RSS at 32 × 1 MB requests).
+    A fixed threshold keeps them mmapped and returned on free. No-op off glibc or when the user set it."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
     """Blocking: serve until SIGINT/SIGTERM, then drain the capture queue before exiting."""
+    _return_big_buffers_to_the_os()
     try:
         asyncio.run(serve(settings, runtime, ready=ready))
     except KeyboardInterrupt:
