@@ -110,12 +110,20 @@ class ChatToolCallRepair:
 
     # -- intake --------------------------------------------------------------------------------
     def _interesting(self, event: bytes) -> bool:
-        """Cheap byte checks: may this content event start leaked call syntax, or carry an error?"""
-        if b'"error"' in event or b"<" in event or b"\\u003c" in event or b"\\u003C" in event:
+        """Cheap byte checks: may this content event start leaked call syntax, or carry an error?
+
+        Runs on every content event of a request that offered tools: a handful of C-speed scans,
+        no parse, no generator (this was the stage's largest per-event cost)."""
+        if b"<" in event or b"`" in event or b"\\u003" in event or b'"error"' in event:
             return True
-        if b"`" in event or event.count(b"[") > 1:
+        if event.count(b"[") > 1:
             return True
-        return any(c.at_start for c in self._choices.values()) or not self._choices
+        if not self._choices:
+            return True
+        for choice in self._choices.values():
+            if choice.at_start:
+                return True
+        return False
 
     def _keepalive(self) -> list[bytes]:
         if self._holding and self._clock() - self._last_out >= self._keepalive_s:
