@@ -51,13 +51,15 @@ class StreamPipeline:
             events = self.splitter.flush()
             final = True
         for stage in self.stages:
-            if events:
+            if len(events) == 1:  # the usual case: one whole event per read
+                events = stage.feed(events[0])
+            elif events:
                 out: list[bytes] = []
                 for event in events:
                     out += stage.feed(event)
                 events = out
             if final:
-                events += stage.flush()
+                events = events + stage.flush()
         if not events:
             return []
         data = events[0] if len(events) == 1 else b"".join(events)
