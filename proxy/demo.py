@@ -46,7 +46,21 @@ def start_mock_thread(host: str, port: int) -> uvicorn.Server:
     return server
 
 
+def _commands() -> tuple[str, str]:
+    """How to call tapfix and sqlite-utils from here: bare names when the venv is on PATH."""
+    import os
+    import shutil
+    import sys
+
+    here = Path(sys.argv[0]).resolve().parent
+    if shutil.which("tapfix") and Path(shutil.which("tapfix") or "").resolve().parent == here:
+        return "tapfix", "sqlite-utils"
+    prefix = os.path.relpath(here)
+    return f"{prefix}/tapfix", f"{prefix}/sqlite-utils"
+
+
 def banner(base: str, mock_url: str, db: Path) -> str:
+    tapfix, sqlite_utils = _commands()
     return f"""
 tapfix demo is running.
   proxy (point clients here):  {base}/v1
@@ -65,9 +79,10 @@ print(reply.choices[0].message.content)
 PY
 
 Then look at what went over the wire:
-  tapfix captures list --db {db}
-  tapfix captures show <ID> --db {db}
-  sqlite-utils {db} "select id, model, status, first_token_ms from exchange_view limit 5" --table
+  {tapfix} captures list --db {db}
+  {tapfix} captures show <ID> --db {db}
+  {tapfix} browse --db {db}          # the capture browser on http://127.0.0.1:8081
+  {sqlite_utils} {db} "select id, model, status, first_token_ms from exchange_view limit 5" --table
 
 Ctrl-C stops both.
 """

@@ -33,7 +33,8 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
         f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})"
         f"   session: {c.get('session_id') or '-'}",
-        f"  model: {c.get('model') or '-'}" + (f" → served as {c['served_model']}" if c.get("served_model") else ""),
+        f"  model: {c.get('model') or '-'}"
+        + (f" → served as {c['served_model']}" if c.get("served_model") not in (None, c.get("model")) else ""),
         f"  status: {c.get('status') or '-'}   stream: {'yes' if c.get('stream') else 'no'}"
         f"   finish_reason: {c.get('finish_reason') or '-'}",
         f"  timings: first byte {_ms(c.get('upstream_first_byte_ms'))}, first token {_ms(c.get('first_token_ms'))},"
