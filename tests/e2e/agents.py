@@ -217,7 +217,20 @@ def start_omp(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MODE
     return AgentProcess("omp", argv, sandbox, sandbox.env())
 
 
-STARTERS = {"opencode": start_opencode, "omp": start_omp}
+def start_codex(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MODEL) -> AgentProcess:
+    """Codex CLI speaks only the Responses API (`wire_api = "responses"`); `codex exec` is headless."""
+    check_port(base_url)
+    codex_home = sandbox.home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(
+        f'model = "{model}"\nmodel_provider = "tapfix"\nmodel_reasoning_effort = "high"\n\n'
+        f'[model_providers.tapfix]\nname = "tapfix"\n'
+        f'base_url = "{base_url}"\nenv_key = "CUSTOM_API_KEY"\nwire_api = "responses"\n')
+    argv = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "-s", "workspace-write", prompt]
+    return AgentProcess("codex", argv, sandbox, sandbox.env({"CODEX_HOME": str(codex_home)}))
+
+
+STARTERS = {"opencode": start_opencode, "omp": start_omp, "codex": start_codex}
 
 
 def run_agent(agent: str, sandbox: Sandbox, base_url: str, prompt: str, *, timeout: float = 90,

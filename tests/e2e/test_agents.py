@@ -378,3 +378,25 @@ def test_upstream_down_gets_502_and_the_agent_retries(agent, stack, tmp_path):
     gaps = [round(b - a, 1) for a, b in zip(stamps, stamps[1:], strict=False)]
     print(f"\n[timing] {agent}: upstream down -> {len(turns)} tries of turn 1 within {seen_after:.1f}s, "
           f"gaps {gaps} s; error {error}")
+
+
+# ---- 7. Codex CLI on the Responses API -------------------------------------------------------------------
+
+def test_codex_round_trip_on_the_responses_api(stack, tmp_path):
+    """Codex speaks only /v1/responses: its turns are captured, assembled and its file gets written."""
+    s = stack()
+    run = run_agent("codex", Sandbox(tmp_path, "codex"), s.base_url, PROMPT, timeout=RUN_TIMEOUT)
+    check_run(run, s)
+    assert run.file("hello.txt").read_text() == GREETING
+    s.stop_proxy()
+    rows = s.store.rows()
+    assert rows and all(r["path"] == "/v1/responses" and r["status"] == 200 for r in rows), rows
+    assert all(r["user_agent"].startswith("codex_exec/") for r in rows)
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{s.store.db}?mode=ro", uri=True)
+    assembled = conn.execute("select id, tool_calls, content from exchanges order by id").fetchall()
+    assert json.loads(assembled[0][1])[0]["name"], "turn 1 is a function call, assembled from the stream"
+    assert assembled[-1][2].startswith("Done.")
+    body = s.store.json_body(assembled[0][0])
+    assert body["reasoning"]["effort"] == "high" and PROMPT in json.dumps(body["input"])
