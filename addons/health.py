@@ -80,9 +80,5 @@ class Health:
     def _headers(self, name: str) -> dict[str, str]:
         import os
 
-        policy = self.runtime.policy
-        upstream = getattr(getattr(policy, "config", None), "upstreams", {}).get(name)
-        key = os.environ.get(upstream.api_key_env or "") if upstream is not None and upstream.api_key_env else None
-        if not key:
-            return {}
-        return {"x-api-key": key} if upstream.style == "anthropic" else {"authorization": f"Bearer {key}"}
+        upstream = getattr(getattr(self.runtime.policy, "config", None), "upstreams", {}).get(name)
+        return upstream.auth_headers(os.environ) if upstream is not None else {}

@@ -48,6 +48,13 @@ class Upstream:
     connect_timeout: float | None = None
     read_timeout: float | None = None
 
+    def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The upstream's own credential (from the environment variable the config names), as it expects it."""
+        key = environ.get(self.api_key_env) if self.api_key_env else None
+        if not key:
+            return {}
+        return {"x-api-key": key} if self.style == "anthropic" else {"authorization": f"Bearer {key}"}
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:

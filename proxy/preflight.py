@@ -25,14 +25,6 @@ class UpstreamStatus:
     served: list[str]
 
 
-def _headers(config: Config, name: str, environ: Mapping[str, str]) -> dict[str, str]:
-    upstream = config.upstreams[name]
-    key = environ.get(upstream.api_key_env or "") if upstream.api_key_env else None
-    if not key:
-        return {}
-    return {"x-api-key": key} if upstream.style == "anthropic" else {"authorization": f"Bearer {key}"}
-
-
 def models_url(base_url: str) -> str:
     base = base_url.rstrip("/")
     return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
@@ -48,7 +40,7 @@ def check_upstreams(config: Config, environ: Mapping[str, str] | None = None,
         if upstream.ca_file:
             verify = upstream.ca_file
         try:
-            response = httpx.get(url, headers=_headers(config, name, environ), timeout=timeout, verify=verify)
+            response = httpx.get(url, headers=upstream.auth_headers(environ), timeout=timeout, verify=verify)
         except httpx.HTTPError as e:
             statuses.append(UpstreamStatus(name, upstream.base_url, False, f"unreachable: {e}", []))
             problems.append(Problem("error", f"upstreams.{name}", f"{upstream.base_url} unreachable: {e}"))

@@ -188,14 +188,11 @@ class RequestPolicy:
             upstream = next(iter(self.config.upstreams.values()), None) if self.config.is_quick else None
         if upstream is None or not upstream.api_key_env:
             return
-        key = self._environ.get(upstream.api_key_env)
-        if not key:
+        headers = upstream.auth_headers(self._environ)
+        if not headers:
             outcome.flags.add("upstream_credential_missing")
             return
-        if upstream.style == "anthropic":
-            outcome.upstream_headers["x-api-key"] = key
-        else:
-            outcome.upstream_headers["authorization"] = f"Bearer {key}"
+        outcome.upstream_headers.update(headers)
         outcome.remove_headers = [h for h in _CREDENTIAL_HEADERS if h not in outcome.upstream_headers]
 
     def _splice(self, body: bytes, parsed: dict[str, Any], edits: list[Edit], outcome: Outcome) -> bytes:

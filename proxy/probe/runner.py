@@ -281,10 +281,7 @@ def _json_str(value: str) -> bytes:
 
 
 def _credential(upstream: Any, env: Mapping[str, str]) -> dict[str, str]:
-    key = env.get(upstream.api_key_env) if upstream.api_key_env else None
-    if not key:
-        return {}
-    return {"x-api-key": key} if upstream.style == "anthropic" else {"authorization": f"Bearer {key}"}
+    return upstream.auth_headers(env)
 
 
 def _served_label(m: Any) -> str:
