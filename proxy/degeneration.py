@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from .jsonbody import json_object
+
 # Han (+ extension A, compatibility, extension B..), kana, hangul, CJK and full-width punctuation.
 _CJK_CLASS = (
     "\u3000-\u303f\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
@@ -221,11 +223,8 @@ def request_language(body: bytes | None) -> bool | None:
     """Is the conversation in Latin script? From the user turns of a chat request (None: can't tell)."""
     if not body or len(body) > 16 * 1024 * 1024:
         return None
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+    obj = json_object(body)
+    if obj is None:
         return None
     messages = obj.get("messages") if isinstance(obj.get("messages"), list) else obj.get("input")
     if isinstance(messages, str):

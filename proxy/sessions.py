@@ -18,17 +18,15 @@ from typing import Any
 import orjson
 
 from .exchange import Exchange
+from .jsonbody import json_object
 
 IDLE_GAP_S = 30 * 60
 _PROMPT_CACHE_KEY = re.compile(rb'"prompt_cache_key"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
 
 
 def _opening(body: bytes) -> bytes | None:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+    obj = json_object(body)
+    if obj is None:
         return None
     messages = obj.get("messages")
     if not isinstance(messages, list):

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from ..changes import Change
+from ..jsonbody import json_object
 from .errors import error_body
 from .plan import STAGE, Fatal
 from .schema import ToolSchemas
@@ -146,11 +147,8 @@ def repair_messages_body(
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `message`: (body, changes, outcome); unrecoverable → Anthropic's error body,
     sent with status 502 (policy "error") or 422 ("fail_fast")."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body, [], "untouched"
-    if not isinstance(obj, dict) or obj.get("type") != "message" or not isinstance(obj.get("content"), list):
+    obj = json_object(body)
+    if obj is None or obj.get("type") != "message" or not isinstance(obj.get("content"), list):
         return body, [], "untouched"
     schemas = ToolSchemas(normalize_tools(tools))
     changes: list[Change] = []

@@ -17,6 +17,7 @@ import orjson
 from ..changes import Change
 from .accumulate import CallAccumulator
 from .errors import error_body
+from .output import finish_reason_change
 from .plan import STAGE, Part, plan_choice
 from .schema import ToolSchemas
 
@@ -93,16 +94,7 @@ def repair_chat_completion(
         ch = {**ch, "message": message}
         if message.get("tool_calls") and ch.get("finish_reason") == "stop":
             ch["finish_reason"] = "tool_calls"
-            changes.append(
-                Change(
-                    STAGE,
-                    "finish_reason",
-                    f"$.choices[{ci}].finish_reason",
-                    "stop",
-                    "tool_calls",
-                    "the message ends in tool calls",
-                )
-            )
+            changes.append(finish_reason_change(ci))
         new_choices.append(ch)
     if not changes:
         return body, [], "untouched"

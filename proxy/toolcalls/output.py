@@ -77,16 +77,7 @@ class Writer:
                     inserted.add(ci)
                     if finish == "stop":
                         ch["finish_reason"] = "tool_calls"
-                        changes.append(
-                            Change(
-                                STAGE,
-                                "finish_reason",
-                                f"$.choices[{ci}].finish_reason",
-                                "stop",
-                                "tool_calls",
-                                "the message ends in tool calls",
-                            )
-                        )
+                        changes.append(finish_reason_change(ci))
                         dirty = True
                 if _empty(ch):
                     dirty = True
@@ -139,3 +130,9 @@ def _empty(ch: dict[str, Any]) -> bool:
         return False
     delta = ch.get("delta") or {}
     return not any(v not in (None, "", [], {}) for v in delta.values())
+
+
+def finish_reason_change(choice_index: int) -> Change:
+    """A message whose calls ended with finish_reason "stop" says "tool_calls", as clients expect."""
+    return Change(STAGE, "finish_reason", f"$.choices[{choice_index}].finish_reason", "stop", "tool_calls",
+                  "the message ends in tool calls")

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from ..changes import Change
+from ..jsonbody import json_object
 from .errors import error_body
 from .plan import STAGE, Fatal
 from .schema import ToolSchemas
@@ -231,11 +232,8 @@ def repair_responses_body(
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
     error body to send with status 502 (policy "error") or 422 ("fail_fast")."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body, [], "untouched"
-    if not isinstance(obj, dict) or not isinstance(obj.get("output"), list):
+    obj = json_object(body)
+    if obj is None or not isinstance(obj.get("output"), list):
         return body, [], "untouched"
     schemas = ToolSchemas(normalize_tools(tools))
     changes: list[Change] = []
