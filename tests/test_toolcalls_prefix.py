@@ -99,7 +99,10 @@ PROPS = {
     "items": {"type": "array", "items": {"type": "string"}},
     "meta": {"type": "object"},
 }
-TEXT = st.text(alphabet=st.sampled_from(list('ab \n\t"\\/é€😀<>{}[]:,')) | st.characters(codec="utf-8"))
+# "<|" is Gemma's delimiter debris: the prefix gate holds any value holding it (by design, prefix.py), so
+# a valid stream that merely contains it is held, not streamed, and is left out of this property.
+TEXT = st.text(alphabet=st.sampled_from(list('ab \n\t"\\/é€😀<>{}[]:,')) | st.characters(codec="utf-8")).filter(
+    lambda text: "<|" not in text)
 LEAF = st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False, allow_infinity=False)
 NESTED = st.recursive(
     LEAF | TEXT, lambda i: st.lists(i, max_size=3) | st.dictionaries(TEXT, i, max_size=3), max_leaves=8
@@ -207,6 +210,7 @@ def test_crlf_pings_and_escapes_stream() -> None:
             ],
         ),
         ("NaN is refused though json.loads takes it", [call(0, "c1", "read", '{"path": "a", "limit": NaN}')]),
+        ("a value holding Gemma's delimiter start", [call(0, "c1", "read", '{"path": "<|"}')]),
         (
             "content while the call is open",
             [call(0, "c1", "read", '{"path": '), chunk({"content": "x"}), call(0, args='"a"}')],
