@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support.procs import start_mock, start_proxy
+
+# CI runs the same examples every time (a red CI is then reproducible, never a dice roll); local runs
+# explore new ones, and hypothesis keeps what it finds in .hypothesis/.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
 
