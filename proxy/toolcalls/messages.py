@@ -24,9 +24,9 @@ import orjson
 from ..changes import Change
 from ..jsonbody import json_object
 from .errors import error_body
-from .plan import STAGE, Fatal
+from .plan import Fatal
 from .schema import ToolSchemas
-from .surface import HeldCall, HoldingStage, decide, named_event, normalize_tools, parse
+from .surface import HeldCall, HoldingStage, decide, fatal_change, named_event, normalize_tools, parse, repair_change
 
 
 class MessagesToolCallRepair(HoldingStage):
@@ -165,8 +165,7 @@ def repair_messages_body(
         verdict = decide(call, schemas, empty_is_object=True)
         where = f"$.content[{position}].input"
         if verdict.fatal is not None:
-            changes.append(Change(STAGE, verdict.fatal.kind, where, {"name": verdict.fatal.name}, None,
-                                  f"unrecoverable ({verdict.fatal.reason})"))
+            changes.append(fatal_change(verdict.fatal, where))
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
             return orjson.dumps(messages_error(verdict.fatal, policy, capture_id)), changes, "unrecoverable"
@@ -174,10 +173,8 @@ def repair_messages_body(
             content.append(block)
             continue
         arguments = verdict.arguments if verdict.arguments is not None else text
-        changes.append(Change(STAGE, (verdict.kinds or ["invalid_json"])[0], where,
-                              {"name": block.get("name"), "arguments": text},
-                              {"name": verdict.name or block.get("name"), "arguments": arguments},
-                              verdict.reason or "input sent as a string"))
+        changes.append(repair_change(verdict, where, block.get("name"), text, arguments, "invalid_json",
+                                     "input sent as a string"))
         new = {**block, "input": json.loads(arguments)}
         if verdict.name:
             new["name"] = verdict.name

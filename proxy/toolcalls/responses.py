@@ -24,9 +24,19 @@ import orjson
 from ..changes import Change
 from ..jsonbody import json_object
 from .errors import error_body
-from .plan import STAGE, Fatal
+from .plan import Fatal
 from .schema import ToolSchemas
-from .surface import HeldCall, HoldingStage, decide, event_name, named_event, normalize_tools, parse
+from .surface import (
+    HeldCall,
+    HoldingStage,
+    decide,
+    event_name,
+    fatal_change,
+    named_event,
+    normalize_tools,
+    parse,
+    repair_change,
+)
 
 _TERMINAL = (b"response.completed", b"response.incomplete")
 
@@ -249,8 +259,7 @@ def repair_responses_body(
         verdict = decide(call, schemas)
         where = f"$.output[{position}].arguments"
         if verdict.fatal is not None:
-            changes.append(Change(STAGE, verdict.fatal.kind, where, {"name": verdict.fatal.name}, None,
-                                  f"unrecoverable ({verdict.fatal.reason})"))
+            changes.append(fatal_change(verdict.fatal, where))
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
             return json.dumps(error_body(verdict.fatal, policy, capture_id), ensure_ascii=False).encode(), \
@@ -258,10 +267,7 @@ def repair_responses_body(
         if verdict.arguments is None:
             output.append(item)
             continue
-        changes.append(Change(STAGE, verdict.kinds[0] if verdict.kinds else "repair", where,
-                              {"name": item.get("name"), "arguments": text},
-                              {"name": verdict.name or item.get("name"), "arguments": verdict.arguments},
-                              verdict.reason))
+        changes.append(repair_change(verdict, where, item.get("name"), text, verdict.arguments, "repair"))
         renamed = {"name": verdict.name} if verdict.name else {}
         output.append({**item, "arguments": verdict.arguments, **renamed})
     if not changes:

@@ -231,3 +231,16 @@ def parse(event: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def fatal_change(fatal: Fatal, where: str) -> Change:
+    """The change row of a call that can't be recovered (its arguments are never sent)."""
+    return Change(STAGE, fatal.kind, where, {"name": fatal.name}, None, f"unrecoverable ({fatal.reason})")
+
+
+def repair_change(verdict: Verdict, where: str, name: str | None, before: str, after: str,
+                  default_kind: str, default_reason: str = "") -> Change:
+    """The change row of a repaired call: name and arguments before and after."""
+    return Change(STAGE, verdict.kinds[0] if verdict.kinds else default_kind, where,
+                  {"name": name, "arguments": before}, {"name": verdict.name or name, "arguments": after},
+                  verdict.reason or default_reason)
