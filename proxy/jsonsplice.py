@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -354,3 +354,34 @@ def json_path(path: Path) -> str:
     return "$" + "".join(
         f".{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) else f"[{json.dumps(k)}]" for k in path
     )
+
+
+def top_level_spans(body: bytes) -> dict[str, tuple[int, int]]:
+    """Byte spans of the top-level members' values, without parsing them (a megabyte `messages`
+    array is skipped at memchr speed). Raises SpliceError when the body is not an object."""
+    start = _WS.match(body).end()  # type: ignore[union-attr]
+    if start >= len(body) or body[start] != 0x7B:
+        raise SpliceError("not a JSON object")
+    members, _ = _members(body, start)
+    return {m.key: (m.value_start, m.value_end) for m in members}
+
+
+def array_item_spans(body: bytes, start: int) -> Iterator[tuple[int, int]]:
+    """Spans of the items of the array whose `[` is at `start`, one at a time (stop early for free)."""
+    if body[start] != 0x5B:
+        raise SpliceError(f"expected an array at byte {start}")
+    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    if pos < len(body) and body[pos] == 0x5D:
+        return
+    while True:
+        end = _value_end(body, pos)
+        yield pos, end
+        pos = _WS.match(body, end).end()  # type: ignore[union-attr]
+        if pos >= len(body):
+            raise SpliceError("unterminated array")
+        if body[pos] == 0x2C:
+            pos = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+            continue
+        if body[pos] == 0x5D:
+            return
+        raise SpliceError(f"expected ',' or ']' at byte {pos}")
