@@ -121,7 +121,6 @@ def _return_big_buffers_to_the_os() -> None:
 
 def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
     """Blocking: serve until SIGINT/SIGTERM, then drain the capture queue before exiting."""
-    _return_big_buffers_to_the_os()
     try:
         asyncio.run(serve(settings, runtime, ready=ready))
     except KeyboardInterrupt:
@@ -144,6 +143,7 @@ def prepare(settings: Settings) -> Runtime:
 
     from .policy_setup import StartupError, build_policy
 
+    _return_big_buffers_to_the_os()  # before the writer thread exists
     check_exposure(settings)
     policy, targets = build_policy(settings)
     retention = None
