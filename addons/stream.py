@@ -123,6 +123,12 @@ class StreamOwner:
         pipeline = response.stream
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)
+        if tail.rstrip().endswith(b"data: [DONE]"):
+            # A stage already ended the stream (a held tool call cut by the reset: its own retryable
+            # error event); a second error after [DONE] would only confuse a client.
+            setattr(flow.client_conn, TAIL_ATTR, tail)
+            self.collect(ex)
+            return
         message = ("upstream server error: the upstream connection broke mid-stream "
                    f"({flow.error.msg if flow.error else 'reset'})")
         event, error = reset_event(surface_for(ex.path), message, ex.id)

@@ -240,3 +240,19 @@ def test_tool_call_fragments_held_or_streamed(raw, proxy_for, prefix_mode):
     else:
         assert fragment_at > 1.0, pieces
     assert b"".join(p for _, p in pieces) == b"".join(events)
+
+
+def test_reset_inside_a_held_tool_call_ends_with_one_error_event(raw, proxy_for):
+    """The held, cut call is never sent; the client sees exactly one retryable error and one [DONE]."""
+    opener = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+              b'"function":{"name":"write","arguments":"{\\"path\\": \\"a."}}]}}]}\n\n')
+    script = sse_response([CHUNK % b"text first", opener])[:-1]
+    server = raw(lambda _: [*script, (0.2, b"<RESET>")])
+    proxy = proxy_for(server.url)
+    body = {"model": "m", "stream": True, "messages": [], "tools": TOOLS}
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
+        received = b"".join(response.iter_raw())
+    assert received.startswith(CHUNK % b"text first")
+    assert b'"tool_calls"' not in received
+    assert received.count(b'"error"') == 1 and received.count(b"data: [DONE]") == 1
+    assert received.rstrip().endswith(b"data: [DONE]")

@@ -7,7 +7,6 @@ import json
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tapfix.proxy.sessions import _opening
 
 
