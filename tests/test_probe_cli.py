@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.procs import TAPFIX, cli, free_port, start_mock
+from tests.support.procs import cli, free_port, start_mock
 
 pytestmark = pytest.mark.e2e
 
 
-def _registered() -> bool:
-    from tapfix.proxy.cli import main
-
-    return "probe" in main.commands
-
-
 def probe(*args: str) -> subprocess.CompletedProcess:
-    """`tapfix probe ...` once the lead registers it; until then the module's own entry point."""
-    if _registered():
-        return cli("probe", *args)
-    return subprocess.run(
-        [sys.executable, "-m", "tapfix.proxy.cli_probe", *args], capture_output=True, timeout=120
-    )
+    """`tapfix probe ...`, the registered command."""
+    return cli("probe", *args)
 
 
 def report_of(result: subprocess.CompletedProcess) -> dict:
@@ -224,6 +213,8 @@ upstream_model = "Qwen/Qwen3-30B-A3B"
 
 
 def test_probe_help_is_documented():
-    assert _registered() or TAPFIX  # registration is the lead's (see docs/probe.md)
+    from tapfix.proxy.cli import main
+
+    assert "probe" in main.list_commands(None)
     result = probe("--help")
     assert result.returncode == 0 and b"Deep health probe" in result.stdout

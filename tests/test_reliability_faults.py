@@ -209,10 +209,8 @@ def test_locked_database_keeps_traffic_flowing_and_loses_nothing_silently(stack,
         missing = [i for i in ids if i not in present]
         # Nothing is lost silently: every missing capture is counted as a failure with its reason.
         assert len(missing) <= writer["failures"], (missing, writer)
-        if missing:
-            assert "locked" in (writer["last_error"] or ""), writer
-        if "lock_retries" in writer:  # with the store patch, a lock shorter than the retries loses nothing
-            assert not missing and writer["lock_retries"] >= 1, writer
+        # A lock shorter than the writer's retries loses nothing: it is retried, and counted.
+        assert not missing and writer["lock_retries"] >= 1, writer
     finally:
         proxy.stop()
 

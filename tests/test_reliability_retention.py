@@ -29,10 +29,6 @@ from tapfix.proxy.retention import (
 )
 from tapfix.proxy.store import CaptureWriter, open_for_writing
 
-WRITER_HAS_RETENTION = "retention" in CaptureWriter.__init__.__code__.co_varnames
-needs_store_patch = pytest.mark.skipif(not WRITER_HAS_RETENTION,
-                                       reason="needs the store.py retention patch (reliability-patches/03)")
-
 
 def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[Exchange]:
     """Agent-like traffic: per session, each turn's body is the previous one plus a new message."""
@@ -188,7 +184,6 @@ def test_retention_from_config():
     assert r is not None and (r.max_age_s, r.max_bytes, r.every_s) == (604800, 1024**3, 30)
 
 
-@needs_store_patch
 def test_writer_enforces_retention_from_its_own_thread(tmp_path):
     path = tmp_path / "c.db"
     old = _session_exchanges(2, 3, 5, time.time() - 3600)
@@ -211,7 +206,7 @@ def test_writer_enforces_retention_from_its_own_thread(tmp_path):
 def test_purge_from_another_process_while_the_writer_remembers_a_base(tmp_path):
     """The writer keeps each session's last body in memory as the next delta's base; a purge from
     `tapfix captures purge` may delete it. The next turn must still be stored so that it rebuilds.
-    (Passes only with the bodies.py patch: without it, turn 2 becomes a delta on a deleted body.)"""
+    (Before the fix, turn 2 became a delta on a deleted body, or on itself once SQLite reused the id.)"""
     path = tmp_path / "c.db"
     turns = _session_exchanges(1, 3, 9, time.time() - 3600)
     writer = CaptureWriter(path)
@@ -223,8 +218,6 @@ def test_purge_from_another_process_while_the_writer_remembers_a_base(tmp_path):
         ex.started_at = time.time()
         writer.submit(ex)
     writer.close()
-    if not hasattr(writer.bodies, "forget"):
-        pytest.skip("needs the bodies.py patch (reliability-patches/02)")
     _check_store(other, {ex.id: ex for ex in turns})
 
 

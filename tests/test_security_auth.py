@@ -1,8 +1,7 @@
 """Who can get in: loopback by default; beyond loopback only with the tapfix token, given as the client's
 API key, checked in constant time, stripped, and never forwarded (the upstream gets its own key).
 
-Unit tests drive `addons/auth.py` directly; the end-to-end ones need the lead's patches 04–05 (the
-`--token` flag and the registration) and are skipped until then.
+Unit tests drive `addons/auth.py` directly; the end-to-end ones run `tapfix run --token` for real.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from tests.support.procs import free_port, start, wait_capture
 from tests.support.rawserver import RawRequest, RawServer
 
 TOKEN = "tapfix-token-0123456789abcdef"
-PATCHED = "token" in Settings.__dataclass_fields__
-needs_patch = pytest.mark.skipif(not PATCHED, reason="needs the --token patches (reliability-patches/04, 05)")
 
 
 def _auth(intercept: set[str] | None = None) -> TokenAuth:
@@ -122,7 +119,6 @@ def test_defaults_bind_to_loopback_only(tmp_path):
         proxy.stop()
 
 
-@needs_patch
 def test_non_loopback_without_token_refuses_to_start(tmp_path):
     from tests.support.procs import cli
 
@@ -137,7 +133,6 @@ def test_non_loopback_without_token_refuses_to_start(tmp_path):
     assert short.returncode != 0 and "at least 8" in short.stderr.decode()
 
 
-@needs_patch
 def test_token_end_to_end_on_all_interfaces(tmp_path):
     ok = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
     upstream = RawServer(lambda _r: [(0.0, ok)])

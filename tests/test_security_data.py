@@ -16,14 +16,12 @@ import httpx
 import pytest
 from tapfix.proxy.captures import load_capture
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.settings import Settings
 from tapfix.proxy.store import CaptureWriter, open_for_reading
 
 from tests.support.procs import cli, free_port, start_mock, start_proxy, wait_capture
 
 SECRET = "sk-live-SECRETSECRET0123456789"
 SECRET2 = "tok_ANOTHERSECRET987654321"
-PATCHED = "token" in Settings.__dataclass_fields__
 
 
 def _mode(path: Path) -> int:
@@ -147,7 +145,6 @@ def test_config_refuses_literal_keys_through_the_cli(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(not PATCHED, reason="needs the per-model store_bodies patch (reliability-patches/06)")
 def test_per_model_privacy_switch_stores_metadata_only(tmp_path):
     mock = start_mock(tmp_path)
     config = tmp_path / "tapfix.toml"
