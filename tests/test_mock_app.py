@@ -13,7 +13,6 @@ from tapfix.proxy.mock.wire import MockReset
 from tests.conftest import corpus_dir  # noqa: E402
 
 CORPUS = corpus_dir()
-needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not found")
 
 WRITE_TOOL = {
     "type": "function",
@@ -180,7 +179,6 @@ def test_legacy_completions() -> None:
     assert objs[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-@needs_corpus
 @pytest.mark.parametrize(
     "path", sorted(CORPUS.glob("*.json")) if CORPUS.is_dir() else [], ids=lambda p: p.stem[:40]
 )
@@ -196,7 +194,6 @@ def test_every_case_is_served_byte_exact(path: Path) -> None:
     assert raw == b"".join(expected) + (b"" if ends_in_error else b"data: [DONE]\n\n")
 
 
-@needs_corpus
 def test_case_non_streamed_is_assembled() -> None:
     path = CORPUS / "missing_last_chunk__truncated_inside_string_value.json"
     case = json.loads(path.read_text())
@@ -215,14 +212,12 @@ def test_case_non_streamed_is_assembled() -> None:
     assert body["id"] == case["stream"][0]["id"]
 
 
-@needs_corpus
 def test_error_case_non_streamed_is_an_http_error() -> None:
     path = CORPUS / "invalid_json__unescaped_quotes_in_json_valued_xml_parameter_llamacpp.json"
     r = client(cases=[path]).post("/v1/chat/completions", json={"messages": []})
     assert r.status_code == 500 and "Failed to parse input" in r.json()["error"]["message"]
 
 
-@needs_corpus
 def test_several_cases_by_model_name_else_round_robin() -> None:
     paths = sorted(CORPUS.glob("*.json"))[:3]
     c = client(cases=paths)

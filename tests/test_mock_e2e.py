@@ -136,7 +136,6 @@ def test_identical_requests_identical_bytes(mock: Running) -> None:
     assert first == second and first.endswith(b"data: [DONE]\n\n")
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not found")
 def test_corpus_case_byte_exact_over_the_wire() -> None:
     path = CORPUS / "duplicated_fragments__hermes_qwen25_partial_json_diff_and_final_resend.json"
     case = json.loads(path.read_text())
@@ -154,7 +153,6 @@ def test_corpus_case_byte_exact_over_the_wire() -> None:
     assert raw == expected
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not found")
 def test_llama_error_case_ends_without_done_and_sdk_raises() -> None:
     path = CORPUS / "invalid_json__unescaped_quotes_in_json_valued_xml_parameter_llamacpp.json"
     with Running(MockOptions(cases=[path])) as running:
