@@ -15,6 +15,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
 from tapfix.proxy.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.request_policy import surface_for
+from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.surface import named_event
 
@@ -151,4 +152,4 @@ def reset_event(surface: str | None, message: str, capture_id: str) -> tuple[byt
     if surface == "responses":
         return named_event("error", {"type": "error", "code": "server_error", "message": message,
                                      "error": error, "sequence_number": 0}), error
-    return b"data: " + orjson.dumps({"error": error}) + b"\n\ndata: [DONE]\n\n", error
+    return format_event(orjson.dumps({"error": error})) + format_event(b"[DONE]"), error

@@ -53,17 +53,15 @@ class Exchange:
     mark: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def add_change(self, change: Change) -> None:
-        self.changes.append(change)
-
     def upstream_response(self) -> bytes:
         if self.upstream_body is not None:
             return self.upstream_body
         return b"".join(self.upstream_chunks)
 
-    def client_response(self) -> bytes:
+    def client_response(self, upstream: bytes | None = None) -> bytes:
+        """What the client received; `upstream` (already joined) is returned as is when nothing differed."""
         if self.client_body_out is not None:
             return self.client_body_out
         if self.client_chunks is not None:
             return b"".join(self.client_chunks)
-        return self.upstream_response()
+        return self.upstream_response() if upstream is None else upstream

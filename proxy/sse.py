@@ -49,10 +49,6 @@ class SSESplitter:
         rest, self._buffer = self._buffer, b""
         return [rest] if rest else []
 
-    @property
-    def pending(self) -> bytes:
-        return self._buffer
-
 
 def _split_lf(whole: bytes) -> list[bytes]:
     events = []
@@ -121,6 +117,3 @@ def format_event(data: bytes, newline: bytes = b"\n") -> bytes:
 
 def comment(text: str, newline: bytes = b"\n") -> bytes:
     return b": " + text.encode() + newline + newline
-
-
-DONE = b"[DONE]"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import array
 import datetime
-import hashlib
 import logging
 import os
 import queue
@@ -198,12 +197,7 @@ class CaptureWriter:
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.upstream_response()
-        if ex.client_body_out is not None:
-            client = ex.client_body_out
-        elif ex.client_chunks is not None:
-            client = b"".join(ex.client_chunks)
-        else:
-            client = upstream
+        client = ex.client_response(upstream)
         assembled = _assemble(ex, client)
         first_token_ms = None
         if ex.upstream_body is None and ex.chunk_times:
@@ -318,10 +312,6 @@ def unpack_timing(blob: bytes | None) -> list[tuple[float, int]]:
     sizes = array.array("I")
     sizes.frombytes(blob[4 * n :])
     return list(zip(offsets, sizes, strict=False))
-
-
-def body_digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 __all__ = ["CaptureWriter", "StoreError", "open_for_reading", "open_for_writing", "read_body", "unpack_timing"]
