@@ -9,7 +9,6 @@ a repaired tool call (before and after) and a streamed answer with a stall in it
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,17 +22,8 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store import CaptureWriter
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--hide-scrollbars",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo's tests/ helpers
+from tests.support.chromium import CHROMIUM, FLAGS  # noqa: E402
 
 
 def showcase(path: Path) -> str:
@@ -136,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("docs/img/exchange.png"))
     args = ap.parse_args()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = CHROMIUM
     if chromium is None:
         sys.exit("chromium is not installed: apt-get install -y chromium")
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,22 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chromium import CHROMIUM, FLAGS
 from tests.support.procs import free_port, wait_port
 from tests.test_browse_fixtures import Built, build_db
 
 pytestmark = pytest.mark.browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--hide-scrollbars",
-]
 
 
 def _no_chromium() -> None:
