@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .health import Health
-from .recorder import RecordExchange, RecordRequest
-from .router import Router
-from .runtime import Runtime
-from .stream import StreamOwner
+from tapfix.addons.health import Health
+from tapfix.addons.recorder import RecordExchange, RecordRequest
+from tapfix.addons.router import Router
+from tapfix.addons.runtime import Runtime
+from tapfix.addons.stream import StreamOwner
 
 
 def default_addons(runtime: Runtime) -> list[object]:
@@ -15,7 +15,7 @@ def default_addons(runtime: Runtime) -> list[object]:
     chain: list[object] = [Health(runtime), RecordRequest(runtime), Router(runtime), StreamOwner(runtime),
                            RecordExchange(runtime)]
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
-        from .auth import TokenAuth
+        from tapfix.addons.auth import TokenAuth
 
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))
     return chain

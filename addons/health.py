@@ -13,9 +13,8 @@ import time
 from typing import Any
 
 from mitmproxy import http
-
-from .router import json_response
-from .runtime import Runtime
+from tapfix.addons.router import json_response
+from tapfix.addons.runtime import Runtime
 
 log = logging.getLogger("tapfix")
 ON_DEMAND_TTL_S = 30.0

@@ -12,12 +12,11 @@ from typing import Any
 
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
+from tapfix.addons import default_addons, reset_tail
+from tapfix.addons.runtime import Runtime
 from tapfix.proxy.settings import Settings, is_loopback
 from tapfix.proxy.store import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget
-
-from . import default_addons, reset_tail
-from .runtime import Runtime
 
 log = logging.getLogger("tapfix")
 
@@ -139,9 +138,8 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
 
 def prepare(settings: Settings) -> Runtime:
     """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
+    from tapfix.addons.policy_setup import StartupError, build_policy
     from tapfix.proxy.retention import Retention
-
-    from .policy_setup import StartupError, build_policy
 
     _return_big_buffers_to_the_os()  # before the writer thread exists
     check_exposure(settings)
@@ -160,7 +158,7 @@ def prepare(settings: Settings) -> Runtime:
 
 def check_exposure(settings: Settings) -> None:
     """Captures hold prompts and code, and the proxy spends the upstream's key: beyond loopback, a token."""
-    from .policy_setup import StartupError
+    from tapfix.addons.policy_setup import StartupError
 
     if settings.token is not None and len(settings.token) < 8:
         raise StartupError("--token / $TAPFIX_TOKEN must be at least 8 characters")

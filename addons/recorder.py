@@ -8,10 +8,9 @@ import time
 
 import orjson
 from mitmproxy import http
+from tapfix.addons.runtime import META, Runtime, exchange_of
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.redact import redact_url
-
-from .runtime import META, Runtime, exchange_of
 
 log = logging.getLogger("tapfix")
 INFERENCE_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages")

@@ -8,12 +8,11 @@ import logging
 
 import orjson
 from mitmproxy import http
+from tapfix.addons.recorder import note_request_json
+from tapfix.addons.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.routing import models_listing
 from tapfix.proxy.upstream import UpstreamTarget
-
-from .recorder import note_request_json
-from .runtime import Runtime, exchange_of
 
 log = logging.getLogger("tapfix")
 

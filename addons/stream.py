@@ -10,6 +10,8 @@ import time
 
 import orjson
 from mitmproxy import http
+from tapfix.addons.reset_tail import TAIL_ATTR
+from tapfix.addons.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
@@ -18,9 +20,6 @@ from tapfix.proxy.request_policy import surface_for
 from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.surface import named_event
-
-from .reset_tail import TAIL_ATTR
-from .runtime import Runtime, exchange_of
 
 
 def _surface(ex: Exchange) -> str | None:

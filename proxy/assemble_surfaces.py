@@ -20,9 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
-from .assemble import Assembled
-from .sse import SSESplitter, event_data
+from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.sse import SSESplitter, event_data
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 

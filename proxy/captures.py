@@ -6,9 +6,8 @@ import sqlite3
 from typing import Any
 
 import orjson
-
-from .bodies import read_body
-from .store import StoreError
+from tapfix.proxy.bodies import read_body
+from tapfix.proxy.store import StoreError
 
 
 class CaptureNotFound(StoreError):

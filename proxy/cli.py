@@ -13,9 +13,8 @@ from pathlib import Path
 
 import click
 import orjson
-
-from .settings import Settings, parse_listen
-from .store import StoreError, default_db_path, open_for_reading
+from tapfix.proxy.settings import Settings, parse_listen
+from tapfix.proxy.store import StoreError, default_db_path, open_for_reading
 
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
 
@@ -116,7 +115,7 @@ def run(**kw) -> None:
 
 def _config_defaults(kw: dict) -> None:
     """listen, db and mode from the config file, unless given on the command line."""
-    from .config import Config, ConfigError
+    from tapfix.proxy.config import Config, ConfigError
 
     try:
         config = Config.load(kw["config_path"])
@@ -135,7 +134,7 @@ def _config_defaults(kw: dict) -> None:
 
 
 def _settings(kw: dict) -> Settings:
-    from .retention import parse_duration, parse_size
+    from tapfix.proxy.retention import parse_duration, parse_size
 
     try:
         host, port = parse_listen(kw["listen"], 8080)
@@ -160,7 +159,7 @@ def _settings(kw: dict) -> Settings:
 
 
 def _run_proxy(settings: Settings, banner=None) -> int:
-    from .upstream import UpstreamURLError
+    from tapfix.proxy.upstream import UpstreamURLError
 
     _setup_logging(settings.verbose)
     try:
@@ -189,7 +188,7 @@ def _run_proxy(settings: Settings, banner=None) -> int:
 @_db_option
 def demo(listen: str, mock_listen: str, db: Path | None) -> None:
     """Proxy + embedded scripted upstream + SQLite, ready for a client; prints how to use it."""
-    from .demo import run_demo
+    from tapfix.proxy.demo import run_demo
 
     sys.exit(run_demo(listen, mock_listen, _resolve_db(db), _run_proxy, _settings))
 
@@ -207,12 +206,12 @@ def demo(listen: str, mock_listen: str, db: Path | None) -> None:
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
 def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture."""
-    from .mock import MockOptions, ScenarioError, serve
+    from tapfix.proxy.mock import MockOptions, ScenarioError, serve
 
     host, port = parse_listen(listen, 8000)
     recorded = None
     if capture:
-        from .mock_replay import recorded_response
+        from tapfix.proxy.mock_replay import recorded_response
 
         conn = _reader(db)
         try:
@@ -222,7 +221,7 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
     opts = MockOptions(cases=list(cases), scenario=scenario, chunk_delay_ms=chunk_delay_ms, recorded=recorded,
                        fast=fast)
     try:
-        from .mock import create_app
+        from tapfix.proxy.mock import create_app
 
         create_app(opts)  # validates cases and the scenario before binding
     except (ScenarioError, ValueError, OSError) as e:
@@ -236,8 +235,8 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="seconds per upstream")
 def check(config_path: Path, timeout: float) -> None:
     """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set."""
-    from .config import Config, ConfigError
-    from .preflight import render, run_checks
+    from tapfix.proxy.config import Config, ConfigError
+    from tapfix.proxy.preflight import render, run_checks
 
     try:
         config = Config.load(config_path)
@@ -262,7 +261,7 @@ def captures() -> None:
 @click.option("--session", metavar="SID", help="only this agent session")
 def captures_list(db, limit, as_json, flag, tag, session) -> None:
     """Captured exchanges, newest first."""
-    from .captures import list_captures
+    from tapfix.proxy.captures import list_captures
 
     rows = list_captures(_reader(db), limit=limit, flag=flag, tag=tag, session=session)
     if as_json:
@@ -271,7 +270,7 @@ def captures_list(db, limit, as_json, flag, tag, session) -> None:
             out.write(orjson.dumps(row) + b"\n")
         out.flush()
         return
-    from .render import captures_table
+    from tapfix.proxy.render import captures_table
 
     click.echo(captures_table(rows))
 
@@ -281,8 +280,8 @@ def captures_list(db, limit, as_json, flag, tag, session) -> None:
 @_db_option
 def captures_show(capture_id, db) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings."""
-    from .captures import load_capture
-    from .show import render_capture
+    from tapfix.proxy.captures import load_capture
+    from tapfix.proxy.show import render_capture
 
     conn = _reader(db)
     try:
@@ -303,13 +302,13 @@ def captures_show(capture_id, db) -> None:
 @click.option("-o", "output", type=click.Path(path_type=Path), help="write here instead of stdout")
 def captures_export(capture_id, db, which, as_format, output) -> None:
     """Write one body's exact bytes (default: the client's request body)."""
-    from .captures import capture_body, load_capture
+    from tapfix.proxy.captures import capture_body, load_capture
 
     conn = _reader(db)
     try:
         capture = load_capture(conn, capture_id)
         if as_format != "raw":
-            from .export import export_capture
+            from tapfix.proxy.export import export_capture
 
             # A repro resends what the server got unless --original asks for the client's bytes.
             export_capture(conn, capture, as_format, output, which or "forwarded")
@@ -330,7 +329,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-from .cli_purge import purge as _purge  # noqa: E402 - its imports are light: click, orjson, the store
+from tapfix.proxy.cli_purge import purge as _purge  # noqa: E402 - its imports are light: click, orjson, the store
 
 captures.add_command(_purge)
 

@@ -10,9 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import click
-
-from .settings import parse_listen
-from .store import StoreError, default_db_path
+from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.store import StoreError, default_db_path
 
 TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 
@@ -47,9 +46,8 @@ def browse(db: Path | None, listen: str, token: str | None, no_search: bool, ind
     otherwise; any other address needs --token (or $TAPFIX_BROWSE_TOKEN).
     """
     import uvicorn
-
-    from .browse import create_app
-    from .browse.security import is_loopback
+    from tapfix.proxy.browse import create_app
+    from tapfix.proxy.browse.security import is_loopback
 
     try:
         host, port = parse_listen(listen, 8081)

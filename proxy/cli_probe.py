@@ -14,8 +14,7 @@ from pathlib import Path
 
 import click
 import orjson
-
-from .probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
+from tapfix.proxy.probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
 
 
 class _Usage(click.UsageError):
@@ -139,14 +138,14 @@ def probe(
         if report.unreachable:
             click.echo(f"tapfix probe: {report.unreachable}", err=True)
     else:
-        from .probe.report import render
+        from tapfix.proxy.probe.report import render
 
         click.echo(render(report), nl=False)
     sys.exit(report.exit_code)
 
 
 def _writer(db: Path | None):
-    from .store import CaptureWriter, StoreError, default_db_path
+    from tapfix.proxy.store import CaptureWriter, StoreError, default_db_path
 
     try:
         return CaptureWriter(db or default_db_path())
@@ -155,9 +154,9 @@ def _writer(db: Path | None):
 
 
 def _quick_policy(upstream: str, engine: str | None, generation_config: Path | None):
-    from .config import Config, ConfigError
-    from .request_policy import RequestPolicy
-    from .upstream import UpstreamURLError
+    from tapfix.proxy.config import Config, ConfigError
+    from tapfix.proxy.request_policy import RequestPolicy
+    from tapfix.proxy.upstream import UpstreamURLError
 
     try:
         return RequestPolicy(Config.quick(upstream, engine=engine, generation_config=generation_config))
@@ -166,7 +165,7 @@ def _quick_policy(upstream: str, engine: str | None, generation_config: Path | N
 
 
 def _config_mode(path: Path, model, checks, timeout, capture, options):
-    from .config import ConfigError, load
+    from tapfix.proxy.config import ConfigError, load
 
     try:
         config = load(path)

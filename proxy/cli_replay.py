@@ -17,8 +17,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from .store import StoreError, default_db_path, open_for_reading
+from tapfix.proxy.store import StoreError, default_db_path, open_for_reading
 
 
 class InputError(click.ClickException):
@@ -90,8 +89,8 @@ def replay(
     per run: status, time to first token, decode speed, finish reason, tool-call validity, flags,
     and similarity to the other runs (outliers highlighted). Ctrl-C keeps the finished runs.
     """
-    from .captures import CaptureNotFound
-    from .replay import (
+    from tapfix.proxy.captures import CaptureNotFound
+    from tapfix.proxy.replay import (
         ReplayError,
         build_request,
         check_reachable,
@@ -122,14 +121,14 @@ def _credentials(
     key_env: str | None, config_path: Path | None, conn: Any, first_id: str, upstream: str | None
 ) -> tuple[tuple[str, str] | None, bool | str]:
     """From --key-env, else from the config's upstream serving that origin: (credential, verify)."""
-    from .replay import ReplayError, credential_from_env
+    from tapfix.proxy.replay import ReplayError, credential_from_env
 
     verify: bool | str = True
     if config_path is not None:
         from urllib.parse import urlsplit
 
-        from .captures import load_capture
-        from .config import ConfigError, load
+        from tapfix.proxy.captures import load_capture
+        from tapfix.proxy.config import ConfigError, load
 
         try:
             config = load(config_path)
@@ -155,9 +154,9 @@ def _run(
     verify: bool | str,
     as_json: bool,
 ) -> int:
-    from .replay import run_replays
-    from .replay_summary import render, summarize
-    from .store import CaptureWriter
+    from tapfix.proxy.replay import run_replays
+    from tapfix.proxy.replay_summary import render, summarize
+    from tapfix.proxy.store import CaptureWriter
 
     try:
         writer = CaptureWriter(path)

@@ -15,8 +15,7 @@ from collections import Counter
 from typing import Any
 
 import orjson
-
-from .jsonbody import json_object
+from tapfix.proxy.jsonbody import json_object
 
 # Han (+ extension A, compatibility, extension B..), kana, hangul, CJK and full-width punctuation.
 _CJK_CLASS = (

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 import uvicorn
-
-from .settings import parse_listen
+from tapfix.proxy.settings import parse_listen
 
 
 def _free(host: str, port: int) -> bool:
@@ -32,7 +31,7 @@ def _pick_port(host: str, port: int) -> int:
 
 
 def start_mock_thread(host: str, port: int) -> uvicorn.Server:
-    from .mock import MockOptions, uvicorn_config
+    from tapfix.proxy.mock import MockOptions, uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(MockOptions(), host, port))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the proxy owns signals

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .changes import Change
-from .ids import new_capture_id
+from tapfix.proxy.changes import Change
+from tapfix.proxy.ids import new_capture_id
 
 
 @dataclass(slots=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .assemble import Assembled
-from .degeneration import has_cjk, repetition_loop, request_language, script_drift, tool_call_problems
+from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.degeneration import has_cjk, repetition_loop, request_language, script_drift, tool_call_problems
 
 log = logging.getLogger("tapfix.flags")
 

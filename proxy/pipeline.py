@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from .exchange import Exchange
-from .sse import SSESplitter
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.sse import SSESplitter
 
 
 class Stage(Protocol):

@@ -20,9 +20,8 @@ from dataclasses import field as _field
 from typing import Any
 
 import orjson
-
-from .changes import Change
-from .jsonsplice import Delete, Edit, Path, Set, json_path
+from tapfix.proxy.changes import Change
+from tapfix.proxy.jsonsplice import Delete, Edit, Path, Set, json_path
 
 LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template", "passthrough")
@@ -250,7 +249,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     if dialect in (None, "passthrough"):
         return result
     if surface == "messages":
-        from .reasoning_messages import apply_messages_reasoning
+        from tapfix.proxy.reasoning_messages import apply_messages_reasoning
 
         return apply_messages_reasoning(body, settings, result)
     signals = detect(body)

@@ -13,9 +13,8 @@ import re
 from typing import Any
 
 import orjson
-
-from .changes import Change
-from .sse import event_data
+from tapfix.proxy.changes import Change
+from tapfix.proxy.sse import event_data
 
 FIELDS = ("reasoning", "reasoning_content")
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)

@@ -17,10 +17,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-from .degeneration import tool_call_problems
-from .replay import RunResult
-from .sse import SSESplitter, event_data
+from tapfix.proxy.degeneration import tool_call_problems
+from tapfix.proxy.replay import RunResult
+from tapfix.proxy.sse import SSESplitter, event_data
 
 _TOKEN = re.compile(r"[A-Za-z0-9_]+|\S")
 OUTLIER_GAP = 0.15  # at least this far below the median similarity of the turn's runs

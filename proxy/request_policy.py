@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from .changes import Change
-from .config import Config, ConfigError, ModelConfig, Upstream
-from .jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
-from .reasoning import apply_reasoning
-from .routing import RouteError, resolve
-from .sampling import (
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
+from tapfix.proxy.reasoning import apply_reasoning
+from tapfix.proxy.routing import RouteError, resolve
+from tapfix.proxy.sampling import (
     GenerationConfigError,
     SamplingPolicy,
     apply_sampling,

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .changes import Change
-from .config import Config, ModelConfig, Upstream
-from .sampling import GenerationConfigError, load_generation_config
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config import Config, ModelConfig, Upstream
+from tapfix.proxy.sampling import GenerationConfigError, load_generation_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .changes import Change
-from .jsonsplice import Delete, Edit, Set, json_path
+from tapfix.proxy.changes import Change
+from tapfix.proxy.jsonsplice import Delete, Edit, Set, json_path
 
 PARAMS = (
     "temperature",

@@ -16,9 +16,8 @@ from collections import OrderedDict
 from typing import Any
 
 import orjson
-
-from .exchange import Exchange
-from .jsonsplice import SpliceError, array_item_spans, top_level_spans
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonsplice import SpliceError, array_item_spans, top_level_spans
 
 IDLE_GAP_S = 30 * 60
 _PROMPT_CACHE_KEY = re.compile(rb'"prompt_cache_key"\s*:\s*"((?:[^"\\]|\\.){1,200})"')

@@ -21,15 +21,14 @@ from typing import Any
 
 import orjson
 from sqlite_utils import Database
-
-from .assemble import Assembled, assemble, assemble_sse
-from .bodies import BodyWriter, read_body
-from .exchange import Exchange
-from .flags import response_flags
-from .redact import redact_headers, redact_url
-from .retention import Retention
-from .sessions import SessionTracker
-from .store_schema import migrations
+from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.bodies import BodyWriter, read_body
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.flags import response_flags
+from tapfix.proxy.redact import redact_headers, redact_url
+from tapfix.proxy.retention import Retention
+from tapfix.proxy.sessions import SessionTracker
+from tapfix.proxy.store_schema import migrations
 
 log = logging.getLogger("tapfix.store")
 BUSY_TIMEOUT_MS = 5000

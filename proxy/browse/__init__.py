@@ -1,5 +1,5 @@
 """The capture browser behind `tapfix browse`: read-only HTML pages over the capture store."""
 
-from .app import create_app
+from tapfix.proxy.browse.app import create_app
 
 __all__ = ["create_app"]

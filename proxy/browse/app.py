@@ -19,18 +19,17 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
-
-from ..captures import CaptureNotFound, capture_body, load_capture
-from ..store import StoreError
-from . import static
-from .detail import BODIES, export_available, load_detail
-from .fts import SearchIndex
-from .queries import FilterError, Filters, Page, Store, facets, list_exchanges, list_sessions
-from .security import HostGuard, SecurityHeaders, TokenGate
-from .session_turns import load_session
-from .stats import Stats, compute_stats
-from .svg import histogram_svg
-from .views import render
+from tapfix.proxy.browse import static
+from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
+from tapfix.proxy.browse.fts import SearchIndex
+from tapfix.proxy.browse.queries import FilterError, Filters, Page, Store, facets, list_exchanges, list_sessions
+from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
+from tapfix.proxy.browse.session_turns import load_session
+from tapfix.proxy.browse.stats import Stats, compute_stats
+from tapfix.proxy.browse.svg import histogram_svg
+from tapfix.proxy.browse.views import render
+from tapfix.proxy.captures import CaptureNotFound, capture_body, load_capture
+from tapfix.proxy.store import StoreError
 
 SYNC_SEARCH_BACKLOG = 500  # a search indexes this many new captures itself; the background does the rest
 
@@ -108,7 +107,7 @@ def create_app(
     def bundle(request: Request) -> Response:
         if not export_available():
             return error(404, "repro bundles need tapfix.proxy.export, which this installation lacks")
-        from ..export import export_capture  # type: ignore[import-not-found,unused-ignore]
+        from tapfix.proxy.export import export_capture  # type: ignore[import-not-found,unused-ignore]
 
         conn = store.conn()
         try:

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from ..captures import capture_body, load_capture
-from ..store import StoreError, unpack_timing
-from .queries import replays_of, session_neighbours
-from .svg import StreamTiming, analyze, timeline_svg
+from tapfix.proxy.browse.queries import replays_of, session_neighbours
+from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
+from tapfix.proxy.captures import capture_body, load_capture
+from tapfix.proxy.store import StoreError, unpack_timing
 
 PRETTY_LIMIT = 400_000  # characters shown inline; the download links give every byte
 DIFF_LINES_LIMIT = 30_000

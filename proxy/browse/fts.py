@@ -21,9 +21,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 import orjson
-
-from ..store import BUSY_TIMEOUT_MS, open_for_reading
-from .turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
+from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
+from tapfix.proxy.store import BUSY_TIMEOUT_MS, open_for_reading
 
 log = logging.getLogger("tapfix.browse")
 SCHEMA = """

@@ -20,9 +20,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import orjson
-
-from ..store import open_for_reading
-from .fts import SearchIndex, to_match
+from tapfix.proxy.browse.fts import SearchIndex, to_match
+from tapfix.proxy.store import open_for_reading
 
 T = TypeVar("T")
 PAGE = 50

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from .fts import BodyCache
-from .turns import TurnDelta, messages_of, parse_json, role_of, summarize, turn_delta
+from tapfix.proxy.browse.fts import BodyCache
+from tapfix.proxy.browse.turns import TurnDelta, messages_of, parse_json, role_of, summarize, turn_delta
 
 TURNS_PAGE = 50
 

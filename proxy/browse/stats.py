@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .queries import Filters, Store
+from tapfix.proxy.browse.queries import Filters, Store
 
 
 @dataclass

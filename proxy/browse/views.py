@@ -9,8 +9,7 @@ import orjson
 from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse
-
-from .templates import ALL
+from tapfix.proxy.browse.templates import ALL
 
 
 def ms(value: float | None) -> str:

@@ -5,10 +5,10 @@ deterministic agent-friendly model by default, corpus cases (`--case`), and scri
 (`--scenario`). See docs/mock.md.
 """
 
-from .app import create_app
-from .options import DEFAULT_MODEL, MockOptions, RecordedResponse
-from .scenario import ScenarioError, shipped_scenarios
-from .serve import serve, uvicorn_config
+from tapfix.proxy.mock.app import create_app
+from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedResponse
+from tapfix.proxy.mock.scenario import ScenarioError, shipped_scenarios
+from tapfix.proxy.mock.serve import serve, uvicorn_config
 
 __all__ = [
     "DEFAULT_MODEL",

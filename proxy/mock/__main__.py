@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import MockOptions
-from .serve import serve
+from tapfix.proxy.mock.options import MockOptions
+from tapfix.proxy.mock.serve import serve
 
 
 def main(argv: list[str] | None = None) -> None:

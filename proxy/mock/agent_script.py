@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from .jsonish import obj
-from .sse_vllm import Reply, ToolCall
-from .toolargs import analyze, is_custom, pick_tool, tool_call_arguments, tool_name
-from .vision import decode_data_url, dominant_colour
+from tapfix.proxy.mock.jsonish import obj
+from tapfix.proxy.mock.sse_vllm import Reply, ToolCall
+from tapfix.proxy.mock.toolargs import analyze, is_custom, pick_tool, tool_call_arguments, tool_name
+from tapfix.proxy.mock.vision import decode_data_url, dominant_colour
 
 EFFORT_LEVELS = {"none": 0, "minimal": 1, "low": 2, "medium": 3, "high": 4, "xhigh": 5, "max": 5}
 # Sentences of reasoning per effort level: strictly growing, so a probe sees the knob act.

@@ -17,16 +17,15 @@ import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
-
-from .agent_script import image_urls, text_of
-from .behaviours import Ids, apply_faults, make_reply, max_tokens_of
-from .cases import Case, load_case
-from .jsonish import arr, obj
-from .messages import messages_body, messages_error, messages_events
-from .options import DEFAULT_MODEL, MockOptions, RecordedResponse
-from .responses import responses_body, responses_error, responses_events
-from .scenario import RequestFacts, Rule, Scenario, load_scenario
-from .sse_vllm import (
+from tapfix.proxy.mock.agent_script import image_urls, text_of
+from tapfix.proxy.mock.behaviours import Ids, apply_faults, make_reply, max_tokens_of
+from tapfix.proxy.mock.cases import Case, load_case
+from tapfix.proxy.mock.jsonish import arr, obj
+from tapfix.proxy.mock.messages import messages_body, messages_error, messages_events
+from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedResponse
+from tapfix.proxy.mock.responses import responses_body, responses_error, responses_events
+from tapfix.proxy.mock.scenario import RequestFacts, Rule, Scenario, load_scenario
+from tapfix.proxy.mock.sse_vllm import (
     ChunkBuilder,
     completion_body,
     completion_events,
@@ -37,7 +36,7 @@ from .sse_vllm import (
     stream_events,
     usage_object,
 )
-from .surface_script import (
+from tapfix.proxy.mock.surface_script import (
     break_pieces,
     chat_from_messages,
     chat_from_responses,
@@ -45,7 +44,7 @@ from .surface_script import (
     from_reply,
     last_role,
 )
-from .wire import SSE_HEADERS, Plan, Send, json_headers, paced
+from tapfix.proxy.mock.wire import SSE_HEADERS, Plan, Send, json_headers, paced
 
 _ATTEMPT_MEMORY = 100_000
 _HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}

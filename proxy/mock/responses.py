@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sse_vllm import dumps
-from .surface_script import Part, Script
+from tapfix.proxy.mock.sse_vllm import dumps
+from tapfix.proxy.mock.surface_script import Part, Script
 
 
 class _Seq:

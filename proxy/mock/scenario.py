@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cases import Case, load_case
-from .degenerate import STYLES
+from tapfix.proxy.mock.cases import Case, load_case
+from tapfix.proxy.mock.degenerate import STYLES
 
 # behaviour -> its own parameters (besides the common ones)
 BEHAVIOURS: dict[str, set[str]] = {

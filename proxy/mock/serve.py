@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import uvicorn
-
-from .app import create_app
-from .options import MockOptions
+from tapfix.proxy.mock.app import create_app
+from tapfix.proxy.mock.options import MockOptions
 
 
 def uvicorn_config(opts: MockOptions, host: str = "127.0.0.1", port: int = 8000) -> uvicorn.Config:

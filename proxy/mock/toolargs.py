@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from .jsonish import arr, obj
+from tapfix.proxy.mock.jsonish import arr, obj
 
 # (intent, pattern in the prompt, tool-name synonyms) in priority order.
 _INTENTS: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [

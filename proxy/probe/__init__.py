@@ -7,8 +7,8 @@ asyncio + httpx: no mitmproxy, so the proxy can call it in the background for `/
 
 from __future__ import annotations
 
-from .report import CheckResult, ProbeReport
-from .runner import ALL_CHECKS, CHEAP_CHECKS, ProbeOptions, run_config_probe, run_probe
+from tapfix.proxy.probe.report import CheckResult, ProbeReport
+from tapfix.proxy.probe.runner import ALL_CHECKS, CHEAP_CHECKS, ProbeOptions, run_config_probe, run_probe
 
 __all__ = [
     "ALL_CHECKS",

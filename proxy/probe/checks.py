@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import images, needle
-from .client import Answer, ProbeClient, shorten
-from .judge import THINK, judge_text, judge_tool_call, quote, scan_stream, visible
-from .report import Status
+from tapfix.proxy.probe import images, needle
+from tapfix.proxy.probe.client import Answer, ProbeClient, shorten
+from tapfix.proxy.probe.judge import THINK, judge_text, judge_tool_call, quote, scan_stream, visible
+from tapfix.proxy.probe.report import Status
 
 CHAT = "/v1/chat/completions"
 

@@ -16,11 +16,10 @@ from typing import Any
 
 import httpx
 import orjson
-
-from ..assemble import Assembled, assemble_json, assemble_sse
-from ..changes import Change
-from ..exchange import Exchange
-from ..upstream import UpstreamTarget
+from tapfix.proxy.assemble import Assembled, assemble_json, assemble_sse
+from tapfix.proxy.changes import Change
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.upstream import UpstreamTarget
 
 USER_AGENT = "tapfix-probe/0.1"
 Capture = Callable[[Exchange], None]

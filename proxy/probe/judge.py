@@ -16,10 +16,9 @@ from typing import Any
 
 import orjson
 from jsonschema import Draft202012Validator
-
-from ..degeneration import latin_dominant, repetition_loop, script_drift
-from ..sse import SSESplitter, event_data
-from .client import shorten
+from tapfix.proxy.degeneration import latin_dominant, repetition_loop, script_drift
+from tapfix.proxy.probe.client import shorten
+from tapfix.proxy.sse import SSESplitter, event_data
 
 THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-
-from .checks import CHECK_FUNCTIONS, Ctx, Verdict, listed_entry, listed_ids, models_quick
-from .client import Answer, Capture, PolicyHook, Prepared, ProbeClient, shorten
-from .report import CheckResult, ProbeReport
+from tapfix.proxy.probe.checks import CHECK_FUNCTIONS, Ctx, Verdict, listed_entry, listed_ids, models_quick
+from tapfix.proxy.probe.client import Answer, Capture, PolicyHook, Prepared, ProbeClient, shorten
+from tapfix.proxy.probe.report import CheckResult, ProbeReport
 
 ALL_CHECKS: tuple[str, ...] = (
     "models",
@@ -133,8 +132,8 @@ async def run_config_probe(
     credentials), so the probe sends what the proxy would forward. Raises ValueError for a model
     that is not in the config, ConfigError for an unusable generation_config.
     """
-    from ..request_policy import RequestPolicy
-    from ..routing import RouteError, resolve
+    from tapfix.proxy.request_policy import RequestPolicy
+    from tapfix.proxy.routing import RouteError, resolve
 
     selected = select_checks(checks)
     opts = options or ProbeOptions()

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
-
-from .jsonfix import MISSING, is_debris, loads_tolerant, strip_gemma_delimiters
-from .schema import ToolSchemas
+from tapfix.proxy.toolcalls.jsonfix import MISSING, is_debris, loads_tolerant, strip_gemma_delimiters
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 CUT = "arguments cut off inside a value"
 _KEY_FIRST = re.compile(r'\s*([A-Za-z_$][\w$\-]*)"\s*:')

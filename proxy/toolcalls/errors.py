@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from ..sse import format_event
-from .plan import Fatal
+from tapfix.proxy.sse import format_event
+from tapfix.proxy.toolcalls.plan import Fatal
 
 REASON = "tool_call_unrecoverable"
 # What opencode, omp and pi read as "transient, retry": kept out of every fail_fast field.

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsonfix import MISSING, loads_tolerant
-from .schema import ToolSchemas
+from tapfix.proxy.toolcalls.jsonfix import MISSING, loads_tolerant
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 MARKERS = (
     "<tool_call>",

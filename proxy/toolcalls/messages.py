@@ -20,13 +20,21 @@ import json
 from typing import Any
 
 import orjson
-
-from ..changes import Change
-from ..jsonbody import json_object
-from .errors import error_body
-from .plan import Fatal
-from .schema import ToolSchemas
-from .surface import HeldCall, HoldingStage, decide, fatal_change, named_event, normalize_tools, parse, repair_change
+from tapfix.proxy.changes import Change
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.toolcalls.errors import error_body
+from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.toolcalls.surface import (
+    HeldCall,
+    HoldingStage,
+    decide,
+    fatal_change,
+    named_event,
+    normalize_tools,
+    parse,
+    repair_change,
+)
 
 
 class MessagesToolCallRepair(HoldingStage):

@@ -13,13 +13,12 @@ import json
 from typing import Any
 
 import orjson
-
-from ..changes import Change
-from .accumulate import CallAccumulator
-from .errors import error_body
-from .output import finish_reason_change
-from .plan import STAGE, Part, plan_choice
-from .schema import ToolSchemas
+from tapfix.proxy.changes import Change
+from tapfix.proxy.toolcalls.accumulate import CallAccumulator
+from tapfix.proxy.toolcalls.errors import error_body
+from tapfix.proxy.toolcalls.output import finish_reason_change
+from tapfix.proxy.toolcalls.plan import STAGE, Part, plan_choice
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
 def repair_chat_completion(

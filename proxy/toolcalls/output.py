@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from ..changes import Change
-from ..sse import format_event
-from .plan import STAGE, ChoicePlan, OutCall
+from tapfix.proxy.changes import Change
+from tapfix.proxy.sse import format_event
+from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 

@@ -11,12 +11,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from ..changes import Change
-from .accumulate import Call
-from .arguments import CUT, ArgResult, dumps, repair_arguments
-from .jsonfix import is_debris, loads_tolerant
-from .leaks import find_leak, is_xml_args, typed_xml_args
-from .schema import ToolSchemas
+from tapfix.proxy.changes import Change
+from tapfix.proxy.toolcalls.accumulate import Call
+from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
+from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
+from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args, typed_xml_args
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 STAGE = "toolcalls"
 

@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..changes import Change
-from .accumulate import Call
-from .jsonprefix import JsonPrefix
-from .plan import ChoicePlan, Fatal, OutCall
-from .schema import ToolSchemas
+from tapfix.proxy.changes import Change
+from tapfix.proxy.toolcalls.accumulate import Call
+from tapfix.proxy.toolcalls.jsonprefix import JsonPrefix
+from tapfix.proxy.toolcalls.plan import ChoicePlan, Fatal, OutCall
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
 @dataclass(slots=True)

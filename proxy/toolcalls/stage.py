@@ -17,18 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from ..changes import Change
-from ..sse import comment, event_data, format_event
-from .accumulate import Call, CallAccumulator
-from .arguments import dumps
-from .errors import error_event, passthrough_note
-from .jsonfix import loads_tolerant
-from .leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
-from .output import ENVELOPE_KEYS, Item, Writer
-from .plan import STAGE, ChoicePlan, Fatal, Part, plan_choice
-from .prefix import PrefixGate, admit_event, continue_streamed
-from .schema import ToolSchemas
+from tapfix.proxy.changes import Change
+from tapfix.proxy.sse import comment, event_data, format_event
+from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
+from tapfix.proxy.toolcalls.arguments import dumps
+from tapfix.proxy.toolcalls.errors import error_event, passthrough_note
+from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
+from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
+from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item, Writer
+from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, plan_choice
+from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
 _EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event

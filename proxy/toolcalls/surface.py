@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from ..changes import Change
-from ..sse import comment
-from .arguments import repair_arguments
-from .errors import passthrough_note
-from .plan import STAGE, Fatal, _repeated_name
-from .schema import ToolSchemas
+from tapfix.proxy.changes import Change
+from tapfix.proxy.sse import comment
+from tapfix.proxy.toolcalls.arguments import repair_arguments
+from tapfix.proxy.toolcalls.errors import passthrough_note
+from tapfix.proxy.toolcalls.plan import STAGE, Fatal, _repeated_name
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 POLICIES = ("error", "fail_fast", "passthrough")
 
@@ -221,7 +220,7 @@ class HoldingStage:
 
 
 def parse(event: bytes) -> dict[str, Any] | None:
-    from ..sse import event_data
+    from tapfix.proxy.sse import event_data
 
     data = event_data(event)
     if data is None:

@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sse import SSESplitter, event_data
-from .accumulate import assemble_tool_calls
-from .stage import ChatToolCallRepair
+from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
+from tapfix.proxy.toolcalls.stage import ChatToolCallRepair
 
 
 def sse_bytes(stream: list[Any], done: bool = True, newline: str = "\n") -> bytes:
