@@ -15,7 +15,7 @@ from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons, reset_tail
 from tapfix.addons.runtime import Runtime
 from tapfix.proxy.settings import Settings, is_loopback
-from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget
 
 log = logging.getLogger("tapfix")
@@ -139,7 +139,7 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
 def prepare(settings: Settings) -> Runtime:
     """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
     from tapfix.addons.policy_setup import StartupError, build_policy
-    from tapfix.proxy.retention import Retention
+    from tapfix.proxy.store.retention import Retention
 
     _return_big_buffers_to_the_os()  # before the writer thread exists
     check_exposure(settings)

@@ -10,7 +10,7 @@ import orjson
 from mitmproxy import http
 from tapfix.addons.runtime import META, Runtime, exchange_of
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.redact import redact_url
+from tapfix.proxy.store.redact import redact_url
 
 log = logging.getLogger("tapfix")
 INFERENCE_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages")

@@ -11,7 +11,7 @@ from typing import Any
 from mitmproxy import http
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.settings import Settings
-from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.upstream import UpstreamTarget
 
 log = logging.getLogger("tapfix")

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.store.writer import CaptureWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo's tests/ helpers
 from tests.support.chromium import CHROMIUM, FLAGS  # noqa: E402

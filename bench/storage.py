@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import orjson
-from tapfix.proxy.captures import capture_body, load_capture
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store import CaptureWriter, open_for_reading
+from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from upstream import sse_events  # noqa: E402

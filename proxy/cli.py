@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import orjson
 from tapfix.proxy.settings import Settings, parse_listen
-from tapfix.proxy.store import StoreError, default_db_path, open_for_reading
+from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_reading
 
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
 
@@ -134,7 +134,7 @@ def _config_defaults(kw: dict) -> None:
 
 
 def _settings(kw: dict) -> Settings:
-    from tapfix.proxy.retention import parse_duration, parse_size
+    from tapfix.proxy.store.retention import parse_duration, parse_size
 
     try:
         host, port = parse_listen(kw["listen"], 8080)
@@ -261,7 +261,7 @@ def captures() -> None:
 @click.option("--session", metavar="SID", help="only this agent session")
 def captures_list(db, limit, as_json, flag, tag, session) -> None:
     """Captured exchanges, newest first."""
-    from tapfix.proxy.captures import list_captures
+    from tapfix.proxy.store.reader import list_captures
 
     rows = list_captures(_reader(db), limit=limit, flag=flag, tag=tag, session=session)
     if as_json:
@@ -280,8 +280,8 @@ def captures_list(db, limit, as_json, flag, tag, session) -> None:
 @_db_option
 def captures_show(capture_id, db) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings."""
-    from tapfix.proxy.captures import load_capture
     from tapfix.proxy.show import render_capture
+    from tapfix.proxy.store.reader import load_capture
 
     conn = _reader(db)
     try:
@@ -302,7 +302,7 @@ def captures_show(capture_id, db) -> None:
 @click.option("-o", "output", type=click.Path(path_type=Path), help="write here instead of stdout")
 def captures_export(capture_id, db, which, as_format, output) -> None:
     """Write one body's exact bytes (default: the client's request body)."""
-    from tapfix.proxy.captures import capture_body, load_capture
+    from tapfix.proxy.store.reader import capture_body, load_capture
 
     conn = _reader(db)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 from tapfix.proxy.settings import parse_listen
-from tapfix.proxy.store import StoreError, default_db_path
+from tapfix.proxy.store.writer import StoreError, default_db_path
 
 TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 

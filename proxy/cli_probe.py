@@ -145,7 +145,7 @@ def probe(
 
 
 def _writer(db: Path | None):
-    from tapfix.proxy.store import CaptureWriter, StoreError, default_db_path
+    from tapfix.proxy.store.writer import CaptureWriter, StoreError, default_db_path
 
     try:
         return CaptureWriter(db or default_db_path())

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import click
 import orjson
-from tapfix.proxy.retention import PurgeReport, parse_duration, parse_size
-from tapfix.proxy.retention import purge as purge_store
-from tapfix.proxy.retention import vacuum as vacuum_store
-from tapfix.proxy.store import StoreError, default_db_path, open_for_writing
+from tapfix.proxy.store.retention import PurgeReport, parse_duration, parse_size
+from tapfix.proxy.store.retention import purge as purge_store
+from tapfix.proxy.store.retention import vacuum as vacuum_store
+from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_writing
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

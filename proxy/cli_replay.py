@@ -17,7 +17,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from tapfix.proxy.store import StoreError, default_db_path, open_for_reading
+from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_reading
 
 
 class InputError(click.ClickException):
@@ -89,7 +89,6 @@ def replay(
     per run: status, time to first token, decode speed, finish reason, tool-call validity, flags,
     and similarity to the other runs (outliers highlighted). Ctrl-C keeps the finished runs.
     """
-    from tapfix.proxy.captures import CaptureNotFound
     from tapfix.proxy.replay import (
         ReplayError,
         build_request,
@@ -97,6 +96,7 @@ def replay(
         parse_edits,
         session_capture_ids,
     )
+    from tapfix.proxy.store.reader import CaptureNotFound
 
     if bool(capture_id) == bool(session_id):
         raise click.UsageError("give a capture ID or --session SID (one of them)")
@@ -127,8 +127,8 @@ def _credentials(
     if config_path is not None:
         from urllib.parse import urlsplit
 
-        from tapfix.proxy.captures import load_capture
         from tapfix.proxy.config import ConfigError, load
+        from tapfix.proxy.store.reader import load_capture
 
         try:
             config = load(config_path)
@@ -156,7 +156,7 @@ def _run(
 ) -> int:
     from tapfix.proxy.replay import run_replays
     from tapfix.proxy.replay_summary import render, summarize
-    from tapfix.proxy.store import CaptureWriter
+    from tapfix.proxy.store.writer import CaptureWriter
 
     try:
         writer = CaptureWriter(path)

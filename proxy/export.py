@@ -25,11 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from tapfix.proxy.captures import capture_body
 from tapfix.proxy.export_readme import bundle_readme, safe_text
 from tapfix.proxy.http_headers import HOP_BY_HOP
-from tapfix.proxy.redact import REDACTED, SECRET_HEADERS
-from tapfix.proxy.store import StoreError, unpack_timing
+from tapfix.proxy.store.reader import capture_body
+from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
+from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 _SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)

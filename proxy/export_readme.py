@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 import orjson
-from tapfix.proxy.redact import REDACTED, redact_text
+from tapfix.proxy.store.redact import REDACTED, redact_text
 
 FLAG_HELP = {
     "script_drift": "the answer starts in Latin script and drifts into a long CJK run "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import sqlite3
 
-from tapfix.proxy.captures import capture_body, load_capture
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.mock.options import RecordedResponse
-from tapfix.proxy.redact import REDACTED
-from tapfix.proxy.store import StoreError, unpack_timing
+from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.redact import REDACTED
+from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 # Framing is the mock's own business (it re-chunks); the others were added by tapfix, not the upstream.
 _DROP_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding"}

@@ -55,6 +55,6 @@ class Settings:
     store_bodies: bool = True
     verbose: bool = False
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)
-    max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/retention.py)
+    max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/store/retention.py)
     max_db_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -6,7 +6,7 @@ import sqlite3
 from typing import Any
 
 import orjson
-from tapfix.proxy.captures import capture_body
+from tapfix.proxy.store.reader import capture_body
 
 
 def _pretty(body: bytes, limit: int = 4000) -> str:

@@ -5,8 +5,8 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlite_utils import Database
-from tapfix.proxy.bodies import BodyWriter, common_prefix_len, common_suffix_len, read_body
-from tapfix.proxy.store_schema import migrations
+from tapfix.proxy.store.bodies import BodyWriter, common_prefix_len, common_suffix_len, read_body
+from tapfix.proxy.store.schema import migrations
 
 
 def _conn() -> sqlite3.Connection:
@@ -63,7 +63,7 @@ def test_identical_bodies_are_stored_once():
 
 
 def test_bases_beyond_the_memory_budget_are_reloaded_from_the_store(monkeypatch):
-    import tapfix.proxy.bodies as bodies
+    import tapfix.proxy.store.bodies as bodies
 
     monkeypatch.setattr(bodies, "BASES_MEMORY_BUDGET", 3000)
     conn = _conn()

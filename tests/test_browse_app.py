@@ -189,7 +189,7 @@ def test_exchange_prefix_redirects_and_unknown_is_404(client: TestClient, built:
 
 def test_downloads_are_exact_bytes_as_attachments(client: TestClient, built: Built) -> None:
     conn = sqlite3.connect(built.path)
-    from tapfix.proxy.captures import capture_body, load_capture
+    from tapfix.proxy.store.reader import capture_body, load_capture
 
     conn.row_factory = sqlite3.Row
     capture = load_capture(conn, built.ids["turn1"])
@@ -300,7 +300,7 @@ def test_search_off(built: Built) -> None:
 
 def test_reads_while_the_proxy_writes(tmp_path: Path) -> None:
     from tapfix.proxy.exchange import Exchange
-    from tapfix.proxy.store import CaptureWriter
+    from tapfix.proxy.store.writer import CaptureWriter
 
     built = build_db(tmp_path / "live.db")
     writer = CaptureWriter(built.path)  # a live writer holds the db open in WAL mode
@@ -324,7 +324,7 @@ def test_reads_while_the_proxy_writes(tmp_path: Path) -> None:
 
 
 def test_missing_db_fails_at_start(tmp_path: Path) -> None:
-    from tapfix.proxy.store import StoreError
+    from tapfix.proxy.store.writer import StoreError
 
     with pytest.raises(StoreError):
         create_app(tmp_path / "absent.db")

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store import CaptureWriter
+from tapfix.proxy.store.writer import CaptureWriter
 
 XSS_TEXT = "<script>document.title='pwned'</script>"
 XSS_IMG = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"

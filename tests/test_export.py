@@ -13,10 +13,10 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.captures import load_capture
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.export import curl_script, export_capture, python_script, write_bundle
-from tapfix.proxy.store import CaptureWriter, StoreError, open_for_reading
+from tapfix.proxy.store.reader import load_capture
+from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 
 from tests.support.procs import cli
 from tests.support.rawserver import RawServer

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.bodies import read_body
 from tapfix.proxy.cli_purge import purge as purge_command
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.retention import (
+from tapfix.proxy.store.bodies import read_body
+from tapfix.proxy.store.retention import (
     BODY_COLUMNS,
     Retention,
     parse_duration,
@@ -27,7 +27,7 @@ from tapfix.proxy.retention import (
     purge,
     used_bytes,
 )
-from tapfix.proxy.store import CaptureWriter, open_for_writing
+from tapfix.proxy.store.writer import CaptureWriter, open_for_writing
 
 
 def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[Exchange]:
@@ -228,7 +228,7 @@ def _wait_written(writer: CaptureWriter, n: int) -> None:
 
 
 def test_report_is_readable():
-    from tapfix.proxy.retention import PurgeReport
+    from tapfix.proxy.store.retention import PurgeReport
 
     text = str(dataclasses.replace(PurgeReport(), exchanges=3, bodies=2, kept_bases=1))
     assert "purged 3 exchange(s)" in text and "kept 1 delta base(s)" in text

@@ -17,12 +17,12 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from tapfix.proxy.captures import list_captures
 from tapfix.proxy.cli_replay import replay
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import splice
 from tapfix.proxy.replay import parse_edits, resend_headers
-from tapfix.proxy.store import CaptureWriter, open_for_reading
+from tapfix.proxy.store.reader import list_captures
+from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 from tests.support.procs import TAPFIX, free_port, start_mock
 from tests.support.rawserver import RawServer

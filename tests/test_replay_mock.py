@@ -9,7 +9,7 @@ import httpx
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.mock_replay import recorded_response
-from tapfix.proxy.store import CaptureWriter, StoreError, open_for_reading
+from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 
 from tests.support.procs import cli, start_mock, start_proxy, wait_capture
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tapfix.proxy.captures import load_capture
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store import CaptureWriter, open_for_reading
+from tapfix.proxy.store.reader import load_capture
+from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 from tests.support.procs import cli, free_port, start_mock, start_proxy, wait_capture
 

@@ -7,7 +7,7 @@ import json
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.sessions import _opening
+from tapfix.proxy.store.sessions import _opening
 
 
 def full_parse_opening(body: bytes) -> bytes | None:

@@ -5,10 +5,10 @@ import sqlite3
 import stat
 
 import pytest
-from tapfix.proxy.captures import capture_body, list_captures, load_capture
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store import CaptureWriter, StoreError, open_for_reading, unpack_timing
+from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
+from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading, unpack_timing
 
 
 def _exchange(**kw) -> Exchange:

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from tapfix.proxy.redact import redact_header, redact_url
 from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.store.redact import redact_header, redact_url
 from tapfix.proxy.upstream import UpstreamTarget, UpstreamURLError
 
 

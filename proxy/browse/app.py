@@ -28,8 +28,8 @@ from tapfix.proxy.browse.session_turns import load_session
 from tapfix.proxy.browse.stats import Stats, compute_stats
 from tapfix.proxy.browse.svg import histogram_svg
 from tapfix.proxy.browse.views import render
-from tapfix.proxy.captures import CaptureNotFound, capture_body, load_capture
-from tapfix.proxy.store import StoreError
+from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
+from tapfix.proxy.store.writer import StoreError
 
 SYNC_SEARCH_BACKLOG = 500  # a search indexes this many new captures itself; the background does the rest
 

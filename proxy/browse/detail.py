@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 from tapfix.proxy.browse.queries import replays_of, session_neighbours
 from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
-from tapfix.proxy.captures import capture_body, load_capture
-from tapfix.proxy.store import StoreError, unpack_timing
+from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 PRETTY_LIMIT = 400_000  # characters shown inline; the download links give every byte
 DIFF_LINES_LIMIT = 30_000

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
-from tapfix.proxy.store import BUSY_TIMEOUT_MS, open_for_reading
+from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
 
 log = logging.getLogger("tapfix.browse")
 SCHEMA = """

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 import orjson
 from tapfix.proxy.browse.fts import SearchIndex, to_match
-from tapfix.proxy.store import open_for_reading
+from tapfix.proxy.store.writer import open_for_reading
 
 T = TypeVar("T")
 PAGE = 50

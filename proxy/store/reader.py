@@ -6,8 +6,8 @@ import sqlite3
 from typing import Any
 
 import orjson
-from tapfix.proxy.bodies import read_body
-from tapfix.proxy.store import StoreError
+from tapfix.proxy.store.bodies import read_body
+from tapfix.proxy.store.writer import StoreError
 
 
 class CaptureNotFound(StoreError):

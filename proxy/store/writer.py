@@ -22,13 +22,13 @@ from typing import Any
 import orjson
 from sqlite_utils import Database
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
-from tapfix.proxy.bodies import BodyWriter, read_body
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.flags import response_flags
-from tapfix.proxy.redact import redact_headers, redact_url
-from tapfix.proxy.retention import Retention
-from tapfix.proxy.sessions import SessionTracker
-from tapfix.proxy.store_schema import migrations
+from tapfix.proxy.store.bodies import BodyWriter, read_body
+from tapfix.proxy.store.redact import redact_headers, redact_url
+from tapfix.proxy.store.retention import Retention
+from tapfix.proxy.store.schema import migrations
+from tapfix.proxy.store.sessions import SessionTracker
 
 log = logging.getLogger("tapfix.store")
 BUSY_TIMEOUT_MS = 5000

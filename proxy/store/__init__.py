@@ -1,0 +1,1 @@
+"""The capture store: writer, reader, schema and migrations, bodies, sessions, retention, redaction."""
