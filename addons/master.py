@@ -14,9 +14,9 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons, reset_tail
 from tapfix.addons.runtime import Runtime
-from tapfix.proxy.settings import Settings, is_loopback
+from tapfix.proxy.config.settings import Settings, is_loopback
+from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.store.writer import CaptureWriter
-from tapfix.proxy.upstream import UpstreamTarget
 
 log = logging.getLogger("tapfix")
 

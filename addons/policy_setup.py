@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tapfix.proxy.config import Config, ConfigError
-from tapfix.proxy.request_policy import RequestPolicy
-from tapfix.proxy.settings import Settings
-from tapfix.proxy.upstream import UpstreamTarget
+from tapfix.proxy.config.file import Config, ConfigError
+from tapfix.proxy.config.settings import Settings
+from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.request.policy import RequestPolicy
 
 log = logging.getLogger("tapfix")
 
@@ -50,7 +50,7 @@ def build_policy(settings: Settings) -> tuple[Any, dict[str, UpstreamTarget]]:
 
 
 def _preflight(config: Config, settings: Settings) -> None:
-    from tapfix.proxy.preflight import run_checks
+    from tapfix.proxy.config.preflight import run_checks
 
     _, problems = run_checks(config, timeout=settings.connect_timeout)
     for problem in problems:

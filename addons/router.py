@@ -11,8 +11,8 @@ from mitmproxy import http
 from tapfix.addons.recorder import note_request_json
 from tapfix.addons.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
-from tapfix.proxy.routing import models_listing
-from tapfix.proxy.upstream import UpstreamTarget
+from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.request.routing import models_listing
 
 log = logging.getLogger("tapfix")
 

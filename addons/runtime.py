@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import http
+from tapfix.proxy.config.settings import Settings
+from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.settings import Settings
 from tapfix.proxy.store.writer import CaptureWriter
-from tapfix.proxy.upstream import UpstreamTarget
 
 log = logging.getLogger("tapfix")
 REACHABLE_FOR_S = 2.0
@@ -24,7 +24,7 @@ class Runtime:
     settings: Settings
     writer: CaptureWriter | None
     default_target: UpstreamTarget | None
-    policy: Any = None  # tapfix.proxy.request_policy.RequestPolicy in config mode / with request-side flags
+    policy: Any = None  # tapfix.proxy.request.policy.RequestPolicy in config mode / with request-side flags
     targets: dict[str, UpstreamTarget] = field(default_factory=dict)
     intercept_hosts: set[str] = field(default_factory=set)
     exchanges_seen: int = 0

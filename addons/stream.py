@@ -16,7 +16,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.pipeline import Stage, StreamPipeline
 from tapfix.proxy.reasoning_fields import FIELDS, ReasoningFieldRename
-from tapfix.proxy.request_policy import surface_for
+from tapfix.proxy.request.policy import surface_for
 from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.surface import named_event

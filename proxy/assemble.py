@@ -195,7 +195,7 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
 def _surface(path: str | None, head: bytes) -> str | None:
     """"responses" | "messages" | None (chat and legacy completions) for a stream."""
     if path is not None:
-        from tapfix.proxy.request_policy import surface_for
+        from tapfix.proxy.request.policy import surface_for
 
         surface = surface_for(path)
         if surface in ("responses", "messages"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 import orjson
-from tapfix.proxy.settings import Settings, parse_listen
+from tapfix.proxy.config.settings import Settings, parse_listen
 from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_reading
 
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
@@ -115,7 +115,7 @@ def run(**kw) -> None:
 
 def _config_defaults(kw: dict) -> None:
     """listen, db and mode from the config file, unless given on the command line."""
-    from tapfix.proxy.config import Config, ConfigError
+    from tapfix.proxy.config.file import Config, ConfigError
 
     try:
         config = Config.load(kw["config_path"])
@@ -159,7 +159,7 @@ def _settings(kw: dict) -> Settings:
 
 
 def _run_proxy(settings: Settings, banner=None) -> int:
-    from tapfix.proxy.upstream import UpstreamURLError
+    from tapfix.proxy.config.upstream import UpstreamURLError
 
     _setup_logging(settings.verbose)
     try:
@@ -235,8 +235,8 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="seconds per upstream")
 def check(config_path: Path, timeout: float) -> None:
     """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set."""
-    from tapfix.proxy.config import Config, ConfigError
-    from tapfix.proxy.preflight import render, run_checks
+    from tapfix.proxy.config.file import Config, ConfigError
+    from tapfix.proxy.config.preflight import render, run_checks
 
     try:
         config = Config.load(config_path)

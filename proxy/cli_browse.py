@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import click
-from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.config.settings import parse_listen
 from tapfix.proxy.store.writer import StoreError, default_db_path
 
 TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"

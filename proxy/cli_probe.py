@@ -154,9 +154,9 @@ def _writer(db: Path | None):
 
 
 def _quick_policy(upstream: str, engine: str | None, generation_config: Path | None):
-    from tapfix.proxy.config import Config, ConfigError
-    from tapfix.proxy.request_policy import RequestPolicy
-    from tapfix.proxy.upstream import UpstreamURLError
+    from tapfix.proxy.config.file import Config, ConfigError
+    from tapfix.proxy.config.upstream import UpstreamURLError
+    from tapfix.proxy.request.policy import RequestPolicy
 
     try:
         return RequestPolicy(Config.quick(upstream, engine=engine, generation_config=generation_config))
@@ -165,7 +165,7 @@ def _quick_policy(upstream: str, engine: str | None, generation_config: Path | N
 
 
 def _config_mode(path: Path, model, checks, timeout, capture, options):
-    from tapfix.proxy.config import ConfigError, load
+    from tapfix.proxy.config.file import ConfigError, load
 
     try:
         config = load(path)

@@ -127,7 +127,7 @@ def _credentials(
     if config_path is not None:
         from urllib.parse import urlsplit
 
-        from tapfix.proxy.config import ConfigError, load
+        from tapfix.proxy.config.file import ConfigError, load
         from tapfix.proxy.store.reader import load_capture
 
         try:

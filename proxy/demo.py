@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 import uvicorn
-from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.config.settings import parse_listen
 
 
 def _free(host: str, port: int) -> bool:

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble
+from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.flags import response_flags
 from tapfix.proxy.http_headers import HOP_BY_HOP
@@ -32,7 +33,6 @@ from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, SpliceError, splice
 from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
-from tapfix.proxy.upstream import UpstreamTarget, UpstreamURLError
 
 # Headers httpx must write itself, or that would change what comes back (compressed bytes).
 _NOT_RESENT = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie"}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
-from tapfix.proxy.config import Config, ConfigError, load
-from tapfix.proxy.sampling import ParamPolicy
+from tapfix.proxy.config.file import Config, ConfigError, load
+from tapfix.proxy.request.sampling import ParamPolicy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "workstation.toml"
 

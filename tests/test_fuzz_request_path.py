@@ -20,9 +20,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.addons.recorder import note_request_json
-from tapfix.proxy.config import from_dict
+from tapfix.proxy.config.file import from_dict
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.request_policy import RequestPolicy
+from tapfix.proxy.request.policy import RequestPolicy
 
 # Found by this fuzzer: a body that must be re-serialized (splice can't be verified, e.g. a UTF-8 BOM or a
 # duplicated key) and holds a lone surrogate escape ("\ud800") made `apply` fail (request_policy_error: the

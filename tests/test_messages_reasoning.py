@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from tapfix.proxy.jsonsplice import apply_to_dict
-from tapfix.proxy.reasoning import ReasoningSettings, apply_reasoning
+from tapfix.proxy.request.reasoning import ReasoningSettings, apply_reasoning
 
 
 def forward(body: dict, **settings) -> tuple[dict, list]:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tapfix.proxy.jsonsplice import apply_to_dict, splice
-from tapfix.proxy.reasoning import (
+from tapfix.proxy.request.reasoning import (
     LEVELS,
     ReasoningSettings,
     apply_reasoning,

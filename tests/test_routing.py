@@ -2,8 +2,8 @@ import json
 
 import orjson
 import pytest
-from tapfix.proxy.config import Config, from_dict
-from tapfix.proxy.routing import (
+from tapfix.proxy.config.file import Config, from_dict
+from tapfix.proxy.request.routing import (
     Problem,
     Route,
     RouteError,

@@ -3,7 +3,7 @@ import json
 import orjson
 import pytest
 from tapfix.proxy.jsonsplice import apply_to_dict, splice
-from tapfix.proxy.sampling import (
+from tapfix.proxy.request.sampling import (
     GenerationConfigError,
     ParamPolicy,
     SamplingPolicy,

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from tapfix.proxy.settings import parse_listen
+from tapfix.proxy.config.settings import parse_listen
+from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.store.redact import redact_header, redact_url
-from tapfix.proxy.upstream import UpstreamTarget, UpstreamURLError
 
 
 @pytest.mark.parametrize(("root", "path", "joined"), [

@@ -18,8 +18,8 @@ import httpx
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.upstream import UpstreamTarget
 
 USER_AGENT = "tapfix-probe/0.1"
 Capture = Callable[[Exchange], None]

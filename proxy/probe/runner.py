@@ -132,8 +132,8 @@ async def run_config_probe(
     credentials), so the probe sends what the proxy would forward. Raises ValueError for a model
     that is not in the config, ConfigError for an unusable generation_config.
     """
-    from tapfix.proxy.request_policy import RequestPolicy
-    from tapfix.proxy.routing import RouteError, resolve
+    from tapfix.proxy.request.policy import RequestPolicy
+    from tapfix.proxy.request.routing import RouteError, resolve
 
     selected = select_checks(checks)
     opts = options or ProbeOptions()

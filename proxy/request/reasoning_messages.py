@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tapfix.proxy.jsonsplice import Delete, Set
-from tapfix.proxy.reasoning import LEVELS, ReasoningResult, ReasoningSettings, _parse_level, clamp_level
+from tapfix.proxy.request.reasoning import LEVELS, ReasoningResult, ReasoningSettings, _parse_level, clamp_level
 
 MIN_BUDGET = 1024
 LEVEL_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384, "xhigh": 24576, "max": 32768}
@@ -114,7 +114,7 @@ def _template_var(
 
 
 def _level_of(budget: Any) -> str | None:
-    from tapfix.proxy.reasoning import level_from_budget
+    from tapfix.proxy.request.reasoning import level_from_budget
 
     if isinstance(budget, int) and not isinstance(budget, bool):
         level = level_from_budget(budget)

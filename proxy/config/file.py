@@ -20,8 +20,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
-from tapfix.proxy.reasoning import ENGINE_DIALECT, ReasoningSettings
-from tapfix.proxy.sampling import ParamPolicy
+from tapfix.proxy.request.reasoning import ENGINE_DIALECT, ReasoningSettings
+from tapfix.proxy.request.sampling import ParamPolicy
 
 _LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
-from tapfix.proxy.config import Config
-from tapfix.proxy.routing import Problem, compare_served, preflight_static
+from tapfix.proxy.config.file import Config
+from tapfix.proxy.request.routing import Problem, compare_served, preflight_static
 
 
 @dataclass

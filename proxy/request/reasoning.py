@@ -249,7 +249,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     if dialect in (None, "passthrough"):
         return result
     if surface == "messages":
-        from tapfix.proxy.reasoning_messages import apply_messages_reasoning
+        from tapfix.proxy.request.reasoning_messages import apply_messages_reasoning
 
         return apply_messages_reasoning(body, settings, result)
     signals = detect(body)

@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
-from tapfix.proxy.reasoning import apply_reasoning
-from tapfix.proxy.routing import RouteError, resolve
-from tapfix.proxy.sampling import (
+from tapfix.proxy.request.reasoning import apply_reasoning
+from tapfix.proxy.request.routing import RouteError, resolve
+from tapfix.proxy.request.sampling import (
     GenerationConfigError,
     SamplingPolicy,
     apply_sampling,

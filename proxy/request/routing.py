@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config import Config, ModelConfig, Upstream
-from tapfix.proxy.sampling import GenerationConfigError, load_generation_config
+from tapfix.proxy.config.file import Config, ModelConfig, Upstream
+from tapfix.proxy.request.sampling import GenerationConfigError, load_generation_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Configuration: the TOML file, run-time settings, upstream targets, preflight checks."""
