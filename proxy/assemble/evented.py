@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.assemble.chat import Assembled
 from tapfix.proxy.sse import SSESplitter, event_data
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")

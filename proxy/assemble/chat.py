@@ -106,7 +106,7 @@ def assemble_sse(body: bytes | list[bytes], path: str | None = None) -> Assemble
     chunks = [body] if isinstance(body, bytes) else body
     surface = _surface(path, chunks[0] if chunks else b"")
     if surface is not None:
-        from tapfix.proxy.assemble_surfaces import assemble_surface_sse
+        from tapfix.proxy.assemble.evented import assemble_surface_sse
 
         return assemble_surface_sse(surface, chunks)
     result = Assembled()
@@ -169,7 +169,7 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
         return result
     if not isinstance(obj, dict):
         return result
-    from tapfix.proxy.assemble_surfaces import assemble_surface_json, sniff_body
+    from tapfix.proxy.assemble.evented import assemble_surface_json, sniff_body
 
     surface = (_surface(path, b"") if path is not None else None) or sniff_body(obj)
     if surface is not None and (obj.get("type") != "error" or surface != "messages"):
@@ -202,7 +202,7 @@ def _surface(path: str | None, head: bytes) -> str | None:
             return surface
         if surface is not None:
             return None
-    from tapfix.proxy.assemble_surfaces import sniff_surface
+    from tapfix.proxy.assemble.evented import sniff_surface
 
     return sniff_surface(head)
 

@@ -1,0 +1,1 @@
+"""A response (Chat Completions, Responses, Messages) folded into one assembled message."""
