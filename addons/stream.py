@@ -14,9 +14,9 @@ from tapfix.addons.reset_tail import TAIL_ATTR
 from tapfix.addons.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.pipeline import Stage, StreamPipeline
-from tapfix.proxy.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.request.policy import surface_for
+from tapfix.proxy.response.pipeline import Stage, StreamPipeline
+from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.surface import named_event

@@ -27,10 +27,10 @@ import orjson
 from tapfix.proxy.assemble.chat import Assembled, assemble
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.flags import response_flags
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, SpliceError, splice
+from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from tapfix.proxy.assemble.chat import assemble, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.flags import response_flags
-from tapfix.proxy.pipeline import StreamPipeline
-from tapfix.proxy.reasoning_fields import ReasoningFieldRename
+from tapfix.proxy.response.flags import response_flags
+from tapfix.proxy.response.pipeline import StreamPipeline
+from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 from tapfix.proxy.toolcalls import ChatToolCallRepair, repair_chat_completion

@@ -2,7 +2,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.reasoning_fields import ReasoningFieldRename, rename_field
+from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename, rename_field
 from tapfix.proxy.sse import SSESplitter
 
 VLLM_DELTA = (

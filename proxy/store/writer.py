@@ -23,7 +23,7 @@ import orjson
 from sqlite_utils import Database
 from tapfix.proxy.assemble.chat import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.flags import response_flags
+from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention

@@ -13,7 +13,13 @@ import logging
 from typing import Any
 
 from tapfix.proxy.assemble.chat import Assembled
-from tapfix.proxy.degeneration import has_cjk, repetition_loop, request_language, script_drift, tool_call_problems
+from tapfix.proxy.response.degeneration import (
+    has_cjk,
+    repetition_loop,
+    request_language,
+    script_drift,
+    tool_call_problems,
+)
 
 log = logging.getLogger("tapfix.flags")
 

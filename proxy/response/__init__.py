@@ -1,0 +1,1 @@
+"""The live response side: the stream pipeline, reasoning-field rename, degeneration detectors, flags."""
