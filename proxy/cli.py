@@ -211,7 +211,7 @@ def mock(listen, cases, scenario, chunk_delay_ms, db, capture, fast) -> None:
     host, port = parse_listen(listen, 8000)
     recorded = None
     if capture:
-        from tapfix.proxy.mock_replay import recorded_response
+        from tapfix.proxy.replay.server import recorded_response
 
         conn = _reader(db)
         try:
@@ -308,7 +308,7 @@ def captures_export(capture_id, db, which, as_format, output) -> None:
     try:
         capture = load_capture(conn, capture_id)
         if as_format != "raw":
-            from tapfix.proxy.export import export_capture
+            from tapfix.proxy.replay.export import export_capture
 
             # A repro resends what the server got unless --original asks for the client's bytes.
             export_capture(conn, capture, as_format, output, which or "forwarded")

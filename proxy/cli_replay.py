@@ -89,7 +89,7 @@ def replay(
     per run: status, time to first token, decode speed, finish reason, tool-call validity, flags,
     and similarity to the other runs (outliers highlighted). Ctrl-C keeps the finished runs.
     """
-    from tapfix.proxy.replay import (
+    from tapfix.proxy.replay.client import (
         ReplayError,
         build_request,
         check_reachable,
@@ -121,7 +121,7 @@ def _credentials(
     key_env: str | None, config_path: Path | None, conn: Any, first_id: str, upstream: str | None
 ) -> tuple[tuple[str, str] | None, bool | str]:
     """From --key-env, else from the config's upstream serving that origin: (credential, verify)."""
-    from tapfix.proxy.replay import ReplayError, credential_from_env
+    from tapfix.proxy.replay.client import ReplayError, credential_from_env
 
     verify: bool | str = True
     if config_path is not None:
@@ -154,8 +154,8 @@ def _run(
     verify: bool | str,
     as_json: bool,
 ) -> int:
-    from tapfix.proxy.replay import run_replays
-    from tapfix.proxy.replay_summary import render, summarize
+    from tapfix.proxy.replay.client import run_replays
+    from tapfix.proxy.replay.summary import render, summarize
     from tapfix.proxy.store.writer import CaptureWriter
 
     try:

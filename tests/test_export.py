@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.export import curl_script, export_capture, python_script, write_bundle
+from tapfix.proxy.replay.export import curl_script, export_capture, python_script, write_bundle
 from tapfix.proxy.store.reader import load_capture
 from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 

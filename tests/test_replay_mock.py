@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.mock_replay import recorded_response
+from tapfix.proxy.replay.server import recorded_response
 from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 
 from tests.support.procs import cli, start_mock, start_proxy, wait_capture

@@ -107,8 +107,8 @@ def test_mitmproxy_ca_key_stays_private_under_the_config_dir(tmp_path):
 
 
 def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
-    from tapfix.proxy.export import bundle_files, curl_script, python_script
-    from tapfix.proxy.replay import build_request
+    from tapfix.proxy.replay.client import build_request
+    from tapfix.proxy.replay.export import bundle_files, curl_script, python_script
 
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)

@@ -106,8 +106,8 @@ def create_app(
 
     def bundle(request: Request) -> Response:
         if not export_available():
-            return error(404, "repro bundles need tapfix.proxy.export, which this installation lacks")
-        from tapfix.proxy.export import export_capture  # type: ignore[import-not-found,unused-ignore]
+            return error(404, "repro bundles need tapfix.proxy.replay.export, which this installation lacks")
+        from tapfix.proxy.replay.export import export_capture  # type: ignore[import-not-found,unused-ignore]
 
         conn = store.conn()
         try:

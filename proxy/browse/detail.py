@@ -91,9 +91,9 @@ def as_json(value: Any) -> str:
 
 
 def export_available() -> bool:
-    """The repro bundle comes from `tapfix.proxy.export`, written by another part of tapfix."""
+    """The repro bundle comes from `tapfix.proxy.replay.export`, written by another part of tapfix."""
     try:
-        return callable(getattr(importlib.import_module("tapfix.proxy.export"), "export_capture", None))
+        return callable(getattr(importlib.import_module("tapfix.proxy.replay.export"), "export_capture", None))
     except Exception:  # noqa: BLE001 - an absent or broken module just hides the link
         return False
 

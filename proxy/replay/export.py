@@ -25,8 +25,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from tapfix.proxy.export_readme import bundle_readme, safe_text
 from tapfix.proxy.http_headers import HOP_BY_HOP
+from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
 from tapfix.proxy.store.reader import capture_body
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 from tapfix.proxy.store.writer import StoreError, unpack_timing
