@@ -228,7 +228,7 @@ def main() -> None:
         [
             sys.executable,
             "-m",
-            "tapfix.proxy.cli_browse",
+            "tapfix.proxy.cli.browse",
             "--db",
             str(args.db),
             "--listen",

@@ -139,7 +139,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "tapfix.proxy.cli_browse",
+                "tapfix.proxy.cli.browse",
                 "--db",
                 "captures/tapfix.db",
                 "--listen",

@@ -67,7 +67,7 @@ def browse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browse]:
         [
             sys.executable,
             "-m",
-            "tapfix.proxy.cli_browse",
+            "tapfix.proxy.cli.browse",
             "--db",
             str(built.path),
             "--listen",

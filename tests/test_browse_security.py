@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.security import COOKIE, is_loopback
-from tapfix.proxy.cli_browse import browse
+from tapfix.proxy.cli.browse import browse
 
 from tests.test_browse_fixtures import XSS, Built, build_db
 

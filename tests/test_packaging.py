@@ -33,7 +33,7 @@ def test_wheel_installs_under_tapfix_with_schemas(tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert tops <= {"tapfix", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     assert "tapfix/schemas/config.schema.json" in names
-    assert "tapfix/proxy/cli.py" in names and "tapfix/addons/recorder.py" in names
+    assert "tapfix/proxy/cli/main.py" in names and "tapfix/addons/recorder.py" in names
 
 
 def test_every_command_is_documented():

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.cli_purge import purge as purge_command
+from tapfix.proxy.cli.purge import purge as purge_command
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.retention import (

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from tapfix.proxy.cli_replay import replay
+from tapfix.proxy.cli.replay import replay
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import splice
 from tapfix.proxy.replay.client import parse_edits, resend_headers
@@ -327,7 +327,7 @@ def test_ctrl_c_keeps_finished_runs_and_prints_the_summary(tmp_path: Path) -> No
     assert _replays(db) == 2
 
 
-TAPFIX_REPLAY = [sys.executable, "-m", "tapfix.proxy.cli_replay"]
+TAPFIX_REPLAY = [sys.executable, "-m", "tapfix.proxy.cli.replay"]
 
 
 def _replays(db: Path) -> int:
@@ -341,7 +341,7 @@ def _replays(db: Path) -> int:
 
 
 def test_replay_command_is_registered_or_runnable() -> None:
-    """Until `cli.py` registers it, `python -m tapfix.proxy.cli_replay` is the way in."""
+    """Until `cli.py` registers it, `python -m tapfix.proxy.cli.replay` is the way in."""
     result = subprocess.run([*TAPFIX, "replay", "--help"], capture_output=True, timeout=60)
     if result.returncode != 0:
         result = subprocess.run([*TAPFIX_REPLAY, "--help"], capture_output=True, timeout=60)

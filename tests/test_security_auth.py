@@ -106,7 +106,7 @@ def test_defaults_bind_to_loopback_only(tmp_path):
     for command, expected in (("run", "127.0.0.1:8080"), ("mock", "127.0.0.1:8000")):
         listen = next(p for p in main.commands[command].params if p.name == "listen")
         assert listen.default == expected
-    from tapfix.proxy.cli_browse import browse
+    from tapfix.proxy.cli.browse import browse
 
     assert next(p for p in browse.params if p.name == "listen").default == "127.0.0.1:8081"
     # A real proxy given only a port listens on 127.0.0.1, nowhere else.

@@ -176,5 +176,5 @@ def _config_mode(path: Path, model, checks, timeout, capture, options):
         raise _Usage(str(e)) from e
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m tapfix.proxy.cli_probe` until registered
+if __name__ == "__main__":  # pragma: no cover - `python -m tapfix.proxy.cli.probe` until registered
     probe()

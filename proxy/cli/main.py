@@ -38,8 +38,8 @@ def _reader(db: Path | None):
 class LazyGroup(click.Group):
     """Commands that live in their own modules load only when used, so `captures` starts fast."""
 
-    lazy = {"browse": "tapfix.proxy.cli_browse:browse", "probe": "tapfix.proxy.cli_probe:probe",
-            "replay": "tapfix.proxy.cli_replay:replay"}
+    lazy = {"browse": "tapfix.proxy.cli.browse:browse", "probe": "tapfix.proxy.cli.probe:probe",
+            "replay": "tapfix.proxy.cli.replay:replay"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
@@ -188,7 +188,7 @@ def _run_proxy(settings: Settings, banner=None) -> int:
 @_db_option
 def demo(listen: str, mock_listen: str, db: Path | None) -> None:
     """Proxy + embedded scripted upstream + SQLite, ready for a client; prints how to use it."""
-    from tapfix.proxy.demo import run_demo
+    from tapfix.proxy.cli.demo import run_demo
 
     sys.exit(run_demo(listen, mock_listen, _resolve_db(db), _run_proxy, _settings))
 
@@ -270,7 +270,7 @@ def captures_list(db, limit, as_json, flag, tag, session) -> None:
             out.write(orjson.dumps(row) + b"\n")
         out.flush()
         return
-    from tapfix.proxy.render import captures_table
+    from tapfix.proxy.cli.render import captures_table
 
     click.echo(captures_table(rows))
 
@@ -280,7 +280,7 @@ def captures_list(db, limit, as_json, flag, tag, session) -> None:
 @_db_option
 def captures_show(capture_id, db) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings."""
-    from tapfix.proxy.show import render_capture
+    from tapfix.proxy.cli.show import render_capture
     from tapfix.proxy.store.reader import load_capture
 
     conn = _reader(db)
@@ -329,9 +329,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-from tapfix.proxy.cli_purge import purge as _purge  # noqa: E402 - its imports are light: click, orjson, the store
+from tapfix.proxy.cli.purge import purge as _purge  # noqa: E402 - its imports are light: click, orjson, the store
 
 captures.add_command(_purge)
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -223,5 +223,5 @@ def _run(
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m tapfix.proxy.cli_replay` before registration
+if __name__ == "__main__":  # pragma: no cover - `python -m tapfix.proxy.cli.replay` before registration
     replay()
