@@ -19,7 +19,7 @@ from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
-from tapfix.proxy.toolcalls.surface import named_event
+from tapfix.proxy.toolcalls.evented_stage import named_event
 
 
 def _surface(ex: Exchange) -> str | None:

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.mock.sse_vllm import split_fragments, split_tokens
+from tapfix.proxy.mock.chat import split_fragments, split_tokens
 from tapfix.proxy.mock.vision import PNGError, decode_png, dominant_colour, encode_png
 
 

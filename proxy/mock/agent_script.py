@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from tapfix.proxy.mock.chat import Reply, ToolCall
 from tapfix.proxy.mock.jsonish import obj
-from tapfix.proxy.mock.sse_vllm import Reply, ToolCall
 from tapfix.proxy.mock.toolargs import analyze, is_custom, pick_tool, tool_call_arguments, tool_name
 from tapfix.proxy.mock.vision import decode_data_url, dominant_colour
 

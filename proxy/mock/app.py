@@ -20,12 +20,7 @@ from starlette.routing import Route
 from tapfix.proxy.mock.agent_script import image_urls, text_of
 from tapfix.proxy.mock.behaviours import Ids, apply_faults, make_reply, max_tokens_of
 from tapfix.proxy.mock.cases import Case, load_case
-from tapfix.proxy.mock.jsonish import arr, obj
-from tapfix.proxy.mock.messages import messages_body, messages_error, messages_events
-from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedResponse
-from tapfix.proxy.mock.responses import responses_body, responses_error, responses_events
-from tapfix.proxy.mock.scenario import RequestFacts, Rule, Scenario, load_scenario
-from tapfix.proxy.mock.sse_vllm import (
+from tapfix.proxy.mock.chat import (
     ChunkBuilder,
     completion_body,
     completion_events,
@@ -36,6 +31,11 @@ from tapfix.proxy.mock.sse_vllm import (
     stream_events,
     usage_object,
 )
+from tapfix.proxy.mock.jsonish import arr, obj
+from tapfix.proxy.mock.messages import messages_body, messages_error, messages_events
+from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedResponse
+from tapfix.proxy.mock.responses import responses_body, responses_error, responses_events
+from tapfix.proxy.mock.scenario import RequestFacts, Rule, Scenario, load_scenario
 from tapfix.proxy.mock.surface_script import (
     break_pieces,
     chat_from_messages,

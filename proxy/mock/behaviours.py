@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapfix.proxy.mock.agent_script import Knobs, respond
+from tapfix.proxy.mock.chat import ChunkBuilder, Reply, dumps
 from tapfix.proxy.mock.degenerate import degenerate_reply
 from tapfix.proxy.mock.scenario import Rule
-from tapfix.proxy.mock.sse_vllm import ChunkBuilder, Reply, dumps
 from tapfix.proxy.mock.wire import Op, Reset, Send, Sleep, insert_after_sends, split_body
 
 _KNOB_BEHAVIOURS = {

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tapfix.proxy.mock.chat import DONE, chat_completion, dumps, reply_message
 from tapfix.proxy.mock.jsonish import arr, obj
-from tapfix.proxy.mock.sse_vllm import DONE, chat_completion, dumps, reply_message
 
 
 def event_bytes(item: Any) -> bytes:

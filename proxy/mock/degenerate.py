@@ -7,7 +7,7 @@ budget runs out, an answer that never ends (finish_reason length), and an immedi
 
 from __future__ import annotations
 
-from tapfix.proxy.mock.sse_vllm import Reply
+from tapfix.proxy.mock.chat import Reply
 
 STYLES = ("cjk_drift", "repeat_loop", "runaway", "empty")
 

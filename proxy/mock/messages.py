@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tapfix.proxy.mock.sse_vllm import dumps
+from tapfix.proxy.mock.chat import dumps
 from tapfix.proxy.mock.surface_script import Part, Script
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

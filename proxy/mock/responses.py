@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.mock.sse_vllm import dumps
+from tapfix.proxy.mock.chat import dumps
 from tapfix.proxy.mock.surface_script import Part, Script
 
 

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tapfix.proxy.mock.chat import Reply
 from tapfix.proxy.mock.jsonish import arr, obj
-from tapfix.proxy.mock.sse_vllm import Reply
 
 
 @dataclass

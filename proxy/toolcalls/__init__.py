@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
+from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messages_body
 from tapfix.proxy.toolcalls.nonstream import repair_chat_completion
 from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair, repair_responses_body
-from tapfix.proxy.toolcalls.stage import ChatToolCallRepair
 
 _STAGES: dict[str, Any] = {
     "chat": ChatToolCallRepair,

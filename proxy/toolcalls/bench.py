@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from tapfix.proxy.toolcalls.stage import ChatToolCallRepair
+from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
 TOOLS = [
     {

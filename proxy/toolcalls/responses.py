@@ -23,9 +23,7 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.toolcalls.errors import error_body
-from tapfix.proxy.toolcalls.plan import Fatal
-from tapfix.proxy.toolcalls.schema import ToolSchemas
-from tapfix.proxy.toolcalls.surface import (
+from tapfix.proxy.toolcalls.evented_stage import (
     HeldCall,
     HoldingStage,
     decide,
@@ -36,6 +34,8 @@ from tapfix.proxy.toolcalls.surface import (
     parse,
     repair_change,
 )
+from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _TERMINAL = (b"response.completed", b"response.incomplete")
 

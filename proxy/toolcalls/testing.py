@@ -10,7 +10,7 @@ from typing import Any
 
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
-from tapfix.proxy.toolcalls.stage import ChatToolCallRepair
+from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
 
 def sse_bytes(stream: list[Any], done: bool = True, newline: str = "\n") -> bytes:

@@ -1,4 +1,4 @@
-"""The streaming stage: hold a message's tool-call events until they are complete, then pass or repair.
+"""The Chat Completions streaming stage: hold a message's tool-call events until complete, then pass or repair.
 
 Content and reasoning events go out at once; only tool-call events (and what arrives while they are
 open, so order and bytes are kept) and text that may start leaked call syntax are held. A valid stream

@@ -1,4 +1,4 @@
-"""Byte builders for vLLM's OpenAI-compatible wire format.
+"""The mock's Chat Completions wire format: byte builders for vLLM's OpenAI-compatible chunks.
 
 Every end-to-end test compares bytes, so the chunks copy what current vLLM (0.11 and later, pydantic
 `model_dump_json(exclude_unset=True)`) puts on the wire: key order id, object, created, model, choices;

@@ -1,4 +1,4 @@
-"""What the Responses and Messages repair stages share: one call's verdict, named SSE events, the hold.
+"""The evented stage Responses and Messages share: one call's verdict, named SSE events, the hold.
 
 Both surfaces stream one call as open → argument fragments → close, with `event: NAME` framing, so
 the rules are the chat stage's rules applied per call: hold the call's events until it closes, run
