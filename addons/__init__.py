@@ -5,7 +5,7 @@ from __future__ import annotations
 from tapfix.addons.health import Health
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
-from tapfix.addons.runtime import Runtime
+from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.stream import StreamOwner
 
 

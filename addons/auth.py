@@ -21,7 +21,7 @@ import time
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.runtime import Runtime
+from tapfix.addons.runner.runtime import Runtime
 
 log = logging.getLogger("tapfix")
 TOKEN_ENV = "TAPFIX_TOKEN"

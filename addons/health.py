@@ -14,7 +14,7 @@ from typing import Any
 
 from mitmproxy import http
 from tapfix.addons.router import json_response
-from tapfix.addons.runtime import Runtime
+from tapfix.addons.runner.runtime import Runtime
 
 log = logging.getLogger("tapfix")
 ON_DEMAND_TTL_S = 30.0

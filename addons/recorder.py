@@ -8,7 +8,7 @@ import time
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.runtime import META, Runtime, exchange_of
+from tapfix.addons.runner.runtime import META, Runtime, exchange_of
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.redact import redact_url
 

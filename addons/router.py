@@ -9,7 +9,7 @@ import logging
 import orjson
 from mitmproxy import http
 from tapfix.addons.recorder import note_request_json
-from tapfix.addons.runtime import Runtime, exchange_of
+from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.request.routing import models_listing

@@ -10,8 +10,8 @@ import time
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.reset_tail import TAIL_ATTR
-from tapfix.addons.runtime import Runtime, exchange_of
+from tapfix.addons.runner.reset_tail import TAIL_ATTR
+from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import surface_for

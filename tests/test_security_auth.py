@@ -16,7 +16,7 @@ import httpx
 import pytest
 from mitmproxy.test import tflow
 from tapfix.addons.auth import TokenAuth
-from tapfix.addons.master import build_runtime
+from tapfix.addons.runner.master import build_runtime
 from tapfix.proxy.config.settings import Settings, parse_listen
 
 from tests.support.procs import free_port, start, wait_capture

@@ -163,12 +163,12 @@ def _run_proxy(settings: Settings, banner=None) -> int:
 
     _setup_logging(settings.verbose)
     try:
-        from tapfix.addons.master import prepare
+        from tapfix.addons.runner.master import prepare
 
         runtime = prepare(settings)
     except (UpstreamURLError, ValueError, StoreError) as e:  # StartupError is a ValueError
         raise click.ClickException(str(e)) from e
-    from tapfix.addons.master import run as run_master
+    from tapfix.addons.runner.master import run as run_master
 
     def ready() -> None:
         target = runtime.default_target

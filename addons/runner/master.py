@@ -12,8 +12,9 @@ from typing import Any
 
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
-from tapfix.addons import default_addons, reset_tail
-from tapfix.addons.runtime import Runtime
+from tapfix.addons import default_addons
+from tapfix.addons.runner import reset_tail
+from tapfix.addons.runner.runtime import Runtime
 from tapfix.proxy.config.settings import Settings, is_loopback
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.store.writer import CaptureWriter
@@ -138,7 +139,7 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
 
 def prepare(settings: Settings) -> Runtime:
     """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
-    from tapfix.addons.policy_setup import StartupError, build_policy
+    from tapfix.addons.runner.setup import StartupError, build_policy
     from tapfix.proxy.store.retention import Retention
 
     _return_big_buffers_to_the_os()  # before the writer thread exists
@@ -158,7 +159,7 @@ def prepare(settings: Settings) -> Runtime:
 
 def check_exposure(settings: Settings) -> None:
     """Captures hold prompts and code, and the proxy spends the upstream's key: beyond loopback, a token."""
-    from tapfix.addons.policy_setup import StartupError
+    from tapfix.addons.runner.setup import StartupError
 
     if settings.token is not None and len(settings.token) < 8:
         raise StartupError("--token / $TAPFIX_TOKEN must be at least 8 characters")
