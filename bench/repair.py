@@ -6,7 +6,7 @@ and the capture writer's assembly of the stored message (writer thread, holding 
 the event loop). Either one going quadratic stalls every stream through the proxy.
 
 The stage's own benchmark (`python -m tapfix.proxy.toolcalls.bench`, owned by the tool-call work)
-is run when it exists; this script adds the writer-side `assemble_sse` over the same streams and
+is run first (a missing one is an error); this script adds the writer-side `assemble_sse` over the same streams and
 over long plain-text replies, and prints µs per event and the growth factor per 10× size.
 
     .venv/bin/python bench/repair.py [--repeat 3]
@@ -15,7 +15,6 @@ over long plain-text replies, and prints µs per event and the growth factor per
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 import time
@@ -62,27 +61,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-kb", type=int, default=1000, help="largest size (1000 = 1 MB)")
     a = ap.parse_args()
-    if importlib.util.find_spec("tapfix.proxy.toolcalls.bench") is not None:
-        print("== repair stage (python -m tapfix.proxy.toolcalls.bench)")
-        sys.stdout.flush()
-        subprocess.run([sys.executable, "-m", "tapfix.proxy.toolcalls.bench", "--repeat", str(a.repeat)], check=False)
-    else:
-        print("== repair stage: tapfix.proxy.toolcalls.bench not present; timing ChatToolCallRepair.feed")
-        from tapfix.proxy.toolcalls import ChatToolCallRepair
-
-        tools = [{"type": "function", "function": {"name": "write", "parameters": {
-            "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
-        for size in (1_000, 100_000, a.max_kb * 1000):
-            events = tool_stream(size)
-
-            def run(events=events) -> None:
-                stage = ChatToolCallRepair(tools)
-                for e in events:
-                    stage.feed(e)
-                stage.flush()
-
-            s = best_of(run, a.repeat)
-            print(f"{size // 1000:>5} KB valid  {len(events):>7} events  {s * 1e6 / len(events):7.2f} µs/event")
+    # No fallback: if a move loses the stage benchmark, this script must fail, not time something else.
+    print("== repair stage (python -m tapfix.proxy.toolcalls.bench)")
+    sys.stdout.flush()
+    subprocess.run([sys.executable, "-m", "tapfix.proxy.toolcalls.bench", "--repeat", str(a.repeat)], check=True)
     print("\n== capture writer: assemble_sse (runs in the writer thread, holding the GIL)")
     print(f"{'case':<24}{'events':>8}{'ms total':>11}{'µs/event':>10}{'growth/10×':>12}")
     assemble_sse(tool_stream(10_000))  # warm up (first-call costs would inflate the 1 KB row)
