@@ -17,7 +17,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = sorted(BENCH.glob("*.py"))
-MODULE_NAME = re.compile(r"^tapfix(\.\w+)+$")
+MODULE_NAME = re.compile(r"^tapfix\.(proxy|addons)(\.\w+)*$")
 
 
 def _targets(path: Path) -> list[tuple[str, str | None]]:
