@@ -11,9 +11,9 @@ from mitmproxy import http
 from tapfix.addons.runner.runtime import META, Runtime, exchange_of
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.redact import redact_url
+from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix")
-INFERENCE_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages")
 
 
 class RecordRequest:
@@ -40,7 +40,7 @@ class RecordRequest:
         ex.started_at = request.timestamp_start or time.time()
         if self.runtime.policy is None and request.method == "POST" and body:
             # With a request policy, the router parses the body once and notes it instead.
-            if request.path.split("?")[0].endswith(INFERENCE_SUFFIXES):
+            if is_inference(request.path):
                 try:
                     note_request_json(ex, orjson.loads(body) if body[:1] == b"{" else None)
                 except orjson.JSONDecodeError:

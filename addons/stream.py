@@ -14,17 +14,12 @@ from tapfix.addons.runner.reset_tail import TAIL_ATTR
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.request.policy import surface_for
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.sse import format_event
+from tapfix.proxy.surfaces import Surface, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.evented_stage import named_event
-
-
-def _surface(ex: Exchange) -> str | None:
-    """chat | completions | responses | messages | None, from the request path."""
-    return surface_for(ex.path)
 
 
 class StreamOwner:
@@ -34,7 +29,7 @@ class StreamOwner:
     def stages_for(self, ex: Exchange) -> list[Stage]:
         stages: list[Stage] = []
         policy = self.runtime.settings.tool_repair
-        surface = _surface(ex)
+        surface = surface_for(ex.path)
         if policy != "off" and ex.tools:
             stage = stage_for(surface, ex.tools, policy, ex.id, self.runtime.settings.stream_valid_prefix)
             if stage is not None:
@@ -95,7 +90,7 @@ class StreamOwner:
         if response.headers.get("content-encoding"):
             return
 
-        repair = body_repair_for(_surface(ex))
+        repair = body_repair_for(surface_for(ex.path))
         if repair is None:
             return
         repaired, changes, outcome = repair(body, ex.tools, capture_id=ex.id, policy=policy)
@@ -141,7 +136,7 @@ class StreamOwner:
         self.collect(ex)
 
 
-def reset_event(surface: str | None, message: str, capture_id: str) -> tuple[bytes, dict]:
+def reset_event(surface: Surface | None, message: str, capture_id: str) -> tuple[bytes, dict]:
     """The retryable error each SDK raises on, in the stream's own framing (clients.md §8)."""
     tapfix = {"reason": "upstream_reset", "capture_id": capture_id}
     if surface == "messages":

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.config.file import Config, ConfigError, from_dict
-from tapfix.proxy.request.policy import RequestPolicy, surface_for
+from tapfix.proxy.request.policy import RequestPolicy
+from tapfix.proxy.surfaces import surface_for
 
 ENV = {"GPU0_KEY": "k-gpu0", "CLAUDE_KEY": "k-claude"}
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.surfaces import evented_body, evented_stream
 
 
 @dataclass
@@ -104,7 +105,7 @@ def _apply_choice(result: Assembled, calls: dict[int, dict[str, Any]], choice: d
 def assemble_sse(body: bytes | list[bytes], path: str | None = None) -> Assembled:
     """`path` picks the surface (Responses, Messages); without it the stream's first bytes do."""
     chunks = [body] if isinstance(body, bytes) else body
-    surface = _surface(path, chunks[0] if chunks else b"")
+    surface = evented_stream(path, chunks[0] if chunks else b"")
     if surface is not None:
         from tapfix.proxy.assemble.evented import assemble_surface_sse
 
@@ -169,9 +170,9 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
         return result
     if not isinstance(obj, dict):
         return result
-    from tapfix.proxy.assemble.evented import assemble_surface_json, sniff_body
+    from tapfix.proxy.assemble.evented import assemble_surface_json
 
-    surface = (_surface(path, b"") if path is not None else None) or sniff_body(obj)
+    surface = evented_body(path, obj)
     if surface is not None and (obj.get("type") != "error" or surface != "messages"):
         return assemble_surface_json(surface, obj)
     result.error = obj.get("error")
@@ -190,21 +191,6 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
                       if isinstance(message, dict) else choice)
     result.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
     return result.join_parts()
-
-
-def _surface(path: str | None, head: bytes) -> str | None:
-    """"responses" | "messages" | None (chat and legacy completions) for a stream."""
-    if path is not None:
-        from tapfix.proxy.request.policy import surface_for
-
-        surface = surface_for(path)
-        if surface in ("responses", "messages"):
-            return surface
-        if surface is not None:
-            return None
-    from tapfix.proxy.assemble.evented import sniff_surface
-
-    return sniff_surface(head)
 
 
 def assemble(body: bytes, content_type: str, path: str | None = None) -> Assembled:

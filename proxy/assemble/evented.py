@@ -22,29 +22,9 @@ from typing import Any
 import orjson
 from tapfix.proxy.assemble.chat import Assembled
 from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.surfaces import Evented
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
-
-
-def sniff_surface(head: bytes) -> str | None:
-    """`responses` or `messages` from the first bytes of an SSE stream or JSON body, else None."""
-    head = head[:4096]
-    if b"event: response." in head or b'"type":"response.' in head or b'"type": "response.' in head:
-        return "responses"
-    for marker in (b"message_start", b"content_block_start"):
-        if b"event: " + marker in head or b'"type":"' + marker in head or b'"type": "' + marker in head:
-            return "messages"
-    return None
-
-
-def sniff_body(obj: Any) -> str | None:
-    if not isinstance(obj, dict):
-        return None
-    if obj.get("object") == "response":
-        return "responses"
-    if obj.get("type") == "message" and isinstance(obj.get("content"), list):
-        return "messages"
-    return None
 
 
 # -- Responses ---------------------------------------------------------------------------------
@@ -282,9 +262,9 @@ def _each_event(chunks: list[bytes], result: Assembled, fold: Any) -> None:
             fold(obj, min(chunk_index, last))
 
 
-def assemble_surface_sse(surface: str, chunks: list[bytes]) -> Assembled:
+def assemble_surface_sse(surface: Evented, chunks: list[bytes]) -> Assembled:
     return assemble_responses_sse(chunks) if surface == "responses" else assemble_messages_sse(chunks)
 
 
-def assemble_surface_json(surface: str, obj: dict[str, Any]) -> Assembled:
+def assemble_surface_json(surface: Evented, obj: dict[str, Any]) -> Assembled:
     return assemble_responses_json(obj) if surface == "responses" else assemble_messages_json(obj)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,14 +26,8 @@ from tapfix.proxy.request.sampling import (
     load_generation_config,
     sent_sampling,
 )
+from tapfix.proxy.surfaces import Surface, surface_for
 
-_SURFACE = re.compile(r"(?:^|/)(chat/completions|completions|responses|messages)/?$")
-_SURFACES = {
-    "chat/completions": "chat",
-    "completions": "completions",
-    "responses": "responses",
-    "messages": "messages",
-}
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 
 
@@ -50,14 +43,8 @@ class Outcome:
     served_model: str | None = None
     parsed: Any = None  # the client's JSON (None when the body is not JSON)
     flags: set[str] = field(default_factory=set)
-    surface: str | None = None  # chat | completions | responses | messages | None
+    surface: Surface | None = None  # None: not an inference path
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
-
-
-def surface_for(path: str) -> str | None:
-    """Which API a request path is, with or without `/v1` and with any prefix before it."""
-    m = _SURFACE.search(path.split("?", 1)[0])
-    return _SURFACES[m.group(1)] if m else None
 
 
 @dataclass(frozen=True, slots=True)

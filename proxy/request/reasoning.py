@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonsplice import Delete, Edit, Path, Set, json_path
+from tapfix.proxy.surfaces import Surface
 
 LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template", "passthrough")
@@ -225,7 +226,7 @@ def _thinking_signal(value: Any) -> Signal:
     return Signal(path, value, None)
 
 
-def _native(dialect: str, surface: str, path: Path, settings: ReasoningSettings) -> bool:
+def _native(dialect: str, surface: Surface, path: Path, settings: ReasoningSettings) -> bool:
     if dialect == "int":
         return path == tuple(settings.field.split("."))
     head = path[0]
@@ -242,7 +243,7 @@ def _native(dialect: str, surface: str, path: Path, settings: ReasoningSettings)
     return False
 
 
-def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surface: str) -> ReasoningResult:
+def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surface: Surface) -> ReasoningResult:
     """The edits and changes that put the client's reasoning request into the target dialect."""
     result = ReasoningResult()
     dialect = settings.dialect
@@ -318,7 +319,7 @@ def _drop_path(
     s: Signal,
     usable: list[Signal],
     dialect: str,
-    surface: str,
+    surface: Surface,
     settings: ReasoningSettings,
 ) -> Path:
     """The key to remove; a container left empty by the removal goes whole."""
@@ -353,7 +354,7 @@ def _container(body: Mapping[str, Any], dialect: str) -> str:
 
 def _primary(
     dialect: str,
-    surface: str,
+    surface: Surface,
     settings: ReasoningSettings,
     body: Mapping[str, Any],
     on: bool | None,

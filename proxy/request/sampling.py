@@ -20,6 +20,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, json_path
+from tapfix.proxy.surfaces import Surface
 
 PARAMS = (
     "temperature",
@@ -61,7 +62,7 @@ ENGINE_PARAMS: dict[str | None, frozenset[str]] = {
     "openai": _OPENAI,
     "anthropic": frozenset({"temperature", "top_p", "top_k", "max_tokens"}),
 }
-SURFACE_PARAMS: dict[str, frozenset[str]] = {
+SURFACE_PARAMS: dict[Surface, frozenset[str]] = {
     "chat": _ALL,
     "completions": _ALL,
     "responses": frozenset({"temperature", "top_p", "max_tokens"}),
@@ -69,7 +70,7 @@ SURFACE_PARAMS: dict[str, frozenset[str]] = {
 }
 
 
-def wire_name(param: str, engine: str | None, surface: str) -> str:
+def wire_name(param: str, engine: str | None, surface: Surface) -> str:
     """The body key a parameter is written under for this engine and endpoint."""
     if param == "repetition_penalty" and engine == "llamacpp":
         return "repeat_penalty"  # llama-server reads only repeat_penalty (server params_from_json)
@@ -151,7 +152,7 @@ class SamplingPolicy:
 
 
 def apply_sampling(
-    body: Mapping[str, Any], policy: SamplingPolicy, surface: str, engine: str | None
+    body: Mapping[str, Any], policy: SamplingPolicy, surface: Surface, engine: str | None
 ) -> tuple[list[Edit], list[Change]]:
     """The edits (for `jsonsplice.splice`) and changes that bring `body` in line with `policy`."""
     edits: list[Edit] = []

@@ -29,6 +29,7 @@ from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.schema import migrations
 from tapfix.proxy.store.sessions import SessionTracker
+from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix.store")
 BUSY_TIMEOUT_MS = 5000
@@ -206,7 +207,7 @@ class CaptureWriter:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
         session_id = self.sessions.assign(ex)
         flags = set(ex.flags)
-        if _is_inference(ex.path):
+        if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.client_body)
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
         if ex.store_bodies:
@@ -272,13 +273,6 @@ class CaptureWriter:
              for i, c in enumerate(ex.changes)],
         )
         self.sessions.record(self.conn, session_id, ex)
-
-
-_INFERENCE = ("/chat/completions", "/completions", "/responses", "/messages")
-
-
-def _is_inference(path: str) -> bool:
-    return path.split("?", 1)[0].rstrip("/").endswith(_INFERENCE)
 
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:

@@ -11,18 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messages_body
 from tapfix.proxy.toolcalls.nonstream import repair_chat_completion
 from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair, repair_responses_body
 
-_STAGES: dict[str, Any] = {
+_STAGES: dict[Surface, Any] = {
     "chat": ChatToolCallRepair,
     "responses": ResponsesToolCallRepair,
     "messages": MessagesToolCallRepair,
 }
-_BODIES: dict[str, Callable[..., tuple[bytes, list[Any], str]]] = {
+_BODIES: dict[Surface, Callable[..., tuple[bytes, list[Any], str]]] = {
     "chat": repair_chat_completion,
     "responses": repair_responses_body,
     "messages": repair_messages_body,
@@ -30,14 +31,14 @@ _BODIES: dict[str, Callable[..., tuple[bytes, list[Any], str]]] = {
 
 
 def stage_for(
-    surface: str | None, tools: list[Any], policy: str, capture_id: str, stream_valid_prefix: bool = False
+    surface: Surface | None, tools: list[Any], policy: str, capture_id: str, stream_valid_prefix: bool = False
 ) -> Any | None:
     """The streaming repair stage of an API surface (None: the surface has none).
 
     `stream_valid_prefix` (Chat Completions only, off by default): forward tool-call fragments while
     they are provably fine instead of holding them; see `prefix.py` for what that gives up.
     """
-    cls = _STAGES.get(surface or "")
+    cls = _STAGES.get(surface) if surface is not None else None
     if cls is None:
         return None
     if cls is ChatToolCallRepair and stream_valid_prefix:
@@ -45,8 +46,8 @@ def stage_for(
     return cls(tools, policy=policy, capture_id=capture_id)
 
 
-def body_repair_for(surface: str | None) -> Callable[..., tuple[bytes, list[Any], str]] | None:
-    return _BODIES.get(surface or "")
+def body_repair_for(surface: Surface | None) -> Callable[..., tuple[bytes, list[Any], str]] | None:
+    return _BODIES.get(surface) if surface is not None else None
 
 
 __all__ = [
