@@ -1,4 +1,5 @@
-"""ruff (E, F, I, B, UP; see pyproject) is part of the test suite, so CI keeps the code clean."""
+"""ruff is part of the test suite, so CI keeps the code clean: its linter (E, F, I, B, UP; see pyproject)
+and its formatter (`ruff format` leaves every file as it is)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+TREES = ["proxy", "addons", "tests", "bench"]
 
 
-def test_ruff_is_clean():
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is in the test extra: scripts/bootstrap installs it"
-    result = subprocess.run([ruff, "check", "proxy", "addons", "tests", "bench"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    return subprocess.run([ruff, *args, *TREES], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.e2e
+def test_ruff_is_clean():
+    result = _ruff("check")
     assert result.returncode == 0, result.stdout[-4000:]
+
+
+@pytest.mark.e2e
+def test_ruff_format_leaves_the_code_as_it_is():
+    result = _ruff("format", "--check")
+    assert result.returncode == 0, f"run `.venv/bin/ruff format {' '.join(TREES)}`:\n{result.stdout[-4000:]}"
