@@ -20,7 +20,7 @@ import sys
 import time
 
 import orjson
-from tapfix.proxy.assemble.chat import assemble_sse
+from tapfix.proxy.assemble import assemble_sse
 
 
 def tool_stream(size: int, fragment: int = 16) -> list[bytes]:

@@ -8,7 +8,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.assemble.chat import Assembled
+from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.mock.degenerate import degenerate_reply
 from tapfix.proxy.response.degeneration import (
     latin_dominant,

@@ -15,7 +15,7 @@ import random
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.assemble.chat import assemble, assemble_json, assemble_sse
+from tapfix.proxy.assemble import assemble, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags

@@ -5,12 +5,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from tapfix.proxy.jsonsplice import apply_to_dict, splice
-from tapfix.proxy.request.reasoning import (
+from tapfix.proxy.request.reasoning import apply_reasoning, detect
+from tapfix.proxy.request.reasoning_levels import (
     LEVELS,
     ReasoningSettings,
-    apply_reasoning,
     clamp_level,
-    detect,
     level_from_budget,
     level_from_number,
 )

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.assemble.chat import assemble, assemble_sse
+from tapfix.proxy.assemble import assemble, assemble_sse
 from tapfix.proxy.mock.responses import responses_body, responses_events
 from tapfix.proxy.mock.surface_script import Part, Script
 from tapfix.proxy.sse import SSESplitter, event_data

@@ -1,4 +1,4 @@
-"""Assemble what the client saw: a streamed or plain response body → one message.
+"""Chat Completions (and legacy completions) assembly: a stream or body → one message.
 
 Runs in the writer thread, off the event loop. Accumulates tool calls strictly by index, as a
 spec-following client does, so the stored message is what a correct client would have built.
@@ -6,53 +6,11 @@ spec-following client does, so the stored message is what a correct client would
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.sse import SSESplitter, event_data
-from tapfix.proxy.surfaces import evented_body, evented_stream
-
-
-@dataclass
-class Assembled:
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    error: Any = None
-    events: int = 0
-    malformed_events: int = 0
-    first_token_chunk: int | None = None  # index of the input chunk that completed the first token event
-    done: bool = False
-    # Text arrives in thousands of small deltas: collect pieces and join once (`+=` on an attribute
-    # copies the whole string every time, which made a 1 MB answer cost seconds of writer CPU).
-    _parts: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
-
-    def append(self, key: str, text: str) -> None:
-        parts = self._parts.get(key)
-        if parts is None:
-            self._parts[key] = [text]
-        else:
-            parts.append(text)
-
-    def join_parts(self) -> Assembled:
-        for key, parts in self._parts.items():
-            setattr(self, key, getattr(self, key) + "".join(parts))
-        self._parts.clear()
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "content": self.content,
-            "reasoning": self.reasoning,
-            "tool_calls": self.tool_calls,
-            "finish_reason": self.finish_reason,
-            "usage": self.usage,
-            "error": self.error,
-            "done": self.done,
-        }
 
 
 def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
@@ -102,14 +60,7 @@ def _apply_choice(result: Assembled, calls: dict[int, dict[str, Any]], choice: d
     return token
 
 
-def assemble_sse(body: bytes | list[bytes], path: str | None = None) -> Assembled:
-    """`path` picks the surface (Responses, Messages); without it the stream's first bytes do."""
-    chunks = [body] if isinstance(body, bytes) else body
-    surface = evented_stream(path, chunks[0] if chunks else b"")
-    if surface is not None:
-        from tapfix.proxy.assemble.evented import assemble_surface_sse
-
-        return assemble_surface_sse(surface, chunks)
+def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
     result = Assembled()
     calls: dict[int, dict[str, Any]] = {}
     splitter = SSESplitter()
@@ -161,20 +112,8 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
                 result.first_token_chunk = chunk_index
 
 
-def assemble_json(body: bytes, path: str | None = None) -> Assembled:
+def assemble_chat_json(obj: dict[str, Any]) -> Assembled:
     result = Assembled()
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        result.malformed_events = 1
-        return result
-    if not isinstance(obj, dict):
-        return result
-    from tapfix.proxy.assemble.evented import assemble_surface_json
-
-    surface = evented_body(path, obj)
-    if surface is not None and (obj.get("type") != "error" or surface != "messages"):
-        return assemble_surface_json(surface, obj)
     result.error = obj.get("error")
     result.usage = obj.get("usage")
     calls: dict[int, dict[str, Any]] = {}
@@ -191,12 +130,3 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
                       if isinstance(message, dict) else choice)
     result.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
     return result.join_parts()
-
-
-def assemble(body: bytes, content_type: str, path: str | None = None) -> Assembled:
-    """One message from a response body; `path` (the request path) names the API surface."""
-    if "text/event-stream" in content_type:
-        return assemble_sse(body, path)
-    if "json" in content_type or body[:1] in (b"{", b"["):
-        return assemble_json(body, path)
-    return Assembled()

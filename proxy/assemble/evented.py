@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from tapfix.proxy.assemble.chat import Assembled
+from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.surfaces import Evented
 
@@ -161,7 +161,8 @@ class _MessagesFold:
             if isinstance(usage, dict):
                 r.usage = dict(usage)
         elif kind == "content_block_start" and isinstance(obj.get("content_block"), dict):
-            index = obj.get("index") if isinstance(obj.get("index"), int) else len(self.order)
+            sent_index = obj.get("index")
+            index = sent_index if isinstance(sent_index, int) else len(self.order)
             block = dict(obj["content_block"])
             self.blocks[index] = block
             self.order.append(index)
@@ -181,9 +182,9 @@ class _MessagesFold:
                 r.append("reasoning", delta["thinking"])
                 token = bool(delta["thinking"])
             elif dtype == "input_json_delta" and isinstance(delta.get("partial_json"), str):
-                block = self.blocks.get(obj.get("index"))  # type: ignore[arg-type]
-                if block is not None and "_json" in block:
-                    block["_json"].append(delta["partial_json"])
+                held = self.blocks.get(obj.get("index"))  # type: ignore[arg-type]  # an odd index finds no block
+                if held is not None and "_json" in held:
+                    held["_json"].append(delta["partial_json"])
                     token = True
         elif kind == "message_delta":
             delta = obj.get("delta")
@@ -262,9 +263,9 @@ def _each_event(chunks: list[bytes], result: Assembled, fold: Any) -> None:
             fold(obj, min(chunk_index, last))
 
 
-def assemble_surface_sse(surface: Evented, chunks: list[bytes]) -> Assembled:
+def assemble_evented_sse(surface: Evented, chunks: list[bytes]) -> Assembled:
     return assemble_responses_sse(chunks) if surface == "responses" else assemble_messages_sse(chunks)
 
 
-def assemble_surface_json(surface: Evented, obj: dict[str, Any]) -> Assembled:
+def assemble_evented_json(surface: Evented, obj: dict[str, Any]) -> Assembled:
     return assemble_responses_json(obj) if surface == "responses" else assemble_messages_json(obj)

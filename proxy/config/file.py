@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
-from tapfix.proxy.request.reasoning import ENGINE_DIALECT, ReasoningSettings
+from tapfix.proxy.request.reasoning_levels import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.request.sampling import ParamPolicy
 
 _LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}
@@ -293,7 +293,8 @@ _VALIDATOR: Draft202012Validator | None = None
 
 def schema() -> dict[str, Any]:
     text = (files("tapfix.schemas") / "config.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)  # type: ignore[no-any-return]
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def _validate(data: Mapping[str, Any], source: str) -> None:
@@ -330,19 +331,21 @@ def _describe(e: ValidationError) -> list[tuple[str, str]]:
     """(path in the file, "found ..., expected ...") for one schema error."""
     where = _dotted(e.absolute_path)
     v = e.validator
+    # The config schema is all objects, so the failing subschema is one too (jsonschema also allows `true`).
+    at: Mapping[str, Any] = e.schema if isinstance(e.schema, Mapping) else {}
     if v == "additionalProperties":
-        allowed = ", ".join(sorted(e.schema.get("properties", {})))
-        extra = [k for k in e.instance if k not in e.schema.get("properties", {})]
+        allowed = ", ".join(sorted(at.get("properties", {})))
+        extra = [k for k in e.instance if k not in at.get("properties", {})] if isinstance(e.instance, dict) else []
         prefix = f"{where}." if where else ""
         return [(f"{prefix}{_key(k)}", f"found an unknown key, expected one of {allowed}") for k in extra]
     if v == "required":
         missing = re.findall(r"'([^']+)' is a required property", e.message)
         name = missing[0] if missing else "?"
-        sub = e.schema.get("properties", {}).get(name, {})
+        sub = at.get("properties", {}).get(name, {})
         prefix = f"{where}." if where else ""
         return [(f"{prefix}{_key(name)}", f"missing, expected {_expectation(sub, name)}")]
     found = _found(e)
-    expected = e.schema.get("x-expected")
+    expected = at.get("x-expected")
     if expected is None:
         if v in ("enum", "type"):
             expected = _expectation({v: e.validator_value}, "")

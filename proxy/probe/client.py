@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
-from tapfix.proxy.assemble.chat import Assembled, assemble_json, assemble_sse
+from tapfix.proxy.assemble import Assembled, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
-from tapfix.proxy.assemble.chat import Assembled, assemble
+from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import HOP_BY_HOP

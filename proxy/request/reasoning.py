@@ -13,58 +13,28 @@ target's form. The full rules and thresholds are in docs/request-side.md.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from dataclasses import field as _field
 from typing import Any
 
 import orjson
-from tapfix.proxy.changes import Change
-from tapfix.proxy.jsonsplice import Delete, Edit, Path, Set, json_path
+from tapfix.proxy.jsonsplice import Delete, Path, Set, json_path
+from tapfix.proxy.request.reasoning_levels import (
+    DIALECT_LEVELS,
+    ReasoningResult,
+    ReasoningSettings,
+    clamp_level,
+    level_from_budget,
+    parse_level,
+)
+from tapfix.proxy.request.reasoning_messages import apply_messages_reasoning
 from tapfix.proxy.surfaces import Surface
 
-LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template", "passthrough")
 TEMPLATE_VARS = ("enable_thinking", "thinking", "reasoning_effort")
-ENGINE_DIALECT = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llamacpp": "llamacpp",
-    "ollama": "ollama",
-    "tabbyapi": "tabbyapi",
-    "openai": "openai",
-    "anthropic": "passthrough",
-}
-DIALECT_LEVELS: dict[str, tuple[str, ...]] = {
-    "ollama": ("none", "low", "medium", "high"),
-    "openai": ("none", "minimal", "low", "medium", "high", "xhigh"),
-}
-# Thinking budgets in tokens → level: <=0 none, <=1024 minimal, <4096 low, <12288 medium, else high.
-# Chosen so the budget tables clients publish map back to their own level (pi/omp: minimal 1024,
-# low 2048, medium 8192, high 16384; omp's Anthropic high sends 12384).
-BUDGET_THRESHOLDS = ((0, "none"), (1024, "minimal"), (4095, "low"), (12287, "medium"))
 # Level → the generic 0-100 dialect.
 LEVEL_PERCENT = {"none": 0, "minimal": 10, "low": 25, "medium": 50, "high": 75, "xhigh": 90, "max": 100}
-_OFF_WORDS = {"off", "disabled", "disable", "false", "no"}
-_ON_WORDS = {"on", "enabled", "enable", "true", "yes", "auto", "adaptive"}
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _KWARG_CONTAINERS = ("chat_template_kwargs", "template_vars")
 _EFFORT_DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "openai")
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningSettings:
-    dialect: str | None = None  # None: pass every reasoning field through untouched
-    levels: tuple[str, ...] | None = None  # levels the model accepts; None = the dialect's own
-    template_var: str | None = None  # the chat-template variable the model family reads
-    field: str = "reasoning_effort"  # the field of the `int` dialect (dotted for nested)
-    reject_unmappable: bool = False
-    default_level: str = "medium"  # for "thinking on" without a level, where a level is needed
-    budgets: Mapping[str, int] = _field(default_factory=dict)  # level → thinking_budget_tokens (llama.cpp)
-
-    def accepted(self) -> tuple[str, ...]:
-        return self.levels or DIALECT_LEVELS.get(self.dialect or "", LEVELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,76 +49,6 @@ class Signal:
     drop: Path = ()  # what to remove when the form is foreign; () = `path`
 
 
-@dataclass(slots=True)
-class ReasoningResult:
-    edits: list[Edit] = _field(default_factory=list)
-    changes: list[Change] = _field(default_factory=list)
-    error: tuple[int, bytes] | None = None
-
-    def add(
-        self, kind: str, path: Path, before: Any, after: Any, reason: str, edit: Edit | None = None
-    ) -> None:
-        self.changes.append(Change("reasoning", kind, json_path(path), before, after, reason))
-        if edit is not None:
-            self.edits.append(edit)
-
-
-def level_from_number(value: Any) -> str | None:
-    """0-100 integers (and floats without a fraction, as JS sends `1.0`); floats with a fraction on 0-1."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        if value.is_integer():
-            value = int(value)
-        elif 0 < value < 1:
-            value = value * 100
-        else:
-            return None
-    if value < 0 or value > 100:
-        return None
-    if value == 0:
-        return "none"
-    return "low" if value <= 33 else "medium" if value <= 66 else "high"
-
-
-def level_from_budget(tokens: int) -> str:
-    for bound, level in BUDGET_THRESHOLDS:
-        if tokens <= bound:
-            return level
-    return "high"
-
-
-def clamp_level(level: str, accepted: tuple[str, ...]) -> str:
-    """The nearest accepted level on the none..max scale; a tie goes to the higher level."""
-    if level in accepted or not accepted:
-        return level
-    index = LEVELS.index(level)
-    return min(accepted, key=lambda a: (abs(LEVELS.index(a) - index), -LEVELS.index(a)))
-
-
-def _parse_level(value: Any) -> tuple[bool | None, str | None]:
-    """(on, level) of an effort value: a level name, a number, a numeric string or a bool."""
-    if isinstance(value, bool):
-        return value, None if value else "none"
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in LEVELS:
-            return word != "none", word
-        if word in _OFF_WORDS:
-            return False, "none"
-        if word in _ON_WORDS:
-            return True, None
-        if _NUMBER.fullmatch(word):
-            number = float(word)
-            value = int(number) if number.is_integer() and "e" not in word else number
-    level = level_from_number(value)
-    if level is None:
-        return None, None
-    return level != "none", level
-
-
 def _parse_budget(value: Any) -> tuple[bool | None, str | None, int | None]:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None, None, None
@@ -159,7 +59,7 @@ def _parse_budget(value: Any) -> tuple[bool | None, str | None, int | None]:
 
 def _sig(path: Path, value: Any, drop: Path = ()) -> Signal:
     """A level-bearing form: a level name, a number or a bool."""
-    on, level = _parse_level(value)
+    on, level = parse_level(value)
     return Signal(path, value, on, level, None, drop)
 
 
@@ -250,8 +150,6 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     if dialect in (None, "passthrough"):
         return result
     if surface == "messages":
-        from tapfix.proxy.request.reasoning_messages import apply_messages_reasoning
-
         return apply_messages_reasoning(body, settings, result)
     signals = detect(body)
     accepted = settings.accepted()

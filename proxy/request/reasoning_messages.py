@@ -22,7 +22,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from tapfix.proxy.jsonsplice import Delete, Set
-from tapfix.proxy.request.reasoning import LEVELS, ReasoningResult, ReasoningSettings, _parse_level, clamp_level
+from tapfix.proxy.request.reasoning_levels import (
+    LEVELS,
+    ReasoningResult,
+    ReasoningSettings,
+    clamp_level,
+    level_from_budget,
+    parse_level,
+)
 
 MIN_BUDGET = 1024
 LEVEL_BUDGET = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 16384, "xhigh": 24576, "max": 32768}
@@ -39,7 +46,7 @@ def apply_messages_reasoning(
     effort = output_config.get("effort") if isinstance(output_config, dict) else None
     max_tokens = body.get("max_tokens")
     max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None
-    on, level = _parse_level(effort) if effort is not None else (None, None)
+    on, level = parse_level(effort) if effort is not None else (None, None)
     if isinstance(thinking, dict) and thinking.get("type") == "adaptive":
         chosen = level if level not in (None, "none") else settings.default_level
         budget = settings.budgets.get(chosen) or LEVEL_BUDGET.get(chosen, LEVEL_BUDGET["medium"])
@@ -49,13 +56,13 @@ def apply_messages_reasoning(
                    f"adaptive; budget from effort {chosen}", Set(("thinking",), new))
         thinking = new
     elif isinstance(thinking, dict) and thinking.get("type", "enabled") == "enabled":
-        budget = thinking.get("budget_tokens")
-        if isinstance(budget, int) and not isinstance(budget, bool):
+        sent = thinking.get("budget_tokens")
+        if isinstance(sent, int) and not isinstance(sent, bool):
             if max_tokens is not None and max_tokens <= MIN_BUDGET:
-                result.add("warning", ("thinking", "budget_tokens"), budget, budget,
+                result.add("warning", ("thinking", "budget_tokens"), sent, sent,
                            f"max_tokens {max_tokens} leaves no room for a budget >= {MIN_BUDGET}; unchanged")
-            elif (bounded := _bounded(budget, max_tokens)) != budget:
-                result.add("clamp", ("thinking", "budget_tokens"), budget, bounded,
+            elif (bounded := _bounded(sent, max_tokens)) != sent:
+                result.add("clamp", ("thinking", "budget_tokens"), sent, bounded,
                            f"budget_tokens must be >= {MIN_BUDGET} and < max_tokens ({max_tokens})",
                            Set(("thinking", "budget_tokens"), bounded))
     if effort is not None and settings.dialect == "vllm":
@@ -114,8 +121,6 @@ def _template_var(
 
 
 def _level_of(budget: Any) -> str | None:
-    from tapfix.proxy.request.reasoning import level_from_budget
-
     if isinstance(budget, int) and not isinstance(budget, bool):
         level = level_from_budget(budget)
         return level if level in LEVELS else None

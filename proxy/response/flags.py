@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tapfix.proxy.assemble.chat import Assembled
+from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.response.degeneration import (
     has_cjk,
     repetition_loop,

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 from sqlite_utils import Database
-from tapfix.proxy.assemble.chat import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body

@@ -1,0 +1,47 @@
+"""The one message shape every surface's response is folded into (what the store and the browser read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Assembled:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    error: Any = None
+    events: int = 0
+    malformed_events: int = 0
+    first_token_chunk: int | None = None  # index of the input chunk that completed the first token event
+    done: bool = False
+    # Text arrives in thousands of small deltas: collect pieces and join once (`+=` on an attribute
+    # copies the whole string every time, which made a 1 MB answer cost seconds of writer CPU).
+    _parts: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def append(self, key: str, text: str) -> None:
+        parts = self._parts.get(key)
+        if parts is None:
+            self._parts[key] = [text]
+        else:
+            parts.append(text)
+
+    def join_parts(self) -> Assembled:
+        for key, parts in self._parts.items():
+            setattr(self, key, getattr(self, key) + "".join(parts))
+        self._parts.clear()
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": self.tool_calls,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "error": self.error,
+            "done": self.done,
+        }
