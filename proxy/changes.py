@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
+
+# The part of tapfix that made a change: `captures show` and the browser group changes by it.
+Stage = Literal["router", "policy", "sampling", "reasoning", "reasoning_field", "toolcalls", "framing", "stream"]
 
 
 @dataclass(slots=True)
 class Change:
-    stage: str  # "router", "sampling", "reasoning", "toolcalls", "framing", ...
+    stage: Stage
     kind: str  # "inject", "override", "clamp", "drop", "rename", "repair", "detect", ...
     path: str  # JSON path of what changed, e.g. "$.temperature" or "$.choices[0].tool_calls[1]"
     before: Any = None

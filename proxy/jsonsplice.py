@@ -30,6 +30,13 @@ _STRUCTURAL = re.compile(rb'["\[\]{}]')
 _SCALAR = re.compile(rb"[^\s,\]}]+")
 
 
+def _skip_ws(body: bytes, pos: int) -> int:
+    """The first position at or after `pos` that is not JSON whitespace."""
+    match = _WS.match(body, pos)
+    assert match is not None  # `[ \t\r\n]*` matches everywhere, if only the empty string
+    return match.end()
+
+
 class SpliceError(ValueError):
     """The bytes are not the JSON object the caller parsed (a bug or a non-object body)."""
 
@@ -101,7 +108,7 @@ def splice(body: bytes, edits: Sequence[Edit]) -> bytes:
     """
     if not edits:
         return body
-    start = _WS.match(body, 0).end()  # type: ignore[union-attr]
+    start = _skip_ws(body, 0)
     if start >= len(body) or body[start] != 0x7B:
         raise SpliceError("body is not a JSON object")
     style = _detect_style(body, start)
@@ -264,7 +271,7 @@ def _dumps(value: Any, style: _Style) -> bytes:
 
 def _detect_style(body: bytes, start: int) -> _Style:
     """Compact or spaced, judged from the first member (`{"model": "x", ...}` → spaced)."""
-    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    pos = _skip_ws(body, start + 1)
     key = _STRING.match(body, pos)
     if key is None:
         return _Style(",", ":")
@@ -276,7 +283,7 @@ def _detect_style(body: bytes, start: int) -> _Style:
 def _members(body: bytes, start: int) -> tuple[list[_Member], int]:
     """The members of the object whose `{` is at `start`, and the index of its `}`."""
     members: list[_Member] = []
-    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    pos = _skip_ws(body, start + 1)
     if pos < len(body) and body[pos] == 0x7D:
         return members, pos
     while True:
@@ -285,17 +292,17 @@ def _members(body: bytes, start: int) -> tuple[list[_Member], int]:
             raise SpliceError(f"expected a key at byte {pos}")
         raw = key.group()
         name = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8")
-        pos = _WS.match(body, key.end()).end()  # type: ignore[union-attr]
+        pos = _skip_ws(body, key.end())
         if pos >= len(body) or body[pos] != 0x3A:
             raise SpliceError(f"expected ':' at byte {pos}")
-        value_start = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+        value_start = _skip_ws(body, pos + 1)
         value_end = _value_end(body, value_start)
         members.append(_Member(name, key.start(), value_start, value_end))
-        pos = _WS.match(body, value_end).end()  # type: ignore[union-attr]
+        pos = _skip_ws(body, value_end)
         if pos >= len(body):
             raise SpliceError("unterminated object")
         if body[pos] == 0x2C:
-            pos = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+            pos = _skip_ws(body, pos + 1)
             continue
         if body[pos] == 0x7D:
             return members, pos
@@ -359,7 +366,7 @@ def json_path(path: Path) -> str:
 def top_level_spans(body: bytes) -> dict[str, tuple[int, int]]:
     """Byte spans of the top-level members' values, without parsing them (a megabyte `messages`
     array is skipped at memchr speed). Raises SpliceError when the body is not an object."""
-    start = _WS.match(body).end()  # type: ignore[union-attr]
+    start = _skip_ws(body, 0)
     if start >= len(body) or body[start] != 0x7B:
         raise SpliceError("not a JSON object")
     members, _ = _members(body, start)
@@ -370,17 +377,17 @@ def array_item_spans(body: bytes, start: int) -> Iterator[tuple[int, int]]:
     """Spans of the items of the array whose `[` is at `start`, one at a time (stop early for free)."""
     if body[start] != 0x5B:
         raise SpliceError(f"expected an array at byte {start}")
-    pos = _WS.match(body, start + 1).end()  # type: ignore[union-attr]
+    pos = _skip_ws(body, start + 1)
     if pos < len(body) and body[pos] == 0x5D:
         return
     while True:
         end = _value_end(body, pos)
         yield pos, end
-        pos = _WS.match(body, end).end()  # type: ignore[union-attr]
+        pos = _skip_ws(body, end)
         if pos >= len(body):
             raise SpliceError("unterminated array")
         if body[pos] == 0x2C:
-            pos = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+            pos = _skip_ws(body, pos + 1)
             continue
         if body[pos] == 0x5D:
             return

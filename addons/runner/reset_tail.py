@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands
+from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import _http1
-from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+from mitmproxy.proxy.layers.http._events import HttpEvent, ResponseProtocolError
 
 TAIL_ATTR = "_tapfix_tail"
 _installed = False
@@ -25,15 +26,16 @@ def install() -> None:
         return
     original = _http1.Http1Server.send
 
-    def send_tail_first(self, event, tail):  # type: ignore[no-untyped-def]
+    def send_tail_first(self: _http1.Http1Server, event: HttpEvent, tail: bytes) -> CommandGenerator[None]:
         setattr(self.conn, TAIL_ATTR, None)
-        if "chunked" in self.response.headers.get("transfer-encoding", "").lower():
+        response = self.response
+        if response is not None and "chunked" in response.headers.get("transfer-encoding", "").lower():
             yield commands.SendData(self.conn, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
         else:
             yield commands.SendData(self.conn, tail)
         yield from original(self, event)
 
-    def send(self, event):  # type: ignore[no-untyped-def]
+    def send(self: _http1.Http1Server, event: HttpEvent) -> CommandGenerator[None]:
         # Not a generator itself: the per-chunk path stays mitmproxy's own, one isinstance away.
         if isinstance(event, ResponseProtocolError):
             tail = getattr(self.conn, TAIL_ATTR, None)
@@ -41,5 +43,5 @@ def install() -> None:
                 return send_tail_first(self, event, tail)
         return original(self, event)
 
-    _http1.Http1Server.send = send  # type: ignore[method-assign]
+    _http1.Http1Server.send = send  # type: ignore[method-assign]  # patching mitmproxy's method is the point
     _installed = True

@@ -107,7 +107,7 @@ def create_app(
     def bundle(request: Request) -> Response:
         if not export_available():
             return error(404, "repro bundles need tapfix.proxy.replay.export, which this installation lacks")
-        from tapfix.proxy.replay.export import export_capture  # type: ignore[import-not-found,unused-ignore]
+        from tapfix.proxy.replay.export import export_capture
 
         conn = store.conn()
         try:

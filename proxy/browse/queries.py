@@ -166,7 +166,7 @@ class Store:
         if time.monotonic() - hit[0] >= ttl and key not in self._refreshing:
             self._refreshing.add(key)
             threading.Thread(target=self._refresh, args=(key, compute), daemon=True).start()
-        return hit[1]  # type: ignore[no-any-return]
+        return hit[1]  # type: ignore[no-any-return]  # one key is always computed by the same function
 
     def in_thread(self, compute: Callable[[], Any]) -> None:
         """Run `compute` (say, warming a cache at start) on its own thread and connection."""

@@ -37,6 +37,7 @@ from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedRespon
 from tapfix.proxy.mock.responses import responses_body, responses_error, responses_events
 from tapfix.proxy.mock.scenario import RequestFacts, Rule, Scenario, load_scenario
 from tapfix.proxy.mock.surface_script import (
+    EventedSurface,
     break_pieces,
     chat_from_messages,
     chat_from_responses,
@@ -252,7 +253,7 @@ def _respond(
     return Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False))
 
 
-async def _generate_surface(state: MockState, request: Request, surface: str) -> Plan:
+async def _generate_surface(state: MockState, request: Request, surface: EventedSurface) -> Plan:
     """/v1/responses and /v1/messages: the same script and scenario rules, drawn in that format."""
     error = responses_error if surface == "responses" else messages_error
     body = await request.body()
@@ -270,7 +271,8 @@ async def _generate_surface(state: MockState, request: Request, surface: str) ->
     ids = Ids.of(body)
     nth, attempt = state.count(ids.digest)
     rule = _match(state, request.url.path, chat, nth, attempt, last_role(req, surface))
-    model = req.get("model") if isinstance(req.get("model"), str) else state.models[0]
+    given = req.get("model")
+    model = given if isinstance(given, str) else state.models[0]
     if state.scenario and state.scenario.strict_models and model not in state.models:
         return _json(404, error(f"The model `{model}` does not exist.", 404))
     if rule is not None and rule.do in ("http_error", "garbage"):
@@ -308,7 +310,8 @@ async def _generate_surface(state: MockState, request: Request, surface: str) ->
     return plan
 
 
-def _surface_error_event(surface: str, message: str) -> bytes:
+def _surface_error_event(surface: EventedSurface, message: str) -> bytes:
+    data: dict[str, Any]
     if surface == "responses":
         data = {"type": "error", "code": "server_error", "message": message, "param": None}
     else:

@@ -37,7 +37,7 @@ def _item(part: Part, digest: str, index: int, done: bool) -> dict[str, Any]:
     text = "".join(part.pieces)
     status = "completed" if done else "in_progress"
     if part.kind == "reasoning":
-        content = [{"type": "reasoning_text", "text": text}] if done else []
+        content: list[dict[str, Any]] = [{"type": "reasoning_text", "text": text}] if done else []
         return {"id": _item_id("rs", digest, index), "type": "reasoning", "summary": [], "content": content,
                 "encrypted_content": None, "status": status}
     if part.kind == "text":

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tapfix.proxy.mock.chat import Reply
 from tapfix.proxy.mock.jsonish import arr, obj
 
+PartKind = Literal["reasoning", "text", "call"]
+# The two surfaces this module renders for (chat has its own renderer in mock/chat.py).
+EventedSurface = Literal["responses", "messages"]
+
 
 @dataclass
 class Part:
-    kind: str  # "reasoning" | "text" | "call"
+    kind: PartKind
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
@@ -55,7 +59,8 @@ def from_case(stream: list[Any]) -> Script:
     for chunk in map(obj, stream):
         for choice in map(obj, arr(chunk.get("choices"))):
             delta = obj(choice.get("delta"))
-            keys = (("reasoning", "reasoning"), ("reasoning_content", "reasoning"), ("content", "text"))
+            keys: tuple[tuple[str, PartKind], ...] = (
+                ("reasoning", "reasoning"), ("reasoning_content", "reasoning"), ("content", "text"))
             for key, kind in keys:
                 text = delta.get(key)
                 if isinstance(text, str) and text:
@@ -64,7 +69,8 @@ def from_case(stream: list[Any]) -> Script:
                     parts[-1].pieces.append(text)
                     tokens += 1
             for tc in map(obj, arr(delta.get("tool_calls"))):
-                index = tc.get("index") if isinstance(tc.get("index"), int) else 0
+                given = tc.get("index")
+                index = given if isinstance(given, int) else 0
                 fn = obj(tc.get("function"))
                 part = calls.get(index)
                 if part is None:

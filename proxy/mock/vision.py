@@ -65,7 +65,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[tuple[int, int, int, int]]]:
                 raise PNGError("interlaced PNG not supported")
             header = (width, height, depth, colour, interlace)
         elif kind == b"PLTE":
-            palette = [tuple(body[i : i + 3]) for i in range(0, len(body) - 2, 3)]  # type: ignore[misc]
+            palette = [(body[i], body[i + 1], body[i + 2]) for i in range(0, len(body) - 2, 3)]
         elif kind == b"tRNS":
             alphas = body
         elif kind == b"IDAT":

@@ -147,7 +147,7 @@ async def streaming(ctx: Ctx) -> Verdict:
 # --- tools ------------------------------------------------------------------------------------
 
 TOOL_NAME = "write_file"
-TOOL = {
+TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,

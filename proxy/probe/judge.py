@@ -143,7 +143,8 @@ def _scan_event(scan: StreamScan, event: bytes, at: float) -> None:
             continue
         if choice.get("finish_reason"):
             scan.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        given = choice.get("delta")
+        delta = given if isinstance(given, dict) else {}
         piece = "".join(
             v for k in ("content", "reasoning", "reasoning_content") if isinstance(v := delta.get(k), str)
         )

@@ -6,6 +6,7 @@ importing rich, and `tapfix probe --json` prints exactly what `as_dict()` gives.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -127,11 +128,8 @@ def _time(ms: float) -> str:
     return f"{ms:.0f} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
-class _Null:
+class _Null(io.StringIO):
     """rich records what it prints; the text is taken with export_text, not written twice."""
 
-    def write(self, _: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass
+    def write(self, text: str) -> int:
+        return len(text)

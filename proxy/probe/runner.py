@@ -11,12 +11,15 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from tapfix.proxy.probe.checks import CHECK_FUNCTIONS, Ctx, Verdict, listed_entry, listed_ids, models_quick
 from tapfix.proxy.probe.client import Answer, Capture, PolicyHook, Prepared, ProbeClient, shorten
-from tapfix.proxy.probe.report import CheckResult, ProbeReport
+from tapfix.proxy.probe.report import CheckResult, ProbeReport, Status
+
+if TYPE_CHECKING:
+    from tapfix.proxy.config.file import Config, Upstream
 
 ALL_CHECKS: tuple[str, ...] = (
     "models",
@@ -116,7 +119,7 @@ async def run_probe(
 
 
 async def run_config_probe(
-    config: Any,
+    config: Config,
     model: str | None = None,
     *,
     checks: list[str] | None = None,
@@ -186,7 +189,7 @@ async def run_config_probe(
                     problems += _unserved(config, name, listed_ids(listing))
                     served += [_served_label(m) for m in config.models.values() if m.upstream == name]
             ids = [a.capture_id for a in listings.values() if isinstance(a, Answer)]
-            status = "fail" if problems else "pass"
+            status: Status = "fail" if problems else "pass"
             detail = "; ".join(problems) if problems else "served: " + "; ".join(served)
             report.results.append(CheckResult("models", status, ms, detail, model="*", captures=ids))
         for m in targets:
@@ -279,7 +282,7 @@ def _json_str(value: str) -> bytes:
     return orjson.dumps(value)
 
 
-def _credential(upstream: Any, env: Mapping[str, str]) -> dict[str, str]:
+def _credential(upstream: Upstream, env: Mapping[str, str]) -> dict[str, str]:
     return upstream.auth_headers(env)
 
 

@@ -9,6 +9,7 @@ offsets from the request's arrival.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.mock.options import RecordedResponse
@@ -39,7 +40,7 @@ def recorded_response(conn: sqlite3.Connection, capture_id: str) -> RecordedResp
     return RecordedResponse(int(capture["status"]), headers, split_chunks(body, capture))
 
 
-def split_chunks(body: bytes, capture: dict) -> list[tuple[float, bytes]]:
+def split_chunks(body: bytes, capture: dict[str, Any]) -> list[tuple[float, bytes]]:
     """Cut the body at the recorded chunk sizes; anything unaccounted for goes out with the last chunk."""
     timing = unpack_timing(capture.get("chunk_timing"))
     chunks: list[tuple[float, bytes]] = []

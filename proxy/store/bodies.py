@@ -86,7 +86,7 @@ class BodyWriter:
         row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
         if row is not None:
             self._remember(family, row[0], data, row[1], digest)
-            return row[0]
+            return int(row[0])
         base = self._latest.get(family) if family else None
         body_id, depth = self._insert(data, digest, base, level)
         self._remember(family, body_id, data, depth, digest)

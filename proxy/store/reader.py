@@ -62,7 +62,8 @@ def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:
     if len(rows) > 1 and rows[0][0] != prefix:
         ids = ", ".join(r[0] for r in rows)
         raise CaptureNotFound(f"capture id {prefix!r} is ambiguous: {ids}, ...")
-    return rows[0][0]
+    found: str = rows[0][0]
+    return found
 
 
 def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:

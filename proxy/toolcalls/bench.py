@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -27,7 +28,7 @@ TOOLS = [
 ]
 
 
-def _event(delta: dict, finish: str | None = None) -> bytes:
+def _event(delta: dict[str, Any], finish: str | None = None) -> bytes:
     body = {
         "id": "chatcmpl-b",
         "object": "chat.completion.chunk",
@@ -70,7 +71,7 @@ def build(size: int, kind: str, fragment: int) -> list[bytes]:
     return events
 
 
-def time_case(events: list[bytes], tools: list | None = TOOLS, repeat: int = 3) -> float:
+def time_case(events: list[bytes], tools: list[Any] | None = TOOLS, repeat: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
         stage = ChatToolCallRepair(tools)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Final
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
@@ -18,7 +19,7 @@ from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args, typed_xml_args
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
-STAGE = "toolcalls"
+STAGE: Final = "toolcalls"
 
 
 @dataclass(slots=True)
