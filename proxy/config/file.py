@@ -16,12 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from tapfix.proxy.request.reasoning_levels import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.request.sampling import ParamPolicy
+
+# Values config.schema.json allows (the file is validated before these are read).
+KeyStyle = Literal["openai", "anthropic"]  # how the key is sent: Authorization: Bearer, or x-api-key
+ProxyMode = Literal["reverse", "regular"]
+FieldChoice = Literal["keep", "reasoning", "reasoning_content"]  # "keep" = as the upstream sent it
 
 _LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -41,7 +46,7 @@ class Upstream:
     base_url: str
     engine: str | None = None
     api_key_env: str | None = None
-    style: str = "openai"  # how the key is sent: openai = Authorization: Bearer, anthropic = x-api-key
+    style: KeyStyle = "openai"
     ca_file: str | None = None
     insecure: bool = False
     connect_timeout: float | None = None
@@ -71,10 +76,10 @@ class ModelConfig:
 class ReasoningFieldPolicy:
     """Which reasoning field each client gets in responses; "keep" = as the upstream sent it."""
 
-    default: str = "keep"
-    clients: Mapping[str, str] = field(default_factory=dict)
+    default: FieldChoice = "keep"
+    clients: Mapping[str, FieldChoice] = field(default_factory=dict)
 
-    def for_user_agent(self, user_agent: str | None) -> str | None:
+    def for_user_agent(self, user_agent: str | None) -> FieldChoice | None:
         """The field to emit for this client, or None to leave responses as they are."""
         ua = (user_agent or "").lower()
         for needle, choice in self.clients.items():
@@ -89,7 +94,7 @@ class Config:
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
     listen: str | None = None
     db: str | None = None
-    mode: str = "reverse"
+    mode: ProxyMode = "reverse"
     strict: bool = False
     reasoning_field: ReasoningFieldPolicy = field(default_factory=ReasoningFieldPolicy)
     tool_repair: Mapping[str, Any] = field(default_factory=dict)
