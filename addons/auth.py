@@ -19,19 +19,14 @@ import hmac
 import logging
 import time
 
-import orjson
 from mitmproxy import http
 from tapfix.addons.runner.runtime import Runtime
+from tapfix.proxy.errors import unauthorized
 
 log = logging.getLogger("tapfix")
 TOKEN_ENV = "TAPFIX_TOKEN"
 _KEY_HEADERS = ("x-api-key", "api-key")
 _LOG_EVERY_S = 10.0
-
-
-def unauthorized_body(message: str) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": "invalid_api_key"}})
 
 
 def _same(given: str, token: bytes) -> bool:
@@ -109,5 +104,5 @@ class TokenAuth:
             self._logged_at = now
             peer = flow.client_conn.peername[0] if flow.client_conn.peername else "?"
             log.warning("rejected a request without the tapfix token from %s (%d so far)", peer, self.rejected)
-        flow.response = http.Response.make(status, unauthorized_body(message),
+        flow.response = http.Response.make(status, unauthorized(message),
                                            {"content-type": "application/json", **extra})

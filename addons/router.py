@@ -12,6 +12,7 @@ from tapfix.addons.recorder import note_request_json
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.request.routing import models_listing
 
 log = logging.getLogger("tapfix")
@@ -52,9 +53,8 @@ class Router:
         if why is not None:
             ex.flags.add("upstream_unreachable")
             ex.error = f"upstream {target.url} unreachable: {why}"
-            flow.response = json_response(
-                502, {"error": {"message": ex.error, "type": "upstream_unreachable"}}, ex.id
-            )
+            flow.response = http.Response.make(502, upstream_unreachable(ex.error), {
+                "content-type": "application/json", "x-tapfix-capture-id": ex.id})
 
     def _answered_locally(self, flow: http.HTTPFlow, ex) -> bool:
         policy = self.runtime.policy

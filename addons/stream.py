@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import time
 
-import orjson
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
-from tapfix.proxy.sse import format_event
-from tapfix.proxy.surfaces import Surface, surface_for
+from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
-from tapfix.proxy.toolcalls.evented_stage import named_event
 
 
 class StreamOwner:
@@ -135,15 +133,3 @@ class StreamOwner:
         setattr(flow.client_conn, TAIL_ATTR, tail + event)
         self.collect(ex)
 
-
-def reset_event(surface: Surface | None, message: str, capture_id: str) -> tuple[bytes, dict]:
-    """The retryable error each SDK raises on, in the stream's own framing (clients.md §8)."""
-    tapfix = {"reason": "upstream_reset", "capture_id": capture_id}
-    if surface == "messages":
-        error = {"type": "api_error", "message": message}
-        return named_event("error", {"type": "error", "error": error}), error
-    error = {"message": message, "type": "server_error", "code": 502, "tapfix": tapfix}
-    if surface == "responses":
-        return named_event("error", {"type": "error", "code": "server_error", "message": message,
-                                     "error": error, "sequence_number": 0}), error
-    return format_event(orjson.dumps({"error": error})) + format_event(b"[DONE]"), error

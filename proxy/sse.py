@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import orjson
+
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
@@ -51,7 +53,7 @@ class SSESplitter:
 
 
 def _split_lf(whole: bytes) -> list[bytes]:
-    events = []
+    events: list[bytes] = []
     start = 0
     while True:
         end = whole.find(b"\n\n", start)
@@ -113,6 +115,11 @@ def event_data(event: bytes) -> bytes | None:
 def format_event(data: bytes, newline: bytes = b"\n") -> bytes:
     """A one-line `data:` event, the way vLLM and SGLang frame them."""
     return b"data: " + data + newline + newline
+
+
+def named_event(name: str, obj: dict[str, object], newline: bytes = b"\n") -> bytes:
+    """`event: NAME` + one compact `data:` line, the framing of the Responses and Messages surfaces."""
+    return b"event: " + name.encode() + newline + b"data: " + orjson.dumps(obj) + newline + newline
 
 
 def comment(text: str, newline: bytes = b"\n") -> bytes:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.errors import internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.reasoning import apply_reasoning
 from tapfix.proxy.request.routing import RouteError, resolve
@@ -86,9 +87,7 @@ class RequestPolicy:
             if not self.config.is_quick and len(self.config.upstreams) == 1:
                 outcome.upstream = next(iter(self.config.upstreams.values()))
             elif not self.config.is_quick:
-                outcome.error = _error(
-                    500, "tapfix could not process this request", "tapfix_error", "internal"
-                )
+                outcome.error = internal_error("tapfix could not process this request")
             return outcome
 
     def _apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
@@ -161,11 +160,8 @@ class RequestPolicy:
             outcome.upstream = upstreams[0]
             self._credentials(outcome, upstreams[0])
         elif outcome.surface is not None:
-            outcome.error = _error(
-                400,
-                "request body is not a JSON object with a 'model'; tapfix routes by model",
-                "invalid_request_error",
-                "invalid_body",
+            outcome.error = request_error(
+                400, "request body is not a JSON object with a 'model'; tapfix routes by model", "invalid_body"
             )
         return outcome
 
@@ -215,7 +211,3 @@ def _parse(body: bytes) -> tuple[Any, bool]:
 
 def _reject(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def _error(status: int, message: str, kind: str, code: str) -> tuple[int, bytes]:
-    return status, json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()

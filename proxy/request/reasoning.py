@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+from tapfix.proxy.errors import request_error
 from tapfix.proxy.jsonsplice import Delete, Path, Set, json_path
 from tapfix.proxy.request.reasoning_levels import (
     DIALECT_LEVELS,
@@ -158,7 +158,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
         accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
     for s in (s for s in signals if s.on is None):
         if settings.reject_unmappable:
-            result.error = (400, _error_body(s, accepted))
+            result.error = _error(s, accepted)
             result.add(
                 "reject", s.path, s.value, None, f"can't be mapped; answered 400 ({_expected(accepted)})"
             )
@@ -315,14 +315,8 @@ def _expected(accepted: tuple[str, ...]) -> str:
     return f"levels {', '.join(accepted)}, an integer 0-100 or a fraction 0-1"
 
 
-def _error_body(s: Signal, accepted: tuple[str, ...]) -> bytes:
+def _error(s: Signal, accepted: tuple[str, ...]) -> tuple[int, bytes]:
     message = (
         f"reasoning value {s.value!r} at {json_path(s.path)} can't be mapped; expected {_expected(accepted)}"
     )
-    error = {
-        "message": message,
-        "type": "invalid_request_error",
-        "code": "unsupported_reasoning_value",
-        "param": ".".join(s.path),
-    }
-    return orjson.dumps({"error": error})
+    return request_error(400, message, "unsupported_reasoning_value", param=".".join(s.path))

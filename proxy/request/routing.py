@@ -15,6 +15,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ModelConfig, Upstream
+from tapfix.proxy.errors import request_error
 from tapfix.proxy.request.sampling import GenerationConfigError, load_generation_config
 
 
@@ -58,19 +59,13 @@ def resolve(config: Config, model: Any) -> Route | RouteError:
         return _error(
             400,
             f"request has {found}; expected the name of a served model; {_served(config)}",
-            "invalid_request_error",
             "missing_model" if model is None else "invalid_model",
         )
     settings = config.models.get(model)
     if settings is None:
         target = config.aliases().get(model)
         if target is None:
-            return _error(
-                404,
-                f"model '{model}' is not served here; {_served(config)}",
-                "invalid_request_error",
-                "model_not_found",
-            )
+            return _error(404, f"model '{model}' is not served here; {_served(config)}", "model_not_found")
         settings = config.models[target]
     return Route(model, settings.upstream_model, config.upstreams[settings.upstream], settings)
 
@@ -83,10 +78,8 @@ def _served(config: Config) -> str:
     return text
 
 
-def _error(status: int, message: str, kind: str, code: str) -> RouteError:
-    body = {"error": {"message": message, "type": kind, "code": code, "param": "model"}}
-    # json, not orjson: a model name may hold a lone surrogate escape, which only ASCII output can carry.
-    return RouteError(status, json.dumps(body).encode())
+def _error(status: int, message: str, code: str) -> RouteError:
+    return RouteError(*request_error(status, message, code, param="model"))
 
 
 def models_listing(config: Config) -> dict[str, Any]:

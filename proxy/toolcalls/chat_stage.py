@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import comment, event_data, format_event
 from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
 from tapfix.proxy.toolcalls.arguments import dumps
-from tapfix.proxy.toolcalls.errors import error_event, passthrough_note
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item, Writer
@@ -426,7 +426,7 @@ class ChatToolCallRepair:
         tail_open = not out[-1].endswith(_EVENT_END) if out else self._tail_open
         if tail_open:
             out.append(self._out.nl * 2)  # end a cut event first, or the client reads the error as part of it
-        out.append(error_event(fatal, self.policy, self.capture_id, self._out.nl))
+        out.append(tool_call_error_event(fatal, self.policy, self.capture_id, self._out.nl))
         out.append(format_event(b"[DONE]", self._out.nl))
         self._held = []
         self._ended = True

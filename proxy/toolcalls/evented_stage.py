@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import passthrough_note
 from tapfix.proxy.sse import comment
 from tapfix.proxy.toolcalls.arguments import repair_arguments
-from tapfix.proxy.toolcalls.errors import passthrough_note
 from tapfix.proxy.toolcalls.plan import STAGE, Fatal, _repeated_name
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -97,11 +97,6 @@ def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) 
     if verdict.arguments is None and verdict.name is not None:
         verdict.arguments = text if call.frags else res.text
     return verdict
-
-
-def named_event(name: str, obj: dict[str, Any], nl: bytes = b"\n") -> bytes:
-    """`event: NAME` + one compact `data:` line, the framing of both surfaces."""
-    return b"event: " + name.encode() + nl + b"data: " + orjson.dumps(obj) + nl + nl
 
 
 def event_name(event: bytes) -> str | None:

@@ -21,14 +21,14 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.toolcalls.errors import error_body
+from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.evented_stage import (
     HeldCall,
     HoldingStage,
     decide,
     fatal_change,
-    named_event,
     normalize_tools,
     parse,
     repair_change,
@@ -140,14 +140,8 @@ class MessagesToolCallRepair(HoldingStage):
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
         keep = [raw for raw in held if parse(raw) is None or (parse(raw) or {}).get("type") == "ping"]
-        return keep + [named_event("error", messages_error(fatal, self.policy, self.capture_id), self.nl)]
-
-
-def messages_error(fatal: Fatal, policy: str, capture_id: str) -> dict[str, Any]:
-    """Anthropic's error shape; the chat error's wording (and its `tapfix` details) inside."""
-    inner = error_body(fatal, policy, capture_id)["error"]
-    kind = "api_error" if policy == "error" else "invalid_request_error"
-    return {"type": "error", "error": {"type": kind, "message": inner["message"], "tapfix": inner["tapfix"]}}
+        error = messages_tool_call_error(fatal, self.policy, self.capture_id)
+        return keep + [named_event("error", error, self.nl)]
 
 
 def repair_messages_body(
@@ -176,7 +170,7 @@ def repair_messages_body(
             changes.append(fatal_change(verdict.fatal, where))
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
-            return orjson.dumps(messages_error(verdict.fatal, policy, capture_id)), changes, "unrecoverable"
+            return orjson.dumps(messages_tool_call_error(verdict.fatal, policy, capture_id)), changes, "unrecoverable"
         if verdict.arguments is None and isinstance(value, dict):
             content.append(block)
             continue

@@ -9,13 +9,12 @@ words (send it with a 4xx status, e.g. 422); under "passthrough" the original bo
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
-from tapfix.proxy.toolcalls.errors import error_body
 from tapfix.proxy.toolcalls.output import finish_reason_change
 from tapfix.proxy.toolcalls.plan import STAGE, Part, plan_choice
 from tapfix.proxy.toolcalls.schema import ToolSchemas
@@ -75,8 +74,7 @@ def repair_chat_completion(
             )
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
-            error = error_body(plan.fatal, policy, capture_id)
-            return json.dumps(error, ensure_ascii=False).encode(), changes, "unrecoverable"
+            return tool_call_error_json(plan.fatal, policy, capture_id), changes, "unrecoverable"
         if plan.untouched:
             new_choices.append(ch)
             continue

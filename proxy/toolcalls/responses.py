@@ -21,15 +21,15 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import responses_tool_call_error_events, tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.toolcalls.errors import error_body
+from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.evented_stage import (
     HeldCall,
     HoldingStage,
     decide,
     event_name,
     fatal_change,
-    named_event,
     normalize_tools,
     parse,
     repair_change,
@@ -209,22 +209,10 @@ class ResponsesToolCallRepair(HoldingStage):
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
         keep = [raw for raw in held if b"function_call" not in raw]
-        inner = error_body(fatal, self.policy, self.capture_id)["error"]
-        code = "server_error" if self.policy == "error" else inner["code"]
-        self.seq += 1
-        error = {"type": "error", "code": code, "message": inner["message"], "param": None,
-                 "sequence_number": self.seq, "error": inner}
-        self.seq += 1
-        failed = {**self.response, "status": "failed", "output": self.done_items,
-                  "error": {"code": code, "message": inner["message"]}}
-        return keep + [
-            named_event("error", error, self.nl),
-            named_event(
-                "response.failed",
-                {"type": "response.failed", "sequence_number": self.seq, "response": failed},
-                self.nl,
-            ),
-        ]
+        events = responses_tool_call_error_events(fatal, self.policy, self.capture_id, seq=self.seq,
+                                                  response=self.response, output=self.done_items, newline=self.nl)
+        self.seq += len(events)
+        return keep + events
 
 
 def _message(obj: dict[str, Any]) -> str:
@@ -261,8 +249,7 @@ def repair_responses_body(
             changes.append(fatal_change(verdict.fatal, where))
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
-            return json.dumps(error_body(verdict.fatal, policy, capture_id), ensure_ascii=False).encode(), \
-                changes, "unrecoverable"
+            return tool_call_error_json(verdict.fatal, policy, capture_id), changes, "unrecoverable"
         if verdict.arguments is None:
             output.append(item)
             continue
