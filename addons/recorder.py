@@ -33,7 +33,7 @@ class RecordRequest:
             path=request.path,
             url=request.pretty_url,
             user_agent=request.headers.get("user-agent", ""),
-            client_body=body,
+            request=body,
             request_headers=list(request.headers.items(multi=True)),
             store_bodies=self.runtime.settings.store_bodies,
         )
@@ -89,8 +89,8 @@ class RecordExchange:
     def _finish(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         ex.ended_at = time.perf_counter()
         request = flow.request
-        if request.raw_content != ex.client_body:
-            ex.forwarded_body = request.raw_content
+        if request.raw_content != ex.request:
+            ex.forwarded = request.raw_content
         forwarded_headers = list(request.headers.items(multi=True))
         if forwarded_headers != ex.request_headers:
             ex.forwarded_headers = forwarded_headers
@@ -100,8 +100,8 @@ class RecordExchange:
             ex.status = response.status_code
             ex.response_headers = list(response.headers.items(multi=True))
             ex.content_type = response.headers.get("content-type", "")
-            if not response.stream and ex.upstream_body is None and not ex.upstream_chunks:
-                ex.upstream_body = response.raw_content or b""
+            if not response.stream and ex.response is None and not ex.response_chunks:
+                ex.response = response.raw_content or b""
         self.runtime.submit(ex)
         if self.runtime.settings.verbose:  # one line per exchange costs ~0.1 ms: only when asked
             took = (ex.ended_at - ex.mark) * 1000

@@ -80,7 +80,7 @@ class StreamOwner:
             self.collect(ex)
             return
         body = response.raw_content or b""
-        ex.upstream_body = body
+        ex.response = body
         ex.content_type = response.headers.get("content-type", "")
         policy = self.runtime.settings.tool_repair
         if policy == "off" or not ex.tools or response.status_code >= 400:
@@ -96,7 +96,7 @@ class StreamOwner:
         if outcome and outcome != "untouched":
             ex.flags.add(f"toolcall_{outcome}")
         if repaired is not body and repaired != body:
-            ex.client_body_out = repaired
+            ex.client_response = repaired
             response.raw_content = repaired
             if "content-length" in response.headers:
                 response.headers["content-length"] = str(len(repaired))
@@ -125,9 +125,9 @@ class StreamOwner:
         message = ("upstream server error: the upstream connection broke mid-stream "
                    f"({flow.error.msg if flow.error else 'reset'})")
         event, error = reset_event(surface_for(ex.path), message, ex.id)
-        if ex.client_chunks is None:
-            ex.client_chunks = list(ex.upstream_chunks)
-        ex.client_chunks.append(event)
+        if ex.client_response_chunks is None:
+            ex.client_response_chunks = list(ex.response_chunks)
+        ex.client_response_chunks.append(event)
         ex.changes.append(Change("stream", "inject", "$.error", None, error,
                                  "the upstream reset mid-stream; the client gets a retryable error event"))
         setattr(flow.client_conn, TAIL_ATTR, tail + event)

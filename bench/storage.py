@@ -111,12 +111,12 @@ def main() -> None:
     originals: dict[str, tuple[bytes, bytes]] = {}
     for turn, (body, events, _args) in enumerate(session(a.turns, a.final_kb)):
         ex = Exchange(method="POST", path="/v1/chat/completions", url="http://127.0.0.1:8000/v1/chat/completions",
-                      user_agent="opencode/0.15 ai-sdk/5", model="qwen3-coder", stream=True, client_body=body,
+                      user_agent="opencode/0.15 ai-sdk/5", model="qwen3-coder", stream=True, request=body,
                       request_headers=[("content-type", "application/json"), ("x-session-id", "ses_bench01"),
                                        ("authorization", "Bearer sk-bench"), ("user-agent", "opencode/0.15")])
         ex.status, ex.content_type = 200, "text/event-stream"
         ex.response_headers = [("content-type", "text/event-stream")]
-        ex.upstream_chunks = events
+        ex.response_chunks = events
         ex.chunk_times = [0.001 * (i + 1) for i in range(len(events))]
         ex.response_started_at, ex.ended_at = ex.mark + 0.001, ex.mark + 0.001 * (len(events) + 1)
         raw_req += len(body)

@@ -28,8 +28,11 @@ class Exchange:
     served_model: str | None = None
     stream: bool = False
     tools: list[Any] | None = None
-    client_body: bytes = b""
-    forwarded_body: bytes | None = None
+    # The four bodies, named as the store names them: what the client sent, what went upstream (only
+    # when it differs), what the upstream answered, what the client received (only when it differs).
+    # A stream's bodies arrive as chunks; a plain body as one `bytes`.
+    request: bytes = b""
+    forwarded: bytes | None = None
     request_headers: list[tuple[str, str]] = field(default_factory=list)
     forwarded_headers: list[tuple[str, str]] | None = None
     status: int | None = None
@@ -37,11 +40,11 @@ class Exchange:
     content_type: str = ""
     response_started_at: float | None = None
     # Upstream bytes as they arrived and when (perf_counter offsets from `mark`).
-    upstream_chunks: list[bytes] = field(default_factory=list)
+    response_chunks: list[bytes] = field(default_factory=list)
     chunk_times: list[float] = field(default_factory=list)
-    client_chunks: list[bytes] | None = None
-    upstream_body: bytes | None = None  # non-streamed responses
-    client_body_out: bytes | None = None
+    client_response_chunks: list[bytes] | None = None  # set when a stage may change the stream
+    response: bytes | None = None  # non-streamed responses
+    client_response: bytes | None = None  # a non-streamed body tapfix changed
     ended_at: float | None = None
     error: str | None = None
     changes: list[Change] = field(default_factory=list)
@@ -53,15 +56,16 @@ class Exchange:
     mark: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def upstream_response(self) -> bytes:
-        if self.upstream_body is not None:
-            return self.upstream_body
-        return b"".join(self.upstream_chunks)
+    def response_body(self) -> bytes:
+        """What the upstream answered, whole."""
+        if self.response is not None:
+            return self.response
+        return b"".join(self.response_chunks)
 
-    def client_response(self, upstream: bytes | None = None) -> bytes:
-        """What the client received; `upstream` (already joined) is returned as is when nothing differed."""
-        if self.client_body_out is not None:
-            return self.client_body_out
-        if self.client_chunks is not None:
-            return b"".join(self.client_chunks)
-        return self.upstream_response() if upstream is None else upstream
+    def client_response_body(self, response: bytes | None = None) -> bytes:
+        """What the client received; `response` (already joined) is returned as is when nothing differed."""
+        if self.client_response is not None:
+            return self.client_response
+        if self.client_response_chunks is not None:
+            return b"".join(self.client_response_chunks)
+        return self.response_body() if response is None else response

@@ -312,7 +312,7 @@ def test_reads_while_the_proxy_writes(tmp_path: Path) -> None:
                 path="/v1/chat/completions",
                 model="late-model",
                 status=200,
-                client_body=b'{"messages": [{"role": "user", "content": "late arrival"}]}',
+                request=b'{"messages": [{"role": "user", "content": "late arrival"}]}',
             )
             writer.submit(ex)
             writer._queue.put(None)  # drain without closing the connection

@@ -56,7 +56,7 @@ def _exchange(
     ua: str = OPENCODE,
     model: str = "qwen3",
     stream: bool = True,
-    client_body: bytes = b"",
+    request: bytes = b"",
     headers: list[tuple[str, str]] | None = None,
     **kw: object,
 ) -> Exchange:
@@ -70,7 +70,7 @@ def _exchange(
         user_agent=ua,
         model=model,
         stream=stream,
-        client_body=client_body,
+        request=request,
         client_addr="127.0.0.1",
         request_headers=[
             ("user-agent", ua),
@@ -112,10 +112,10 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     )
     ex1 = _exchange(
         now,
-        client_body=b1,
-        forwarded_body=fwd1,
+        request=b1,
+        forwarded=fwd1,
         headers=session,
-        upstream_chunks=chunks1,
+        response_chunks=chunks1,
         chunk_times=[0.40, 0.42, 0.45, 0.47, 0.48],
         changes=[
             Change("sampling", "inject", "$.temperature", None, 0.6, "generation_config.json"),
@@ -146,9 +146,9 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     )
     ex2 = _exchange(
         now + 5,
-        client_body=b2,
+        request=b2,
         headers=session,
-        upstream_chunks=chunks2,
+        response_chunks=chunks2,
         chunk_times=[0.9, 0.95, 1.0],
         changes=[
             Change(
@@ -178,9 +178,9 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     times = [0.3 + 0.02 * i for i in range(20)] + [2.9 + 0.02 * i for i in range(20)] + [3.5, 3.52]
     ex3 = _exchange(
         now + 9,
-        client_body=b3,
+        request=b3,
         headers=session,
-        upstream_chunks=sse([*words, chunk({}, "length", {"prompt_tokens": 200, "completion_tokens": 40})]),
+        response_chunks=sse([*words, chunk({}, "length", {"prompt_tokens": 200, "completion_tokens": 40})]),
         chunk_times=times,
     )
     sdk_body = orjson.dumps(
@@ -205,15 +205,15 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         }
     )
     ex4 = _exchange(
-        now + 20, ua=SDK, model="llama-3.1-8b", stream=False, client_body=sdk_body, upstream_body=sdk_response
+        now + 20, ua=SDK, model="llama-3.1-8b", stream=False, request=sdk_body, response=sdk_response
     )
     ex5 = _exchange(
         now + 30,
         ua="tapfix-replay/0.1",
         model="llama-3.1-8b",
         stream=False,
-        client_body=sdk_body,
-        upstream_body=sdk_response,
+        request=sdk_body,
+        response=sdk_response,
         tags={"replay"},
         source_id=ex4.id,
     )
@@ -222,10 +222,10 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         ua=SDK,
         model="llama-3.1-8b",
         stream=False,
-        client_body=orjson.dumps(
+        request=orjson.dumps(
             {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Summarise the zebra report"}]}
         ),
-        upstream_body=b'{"error": {"message": "upstream overloaded"}}',
+        response=b'{"error": {"message": "upstream overloaded"}}',
         error="upstream: 502 Bad Gateway",
     )
     ex6.status = 502
@@ -234,9 +234,9 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         now + 50,
         ua="evil-agent/1.0 " + XSS,
         stream=True,
-        client_body=xss_body,
+        request=xss_body,
         headers=[("x-note", XSS)],
-        upstream_chunks=sse(
+        response_chunks=sse(
             [
                 chunk({"reasoning_content": "thinking " + XSS}),
                 chunk({"content": "answer " + XSS}),

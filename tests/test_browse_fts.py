@@ -120,9 +120,9 @@ def test_index_is_incremental_and_small(tmp_path: Path) -> None:
                 path="/v1/chat/completions",
                 model="m",
                 status=200,
-                client_body=body,
+                request=body,
                 session_hint="s1",
-                upstream_body=b'{"choices": [{"message": {"content": "ok"}}]}',
+                response=b'{"choices": [{"message": {"content": "ok"}}]}',
             )
         )
         history.append({"role": "assistant", "content": f"answer {turn}"})

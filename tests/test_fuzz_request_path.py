@@ -126,7 +126,7 @@ def check(path: str, body: bytes, headers: dict[str, str]) -> None:
     for value in out.upstream_headers.values():
         assert value.endswith(tuple(ENV.values()))  # only ever the configured upstream key
     # Recorder-side parsing of the same bytes (what the recorder does without a policy).
-    ex = Exchange(client_body=body)
+    ex = Exchange(request=body)
     try:
         parsed = orjson.loads(body) if body[:1] == b"{" else None
     except orjson.JSONDecodeError:

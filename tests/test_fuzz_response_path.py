@@ -111,7 +111,7 @@ def test_pipeline_survives_mutated_streams(salt, rounds, stages):
     rng = random.Random(salt)
     data = mutate(SEED_STREAM, rng, rounds)
     sent, ex = run_pipeline(data, rng, stages)
-    assert b"".join(ex.upstream_chunks) == data  # the upstream tap keeps every byte as it arrived
+    assert b"".join(ex.response_chunks) == data  # the upstream tap keeps every byte as it arrived
     if not stages:
         assert sent == data  # nothing armed: byte-exact passthrough (invariant 1)
     for body in (sent, data):  # what the writer derives from either side never raises
@@ -149,14 +149,14 @@ EXCHANGES = st.builds(
     method=st.sampled_from(["POST", "GET", "", "PATCH"]),
     path=st.sampled_from(["/v1/chat/completions", "/v1/responses?key=sk-secretsecret123", "/", ""]),
     url=TEXT, user_agent=TEXT, model=st.none() | TEXT, served_model=st.none() | TEXT,
-    stream=st.booleans(), client_body=st.binary(max_size=300),
-    forwarded_body=st.none() | st.binary(max_size=300),
+    stream=st.booleans(), request=st.binary(max_size=300),
+    forwarded=st.none() | st.binary(max_size=300),
     request_headers=st.lists(HEADER, max_size=4),
     status=st.none() | st.integers(100, 599),
     response_headers=st.lists(HEADER, max_size=3),
     content_type=st.sampled_from(["text/event-stream", "application/json", "", "x/y"]),
-    upstream_chunks=st.lists(st.binary(max_size=80) | st.just(SEED_STREAM[:200]), max_size=5),
-    client_body_out=st.none() | st.binary(max_size=100),
+    response_chunks=st.lists(st.binary(max_size=80) | st.just(SEED_STREAM[:200]), max_size=5),
+    client_response=st.none() | st.binary(max_size=100),
     error=st.none() | TEXT, flags=st.sets(st.sampled_from(["upstream_reset", "x"]), max_size=2),
     session_hint=st.none() | st.sampled_from(["s1", "s2"]),
     store_bodies=st.booleans(),
@@ -169,7 +169,7 @@ def test_writer_stores_any_exchange_and_gives_bodies_back(tmp_path_factory, exch
     path = tmp_path_factory.mktemp("fz") / "c.db"
     writer = CaptureWriter(path)
     for ex in exchanges:
-        ex.chunk_times = [0.001 * i for i in range(len(ex.upstream_chunks))]
+        ex.chunk_times = [0.001 * i for i in range(len(ex.response_chunks))]
         writer.submit(ex)
     writer.close()
     assert writer.health()["failures"] == 0, writer.health()["last_error"]
@@ -178,9 +178,9 @@ def test_writer_stores_any_exchange_and_gives_bodies_back(tmp_path_factory, exch
         capture = load_capture(conn, ex.id)
         if not ex.store_bodies:
             continue
-        assert capture_body(conn, capture, "request") == ex.client_body
-        assert capture_body(conn, capture, "response") == ex.upstream_response()
-        assert capture_body(conn, capture, "client_response") == ex.client_response()
+        assert capture_body(conn, capture, "request") == ex.request
+        assert capture_body(conn, capture, "response") == ex.response_body()
+        assert capture_body(conn, capture, "client_response") == ex.client_response_body()
     for row in conn.execute("select request_headers, response_headers, path from exchanges"):
         assert all("sk-abcdefghijklmnop1234" not in (col or "") for col in row), row
         assert "sk-secretsecret123" not in row[2]

@@ -158,7 +158,7 @@ def test_needle_size_and_depth_are_configurable():
     report, seen = probe(checks=["long_context"], options=ProbeOptions(needle_tokens=6000, needle_depth=0.1))
     assert rows(report)["long_context"][0] == "pass"
     assert "depth 0.1 of ~6000 tokens" in rows(report)["long_context"][1]
-    body = seen[-1].client_body.decode()
+    body = seen[-1].request.decode()
     assert 20_000 < len(body) < 30_000
     assert body.index("The passphrase is") < len(body) * 0.2
 

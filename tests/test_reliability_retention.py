@@ -39,24 +39,24 @@ def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[
             history += f',{{"role":"user","content":"turn {t} of session {s} seed {seed} {"x" * ((seed + t) % 50)}"}}'
             body = (history + "]}").encode()
             answer = f'data: {{"choices":[{{"index":0,"delta":{{"content":"answer {s}.{t}"}}}}]}}\n\n'.encode()
-            ex = Exchange(method="POST", path="/v1/chat/completions", client_body=body, model="m",
+            ex = Exchange(method="POST", path="/v1/chat/completions", request=body, model="m",
                           status=200, content_type="text/event-stream", stream=True,
-                          upstream_chunks=[answer, b"data: [DONE]\n\n"], chunk_times=[0.01, 0.02],
+                          response_chunks=[answer, b"data: [DONE]\n\n"], chunk_times=[0.01, 0.02],
                           session_hint=f"sess-{seed}-{s}", request_headers=[("x-session-id", f"sess-{seed}-{s}")])
             if t % 3 == 1:
-                ex.forwarded_body = body[:-2] + b',"top_p":0.9}'
+                ex.forwarded = body[:-2] + b',"top_p":0.9}'
             if t % 4 == 2:
-                ex.client_body_out = answer.replace(b"answer", b"ANSWER") + b"data: [DONE]\n\n"
+                ex.client_response = answer.replace(b"answer", b"ANSWER") + b"data: [DONE]\n\n"
             ex.started_at = t0 + s * 0.001 + t * 10.0  # turn t happens t*10 s after the session's start
             out.append(ex)
     return out
 
 
 def _expected(ex: Exchange) -> dict[str, bytes | None]:
-    upstream = ex.upstream_response()
-    client = ex.client_response()
-    return {"request_body_id": ex.client_body,
-            "forwarded_body_id": ex.forwarded_body if ex.forwarded_body not in (None, ex.client_body) else None,
+    upstream = ex.response_body()
+    client = ex.client_response_body()
+    return {"request_body_id": ex.request,
+            "forwarded_body_id": ex.forwarded if ex.forwarded not in (None, ex.request) else None,
             "response_body_id": upstream,
             "client_response_body_id": client if client != upstream else None}
 
@@ -130,7 +130,7 @@ def test_purge_to_a_size_cap(tmp_path):
     path = tmp_path / "c.db"
     exchanges = _session_exchanges(6, 6, 3, 1_700_000_000.0)
     for i, ex in enumerate(exchanges):  # incompressible, distinct bodies so the size is real
-        ex.upstream_chunks = [os.urandom(6000), b"data: [DONE]\n\n"]
+        ex.response_chunks = [os.urandom(6000), b"data: [DONE]\n\n"]
         ex.started_at += i * 0.0001
     _write(path, exchanges)
     conn = open_for_writing(path)
@@ -149,7 +149,7 @@ def test_cli_purge_and_vacuum(tmp_path):
     exchanges = _session_exchanges(3, 4, 1, time.time() - 30 * 86400)
     fresh = _session_exchanges(1, 2, 2, time.time())
     for ex in exchanges:
-        ex.upstream_chunks = [os.urandom(20000)]
+        ex.response_chunks = [os.urandom(20000)]
     _write(path, exchanges + fresh)
     size_before = path.stat().st_size
     runner = CliRunner()

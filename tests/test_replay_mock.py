@@ -28,7 +28,7 @@ def _store(db: Path, **kw) -> str:
         path="/v1/chat/completions",
         upstream_url="http://127.0.0.1:9/v1/chat/completions",
         stream=True,
-        client_body=b"{}",
+        request=b"{}",
         status=200,
         content_type="text/event-stream",
         response_headers=[
@@ -39,7 +39,7 @@ def _store(db: Path, **kw) -> str:
             ("x-tapfix-capture-id", "abc"),
             ("set-cookie", "secret=1"),
         ],
-        upstream_chunks=list(CHUNKS),
+        response_chunks=list(CHUNKS),
         chunk_times=list(TIMES),
     )
     for key, value in kw.items():
@@ -70,12 +70,12 @@ def test_plain_response_is_one_chunk_and_no_response_is_an_error(tmp_path: Path)
         db,
         stream=False,
         content_type="application/json",
-        upstream_chunks=[],
+        response_chunks=[],
         chunk_times=[],
-        upstream_body=b'{"ok": true}',
+        response=b'{"ok": true}',
         response_headers=[("content-type", "application/json")],
     )
-    failed = _store(db, status=None, upstream_chunks=[], chunk_times=[], error="connect refused")
+    failed = _store(db, status=None, response_chunks=[], chunk_times=[], error="connect refused")
     conn = open_for_reading(db)
     assert [data for _, data in recorded_response(conn, plain).chunks] == [b'{"ok": true}']
     with pytest.raises(StoreError, match="no upstream response"):

@@ -73,7 +73,7 @@ def test_db_wal_and_shm_are_private_even_with_a_permissive_umask(tmp_path):
     old = os.umask(0)
     try:
         writer = CaptureWriter(tmp_path / "c.db")
-        writer.submit(Exchange(client_body=b"{}", status=200))
+        writer.submit(Exchange(request=b"{}", status=200))
         deadline = 50
         while writer.health()["written"] < 1 and deadline:
             import time
@@ -114,8 +114,8 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     writer = CaptureWriter(db)
     ex = Exchange(method="POST", path=f"/v1/chat/completions?api_key={SECRET}", url=f"http://h/v1/x?key={SECRET}",
                   upstream_url=f"http://127.0.0.1:9/v1/chat/completions?key={SECRET}", status=200,
-                  client_body=b'{"model":"m","messages":[]}', content_type="application/json",
-                  upstream_body=b"{}", request_headers=[("authorization", f"Bearer {SECRET}"), ("x-api-key", SECRET2),
+                  request=b'{"model":"m","messages":[]}', content_type="application/json",
+                  response=b"{}", request_headers=[("authorization", f"Bearer {SECRET}"), ("x-api-key", SECRET2),
                                                         ("x-trace", f"id {SECRET2}"), ("user-agent", "opencode")],
                   forwarded_headers=[("authorization", f"Bearer {SECRET}"), ("user-agent", "opencode")])
     writer.submit(ex)

@@ -12,9 +12,9 @@ from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_readin
 
 
 def _exchange(**kw) -> Exchange:
-    base = dict(method="POST", path="/v1/chat/completions", client_body=b'{"model":"m","messages":[]}',
+    base = dict(method="POST", path="/v1/chat/completions", request=b'{"model":"m","messages":[]}',
                 model="m", status=200, content_type="text/event-stream", stream=True,
-                upstream_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"],
+                response_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"],
                 chunk_times=[0.01, 0.02])
     base.update(kw)
     return Exchange(**base)
@@ -23,7 +23,7 @@ def _exchange(**kw) -> Exchange:
 def test_round_trip_with_changes_and_timing(tmp_path):
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    ex = _exchange(forwarded_body=b'{"model":"m","messages":[],"top_p":0.95}',
+    ex = _exchange(forwarded=b'{"model":"m","messages":[],"top_p":0.95}',
                    changes=[Change("sampling", "inject", "$.top_p", None, 0.95, "generation_config.json of m")])
     writer.submit(ex)
     writer.close()
@@ -32,9 +32,9 @@ def test_round_trip_with_changes_and_timing(tmp_path):
     capture = load_capture(conn, ex.id[:10])
     assert capture["content"] == "hi" and capture["changes"] == 1
     assert capture["change_rows"][0]["after"] == 0.95
-    assert capture_body(conn, capture, "request") == ex.client_body
-    assert capture_body(conn, capture, "forwarded") == ex.forwarded_body
-    assert capture_body(conn, capture, "response") == b"".join(ex.upstream_chunks)
+    assert capture_body(conn, capture, "request") == ex.request
+    assert capture_body(conn, capture, "forwarded") == ex.forwarded
+    assert capture_body(conn, capture, "response") == b"".join(ex.response_chunks)
     assert [round(t) for t, _ in unpack_timing(capture["chunk_timing"])] == [10, 20]
 
 
@@ -51,7 +51,7 @@ def test_reader_never_migrates_or_creates(tmp_path):
 
 def test_privacy_mode_keeps_metadata_only(tmp_path):
     writer = CaptureWriter(tmp_path / "p.db")
-    ex = _exchange(store_bodies=False, client_body=b'{"secret":"prompt text"}')
+    ex = _exchange(store_bodies=False, request=b'{"secret":"prompt text"}')
     writer.submit(ex)
     writer.close()
     data = (tmp_path / "p.db").read_bytes()
@@ -75,7 +75,7 @@ def test_write_failure_is_counted_and_traffic_side_never_raises(tmp_path):
 def test_flags_filter(tmp_path):
     writer = CaptureWriter(tmp_path / "g.db")
     cut_event = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
-    cut = _exchange(upstream_chunks=[cut_event],
+    cut = _exchange(response_chunks=[cut_event],
                     chunk_times=[0.01])
     writer.submit(cut)
     writer.submit(_exchange())

@@ -154,8 +154,8 @@ class ProbeClient:
             upstream_url=self.url(path),
             user_agent=USER_AGENT,
             client_addr="tapfix-probe",
-            client_body=raw,
-            forwarded_body=sent if sent != raw else None,
+            request=raw,
+            forwarded=sent if sent != raw else None,
             request_headers=list(headers.items()),
             stream=stream,
             tags={"probe", f"probe:{check}"},
@@ -204,10 +204,10 @@ class ProbeClient:
         ex.response_headers = answer.headers
         ex.content_type = answer.content_type
         if "event-stream" in ex.content_type:
-            ex.upstream_chunks = list(answer.chunks)
+            ex.response_chunks = list(answer.chunks)
             ex.chunk_times = list(answer.times)
         else:
-            ex.upstream_body = answer.body
+            ex.response = answer.body
         if self.capture is not None:
             try:
                 self.capture(ex)

@@ -282,8 +282,8 @@ def to_exchange(result: RunResult, session_hint: str, wall: float) -> Exchange:
         model=req.model,
         stream=stream,
         tools=req.tools,
-        client_body=req.body,
-        forwarded_body=req.body,
+        request=req.body,
+        forwarded=req.body,
         # x-session-id stays out of the record: it would file the replay under the original session.
         request_headers=[(k, v) for k, v in req.headers if k.lower() != "x-session-id"],
         status=result.status,
@@ -299,10 +299,10 @@ def to_exchange(result: RunResult, session_hint: str, wall: float) -> Exchange:
         mark=mark,
     )
     if stream:
-        ex.upstream_chunks = list(result.chunks)
+        ex.response_chunks = list(result.chunks)
         ex.chunk_times = list(result.chunk_times)
     else:
-        ex.upstream_body = result.body
+        ex.response = result.body
     return ex
 
 

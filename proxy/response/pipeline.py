@@ -30,13 +30,13 @@ class StreamPipeline:
         self.finished = False
         self._clock = time.perf_counter
         if stages:
-            exchange.client_chunks = []
+            exchange.client_response_chunks = []
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         """Never returns b"" before the end: mitmproxy would read it as the end of the body."""
         ex = self.exchange
         if chunk:
-            ex.upstream_chunks.append(chunk)
+            ex.response_chunks.append(chunk)
             ex.chunk_times.append(self._clock() - ex.mark)
             if self.splitter is None:
                 return chunk
@@ -63,6 +63,6 @@ class StreamPipeline:
         if not events:
             return []
         data = events[0] if len(events) == 1 else b"".join(events)
-        assert ex.client_chunks is not None
-        ex.client_chunks.append(data)
+        assert ex.client_response_chunks is not None
+        ex.client_response_chunks.append(data)
         return data

@@ -53,7 +53,7 @@ def explicit_key(ex: Exchange) -> str | None:
             return value[:200]
     if ex.session_hint:
         return ex.session_hint
-    match = _PROMPT_CACHE_KEY.search(ex.client_body[:65536]) if b"prompt_cache_key" in ex.client_body else None
+    match = _PROMPT_CACHE_KEY.search(ex.request[:65536]) if b"prompt_cache_key" in ex.request else None
     return match.group(1).decode(errors="replace") if match else None
 
 
@@ -67,7 +67,7 @@ class SessionTracker:
         key = explicit_key(ex)
         if key:
             return key
-        opening = _opening(ex.client_body) if ex.client_body[:1] == b"{" else None
+        opening = _opening(ex.request) if ex.request[:1] == b"{" else None
         if opening is None:
             return None
         digest = hashlib.sha256(f"{ex.user_agent}\0{ex.model}\0".encode() + opening).hexdigest()[:16]

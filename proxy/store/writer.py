@@ -196,24 +196,24 @@ class CaptureWriter:
                 return
 
     def _write_one(self, ex: Exchange) -> None:
-        upstream = ex.upstream_response()
-        client = ex.client_response(upstream)
+        upstream = ex.response_body()
+        client = ex.client_response_body(upstream)
         assembled = _assemble(ex, client)
         first_token_ms = None
-        if ex.upstream_body is None and ex.chunk_times:
+        if ex.response is None and ex.chunk_times:
             timed = assembled if client is upstream or client == upstream else assemble_sse(
-                ex.upstream_chunks, ex.path.split("?", 1)[0])
+                ex.response_chunks, ex.path.split("?", 1)[0])
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
         session_id = self.sessions.assign(ex)
         flags = set(ex.flags)
         if is_inference(ex.path):
-            flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.client_body)
+            flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.request)
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
         if ex.store_bodies:
-            bodies["req"] = self.bodies.put(ex.client_body, session_id)
-            if ex.forwarded_body is not None and ex.forwarded_body != ex.client_body:
-                bodies["fwd"] = self.bodies.put(ex.forwarded_body, session_id)
+            bodies["req"] = self.bodies.put(ex.request, session_id)
+            if ex.forwarded is not None and ex.forwarded != ex.request:
+                bodies["fwd"] = self.bodies.put(ex.forwarded, session_id)
             if ex.status is not None or upstream:
                 bodies["resp"] = self.bodies.put(upstream, level=1)
             if client is not upstream and client != upstream:
@@ -246,7 +246,7 @@ class CaptureWriter:
             "forwarded_body_id": bodies["fwd"],
             "response_body_id": bodies["resp"],
             "client_response_body_id": bodies["client"],
-            "request_size": len(ex.client_body),
+            "request_size": len(ex.request),
             "response_size": len(upstream),
             "request_headers": _json(redact_headers(ex.request_headers)),
             "forwarded_headers": _json(redact_headers(ex.forwarded_headers))
@@ -260,7 +260,7 @@ class CaptureWriter:
             "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
             "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
             "chunk_count": len(ex.chunk_times),
-            "chunk_timing": _pack_timing(ex.chunk_times, ex.upstream_chunks),
+            "chunk_timing": _pack_timing(ex.chunk_times, ex.response_chunks),
         }
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
@@ -277,9 +277,9 @@ class CaptureWriter:
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
     path = ex.path.split("?", 1)[0]
-    streamed = ex.upstream_body is None and ex.upstream_chunks and "event-stream" in ex.content_type
-    if ex.client_chunks is None and streamed:
-        return assemble_sse(ex.upstream_chunks, path)
+    streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
+    if ex.client_response_chunks is None and streamed:
+        return assemble_sse(ex.response_chunks, path)
     return assemble(body, ex.content_type, path)
 
 
