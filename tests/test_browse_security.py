@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
-from tapfix.proxy.browse.security import COOKIE, is_loopback
+from tapfix.proxy.browse.security import COOKIE
 from tapfix.proxy.cli.browse import browse
 
 from tests.test_browse_fixtures import XSS, Built, build_db
@@ -121,9 +121,13 @@ def test_non_loopback_app_without_token_is_refused(built: Built) -> None:
         create_app(built.path, loopback_only=False)
 
 
-def test_is_loopback() -> None:
-    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
-    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))
+def test_host_headers_are_judged_without_resolving() -> None:
+    """HostGuard's rule: a rebound DNS name resolving to 127.0.0.1 is the attack, so names don't count."""
+    from tapfix.proxy.net import is_loopback
+
+    assert all(is_loopback(h, resolve=False) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h, resolve=False) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", "",
+                                                           "127.0.0.1.nip.io"))
 
 
 def test_cli_refuses_non_loopback_without_token(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,8 @@ import pytest
 from mitmproxy.test import tflow
 from tapfix.addons.auth import TokenAuth
 from tapfix.addons.runner.master import build_runtime
-from tapfix.proxy.config.settings import Settings, parse_listen
+from tapfix.proxy.config.settings import Settings
+from tapfix.proxy.net import parse_listen
 
 from tests.support.procs import free_port, start, wait_capture
 from tests.support.rawserver import RawRequest, RawServer

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from tapfix.proxy.config.settings import parse_listen
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
+from tapfix.proxy.net import parse_listen
 from tapfix.proxy.store.redact import redact_header, redact_url
 
 

@@ -15,8 +15,9 @@ from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons
 from tapfix.addons.runner import reset_tail
 from tapfix.addons.runner.runtime import Runtime
-from tapfix.proxy.config.settings import Settings, is_loopback
+from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.net import is_loopback
 from tapfix.proxy.store.writer import CaptureWriter
 
 log = logging.getLogger("tapfix")

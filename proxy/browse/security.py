@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from tapfix.proxy.net import is_loopback
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self';"
@@ -34,19 +34,6 @@ HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 COOKIE = "tapfix_browse"
-LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _host_name(host_header: str) -> str:
     if host_header.startswith("["):
         return host_header[1:].partition("]")[0]
@@ -74,7 +61,10 @@ class SecurityHeaders:
 
 
 class HostGuard:
-    """Loopback only, no token: refuse Host headers that aren't loopback (DNS rebinding)."""
+    """Loopback only, no token: refuse Host headers that aren't loopback (DNS rebinding).
+
+    Judged without resolving: a rebound name resolves to 127.0.0.1, and that is the attack.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -82,7 +72,7 @@ class HostGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = Headers(scope=scope).get("host", "")
-            if not is_loopback(_host_name(host)):
+            if not is_loopback(_host_name(host), resolve=False):
                 response = PlainTextResponse(
                     f"tapfix browse answers only to loopback host names, not {host!r}", status_code=421
                 )
@@ -122,7 +112,9 @@ class TokenGate:
         given = [v for k, v in query if k == "token"]
         if given and self._ok(given[0], self.token):
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            raw = (scope.get("raw_path") or b"/").decode("latin-1")
+            # ASGI's raw_path has no query string, but some servers (and starlette's TestClient before
+            # 0.41) put it there: cut it, or the redirect would carry the token on.
+            raw = (scope.get("raw_path") or b"/").decode("latin-1").split("?", 1)[0]
             path = "/" + raw.lstrip("/")  # never //host: no open redirect
             redirect = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
             redirect.set_cookie(COOKIE, self.cookie_value, httponly=True, samesite="strict", path="/")

@@ -1,6 +1,6 @@
-"""`tapfix browse`: the capture browser. Registered by the main CLI with `main.add_command(browse)`.
+"""`tapfix browse`: the capture browser. Registered lazily by the main CLI (`LazyGroup.lazy`).
 
-Kept out of `cli.py` so the command's imports (Starlette, uvicorn, Jinja2) load only when it runs.
+Kept apart so the command's imports (Starlette, uvicorn, Jinja2) load only when it runs.
 """
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ import sqlite3
 from pathlib import Path
 
 import click
-from tapfix.proxy.config.settings import parse_listen
-from tapfix.proxy.store.writer import StoreError, default_db_path
+from tapfix.proxy.cli.options import db_option, listen_option
+from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.net import is_loopback, url
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import StoreError
 
 TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 
 
 @click.command()
-@click.option(
-    "--db",
-    "db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="capture database (default: $TAPFIX_DB or captures/tapfix.db)",
-)
-@click.option("--listen", default="127.0.0.1:8081", show_default=True, metavar="HOST:PORT")
+@db_option()
+@listen_option("127.0.0.1:8081")
 @click.option(
     "--token",
     default=None,
@@ -39,43 +36,39 @@ TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
     default=None,
     help="where to keep the full-text index (default: next to the database)",
 )
-def browse(db: Path | None, listen: str, token: str | None, no_search: bool, index_path: Path | None) -> None:
+def browse(
+    db: StoreLocator, listen: tuple[str, int], token: str | None, no_search: bool, index_path: Path | None
+) -> None:
     """Browse captures in a web browser: filters, search, diffs, stream timelines, sessions, stats.
 
     Read-only over the store, so it can run while the proxy writes. Binds to loopback unless told
     otherwise; any other address needs --token (or $TAPFIX_BROWSE_TOKEN).
+
+    \b
+    Example:
+      tapfix browse --db captures/tapfix.db
+      TAPFIX_BROWSE_TOKEN=s3cret-token tapfix browse --listen 0.0.0.0:8081
     """
     import uvicorn
     from tapfix.proxy.browse import create_app
-    from tapfix.proxy.browse.security import is_loopback
 
-    try:
-        host, port = parse_listen(listen, 8081)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--listen") from e
+    host, port = listen
     token = token or os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(host)
     if not loopback and not token:
-        raise click.ClickException(
-            f"--listen {listen} is reachable beyond this machine: captures hold prompts and"
-            f" code, so give a --token (or set {TOKEN_ENV}), or listen on 127.0.0.1"
+        raise UserError(
+            f"--listen {url(host, port).removeprefix('http://')} is reachable beyond this machine: captures hold"
+            f" prompts and code, so give a --token (or set {TOKEN_ENV}), or listen on 127.0.0.1"
         )
-    path = db or default_db_path()
-    try:
-        app = create_app(
-            path, token=token, loopback_only=loopback, search=not no_search, index_path=index_path
-        )
-    except StoreError as e:
-        raise click.ClickException(str(e)) from e
-    except (OSError, sqlite3.Error) as e:  # the search index's file, next to the db by default
-        raise click.ClickException(
-            f"can't keep the search index ({e}): pass --index PATH somewhere writable, or --no-search"
-        ) from e
-    shown = f"[{host}]" if ":" in host else host
-    click.echo(
-        f"tapfix browse: http://{shown}:{port}/ over {path}" + ("  (token required)" if token else ""),
-        err=True,
-    )
+    with reported(StoreError):
+        db.open_for_reading().close()
+        try:
+            app = create_app(db.path, token=token, loopback_only=loopback, search=not no_search, index_path=index_path)
+        except (OSError, sqlite3.Error) as e:  # the search index's file, next to the db by default
+            raise UserError(
+                f"can't keep the search index ({e}): pass --index PATH somewhere writable, or --no-search"
+            ) from e
+    click.echo(f"tapfix browse: {url(host, port)}/ over {db}" + ("  (token required)" if token else ""), err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

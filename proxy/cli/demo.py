@@ -7,14 +7,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import uvicorn
-from tapfix.proxy.config.settings import parse_listen
+from tapfix.proxy.config.settings import Settings
+from tapfix.proxy.net import url
+from tapfix.proxy.store.locator import StoreLocator
+
+
+def _socket(host: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
 
 
 def _free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    with _socket(host) as s:
         try:
             s.bind((host, port))
         except OSError:
@@ -25,16 +32,16 @@ def _free(host: str, port: int) -> bool:
 def _pick_port(host: str, port: int) -> int:
     if _free(host, port):
         return port
-    with socket.socket() as s:
+    with _socket(host) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def start_mock_thread(host: str, port: int) -> uvicorn.Server:
     from tapfix.proxy.mock import MockOptions, uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(MockOptions(), host, port))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the proxy owns signals
+    server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # the proxy owns signals
     thread = threading.Thread(target=server.run, name="tapfix-demo-mock", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -58,7 +65,7 @@ def _commands() -> tuple[str, str]:
     return f"{prefix}/tapfix", f"{prefix}/sqlite-utils"
 
 
-def banner(base: str, mock_url: str, db: Path) -> str:
+def banner(base: str, mock_url: str, db: StoreLocator) -> str:
     tapfix, sqlite_utils = _commands()
     return f"""
 tapfix demo is running.
@@ -87,11 +94,17 @@ Ctrl-C stops both.
 """
 
 
-def run_demo(listen: str, mock_listen: str, db: Path, run_proxy: Callable, make_settings: Callable) -> int:
-    mock_host, mock_port = parse_listen(mock_listen, 8000)
+def run_demo(
+    listen: tuple[str, int],
+    mock_listen: tuple[str, int],
+    db: StoreLocator,
+    run_proxy: Callable[..., int],
+    make_settings: Callable[[dict[str, Any]], Settings],
+) -> int:
+    mock_host, mock_port = mock_listen
     mock_port = _pick_port(mock_host, mock_port)
     server = start_mock_thread(mock_host, mock_port)
-    mock_url = f"http://{mock_host}:{mock_port}"
+    mock_url = url(mock_host, mock_port)
     settings = make_settings({"upstream": mock_url, "listen": listen, "db": db})
     try:
         return run_proxy(settings, banner=lambda base: click.echo(banner(base, mock_url, db)))

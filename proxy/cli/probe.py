@@ -10,15 +10,22 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
+from tapfix.proxy.cli.options import db_option, engine_option, json_option, key_env_option
+from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import StoreError
 
-
-class _Usage(click.UsageError):
-    exit_code = 2
+if TYPE_CHECKING:
+    from tapfix.proxy.probe.report import ProbeReport
+    from tapfix.proxy.request.policy import RequestPolicy
+    from tapfix.proxy.store.writer import CaptureWriter
 
 
 @click.command("probe")
@@ -36,25 +43,11 @@ class _Usage(click.UsageError):
     "config mode every configured model); config mode: a name or alias",
 )
 @click.option("--only", metavar="CHECK,...", help=f"run only these checks: {', '.join(ALL_CHECKS)}")
-@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option(
-    "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="capture database for the probe's requests, tagged 'probe' (default: $TAPFIX_DB or "
-    "captures/tapfix.db)",
-)
+@json_option("print the report as JSON")
+@db_option("capture database for the probe's requests, tagged 'probe' (default: $TAPFIX_DB or captures/tapfix.db)")
 @click.option("--no-capture", is_flag=True, help="do not record the probe's requests")
-@click.option(
-    "--key-env",
-    metavar="NAME",
-    help="quick mode: send the key in this environment variable as Authorization: Bearer",
-)
-@click.option(
-    "--engine",
-    type=click.Choice(["vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai"]),
-    help="quick mode: the engine, as for `tapfix run` (reasoning dialect, accepted sampling params)",
-)
+@key_env_option("quick mode: send the key in this environment variable as Authorization: Bearer")
+@engine_option("quick mode: the engine, as for `tapfix run` (reasoning dialect, accepted sampling params)")
 @click.option(
     "--generation-config",
     type=click.Path(exists=True, path_type=Path),
@@ -78,40 +71,46 @@ class _Usage(click.UsageError):
     "--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="seconds per request"
 )
 def probe(
-    upstream,
-    config_path,
-    model,
-    only,
-    as_json,
-    db,
-    no_capture,
-    key_env,
-    engine,
-    generation_config,
-    needle_tokens,
-    needle_depth,
-    timeout,
+    upstream: str | None,
+    config_path: Path | None,
+    model: str | None,
+    only: str | None,
+    as_json: bool,
+    db: StoreLocator,
+    no_capture: bool,
+    key_env: str | None,
+    engine: str | None,
+    generation_config: Path | None,
+    needle_tokens: int,
+    needle_depth: float,
+    timeout: float,
 ) -> None:
     """Deep health probe: prove the model works (answers, streams, calls tools, reasons, sees, recalls).
 
     Exit code 0 when every check passes, 1 when one fails, 2 on a usage error or when the server
     can't be reached. The probe's requests are captured, tagged `probe`.
+
+    \b
+    Example:
+      tapfix probe --upstream http://127.0.0.1:8000 --only tool_call,stream
+      tapfix probe --config tapfix.toml --model qwen3 --json
     """
     if bool(upstream) == bool(config_path):
-        raise _Usage("give either --upstream URL or --config FILE")
+        raise click.UsageError("give either --upstream URL or --config FILE")
     try:
         checks = select_checks(only.split(",")) if only else None
     except ValueError as e:
-        raise _Usage(str(e)) from e
+        raise InputError(str(e)) from e
     options = ProbeOptions(needle_tokens=needle_tokens, needle_depth=needle_depth)
     writer = None if no_capture else _writer(db)
     capture = writer.submit if writer is not None else None
     try:
-        if config_path:
+        if config_path is not None:
             report = _config_mode(config_path, model, checks, timeout, capture, options)
         else:
-            if config_path is None and (key_env and not os.environ.get(key_env)):
-                raise _Usage(f"--key-env {key_env}: the environment variable is not set")
+            assert upstream is not None  # one of the two, checked above
+            if key_env and not os.environ.get(key_env):
+                raise InputError(f"--key-env {key_env}: the environment variable is not set")
             headers = {"authorization": f"Bearer {os.environ[key_env]}"} if key_env else None
             policy = _quick_policy(upstream, engine, generation_config)
             try:
@@ -128,7 +127,7 @@ def probe(
                     )
                 )
             except ValueError as e:
-                raise _Usage(str(e)) from e
+                raise InputError(str(e)) from e
     finally:
         if writer is not None:
             writer.close()
@@ -144,16 +143,14 @@ def probe(
     sys.exit(report.exit_code)
 
 
-def _writer(db: Path | None):
-    from tapfix.proxy.store.writer import CaptureWriter, StoreError, default_db_path
-
+def _writer(db: StoreLocator) -> CaptureWriter:
     try:
-        return CaptureWriter(db or default_db_path())
-    except (StoreError, OSError) as e:
-        raise _Usage(f"--db: {e}") from e
+        return db.writer()
+    except StoreError as e:
+        raise InputError(f"--db: {e}") from e
 
 
-def _quick_policy(upstream: str, engine: str | None, generation_config: Path | None):
+def _quick_policy(upstream: str, engine: str | None, generation_config: Path | None) -> RequestPolicy:
     from tapfix.proxy.config.file import Config, ConfigError
     from tapfix.proxy.config.upstream import UpstreamURLError
     from tapfix.proxy.request.policy import RequestPolicy
@@ -161,10 +158,17 @@ def _quick_policy(upstream: str, engine: str | None, generation_config: Path | N
     try:
         return RequestPolicy(Config.quick(upstream, engine=engine, generation_config=generation_config))
     except (ConfigError, UpstreamURLError, ValueError) as e:
-        raise _Usage(str(e)) from e
+        raise InputError(str(e)) from e
 
 
-def _config_mode(path: Path, model, checks, timeout, capture, options):
+def _config_mode(
+    path: Path,
+    model: str | None,
+    checks: list[str] | None,
+    timeout: float,
+    capture: Callable[..., Any] | None,
+    options: ProbeOptions,
+) -> ProbeReport:
     from tapfix.proxy.config.file import ConfigError, load
 
     try:
@@ -173,7 +177,7 @@ def _config_mode(path: Path, model, checks, timeout, capture, options):
             run_config_probe(config, model, checks=checks, timeout=timeout, capture=capture, options=options)
         )
     except (ConfigError, ValueError) as e:
-        raise _Usage(str(e)) from e
+        raise InputError(str(e)) from e
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m tapfix.proxy.cli.probe` until registered

@@ -1,8 +1,8 @@
 """`tapfix captures purge`: delete old captures by age or to a size cap, optionally VACUUM.
 
-Registered by the main CLI under the `captures` group (`captures.add_command(purge)`). Safe while
-the proxy runs: SQLite's write lock serializes the purge with the capture writer, and the purge
-works in small transactions. Kept here so `cli.py` stays small.
+Registered under the `captures` group (`captures.add_command(purge)`). Safe while the proxy runs:
+SQLite's write lock serializes the purge with the capture writer, and the purge works in small
+transactions. `--max-age` and `--max-size` are spelled as in `tapfix run` and the config's `[retention]`.
 """
 
 from __future__ import annotations
@@ -13,24 +13,20 @@ from pathlib import Path
 
 import click
 import orjson
-from tapfix.proxy.store.retention import PurgeReport, parse_duration, parse_size
+from tapfix.proxy.cli.options import (
+    Duration,
+    db_option,
+    deprecated_alias,
+    json_option,
+    max_age_option,
+    max_size_option,
+)
+from tapfix.proxy.cli.user_errors import UserError
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.retention import PurgeReport
 from tapfix.proxy.store.retention import purge as purge_store
 from tapfix.proxy.store.retention import vacuum as vacuum_store
-from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_writing
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    try:
-        return None if value is None else parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    try:
-        return None if value is None else parse_size(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
+from tapfix.proxy.store.writer import StoreError
 
 
 def purge_sidecar(db: Path) -> int:
@@ -54,38 +50,41 @@ def purge_sidecar(db: Path) -> int:
 
 
 @click.command("purge")
-@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="capture database (default: $TAPFIX_DB or captures/tapfix.db)")
-@click.option("--older-than", "older_than", metavar="AGE", callback=_duration,
-              help="delete exchanges older than this: 7d, 12h, 30m, 90s")
-@click.option("--max-size", "max_size", metavar="SIZE", callback=_size,
-              help="then delete the oldest until the store uses at most this: 500M, 2G")
+@db_option()
+@max_age_option("delete exchanges older than this: 7d, 12h, 30m, 90s")
+@max_size_option("then delete the oldest until the store uses at most this: 500M, 2G")
 @click.option("--vacuum", is_flag=True, help="then give the freed space back to the disk (rewrites the file)")
-@click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
-def purge(db: Path | None, older_than: float | None, max_size: int | None, vacuum: bool, as_json: bool) -> None:
+@json_option("print the report as one JSON object")
+@deprecated_alias("--older-than", "--max-age", "max_age", type=Duration())
+def purge(db: StoreLocator, max_age: float | None, max_size: int | None, vacuum: bool, as_json: bool) -> None:
     """Delete captured exchanges, their changes and the bodies nothing needs any more.
 
     Bodies that other kept bodies are stored as deltas of are kept until nothing depends on them.
     Safe while `tapfix run` writes to the same database.
+
+    \b
+    Example:
+      tapfix captures purge --max-age 7d --vacuum
+      tapfix captures purge --max-size 2G --json
     """
-    if older_than is None and max_size is None and not vacuum:
-        raise click.UsageError("give --older-than AGE and/or --max-size SIZE (and/or --vacuum)")
-    path = db or default_db_path()
-    if not path.exists():
-        raise click.ClickException(f"no capture database at {path} (pass --db)")
+    if max_age is None and max_size is None and not vacuum:
+        raise click.UsageError("give --max-age AGE and/or --max-size SIZE (and/or --vacuum)")
+    path = db.path
+    if not db.exists():
+        raise UserError(f"no capture database at {db} (pass --db)")
     try:
-        conn = open_for_writing(path)
+        conn = db.open_for_writing()
     except StoreError as e:
-        raise click.ClickException(str(e)) from e
+        raise UserError(str(e)) from e
     try:
-        report = purge_store(conn, older_than, max_size) if older_than is not None or max_size is not None \
+        report = purge_store(conn, max_age, max_size) if max_age is not None or max_size is not None \
             else PurgeReport()
         if vacuum:
             vacuum_store(conn)
             report.bytes_after = conn.execute("pragma page_count").fetchone()[0] * \
                 conn.execute("pragma page_size").fetchone()[0]
     except sqlite3.Error as e:
-        raise click.ClickException(f"{path}: purge failed, nothing lost ({e})") from e
+        raise UserError(f"{path}: purge failed, nothing lost ({e})") from e
     finally:
         conn.close()
     sidecar_rows = purge_sidecar(path)

@@ -17,21 +17,15 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from tapfix.proxy.store.writer import StoreError, default_db_path, open_for_reading
-
-
-class InputError(click.ClickException):
-    exit_code = 2
+from tapfix.proxy.cli.options import db_option, json_option, key_env_option
+from tapfix.proxy.cli.user_errors import InputError
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import StoreError
 
 
 @click.command()
 @click.argument("capture_id", required=False)
-@click.option(
-    "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="capture database (default: $TAPFIX_DB or captures/tapfix.db)",
-)
+@db_option()
 @click.option("--upstream", metavar="URL", help="send here (default: the capture's upstream origin)")
 @click.option("--times", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="runs")
 @click.option(
@@ -58,7 +52,7 @@ class InputError(click.ClickException):
     default=True,
     help="resend the body as tapfix forwarded it (default)",
 )
-@click.option("--key-env", metavar="NAME", help="send the API key in this environment variable")
+@key_env_option("send the API key in this environment variable")
 @click.option(
     "--config",
     "config_path",
@@ -66,11 +60,17 @@ class InputError(click.ClickException):
     help="take the key variable and TLS settings of the matching upstream from this config",
 )
 @click.option("--session", "session_id", metavar="SID", help="replay a whole agent session, turn by turn")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="seconds without a byte")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per run on stdout instead of a table")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="seconds without a byte",
+)
+@json_option("one JSON object per run on stdout instead of a table")
 def replay(
     capture_id: str | None,
-    db: Path | None,
+    db: StoreLocator,
     upstream: str | None,
     times: int,
     concurrency: int,
@@ -88,6 +88,11 @@ def replay(
     Each run is stored as a capture tagged `replay`, linked to its source. A summary table shows,
     per run: status, time to first token, decode speed, finish reason, tool-call validity, flags,
     and similarity to the other runs (outliers highlighted). Ctrl-C keeps the finished runs.
+
+    \b
+    Example:
+      tapfix replay 01J9Z3 --times 5 --concurrency 5
+      tapfix replay 01J9Z3 --set temperature=0 --upstream http://127.0.0.1:8001
     """
     from tapfix.proxy.replay.client import (
         ReplayError,
@@ -100,9 +105,8 @@ def replay(
 
     if bool(capture_id) == bool(session_id):
         raise click.UsageError("give a capture ID or --session SID (one of them)")
-    path = db or default_db_path()
     try:
-        conn = open_for_reading(path)
+        conn = db.open_for_reading()
         ids = session_capture_ids(conn, session_id) if session_id else [capture_id or ""]
         edits = parse_edits(sets, unsets)
         credential, verify = _credentials(key_env, config_path, conn, ids[0], upstream)
@@ -114,7 +118,7 @@ def replay(
         asyncio.run(check_reachable(turns[0].url))
     except (StoreError, CaptureNotFound, ReplayError) as e:
         raise InputError(str(e)) from e
-    sys.exit(_run(path, turns, times, concurrency, timeout, verify, as_json))
+    sys.exit(_run(db, turns, times, concurrency, timeout, verify, as_json))
 
 
 def _credentials(
@@ -146,7 +150,7 @@ def _credentials(
 
 
 def _run(
-    path: Path,
+    db: StoreLocator,
     turns: list[Any],
     times: int,
     concurrency: int,
@@ -156,10 +160,8 @@ def _run(
 ) -> int:
     from tapfix.proxy.replay.client import run_replays
     from tapfix.proxy.replay.summary import render, summarize
-    from tapfix.proxy.store.writer import CaptureWriter
-
     try:
-        writer = CaptureWriter(path)
+        writer = db.writer()
     except StoreError as e:
         raise InputError(str(e)) from e
     err = Console(stderr=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 from typing import Any
 
@@ -78,3 +79,57 @@ def _indent(text: str, limit: int = 4000) -> str:
     if len(text) > limit:
         text = text[:limit] + "…"
     return "\n".join("    " + line for line in text.splitlines() or [""])
+
+
+BODIES = ("request", "forwarded", "response", "client_response")
+_SAME_AS = {"forwarded": "request", "client_response": "response"}  # stored only when they differ
+
+
+def _stored(capture: dict[str, Any], which: str) -> bool:
+    return capture.get(f"{which}_body_id") is not None or (
+        which in _SAME_AS and capture.get(f"{_SAME_AS[which]}_body_id") is not None
+    )
+
+
+def body_json(data: bytes) -> dict[str, str]:
+    """Text when the bytes are UTF-8, else base64: either way the exact bytes come back."""
+    try:
+        return {"encoding": "utf-8", "text": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"encoding": "base64", "data": base64.b64encode(data).decode("ascii")}
+
+
+def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str, Any]:
+    """What `render_capture` shows, as one object (schemas/capture.schema.json). Keys are only ever added.
+
+    Bodies are the exact bytes `captures export` writes (forwarded is the request when tapfix
+    changed nothing); a body is null when the capture has none (no response, or privacy mode).
+    """
+    c = capture
+    return {
+        **{key: c.get(key) for key in _METADATA},
+        "stream": None if c.get("stream") is None else bool(c["stream"]),
+        "tags": list(c.get("tags") or []),
+        "flags": list(c.get("flags") or []),
+        "timings": {key: c.get(key) for key in _TIMINGS},
+        "changes": [
+            {key: ch.get(key) for key in ("stage", "kind", "path", "before", "after", "reason")}
+            for ch in c["change_rows"]
+        ],
+        "assembled": {
+            "content": c.get("content"),
+            "reasoning": c.get("reasoning"),
+            "tool_calls": c.get("tool_calls") or [],
+            "usage": c.get("usage"),
+        },
+        "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
+        "bodies": {which: body_json(capture_body(conn, c, which)) if _stored(c, which) else None for which in BODIES},
+    }
+
+
+_METADATA = (
+    "id", "started_at", "method", "path", "url", "upstream_url", "client_addr", "user_agent", "session_id",
+    "source_id", "model", "served_model", "status", "finish_reason", "error", "request_size", "response_size",
+    "prompt_tokens", "completion_tokens",
+)
+_TIMINGS = ("upstream_first_byte_ms", "first_token_ms", "duration_ms", "chunk_count")

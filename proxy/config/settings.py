@@ -1,35 +1,13 @@
-"""Run-time settings of one `tapfix run`, from flags or a config file."""
+"""Run-time settings of one `tapfix run`, from flags or a config file.
+
+Listen addresses are read and judged in `tapfix.proxy.net` (`parse_listen`, `is_loopback`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-
-def parse_listen(value: str, default_port: int) -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT`, `PORT` or `HOST` → (host, port); IPv6 as `[::1]:8080`."""
-    value = value.strip()
-    if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        port = rest.lstrip(":")
-    elif value.count(":") == 1:
-        host, port = value.split(":")
-    elif value.isdigit():
-        host, port = "", value
-    else:
-        host, port = value, ""
-    try:
-        number = int(port) if port else default_port
-    except ValueError:
-        raise ValueError(f"--listen {value!r}: the port must be a number") from None
-    if not 0 <= number <= 65535:
-        raise ValueError(f"--listen {value!r}: port out of range")
-    return host or "127.0.0.1", number
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""`tapfix captures list | show | export | purge`: the store from the terminal.
+
+Read-only except `purge`; each opens the store through its `StoreLocator`, so an unusable `--db`
+is one line. Imports stay light (click, orjson, the store) so listing starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import click
+import orjson
+from tapfix.proxy.cli.options import db_option, json_option
+from tapfix.proxy.cli.purge import purge
+from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import StoreError
+
+
+def _reader(db: StoreLocator) -> sqlite3.Connection:
+    with reported(StoreError):
+        return db.open_for_reading()
+
+
+@click.group()
+def captures() -> None:
+    """List, show, export and purge captured exchanges.
+
+    \b
+    Example:
+      tapfix captures list --limit 5
+      tapfix captures show 01J9Z3 --json
+    """
+
+
+@captures.command("list")
+@db_option()
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
+@json_option("one JSON object a line")
+@click.option("--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length)")
+@click.option("--tag", metavar="T", help="only exchanges with this tag (probe, replay)")
+@click.option("--session", metavar="SID", help="only this agent session")
+def captures_list(
+    db: StoreLocator, limit: int, as_json: bool, flag: str | None, tag: str | None, session: str | None
+) -> None:
+    """Captured exchanges, newest first.
+
+    \b
+    Example:
+      tapfix captures list --flag runaway_length --limit 0 --json
+    """
+    from tapfix.proxy.store.reader import list_captures
+
+    conn = _reader(db)
+    with reported(StoreError, sqlite3.Error):
+        rows = list_captures(conn, limit=limit, flag=flag, tag=tag, session=session)
+    if as_json:
+        out = sys.stdout.buffer
+        for row in rows:
+            out.write(orjson.dumps(row) + b"\n")
+        out.flush()
+        return
+    from tapfix.proxy.cli.render import captures_table
+
+    click.echo(captures_table(rows))
+
+
+@captures.command("show")
+@click.argument("capture_id")
+@db_option()
+@json_option("one JSON object: metadata, timings, flags, changes and bodies (schemas/capture.schema.json)")
+def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
+    """A readable view of one exchange: request as sent and as forwarded, response, changes, timings.
+
+    \b
+    Example:
+      tapfix captures show 01J9Z3
+      tapfix captures show 01J9Z3 --json | jq '.bodies.forwarded.text | fromjson | .messages[-1]'
+    """
+    from tapfix.proxy.cli.show import capture_json, render_capture
+    from tapfix.proxy.store.reader import load_capture
+
+    conn = _reader(db)
+    with reported(StoreError, sqlite3.Error):
+        capture = load_capture(conn, capture_id)
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps(capture_json(conn, capture), option=orjson.OPT_INDENT_2) + b"\n")
+            sys.stdout.buffer.flush()
+            return
+        click.echo(render_capture(conn, capture))
+
+
+@captures.command("export")
+@click.argument("capture_id")
+@db_option()
+@click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
+@click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
+@click.option("--response", "which", flag_value="response", help="the raw upstream response")
+@click.option("--client-response", "which", flag_value="client_response", help="the bytes the client received")
+@click.option("--as", "as_format", type=click.Choice(["raw", "curl", "python", "bundle"]), default="raw",
+              show_default=True)
+@click.option("-o", "output", type=click.Path(path_type=Path), help="write here instead of stdout")
+def captures_export(capture_id: str, db: StoreLocator, which: str | None, as_format: str, output: Path | None) -> None:
+    """Write one body's exact bytes (default: the client's request body).
+
+    \b
+    Example:
+      tapfix captures export 01J9Z3 --response -o response.sse
+      tapfix captures export 01J9Z3 --as curl
+    """
+    from tapfix.proxy.store.reader import capture_body, load_capture
+
+    conn = _reader(db)
+    with reported(StoreError, OSError):
+        capture = load_capture(conn, capture_id)
+        if as_format != "raw":
+            from tapfix.proxy.replay.export import export_capture
+
+            # A repro resends what the server got unless --original asks for the client's bytes.
+            export_capture(conn, capture, as_format, output, which or "forwarded")
+            return
+        data = capture_body(conn, capture, which or "request")
+        if output:
+            _write_atomically(output, data)
+            return
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"-o {path}: {e.strerror or e}") from e
+
+
+captures.add_command(purge)

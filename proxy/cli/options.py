@@ -1,0 +1,138 @@
+"""Options several commands share, defined once so they are spelled, checked and documented alike.
+
+Values arrive converted: `--db` as a `StoreLocator`, `--listen` as (host, port), `--max-age` as
+seconds, `--max-size` as bytes. A value that can't be converted is a usage error (exit 2) that
+names it, raised by click before the command starts anything. Old spellings stay as hidden aliases
+that warn on stderr (`deprecated_alias`); CHANGELOG.md lists them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from tapfix.proxy.net import parse_listen
+from tapfix.proxy.store.locator import StoreLocator
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The engines quick mode (`--upstream`) knows how to talk to: reasoning dialect and sampling parameters.
+ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai")
+DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
+
+
+class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+    """`HOST:PORT`, `:PORT`, `PORT` or `[v6]:PORT` → (host, port), see `tapfix.proxy.net.parse_listen`."""
+
+    name = "HOST:PORT"
+
+    def __init__(self, default_port: int) -> None:
+        self.default_port = default_port
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_listen(str(value), self.default_port)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds (as the config's `[retention]`)."""
+
+    name = "AGE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from tapfix.proxy.store.retention import parse_duration
+
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Size(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+    """`500M`, `2G`, `100k` or plain bytes → bytes (as the config's `[retention]`)."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from tapfix.proxy.store.retention import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
+    return StoreLocator.resolve(value)
+
+
+def db_option(help: str = DB_HELP) -> Callable[[F], F]:
+    """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default)."""
+    return click.option("--db", "db", metavar="PATH", default=None, callback=_locate, help=help)
+
+
+def listen_option(default: str, help: str | None = None, *names: str) -> Callable[[F], F]:
+    host_port = default.rpartition(":")
+    return click.option(
+        *(names or ("--listen", "listen")),
+        type=ListenAddress(int(host_port[2])),
+        default=default,
+        show_default=True,
+        help=help or f"{ListenAddress.name}, :PORT, PORT or [IPv6]:PORT",
+    )
+
+
+def engine_option(help: str) -> Callable[[F], F]:
+    return click.option("--engine", type=click.Choice(ENGINES), help=help)
+
+
+def key_env_option(help: str) -> Callable[[F], F]:
+    return click.option("--key-env", "key_env", metavar="NAME", help=help)
+
+
+def json_option(help: str) -> Callable[[F], F]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def max_age_option(help: str) -> Callable[[F], F]:
+    return click.option("--max-age", "max_age", type=Duration(), default=None, help=help)
+
+
+def max_size_option(help: str) -> Callable[[F], F]:
+    return click.option("--max-size", "max_size", type=Size(), default=None, help=help)
+
+
+def deprecated_alias(old: str, new: str, dest: str, type: Any = None) -> Callable[[F], F]:
+    """A hidden `old` spelling of option `new`: it still works, with a one-line warning on stderr.
+
+    The value lands in `dest` (the new option's parameter) when the new spelling isn't given too.
+    Kept apart from the new option (not one click parameter with two names) so the warning names
+    exactly what the user typed and the help shows only the new spelling.
+    """
+    hidden = f"deprecated_{dest}"
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kw: Any) -> Any:
+            value = kw.pop(hidden, None)
+            if value is not None:
+                if kw.get(dest) is not None:
+                    raise click.UsageError(f"{old} is the old spelling of {new}: give only {new}")
+                click.echo(f"tapfix: {old} is deprecated, use {new} (same meaning)", err=True)
+                kw[dest] = value
+            return f(*args, **kw)
+
+        option = click.option(old, hidden, type=type, default=None, hidden=True)
+        return option(command)  # type: ignore[return-value]  # functools.wraps keeps f's signature and params
+
+    return decorate

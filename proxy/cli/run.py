@@ -1,0 +1,166 @@
+"""`tapfix run`: the proxy in front of an inference server, and the start-up `tapfix demo` shares.
+
+Every option is converted and range-checked by click before anything starts (a bad `--listen` or
+`--connect-timeout 0` is exit 2), and the capture database is opened once before the proxy binds,
+so an unusable `--db` is one line, not a server that dies on its first request.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from tapfix.proxy.cli.options import (
+    Size,
+    db_option,
+    deprecated_alias,
+    engine_option,
+    key_env_option,
+    listen_option,
+    max_age_option,
+    max_size_option,
+)
+from tapfix.proxy.cli.user_errors import UserError
+from tapfix.proxy.config.settings import Settings
+from tapfix.proxy.net import parse_listen, url
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import StoreError
+
+Banner = Callable[[str], None]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("tapfix").setLevel(logging.INFO)
+
+
+@click.command()
+@click.option("--upstream", metavar="URL", help="the inference server's root URL (quick mode)")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML config: several upstreams, models, aliases, per-model policy")
+@engine_option("the upstream engine (quick mode): reasoning dialect and accepted sampling parameters")
+@click.option("--generation-config", type=click.Path(exists=True, path_type=Path),
+              help="fill omitted sampling parameters from this generation_config.json (or model folder)")
+@click.option("--reasoning-dialect", metavar="NAME", help="override the engine's reasoning-effort dialect")
+@key_env_option("send the key in this environment variable upstream (quick mode)")
+@listen_option("127.0.0.1:8080")
+@db_option()
+@click.option("--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True)
+@click.option("--intercept", multiple=True, metavar="HOST",
+              help="regular mode: capture only these hosts (default: the configured upstreams)")
+@click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="CA bundle that signs a self-signed TLS upstream")
+@click.option("--insecure", is_flag=True, help="do not verify the upstream's TLS certificate")
+@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="seconds")
+@click.option("--idle-timeout", type=click.IntRange(min=1), default=600, show_default=True,
+              help="seconds without traffic")
+@click.option("--tool-repair", type=click.Choice(["error", "fail_fast", "passthrough", "off"]), default="error",
+              show_default=True, help="what an unrecoverable streamed tool call becomes")
+@click.option("--stream-valid-prefix", is_flag=True,
+              help="forward tool-call fragments at once while they are a valid JSON prefix, instead of holding "
+                   "each call until it is complete (lower latency; a defect found later can only fail the turn)")
+@click.option("--no-bodies", is_flag=True, help="privacy: store metadata only, never bodies")
+@click.option("--token", envvar="TAPFIX_TOKEN", metavar="SECRET", show_envvar=True,
+              help="required to listen beyond loopback: clients send it as their API key (it is never forwarded)")
+@max_age_option("retention: purge captures older than this (7d, 12h)")
+@max_size_option("retention: purge the oldest captures above this size (2G)")
+@click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
+@click.option("-v", "--verbose", is_flag=True)
+@deprecated_alias("--upstream-key-env", "--key-env", "key_env")
+@deprecated_alias("--max-db-size", "--max-size", "max_size", type=Size())
+def run(**kw: Any) -> None:
+    """Run the proxy in front of an inference server.
+
+    \b
+    Example:
+      tapfix run --upstream http://127.0.0.1:8000 --engine vllm --max-age 7d
+      tapfix run --config tapfix.toml --listen 0.0.0.0:8080 --token "$SECRET"
+    """
+    if not kw["upstream"] and not kw["config_path"] and kw["mode"] == "reverse":
+        raise click.UsageError("give --upstream URL or --config FILE (or use --mode regular)")
+    if kw["upstream"] and kw["config_path"]:
+        raise click.UsageError("give either --upstream (quick mode) or --config, not both")
+    if kw["config_path"]:
+        _config_defaults(kw)
+    sys.exit(run_proxy(make_settings(kw)))
+
+
+def _config_defaults(kw: dict[str, Any]) -> None:
+    """listen, db and mode from the config file, unless given on the command line."""
+    from tapfix.proxy.config.file import Config, ConfigError
+
+    try:
+        config = Config.load(kw["config_path"])
+    except ConfigError as e:
+        raise UserError(str(e)) from e
+    ctx = click.get_current_context()
+
+    def from_file(key: str) -> bool:
+        return ctx.get_parameter_source(key) is not click.core.ParameterSource.COMMANDLINE
+
+    if config.listen and from_file("listen"):
+        try:
+            kw["listen"] = parse_listen(config.listen, 8080)
+        except ValueError as e:
+            raise UserError(f"{kw['config_path']}: listen {e}") from e
+    if config.db and from_file("db"):
+        kw["db"] = StoreLocator.resolve(config.db)
+    if config.mode and from_file("mode"):
+        kw["mode"] = config.mode
+    mode = (config.tool_repair or {}).get("mode")
+    if mode and from_file("tool_repair"):
+        kw["tool_repair"] = mode
+    if (config.tool_repair or {}).get("stream_valid_prefix"):
+        kw["stream_valid_prefix"] = True
+
+
+def make_settings(kw: dict[str, Any]) -> Settings:
+    """Settings from converted option values: `listen` (host, port), `db` a StoreLocator."""
+    host, port = kw["listen"]
+    store: StoreLocator = kw.get("db") or StoreLocator.resolve()
+    return Settings(
+        upstream=kw.get("upstream"), config_path=kw.get("config_path"), listen_host=host, listen_port=port,
+        db=store.path, mode=kw.get("mode", "reverse"), intercept=list(kw.get("intercept") or ()),
+        upstream_ca=kw.get("upstream_ca"), insecure=kw.get("insecure", False),
+        connect_timeout=kw.get("connect_timeout", 5.0), idle_timeout=kw.get("idle_timeout", 600),
+        strict=kw.get("strict", False), engine=kw.get("engine"), generation_config=kw.get("generation_config"),
+        reasoning_dialect=kw.get("reasoning_dialect"), upstream_key_env=kw.get("key_env"),
+        tool_repair=kw.get("tool_repair", "error"), store_bodies=not kw.get("no_bodies", False),
+        stream_valid_prefix=kw.get("stream_valid_prefix", False),
+        verbose=kw.get("verbose", False), token=kw.get("token") or None,
+        max_age_s=kw.get("max_age"), max_db_bytes=kw.get("max_size"),
+    )
+
+
+def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
+    """Prepare (store, upstreams, policy), then serve until interrupted; returns the exit code."""
+    from tapfix.proxy.config.upstream import UpstreamURLError
+
+    _setup_logging(settings.verbose)
+    try:
+        StoreLocator(settings.db).check_writable()
+        from tapfix.addons.runner.master import prepare
+
+        runtime = prepare(settings)
+    except (UpstreamURLError, ValueError, StoreError, OSError, sqlite3.Error) as e:  # StartupError: a ValueError
+        raise UserError(str(e)) from e
+    from tapfix.addons.runner.master import run as run_master
+
+    def ready() -> None:
+        target = runtime.default_target
+        where = url(settings.listen_host, settings.listen_port)
+        if banner is not None:
+            banner(where)
+        else:
+            upstream = f" → {target.url}" if target else ""
+            click.echo(f"tapfix: {settings.mode} proxy on {where}{upstream}; captures in {settings.db}", err=True)
+
+    return int(run_master(settings, runtime, ready=ready))
+

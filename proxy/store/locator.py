@@ -1,0 +1,81 @@
+"""Where the capture store lives: what `--db` (or `$TAPFIX_DB`, or the default) names.
+
+Commands receive a `StoreLocator`, never a bare path, and open the store through it, so a second
+backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
+same `--db` value, and the commands stay as they are. Today every locator is a SQLite file.
+
+Opening through the locator also turns what the operating system says about an unusable path (a
+read-only file system, a missing parent under /proc, a file where a folder should be) into a
+`StoreError` with one line to show, so no command prints a traceback for a bad `--db`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.writer import CaptureWriter
+
+DEFAULT_DB = "captures/tapfix.db"
+ENV = "TAPFIX_DB"
+
+
+def _unusable(path: Path, e: Exception, doing: str) -> StoreError:
+    return StoreError(f"{path}: can't {doing} the capture database ({_reason(path, e)})")
+
+
+def _reason(path: Path, e: Exception) -> str:
+    if path.is_dir():
+        return "that is a folder; name a file in it"
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            return f"{parent} is a file, not a folder"
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
+@dataclass(frozen=True)
+class StoreLocator:
+    path: Path
+
+    @classmethod
+    def resolve(cls, value: str | os.PathLike[str] | None = None) -> StoreLocator:
+        """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`."""
+        return cls(Path(value if value else os.environ.get(ENV) or DEFAULT_DB))
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def open_for_reading(self) -> sqlite3.Connection:
+        """Read-only, never creates or migrates (see `store.writer.open_for_reading`)."""
+        try:
+            return open_for_reading(self.path)
+        except (OSError, sqlite3.Error) as e:
+            raise _unusable(self.path, e, "read") from e
+
+    def open_for_writing(self) -> sqlite3.Connection:
+        """Creates (mode 0600) and migrates when needed."""
+        try:
+            return open_for_writing(self.path)
+        except (OSError, sqlite3.Error) as e:
+            raise _unusable(self.path, e, "write to") from e
+
+    def check_writable(self) -> None:
+        """Fail now, with one line, rather than after a server has started."""
+        self.open_for_writing().close()
+
+    def writer(self, **options: Any) -> CaptureWriter:
+        from tapfix.proxy.store.writer import CaptureWriter
+
+        try:
+            return CaptureWriter(self.path, **options)
+        except (OSError, sqlite3.Error) as e:
+            raise _unusable(self.path, e, "write to") from e
