@@ -18,7 +18,7 @@ PACKAGES = {"proxy": ROOT / "proxy", "addons": ROOT / "addons"}
 
 # The one import from the core into the runner: `tapfix run` starting mitmproxy, inside a function so
 # `tapfix --help` and every other command start without mitmproxy.
-RUNNER_ENTRY = ("tapfix.proxy.cli.main", "tapfix.addons.runner.master")
+RUNNER_ENTRY = ("tapfix.proxy.cli.run", "tapfix.addons.runner.master")
 
 
 # --- mypy ---------------------------------------------------------------------------------------
