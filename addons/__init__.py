@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tapfix.addons.auth import TokenAuth
 from tapfix.addons.health import Health
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
@@ -15,7 +16,5 @@ def default_addons(runtime: Runtime) -> list[object]:
     chain: list[object] = [Health(runtime), RecordRequest(runtime), Router(runtime), StreamOwner(runtime),
                            RecordExchange(runtime)]
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
-        from tapfix.addons.auth import TokenAuth
-
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))
     return chain

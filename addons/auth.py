@@ -20,6 +20,7 @@ import logging
 import time
 
 from mitmproxy import http
+from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.proxy.errors import unauthorized
 
@@ -88,7 +89,8 @@ class TokenAuth:
         self._reject(flow, 407, "tapfix: proxy authentication required (the tapfix token as proxy password)",
                      {"proxy-authenticate": 'Basic realm="tapfix"'})
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Headers only, as mitmproxy's own `proxyauth`: no addon sees the body of a rejected request."""
         if flow.response or flow.error or not flow.live:
             return
         if self.authorized(flow.request):
@@ -104,5 +106,4 @@ class TokenAuth:
             self._logged_at = now
             peer = flow.client_conn.peername[0] if flow.client_conn.peername else "?"
             log.warning("rejected a request without the tapfix token from %s (%d so far)", peer, self.rejected)
-        flow.response = http.Response.make(status, unauthorized(message),
-                                           {"content-type": "application/json", **extra})
+        flow.response = json_response(status, unauthorized(message), headers=extra)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
+import orjson
 from mitmproxy import http
-from tapfix.addons.router import json_response
+from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime
 
 log = logging.getLogger("tapfix")
@@ -24,7 +26,7 @@ class Health:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.results: dict[str, dict[str, Any]] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -55,7 +57,7 @@ class Health:
         writer = body.get("capture_writer") or {}
         if writer.get("failures"):
             body["status"] = "degraded"
-        flow.response = json_response(200, body)
+        flow.response = json_response(200, orjson.dumps(body))
 
     async def _every(self, interval: float) -> None:
         while True:
@@ -77,7 +79,5 @@ class Health:
                                       **report.as_dict()}
 
     def _headers(self, name: str) -> dict[str, str]:
-        import os
-
         upstream = getattr(getattr(self.runtime.policy, "config", None), "upstreams", {}).get(name)
         return upstream.auth_headers(os.environ) if upstream is not None else {}

@@ -34,7 +34,7 @@ class RecordRequest:
             url=request.pretty_url,
             user_agent=request.headers.get("user-agent", ""),
             request=body,
-            request_headers=list(request.headers.items(multi=True)),
+            request_headers=_fields(request.headers),
             store_bodies=self.runtime.settings.store_bodies,
         )
         ex.started_at = request.timestamp_start or time.time()
@@ -42,23 +42,11 @@ class RecordRequest:
             # With a request policy, the router parses the body once and notes it instead.
             if is_inference(request.path):
                 try:
-                    note_request_json(ex, orjson.loads(body) if body[:1] == b"{" else None)
+                    ex.note_request_json(orjson.loads(body) if body[:1] == b"{" else None)
                 except orjson.JSONDecodeError:
-                    note_request_json(ex, None)
+                    ex.note_request_json(None)
         flow.metadata[META] = ex
         self.runtime.exchanges_seen += 1
-
-
-def note_request_json(ex: Exchange, parsed: object) -> None:
-    """What the recorder and the stream stages need from a request body: model, stream, tools."""
-    if not isinstance(parsed, dict):
-        ex.flags.add("malformed_request_body")
-        return
-    model = parsed.get("model")
-    ex.model = model if isinstance(model, str) else None
-    ex.stream = parsed.get("stream") is True
-    tools = parsed.get("tools")
-    ex.tools = tools if isinstance(tools, list) and tools else None
 
 
 class RecordExchange:
@@ -91,14 +79,14 @@ class RecordExchange:
         request = flow.request
         if request.raw_content != ex.request:
             ex.forwarded = request.raw_content
-        forwarded_headers = list(request.headers.items(multi=True))
+        forwarded_headers = _fields(request.headers)
         if forwarded_headers != ex.request_headers:
             ex.forwarded_headers = forwarded_headers
         ex.upstream_url = request.pretty_url if ex.upstream_url == "" else ex.upstream_url
         response = flow.response
         if response is not None:
             ex.status = response.status_code
-            ex.response_headers = list(response.headers.items(multi=True))
+            ex.response_headers = _fields(response.headers)
             ex.content_type = response.headers.get("content-type", "")
             if not response.stream and ex.response is None and not ex.response_chunks:
                 ex.response = response.raw_content or b""
@@ -107,3 +95,8 @@ class RecordExchange:
             took = (ex.ended_at - ex.mark) * 1000
             log.info("%s %s %s model=%s %s %.0fms id=%s%s", ex.method, redact_url(ex.path), ex.status or "-", ex.model,
                      "stream" if ex.stream else "", took, ex.id, f" error={ex.error}" if ex.error else "")
+
+
+def _fields(headers: http.Headers) -> list[tuple[str, str]]:
+    """Every header as sent, repeats and order kept."""
+    return list(headers.items(multi=True))  # type: ignore[no-untyped-call]  # mitmproxy's Headers.items is unannotated

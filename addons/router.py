@@ -8,21 +8,15 @@ import logging
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.recorder import note_request_json
+from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.errors import upstream_unreachable
+from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.routing import models_listing
 
 log = logging.getLogger("tapfix")
-
-
-def json_response(status: int, payload: object, capture_id: str | None = None) -> http.Response:
-    headers = {"content-type": "application/json"}
-    if capture_id:
-        headers["x-tapfix-capture-id"] = capture_id
-    return http.Response.make(status, orjson.dumps(payload), headers)
 
 
 class Router:
@@ -53,23 +47,22 @@ class Router:
         if why is not None:
             ex.flags.add("upstream_unreachable")
             ex.error = f"upstream {target.url} unreachable: {why}"
-            flow.response = http.Response.make(502, upstream_unreachable(ex.error), {
-                "content-type": "application/json", "x-tapfix-capture-id": ex.id})
+            flow.response = json_response(502, upstream_unreachable(ex.error), ex.id)
 
-    def _answered_locally(self, flow: http.HTTPFlow, ex) -> bool:
+    def _answered_locally(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         policy = self.runtime.policy
         if (flow.request.method == "GET" and not policy.config.is_quick
                 and flow.request.path.split("?")[0].rstrip("/").endswith("/models")):
-            flow.response = json_response(200, models_listing(policy.config), ex.id)
+            flow.response = json_response(200, orjson.dumps(models_listing(policy.config)), ex.id)
             return True
         return False
 
-    def _apply_policy(self, flow: http.HTTPFlow, ex) -> UpstreamTarget | None:
+    def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange) -> UpstreamTarget | None:
         """Route, fill defaults, rewrite reasoning. A plain method, so the parsed body (megabytes of
         Python objects for a long conversation) is gone before the request hook awaits anything."""
         outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
         if outcome.surface is not None and flow.request.method == "POST":
-            note_request_json(ex, outcome.parsed)
+            ex.note_request_json(outcome.parsed)
         ex.changes.extend(outcome.changes)
         ex.flags.update(outcome.flags)
         ex.served_model = outcome.served_model
@@ -77,8 +70,7 @@ class Router:
             ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
         if outcome.error is not None:
             status, body = outcome.error
-            flow.response = http.Response.make(status, body, {"content-type": "application/json",
-                                                              "x-tapfix-capture-id": ex.id})
+            flow.response = json_response(status, body, ex.id)
             return None
         if outcome.body is not flow.request.raw_content:
             flow.request.raw_content = outcome.body

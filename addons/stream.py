@@ -57,7 +57,7 @@ class StreamOwner:
             length = response.headers.pop("content-length")
             ex.changes.append(Change("framing", "drop", "headers.content-length", length, None,
                                      "the stream may change length when repaired; sent chunked instead"))
-        flow.response.stream = StreamPipeline(ex, stages)
+        response.stream = StreamPipeline(ex, stages)
 
     @staticmethod
     def collect(ex: Exchange) -> None:

@@ -56,6 +56,17 @@ class Exchange:
     mark: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def note_request_json(self, parsed: object) -> None:
+        """What the recorder and the stream stages need from a request body: model, stream, tools."""
+        if not isinstance(parsed, dict):
+            self.flags.add("malformed_request_body")
+            return
+        model = parsed.get("model")
+        self.model = model if isinstance(model, str) else None
+        self.stream = parsed.get("stream") is True
+        tools = parsed.get("tools")
+        self.tools = tools if isinstance(tools, list) and tools else None
+
     def response_body(self) -> bytes:
         """What the upstream answered, whole."""
         if self.response is not None:

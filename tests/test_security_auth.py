@@ -44,7 +44,7 @@ def _flow(**headers: str):
                                      {"x_api_key": TOKEN}, {"api_key": TOKEN}])
 def test_the_token_as_api_key_is_accepted_and_stripped(headers):
     flow = _flow(**headers, user_agent="opencode")
-    _auth().request(flow)
+    _auth().requestheaders(flow)
     assert flow.response is None
     assert dict(flow.request.headers) == {"user-agent": "opencode"}  # the token never goes upstream
 
@@ -56,7 +56,7 @@ def test_the_token_as_api_key_is_accepted_and_stripped(headers):
 def test_anything_else_gets_openai_shaped_401(headers):
     flow = _flow(**headers)
     auth = _auth()
-    auth.request(flow)
+    auth.requestheaders(flow)
     assert flow.response is not None and flow.response.status_code == 401
     error = json.loads(flow.response.content)["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key"
