@@ -100,8 +100,9 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")
 @click.option("--client-response", "which", flag_value="client_response", help="the bytes the client received")
-@click.option("--as", "as_format", type=click.Choice(["raw", "curl", "python", "bundle"]), default="raw",
-              show_default=True)
+@click.option(
+    "--as", "as_format", type=click.Choice(["raw", "curl", "python", "bundle"]), default="raw", show_default=True
+)
 @click.option("-o", "output", type=click.Path(path_type=Path), help="write here instead of stdout")
 def captures_export(capture_id: str, db: StoreLocator, which: str | None, as_format: str, output: Path | None) -> None:
     """Write one body's exact bytes (default: the client's request body).

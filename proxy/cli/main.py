@@ -28,8 +28,11 @@ class LazyGroup(click.Group):
     It is also the last stop for a store error a command let through: one line, never a traceback.
     """
 
-    lazy = {"browse": "tapfix.proxy.cli.browse:browse", "probe": "tapfix.proxy.cli.probe:probe",
-            "replay": "tapfix.proxy.cli.replay:replay"}
+    lazy = {
+        "browse": "tapfix.proxy.cli.browse:browse",
+        "probe": "tapfix.proxy.cli.probe:probe",
+        "replay": "tapfix.proxy.cli.replay:replay",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
@@ -67,8 +70,9 @@ main.add_command(captures)
 
 @main.command()
 @listen_option("127.0.0.1:8080", "where the proxy listens")
-@listen_option("127.0.0.1:8000", "where the scripted upstream listens (another port if taken)",
-               "--mock-listen", "mock_listen")
+@listen_option(
+    "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
+)
 @db_option()
 def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator) -> None:
     """Proxy + embedded scripted upstream + SQLite, ready for a client; prints how to use it.
@@ -85,17 +89,32 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
 
 @main.command()
 @listen_option("127.0.0.1:8000")
-@click.option("--case", "cases", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="serve this corpus case's stream (repeatable)")
-@click.option("--scenario", metavar="FILE|NAME",
-              help="a scenario file, or a shipped one by name (e.g. probe_failures/forget_needle): "
-                   "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md")
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="serve this corpus case's stream (repeatable)",
+)
+@click.option(
+    "--scenario",
+    metavar="FILE|NAME",
+    help="a scenario file, or a shipped one by name (e.g. probe_failures/forget_needle): "
+    "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md",
+)
 @click.option("--chunk-delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
 @db_option()
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
-def mock(listen: tuple[str, int], cases: tuple[Path, ...], scenario: str | None, chunk_delay_ms: int,
-         db: StoreLocator, capture: str | None, fast: bool) -> None:
+def mock(
+    listen: tuple[str, int],
+    cases: tuple[Path, ...],
+    scenario: str | None,
+    chunk_delay_ms: int,
+    db: StoreLocator,
+    capture: str | None,
+    fast: bool,
+) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture.
 
     \b
@@ -112,8 +131,13 @@ def mock(listen: tuple[str, int], cases: tuple[Path, ...], scenario: str | None,
 
         with reported(StoreError):
             recorded = recorded_response(db.open_for_reading(), capture)
-    opts = MockOptions(cases=list(cases), scenario=Path(scenario) if scenario else None,
-                       chunk_delay_ms=chunk_delay_ms, recorded=recorded, fast=fast)
+    opts = MockOptions(
+        cases=list(cases),
+        scenario=Path(scenario) if scenario else None,
+        chunk_delay_ms=chunk_delay_ms,
+        recorded=recorded,
+        fast=fast,
+    )
     with reported(ScenarioError, ValueError, OSError):
         create_app(opts)  # validates cases and the scenario before binding
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
@@ -122,8 +146,13 @@ def mock(listen: tuple[str, int], cases: tuple[Path, ...], scenario: str | None,
 
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="seconds per upstream")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="seconds per upstream",
+)
 def check(config_path: Path, timeout: float) -> None:
     """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set.
 

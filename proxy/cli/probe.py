@@ -67,9 +67,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="long_context: where the passphrase sits, 0 = start, 1 = end",
 )
-@click.option(
-    "--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="seconds per request"
-)
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="seconds per request")
 def probe(
     upstream: str | None,
     config_path: Path | None,

@@ -41,7 +41,8 @@ def purge_sidecar(db: Path) -> int:
         for table in ("doc", "facts"):
             if conn.execute("select 1 from sqlite_master where name = ?", (table,)).fetchone():
                 removed += conn.execute(
-                    f"delete from {table} where rowid not in (select rowid from cap.exchanges)").rowcount
+                    f"delete from {table} where rowid not in (select rowid from cap.exchanges)"
+                ).rowcount
         return removed
     except sqlite3.Error:
         return 0  # an index the browser can rebuild; never fail the purge over it
@@ -77,12 +78,12 @@ def purge(db: StoreLocator, max_age: float | None, max_size: int | None, vacuum:
     except StoreError as e:
         raise UserError(str(e)) from e
     try:
-        report = purge_store(conn, max_age, max_size) if max_age is not None or max_size is not None \
-            else PurgeReport()
+        report = purge_store(conn, max_age, max_size) if max_age is not None or max_size is not None else PurgeReport()
         if vacuum:
             vacuum_store(conn)
-            report.bytes_after = conn.execute("pragma page_count").fetchone()[0] * \
-                conn.execute("pragma page_size").fetchone()[0]
+            report.bytes_after = (
+                conn.execute("pragma page_count").fetchone()[0] * conn.execute("pragma page_size").fetchone()[0]
+            )
     except sqlite3.Error as e:
         raise UserError(f"{path}: purge failed, nothing lost ({e})") from e
     finally:

@@ -111,8 +111,7 @@ def replay(
         edits = parse_edits(sets, unsets)
         credential, verify = _credentials(key_env, config_path, conn, ids[0], upstream)
         turns = [
-            build_request(conn, cid, which=which, edits=edits, upstream=upstream, credential=credential)
-            for cid in ids
+            build_request(conn, cid, which=which, edits=edits, upstream=upstream, credential=credential) for cid in ids
         ]
         conn.close()
         asyncio.run(check_reachable(turns[0].url))
@@ -160,6 +159,7 @@ def _run(
 ) -> int:
     from tapfix.proxy.replay.client import run_replays
     from tapfix.proxy.replay.summary import render, summarize
+
     try:
         writer = db.writer()
     except StoreError as e:
@@ -214,8 +214,7 @@ def _run(
         )
     if writer.stats.failures:
         err.print(
-            f"[red]tapfix replay: {writer.stats.failures} run(s) could not be stored: "
-            f"{writer.stats.last_error}[/red]"
+            f"[red]tapfix replay: {writer.stats.failures} run(s) could not be stored: {writer.stats.last_error}[/red]"
         )
         return 1
     if outcome.interrupted:

@@ -35,40 +35,72 @@ Banner = Callable[[str], None]
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     logging.getLogger("tapfix").setLevel(logging.INFO)
 
 
 @click.command()
 @click.option("--upstream", metavar="URL", help="the inference server's root URL (quick mode)")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="TOML config: several upstreams, models, aliases, per-model policy")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config: several upstreams, models, aliases, per-model policy",
+)
 @engine_option("the upstream engine (quick mode): reasoning dialect and accepted sampling parameters")
-@click.option("--generation-config", type=click.Path(exists=True, path_type=Path),
-              help="fill omitted sampling parameters from this generation_config.json (or model folder)")
+@click.option(
+    "--generation-config",
+    type=click.Path(exists=True, path_type=Path),
+    help="fill omitted sampling parameters from this generation_config.json (or model folder)",
+)
 @click.option("--reasoning-dialect", metavar="NAME", help="override the engine's reasoning-effort dialect")
 @key_env_option("send the key in this environment variable upstream (quick mode)")
 @listen_option("127.0.0.1:8080")
 @db_option()
 @click.option("--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True)
-@click.option("--intercept", multiple=True, metavar="HOST",
-              help="regular mode: capture only these hosts (default: the configured upstreams)")
-@click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="CA bundle that signs a self-signed TLS upstream")
+@click.option(
+    "--intercept",
+    multiple=True,
+    metavar="HOST",
+    help="regular mode: capture only these hosts (default: the configured upstreams)",
+)
+@click.option(
+    "--upstream-ca",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA bundle that signs a self-signed TLS upstream",
+)
 @click.option("--insecure", is_flag=True, help="do not verify the upstream's TLS certificate")
-@click.option("--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="seconds")
-@click.option("--idle-timeout", type=click.IntRange(min=1), default=600, show_default=True,
-              help="seconds without traffic")
-@click.option("--tool-repair", type=click.Choice(["error", "fail_fast", "passthrough", "off"]), default="error",
-              show_default=True, help="what an unrecoverable streamed tool call becomes")
-@click.option("--stream-valid-prefix", is_flag=True,
-              help="forward tool-call fragments at once while they are a valid JSON prefix, instead of holding "
-                   "each call until it is complete (lower latency; a defect found later can only fail the turn)")
+@click.option(
+    "--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="seconds"
+)
+@click.option(
+    "--idle-timeout", type=click.IntRange(min=1), default=600, show_default=True, help="seconds without traffic"
+)
+@click.option(
+    "--tool-repair",
+    type=click.Choice(["error", "fail_fast", "passthrough", "off"]),
+    default="error",
+    show_default=True,
+    help="what an unrecoverable streamed tool call becomes",
+)
+@click.option(
+    "--stream-valid-prefix",
+    is_flag=True,
+    help="forward tool-call fragments at once while they are a valid JSON prefix, instead of holding "
+    "each call until it is complete (lower latency; a defect found later can only fail the turn)",
+)
 @click.option("--no-bodies", is_flag=True, help="privacy: store metadata only, never bodies")
-@click.option("--token", envvar="TAPFIX_TOKEN", metavar="SECRET", show_envvar=True,
-              help="required to listen beyond loopback: clients send it as their API key (it is never forwarded)")
+@click.option(
+    "--token",
+    envvar="TAPFIX_TOKEN",
+    metavar="SECRET",
+    show_envvar=True,
+    help="required to listen beyond loopback: clients send it as their API key (it is never forwarded)",
+)
 @max_age_option("retention: purge captures older than this (7d, 12h)")
 @max_size_option("retention: purge the oldest captures above this size (2G)")
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
@@ -126,16 +158,29 @@ def make_settings(kw: dict[str, Any]) -> Settings:
     host, port = kw["listen"]
     store: StoreLocator = kw.get("db") or StoreLocator.resolve()
     return Settings(
-        upstream=kw.get("upstream"), config_path=kw.get("config_path"), listen_host=host, listen_port=port,
-        db=store.path, mode=kw.get("mode", "reverse"), intercept=list(kw.get("intercept") or ()),
-        upstream_ca=kw.get("upstream_ca"), insecure=kw.get("insecure", False),
-        connect_timeout=kw.get("connect_timeout", 5.0), idle_timeout=kw.get("idle_timeout", 600),
-        strict=kw.get("strict", False), engine=kw.get("engine"), generation_config=kw.get("generation_config"),
-        reasoning_dialect=kw.get("reasoning_dialect"), upstream_key_env=kw.get("key_env"),
-        tool_repair=kw.get("tool_repair", "error"), store_bodies=not kw.get("no_bodies", False),
+        upstream=kw.get("upstream"),
+        config_path=kw.get("config_path"),
+        listen_host=host,
+        listen_port=port,
+        db=store.path,
+        mode=kw.get("mode", "reverse"),
+        intercept=list(kw.get("intercept") or ()),
+        upstream_ca=kw.get("upstream_ca"),
+        insecure=kw.get("insecure", False),
+        connect_timeout=kw.get("connect_timeout", 5.0),
+        idle_timeout=kw.get("idle_timeout", 600),
+        strict=kw.get("strict", False),
+        engine=kw.get("engine"),
+        generation_config=kw.get("generation_config"),
+        reasoning_dialect=kw.get("reasoning_dialect"),
+        upstream_key_env=kw.get("key_env"),
+        tool_repair=kw.get("tool_repair", "error"),
+        store_bodies=not kw.get("no_bodies", False),
         stream_valid_prefix=kw.get("stream_valid_prefix", False),
-        verbose=kw.get("verbose", False), token=kw.get("token") or None,
-        max_age_s=kw.get("max_age"), max_db_bytes=kw.get("max_size"),
+        verbose=kw.get("verbose", False),
+        token=kw.get("token") or None,
+        max_age_s=kw.get("max_age"),
+        max_db_bytes=kw.get("max_size"),
     )
 
 
@@ -163,4 +208,3 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
             click.echo(f"tapfix: {settings.mode} proxy on {where}{upstream}; captures in {settings.db}", err=True)
 
     return int(run_master(settings, runtime, ready=ready))
-

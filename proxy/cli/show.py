@@ -51,8 +51,10 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"changes ({len(c['change_rows'])}):")
     for ch in c["change_rows"]:
-        lines.append(f"  [{ch['stage']}] {ch['kind']} {ch['path']}: {_value(ch['before'])} → {_value(ch['after'])}"
-                     + (f"  ({ch['reason']})" if ch.get("reason") else ""))
+        lines.append(
+            f"  [{ch['stage']}] {ch['kind']} {ch['path']}: {_value(ch['before'])} → {_value(ch['after'])}"
+            + (f"  ({ch['reason']})" if ch.get("reason") else "")
+        )
     if not c["change_rows"]:
         lines.append("  none: the request and response passed unchanged")
     request = capture_body(conn, c, "request")
@@ -128,8 +130,24 @@ def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
 
 
 _METADATA = (
-    "id", "started_at", "method", "path", "url", "upstream_url", "client_addr", "user_agent", "session_id",
-    "source_id", "model", "served_model", "status", "finish_reason", "error", "request_size", "response_size",
-    "prompt_tokens", "completion_tokens",
+    "id",
+    "started_at",
+    "method",
+    "path",
+    "url",
+    "upstream_url",
+    "client_addr",
+    "user_agent",
+    "session_id",
+    "source_id",
+    "model",
+    "served_model",
+    "status",
+    "finish_reason",
+    "error",
+    "request_size",
+    "response_size",
+    "prompt_tokens",
+    "completion_tokens",
 )
 _TIMINGS = ("upstream_first_byte_ms", "first_token_ms", "duration_ms", "chunk_count")
