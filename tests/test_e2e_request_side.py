@@ -207,7 +207,7 @@ def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
 
 
 def test_upstream_key_env_replaces_the_client_credential(tmp_path, upstream):
-    proxy = _run(tmp_path, "--upstream", upstream.url, "--upstream-key-env", "TAPFIX_TEST_KEY",
+    proxy = _run(tmp_path, "--upstream", upstream.url, "--key-env", "TAPFIX_TEST_KEY",
                  env={"TAPFIX_TEST_KEY": "server-side-key"})
     try:
         response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "anything", "messages": []},

@@ -153,7 +153,7 @@ def test_cli_purge_and_vacuum(tmp_path):
     _write(path, exchanges + fresh)
     size_before = path.stat().st_size
     runner = CliRunner()
-    result = runner.invoke(purge_command, ["--db", str(path), "--older-than", "7d", "--vacuum"])
+    result = runner.invoke(purge_command, ["--db", str(path), "--max-age", "7d", "--vacuum"])
     assert result.exit_code == 0, result.output
     assert "purged 12 exchange(s)" in result.output
     assert path.stat().st_size < size_before
@@ -161,7 +161,7 @@ def test_cli_purge_and_vacuum(tmp_path):
     assert {r[0] for r in conn.execute("select id from exchanges")} == {ex.id for ex in fresh}
     _check_store(conn, {ex.id: ex for ex in exchanges + fresh})
     assert runner.invoke(purge_command, ["--db", str(path)]).exit_code == 2  # nothing asked
-    bad = runner.invoke(purge_command, ["--db", str(path), "--older-than", "soon"])
+    bad = runner.invoke(purge_command, ["--db", str(path), "--max-age", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
 
 

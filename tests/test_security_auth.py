@@ -140,7 +140,7 @@ def test_token_end_to_end_on_all_interfaces(tmp_path):
     port = free_port()
     db = tmp_path / "c.db"
     proxy = start(["run", "--upstream", upstream.url, "--listen", f"0.0.0.0:{port}", "--db", str(db),
-                   "--upstream-key-env", "UPSTREAM_KEY"], port, tmp_path / "p.log",
+                   "--key-env", "UPSTREAM_KEY"], port, tmp_path / "p.log",
                   env={"TAPFIX_TOKEN": TOKEN, "UPSTREAM_KEY": "upstream-own-key-42"})
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
