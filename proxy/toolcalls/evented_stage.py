@@ -214,6 +214,11 @@ class HoldingStage:
         )
 
 
+def as_dict(value: Any) -> dict[str, Any]:
+    """A nested object of an event, or an empty one when the engine sent something else."""
+    return value if isinstance(value, dict) else {}
+
+
 def parse(event: bytes) -> dict[str, Any] | None:
     from tapfix.proxy.sse import event_data
 

@@ -27,6 +27,7 @@ from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.evented_stage import (
     HeldCall,
     HoldingStage,
+    as_dict,
     decide,
     fatal_change,
     normalize_tools,
@@ -54,7 +55,7 @@ class MessagesToolCallRepair(HoldingStage):
             return self.hold(event)
         kind = obj.get("type")
         index = obj.get("index")
-        block = obj.get("content_block") if isinstance(obj.get("content_block"), dict) else {}
+        block = as_dict(obj.get("content_block"))
         if kind == "content_block_start" and block.get("type") == "tool_use" and isinstance(index, int):
             self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
             self.held.append(event)
@@ -96,8 +97,8 @@ class MessagesToolCallRepair(HoldingStage):
         if fatal is not None:
             return self.fatal(fatal)
         if all(v.arguments is None for v in verdicts.values()):
-            out, self.held, self.calls = self.held, [], {}
-            return out
+            released, self.held, self.calls = self.held, [], {}
+            return released
         repaired: dict[int, tuple[str, str | None]] = {}
         for key, verdict in verdicts.items():
             if verdict.arguments is not None:

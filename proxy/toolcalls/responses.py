@@ -27,6 +27,7 @@ from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.evented_stage import (
     HeldCall,
     HoldingStage,
+    as_dict,
     decide,
     event_name,
     fatal_change,
@@ -71,7 +72,7 @@ class ResponsesToolCallRepair(HoldingStage):
         if kind in ("response.created", "response.in_progress") and isinstance(obj.get("response"), dict):
             self.response = obj["response"]
             return self.hold(event)
-        item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+        item = as_dict(obj.get("item"))
         if kind == "response.output_item.added" and item.get("type") == "function_call":
             key = str(item.get("id") or f"#{obj.get('output_index')}")
             self.calls[key] = HeldCall(key, item.get("name") or None, item.get("call_id") or None)
@@ -159,7 +160,7 @@ class ResponsesToolCallRepair(HoldingStage):
             obj = parse(raw)
             kind = obj.get("type") if obj else None
             key = obj.get("item_id") if obj else None
-            item = obj.get("item") if obj and isinstance(obj.get("item"), dict) else {}
+            item = as_dict(obj.get("item")) if obj else {}
             key = key or item.get("id")
             if obj is None or key not in self.repaired:
                 out.append(raw)
@@ -219,8 +220,8 @@ def _message(obj: dict[str, Any]) -> str:
     error = obj.get("error")
     if not isinstance(error, dict) and isinstance(obj.get("response"), dict):
         error = obj["response"].get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+    if isinstance(error, dict) and isinstance(message := error.get("message"), str):
+        return message
     return str(obj.get("message") or "")
 
 
