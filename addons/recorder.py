@@ -99,4 +99,4 @@ class RecordExchange:
 
 def _fields(headers: http.Headers) -> list[tuple[str, str]]:
     """Every header as sent, repeats and order kept."""
-    return list(headers.items(multi=True))  # type: ignore[no-untyped-call]  # mitmproxy's Headers.items is unannotated
+    return list(headers.items(multi=True))
