@@ -1,5 +1,5 @@
 """Fuzz the request path: `RequestPolicy.apply` (routing, sampling, reasoning, splice, credentials) and
-the recorder-side parsing (`note_request_json`), over byte-level mutations of realistic agent bodies.
+the recorder-side parsing (`Exchange.note_request_json`), over byte-level mutations of realistic agent bodies.
 
 Complements tests/test_request_policy.py::test_never_raises (random JSON objects): here the inputs
 are real bodies broken the way networks and buggy clients break them — truncated, bytes flipped,
@@ -19,7 +19,6 @@ import random
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.addons.recorder import note_request_json
 from tapfix.proxy.config.file import from_dict
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import RequestPolicy
@@ -131,8 +130,8 @@ def check(path: str, body: bytes, headers: dict[str, str]) -> None:
         parsed = orjson.loads(body) if body[:1] == b"{" else None
     except orjson.JSONDecodeError:
         parsed = None
-    note_request_json(ex, parsed)
-    note_request_json(ex, out.parsed)
+    ex.note_request_json(parsed)
+    ex.note_request_json(out.parsed)
     assert ex.model is None or isinstance(ex.model, str)
 
 
