@@ -22,6 +22,7 @@ import time
 from mitmproxy import http
 from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.errors import unauthorized
 
 log = logging.getLogger("tapfix")

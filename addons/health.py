@@ -17,6 +17,7 @@ import orjson
 from mitmproxy import http
 from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 
 log = logging.getLogger("tapfix")
 ON_DEMAND_TTL_S = 30.0

@@ -9,6 +9,7 @@ import time
 import orjson
 from mitmproxy import http
 from tapfix.addons.runner.runtime import META, Runtime, exchange_of
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.redact import redact_url
 from tapfix.proxy.surfaces import is_inference

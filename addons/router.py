@@ -10,6 +10,7 @@ import orjson
 from mitmproxy import http
 from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime, exchange_of
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.errors import upstream_unreachable

@@ -11,6 +11,7 @@ import time
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
 from tapfix.addons.runner.runtime import Runtime, exchange_of
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
