@@ -10,12 +10,15 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.writer import CaptureWriter
+
+from tests.support.builders import chat_chunk, message_tool_call, sse_events, tool_call_delta
 
 XSS_TEXT = "<script>document.title='pwned'</script>"
 XSS_IMG = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
@@ -30,20 +33,10 @@ class Built:
     ids: dict[str, str] = field(default_factory=dict)
 
 
-def sse(objects: list[dict]) -> list[bytes]:
-    return [b"data: " + orjson.dumps(o) + b"\n\n" for o in objects] + [b"data: [DONE]\n\n"]
-
-
-def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> dict:
-    obj: dict = {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "model": "qwen3",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    if usage:
-        obj["usage"] = usage
-    return obj
+# The tool the first capture offers: a bare name, no `parameters` (test data, kept as sent).
+READ_WITHOUT_SCHEMA = {"type": "function", "function": {"name": "read"}}
+# The upstream of these captures: chunk id c1, model qwen3, no `created`.
+chunk = partial(chat_chunk, id="c1", model="qwen3", created=None)
 
 
 def body(messages: list[dict], **extra: object) -> bytes:
@@ -100,14 +93,14 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     user1 = {"role": "user", "content": "Fix the flaky test in parser_test.py"}
     session = [("x-session-id", "ses_opencode_1")]
 
-    b1 = body([system, user1], tools=[{"type": "function", "function": {"name": "read"}}])
+    b1 = body([system, user1], tools=[READ_WITHOUT_SCHEMA])
     fwd1 = b1[:-1] + b',"temperature":0.6,"top_p":0.95}'
-    chunks1 = sse(
+    chunks1 = sse_events(
         [
             chunk({"role": "assistant", "content": ""}),
             chunk({"content": "Let me "}),
             chunk({"content": "look at the parser."}),
-            chunk({}, "stop", {"prompt_tokens": 120, "completion_tokens": 9}),
+            chunk({}, "stop", usage={"prompt_tokens": 120, "completion_tokens": 9}),
         ]
     )
     ex1 = _exchange(
@@ -127,21 +120,10 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     user2 = {"role": "user", "content": "Go ahead, read tokenizer.py first"}
     b2 = body([system, user1, assistant1, user2])
     call_args_bad = '{"path": "tokenizer.py"}{"path": "tokenizer.py"}'
-    chunks2 = sse(
+    chunks2 = sse_events(
         [
-            chunk(
-                {
-                    "tool_calls": [
-                        {
-                            "index": 0,
-                            "id": "call_1",
-                            "type": "function",
-                            "function": {"name": "read", "arguments": '{"path": "tokenizer.py"}'},
-                        }
-                    ]
-                }
-            ),
-            chunk({}, "tool_calls", {"prompt_tokens": 160, "completion_tokens": 14}),
+            chunk({"tool_calls": [tool_call_delta(0, "call_1", "read", '{"path": "tokenizer.py"}')]}),
+            chunk({}, "tool_calls", usage={"prompt_tokens": 160, "completion_tokens": 14}),
         ]
     )
     ex2 = _exchange(
@@ -165,13 +147,7 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
     assistant2 = {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "read", "arguments": '{"path": "tokenizer.py"}'},
-            }
-        ],
+        "tool_calls": [message_tool_call('{"path": "tokenizer.py"}', "call_1", "read")],
     }
     b3 = body([system, user1, assistant1, user2, assistant2, tool_result])
     words = [chunk({"content": f"word{i} "}) for i in range(40)]
@@ -180,7 +156,9 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         now + 9,
         request=b3,
         headers=session,
-        response_chunks=sse([*words, chunk({}, "length", {"prompt_tokens": 200, "completion_tokens": 40})]),
+        response_chunks=sse_events(
+            [*words, chunk({}, "length", usage={"prompt_tokens": 200, "completion_tokens": 40})]
+        ),
         chunk_times=times,
     )
     sdk_body = orjson.dumps(
@@ -236,22 +214,11 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         stream=True,
         request=xss_body,
         headers=[("x-note", XSS)],
-        response_chunks=sse(
+        response_chunks=sse_events(
             [
                 chunk({"reasoning_content": "thinking " + XSS}),
                 chunk({"content": "answer " + XSS}),
-                chunk(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "x1",
-                                "type": "function",
-                                "function": {"name": XSS, "arguments": '{"a": 1}'},
-                            }
-                        ]
-                    }
-                ),
+                chunk({"tool_calls": [tool_call_delta(0, "x1", XSS, '{"a": 1}')]}),
                 chunk({}, "stop"),
             ]
         ),

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.builders import tool
 from tests.support.procs import cli, wait_capture
 
 pytestmark = pytest.mark.e2e
@@ -54,9 +55,8 @@ def test_plain_and_tool_requests(proxy):
     reply = raw.parse()
     row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
     assert row["content"] == reply.choices[0].message.content and row["stream"] == 0
-    tools = [{"type": "function", "function": {"name": "write", "description": "write a file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-        "required": ["path", "content"]}}}]
+    tools = [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"],
+                  description="write a file")]
     raw = client.chat.completions.with_raw_response.create(
         model="tapfix-mock", stream=True, tools=tools,
         messages=[{"role": "user", "content": "Create hello.txt containing a greeting"}])

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.builders import split_every, tool
 from tests.support.procs import cli, free_port, start_proxy, wait_capture
 from tests.support.rawserver import RawRequest, RawServer, sse_response
 
@@ -135,10 +136,6 @@ def test_five_megabyte_body_passes_exactly(raw, proxy_for):
     assert _export(proxy, row["id"]) == body
 
 
-def _split_every(n: int):
-    return lambda event: [event[i : i + n] for i in range(0, len(event), n)]
-
-
 ODD_EVENTS = [
     b": keep-alive\r\n\r\n",
     b'data: {"choices":[{"index":0,"delta":{"content":"caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80"}}]}\r\n\r\n',
@@ -146,13 +143,13 @@ ODD_EVENTS = [
     b'data:{"choices":[{"index":0,"delta":{"content":" \\u00e9 "}}]}\r\n\r\n',
     b"data: [DONE]\r\n\r\n",
 ]
-TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [tool("write", {})]
 
 
 @pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
 @pytest.mark.parametrize("piece", [1, 3, 7])
 def test_odd_stream_passes_byte_identical(raw, proxy_for, with_tools, piece):
-    server = raw(lambda _: sse_response(ODD_EVENTS, split=_split_every(piece)))
+    server = raw(lambda _: sse_response(ODD_EVENTS, split=lambda event: split_every(event, piece)))
     proxy = proxy_for(server.url)
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     if with_tools:

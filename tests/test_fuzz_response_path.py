@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+from functools import partial
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -25,28 +26,23 @@ from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 from tapfix.proxy.toolcalls import ChatToolCallRepair, repair_chat_completion
 
+from tests.support.builders import chat_chunk, rechunk, sse_event, tool, tool_call_delta
+
 EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {
-    "type": "object", "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}},
-    "required": ["filePath", "content"]}}},
-    {"type": "function", "function": {"name": "bash", "parameters": {
-        "type": "object", "properties": {"command": {"type": "string"}}}}}]
-
-
-def _ev(delta: dict, finish: str | None = None) -> bytes:
-    return b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + b"\n\n"
-
-
+TOOLS = [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"]),
+         tool("bash", {"command": {"type": "string"}})]
+chunk = partial(chat_chunk, id="c")
+SEED_CHUNKS = [
+    chunk({"role": "assistant", "content": ""}), chunk({"reasoning": "Let me"}), chunk({"reasoning": " think é"}),
+    chunk({"reasoning_content": "old field"}), chunk({"content": "I'll write <tool_call>"}),
+    chunk({"tool_calls": [tool_call_delta(0, "call_1", "write", "")]}),
+    chunk({"tool_calls": [tool_call_delta(0, arguments='{"filePath": "a.txt", ')]}),
+    chunk({"tool_calls": [tool_call_delta(0, arguments='"content": "hi 😀\\n"}')]}),
+    chunk({}, "tool_calls"),
+]
 SEED_STREAM = b"".join([
-    _ev({"role": "assistant", "content": ""}), _ev({"reasoning": "Let me"}), _ev({"reasoning": " think é"}),
-    _ev({"reasoning_content": "old field"}), _ev({"content": "I'll write <tool_call>"}),
-    _ev({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                         "function": {"name": "write", "arguments": ""}}]}),
-    _ev({"tool_calls": [{"index": 0, "function": {"arguments": '{"filePath": "a.txt", '}}]}),
-    _ev({"tool_calls": [{"index": 0, "function": {"arguments": '"content": "hi 😀\\n"}'}}]}),
-    _ev({}, "tool_calls"), b": ping\n\n",
+    *map(sse_event, SEED_CHUNKS), b": ping\n\n",
     b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n',
     b"data: [DONE]\n\n"])
 _SEED_CALL = {"id": "t", "type": "function",
@@ -79,15 +75,6 @@ def mutate(data: bytes, rng: random.Random, rounds: int) -> bytes:
     return bytes(buf)
 
 
-def pieces(data: bytes, rng: random.Random) -> list[bytes]:
-    out, i = [], 0
-    while i < len(data):
-        n = rng.choice([1, 2, 3, 7, 64, 500, 4096])
-        out.append(data[i : i + n])
-        i += n
-    return out
-
-
 def run_pipeline(data: bytes, rng: random.Random, stages: bool) -> tuple[bytes, Exchange]:
     ex = Exchange(tools=TOOLS, stream=True, content_type="text/event-stream")
     armed = [ChatToolCallRepair(TOOLS, policy=rng.choice(["error", "fail_fast", "passthrough"]), capture_id=ex.id),
@@ -95,7 +82,7 @@ def run_pipeline(data: bytes, rng: random.Random, stages: bool) -> tuple[bytes, 
                                                ("reasoning_content", "reasoning")]))] if stages else []
     pipeline = StreamPipeline(ex, armed)
     out: list[bytes] = []
-    for piece in pieces(data, rng):
+    for piece in rechunk(data, rng, [1, 2, 3, 7, 64, 500, 4096]):
         got = pipeline(piece)
         assert got != b"", "b'' before the end means end-of-body to mitmproxy"
         out += [got] if isinstance(got, bytes) else got

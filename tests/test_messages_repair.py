@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 from tapfix.proxy.assemble import assemble, assemble_sse
 from tapfix.proxy.mock.messages import messages_body, messages_events
 from tapfix.proxy.mock.surface_script import Part, Script
-from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import MessagesToolCallRepair, repair_messages_body
+
+from tests.support.builders import split_at
+from tests.support.builders import sse_json as events
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
                                            "force": {"type": "boolean"}}, "required": ["path", "content"]}
@@ -35,22 +38,12 @@ def run(data: bytes, cuts: list[int] | None = None, policy: str = "error", tools
     stage = MessagesToolCallRepair(tools, policy=policy, capture_id="cap1")
     splitter = SSESplitter()
     out: list[bytes] = []
-    if cuts is None:
-        pieces = [data]
-    else:
-        points = sorted({c % (len(data) + 1) for c in cuts})
-        pieces = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
-    for piece in pieces:
+    for piece in [data] if cuts is None else split_at(data, cuts):
         for event in splitter.feed(piece):
             out += stage.feed(event)
     for event in splitter.flush():
         out += stage.feed(event)
     return b"".join(out + stage.flush()), stage
-
-
-def events(data: bytes) -> list[dict]:
-    splitter = SSESplitter()
-    return [orjson.loads(p) for e in splitter.feed(data) + splitter.flush() if (p := event_data(e))]
 
 
 def sdk_input(data: bytes) -> dict | None:

@@ -11,6 +11,7 @@ from tapfix.proxy.mock import MockOptions, RecordedResponse, create_app
 from tapfix.proxy.mock.wire import MockReset
 
 from tests.conftest import corpus_dir  # noqa: E402
+from tests.support.builders import sse, sse_event
 
 CORPUS = corpus_dir()
 
@@ -87,9 +88,7 @@ def test_stream_is_vllm_framed_with_usage_and_done() -> None:
     assert objs[-2]["choices"][0]["finish_reason"] == "stop"
     # Re-serializing compactly gives the same bytes: the wire is compact JSON, key order kept.
     for event, obj in zip(evs, objs, strict=False):
-        assert (
-            event == b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-        )
+        assert event == sse_event(obj)
     text = "".join(o["choices"][0]["delta"].get("content", "") for o in objs[1:-1])
     assert len(objs) > 5 and text == "Hello! How can I help you today?"
 
@@ -186,12 +185,8 @@ def test_every_case_is_served_byte_exact(path: Path) -> None:
     case = json.loads(path.read_text())
     c = client(cases=[path])
     raw = c.post("/v1/chat/completions", json={"model": path.stem, "stream": True, "messages": []}).content
-    expected = [
-        b"data: " + json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-        for o in case["stream"]
-    ]
     ends_in_error = "error" in case["stream"][-1]
-    assert raw == b"".join(expected) + (b"" if ends_in_error else b"data: [DONE]\n\n")
+    assert raw == sse(case["stream"], done=not ends_in_error)
 
 
 def test_case_non_streamed_is_assembled() -> None:

@@ -21,6 +21,8 @@ from tapfix.proxy.mock.agent_script import respond
 from tapfix.proxy.mock.surface_script import chat_from_responses
 from tapfix.proxy.mock.toolargs import analyze, build_arguments, create_command
 
+from tests.support.builders import sse_json as events
+
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
     return {
@@ -341,15 +343,6 @@ def test_the_creating_command_writes_exactly_the_content(tmp_path: Path, filenam
 
 
 # -- over HTTP: what Codex sees on /v1/responses --------------------------------------------------
-def events(raw: bytes) -> list[dict]:
-    out = []
-    for block in raw.decode().split("\n\n"):
-        data = [line[6:] for line in block.split("\n") if line.startswith("data: ")]
-        if data:
-            out.append(json.loads(data[0]))
-    return out
-
-
 @pytest.fixture
 def client() -> TestClient:
     return TestClient(create_app(MockOptions(chunk_delay_ms=0)))

@@ -18,6 +18,7 @@ from tapfix.proxy.mock import MockOptions, RecordedResponse, uvicorn_config
 pytestmark = pytest.mark.e2e
 
 from tests.conftest import corpus_dir  # noqa: E402
+from tests.support.builders import sse  # noqa: E402
 
 CORPUS = corpus_dir()
 WRITE_TOOL = {
@@ -139,13 +140,7 @@ def test_identical_requests_identical_bytes(mock: Running) -> None:
 def test_corpus_case_byte_exact_over_the_wire() -> None:
     path = CORPUS / "duplicated_fragments__hermes_qwen25_partial_json_diff_and_final_resend.json"
     case = json.loads(path.read_text())
-    expected = (
-        b"".join(
-            b"data: " + json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-            for o in case["stream"]
-        )
-        + b"data: [DONE]\n\n"
-    )
+    expected = sse(case["stream"])
     with Running(MockOptions(cases=[path])) as running, httpx.Client(base_url=running.base) as http:
         with http.stream("POST", "/v1/chat/completions", json={"stream": True, "messages": []}) as r:
             assert r.headers["content-type"].startswith("text/event-stream")

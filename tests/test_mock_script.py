@@ -10,14 +10,14 @@ import pytest
 from tapfix.proxy.mock.agent_script import Knobs, effort_level, respond
 from tapfix.proxy.mock.vision import encode_png
 
+from tests.support.builders import tool
+
 SCHEMA_2020 = "https://json-schema.org/draft/2020-12/schema"
 
 
 def fn(name: str, params: dict, **extra: object) -> dict:
-    return {
-        "type": "function",
-        "function": {"name": name, "description": f"{name} tool", "parameters": params, **extra},
-    }
+    """A client's tool as these tests' clients describe it: "<name> tool"."""
+    return tool(name, description=f"{name} tool", parameters=params, **extra)
 
 
 # Shapes as clients.md describes them: opencode (`$schema`, filePath), omp (`i` required,

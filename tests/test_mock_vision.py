@@ -47,17 +47,17 @@ def png(
         raw += bytes([kind]) + _filter(kind, line, prev, bpp)
         prev = line
 
-    def chunk(kind: bytes, body: bytes) -> bytes:
+    def png_chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", width, len(rows), depth, colour, 0, 0, 0)
-    extra = (chunk(b"PLTE", plte) if plte else b"") + (chunk(b"tRNS", trns) if trns else b"")
+    extra = (png_chunk(b"PLTE", plte) if plte else b"") + (png_chunk(b"tRNS", trns) if trns else b"")
     return (
         b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
+        + png_chunk(b"IHDR", ihdr)
         + extra
-        + chunk(b"IDAT", zlib.compress(raw))
-        + chunk(b"IEND", b"")
+        + png_chunk(b"IDAT", zlib.compress(raw))
+        + png_chunk(b"IEND", b"")
     )
 
 

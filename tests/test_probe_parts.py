@@ -9,6 +9,8 @@ from tapfix.proxy.probe import images, needle
 from tapfix.proxy.probe.judge import judge_text, judge_tool_call, scan_stream
 from tapfix.proxy.probe.report import CheckResult, ProbeReport, render
 
+from tests.support.builders import sse_events
+
 SCHEMA = {
     "type": "object",
     "properties": {"path": {"type": "string"}},
@@ -50,32 +52,28 @@ def test_judge_text():
     )
 
 
-def _events(*payloads: bytes) -> list[bytes]:
-    return [b"data: " + p + b"\n\n" for p in payloads]
-
-
 def test_scan_stream_well_formed_and_timed():
-    chunks = _events(
+    chunks = sse_events([
         b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
         b'{"choices":[{"index":0,"delta":{"content":"1,"}}]}',
         b'{"choices":[{"index":0,"delta":{"content":" 2"}}]}',
         b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}',
         b'{"choices":[],"usage":{"completion_tokens":3}}',
-        b"[DONE]",
-    ) + [b": ping\n\n"]
+    ]) + [b": ping\n\n"]
     scan = scan_stream(chunks, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
     assert scan.problems() == []
     assert scan.ttft_ms == 200.0 and scan.tokens == 3 and scan.tokens_per_s == 20.0
 
 
 def test_scan_stream_problems():
-    chunks = _events(b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', b"{not json") + [b'data: {"x']
+    chunks = sse_events([b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}', b"{not json"], done=False)
+    chunks += [b'data: {"x']
     problems = scan_stream(chunks, [0.1, 0.2, 0.3]).problems()
     assert problems[0].startswith("event 2 is not JSON")
     assert "the stream ended inside an event: 'data: {\"x'" in problems
     assert "the stream did not end with data: [DONE]" in problems
     assert "no finish_reason in any event" in problems
-    error = _events(b'{"error":{"message":"upstream exploded","code":500}}', b"[DONE]")
+    error = sse_events([b'{"error":{"message":"upstream exploded","code":500}}'])
     assert "the stream carried an error: upstream exploded" in scan_stream(error, [0, 0]).problems()
 
 

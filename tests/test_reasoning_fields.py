@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename, rename_field
 from tapfix.proxy.sse import SSESplitter
 
+from tests.support.builders import DONE, split_every, sse_event
+
 VLLM_DELTA = (
     b'data: {"id":"c1","choices":[{"index":0,"delta":{"reasoning":"Let me think"},"finish_reason":null}]}\n\n'
 )
@@ -98,12 +100,12 @@ def test_stream_through_splitter_renames_exactly_the_reasoning_deltas(parts, chu
             ("reasoning" if is_reasoning else "content", events),
             ("reasoning_content" if is_reasoning else "content", wanted),
         ):
-            into.append(b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {key: text}}]}) + b"\n\n")
-    raw = b"".join(events) + b"data: [DONE]\n\n"
+            into.append(sse_event({"choices": [{"index": 0, "delta": {key: text}}]}))
+    raw = b"".join(events) + DONE
     splitter, stage = SSESplitter(), ReasoningFieldRename("reasoning", "reasoning_content")
     out = []
-    for i in range(0, len(raw), chunk):
-        for event in splitter.feed(raw[i : i + chunk]):
+    for piece in split_every(raw, chunk):
+        for event in splitter.feed(piece):
             out += stage.feed(event)
     for event in splitter.flush():
         out += stage.feed(event)

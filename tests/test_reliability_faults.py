@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.builders import tool
 from tests.support.procs import Proc, cli, free_port, start_mock, start_proxy, wait_capture, wait_port
 
 pytestmark = pytest.mark.e2e
@@ -44,8 +45,7 @@ SCENARIO = {
         {"when": {"model": "error_object_midstream"}, "do": "malformed_sse", "kind": "error_object_midstream"},
     ],
 }
-TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {
-    "type": "object", "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}}}}}]
+TOOLS = [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}})]
 
 
 @pytest.fixture(scope="module")

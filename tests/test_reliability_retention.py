@@ -29,6 +29,8 @@ from tapfix.proxy.store.retention import (
 )
 from tapfix.proxy.store.writer import CaptureWriter, open_for_writing
 
+from tests.support.builders import sse_event
+
 
 def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[Exchange]:
     """Agent-like traffic: per session, each turn's body is the previous one plus a new message."""
@@ -38,7 +40,7 @@ def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[
         for t in range(turns):
             history += f',{{"role":"user","content":"turn {t} of session {s} seed {seed} {"x" * ((seed + t) % 50)}"}}'
             body = (history + "]}").encode()
-            answer = f'data: {{"choices":[{{"index":0,"delta":{{"content":"answer {s}.{t}"}}}}]}}\n\n'.encode()
+            answer = sse_event({"choices": [{"index": 0, "delta": {"content": f"answer {s}.{t}"}}]})
             ex = Exchange(method="POST", path="/v1/chat/completions", request=body, model="m",
                           status=200, content_type="text/event-stream", stream=True,
                           response_chunks=[answer, b"data: [DONE]\n\n"], chunk_times=[0.01, 0.02],

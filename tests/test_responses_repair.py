@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 from tapfix.proxy.assemble import assemble, assemble_sse
 from tapfix.proxy.mock.responses import responses_body, responses_events
 from tapfix.proxy.mock.surface_script import Part, Script
-from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ResponsesToolCallRepair, repair_responses_body
+
+from tests.support.builders import split_at
+from tests.support.builders import sse_json as events
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
                                            "force": {"type": "boolean"}}, "required": ["path", "content"]}
@@ -39,7 +42,7 @@ def run(
     stage = ResponsesToolCallRepair(TOOLS, policy=policy, capture_id="cap1")
     splitter = SSESplitter()
     out: list[bytes] = []
-    pieces = [data] if chunks is None else _cut(data, chunks)
+    pieces = [data] if chunks is None else split_at(data, chunks)
     for piece in pieces:
         for event in splitter.feed(piece):
             out += stage.feed(event)
@@ -47,21 +50,6 @@ def run(
         out += stage.feed(event)
     out += stage.flush()
     return b"".join(out), stage
-
-
-def _cut(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
-
-
-def events(data: bytes) -> list[dict]:
-    splitter = SSESplitter()
-    out = []
-    for event in splitter.feed(data) + splitter.flush():
-        payload = event_data(event)
-        if payload:
-            out.append(orjson.loads(payload))
-    return out
 
 
 def client_call(data: bytes) -> tuple[dict | None, list[dict]]:

@@ -4,15 +4,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tapfix.proxy.sse import SSESplitter, event_data
 
+from tests.support.builders import split_at
+
 
 def split_all(data: bytes, cuts: list[int]) -> list[bytes]:
+    """The events the splitter yields when `data` arrives cut at `cuts`."""
     splitter = SSESplitter()
     out: list[bytes] = []
-    last = 0
-    for cut in sorted(set(c % (len(data) + 1) for c in cuts)):
-        out += splitter.feed(data[last:cut])
-        last = cut
-    out += splitter.feed(data[last:])
+    for piece in split_at(data, cuts):
+        out += splitter.feed(piece)
     return out + splitter.flush()
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from tapfix.proxy.toolcalls import ChatToolCallRepair
-from tapfix.proxy.toolcalls.testing import client_view, random_splits, run_stage, sse_bytes
 
 from tests.conftest import corpus_dir
+from tests.support.builders import random_splits, sse
+from tests.support.stage_io import client_view, run_stage
 
 CORPUS = corpus_dir()
 CASES = sorted(CORPUS.glob("*.json"))
@@ -49,7 +50,7 @@ def scoring(path: Path, case: dict) -> str:
 
 
 def run(case: dict, seed: int, policy: str = "error") -> tuple[bytes, bytes, ChatToolCallRepair]:
-    data = sse_bytes(case["stream"])
+    data = sse(case["stream"])
     stage = ChatToolCallRepair(case["tools"], policy=policy, capture_id="cap-7")
     out = run_stage(stage, random_splits(data, random.Random(seed)))
     return data, out, stage
@@ -117,11 +118,11 @@ def test_case_fail_fast_and_passthrough(path: Path) -> None:
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
 def test_case_crlf_framing(path: Path) -> None:
     case = load(path)
-    data = sse_bytes(case["stream"], newline="\r\n")
+    data = sse(case["stream"], newline="\r\n")
     stage = ChatToolCallRepair(case["tools"])
     out = run_stage(stage, random_splits(data, random.Random(3)))
     assert b"\n\n" not in out.replace(b"\r\n", b"")
-    lf = run_stage(ChatToolCallRepair(case["tools"]), [sse_bytes(case["stream"])])
+    lf = run_stage(ChatToolCallRepair(case["tools"]), [sse(case["stream"])])
     assert out.replace(b"\r\n", b"\n") == lf
 
 
@@ -129,7 +130,7 @@ def test_case_crlf_framing(path: Path) -> None:
 def test_case_without_tools_only_passes_or_fixes_structured_calls(path: Path) -> None:
     """No `tools` in the request: leaked-call detection is off, so content is never touched."""
     case = load(path)
-    data = sse_bytes(case["stream"])
+    data = sse(case["stream"])
     stage = ChatToolCallRepair(None)
     out = run_stage(stage, random_splits(data, random.Random(4)))
     view = client_view(out)

@@ -9,18 +9,9 @@ from tapfix.proxy.toolcalls.arguments import CUT, repair_arguments
 from tapfix.proxy.toolcalls.jsonfix import MISSING, is_debris, loads_tolerant
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
+from tests.support.builders import tool
+
 NO_TOOLS = ToolSchemas(None)
-
-
-def tool(name: str, props: dict, required: list[str] | None = None) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "parameters": {"type": "object", "properties": props, "required": required or []},
-        },
-    }
-
 
 WRITE = ToolSchemas(
     [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])]
@@ -41,6 +32,7 @@ TYPED = ToolSchemas(
                     "items": {"type": "object", "properties": {"on": {"type": "boolean"}}},
                 },
             },
+            [],
         )
     ]
 )

@@ -9,21 +9,11 @@ import pytest
 from tapfix.proxy.toolcalls import assemble_tool_calls, repair_chat_completion
 
 from tests.conftest import corpus_dir  # noqa: E402
+from tests.support.builders import message_tool_call as tc
+from tests.support.builders import tool
 
 CORPUS = corpus_dir()
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "n": {"type": "integer"}},
-                "required": ["path"],
-            },
-        },
-    }
-]
+TOOLS = [tool("read", {"path": {"type": "string"}, "n": {"type": "integer"}}, ["path"])]
 
 
 def body(message: dict, finish: str = "tool_calls") -> bytes:
@@ -36,10 +26,6 @@ def body(message: dict, finish: str = "tool_calls") -> bytes:
             "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
         }
     ).encode()
-
-
-def tc(args, id: str = "c1", name: str = "read") -> dict:
-    return {"id": id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def message_of(data: bytes) -> tuple[dict, str]:
@@ -100,11 +86,7 @@ def _whole_body(case: dict) -> bytes:
     """A corpus stream made into the non-streamed body a server would have returned."""
     chunks = [o for o in case["stream"] if "choices" in o]
     content = "".join((ch.get("delta") or {}).get("content") or "" for c in chunks for ch in c["choices"])
-    calls = []
-    for c in assemble_tool_calls(chunks):
-        calls.append(
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-        )
+    calls = [tc(c["arguments"], c["id"], c["name"]) for c in assemble_tool_calls(chunks)]
     finish = next(
         (ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")), "stop"
     )

@@ -12,6 +12,7 @@ import json
 import random
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,40 +21,34 @@ from hypothesis import strategies as st
 from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ChatToolCallRepair, stage_for
 from tapfix.proxy.toolcalls.jsonprefix import JsonPrefix
-from tapfix.proxy.toolcalls.testing import client_view, random_splits, run_stage, sse_bytes
 
 from tests.conftest import corpus_dir
-
-
-def tool(name: str, props: dict, required: list[str] | None = None) -> dict:
-    params = {"type": "object", "properties": props, "required": required or []}
-    return {"type": "function", "function": {"name": name, "parameters": params}}
-
+from tests.support.builders import (
+    chat_chunk,
+    corrupt_events,
+    random_splits,
+    split_arguments,
+    sse,
+    sse_event,
+    tool,
+    tool_call_chunk,
+)
+from tests.support.stage_io import client_view, run_stage
 
 READ = tool("read", {"path": {"type": "string"}, "limit": {"type": "integer"}}, ["path"])
 WRITE = tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
 GREP = tool("grep", {"pattern": {"type": "string"}, "ignore_case": {"type": "boolean"}}, ["pattern"])
-FIND = tool("find", {"opts": {"type": "object", "properties": {"depth": {"type": "integer"}}}})
+FIND = tool("find", {"opts": {"type": "object", "properties": {"depth": {"type": "integer"}}}}, [])
 TOOLS = [READ, WRITE, GREP, FIND]
 
 
-def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> dict:
-    body = {"id": "chatcmpl-p", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    return {**body, "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
-
-
-def call(index: int, id: str | None = None, name: str | None = None, args=None) -> dict:
-    tc: dict = {"index": index}
-    if id is not None:
-        tc |= {"id": id, "type": "function"}
-    fn: dict = {} if name is None else {"name": name}
-    if args is not None:
-        fn["arguments"] = args
-    return chunk({"tool_calls": [tc | {"function": fn}]})
+# This module's upstream: chunk id chatcmpl-p.
+chunk = partial(chat_chunk, id="chatcmpl-p")
+call = partial(tool_call_chunk, chunk_id="chatcmpl-p")
 
 
 ROLE = chunk({"role": "assistant", "content": ""})
-FINISH = chunk(finish="tool_calls")
+FINISH = chunk(finish_reason="tool_calls")
 
 
 def stage(tools=TOOLS, **kw) -> ChatToolCallRepair:
@@ -127,8 +122,9 @@ def valid_streams(draw) -> tuple[bytes, list]:
     events: list[bytes] = []
 
     def emit(obj: dict) -> None:
-        text = json.dumps(obj, ensure_ascii=rng.random() < 0.5, separators=rng.choice([(",", ":"), (", ", ": ")]))
-        events.append(f"data: {text}{nl}{nl}".encode())
+        ensure_ascii = rng.random() < 0.5
+        events.append(sse_event(obj, newline=nl, ensure_ascii=ensure_ascii,
+                                separators=rng.choice([(",", ":"), (", ", ": ")])))
 
     emit(ROLE)
     for text in draw(st.lists(st.text(alphabet="abcdefgh ", min_size=1, max_size=10), max_size=2)):
@@ -138,13 +134,12 @@ def valid_streams(draw) -> tuple[bytes, list]:
     queues = []
     for i, args in enumerate(calls):
         text = json.dumps(args, ensure_ascii=draw(st.booleans()), indent=draw(st.sampled_from([None, 1])))
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
-        frags = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        frags = split_arguments(text, rng, 8)
         opener_args = "" if rng.random() < 0.5 else None
         if rng.random() < 0.3:
             opener_args, frags = frags[0], frags[1:]  # the first fragment rides on the opener
         queue = [call(i, f"call_{i}_{rng.randrange(10**6)}", f"t{i}", opener_args)]
-        queues.append(queue + [call(i, args=f) for f in frags])
+        queues.append(queue + [call(i, arguments=f) for f in frags])
     opened = 0  # openers come in index order (as every server sends them); fragments interleave freely
     while any(queues):
         k = rng.choice([k for k, q in enumerate(queues) if q and k <= opened])
@@ -155,7 +150,7 @@ def valid_streams(draw) -> tuple[bytes, list]:
     emit(FINISH)
     if rng.random() < 0.5:
         emit(chunk(usage={"total_tokens": 5}) | {"choices": []})
-    events.append(f"data: [DONE]{nl}{nl}".encode())
+    events.append(sse_event(b"[DONE]", newline=nl))
     return b"".join(events), tools
 
 
@@ -174,7 +169,7 @@ def test_valid_streams_are_byte_identical_and_streamed(stream, seed: int) -> Non
 
 
 def test_default_mode_still_holds() -> None:
-    data = sse_bytes([ROLE, call(0, "c1", "read", ""), call(0, args='{"path": "a"}'), FINISH])
+    data = sse([ROLE, call(0, "c1", "read", ""), call(0, arguments='{"path": "a"}'), FINISH])
     out, record = feed_recorded(ChatToolCallRepair(TOOLS), [data])
     assert out == data
     assert all(outs == [] for event, outs in record if is_fragment_event(event))
@@ -213,12 +208,12 @@ def test_crlf_pings_and_escapes_stream() -> None:
         ("a value holding Gemma's delimiter start", [call(0, "c1", "read", '{"path": "<|"}')]),
         (
             "content while the call is open",
-            [call(0, "c1", "read", '{"path": '), chunk({"content": "x"}), call(0, args='"a"}')],
+            [call(0, "c1", "read", '{"path": '), chunk({"content": "x"}), call(0, arguments='"a"}')],
         ),
     ],
 )
 def test_not_provably_fine_is_held_and_a_valid_end_is_still_byte_identical(label: str, stream: list) -> None:
-    data = sse_bytes([ROLE, *stream, FINISH])
+    data = sse([ROLE, *stream, FINISH])
     st_ = stage()
     out, record = feed_recorded(st_, [data])
     assert out == data and st_.outcome == "untouched"
@@ -227,7 +222,7 @@ def test_not_provably_fine_is_held_and_a_valid_end_is_still_byte_identical(label
 
 
 def test_an_opener_without_id_is_held_and_repaired_whole() -> None:
-    data = sse_bytes([ROLE, call(0, None, "read", '{"path": '), call(0, args='"a"}'), FINISH])
+    data = sse([ROLE, call(0, None, "read", '{"path": '), call(0, arguments='"a"}'), FINISH])
     st_ = stage()
     out, record = feed_recorded(st_, [data])
     assert all(outs == [] for event, outs in record if is_fragment_event(event))
@@ -239,7 +234,7 @@ def test_an_opener_without_id_is_held_and_repaired_whole() -> None:
 REMAINDERS = [
     (
         "closing brace missing",
-        [call(0, "c1", "read", ""), call(0, args='{"path": "a.py"'), FINISH],
+        [call(0, "c1", "read", ""), call(0, arguments='{"path": "a.py"'), FINISH],
         [("read", {"path": "a.py"})],
         "}",
     ),
@@ -247,9 +242,9 @@ REMAINDERS = [
         "final chunk resends the whole arguments",
         [
             call(0, "c1", "read", ""),
-            call(0, args='{"path": "a'),
-            call(0, args='bc"}'),
-            call(0, args='{"path": "abc"}'),
+            call(0, arguments='{"path": "a'),
+            call(0, arguments='bc"}'),
+            call(0, arguments='{"path": "abc"}'),
             FINISH,
         ],
         [("read", {"path": "abc"})],
@@ -257,7 +252,7 @@ REMAINDERS = [
     ),
     (
         "resent opener mid-call",
-        [call(0, "c1", "read", '{"path": '), call(0, "c1", "read", '"x"'), call(0, args="}"), FINISH],
+        [call(0, "c1", "read", '{"path": '), call(0, "c1", "read", '"x"'), call(0, arguments="}"), FINISH],
         [("read", {"path": "x"})],
         '"x"}',
     ),
@@ -269,19 +264,19 @@ REMAINDERS = [
     ),
     (
         "boolean sent as a string is held before it goes out",
-        [call(0, "c1", "grep", '{"pattern": "x", '), call(0, args='"ignore_case": "True"}'), FINISH],
+        [call(0, "c1", "grep", '{"pattern": "x", '), call(0, arguments='"ignore_case": "True"}'), FINISH],
         [("grep", {"pattern": "x", "ignore_case": True})],
         '"ignore_case": true}',
     ),
     (
         "args as an object after a matching prefix",
-        [call(0, "c1", "read", '{"path": "o"'), call(0, args={"path": "o"}), FINISH],
+        [call(0, "c1", "read", '{"path": "o"'), call(0, arguments={"path": "o"}), FINISH],
         [("read", {"path": "o"})],
         "}",
     ),
     (
         "stray quotes after the object",
-        [call(0, "c1", "read", '{"path": "a"}'), call(0, args='""'), FINISH],
+        [call(0, "c1", "read", '{"path": "a"}'), call(0, arguments='""'), FINISH],
         [("read", {"path": "a"})],
         None,
     ),
@@ -291,7 +286,7 @@ REMAINDERS = [
 @pytest.mark.parametrize(("label", "stream", "expected", "rest"), REMAINDERS, ids=[r[0] for r in REMAINDERS])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_defect_after_a_streamed_prefix_is_completed_by_a_remainder(label, stream, expected, rest, seed) -> None:
-    data = sse_bytes([ROLE, *stream])
+    data = sse([ROLE, *stream])
     st_ = stage()
     out, record = feed_recorded(st_, random_splits(data, random.Random(seed)))
     view = client_view(out)
@@ -314,17 +309,17 @@ def test_defect_after_a_streamed_prefix_is_completed_by_a_remainder(label, strea
 ERRORS = [
     (
         "schema coercion of a streamed nested value",
-        [call(0, "c1", "find", '{"opts": {"depth": "'), call(0, args='3"}}')],
+        [call(0, "c1", "find", '{"opts": {"depth": "'), call(0, arguments='3"}}')],
     ),
     ("required argument never sent", [call(0, "c1", "write", '{"path": "a"}')]),
     (
         "cut inside a string by max_tokens",
-        [call(0, "c1", "write", '{"path": "a", "content": "hal'), chunk(finish="length")],
+        [call(0, "c1", "write", '{"path": "a", "content": "hal'), chunk(finish_reason="length")],
     ),
-    ("closed value but finish length", [call(0, "c1", "read", '{"path": "a.py"'), chunk(finish="length")]),
+    ("closed value but finish length", [call(0, "c1", "read", '{"path": "a.py"'), chunk(finish_reason="length")]),
     (
         "a string closed early, then continued",
-        [call(0, "c1", "write", '{"path": ""'), call(0, args='a", "content": "b"}')],
+        [call(0, "c1", "write", '{"path": ""'), call(0, arguments='a", "content": "b"}')],
     ),
     (
         "id changes on the same index mid-call",
@@ -337,7 +332,7 @@ ERRORS = [
 @pytest.mark.parametrize(("label", "stream"), ERRORS, ids=[e[0] for e in ERRORS])
 def test_defect_that_changes_the_streamed_prefix_ends_in_the_error_event(label: str, stream: list) -> None:
     finish = [] if stream[-1]["choices"][0]["finish_reason"] or "cut the stream" in label else [FINISH]
-    data = sse_bytes([ROLE, *stream, *finish], done="cut the stream" not in label)
+    data = sse([ROLE, *stream, *finish], done="cut the stream" not in label)
     st_ = stage()
     out, record = feed_recorded(st_, random_splits(data, random.Random(4)))
     assert_error_end(out, st_)
@@ -347,7 +342,7 @@ def test_defect_that_changes_the_streamed_prefix_ends_in_the_error_event(label: 
 
 @pytest.mark.parametrize("prefix_mode", [False, True])
 def test_error_after_a_cut_unterminated_event_is_still_readable(prefix_mode: bool) -> None:
-    data = sse_bytes([ROLE, call(0, "c1", "write", '{"path": "a", "content": "b')], done=False)
+    data = sse([ROLE, call(0, "c1", "write", '{"path": "a", "content": "b')], done=False)
     data += b"dat"  # cut inside the field name of the next event
     st_ = ChatToolCallRepair(TOOLS, capture_id="cap-p", stream_valid_prefix=prefix_mode)
     out = run_stage(st_, random_splits(data, random.Random(2)))
@@ -356,14 +351,14 @@ def test_error_after_a_cut_unterminated_event_is_still_readable(prefix_mode: boo
 
 
 def test_finish_length_after_a_streamed_complete_call_passes() -> None:
-    data = sse_bytes([ROLE, call(0, "c1", "read", '{"path": "a"}'), chunk(finish="length")])
+    data = sse([ROLE, call(0, "c1", "read", '{"path": "a"}'), chunk(finish_reason="length")])
     st_ = stage()
     assert run_stage(st_, [data]) == data and st_.outcome == "untouched"
 
 
 def test_fail_fast_and_passthrough_policies_after_a_streamed_prefix() -> None:
-    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish="length")]
-    data = sse_bytes(stream)
+    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish_reason="length")]
+    data = sse(stream)
     out = run_stage(stage(policy="fail_fast"), [data])
     error = client_view(out).errors[0]
     assert error["code"] == "tool_call_unrecoverable" and "502" not in json.dumps(error)
@@ -393,7 +388,7 @@ PREFIX_COSTS = {
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_corpus_case_in_prefix_mode(path: Path, seed: int) -> None:
     case = json.loads(path.read_text())
-    data = sse_bytes(case["stream"])
+    data = sse(case["stream"])
     st_ = stage(case["tools"])
     out = run_stage(st_, random_splits(data, random.Random(seed)))
     view = client_view(out)
@@ -413,36 +408,13 @@ def test_corpus_case_in_prefix_mode(path: Path, seed: int) -> None:
 
 
 # -- hostile input never raises -----------------------------------------------------------------------
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    events = data.split(b"\n\n")
-    for _ in range(rng.randint(1, 4)):
-        k = rng.randrange(len(events))
-        op = rng.randrange(6)
-        if op == 0:
-            del events[k]
-        elif op == 1:
-            events.insert(k, events[rng.randrange(len(events))])
-        elif op == 2 and events[k]:
-            a = rng.randrange(len(events[k]))
-            events[k] = events[k][:a] + events[k][a + rng.randint(1, 8) :]
-        elif op == 3:
-            events[k] = events[k].replace(b'"arguments":"', b'"arguments":"\\"', 1)
-        elif op == 4:
-            events[k] = events[k].replace(b'"finish_reason":"tool_calls"', b'"finish_reason":"length"')
-        else:
-            events[k] = events[k][: rng.randrange(len(events[k]) + 1)]
-        if not events:
-            break
-    return b"\n\n".join(events)
-
-
 @settings(deadline=None, max_examples=150)
 @given(valid_streams(), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"]))
 def test_mutated_streams_never_raise_nor_hand_out_broken_arguments(stream, seed: int, policy: str) -> None:
     data, tools = stream
     rng = random.Random(seed)
     st_ = stage(tools, policy=policy)
-    out = run_stage(st_, random_splits(_mutate(data, rng), rng, 50))
+    out = run_stage(st_, random_splits(corrupt_events(data, rng, finish_to_length=True), rng, 50))
     if policy == "passthrough" or st_.outcome == "untouched":
         return
     try:
@@ -528,7 +500,7 @@ def test_prefix_check_is_linear() -> None:
 def test_stage_streams_a_1mb_argument_in_linear_time() -> None:
     def run(text: str) -> int:
         frags = [text[k : k + 16] for k in range(0, len(text), 16)]
-        data = sse_bytes([ROLE, call(0, "c1", "write", "")] + [call(0, args=f) for f in frags] + [FINISH])
+        data = sse([ROLE, call(0, "c1", "write", "")] + [call(0, arguments=f) for f in frags] + [FINISH])
         st_ = stage()
         streamed = 0
         for event, outs in feed_recorded(st_, [data])[1]:
@@ -563,7 +535,7 @@ def test_prefix_mode_never_hands_out_what_the_default_mode_would_not(stream, see
     """Differential: both modes plan the same message, so without an error event the client assembles
     the same calls, and whatever the default mode refuses the prefix mode refuses too."""
     data, tools = stream
-    broken = _mutate(data, random.Random(seed))
+    broken = corrupt_events(data, random.Random(seed), finish_to_length=True)
     if _finish_before_calls(broken):
         return
     default = ChatToolCallRepair(tools, capture_id="cap-p")

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.toolcalls import ChatToolCallRepair
-from tapfix.proxy.toolcalls.testing import client_view, random_splits, run_stage
+
+from tests.support.builders import (
+    chat_chunk,
+    corrupt_events,
+    random_splits,
+    split_arguments,
+    sse_event,
+    tool,
+    tool_call_delta,
+)
+from tests.support.stage_io import client_view, run_stage
 
 _TC = b'data: {"choices":[{"index":0,"delta":{"tool_calls":'
 
@@ -35,15 +46,8 @@ ARGS = st.dictionaries(
 )
 
 
-def envelope(choice: dict, **extra) -> dict:
-    return {
-        "id": "chatcmpl-p",
-        "object": "chat.completion.chunk",
-        "created": 7,
-        "model": "m",
-        "choices": [choice],
-        **extra,
-    }
+# This module's upstream: chunk id chatcmpl-p, created 7.
+chunk = partial(chat_chunk, id="chatcmpl-p", created=7)
 
 
 @st.composite
@@ -57,47 +61,32 @@ def valid_streams(draw, min_calls: int = 0) -> tuple[bytes, list, list[dict]]:
         if isinstance(obj, bytes):
             events.append(obj)
             return
-        text = json.dumps(
-            obj, ensure_ascii=draw(st.booleans()), separators=(",", ":") if compact else (", ", ": ")
-        )
-        events.append(f"data: {text}{nl}{nl}".encode())
+        separators = (",", ":") if compact else (", ", ": ")
+        events.append(sse_event(obj, newline=nl, ensure_ascii=draw(st.booleans()), separators=separators))
 
-    emit(envelope({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
+    emit(chunk({"role": "assistant", "content": ""}))
     for text in draw(st.lists(TEXT, max_size=3)):
-        emit(envelope({"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}))
+        emit(chunk({"reasoning_content": text}))
     for text in draw(st.lists(TEXT, max_size=4)):
         if text:
-            emit(envelope({"index": 0, "delta": {"content": text}, "finish_reason": None}))
+            emit(chunk({"content": text}))
     calls = draw(st.lists(ARGS, min_size=min_calls, max_size=3))
-    tools = [
-        {"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
-        for i in range(max(1, len(calls)))
-    ]
+    tools = [tool(f"t{i}") for i in range(max(1, len(calls)))]
     queues = []
     for i, args in enumerate(calls):
         text = json.dumps(args, ensure_ascii=draw(st.booleans()))
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 5))))
-        frags = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-        opener = {
-            "index": i,
-            "id": f"call_{i}",
-            "type": "function",
-            "function": {"name": f"t{i}", "arguments": ""},
-        }
-        queue = [opener] + [{"index": i, "function": {"arguments": f}} for f in frags]
+        frags = split_arguments(text, rng, 5)
+        queue = [tool_call_delta(i, f"call_{i}", f"t{i}", "")] + [tool_call_delta(i, arguments=f) for f in frags]
         queues.append(queue)
     while any(queues):
         queue = rng.choice([q for q in queues if q])
-        emit(envelope({"index": 0, "delta": {"tool_calls": [queue.pop(0)]}, "finish_reason": None}))
+        emit(chunk({"tool_calls": [queue.pop(0)]}))
         if rng.random() < 0.1:
             emit(f": ping{nl}{nl}".encode())
-    emit(envelope({"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}))
+    emit(chunk(finish_reason="tool_calls" if calls else "stop"))
     if draw(st.booleans()):
-        emit(
-            envelope({"index": 0, "delta": {}, "finish_reason": None}, usage={"total_tokens": 5})
-            | {"choices": []}
-        )
-    events.append(f"data: [DONE]{nl}{nl}".encode())
+        emit(chunk(usage={"total_tokens": 5}) | {"choices": []})
+    events.append(sse_event(b"[DONE]", newline=nl))
     return b"".join(events), tools, calls
 
 
@@ -111,27 +100,6 @@ def test_valid_streams_pass_byte_for_byte(stream, seed: int, with_tools: bool) -
     assert stage.outcome == "untouched" and stage.changes == []
 
 
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    events = data.split(b"\n\n")
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
-        k = rng.randrange(len(events))
-        if op == 0:
-            del events[k]
-        elif op == 1:
-            events.insert(k, events[rng.randrange(len(events))])
-        elif op == 2 and events[k]:
-            a = rng.randrange(len(events[k]))
-            events[k] = events[k][:a] + events[k][a + rng.randint(1, 8) :]
-        elif op == 3:
-            events[k] = events[k].replace(b'"arguments":"', b'"arguments":"\\"', 1)
-        else:
-            events[k] = events[k][: rng.randrange(len(events[k]) + 1)]
-        if not events:
-            break
-    return b"\n\n".join(events)
-
-
 @settings(deadline=None)
 @given(
     valid_streams(min_calls=1), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"])
@@ -141,7 +109,7 @@ def test_mutated_streams_never_raise_and_never_hand_out_broken_arguments(
 ) -> None:
     data, tools, _ = stream
     rng = random.Random(seed)
-    broken = _mutate(data, rng)
+    broken = corrupt_events(data, rng)
     stage = ChatToolCallRepair(tools, policy=policy)
     out = run_stage(stage, random_splits(broken, rng, 50))
     if policy == "passthrough" or stage.outcome == "untouched":

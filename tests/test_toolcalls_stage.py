@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 
 import pytest
 from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ChatToolCallRepair
-from tapfix.proxy.toolcalls.testing import client_view, random_splits, run_stage, sse_bytes
 
-
-def tool(name: str, props: dict, required: list[str] | None = None) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "parameters": {"type": "object", "properties": props, "required": required or []},
-        },
-    }
-
+from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.stage_io import client_view, run_stage
 
 READ = tool("read", {"path": {"type": "string"}, "limit": {"type": "integer"}}, ["path"])
 WRITE = tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
@@ -34,33 +26,9 @@ GREP = tool(
 )
 TOOLS = [READ, WRITE, GREP]
 
-
-def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> dict:
-    return {
-        "id": "chatcmpl-u1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
-        **extra,
-    }
-
-
-def call(
-    index: int | None, id: str | None = None, name: str | None = None, args=None, type_: bool = True
-) -> dict:
-    tc: dict = {} if index is None else {"index": index}
-    if id is not None:
-        tc["id"] = id
-    if type_ and id is not None:
-        tc["type"] = "function"
-    fn: dict = {}
-    if name is not None:
-        fn["name"] = name
-    if args is not None:
-        fn["arguments"] = args
-    tc["function"] = fn
-    return chunk({"tool_calls": [tc]})
+# This module's upstream: chunk id chatcmpl-u1 (one test checks the stage keeps it).
+chunk = partial(chat_chunk, id="chatcmpl-u1")
+call = partial(tool_call_chunk, chunk_id="chatcmpl-u1")
 
 
 def content(text: str) -> dict:
@@ -68,12 +36,12 @@ def content(text: str) -> dict:
 
 
 ROLE = chunk({"role": "assistant", "content": ""})
-STOP = chunk(finish="stop")
-TOOL_FINISH = chunk(finish="tool_calls")
+STOP = chunk(finish_reason="stop")
+TOOL_FINISH = chunk(finish_reason="tool_calls")
 
 
 def run(stream: list, tools=TOOLS, seed: int = 0, **kw) -> tuple[bytes, bytes, ChatToolCallRepair]:
-    data = sse_bytes(stream)
+    data = sse(stream)
     stage = ChatToolCallRepair(tools, capture_id="cap", **kw)
     return data, run_stage(stage, random_splits(data, random.Random(seed))), stage
 
@@ -95,8 +63,8 @@ VALID = [
         ROLE,
         content("Let me look."),
         call(0, "c1", "read", ""),
-        call(0, args='{"path": '),
-        call(0, args='"a.py"}'),
+        call(0, arguments='{"path": '),
+        call(0, arguments='"a.py"}'),
         TOOL_FINISH,
         chunk(usage={"prompt_tokens": 1}) | {"choices": []},
     ],
@@ -135,7 +103,7 @@ def test_comments_crlf_and_odd_spacing_pass() -> None:
 def test_content_goes_out_at_once_and_calls_are_held() -> None:
     stage = ChatToolCallRepair(TOOLS)
     events = SSESplitter().feed(
-        sse_bytes([ROLE, content("Hi"), call(0, "c1", "read", '{"path": "a"}'), TOOL_FINISH])
+        sse([ROLE, content("Hi"), call(0, "c1", "read", '{"path": "a"}'), TOOL_FINISH])
     )
     assert stage.feed(events[0]) == [events[0]]
     assert stage.feed(events[1]) == [events[1]]
@@ -146,7 +114,7 @@ def test_content_goes_out_at_once_and_calls_are_held() -> None:
 
 def test_no_tools_fast_path_returns_the_event() -> None:
     stage = ChatToolCallRepair(None)
-    event = sse_bytes([content("<tool_call>{}")], done=False)
+    event = sse([content("<tool_call>{}")], done=False)
     assert stage.feed(event) == [event]
 
 
@@ -156,29 +124,29 @@ REPAIRED = [
         "duplicated: final chunk resends",
         [
             call(0, "c1", "read", ""),
-            call(0, args='{"path": "a'),
-            call(0, args='bc"}'),
-            call(0, args='{"path": "abc"}'),
+            call(0, arguments='{"path": "a'),
+            call(0, arguments='bc"}'),
+            call(0, arguments='{"path": "abc"}'),
             TOOL_FINISH,
         ],
         [("read", {"path": "abc"})],
     ),
     (
         "duplicated: id/type/name repeated mid-call",
-        [call(0, "c1", "read", '{"path": '), call(0, "c1", "read", '"x"'), call(0, args="}"), TOOL_FINISH],
+        [call(0, "c1", "read", '{"path": '), call(0, "c1", "read", '"x"'), call(0, arguments="}"), TOOL_FINISH],
         [("read", {"path": "x"})],
     ),
     (
         "duplicated: whole arguments twice",
-        [call(0, "c1", "read", '{"path": "x"}'), call(0, args='{"path": "x"}'), TOOL_FINISH],
+        [call(0, "c1", "read", '{"path": "x"}'), call(0, arguments='{"path": "x"}'), TOOL_FINISH],
         [("read", {"path": "x"})],
     ),
     (
         "missing first chunk",
         [
             call(0, "c1", "write", ""),
-            call(0, args='path": "a", '),
-            call(0, args='"content": "b"}'),
+            call(0, arguments='path": "a", '),
+            call(0, arguments='"content": "b"}'),
             TOOL_FINISH,
         ],
         [("write", {"path": "a", "content": "b"})],
@@ -200,7 +168,7 @@ REPAIRED = [
     ),
     (
         "args as object after a prefix of it",
-        [call(0, "c1", "read", '{"path"'), call(0, args={"path": "o"}), TOOL_FINISH],
+        [call(0, "c1", "read", '{"path"'), call(0, arguments={"path": "o"}), TOOL_FINISH],
         [("read", {"path": "o"})],
     ),
     (
@@ -215,7 +183,7 @@ REPAIRED = [
     ),
     (
         "stray quotes after the object",
-        [call(0, "c1", "read", '{"path": "a"}'), call(0, args='""'), TOOL_FINISH],
+        [call(0, "c1", "read", '{"path": "a"}'), call(0, arguments='""'), TOOL_FINISH],
         [("read", {"path": "a"})],
     ),
     (
@@ -240,7 +208,7 @@ REPAIRED = [
         "index missing on every delta",
         [
             call(None, "c1", "read", '{"path": '),
-            call(None, args='"a"}'),
+            call(None, arguments='"a"}'),
             call(None, "c2", "read", '{"path": "b"}'),
             TOOL_FINISH,
         ],
@@ -265,7 +233,7 @@ REPAIRED = [
 def test_repaired(label: str, stream: list, expected: list | None, seed: int) -> None:
     tools = [tool("grep", {"pattern": {"type": "string"}})] if expected is None else TOOLS
     done = label != "stream ends without finish or [DONE]"
-    data = sse_bytes([ROLE] + stream, done=done)
+    data = sse([ROLE] + stream, done=done)
     stage = ChatToolCallRepair(tools)
     out = run_stage(stage, random_splits(data, random.Random(seed)))
     view = client_view(out)
@@ -298,19 +266,19 @@ def test_name_is_inferred_only_with_a_single_tool() -> None:
 UNRECOVERABLE = [
     (
         "cut inside a string by max_tokens",
-        [call(0, "c1", "write", '{"path": "a", "content": "hal'), chunk(finish="length")],
+        [call(0, "c1", "write", '{"path": "a", "content": "hal'), chunk(finish_reason="length")],
     ),
-    ("closed value but finish length", [call(0, "c1", "read", '{"path": "a.py"'), chunk(finish="length")]),
+    ("closed value but finish length", [call(0, "c1", "read", '{"path": "a.py"'), chunk(finish_reason="length")]),
     ("cut number", [call(0, "c1", "read", '{"path": "a", "limit": 1.'), TOOL_FINISH]),
     ("required argument never sent", [call(0, "c1", "write", '{"path": "a"}'), TOOL_FINISH]),
     ("null arguments with required", [call(0, "c1", "read", None), TOOL_FINISH]),
     (
         "bytes dropped mid-key",
-        [call(0, "c1", "write", '{"path": "a", "cont'), call(0, args='": "b"}'), TOOL_FINISH],
+        [call(0, "c1", "write", '{"path": "a", "cont'), call(0, arguments='": "b"}'), TOOL_FINISH],
     ),
     (
         "string and object disagree",
-        [call(0, "c1", "read", '{"path": "z"'), call(0, args={"path": "o"}), TOOL_FINISH],
+        [call(0, "c1", "read", '{"path": "z"'), call(0, arguments={"path": "o"}), TOOL_FINISH],
     ),
     ("upstream cut the stream mid-call", [call(0, "c1", "write", '{"path": "a", "content": "b')]),
 ]
@@ -318,7 +286,7 @@ UNRECOVERABLE = [
 
 @pytest.mark.parametrize(("label", "stream"), UNRECOVERABLE, ids=[u[0] for u in UNRECOVERABLE])
 def test_unrecoverable_error_policy(label: str, stream: list) -> None:
-    data = sse_bytes(
+    data = sse(
         [ROLE, content("Writing now."), *stream, chunk(usage={"total_tokens": 3}) | {"choices": []}]
     )
     stage = ChatToolCallRepair(TOOLS, capture_id="cap-1")
@@ -337,17 +305,17 @@ def test_unrecoverable_error_policy(label: str, stream: list) -> None:
 
 
 def test_fail_fast_has_no_retry_words_anywhere() -> None:
-    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish="length")]
+    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish_reason="length")]
     _, out, stage = run(stream, policy="fail_fast")
     error = client_view(out).errors[0]
     assert error["type"] == "tool_call_unrecoverable" and error["code"] == "tool_call_unrecoverable"
     stage = ChatToolCallRepair(TOOLS, policy="fail_fast", capture_id="c502-timeout")
-    out = run_stage(stage, [sse_bytes(stream)])
+    out = run_stage(stage, [sse(stream)])
     assert b"502" not in out and b"timeout" not in out
 
 
 def test_passthrough_policy_keeps_bytes_and_adds_a_comment() -> None:
-    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish="length")]
+    stream = [ROLE, call(0, "c1", "write", '{"path": "a", "content": "b'), chunk(finish_reason="length")]
     data, out, stage = run(stream, policy="passthrough")
     assert stage.outcome == "unrecoverable"
     note = (
@@ -468,7 +436,7 @@ def test_leak_detection_is_off_without_tools() -> None:
 
 def test_partial_marker_hold_is_released_when_clear() -> None:
     stage = ChatToolCallRepair(TOOLS)
-    events = SSESplitter().feed(sse_bytes([ROLE, content("a <tool"), content("box> b"), STOP]))
+    events = SSESplitter().feed(sse([ROLE, content("a <tool"), content("box> b"), STOP]))
     assert stage.feed(events[0]) == [events[0]]
     assert stage.feed(events[1]) == []
     assert stage.feed(events[2]) == events[1:3]
@@ -516,7 +484,7 @@ def test_keepalive_while_holding() -> None:
     now = [0.0]
     stage = ChatToolCallRepair(TOOLS, clock=lambda: now[0])
     events = SSESplitter().feed(
-        sse_bytes([call(0, "c1", "write", '{"path": "a", '), call(0, args='"content": "b"}'), TOOL_FINISH])
+        sse([call(0, "c1", "write", '{"path": "a", '), call(0, arguments='"content": "b"}'), TOOL_FINISH])
     )
     assert stage.feed(events[0]) == []
     now[0] = 11.0

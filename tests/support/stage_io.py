@@ -1,37 +1,15 @@
-"""Helpers for tests and benchmarks: build SSE bytes from chunk objects, run the stage over hostile
-splits, and read the result the way a strict client would."""
+"""Drive the Chat Completions tool-call stage over pieces of a stream, and read its output the way a
+strict client would. (The streams themselves are built with tests/support/builders.py.)"""
 
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
-
-
-def sse_bytes(stream: list[Any], done: bool = True, newline: str = "\n") -> bytes:
-    """`data: <compact json>` events, as vLLM/SGLang frame them, then `[DONE]`."""
-    events = [
-        f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}{newline}{newline}"
-        for obj in stream
-    ]
-    if done:
-        events.append(f"data: [DONE]{newline}{newline}")
-    return "".join(events).encode()
-
-
-def random_splits(data: bytes, rng: random.Random, max_piece: int = 40) -> list[bytes]:
-    pieces = []
-    pos = 0
-    while pos < len(data):
-        step = rng.randint(1, max_piece)
-        pieces.append(data[pos : pos + step])
-        pos += step
-    return pieces
 
 
 def run_stage(stage: ChatToolCallRepair, pieces: list[bytes]) -> bytes:
