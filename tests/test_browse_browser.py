@@ -24,7 +24,7 @@ from tests.support.chromium import CHROMIUM, FLAGS
 from tests.support.procs import free_port, wait_port
 from tests.test_browse_fixtures import Built, build_db
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 
 def _no_chromium() -> None:

@@ -76,6 +76,7 @@ def _need_curl() -> None:
         pytest.skip("curl is not installed")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", BODIES)
 def test_curl_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
     _need_curl()
@@ -93,6 +94,7 @@ def test_curl_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: b
     assert SECRET not in script.read_text()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", BODIES)
 def test_python_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
     script = tmp_path / "repro.py"
@@ -105,6 +107,7 @@ def test_python_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body:
     assert server.requests[before].header("authorization") == f"Bearer {SECRET}"
 
 
+@pytest.mark.e2e
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=400) | st.text(min_size=1, max_size=400).map(str.encode))
 def test_curl_repro_any_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
@@ -234,6 +237,7 @@ def test_curl_export_refuses_a_response_body(stored: Path) -> None:
         export_capture(conn, load_capture(conn, "01exportcapture0"), "curl", None, "response")
 
 
+@pytest.mark.e2e
 def test_cli_export_formats(tmp_path: Path, stored: Path, server: RawServer) -> None:
     """Via `captures export`: stdout repros run as they are; a bundle defaults to ./tapfix-bundle-ID."""
     curl = cli("captures", "export", "01export", "--db", str(stored), "--as", "curl")

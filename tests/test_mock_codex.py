@@ -329,6 +329,7 @@ def test_a_todo_writer_is_no_file_writer() -> None:
     assert [c.name for c in reply.tool_calls] == ["bash"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("filename", "content"),
     [

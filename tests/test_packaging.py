@@ -5,6 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 MAPPING = {"proxy": "tapfix.proxy", "addons": "tapfix.addons", "schemas": "tapfix.schemas"}
 
@@ -20,6 +22,7 @@ def test_every_subpackage_is_listed():
             assert ".".join((package, *relative)) in listed, init
 
 
+@pytest.mark.e2e
 def test_wheel_installs_under_tapfix_with_schemas(tmp_path):
     """A non-editable install carries the schemas and puts nothing named `proxy` at the top."""
     import subprocess

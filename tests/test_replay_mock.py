@@ -64,6 +64,7 @@ def test_recorded_response_cuts_the_body_at_the_recorded_chunks(tmp_path: Path) 
     ]
 
 
+@pytest.mark.e2e
 def test_plain_response_is_one_chunk_and_no_response_is_an_error(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     plain = _store(

@@ -100,6 +100,7 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
+@pytest.mark.e2e
 def test_defaults_bind_to_loopback_only(tmp_path):
     from tapfix.proxy.cli import main
 
@@ -120,6 +121,7 @@ def test_defaults_bind_to_loopback_only(tmp_path):
         proxy.stop()
 
 
+@pytest.mark.e2e
 def test_non_loopback_without_token_refuses_to_start(tmp_path):
     from tests.support.procs import cli
 
@@ -134,6 +136,7 @@ def test_non_loopback_without_token_refuses_to_start(tmp_path):
     assert short.returncode != 0 and "at least 8" in short.stderr.decode()
 
 
+@pytest.mark.e2e
 def test_token_end_to_end_on_all_interfaces(tmp_path):
     ok = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
     upstream = RawServer(lambda _r: [(0.0, ok)])

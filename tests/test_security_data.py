@@ -132,6 +132,7 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
         assert SECRET not in text and SECRET2 not in text
 
 
+@pytest.mark.e2e
 def test_config_refuses_literal_keys_through_the_cli(tmp_path):
     config = tmp_path / "tapfix.toml"
     config.write_text(f'[upstreams.gpu]\nbase_url = "http://127.0.0.1:9/v1"\nengine = "vllm"\napi_key = "{SECRET}"\n'
