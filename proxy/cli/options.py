@@ -23,7 +23,7 @@ ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai")
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
 
 
-class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+class ListenAddress(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
     """`HOST:PORT`, `:PORT`, `PORT` or `[v6]:PORT` → (host, port), see `tapfix.proxy.net.parse_listen`."""
 
     name = "HOST:PORT"
@@ -40,7 +40,7 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg]  # generic from 
             self.fail(str(e), param, ctx)
 
 
-class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+class Duration(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
     """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds (as the config's `[retention]`)."""
 
     name = "AGE"
@@ -56,7 +56,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click
             self.fail(str(e), param, ctx)
 
 
-class Size(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5 on; the floor is 8.1
+class Size(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
     """`500M`, `2G`, `100k` or plain bytes → bytes (as the config's `[retention]`)."""
 
     name = "SIZE"

@@ -206,7 +206,9 @@ def _restore_prefix(text: str, props: dict[str, Any] | None, result: ArgResult) 
 def _last_resort(text: str, result: ArgResult) -> Any:
     """json-repair, once per finished call; accepted only when it kept what the model wrote."""
     try:
-        repaired, log = json_repair.repair_json(text, return_objects=True, logging=True)
+        # With logging=True it returns (object, log); json-repair's annotations say so only in later releases.
+        outcome: Any = json_repair.repair_json(text, return_objects=True, logging=True)
+        repaired, log = outcome
     except Exception:  # noqa: BLE001 - a third-party parser must not break the stream
         repaired, log = None, []
     # It also "repairs" by dropping or splicing what the model wrote: accept only additive fixes.
