@@ -54,6 +54,9 @@ class Knobs:
     ignore_effort: bool = False
 
 
+ALL_ABILITIES = Knobs()
+
+
 def text_of(content: Any) -> str:
     """The text of a message's content; omp's `<system-reminder>` parts are not the user's words."""
     if isinstance(content, str):
@@ -133,7 +136,7 @@ def reasoning_text(level: int, task: str, tool: str | None) -> str:
     return " ".join(sentences[: REASONING_SENTENCES[max(0, min(level, 5))]])
 
 
-def respond(req: dict[str, Any], call_id: str, knobs: Knobs = Knobs()) -> Reply:
+def respond(req: dict[str, Any], call_id: str, knobs: Knobs = ALL_ABILITIES) -> Reply:
     """The scripted model's reply to a chat request (before tokenization and max_tokens)."""
     messages = [m for m in req.get("messages") or [] if isinstance(m, dict)]
     last = messages[-1] if messages else {}
