@@ -13,8 +13,13 @@ from tapfix.addons.stream import StreamOwner
 def default_addons(runtime: Runtime) -> list[object]:
     """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), stream, recorder;
     with a token (a non-loopback listen address), the token check comes first."""
-    chain: list[object] = [Health(runtime), RecordRequest(runtime), Router(runtime), StreamOwner(runtime),
-                           RecordExchange(runtime)]
+    chain: list[object] = [
+        Health(runtime),
+        RecordRequest(runtime),
+        Router(runtime),
+        StreamOwner(runtime),
+        RecordExchange(runtime),
+    ]
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))
     return chain

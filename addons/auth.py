@@ -87,8 +87,12 @@ class TokenAuth:
             return
         if flow.request.pretty_host in self.runtime.intercept_hosts:
             return  # requests inside the tunnel are checked one by one
-        self._reject(flow, 407, "tapfix: proxy authentication required (the tapfix token as proxy password)",
-                     {"proxy-authenticate": 'Basic realm="tapfix"'})
+        self._reject(
+            flow,
+            407,
+            "tapfix: proxy authentication required (the tapfix token as proxy password)",
+            {"proxy-authenticate": 'Basic realm="tapfix"'},
+        )
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         """Headers only, as mitmproxy's own `proxyauth`: no addon sees the body of a rejected request."""
@@ -96,9 +100,13 @@ class TokenAuth:
             return
         if self.authorized(flow.request):
             return
-        self._reject(flow, 401, "tapfix: invalid or missing API key; this proxy needs its token as the API key "
-                                "(Authorization: Bearer TOKEN or x-api-key: TOKEN)",
-                     {"www-authenticate": 'Bearer realm="tapfix"'})
+        self._reject(
+            flow,
+            401,
+            "tapfix: invalid or missing API key; this proxy needs its token as the API key "
+            "(Authorization: Bearer TOKEN or x-api-key: TOKEN)",
+            {"www-authenticate": 'Bearer realm="tapfix"'},
+        )
 
     def _reject(self, flow: http.HTTPFlow, status: int, message: str, extra: dict[str, str]) -> None:
         self.rejected += 1

@@ -74,10 +74,10 @@ class Health:
         async with self._lock:
             for name, target in self.runtime.targets.items():
                 capture = self.runtime.writer.submit if self.runtime.writer is not None else None
-                report = await run_probe(target.url, None, checks=CHEAP_CHECKS, timeout=20, capture=capture,
-                                         headers=self._headers(name))
-                self.results[name] = {"at": time.time(), "ok": report.ok, "url": target.url,
-                                      **report.as_dict()}
+                report = await run_probe(
+                    target.url, None, checks=CHEAP_CHECKS, timeout=20, capture=capture, headers=self._headers(name)
+                )
+                self.results[name] = {"at": time.time(), "ok": report.ok, "url": target.url, **report.as_dict()}
 
     def _headers(self, name: str) -> dict[str, str]:
         upstream = getattr(getattr(self.runtime.policy, "config", None), "upstreams", {}).get(name)

@@ -94,8 +94,17 @@ class RecordExchange:
         self.runtime.submit(ex)
         if self.runtime.settings.verbose:  # one line per exchange costs ~0.1 ms: only when asked
             took = (ex.ended_at - ex.mark) * 1000
-            log.info("%s %s %s model=%s %s %.0fms id=%s%s", ex.method, redact_url(ex.path), ex.status or "-", ex.model,
-                     "stream" if ex.stream else "", took, ex.id, f" error={ex.error}" if ex.error else "")
+            log.info(
+                "%s %s %s model=%s %s %.0fms id=%s%s",
+                ex.method,
+                redact_url(ex.path),
+                ex.status or "-",
+                ex.model,
+                "stream" if ex.stream else "",
+                took,
+                ex.id,
+                f" error={ex.error}" if ex.error else "",
+            )
 
 
 def _fields(headers: http.Headers) -> list[tuple[str, str]]:

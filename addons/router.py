@@ -52,8 +52,11 @@ class Router:
 
     def _answered_locally(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         policy = self.runtime.policy
-        if (flow.request.method == "GET" and not policy.config.is_quick
-                and flow.request.path.split("?")[0].rstrip("/").endswith("/models")):
+        if (
+            flow.request.method == "GET"
+            and not policy.config.is_quick
+            and flow.request.path.split("?")[0].rstrip("/").endswith("/models")
+        ):
             flow.response = json_response(200, orjson.dumps(models_listing(policy.config)), ex.id)
             return True
         return False
@@ -102,5 +105,13 @@ class Router:
         ex = exchange_of(flow)
         value = flow.request.headers.pop("accept-encoding", None)
         if value is not None and ex is not None:
-            ex.changes.append(Change("framing", "drop", "headers.accept-encoding", value, None,
-                                     "tapfix reads the response; compressed SSE can't be repaired or recorded"))
+            ex.changes.append(
+                Change(
+                    "framing",
+                    "drop",
+                    "headers.accept-encoding",
+                    value,
+                    None,
+                    "tapfix reads the response; compressed SSE can't be repaired or recorded",
+                )
+            )

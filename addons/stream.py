@@ -56,8 +56,16 @@ class StreamOwner:
         stages = self.stages_for(ex) if response.status_code < 400 else []
         if stages and "content-length" in response.headers:
             length = response.headers.pop("content-length")
-            ex.changes.append(Change("framing", "drop", "headers.content-length", length, None,
-                                     "the stream may change length when repaired; sent chunked instead"))
+            ex.changes.append(
+                Change(
+                    "framing",
+                    "drop",
+                    "headers.content-length",
+                    length,
+                    None,
+                    "the stream may change length when repaired; sent chunked instead",
+                )
+            )
         response.stream = StreamPipeline(ex, stages)
 
     @staticmethod
@@ -123,14 +131,23 @@ class StreamOwner:
             setattr(flow.client_conn, TAIL_ATTR, tail)
             self.collect(ex)
             return
-        message = ("upstream server error: the upstream connection broke mid-stream "
-                   f"({flow.error.msg if flow.error else 'reset'})")
+        message = (
+            "upstream server error: the upstream connection broke mid-stream "
+            f"({flow.error.msg if flow.error else 'reset'})"
+        )
         event, error = reset_event(surface_for(ex.path), message, ex.id)
         if ex.client_response_chunks is None:
             ex.client_response_chunks = list(ex.response_chunks)
         ex.client_response_chunks.append(event)
-        ex.changes.append(Change("stream", "inject", "$.error", None, error,
-                                 "the upstream reset mid-stream; the client gets a retryable error event"))
+        ex.changes.append(
+            Change(
+                "stream",
+                "inject",
+                "$.error",
+                None,
+                error,
+                "the upstream reset mid-stream; the client gets a retryable error event",
+            )
+        )
         setattr(flow.client_conn, TAIL_ATTR, tail + event)
         self.collect(ex)
-

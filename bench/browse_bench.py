@@ -63,15 +63,11 @@ def build(path: Path, n: int, seed: int = 7) -> float:
         sid = f"ses_{made:08d}"
         client, model = rng.choice(CLIENTS), rng.choice(MODELS)
         turns = min(rng.randint(1, 40), n - made)
-        messages: list[dict] = [
-            {"role": "system", "content": "You are a coding agent. " + words(rng, vocab, 400)}
-        ]
+        messages: list[dict] = [{"role": "system", "content": "You are a coding agent. " + words(rng, vocab, 400)}]
         for turn in range(turns):
             ts = t0 + made * 2.0
             prompt = words(rng, vocab, rng.randint(5, 60)) + (f" {RARE}" if rng.random() < 0.001 else "")
-            messages.append(
-                {"role": "user" if turn == 0 or rng.random() < 0.4 else "tool", "content": prompt}
-            )
+            messages.append({"role": "user" if turn == 0 or rng.random() < 0.4 else "tool", "content": prompt})
             req: dict = {"model": model, "messages": messages, "stream": True}
             if client.startswith("OpenAI") or rng.random() < 0.2:
                 req["temperature"] = 0.7
@@ -87,9 +83,7 @@ def build(path: Path, n: int, seed: int = 7) -> float:
                 flags.append("no_sampling_params")
             n_changes = 0
             if "temperature" not in req and rng.random() < 0.5:
-                changes.append(
-                    (cid, 0, "sampling", "inject", "$.temperature", "null", "0.6", "generation_config")
-                )
+                changes.append((cid, 0, "sampling", "inject", "$.temperature", "null", "0.6", "generation_config"))
                 n_changes += 1
             if rng.random() < 0.01:
                 changes.append(
@@ -164,8 +158,7 @@ def _flush(conn, rows: list, changes: list, sessions: list) -> None:
         changes,
     )
     conn.executemany(
-        "insert into sessions (id, first_at, last_at, user_agent, model, exchanges)"
-        " values (?, ?, ?, ?, ?, ?)",
+        "insert into sessions (id, first_at, last_at, user_agent, model, exchanges) values (?, ?, ?, ?, ?, ?)",
         sessions,
     )
     rows.clear()
@@ -179,9 +172,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(
-    base: str, paths: list[tuple[str, str]], repeat: int
-) -> list[tuple[str, float, float, float, int]]:
+def measure(base: str, paths: list[tuple[str, str]], repeat: int) -> list[tuple[str, float, float, float, int]]:
     """(label, first request ms, median ms, worst ms, status): the first pays caches and cold pages."""
     out = []
     with httpx.Client(base_url=base, timeout=60) as http:
@@ -219,9 +210,7 @@ def main() -> None:
 
     conn = sqlite3.connect(args.db)
     ids = [r[0] for r in conn.execute("select id from exchanges order by rowid desc")]
-    session = conn.execute("select session_id from exchanges where id = ?", (ids[len(ids) // 3],)).fetchone()[
-        0
-    ]
+    session = conn.execute("select session_id from exchanges where id = ?", (ids[len(ids) // 3],)).fetchone()[0]
     conn.close()
     port = _free_port()
     proc = subprocess.Popen(
@@ -272,9 +261,7 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
-    print(
-        f"\n{len(ids)} captures; first request, then median / worst of {args.repeat} more (loopback HTTP)\n"
-    )
+    print(f"\n{len(ids)} captures; first request, then median / worst of {args.repeat} more (loopback HTTP)\n")
     print(f"| {'page':40} | first ms | median ms | worst ms | status |")
     print(f"|{'-' * 42}|----------|-----------|----------|--------|")
     for label, first, med, worst, status in results:

@@ -100,9 +100,7 @@ def showcase(path: Path) -> str:
         response_started_at=mark + 0.21,
         ended_at=mark + times[-1] + 0.01,
         changes=[
-            Change(
-                "router", "rename", "$.model", "qwen3-coder", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "alias"
-            ),
+            Change("router", "rename", "$.model", "qwen3-coder", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "alias"),
             Change("sampling", "inject", "$.temperature", None, 0.7, "generation_config.json"),
             Change("sampling", "inject", "$.top_p", None, 0.8, "generation_config.json"),
             Change("sampling", "inject", "$.top_k", None, 20, "generation_config.json"),

@@ -27,26 +27,51 @@ FIRST_TOKEN = b'{"content":"'
 
 
 def _tool(name: str, desc: str, props: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": desc, "parameters": {
-        "type": "object", "properties": props, "required": required, "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
+        },
+    }
 
 
 TOOLS = [
-    _tool("read_file", "Read a file from the workspace and return its content with line numbers.",
-          {"path": {"type": "string", "description": "path relative to the workspace"},
-           "offset": {"type": "integer"}, "limit": {"type": "integer"}}, ["path"]),
-    _tool("write_file", "Write a file in the workspace, replacing it.",
-          {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
-    _tool("bash", "Run a shell command in the workspace and return its output.",
-          {"command": {"type": "string"}, "timeout": {"type": "integer"}}, ["command"]),
+    _tool(
+        "read_file",
+        "Read a file from the workspace and return its content with line numbers.",
+        {
+            "path": {"type": "string", "description": "path relative to the workspace"},
+            "offset": {"type": "integer"},
+            "limit": {"type": "integer"},
+        },
+        ["path"],
+    ),
+    _tool(
+        "write_file",
+        "Write a file in the workspace, replacing it.",
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        ["path", "content"],
+    ),
+    _tool(
+        "bash",
+        "Run a shell command in the workspace and return its output.",
+        {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+        ["command"],
+    ),
 ]
 
 
 def request_body(size: int = 2048, tools: bool = True, model: str = "bench-model") -> bytes:
     """A chat request of about `size` bytes (system prompt padded), streaming with usage."""
-    base = {"model": model, "messages": [{"role": "system", "content": ""},
-                                          {"role": "user", "content": "Write the handler file."}],
-            "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 32000}
+    base = {
+        "model": model,
+        "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "Write the handler file."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 32000,
+    }
     if tools:
         base["tools"] = TOOLS
     pad = max(0, size - len(orjson.dumps(base)))
@@ -73,10 +98,15 @@ class Result:
         self.wall += other.wall
 
     def summary(self) -> dict:
-        return {"requests": len(self.total), "errors": len(self.errors), "wall_s": round(self.wall, 3),
-                "ttft_p50_ms": round(pct(self.ttft, 50) * 1000, 3), "ttft_p99_ms": round(pct(self.ttft, 99) * 1000, 3),
-                "events_per_s": round(self.events / self.wall, 1) if self.wall else 0.0,
-                "requests_per_s": round(len(self.total) / self.wall, 2) if self.wall else 0.0}
+        return {
+            "requests": len(self.total),
+            "errors": len(self.errors),
+            "wall_s": round(self.wall, 3),
+            "ttft_p50_ms": round(pct(self.ttft, 50) * 1000, 3),
+            "ttft_p99_ms": round(pct(self.ttft, 99) * 1000, 3),
+            "events_per_s": round(self.events / self.wall, 1) if self.wall else 0.0,
+            "requests_per_s": round(len(self.total) / self.wall, 2) if self.wall else 0.0,
+        }
 
 
 def pct(values: list[float], p: float) -> float:
@@ -88,16 +118,22 @@ def pct(values: list[float], p: float) -> float:
     return s[int(k)]
 
 
-def build_request(host: str, port: int, body: bytes, headers: dict[str, str],
-                  path: str = "/v1/chat/completions") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"host: {host}:{port}", "content-type: application/json",
-             "accept: text/event-stream", "user-agent: tapfix-bench/1", f"content-length: {len(body)}"]
+def build_request(
+    host: str, port: int, body: bytes, headers: dict[str, str], path: str = "/v1/chat/completions"
+) -> bytes:
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"host: {host}:{port}",
+        "content-type: application/json",
+        "accept: text/event-stream",
+        "user-agent: tapfix-bench/1",
+        f"content-length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes,
-               res: Result) -> bool:
+async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, res: Result) -> bool:
     """Send one request, read the whole response; False if the connection can't be reused."""
     t0 = time.perf_counter()
     writer.write(request)
@@ -139,8 +175,17 @@ async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reque
     return b"connection: close" not in lower
 
 
-async def run_load(host: str, port: int, *, concurrency: int, requests: int, body: bytes,
-                   headers: dict[str, str], stagger_s: float = 0.0, timeout: float = 300.0) -> Result:
+async def run_load(
+    host: str,
+    port: int,
+    *,
+    concurrency: int,
+    requests: int,
+    body: bytes,
+    headers: dict[str, str],
+    stagger_s: float = 0.0,
+    timeout: float = 300.0,
+) -> Result:
     """`requests` requests over `concurrency` keep-alive connections; returns when all are done.
 
     `stagger_s`: worker i starts i * stagger_s late, so long streams overlap in a steady state
@@ -191,8 +236,16 @@ def main() -> None:
     a = ap.parse_args()
     host, _, port = a.target.rpartition(":")
     body = request_body(a.body_bytes, tools=not a.no_tools)
-    res = asyncio.run(run_load(host, int(port), concurrency=a.concurrency, requests=a.requests, body=body,
-                               headers=bench_headers(a.kind, a.chunks, a.delay_ms)))
+    res = asyncio.run(
+        run_load(
+            host,
+            int(port),
+            concurrency=a.concurrency,
+            requests=a.requests,
+            body=body,
+            headers=bench_headers(a.kind, a.chunks, a.delay_ms),
+        )
+    )
     out = res.summary()
     if res.total:
         out["total_p50_ms"] = round(statistics.median(res.total) * 1000, 3)

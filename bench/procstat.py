@@ -67,8 +67,7 @@ def snapshot(pids: dict[str, int]) -> dict[str, int]:
     return {name: cpu_ns(pid) for name, pid in pids.items()}
 
 
-def wait_idle(pids: dict[str, int], *, window_s: float = 0.15, quiet_ns: int = 1_500_000,
-              max_s: float = 15.0) -> float:
+def wait_idle(pids: dict[str, int], *, window_s: float = 0.15, quiet_ns: int = 1_500_000, max_s: float = 15.0) -> float:
     """Block until every process used < quiet_ns of CPU over one window (writer flushed); seconds waited."""
     start = time.monotonic()
     before = snapshot(pids)

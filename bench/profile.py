@@ -97,15 +97,34 @@ def record(spy: str, fleet: Fleet, target: str, a: argparse.Namespace, raw: Path
     def drive() -> None:  # long runs: connection setup stays out of the profile
         batch = a.concurrency * max(4, int(2000 / a.chunks))
         while not stop.is_set():
-            asyncio.run(load.run_load("127.0.0.1", port, concurrency=a.concurrency, requests=batch,
-                                      body=body, headers=headers))
+            asyncio.run(
+                load.run_load("127.0.0.1", port, concurrency=a.concurrency, requests=batch, body=body, headers=headers)
+            )
             sent[0] += batch
 
     cpu0, tasks0 = procstat.cpu_ns(pid), procstat.task_cpu_ns(pid)
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
-    subprocess.run([spy, "record", "-p", str(pid), "-r", str(a.rate), "-d", str(int(a.seconds)), "-f", "raw",
-                    "-o", str(raw), "--nonblocking", "--threads"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            spy,
+            "record",
+            "-p",
+            str(pid),
+            "-r",
+            str(a.rate),
+            "-d",
+            str(int(a.seconds)),
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--nonblocking",
+            "--threads",
+        ],
+        check=True,
+        capture_output=True,
+    )
     stop.set()
     driver.join()
     procstat.wait_idle(fleet.pids)
@@ -117,9 +136,11 @@ def report(target: str, run: dict, a: argparse.Namespace) -> dict[str, float]:
     """Print one profile; returns self time per function in µs per request."""
     sent, cpu = max(run["sent"], 1), run["cpu"]
     own, incl, per_thread = parse(run["raw"], run["tasks"], sent)
-    print(f"\n=== {target}: {sent} requests × {a.chunks} events ({a.kind}, tools={'no' if a.no_tools else 'yes'}, "
-          f"{a.concurrency} streams @{a.delay_ms} ms); CPU {cpu / sent / 1000:.0f} µs/request = "
-          f"{cpu / sent / a.chunks / 1000:.1f} µs per event incl. fixed costs")
+    print(
+        f"\n=== {target}: {sent} requests × {a.chunks} events ({a.kind}, tools={'no' if a.no_tools else 'yes'}, "
+        f"{a.concurrency} streams @{a.delay_ms} ms); CPU {cpu / sent / 1000:.0f} µs/request = "
+        f"{cpu / sent / a.chunks / 1000:.1f} µs per event incl. fixed costs"
+    )
     print("threads (busy samples; CPU from /proc/PID/task/TID/schedstat):")
     for thread, (n, us) in sorted(per_thread.items(), key=lambda kv: -kv[1][1]):
         print(f"  {n:6d} samples  {us:8.1f} µs/request  {thread}")
@@ -127,8 +148,11 @@ def report(target: str, run: dict, a: argparse.Namespace) -> dict[str, float]:
     total = sum(own.values()) or 1
     for name, us in own.most_common(a.top):
         print(f"  {us:8.1f}  {us / total * 100:5.1f}%  {name}")
-    mine = [(k, v) for k, v in incl.items()
-            if re.search(r"\((proxy|addons)/", k) and not k.startswith(("run ", "_run_proxy "))]
+    mine = [
+        (k, v)
+        for k, v in incl.items()
+        if re.search(r"\((proxy|addons)/", k) and not k.startswith(("run ", "_run_proxy "))
+    ]
     if mine:
         print(f"top {a.top} tapfix frames by inclusive time (µs/request, %):")
         for name, us in sorted(mine, key=lambda kv: -kv[1])[: a.top]:

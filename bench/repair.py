@@ -29,21 +29,43 @@ def tool_stream(size: int, fragment: int = 16) -> list[bytes]:
     args = orjson.dumps({"path": "big.py", "content": (line * (size // len(line) + 1))[:size]}).decode()
 
     def ev(delta: dict, finish: str | None = None) -> bytes:
-        return b"data: " + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + b"\n\n"
+        return (
+            b"data: "
+            + orjson.dumps(
+                {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "m",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+            + b"\n\n"
+        )
 
-    events = [ev({"role": "assistant", "content": ""}),
-              ev({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                                  "function": {"name": "write", "arguments": ""}}]})]
-    events += [ev({"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + fragment]}}]})
-               for i in range(0, len(args), fragment)]
+    events = [
+        ev({"role": "assistant", "content": ""}),
+        ev(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "c1", "type": "function", "function": {"name": "write", "arguments": ""}}
+                ]
+            }
+        ),
+    ]
+    events += [
+        ev({"tool_calls": [{"index": 0, "function": {"arguments": args[i : i + fragment]}}]})
+        for i in range(0, len(args), fragment)
+    ]
     return events + [ev({}, "tool_calls"), b"data: [DONE]\n\n"]
 
 
 def text_stream(size: int) -> list[bytes]:
     """A plain reply of ~size bytes of content, one ~5-byte token per event."""
-    ev = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
-          b'"choices":[{"index":0,"delta":{"content":"word "},"finish_reason":null}]}\n\n')
+    ev = (
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"content":"word "},"finish_reason":null}]}\n\n'
+    )
     return [ev] * (size // 5) + [b"data: [DONE]\n\n"]
 
 

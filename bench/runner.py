@@ -128,21 +128,50 @@ class Fleet:
     def start(self, which: tuple[str, ...] = ("mitm", "tapfix")) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(self.work / "config")}
         up = free_port()
-        self._spawn("upstream", [sys.executable, str(ROOT / "bench/upstream.py"), "--listen", f"127.0.0.1:{up}"],
-                    up, env)
+        self._spawn(
+            "upstream", [sys.executable, str(ROOT / "bench/upstream.py"), "--listen", f"127.0.0.1:{up}"], up, env
+        )
         origin = f"http://127.0.0.1:{up}"
         if "mitm" in which:
             self._spawn_mitm(origin, env)
         if "tapfix" in which:
             port = free_port()
-            self._spawn("tapfix", [str(BIN / "tapfix"), "run", "--upstream", origin, "--listen", f"127.0.0.1:{port}",
-                                   "--db", str(self.db), *self.tapfix_args], port, env)
+            self._spawn(
+                "tapfix",
+                [
+                    str(BIN / "tapfix"),
+                    "run",
+                    "--upstream",
+                    origin,
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--db",
+                    str(self.db),
+                    *self.tapfix_args,
+                ],
+                port,
+                env,
+            )
 
     def _spawn_mitm(self, origin: str, env: dict) -> None:
         port = free_port()
-        self._spawn("mitm", [str(BIN / "mitmdump"), "-q", "--mode", f"reverse:{origin}@127.0.0.1:{port}",
-                             "-s", str(ROOT / "bench/mitm_stream.py"), "--set", "connection_strategy=lazy",
-                             "--set", f"confdir={self.work / 'mitm-conf'}"], port, env)
+        self._spawn(
+            "mitm",
+            [
+                str(BIN / "mitmdump"),
+                "-q",
+                "--mode",
+                f"reverse:{origin}@127.0.0.1:{port}",
+                "-s",
+                str(ROOT / "bench/mitm_stream.py"),
+                "--set",
+                "connection_strategy=lazy",
+                "--set",
+                f"confdir={self.work / 'mitm-conf'}",
+            ],
+            port,
+            env,
+        )
 
     def _spawn(self, name: str, argv: list[str], port: int, env: dict) -> None:
         log = open(self.work / f"{name}.log", "wb")
@@ -169,10 +198,15 @@ class Fleet:
 async def run_block(fleet: Fleet, row: Row, phase: Phase, n: int, body: bytes) -> Result:
     stream_s = phase.chunks * (phase.delay_ms + 0.3) / 1000  # 0.3 ms: the sleep's own overshoot
     stagger = stream_s / phase.concurrency if phase.steady else 0.0
-    return await load.run_load("127.0.0.1", fleet.ports[row.target], concurrency=min(phase.concurrency, n),
-                               requests=n, body=body,
-                               headers=load.bench_headers(row.kind, phase.chunks, phase.delay_ms),
-                               stagger_s=stagger)
+    return await load.run_load(
+        "127.0.0.1",
+        fleet.ports[row.target],
+        concurrency=min(phase.concurrency, n),
+        requests=n,
+        body=body,
+        headers=load.bench_headers(row.kind, phase.chunks, phase.delay_ms),
+        stagger_s=stagger,
+    )
 
 
 def run_phase(fleet: Fleet, phase: Phase, quick: bool, rounds: int) -> dict[str, Cell]:
@@ -184,7 +218,7 @@ def run_phase(fleet: Fleet, phase: Phase, quick: bool, rounds: int) -> dict[str,
     cells = {r.name: Cell() for r in rows}
     pids = fleet.pids
     for i, n in enumerate(per_round):
-        order = rows[i % len(rows):] + rows[: i % len(rows)]
+        order = rows[i % len(rows) :] + rows[: i % len(rows)]
         for row in order:
             procstat.wait_idle(pids)
             before = procstat.snapshot(pids)
@@ -206,8 +240,9 @@ def warm_up(fleet: Fleet) -> None:
     """Import lazily loaded modules, open upstream connections, let the CA and db settle."""
     for row in ROWS:
         for chunks in (16, 256):
-            asyncio.run(run_block(fleet, row, Phase("warm", 4, chunks, 0, 0, 0), 16,
-                                  load.request_body(2048, row.tools)))
+            asyncio.run(
+                run_block(fleet, row, Phase("warm", 4, chunks, 0, 0, 0), 16, load.request_body(2048, row.tools))
+            )
 
 
 def ms(x: float) -> str:
@@ -218,8 +253,18 @@ def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[lis
     """Rows of the printed table and the numbers the targets are checked against."""
     direct = ROWS[0].name
     nums: dict[str, dict] = {}
-    out = [["", "+TTFT 1 stream p50/p99 ms", "+TTFT 8 streams p50/p99 ms", "+TTFT 32 paced p50/p99 ms",
-            "throughput ratio", "CPU µs/chunk", "CPU ms/request", "RSS peak MB"]]
+    out = [
+        [
+            "",
+            "+TTFT 1 stream p50/p99 ms",
+            "+TTFT 8 streams p50/p99 ms",
+            "+TTFT 32 paced p50/p99 ms",
+            "throughput ratio",
+            "CPU µs/chunk",
+            "CPU ms/request",
+            "RSS peak MB",
+        ]
+    ]
     for row in ROWS:
         n: dict = {}
         cells = []
@@ -243,8 +288,11 @@ def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[lis
         fixed = c16 - 16 * per_chunk
         n.update(per_chunk_us=per_chunk / 1000, fixed_ms=fixed / 1e6)
         tag = " (upstream)" if row.target == "upstream" else ""
-        cells += [f"{per_chunk / 1000:.1f}{tag}", f"{fixed / 1e6:.2f}{tag}",
-                  f"{hwm[row.target] / 1024:.0f}" if row.target != "upstream" else "-"]
+        cells += [
+            f"{per_chunk / 1000:.1f}{tag}",
+            f"{fixed / 1e6:.2f}{tag}",
+            f"{hwm[row.target] / 1024:.0f}" if row.target != "upstream" else "-",
+        ]
         nums[row.name] = n
         out.append([row.name, *cells])
     return out, nums
@@ -254,12 +302,24 @@ def check_targets(nums: dict, hwm: dict[str, int]) -> list[str]:
     m, a, c = nums[MITM], nums[ARMED], nums[CALLS]
     rss = hwm["tapfix"] / 1024
     checks = [
-        ("CPU/chunk, full chain armed, no calls ≤ 1.25× mitmproxy", a["per_chunk_us"] / m["per_chunk_us"], 1.25,
-         f"{a['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs"),
-        ("CPU/chunk, tool call in stream ≤ 2× mitmproxy", c["per_chunk_us"] / m["per_chunk_us"], 2.0,
-         f"{c['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs"),
-        ("fixed CPU/request ≤ 1.5× mitmproxy", a["fixed_ms"] / m["fixed_ms"], 1.5,
-         f"{a['fixed_ms']:.2f} vs {m['fixed_ms']:.2f} ms"),
+        (
+            "CPU/chunk, full chain armed, no calls ≤ 1.25× mitmproxy",
+            a["per_chunk_us"] / m["per_chunk_us"],
+            1.25,
+            f"{a['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs",
+        ),
+        (
+            "CPU/chunk, tool call in stream ≤ 2× mitmproxy",
+            c["per_chunk_us"] / m["per_chunk_us"],
+            2.0,
+            f"{c['per_chunk_us']:.1f} vs {m['per_chunk_us']:.1f} µs",
+        ),
+        (
+            "fixed CPU/request ≤ 1.5× mitmproxy",
+            a["fixed_ms"] / m["fixed_ms"],
+            1.5,
+            f"{a['fixed_ms']:.2f} vs {m['fixed_ms']:.2f} ms",
+        ),
         ("added TTFT p50 at 1 stream ≤ 2 ms", a["ttft1"][0], 2.0, "ms"),
         ("added TTFT p99 at 1 stream ≤ 5 ms", a["ttft1"][1], 5.0, "ms"),
         ("added TTFT p99, 32 paced streams ≤ 10 ms", a["paced32"][1], 10.0, "ms"),
@@ -285,8 +345,9 @@ def chunk_reads(db: Path) -> str:
     for headers, count in rows:
         h = dict(json.loads(headers))
         groups.setdefault((h.get("x-bench-chunks", "?"), h.get("x-bench-delay-ms", "?")), []).append(count or 0)
-    parts = [f"{k[0]} events @{k[1]} ms: {sum(v) / len(v):.1f} reads ({len(v)} captures)"
-             for k, v in sorted(groups.items())]
+    parts = [
+        f"{k[0]} events @{k[1]} ms: {sum(v) / len(v):.1f} reads ({len(v)} captures)" for k, v in sorted(groups.items())
+    ]
     return f"{len(rows)} captures stored; " + "; ".join(parts)
 
 
@@ -303,19 +364,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="rounds per phase (default 4, quick 2)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (db, logs)")
     ap.add_argument("--json", type=Path, help="also write the raw numbers here")
-    ap.add_argument("--tapfix-arg", action="append", default=None,
-                    help="extra `tapfix run` argument (repeatable; default: --engine vllm)")
+    ap.add_argument(
+        "--tapfix-arg",
+        action="append",
+        default=None,
+        help="extra `tapfix run` argument (repeatable; default: --engine vllm)",
+    )
     a = ap.parse_args()
     rounds = a.rounds or (2 if a.quick else 4)
     work = Path(tempfile.mkdtemp(prefix="tapfix-bench-"))
     fleet = Fleet(work, a.tapfix_arg if a.tapfix_arg is not None else ["--engine", "vllm"])
     t0 = time.monotonic()
-    print(f"tapfix bench {'--quick ' if a.quick else ''}{datetime.datetime.now().isoformat(timespec='seconds')}; "
-          f"{os.cpu_count()} cpus; work dir {work}", file=sys.stderr)
+    print(
+        f"tapfix bench {'--quick ' if a.quick else ''}{datetime.datetime.now().isoformat(timespec='seconds')}; "
+        f"{os.cpu_count()} cpus; work dir {work}",
+        file=sys.stderr,
+    )
     try:
         fleet.start()
-        busy0, ours0 = procstat.machine_busy_ns(), procstat.self_cpu_ns() + sum(
-            procstat.ticks_ns(p) for p in fleet.pids.values())
+        busy0, ours0 = (
+            procstat.machine_busy_ns(),
+            procstat.self_cpu_ns() + sum(procstat.ticks_ns(p) for p in fleet.pids.values()),
+        )
         idle = {k: procstat.idle_rate_ns_per_s(p, 0.5) / 1e6 for k, p in fleet.pids.items()}
         warm_up(fleet)
         results = {}
@@ -335,12 +405,16 @@ def main() -> None:
         for line in check_targets(nums, hwm):
             print(line)
         print()
-        print(f"upstream's own cost: {up.upstream_ns / up.requests / 256 / 1000:.1f} µs CPU per chunk "
-              f"(bench/upstream.py; idle CPU ms/s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()) + ")")
+        print(
+            f"upstream's own cost: {up.upstream_ns / up.requests / 256 / 1000:.1f} µs CPU per chunk "
+            f"(bench/upstream.py; idle CPU ms/s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()) + ")"
+        )
         print(f"tapfix: {chunk_reads(fleet.db)}")
-        print(f"wall time {elapsed:.0f}s; phases x rounds: {len(PHASES)} x {rounds}; noise: other processes used "
-              f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
-              f"{open('/proc/loadavg').read().split()[0]}")
+        print(
+            f"wall time {elapsed:.0f}s; phases x rounds: {len(PHASES)} x {rounds}; noise: other processes used "
+            f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
+            f"{open('/proc/loadavg').read().split()[0]}"
+        )
         if a.json:
             a.json.write_text(json.dumps({"nums": nums, "hwm_kb": hwm, "table": rows}, indent=2))
     finally:

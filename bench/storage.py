@@ -30,9 +30,11 @@ from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from upstream import sse_events  # noqa: E402
 
-WORDS = ("def class return self value path file import from if else for in while try except with as "
-         "the a to of and is it that this test error result data config name list dict str int None True "
-         "False await async yield lambda raise assert print open read write json load dump os sys time").split()
+WORDS = (
+    "def class return self value path file import from if else for in while try except with as "
+    "the a to of and is it that this test error result data config name list dict str int None True "
+    "False await async yield lambda raise assert print open read write json load dump os sys time"
+).split()
 
 
 def text(rng: random.Random, size: int) -> str:
@@ -50,9 +52,20 @@ def tools(rng: random.Random, size: int = 20_000) -> list[dict]:
     out, n, i = [], 0, 0
     while n < size:
         desc = text(rng, 700)
-        out.append({"type": "function", "function": {"name": f"tool_{i}", "description": desc, "parameters": {
-            "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path"]}}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": f"tool_{i}",
+                    "description": desc,
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                        "required": ["path"],
+                    },
+                },
+            }
+        )
         n += len(desc) + 200
         i += 1
     return out
@@ -66,15 +79,24 @@ def session(turns: int, final_kb: int, seed: int = 7):
     messages = [system, {"role": "user", "content": "Fix the failing tests in src/ and explain what broke."}]
     per_turn = max(500, (final_kb * 1024 - 32_000) // max(turns, 1))
     for turn in range(turns):
-        body = {"model": "qwen3-coder", "messages": messages, "tools": tool_list, "stream": True,
-                "stream_options": {"include_usage": True}, "max_tokens": 32000}
+        body = {
+            "model": "qwen3-coder",
+            "messages": messages,
+            "tools": tool_list,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": 32000,
+        }
         raw = orjson.dumps(body)
         args = orjson.dumps({"path": f"src/mod_{turn % 17}.py", "content": text(rng, per_turn // 5)}).decode()
         yield raw, response_events(args, turn), args
         call_id = f"call_{turn:04d}"
         messages = messages + [
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": "tool_1", "arguments": args}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "tool_1", "arguments": args}}],
+            },
             {"role": "tool", "tool_call_id": call_id, "content": text(rng, per_turn - len(args) - 200)},
         ]
 
@@ -85,8 +107,13 @@ def response_events(args: str, turn: int) -> list[bytes]:
     frags = [args[i : i + 20] for i in range(0, len(args), 20)]
     head = {"id": f"call_{turn:04d}", "type": "function", "index": 0, "function": {"name": "tool_1", "arguments": ""}}
     for tc in [head] + [{"index": 0, "function": {"arguments": f}} for f in frags]:
-        obj = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "qwen3-coder",
-               "choices": [{"index": 0, "delta": {"tool_calls": [tc]}, "logprobs": None, "finish_reason": None}]}
+        obj = {
+            "id": "chatcmpl-x",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "qwen3-coder",
+            "choices": [{"index": 0, "delta": {"tool_calls": [tc]}, "logprobs": None, "finish_reason": None}],
+        }
         events.append(b"data: " + orjson.dumps(obj) + b"\n\n")
     return events + list(sse_events("content", 24))[-3:]
 
@@ -110,10 +137,21 @@ def main() -> None:
     cpu_turn: list[tuple[int, float]] = []  # (body size, writer CPU ms)
     originals: dict[str, tuple[bytes, bytes]] = {}
     for turn, (body, events, _args) in enumerate(session(a.turns, a.final_kb)):
-        ex = Exchange(method="POST", path="/v1/chat/completions", url="http://127.0.0.1:8000/v1/chat/completions",
-                      user_agent="opencode/0.15 ai-sdk/5", model="qwen3-coder", stream=True, request=body,
-                      request_headers=[("content-type", "application/json"), ("x-session-id", "ses_bench01"),
-                                       ("authorization", "Bearer sk-bench"), ("user-agent", "opencode/0.15")])
+        ex = Exchange(
+            method="POST",
+            path="/v1/chat/completions",
+            url="http://127.0.0.1:8000/v1/chat/completions",
+            user_agent="opencode/0.15 ai-sdk/5",
+            model="qwen3-coder",
+            stream=True,
+            request=body,
+            request_headers=[
+                ("content-type", "application/json"),
+                ("x-session-id", "ses_bench01"),
+                ("authorization", "Bearer sk-bench"),
+                ("user-agent", "opencode/0.15"),
+            ],
+        )
         ex.status, ex.content_type = 200, "text/event-stream"
         ex.response_headers = [("content-type", "text/event-stream")]
         ex.response_chunks = events
@@ -142,20 +180,31 @@ def main() -> None:
     conn.close()
     big = [ms for n, ms in cpu_turn if n >= 0.9 * cpu_turn[-1][0]]
     ratio = size / raw_req
-    print(f"session: {a.turns} turns, request bodies {cpu_turn[0][0] / 1024:.0f} KB → {cpu_turn[-1][0] / 1024:.0f} KB, "
-          f"raw requests {raw_req / 2**20:.1f} MB, raw responses {raw_resp / 2**20:.2f} MB")
-    print(f"on disk after close (db + wal): {size / 2**20:.2f} MB = {ratio * 100:.2f}% of raw request bytes "
-          f"→ {'PASS' if ratio <= 0.05 else 'MISS'} (target ≤ 5%)")
-    print(f"writer CPU per turn: median {statistics.median(ms for _, ms in cpu_turn):.2f} ms, "
-          f"max {max(ms for _, ms in cpu_turn):.2f} ms; at the largest bodies (≥ 90% of the last, "
-          f"{len(big)} turns): median {statistics.median(big):.2f} ms, max {max(big):.2f} ms")
+    print(
+        f"session: {a.turns} turns, request bodies {cpu_turn[0][0] / 1024:.0f} KB → {cpu_turn[-1][0] / 1024:.0f} KB, "
+        f"raw requests {raw_req / 2**20:.1f} MB, raw responses {raw_resp / 2**20:.2f} MB"
+    )
+    print(
+        f"on disk after close (db + wal): {size / 2**20:.2f} MB = {ratio * 100:.2f}% of raw request bytes "
+        f"→ {'PASS' if ratio <= 0.05 else 'MISS'} (target ≤ 5%)"
+    )
+    print(
+        f"writer CPU per turn: median {statistics.median(ms for _, ms in cpu_turn):.2f} ms, "
+        f"max {max(ms for _, ms in cpu_turn):.2f} ms; at the largest bodies (≥ 90% of the last, "
+        f"{len(big)} turns): median {statistics.median(big):.2f} ms, max {max(big):.2f} ms"
+    )
     worst = sorted(range(len(cpu_turn)), key=lambda i: -cpu_turn[i][1])[:3]
     slowest = ", ".join(f"#{i + 1} ({cpu_turn[i][0] / 1024:.0f} KB) {cpu_turn[i][1]:.1f} ms" for i in worst)
-    print("  slowest turns: " + slowest
-          + " — a full (non-delta) body every bodies.MAX_DEPTH turns; the first turn also creates the db")
-    print(f"read-back: {len(originals) - bad}/{len(originals)} exchanges byte-exact (request and response) "
-          f"→ {'PASS' if not bad else 'MISS'}; read time per exchange median {statistics.median(read_ms):.1f} ms, "
-          f"max {max(read_ms):.1f} ms")
+    print(
+        "  slowest turns: "
+        + slowest
+        + " — a full (non-delta) body every bodies.MAX_DEPTH turns; the first turn also creates the db"
+    )
+    print(
+        f"read-back: {len(originals) - bad}/{len(originals)} exchanges byte-exact (request and response) "
+        f"→ {'PASS' if not bad else 'MISS'}; read time per exchange median {statistics.median(read_ms):.1f} ms, "
+        f"max {max(read_ms):.1f} ms"
+    )
     if not a.keep:
         for p in work.iterdir():
             p.unlink()

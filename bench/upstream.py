@@ -29,16 +29,39 @@ import orjson
 
 ID = "chatcmpl-bench0123456789abcdef"
 MODEL = "bench-model"
-WORDS = (" the", " proxy", " streams", " each", " token", " to", " the", " agent", ",", " and",
-         " records", " what", " went", " over", " the", " wire", ".", "\n")
+WORDS = (
+    " the",
+    " proxy",
+    " streams",
+    " each",
+    " token",
+    " to",
+    " the",
+    " agent",
+    ",",
+    " and",
+    " records",
+    " what",
+    " went",
+    " over",
+    " the",
+    " wire",
+    ".",
+    "\n",
+)
 
 
 def _event(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
     if finish:
         choice["stop_reason"] = None
-    obj = {"id": ID, "object": "chat.completion.chunk", "created": 1700000000, "model": MODEL,
-           "choices": [choice] if usage is None else []}
+    obj = {
+        "id": ID,
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [choice] if usage is None else [],
+    }
     if usage is not None:
         obj["usage"] = usage
     return b"data: " + orjson.dumps(obj) + b"\n\n"
@@ -68,8 +91,20 @@ def sse_events(kind: str = "content", chunks: int = 256, arg_bytes: int = 0) -> 
         args = tool_arguments(arg_bytes or 2048)
         events += [_event({"content": "Sure" if i == 0 else WORDS[i % len(WORDS)]}) for i in range(text_n)]
         frags = split_even(args, body - text_n - 1)
-        events.append(_event({"tool_calls": [{"id": "call_bench0001", "type": "function", "index": 0,
-                                               "function": {"name": "write_file", "arguments": ""}}]}))
+        events.append(
+            _event(
+                {
+                    "tool_calls": [
+                        {
+                            "id": "call_bench0001",
+                            "type": "function",
+                            "index": 0,
+                            "function": {"name": "write_file", "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         events += [_event({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}) for f in frags]
         finish = "tool_calls"
     else:
@@ -90,8 +125,10 @@ def framed(kind: str, chunks: int) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-        b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 
 
 def cpu_ns(pid: int | str = "self") -> int:
@@ -108,8 +145,13 @@ class Server:
         self.started = time.monotonic()
 
     def stats(self) -> dict:
-        return {"requests": self.requests, "chunks": self.chunks, "cpu_ns": cpu_ns(),
-                "uptime_s": round(time.monotonic() - self.started, 3), "pid": os.getpid()}
+        return {
+            "requests": self.requests,
+            "chunks": self.chunks,
+            "cpu_ns": cpu_ns(),
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "pid": os.getpid(),
+        }
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -130,8 +172,10 @@ class Server:
                 path = line.split(b" ")[1] if b" " in line else b"/"
                 if path.startswith(b"/stats"):
                     body = orjson.dumps(self.stats())
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                                 % (len(body), body))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(body), body)
+                    )
                     await writer.drain()
                     continue
                 await self.stream(writer, headers)

@@ -90,8 +90,7 @@ def tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str) -> dict[
         }
     return {
         "error": {
-            "message": f"upstream server error: tapfix could not recover tool call '{fatal.name}' "
-            f"({fatal.reason})",
+            "message": f"upstream server error: tapfix could not recover tool call '{fatal.name}' ({fatal.reason})",
             "type": "server_error",
             "code": 502,
             "tapfix": tapfix,
@@ -120,8 +119,14 @@ def messages_tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str)
 
 
 def responses_tool_call_error_events(
-    fatal: Unrecoverable, policy: str, capture_id: str, *, seq: int, response: dict[str, Any],
-    output: list[Any], newline: bytes = b"\n",
+    fatal: Unrecoverable,
+    policy: str,
+    capture_id: str,
+    *,
+    seq: int,
+    response: dict[str, Any],
+    output: list[Any],
+    newline: bytes = b"\n",
 ) -> list[bytes]:
     """`error` then `response.failed`, numbered `seq + 1` and `seq + 2`.
 
@@ -129,13 +134,20 @@ def responses_tool_call_error_events(
     `APIError` (it raises on any event whose data has a truthy `error`)."""
     inner = tool_call_error(fatal, policy, capture_id)["error"]
     code = "server_error" if policy == "error" else inner["code"]
-    error = {"type": "error", "code": code, "message": inner["message"], "param": None,
-             "sequence_number": seq + 1, "error": inner}
+    error = {
+        "type": "error",
+        "code": code,
+        "message": inner["message"],
+        "param": None,
+        "sequence_number": seq + 1,
+        "error": inner,
+    }
     failed = {**response, "status": "failed", "output": output, "error": {"code": code, "message": inner["message"]}}
     return [
         named_event("error", error, newline),
-        named_event("response.failed", {"type": "response.failed", "sequence_number": seq + 2, "response": failed},
-                    newline),
+        named_event(
+            "response.failed", {"type": "response.failed", "sequence_number": seq + 2, "response": failed}, newline
+        ),
     ]
 
 
@@ -155,6 +167,7 @@ def reset_event(surface: Surface | None, message: str, capture_id: str) -> tuple
         return named_event("error", {"type": "error", "error": error}), error
     error = {"message": message, "type": "server_error", "code": 502, "tapfix": tapfix}
     if surface == "responses":
-        return named_event("error", {"type": "error", "code": "server_error", "message": message,
-                                     "error": error, "sequence_number": 0}), error
+        return named_event(
+            "error", {"type": "error", "code": "server_error", "message": message, "error": error, "sequence_number": 0}
+        ), error
     return format_event(orjson.dumps({"error": error})) + format_event(b"[DONE]"), error

@@ -358,9 +358,7 @@ def _string_end(body: bytes, pos: int) -> int:
 
 def json_path(path: Path) -> str:
     """`("reasoning", "effort")` → `$.reasoning.effort`, the notation of `Change.path`."""
-    return "$" + "".join(
-        f".{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) else f"[{json.dumps(k)}]" for k in path
-    )
+    return "$" + "".join(f".{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) else f"[{json.dumps(k)}]" for k in path)
 
 
 def top_level_spans(body: bytes) -> dict[str, tuple[int, int]]:

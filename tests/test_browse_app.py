@@ -36,9 +36,7 @@ def ids_on(html: str) -> list[str]:
 def test_list_newest_first(client: TestClient, built: Built) -> None:
     r = client.get("/")
     assert r.status_code == 200
-    assert ids_on(r.text) == [
-        built.ids[k] for k in ("xss", "error", "replay", "sdk", "turn3", "turn2", "turn1")
-    ]
+    assert ids_on(r.text) == [built.ids[k] for k in ("xss", "error", "replay", "sdk", "turn3", "turn2", "turn1")]
 
 
 @pytest.mark.parametrize(

@@ -182,9 +182,7 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
             "usage": {"prompt_tokens": 15, "completion_tokens": 6},
         }
     )
-    ex4 = _exchange(
-        now + 20, ua=SDK, model="llama-3.1-8b", stream=False, request=sdk_body, response=sdk_response
-    )
+    ex4 = _exchange(now + 20, ua=SDK, model="llama-3.1-8b", stream=False, request=sdk_body, response=sdk_response)
     ex5 = _exchange(
         now + 30,
         ua="tapfix-replay/0.1",

@@ -33,9 +33,7 @@ def _no_live_markup(html: str) -> None:
     assert scripts == ['<script src="/static/browse.js" defer>'], scripts
 
 
-@pytest.mark.parametrize(
-    "url", ["/", "/?q=payload", "/?flag=xss_flag", "/stats", "/sessions", "/?client=evil-agent"]
-)
+@pytest.mark.parametrize("url", ["/", "/?q=payload", "/?flag=xss_flag", "/stats", "/sessions", "/?client=evil-agent"])
 def test_xss_payloads_render_as_text_on_lists(client: TestClient, url: str) -> None:
     html = client.get(url).text
     _no_live_markup(html)
@@ -126,8 +124,9 @@ def test_host_headers_are_judged_without_resolving() -> None:
     from tapfix.proxy.net import is_loopback
 
     assert all(is_loopback(h, resolve=False) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
-    assert not any(is_loopback(h, resolve=False) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", "",
-                                                           "127.0.0.1.nip.io"))
+    assert not any(
+        is_loopback(h, resolve=False) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", "", "127.0.0.1.nip.io")
+    )
 
 
 def test_cli_refuses_non_loopback_without_token(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:

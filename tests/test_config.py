@@ -97,8 +97,7 @@ ERRORS = [
     ),
     (
         MINIMAL + "sampling.temprature = 0.6\n",
-        "models.qwen.sampling.temprature: found an unknown key, "
-        "expected one of frequency_penalty, max_tokens",
+        "models.qwen.sampling.temprature: found an unknown key, expected one of frequency_penalty, max_tokens",
     ),
     (
         MINIMAL + "sampling.top_k = 2.5\n",
@@ -106,8 +105,7 @@ ERRORS = [
     ),
     (
         MINIMAL + 'sampling.top_p = { mode = "always" }\n',
-        "models.qwen.sampling.top_p.mode: found 'always' (a string), "
-        "expected one of fill, override, clamp, drop",
+        "models.qwen.sampling.top_p.mode: found 'always' (a string), expected one of fill, override, clamp, drop",
     ),
     (
         MINIMAL + 'sampling.top_p = { mode = "clamp" }\n',
@@ -131,8 +129,7 @@ ERRORS = [
     (MINIMAL.replace('engine = "vllm"', ""), "upstreams.gpu0.engine: missing, expected one of vllm, sglang"),
     (
         MINIMAL.replace("http://", "ftp://"),
-        "upstreams.gpu0.base_url: found 'ftp://127.0.0.1:8000/v1' (a string), "
-        "expected an http:// or https:// URL",
+        "upstreams.gpu0.base_url: found 'ftp://127.0.0.1:8000/v1' (a string), expected an http:// or https:// URL",
     ),
     (MINIMAL.replace("[models.qwen]", ""), "models: missing, expected a [models.NAME] table"),
     ("listen = 8080\n" + MINIMAL, "listen: found 8080 (an integer), expected HOST:PORT"),

@@ -19,16 +19,13 @@ from tapfix.proxy.response.degeneration import (
 )
 from tapfix.proxy.response.flags import response_flags
 
-CJK = (
-    "配置文件需要更新以便系统能够正确加载模型参数然后我们再检查输出结果是否符合预期因此我们应该先确认环境变量"
-)
+CJK = "配置文件需要更新以便系统能够正确加载模型参数然后我们再检查输出结果是否符合预期因此我们应该先确认环境变量"
 ENGLISH = (
     "The configuration file needs a small update so that the loader picks up the model "
     "parameters correctly. After that, run the tests again and compare the output. "
 )
 CODE = "\n".join(
-    f"def handler_{i}(request):\n    value = request.get('field_{i}')\n    return value * {i}\n"
-    for i in range(40)
+    f"def handler_{i}(request):\n    value = request.get('field_{i}')\n    return value * {i}\n" for i in range(40)
 )
 TABLE = "| name | type | default |\n| --- | --- | --- |\n" + "".join(
     f"| option_{i} | int | {i * 3} |\n" for i in range(60)
@@ -165,9 +162,7 @@ def test_latin_dominant_needs_enough_letters() -> None:
 
 
 def _assembled(content: str = "", **kw) -> Assembled:
-    return Assembled(
-        content=content, finish_reason=kw.pop("finish_reason", "stop"), done=True, events=3, **kw
-    )
+    return Assembled(content=content, finish_reason=kw.pop("finish_reason", "stop"), done=True, events=3, **kw)
 
 
 @pytest.mark.parametrize(
@@ -192,9 +187,7 @@ def _assembled(content: str = "", **kw) -> Assembled:
             {"invalid_tool_call"},
         ),
         (
-            _assembled(
-                "", tool_calls=[{"id": "1", "name": "write", "arguments": '{"path": "a", "content": ""}'}]
-            ),
+            _assembled("", tool_calls=[{"id": "1", "name": "write", "arguments": '{"path": "a", "content": ""}'}]),
             {"tools": TOOLS},
             set(),
         ),

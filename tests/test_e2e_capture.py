@@ -32,7 +32,8 @@ def _export(proxy, capture_id: str, *flags: str) -> bytes:
 
 def test_streamed_sdk_request_is_captured_exactly(proxy, mock):
     raw = _client(proxy).chat.completions.with_raw_response.create(
-        model="tapfix-mock", stream=True, messages=[{"role": "user", "content": "Say hello in one line"}])
+        model="tapfix-mock", stream=True, messages=[{"role": "user", "content": "Say hello in one line"}]
+    )
     capture_id = raw.headers["x-tapfix-capture-id"]
     text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
     row = wait_capture(proxy.extra["db"], capture_id)
@@ -43,23 +44,34 @@ def test_streamed_sdk_request_is_captured_exactly(proxy, mock):
     sent = _export(proxy, capture_id)
     assert json.loads(sent)["messages"][0]["content"] == "Say hello in one line"
     # The raw upstream response is what the mock serves for the same request, byte for byte.
-    direct = httpx.post(f"{mock.url}/v1/chat/completions", content=sent,
-                        headers={"content-type": "application/json"}).content
+    direct = httpx.post(
+        f"{mock.url}/v1/chat/completions", content=sent, headers={"content-type": "application/json"}
+    ).content
     assert _export(proxy, capture_id, "--response") == direct
 
 
 def test_plain_and_tool_requests(proxy):
     client = _client(proxy)
     raw = client.chat.completions.with_raw_response.create(
-        model="tapfix-mock", messages=[{"role": "user", "content": "What is 2+2?"}])
+        model="tapfix-mock", messages=[{"role": "user", "content": "What is 2+2?"}]
+    )
     reply = raw.parse()
     row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
     assert row["content"] == reply.choices[0].message.content and row["stream"] == 0
-    tools = [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"],
-                  description="write a file")]
+    tools = [
+        tool(
+            "write",
+            {"path": {"type": "string"}, "content": {"type": "string"}},
+            ["path", "content"],
+            description="write a file",
+        )
+    ]
     raw = client.chat.completions.with_raw_response.create(
-        model="tapfix-mock", stream=True, tools=tools,
-        messages=[{"role": "user", "content": "Create hello.txt containing a greeting"}])
+        model="tapfix-mock",
+        stream=True,
+        tools=tools,
+        messages=[{"role": "user", "content": "Create hello.txt containing a greeting"}],
+    )
     calls: dict[int, dict] = {}
     for chunk in raw.parse():
         for choice in chunk.choices:
@@ -76,10 +88,15 @@ def test_plain_and_tool_requests(proxy):
 
 
 def test_odd_body_passes_byte_identical(proxy):
-    body = (b'{ "messages" :[ {"content":"caf\\u00e9 \xe2\x9c\x93  tabs\\t", "role":"user"}],\n'
-            b'  "model":"tapfix-mock" ,"stream":false}  ')
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
-                          headers={"content-type": "application/json", "authorization": f"Bearer {SECRET}"})
+    body = (
+        b'{ "messages" :[ {"content":"caf\\u00e9 \xe2\x9c\x93  tabs\\t", "role":"user"}],\n'
+        b'  "model":"tapfix-mock" ,"stream":false}  '
+    )
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json", "authorization": f"Bearer {SECRET}"},
+    )
     assert response.status_code == 200
     capture_id = response.headers["x-tapfix-capture-id"]
     row = wait_capture(proxy.extra["db"], capture_id)
@@ -90,10 +107,11 @@ def test_odd_body_passes_byte_identical(proxy):
 
 
 def test_secret_never_reaches_database_files(proxy):
-    response = httpx.post(f"{proxy.url}/v1/chat/completions?api_key={SECRET}",
-                          json={"model": "tapfix-mock", "messages": [{"role": "user", "content": "hi"}]},
-                          headers={"authorization": f"Bearer {SECRET}", "x-api-key": SECRET,
-                                   "cookie": f"session={SECRET}"})
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions?api_key={SECRET}",
+        json={"model": "tapfix-mock", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {SECRET}", "x-api-key": SECRET, "cookie": f"session={SECRET}"},
+    )
     row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
     assert "[redacted]" in row["request_headers"] and "[redacted]" in row["url"]
     db = proxy.extra["db"]
@@ -119,8 +137,11 @@ def test_every_response_carries_capture_id_and_list_json(proxy):
 
 
 def test_show_is_readable(proxy):
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"accept-encoding": "gzip"},
-                          json={"model": "tapfix-mock", "messages": [{"role": "user", "content": "hello there"}]})
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"accept-encoding": "gzip"},
+        json={"model": "tapfix-mock", "messages": [{"role": "user", "content": "hello there"}]},
+    )
     capture_id = response.headers["x-tapfix-capture-id"]
     wait_capture(proxy.extra["db"], capture_id)
     shown = cli("captures", "show", capture_id[:12], "--db", str(proxy.extra["db"]))

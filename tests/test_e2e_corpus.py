@@ -33,8 +33,12 @@ def stack(tmp_path_factory):
 
 
 def _body(case_path, case) -> dict:
-    return {"model": case_path.stem, "stream": True, "tools": case["tools"],
-            "messages": [{"role": "user", "content": "do it"}]}
+    return {
+        "model": case_path.stem,
+        "stream": True,
+        "tools": case["tools"],
+        "messages": [{"role": "user", "content": "do it"}],
+    }
 
 
 def _sdk_calls(proxy, case_path, case):

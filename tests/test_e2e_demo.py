@@ -15,12 +15,16 @@ pytestmark = pytest.mark.e2e
 def test_demo_serves_a_client_and_captures(tmp_path):
     port, mock_port = free_port(), free_port()
     db = tmp_path / "demo.db"
-    demo = start(["demo", "--listen", f"127.0.0.1:{port}", "--mock-listen", f"127.0.0.1:{mock_port}",
-                  "--db", str(db)], port, tmp_path / "demo.log")
+    demo = start(
+        ["demo", "--listen", f"127.0.0.1:{port}", "--mock-listen", f"127.0.0.1:{mock_port}", "--db", str(db)],
+        port,
+        tmp_path / "demo.log",
+    )
     try:
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                              json={"model": "tapfix-mock", "stream": True,
-                                    "messages": [{"role": "user", "content": "Say hello"}]})
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "tapfix-mock", "stream": True, "messages": [{"role": "user", "content": "Say hello"}]},
+        )
         assert response.status_code == 200 and response.text.rstrip().endswith("data: [DONE]")
         row = wait_capture(db, response.headers["x-tapfix-capture-id"])
         assert row["content"] and row["model"] == "tapfix-mock"

@@ -17,7 +17,7 @@ from tests.support.rawserver import RawRequest, RawServer, sse_response
 pytestmark = pytest.mark.e2e
 
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
-JSON_OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
 def _json_ok(_: RawRequest):
@@ -62,8 +62,9 @@ def _export(proxy, capture_id: str, *flags: str) -> bytes:
 def test_malformed_request_body_is_forwarded_unchanged_and_flagged(raw, proxy_for, body):
     server = raw(_json_ok)
     proxy = proxy_for(server.url)
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 200
     assert server.requests[-1].body == body
     row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
@@ -116,8 +117,9 @@ def test_client_disconnect_mid_stream_is_kept_and_marked(raw, proxy_for):
 
     server = raw(respond)
     proxy = proxy_for(server.url)
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10,
-                      json={"model": "m", "stream": True, "messages": []}) as response:
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", timeout=10, json={"model": "m", "stream": True, "messages": []}
+    ) as response:
         capture_id = response.headers["x-tapfix-capture-id"]
         next(response.iter_raw())
     row = wait_capture(proxy.extra["db"], capture_id, timeout=15)
@@ -162,9 +164,14 @@ def test_odd_stream_passes_byte_identical(raw, proxy_for, with_tools, piece):
     assert row["content"] == "café ✓ 😀 é "
 
 
-@pytest.mark.parametrize(("root", "expected"), [("/api", "/api/v1/chat/completions"),
-                                                 ("/v1", "/v1/chat/completions"),
-                                                 ("/openai/v1/", "/openai/v1/chat/completions")])
+@pytest.mark.parametrize(
+    ("root", "expected"),
+    [
+        ("/api", "/api/v1/chat/completions"),
+        ("/v1", "/v1/chat/completions"),
+        ("/openai/v1/", "/openai/v1/chat/completions"),
+    ],
+)
 def test_upstream_path_prefix_is_joined_without_doubling_v1(raw, proxy_for, root, expected):
     server = raw(_json_ok)
     proxy = proxy_for(server.url + root)
@@ -190,8 +197,9 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = cli("run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
-                     "--db", str(tmp_path / "x.db"))
+        result = cli(
+            "run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "x.db")
+        )
     assert result.returncode != 0
     assert b"could not listen" in result.stderr or b"in use" in result.stderr
 
@@ -200,9 +208,15 @@ def test_port_in_use_is_a_clear_error(tmp_path):
 def test_stream_is_forwarded_as_it_arrives(raw, proxy_for, with_tools):
     """Content deltas reach the client while the upstream is still generating (never buffered)."""
     events = [CHUNK % b"first", CHUNK % b"second", b"data: [DONE]\n\n"]
-    server = raw(lambda _: [(0.0, sse_response(events[:1])[0][1]), (0.0, sse_response(events[:1])[1][1]),
-                            (1.5, sse_response(events[1:2])[1][1]), (0.0, sse_response(events[2:])[1][1]),
-                            (0.0, b"0\r\n\r\n")])
+    server = raw(
+        lambda _: [
+            (0.0, sse_response(events[:1])[0][1]),
+            (0.0, sse_response(events[:1])[1][1]),
+            (1.5, sse_response(events[1:2])[1][1]),
+            (0.0, sse_response(events[2:])[1][1]),
+            (0.0, b"0\r\n\r\n"),
+        ]
+    )
     proxy = proxy_for(server.url)
     body = {"model": "m", "stream": True, "messages": [], **({"tools": TOOLS} if with_tools else {})}
     started = time.monotonic()
@@ -219,11 +233,18 @@ def test_stream_is_forwarded_as_it_arrives(raw, proxy_for, with_tools):
 @pytest.mark.parametrize("prefix_mode", [True, False], ids=["stream-valid-prefix", "default-hold"])
 def test_tool_call_fragments_held_or_streamed(raw, proxy_for, prefix_mode):
     """Default: a call is held until complete. --stream-valid-prefix: valid fragments go out at once."""
-    opener = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
-              b'"function":{"name":"write","arguments":""}}]}}]}\n\n')
+    opener = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+        b'"function":{"name":"write","arguments":""}}]}}]}\n\n'
+    )
     frag = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"%s"}}]}}]}\n\n'
-    events = [opener, frag % b'{\\"path\\": \\"a.txt\\"', frag % b"}",
-              b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n', b"data: [DONE]\n\n"]
+    events = [
+        opener,
+        frag % b'{\\"path\\": \\"a.txt\\"',
+        frag % b"}",
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\n',
+        b"data: [DONE]\n\n",
+    ]
     script = sse_response(events)
     server = raw(lambda _: [*script[:3], (1.5, script[3][1]), *script[4:]])
     proxy = proxy_for(server.url, *(["--stream-valid-prefix"] if prefix_mode else []))
@@ -241,8 +262,10 @@ def test_tool_call_fragments_held_or_streamed(raw, proxy_for, prefix_mode):
 
 def test_reset_inside_a_held_tool_call_ends_with_one_error_event(raw, proxy_for):
     """The held, cut call is never sent; the client sees exactly one retryable error and one [DONE]."""
-    opener = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
-              b'"function":{"name":"write","arguments":"{\\"path\\": \\"a."}}]}}]}\n\n')
+    opener = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+        b'"function":{"name":"write","arguments":"{\\"path\\": \\"a."}}]}}]}\n\n'
+    )
     script = sse_response([CHUNK % b"text first", opener])[:-1]
     server = raw(lambda _: [*script, (0.2, b"<RESET>")])
     proxy = proxy_for(server.url)

@@ -22,15 +22,18 @@ from tests.support.procs import cli, free_port, start, wait_capture
 from tests.support.rawserver import RawServer
 
 pytestmark = pytest.mark.e2e
-OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
 def test_regular_mode_captures_only_allow_listed_hosts(tmp_path):
     server = RawServer(lambda _: [(0.0, OK)])
     port = free_port()
     db = tmp_path / "r.db"
-    proxy = start(["run", "--mode", "regular", "--intercept", "127.0.0.1", "--listen", f"127.0.0.1:{port}",
-                   "--db", str(db)], port, tmp_path / "proxy.log")
+    proxy = start(
+        ["run", "--mode", "regular", "--intercept", "127.0.0.1", "--listen", f"127.0.0.1:{port}", "--db", str(db)],
+        port,
+        tmp_path / "proxy.log",
+    )
     try:
         with httpx.Client(proxy=f"http://127.0.0.1:{port}") as client:
             captured = client.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", json={"model": "m"})
@@ -54,16 +57,23 @@ def _self_signed(tmp_path):
     now = datetime.datetime.now(datetime.UTC)
     import ipaddress
 
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -76,8 +86,17 @@ def tls_upstream(tmp_path):
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           ssl_certfile=str(cert), ssl_keyfile=str(key), lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            ssl_certfile=str(cert),
+            ssl_keyfile=str(key),
+            lifespan="off",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -92,8 +111,11 @@ def test_tls_upstream(tmp_path, tls_upstream, trust):
     url, cert = tls_upstream
     args = {"ca": ["--upstream-ca", str(cert)], "insecure": ["--insecure"], "none": []}[trust]
     port = free_port()
-    proxy = start(["run", "--upstream", url, "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "t.db"),
-                   *args], port, tmp_path / "proxy.log")
+    proxy = start(
+        ["run", "--upstream", url, "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "t.db"), *args],
+        port,
+        tmp_path / "proxy.log",
+    )
     try:
         response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "tls-model"})
         if trust == "none":

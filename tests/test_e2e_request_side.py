@@ -12,9 +12,11 @@ from tests.support.rawserver import RawServer
 
 pytestmark = pytest.mark.e2e
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-OPENCODE_BODY = (b'{"model":"qwen","max_tokens":32000,"messages":[{"role":"system","content":"You are opencode"},'
-                 b'{"role":"user","content":"\\"fix the bug\\""}],"tools":[],"tool_choice":"auto",'
-                 b'"stream":false,"stream_options":{"include_usage":true}}')
+OPENCODE_BODY = (
+    b'{"model":"qwen","max_tokens":32000,"messages":[{"role":"system","content":"You are opencode"},'
+    b'{"role":"user","content":"\\"fix the bug\\""}],"tools":[],"tool_choice":"auto",'
+    b'"stream":false,"stream_options":{"include_usage":true}}'
+)
 
 
 @pytest.fixture
@@ -27,25 +29,44 @@ def upstream():
 def _run(tmp_path, *args, env=None):
     port = free_port()
     db = tmp_path / f"r{port}.db"
-    proc = start(["run", "--listen", f"127.0.0.1:{port}", "--db", str(db), *args], port,
-                 tmp_path / f"p{port}.log", env)
+    proc = start(["run", "--listen", f"127.0.0.1:{port}", "--db", str(db), *args], port, tmp_path / f"p{port}.log", env)
     proc.extra["db"] = db
     return proc
 
 
 def _generation_config(tmp_path):
     path = tmp_path / "generation_config.json"
-    path.write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
-                                "repetition_penalty": 1.05, "max_new_tokens": 4096}))
+    path.write_text(
+        json.dumps(
+            {
+                "temperature": 0.6,
+                "top_p": 0.95,
+                "top_k": 20,
+                "min_p": 0.0,
+                "repetition_penalty": 1.05,
+                "max_new_tokens": 4096,
+            }
+        )
+    )
     return path
 
 
 def test_opencode_body_without_sampling_gets_generation_config_defaults(tmp_path, upstream):
-    proxy = _run(tmp_path, "--upstream", upstream.url, "--engine", "vllm",
-                 "--generation-config", str(_generation_config(tmp_path)))
+    proxy = _run(
+        tmp_path,
+        "--upstream",
+        upstream.url,
+        "--engine",
+        "vllm",
+        "--generation-config",
+        str(_generation_config(tmp_path)),
+    )
     try:
-        response = httpx.post(f"{proxy.url}/v1/chat/completions", content=OPENCODE_BODY,
-                              headers={"content-type": "application/json", "user-agent": "opencode/1.18.33"})
+        response = httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            content=OPENCODE_BODY,
+            headers={"content-type": "application/json", "user-agent": "opencode/1.18.33"},
+        )
         sent = json.loads(upstream.requests[-1].body)
         assert (sent["temperature"], sent["top_p"], sent["top_k"], sent["min_p"]) == (0.6, 0.95, 20, 0.0)
         assert sent["repetition_penalty"] == 1.05
@@ -64,17 +85,30 @@ def test_opencode_body_without_sampling_gets_generation_config_defaults(tmp_path
 
 
 def test_client_values_win_and_reasoning_is_rewritten(tmp_path, upstream):
-    proxy = _run(tmp_path, "--upstream", upstream.url, "--engine", "llamacpp",
-                 "--generation-config", str(_generation_config(tmp_path)))
+    proxy = _run(
+        tmp_path,
+        "--upstream",
+        upstream.url,
+        "--engine",
+        "llamacpp",
+        "--generation-config",
+        str(_generation_config(tmp_path)),
+    )
     try:
-        body = {"model": "glm", "temperature": 0.1, "reasoning_effort": 80,
-                "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "model": "glm",
+            "temperature": 0.1,
+            "reasoning_effort": 80,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         httpx.post(f"{proxy.url}/v1/chat/completions", json=body)
         sent = json.loads(upstream.requests[-1].body)
         assert sent["temperature"] == 0.1 and sent["top_p"] == 0.95
         assert "reasoning_effort" not in sent or sent["reasoning_effort"] == "high"
-        assert sent.get("chat_template_kwargs", {}).get("enable_thinking") is True or \
-            sent.get("reasoning_effort") == "high"
+        assert (
+            sent.get("chat_template_kwargs", {}).get("enable_thinking") is True
+            or sent.get("reasoning_effort") == "high"
+        )
     finally:
         proxy.stop()
 
@@ -103,8 +137,9 @@ def test_config_mode_routes_aliases_policies_and_credentials(tmp_path, upstream)
     proxy = _run(tmp_path, "--config", str(config), env={"TAPFIX_TEST_GPU0_KEY": "upstream-key-123"})
     try:
         body = {"model": "qwen", "temperature": 1.0, "top_p": 0.99, "presence_penalty": 1.5, "messages": []}
-        response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body,
-                              headers={"authorization": "Bearer client-token"})
+        response = httpx.post(
+            f"{proxy.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer client-token"}
+        )
         assert response.status_code == 200
         request = upstream.requests[-1]
         sent = json.loads(request.body)
@@ -143,24 +178,38 @@ def test_check_catches_missing_credential_and_unserved_model(tmp_path):
         good.write_text(CONFIG.format(url=mock.url).replace("Qwen/Qwen3-32B", "tapfix-mock"))
         ok = cli("check", "--config", str(good), env={"TAPFIX_TEST_GPU0_KEY": "k"})
         assert ok.returncode == 0, ok.stdout
-        strict = cli("run", "--config", str(config), "--strict", "--listen", f"127.0.0.1:{free_port()}",
-                     "--db", str(tmp_path / "s.db"), env={"TAPFIX_TEST_GPU0_KEY": ""})
+        strict = cli(
+            "run",
+            "--config",
+            str(config),
+            "--strict",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--db",
+            str(tmp_path / "s.db"),
+            env={"TAPFIX_TEST_GPU0_KEY": ""},
+        )
         assert strict.returncode != 0 and b"TAPFIX_TEST_GPU0_KEY" in strict.stderr
     finally:
         mock.stop()
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("[upstreams.a]\nbase_url = 'http://x'\nengine = 'vllm'\n[models.m]\nupstream = 'a'\n"
-     "[models.m.sampling]\ntop_p = { mode = 'clamp', max = 'high' }\n", "models.m.sampling.top_p.max"),
-    ("[upstreams.a]\nbase_url = 'http://x'\nengine = 'vllm'\napi_key = 'sk-literal-secret'\n", "api_key"),
-    ("not toml = = =", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[upstreams.a]\nbase_url = 'http://x'\nengine = 'vllm'\n[models.m]\nupstream = 'a'\n"
+            "[models.m.sampling]\ntop_p = { mode = 'clamp', max = 'high' }\n",
+            "models.m.sampling.top_p.max",
+        ),
+        ("[upstreams.a]\nbase_url = 'http://x'\nengine = 'vllm'\napi_key = 'sk-literal-secret'\n", "api_key"),
+        ("not toml = = =", "not valid TOML"),
+    ],
+)
 def test_bad_config_files_get_clear_errors(tmp_path, text, expected):
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    for args in (["check", "--config", str(config)],
-                 ["run", "--config", str(config), "--db", str(tmp_path / "x.db")]):
+    for args in (["check", "--config", str(config)], ["run", "--config", str(config), "--db", str(tmp_path / "x.db")]):
         result = cli(*args)
         assert result.returncode != 0
         assert str(config).encode() in result.stderr and expected.encode() in result.stderr
@@ -187,12 +236,17 @@ def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
     config.write_text(RENAME_CONFIG.format(url=mock.url))
     proxy = _run(tmp_path, "--config", str(config))
     try:
-        body = {"model": "tapfix-mock", "stream": True, "reasoning_effort": "high",
-                "messages": [{"role": "user", "content": "think about it"}]}
+        body = {
+            "model": "tapfix-mock",
+            "stream": True,
+            "reasoning_effort": "high",
+            "messages": [{"role": "user", "content": "think about it"}],
+        }
         seen = {}
         for agent in ("opencode/1.18.33 ai-sdk", "omp/18.2.3"):
-            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body,
-                              headers={"user-agent": agent}) as response:
+            with httpx.stream(
+                "POST", f"{proxy.url}/v1/chat/completions", json=body, headers={"user-agent": agent}
+            ) as response:
                 seen[agent] = (b"".join(response.iter_raw()), response.headers["x-tapfix-capture-id"])
         opencode, omp = seen["opencode/1.18.33 ai-sdk"][0], seen["omp/18.2.3"][0]
         assert b'"reasoning_content":' in opencode and b'"reasoning":' not in opencode
@@ -207,11 +261,15 @@ def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
 
 
 def test_upstream_key_env_replaces_the_client_credential(tmp_path, upstream):
-    proxy = _run(tmp_path, "--upstream", upstream.url, "--key-env", "TAPFIX_TEST_KEY",
-                 env={"TAPFIX_TEST_KEY": "server-side-key"})
+    proxy = _run(
+        tmp_path, "--upstream", upstream.url, "--key-env", "TAPFIX_TEST_KEY", env={"TAPFIX_TEST_KEY": "server-side-key"}
+    )
     try:
-        response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "anything", "messages": []},
-                              headers={"authorization": "Bearer whatever-the-agent-has"})
+        response = httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            json={"model": "anything", "messages": []},
+            headers={"authorization": "Bearer whatever-the-agent-has"},
+        )
         assert response.status_code == 200
         assert upstream.requests[-1].header("authorization") == "Bearer server-side-key"
         db_bytes = proxy.extra["db"].read_bytes() if proxy.extra["db"].exists() else b""

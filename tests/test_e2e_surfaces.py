@@ -18,8 +18,11 @@ from tests.support.procs import cli, start_mock, start_proxy, wait_capture
 
 pytestmark = pytest.mark.e2e
 
-SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-          "required": ["path", "content"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"],
+}
 RESPONSES_TOOLS = [{"type": "function", "name": "write", "description": "Write a file", "parameters": SCHEMA}]
 ANTHROPIC_TOOLS = [{"name": "write", "description": "Write a file", "input_schema": SCHEMA}]
 PROMPT = 'Create hello.txt containing "hi there"'
@@ -33,7 +36,8 @@ def stack(tmp_path_factory):
     rules = [{"when": {"model": f"break-{m}"}, "do": "break_tool_call", "mode": m} for m in MODES]
     (tmp / "scenario.json").write_text(json.dumps({"rules": rules}))
     (tmp / "generation_config.json").write_text(
-        json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 4096}))
+        json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 4096})
+    )
     mock = start_mock(tmp, "--scenario", str(tmp / "scenario.json"))
     gen = str(tmp / "generation_config.json")
     proxy = start_proxy(tmp, mock.url, "--engine", "vllm", "--generation-config", gen)
@@ -63,7 +67,8 @@ def _openai(proxy):
 
 def _responses_stream(proxy, model, **kw):
     raw = _openai(proxy).responses.with_raw_response.create(
-        model=model, input=PROMPT, tools=RESPONSES_TOOLS, stream=True, **kw)
+        model=model, input=PROMPT, tools=RESPONSES_TOOLS, stream=True, **kw
+    )
     calls, error, events = [], None, []
     try:
         for event in raw.parse():
@@ -94,8 +99,9 @@ def test_responses_stream_is_captured_and_mapped(stack):
 
 def test_responses_non_streamed_text(stack):
     _, proxy = stack
-    raw = _openai(proxy).responses.with_raw_response.create(model="m", input="What is 6 * 7?",
-                                                             reasoning={"effort": "low"})
+    raw = _openai(proxy).responses.with_raw_response.create(
+        model="m", input="What is 6 * 7?", reasoning={"effort": "low"}
+    )
     response = raw.parse()
     assert response.output_text == "6 * 7 = 42."
     row = _row(proxy, raw.headers["x-tapfix-capture-id"])
@@ -136,8 +142,12 @@ def _anthropic(proxy):
 def test_messages_stream_is_captured_and_mapped(stack):
     _, proxy = stack
     with _anthropic(proxy).messages.stream(
-        model="m", max_tokens=6000, messages=[{"role": "user", "content": PROMPT}], tools=ANTHROPIC_TOOLS,
-        thinking={"type": "adaptive"}, extra_body={"output_config": {"effort": "high"}},
+        model="m",
+        max_tokens=6000,
+        messages=[{"role": "user", "content": PROMPT}],
+        tools=ANTHROPIC_TOOLS,
+        thinking={"type": "adaptive"},
+        extra_body={"output_config": {"effort": "high"}},
     ) as stream:
         message = stream.get_final_message()
         capture_id = stream.response.headers["x-tapfix-capture-id"]
@@ -157,8 +167,11 @@ def test_messages_stream_is_captured_and_mapped(stack):
 def test_messages_budget_is_clamped_and_text_assembled(stack):
     _, proxy = stack
     raw = _anthropic(proxy).messages.with_raw_response.create(
-        model="m", max_tokens=3000, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        thinking={"type": "enabled", "budget_tokens": 500})
+        model="m",
+        max_tokens=3000,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        thinking={"type": "enabled", "budget_tokens": 500},
+    )
     message = raw.parse()
     assert message.content[-1].text == "The capital of France is Paris."
     capture_id = raw.headers["x-tapfix-capture-id"]
@@ -170,8 +183,9 @@ def test_messages_budget_is_clamped_and_text_assembled(stack):
 @pytest.mark.parametrize("mode", ["unclosed", "resend_whole", "drop_opening"])
 def test_messages_broken_stream_is_repaired(stack, mode):
     _, proxy = stack
-    with _anthropic(proxy).messages.stream(model=f"break-{mode}", max_tokens=2000, tools=ANTHROPIC_TOOLS,
-                                           messages=[{"role": "user", "content": PROMPT}]) as stream:
+    with _anthropic(proxy).messages.stream(
+        model=f"break-{mode}", max_tokens=2000, tools=ANTHROPIC_TOOLS, messages=[{"role": "user", "content": PROMPT}]
+    ) as stream:
         message = stream.get_final_message()
         capture_id = stream.response.headers["x-tapfix-capture-id"]
     assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("write", ARGS)]
@@ -181,9 +195,13 @@ def test_messages_broken_stream_is_repaired(stack, mode):
 def test_messages_unrecoverable_stream_raises_in_the_sdk(stack):
     _, proxy = stack
     client = _anthropic(proxy)
-    raw = client.messages.with_raw_response.create(model="break-truncate", max_tokens=2000, stream=True,
-                                                   tools=ANTHROPIC_TOOLS,
-                                                   messages=[{"role": "user", "content": PROMPT}])
+    raw = client.messages.with_raw_response.create(
+        model="break-truncate",
+        max_tokens=2000,
+        stream=True,
+        tools=ANTHROPIC_TOOLS,
+        messages=[{"role": "user", "content": PROMPT}],
+    )
     seen = []
     with pytest.raises(anthropic.APIStatusError) as info:
         for event in raw.parse():
@@ -198,15 +216,21 @@ def test_messages_unrecoverable_stream_raises_in_the_sdk(stack):
 def test_messages_non_streamed_unrecoverable_is_a_502(stack):
     _, proxy = stack
     with pytest.raises(anthropic.InternalServerError) as info:
-        _anthropic(proxy).messages.create(model="break-truncate", max_tokens=2000, tools=ANTHROPIC_TOOLS,
-                                          messages=[{"role": "user", "content": PROMPT}])
+        _anthropic(proxy).messages.create(
+            model="break-truncate",
+            max_tokens=2000,
+            tools=ANTHROPIC_TOOLS,
+            messages=[{"role": "user", "content": PROMPT}],
+        )
     assert info.value.status_code == 502 and info.value.body["error"]["type"] == "api_error"
 
 
 def test_mock_surfaces_answer_directly(stack):
     mock, _ = stack
-    r = httpx.post(f"{mock.url}/v1/messages", json={"model": "m", "max_tokens": 50,
-                                                    "messages": [{"role": "user", "content": "hello"}]})
+    r = httpx.post(
+        f"{mock.url}/v1/messages",
+        json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert r.status_code == 200 and r.json()["content"][0]["text"] == "Hello! How can I help you today?"
     r = httpx.post(f"{mock.url}/v1/responses", json={"model": "m"})
     assert r.status_code == 400 and "input" in r.json()["error"]["message"]

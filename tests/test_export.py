@@ -206,8 +206,7 @@ def test_bundle_is_complete_and_secret_free(
         assert orjson.loads((out / "flags.json").read_bytes()) == ["script_drift"]
         headers = orjson.loads((out / "headers.json").read_bytes())
         assert all(
-            k.lower() not in ("authorization", "set-cookie")
-            for k, _ in headers["request"] + headers["response"]
+            k.lower() not in ("authorization", "set-cookie") for k, _ in headers["request"] + headers["response"]
         )
     else:
         with zipfile.ZipFile(out) as archive:
@@ -244,13 +243,9 @@ def test_cli_export_formats(tmp_path: Path, stored: Path, server: RawServer) -> 
     assert curl.returncode == 0, curl.stderr.decode()
     before = len(server.requests)
     if shutil.which("curl"):
-        run = subprocess.run(
-            ["bash", "-c", curl.stdout.decode()], env=_env(server), capture_output=True, timeout=30
-        )
+        run = subprocess.run(["bash", "-c", curl.stdout.decode()], env=_env(server), capture_output=True, timeout=30)
         assert run.returncode == 0 and server.requests[before].body.endswith(b',"temperature":0.7}')
-    py = cli(
-        "captures", "export", "01export", "--db", str(stored), "--as", "python", "-o", str(tmp_path / "r.py")
-    )
+    py = cli("captures", "export", "01export", "--db", str(stored), "--as", "python", "-o", str(tmp_path / "r.py"))
     assert py.returncode == 0 and (tmp_path / "r.py").read_text().startswith("#!/usr/bin/env python3")
     bundle = subprocess.run(
         [

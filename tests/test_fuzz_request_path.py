@@ -36,50 +36,138 @@ EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 ENV = {"GPU0_KEY": "k-gpu0-secret-value", "CLAUDE_KEY": "k-claude-secret"}
-POLICY = RequestPolicy(from_dict({
-    "upstreams": {
-        "gpu0": {"base_url": "http://127.0.0.1:8000/v1", "engine": "vllm", "api_key_env": "GPU0_KEY"},
-        "gpu1": {"base_url": "http://127.0.0.1:8001/v1", "engine": "llamacpp"},
-        "sg": {"base_url": "http://127.0.0.1:8002/v1", "engine": "sglang"},
-        "claude": {"base_url": "https://api.anthropic.com", "engine": "anthropic", "api_key_env": "CLAUDE_KEY"},
-    },
-    "models": {
-        "qwen3-32b": {"upstream": "gpu0", "upstream_model": "Qwen/Qwen3-32B", "aliases": ["qwen"],
-                      "sampling": {"temperature": 0.6, "top_p": {"mode": "override", "value": 0.95},
-                                   "top_k": {"mode": "drop"}, "min_p": {"min": 0.0, "max": 0.2},
-                                   "presence_penalty": 1.5},
-                      "reasoning": {"template_var": "enable_thinking"}},
-        "glm": {"upstream": "gpu1", "reasoning": {"levels": ["high", "max"]},
-                "sampling": {"repetition_penalty": 1.05, "temperature": {"mode": "fill", "value": 1.0}}},
-        "sg": {"upstream": "sg", "reasoning": {"levels": ["low", "medium", "high"], "reject_unmappable": True}},
-        "claude": {"upstream": "claude"},
-    },
-}), environ=ENV)
+POLICY = RequestPolicy(
+    from_dict(
+        {
+            "upstreams": {
+                "gpu0": {"base_url": "http://127.0.0.1:8000/v1", "engine": "vllm", "api_key_env": "GPU0_KEY"},
+                "gpu1": {"base_url": "http://127.0.0.1:8001/v1", "engine": "llamacpp"},
+                "sg": {"base_url": "http://127.0.0.1:8002/v1", "engine": "sglang"},
+                "claude": {"base_url": "https://api.anthropic.com", "engine": "anthropic", "api_key_env": "CLAUDE_KEY"},
+            },
+            "models": {
+                "qwen3-32b": {
+                    "upstream": "gpu0",
+                    "upstream_model": "Qwen/Qwen3-32B",
+                    "aliases": ["qwen"],
+                    "sampling": {
+                        "temperature": 0.6,
+                        "top_p": {"mode": "override", "value": 0.95},
+                        "top_k": {"mode": "drop"},
+                        "min_p": {"min": 0.0, "max": 0.2},
+                        "presence_penalty": 1.5,
+                    },
+                    "reasoning": {"template_var": "enable_thinking"},
+                },
+                "glm": {
+                    "upstream": "gpu1",
+                    "reasoning": {"levels": ["high", "max"]},
+                    "sampling": {"repetition_penalty": 1.05, "temperature": {"mode": "fill", "value": 1.0}},
+                },
+                "sg": {"upstream": "sg", "reasoning": {"levels": ["low", "medium", "high"], "reject_unmappable": True}},
+                "claude": {"upstream": "claude"},
+            },
+        }
+    ),
+    environ=ENV,
+)
 
-SEEDS: list[bytes] = [orjson.dumps(x) for x in (
-    {"model": "qwen", "stream": True, "stream_options": {"include_usage": True}, "reasoning_effort": "high",
-     "messages": [{"role": "system", "content": "You are opencode."},
-                  {"role": "user", "content": "write hello.txt containing \"hi\" é 😀"}],
-     "tools": [{"type": "function", "function": {"name": "write", "parameters": {
-         "type": "object", "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}}}}}],
-     "max_tokens": 32000, "temperature": 0.2},
-    {"model": "glm", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-     "chat_template_kwargs": {"enable_thinking": False}, "top_k": 20, "min_p": 0.5},
-    {"model": "sg", "input": [{"role": "user", "content": "hi"}], "reasoning": {"effort": "xhigh"},
-     "prompt_cache_key": "s1"},
-    {"model": "claude", "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 4000},
-     "messages": [{"role": "user", "content": "hi"}], "system": [{"type": "text", "text": "x"}]},
-    {"model": "qwen3-32b", "prompt": "def f(", "max_tokens": 5, "think": True, "enable_thinking": "yes"},
-    {"model": "nope", "messages": []},
-)] + [b'{"model" : "qwen",\n  "messages":[] , "temperature": 1e400 ,"top_p":-0.0 }',
-      b'{"model":"qwen","messages":[],"model":"glm"}',
-      b'\xef\xbb\xbf{"model":"qwen","messages":[{"role":"user","content":"hi \\u00e9"}]}',
-      b'{"model":"qwen","messages":[' + b"[" * 2000 + b"]" * 2000 + b"]}"]
-PATHS = ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/completions", "/v1/models",
-         "/chat/completions?api_key=x", "/v1//chat/completions/", "/x/v1/responses", ""]
-JUNK = [b"", b"\x00", b"\xff\xfe", b"{", b"}", b"[", b'"', b"\\", b"\\u", b"\\ud83d", b"1e99999", b"-", b"NaN",
-        b"null", b"true", b",", b":", b"\n", b" " * 7, "é".encode(), b"\xc3", b'"model":', b'"stream":true',
-        b'"reasoning_effort":"max"', b'"temperature":"hot"', b'"top_p":[1]', b'{"a":' * 50]
+SEEDS: list[bytes] = [
+    orjson.dumps(x)
+    for x in (
+        {
+            "model": "qwen",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "reasoning_effort": "high",
+            "messages": [
+                {"role": "system", "content": "You are opencode."},
+                {"role": "user", "content": 'write hello.txt containing "hi" é 😀'},
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "write",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}},
+                        },
+                    },
+                }
+            ],
+            "max_tokens": 32000,
+            "temperature": 0.2,
+        },
+        {
+            "model": "glm",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "chat_template_kwargs": {"enable_thinking": False},
+            "top_k": 20,
+            "min_p": 0.5,
+        },
+        {
+            "model": "sg",
+            "input": [{"role": "user", "content": "hi"}],
+            "reasoning": {"effort": "xhigh"},
+            "prompt_cache_key": "s1",
+        },
+        {
+            "model": "claude",
+            "max_tokens": 1024,
+            "thinking": {"type": "enabled", "budget_tokens": 4000},
+            "messages": [{"role": "user", "content": "hi"}],
+            "system": [{"type": "text", "text": "x"}],
+        },
+        {"model": "qwen3-32b", "prompt": "def f(", "max_tokens": 5, "think": True, "enable_thinking": "yes"},
+        {"model": "nope", "messages": []},
+    )
+] + [
+    b'{"model" : "qwen",\n  "messages":[] , "temperature": 1e400 ,"top_p":-0.0 }',
+    b'{"model":"qwen","messages":[],"model":"glm"}',
+    b'\xef\xbb\xbf{"model":"qwen","messages":[{"role":"user","content":"hi \\u00e9"}]}',
+    b'{"model":"qwen","messages":[' + b"[" * 2000 + b"]" * 2000 + b"]}",
+]
+PATHS = [
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/completions",
+    "/v1/models",
+    "/chat/completions?api_key=x",
+    "/v1//chat/completions/",
+    "/x/v1/responses",
+    "",
+]
+JUNK = [
+    b"",
+    b"\x00",
+    b"\xff\xfe",
+    b"{",
+    b"}",
+    b"[",
+    b'"',
+    b"\\",
+    b"\\u",
+    b"\\ud83d",
+    b"1e99999",
+    b"-",
+    b"NaN",
+    b"null",
+    b"true",
+    b",",
+    b":",
+    b"\n",
+    b" " * 7,
+    "é".encode(),
+    b"\xc3",
+    b'"model":',
+    b'"stream":true',
+    b'"reasoning_effort":"max"',
+    b'"temperature":"hot"',
+    b'"top_p":[1]',
+    b'{"a":' * 50,
+]
 
 
 def mutate(data: bytes, rng: random.Random, rounds: int) -> bytes:
@@ -106,10 +194,33 @@ def mutate(data: bytes, rng: random.Random, rounds: int) -> bytes:
 
 
 HEADERS = st.dictionaries(
-    st.sampled_from(["content-type", "content-encoding", "authorization", "x-api-key", "user-agent",
-                     "x-session-id", "api-key", "Content-Encoding"]),
-    st.sampled_from(["", "gzip", "identity", "Bearer sk-client-abc", "application/json", "\x00", "br, gzip",
-                     "opencode/1.0", "ai-sdk/openai-compatible"]), max_size=4)
+    st.sampled_from(
+        [
+            "content-type",
+            "content-encoding",
+            "authorization",
+            "x-api-key",
+            "user-agent",
+            "x-session-id",
+            "api-key",
+            "Content-Encoding",
+        ]
+    ),
+    st.sampled_from(
+        [
+            "",
+            "gzip",
+            "identity",
+            "Bearer sk-client-abc",
+            "application/json",
+            "\x00",
+            "br, gzip",
+            "opencode/1.0",
+            "ai-sdk/openai-compatible",
+        ]
+    ),
+    max_size=4,
+)
 
 
 def check(path: str, body: bytes, headers: dict[str, str]) -> None:

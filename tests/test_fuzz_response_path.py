@@ -30,30 +30,74 @@ from tests.support.builders import chat_chunk, rechunk, sse_event, tool, tool_ca
 
 EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-TOOLS = [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"]),
-         tool("bash", {"command": {"type": "string"}})]
+TOOLS = [
+    tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"]),
+    tool("bash", {"command": {"type": "string"}}),
+]
 chunk = partial(chat_chunk, id="c")
 SEED_CHUNKS = [
-    chunk({"role": "assistant", "content": ""}), chunk({"reasoning": "Let me"}), chunk({"reasoning": " think é"}),
-    chunk({"reasoning_content": "old field"}), chunk({"content": "I'll write <tool_call>"}),
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"reasoning": "Let me"}),
+    chunk({"reasoning": " think é"}),
+    chunk({"reasoning_content": "old field"}),
+    chunk({"content": "I'll write <tool_call>"}),
     chunk({"tool_calls": [tool_call_delta(0, "call_1", "write", "")]}),
     chunk({"tool_calls": [tool_call_delta(0, arguments='{"filePath": "a.txt", ')]}),
     chunk({"tool_calls": [tool_call_delta(0, arguments='"content": "hi 😀\\n"}')]}),
     chunk({}, "tool_calls"),
 ]
-SEED_STREAM = b"".join([
-    *map(sse_event, SEED_CHUNKS), b": ping\n\n",
-    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n',
-    b"data: [DONE]\n\n"])
-_SEED_CALL = {"id": "t", "type": "function",
-              "function": {"name": "write", "arguments": '{"filePath": "a", "content": 1'}}
-SEED_JSON = orjson.dumps({"id": "c", "object": "chat.completion", "choices": [{
-    "index": 0, "finish_reason": "tool_calls",
-    "message": {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_SEED_CALL]}}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
-JUNK = [b"\n", b"\r\n", b"\n\n", b"data: ", b"data:", b": c\n", b"event: x\n", b"{", b"}", b'"', b"\\", b"\xff",
-        b"\xf0\x9f", b"[DONE]", b'{"error":{"message":"boom","code":500}}', b"\x00", b"<tool_call>", b"</tool_call>",
-        b'"tool_calls":[{"index":7}]', b'"arguments":"{\\"', b"null", b"retry: 10\n", b"\r"]
+SEED_STREAM = b"".join(
+    [
+        *map(sse_event, SEED_CHUNKS),
+        b": ping\n\n",
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+)
+_SEED_CALL = {
+    "id": "t",
+    "type": "function",
+    "function": {"name": "write", "arguments": '{"filePath": "a", "content": 1'},
+}
+SEED_JSON = orjson.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": None, "reasoning": "r", "tool_calls": [_SEED_CALL]},
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2},
+    }
+)
+JUNK = [
+    b"\n",
+    b"\r\n",
+    b"\n\n",
+    b"data: ",
+    b"data:",
+    b": c\n",
+    b"event: x\n",
+    b"{",
+    b"}",
+    b'"',
+    b"\\",
+    b"\xff",
+    b"\xf0\x9f",
+    b"[DONE]",
+    b'{"error":{"message":"boom","code":500}}',
+    b"\x00",
+    b"<tool_call>",
+    b"</tool_call>",
+    b'"tool_calls":[{"index":7}]',
+    b'"arguments":"{\\"',
+    b"null",
+    b"retry: 10\n",
+    b"\r",
+]
 
 
 def mutate(data: bytes, rng: random.Random, rounds: int) -> bytes:
@@ -77,9 +121,14 @@ def mutate(data: bytes, rng: random.Random, rounds: int) -> bytes:
 
 def run_pipeline(data: bytes, rng: random.Random, stages: bool) -> tuple[bytes, Exchange]:
     ex = Exchange(tools=TOOLS, stream=True, content_type="text/event-stream")
-    armed = [ChatToolCallRepair(TOOLS, policy=rng.choice(["error", "fail_fast", "passthrough"]), capture_id=ex.id),
-             ReasoningFieldRename(*rng.choice([("reasoning", "reasoning_content"),
-                                               ("reasoning_content", "reasoning")]))] if stages else []
+    armed = (
+        [
+            ChatToolCallRepair(TOOLS, policy=rng.choice(["error", "fail_fast", "passthrough"]), capture_id=ex.id),
+            ReasoningFieldRename(*rng.choice([("reasoning", "reasoning_content"), ("reasoning_content", "reasoning")])),
+        ]
+        if stages
+        else []
+    )
     pipeline = StreamPipeline(ex, armed)
     out: list[bytes] = []
     for piece in rechunk(data, rng, [1, 2, 3, 7, 64, 500, 4096]):
@@ -107,8 +156,11 @@ def test_pipeline_survives_mutated_streams(salt, rounds, stages):
 
 
 @FUZZ
-@given(st.binary(max_size=600), st.integers(0, 2**32), st.sampled_from(
-    ["text/event-stream", "application/json", "text/html", "", "application/json; charset=utf-8"]))
+@given(
+    st.binary(max_size=600),
+    st.integers(0, 2**32),
+    st.sampled_from(["text/event-stream", "application/json", "text/html", "", "application/json; charset=utf-8"]),
+)
 def test_assembly_and_flags_never_raise(data, salt, content_type):
     rng = random.Random(salt)
     run_pipeline(data, rng, True)
@@ -129,14 +181,21 @@ def test_non_stream_repair_survives_mutated_bodies(salt, rounds, policy):
 
 
 TEXT = st.text(max_size=30) | st.sampled_from(["Bearer sk-abcdefghijklmnop1234", "é😀", "\x00", "a\nb"])
-HEADER = st.tuples(st.sampled_from(["authorization", "x-api-key", "user-agent", "x-session-id", "cookie", "x-y"])
-                   | st.text(min_size=1, max_size=10), TEXT)
+HEADER = st.tuples(
+    st.sampled_from(["authorization", "x-api-key", "user-agent", "x-session-id", "cookie", "x-y"])
+    | st.text(min_size=1, max_size=10),
+    TEXT,
+)
 EXCHANGES = st.builds(
     Exchange,
     method=st.sampled_from(["POST", "GET", "", "PATCH"]),
     path=st.sampled_from(["/v1/chat/completions", "/v1/responses?key=sk-secretsecret123", "/", ""]),
-    url=TEXT, user_agent=TEXT, model=st.none() | TEXT, served_model=st.none() | TEXT,
-    stream=st.booleans(), request=st.binary(max_size=300),
+    url=TEXT,
+    user_agent=TEXT,
+    model=st.none() | TEXT,
+    served_model=st.none() | TEXT,
+    stream=st.booleans(),
+    request=st.binary(max_size=300),
     forwarded=st.none() | st.binary(max_size=300),
     request_headers=st.lists(HEADER, max_size=4),
     status=st.none() | st.integers(100, 599),
@@ -144,7 +203,8 @@ EXCHANGES = st.builds(
     content_type=st.sampled_from(["text/event-stream", "application/json", "", "x/y"]),
     response_chunks=st.lists(st.binary(max_size=80) | st.just(SEED_STREAM[:200]), max_size=5),
     client_response=st.none() | st.binary(max_size=100),
-    error=st.none() | TEXT, flags=st.sets(st.sampled_from(["upstream_reset", "x"]), max_size=2),
+    error=st.none() | TEXT,
+    flags=st.sets(st.sampled_from(["upstream_reset", "x"]), max_size=2),
     session_hint=st.none() | st.sampled_from(["s1", "s2"]),
     store_bodies=st.booleans(),
 )

@@ -75,9 +75,7 @@ def test_json_path():
 
 
 def test_five_megabyte_body_is_fast_and_untouched_bytes_stay():
-    messages = [
-        {"role": "user", "content": "x" * 4000 + ' "quoted" {braces} [brackets] \\ é'} for _ in range(1250)
-    ]
+    messages = [{"role": "user", "content": "x" * 4000 + ' "quoted" {braces} [brackets] \\ é'} for _ in range(1250)]
     body = json.dumps({"model": "m", "messages": messages, "stream": True, "temperature": None}).encode()
     assert len(body) > 5_000_000
     edits = [
@@ -105,9 +103,7 @@ scalars = (
     | st.floats(-1e6, 1e6, allow_nan=False)
     | st.text(max_size=8)
 )
-values = st.recursive(
-    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(keys, c, max_size=3), max_leaves=8
-)
+values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(keys, c, max_size=3), max_leaves=8)
 objects = st.dictionaries(keys, values, max_size=6)
 paths = st.lists(keys, min_size=1, max_size=3).map(tuple)
 edit_lists = st.lists(st.builds(Set, paths, values) | st.builds(Delete, paths), max_size=5)

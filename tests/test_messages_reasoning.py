@@ -16,18 +16,33 @@ def forward(body: dict, **settings) -> tuple[dict, list]:
 @pytest.mark.parametrize(
     ("client", "forwarded"),
     [
-        ({"thinking": {"type": "enabled", "budget_tokens": 2048}},
-         {"thinking": {"type": "enabled", "budget_tokens": 2048}}),
-        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 500}},
-         {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 1024}}),
-        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 8000}},
-         {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 3999}}),
-        ({"max_tokens": 64000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}},
-         {"max_tokens": 64000, "thinking": {"type": "enabled", "budget_tokens": 16384},
-          "output_config": {"effort": "high"}}),
-        ({"max_tokens": 64000, "thinking": {"type": "adaptive", "display": "summarized"}},
-         {"max_tokens": 64000, "thinking": {"type": "adaptive", "display": "summarized"} | {
-             "type": "enabled", "budget_tokens": 8192}}),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 2048}},
+            {"thinking": {"type": "enabled", "budget_tokens": 2048}},
+        ),
+        (
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 500}},
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        ),
+        (
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 8000}},
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 3999}},
+        ),
+        (
+            {"max_tokens": 64000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}},
+            {
+                "max_tokens": 64000,
+                "thinking": {"type": "enabled", "budget_tokens": 16384},
+                "output_config": {"effort": "high"},
+            },
+        ),
+        (
+            {"max_tokens": 64000, "thinking": {"type": "adaptive", "display": "summarized"}},
+            {
+                "max_tokens": 64000,
+                "thinking": {"type": "adaptive", "display": "summarized"} | {"type": "enabled", "budget_tokens": 8192},
+            },
+        ),
         ({"output_config": {"effort": "minimal"}}, {"output_config": {"effort": "low"}}),
         ({"output_config": {"effort": "none"}}, {}),
         ({"thinking": {"type": "disabled"}}, {"thinking": {"type": "disabled"}}),
@@ -45,8 +60,9 @@ def test_small_max_tokens_only_warns():
 
 
 def test_template_variable_is_set_for_the_model_family():
-    out, _ = forward({"model": "m", "thinking": {"type": "enabled", "budget_tokens": 2048}},
-                     template_var="enable_thinking")
+    out, _ = forward(
+        {"model": "m", "thinking": {"type": "enabled", "budget_tokens": 2048}}, template_var="enable_thinking"
+    )
     assert out["chat_template_kwargs"] == {"enable_thinking": True}
     out, _ = forward({"model": "m", "thinking": {"type": "disabled"}}, template_var="enable_thinking")
     assert out["chat_template_kwargs"] == {"enable_thinking": False}

@@ -17,16 +17,22 @@ from tapfix.proxy.toolcalls import MessagesToolCallRepair, repair_messages_body
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
 
-SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
-                                           "force": {"type": "boolean"}}, "required": ["path", "content"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
+    "required": ["path", "content"],
+}
 TOOLS = [{"name": "write", "description": "write a file", "input_schema": SCHEMA}]
 ARGS = {"path": "hello.txt", "content": "hi there"}
 GOOD = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
 
 
 def script(frags: list[str], finish: str = "tool_calls") -> Script:
-    parts = [Part("reasoning", ["I ", "will ", "write."]), Part("text", ["Writing", " it."]),
-             Part("call", frags, "chatcmpl-tool-0123456789abcdef01234567", "write")]
+    parts = [
+        Part("reasoning", ["I ", "will ", "write."]),
+        Part("text", ["Writing", " it."]),
+        Part("call", frags, "chatcmpl-tool-0123456789abcdef01234567", "write"),
+    ]
     return Script(parts, finish, 12)
 
 
@@ -49,13 +55,11 @@ def run(data: bytes, cuts: list[int] | None = None, policy: str = "error", tools
 def sdk_input(data: bytes) -> dict | None:
     """What the anthropic SDK accumulates for the tool_use block (partial_json joined, then parsed)."""
     evs = events(data)
-    starts = [e for e in evs
-              if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"]
+    starts = [e for e in evs if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"]
     if not starts:
         return None
     index = starts[0]["index"]
-    raw = "".join(e["delta"]["partial_json"] for e in evs
-                  if e["type"] == "content_block_delta" and e["index"] == index)
+    raw = "".join(e["delta"]["partial_json"] for e in evs if e["type"] == "content_block_delta" and e["index"] == index)
     return json.loads(raw) if raw else {}
 
 

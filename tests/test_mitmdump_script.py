@@ -27,9 +27,22 @@ def test_every_addon_file_is_covered() -> None:
 @pytest.mark.parametrize("addon", ADDON_FILES, ids=lambda p: p.stem)
 def test_mitmdump_s_refuses_a_tapfix_addon_with_a_message(addon: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [str(MITMDUMP), "-q", "-s", str(addon), "--listen-host", "127.0.0.1", "-p", "0",
-         "--set", f"confdir={tmp_path}"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        [
+            str(MITMDUMP),
+            "-q",
+            "-s",
+            str(addon),
+            "--listen-host",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "--set",
+            f"confdir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out

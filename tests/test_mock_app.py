@@ -130,9 +130,7 @@ def test_non_streamed_matches_the_stream() -> None:
         "filePath": "hello.txt",
         "content": "Hello, world!\n",
     }
-    assert (
-        body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
-    )
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     text = c.post("/v1/chat/completions", json={**TEXT_PROMPT, "stream": False}).json()
     assert "tool_calls" not in text["choices"][0]["message"]
     assert text["choices"][0]["message"]["content"] == "Hello! How can I help you today?"
@@ -178,9 +176,7 @@ def test_legacy_completions() -> None:
     assert objs[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize(
-    "path", sorted(CORPUS.glob("*.json")) if CORPUS.is_dir() else [], ids=lambda p: p.stem[:40]
-)
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.json")) if CORPUS.is_dir() else [], ids=lambda p: p.stem[:40])
 def test_every_case_is_served_byte_exact(path: Path) -> None:
     case = json.loads(path.read_text())
     c = client(cases=[path])
@@ -220,9 +216,9 @@ def test_several_cases_by_model_name_else_round_robin() -> None:
     assert listed == ["tapfix-mock", *[p.stem for p in paths]]
 
     def served(model: str) -> str:
-        return payloads(
-            c.post("/v1/chat/completions", json={"model": model, "stream": True, "messages": []}).content
-        )[0]["id"]
+        return payloads(c.post("/v1/chat/completions", json={"model": model, "stream": True, "messages": []}).content)[
+            0
+        ]["id"]
 
     ids = {p.stem: json.loads(p.read_text())["stream"][0]["id"] for p in paths}
     assert served(paths[2].stem) == ids[paths[2].stem]

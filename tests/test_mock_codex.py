@@ -96,8 +96,7 @@ SHELL_COMMAND = _fn(
 )
 UPDATE_PLAN = _fn(
     "update_plan",
-    "Updates the task plan.\nProvide an optional explanation and a list of plan items, "
-    "each with a step and status.",
+    "Updates the task plan.\nProvide an optional explanation and a list of plan items, each with a step and status.",
     {
         "explanation": {"type": "string"},
         "plan": {
@@ -295,9 +294,7 @@ def test_an_editor_with_create_semantics_is_told_to_create() -> None:
     reply = respond({"messages": [{"role": "user", "content": PROMPT}], "tools": [bash, editor]}, "id")
     assert reply.tool_calls[0].name == "str_replace_based_edit_tool"
     args = json.loads(reply.tool_calls[0].arguments)
-    assert (
-        args["command"] == "create" and args["path"] == "hello.txt" and args["file_text"] == "Hello, world!\n"
-    )
+    assert args["command"] == "create" and args["path"] == "hello.txt" and args["file_text"] == "Hello, world!\n"
     reply = respond({"messages": [{"role": "user", "content": "Show me notes.md"}], "tools": [editor]}, "id")
     assert json.loads(reply.tool_calls[0].arguments)["command"] == "view"
 
@@ -353,9 +350,7 @@ def test_custom_tool_call_streamed_and_not(client: TestClient) -> None:
     raw = client.post("/v1/responses", json=responses_request(CODEX_FREEFORM, stream=True)).content
     evs = events(raw)
     kinds = [e["type"] for e in evs]
-    assert (
-        "response.custom_tool_call_input.delta" in kinds and "response.custom_tool_call_input.done" in kinds
-    )
+    assert "response.custom_tool_call_input.delta" in kinds and "response.custom_tool_call_input.done" in kinds
     assert "response.function_call_arguments.delta" not in kinds
     deltas = "".join(e["delta"] for e in evs if e["type"] == "response.custom_tool_call_input.delta")
     assert deltas == PATCH

@@ -118,9 +118,7 @@ def test_openai_sdk_sees_reasoning_field(mock: Running) -> None:
     stream = sdk(mock.base).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hello"}], stream=True, reasoning_effort="high"
     )
-    reasoning = "".join(
-        (c.choices[0].delta.model_extra or {}).get("reasoning", "") for c in stream if c.choices
-    )
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning", "") for c in stream if c.choices)
     assert len(reasoning.split()) > 40
 
 

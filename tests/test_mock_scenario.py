@@ -142,10 +142,7 @@ def test_fail_first_attempt_then_answer(tmp_path: Path) -> None:
     assert json.loads(args) == {"path": "hello.txt", "content": "Hello, world!\n"}
     # a different body is a first attempt again
     other = {**TOOLS, "model": "other"}
-    assert (
-        payloads(c.post("/v1/chat/completions", json=other).content)[-1]["choices"][0]["finish_reason"]
-        == "length"
-    )
+    assert payloads(c.post("/v1/chat/completions", json=other).content)[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_break_tool_call_truncates_inside_a_string(tmp_path: Path) -> None:
@@ -185,11 +182,7 @@ def test_http_error_with_headers_then_healthy(tmp_path: Path) -> None:
     )
     for _ in range(2):
         r = c.post("/v1/chat/completions", json=TEXT)
-        assert (
-            r.status_code == 503
-            and r.headers["retry-after"] == "1"
-            and r.json() == {"error": {"message": "busy"}}
-        )
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json() == {"error": {"message": "busy"}}
     assert c.post("/v1/chat/completions", json=TEXT).status_code == 200
 
 
@@ -242,16 +235,11 @@ def test_knob_behaviours_reach_the_script(tmp_path: Path) -> None:
         "messages": [
             {
                 "role": "user",
-                "content": "x " * 500
-                + 'The passphrase is "kiwi-77". '
-                + "y " * 500
-                + "What is the passphrase?",
+                "content": "x " * 500 + 'The passphrase is "kiwi-77". ' + "y " * 500 + "What is the passphrase?",
             }
         ],
     }
-    assert "kiwi-77" in content(
-        TestClient(create_app(MockOptions())).post("/v1/chat/completions", json=needle).content
-    )
+    assert "kiwi-77" in content(TestClient(create_app(MockOptions())).post("/v1/chat/completions", json=needle).content)
     forgetful = make(tmp_path, {"rules": [{"do": "forget_needle"}]})
     assert "kiwi-77" not in content(forgetful.post("/v1/chat/completions", json=needle).content)
 
@@ -324,9 +312,7 @@ CHAT_CALL = {
 
 
 def _chat_finish(c: TestClient, body: dict) -> str:
-    return c.post("/v1/chat/completions", json={**body, "stream": False}).json()["choices"][0][
-        "finish_reason"
-    ]
+    return c.post("/v1/chat/completions", json={**body, "stream": False}).json()["choices"][0]["finish_reason"]
 
 
 def test_last_role_breaks_only_the_first_turn_on_chat(tmp_path: Path) -> None:

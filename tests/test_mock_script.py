@@ -349,8 +349,7 @@ def test_tool_choice_required_and_named_force_a_call() -> None:
 
 def test_reasoning_grows_with_effort() -> None:
     lengths = [
-        len(respond(request([], "Hi", reasoning_effort=e), "id").reasoning)
-        for e in ("none", "low", "medium", "high")
+        len(respond(request([], "Hi", reasoning_effort=e), "id").reasoning) for e in ("none", "low", "medium", "high")
     ]
     assert lengths[0] == 0
     assert lengths[0] < lengths[1] < lengths[2] < lengths[3]
@@ -375,9 +374,7 @@ def test_effort_dialects(extra: dict, level: int) -> None:
 
 def test_ignore_effort_keeps_reasoning_constant() -> None:
     knobs = Knobs(ignore_effort=True)
-    texts = {
-        respond(request([], "Hi", reasoning_effort=e), "id", knobs).reasoning for e in ("none", "low", "high")
-    }
+    texts = {respond(request([], "Hi", reasoning_effort=e), "id", knobs).reasoning for e in ("none", "low", "high")}
     assert len(texts) == 1 and texts.pop()
 
 

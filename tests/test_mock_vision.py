@@ -91,9 +91,7 @@ def test_gray_16_bit_and_gray_alpha() -> None:
     assert dominant_colour(png(6, [dark] * 2, colour=4)) == "black"
 
 
-@pytest.mark.parametrize(
-    "data", [b"", b"GIF89a", encode_png(2, 2, (1, 2, 3))[:40], b"\x89PNG\r\n\x1a\n" + b"\0" * 30]
-)
+@pytest.mark.parametrize("data", [b"", b"GIF89a", encode_png(2, 2, (1, 2, 3))[:40], b"\x89PNG\r\n\x1a\n" + b"\0" * 30])
 def test_garbage_is_not_a_colour(data: bytes) -> None:
     assert dominant_colour(data) is None
 

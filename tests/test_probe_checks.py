@@ -23,9 +23,7 @@ URL = "http://mock.test"
 def probe(scenario: str | None = None, model: str | None = None, **kw) -> tuple[ProbeReport, list[Exchange]]:
     app = create_app(MockOptions(scenario=scenario))
     seen: list[Exchange] = []
-    report = asyncio.run(
-        run_probe(URL, model, transport=httpx.ASGITransport(app=app), capture=seen.append, **kw)
-    )
+    report = asyncio.run(run_probe(URL, model, transport=httpx.ASGITransport(app=app), capture=seen.append, **kw))
     return report, seen
 
 
@@ -148,9 +146,7 @@ def test_wrong_model_ids_suggests_the_close_id():
 def test_without_model_the_first_listed_is_probed():
     report, seen = probe("wrong_model_ids", checks=["models", "completion"])
     assert report.model == "Qwen/Qwen3-30B-A3B-Instruct-2507" and report.ok
-    assert rows(report)["models"][1].startswith(
-        "'Qwen/Qwen3-30B-A3B-Instruct-2507' is served (the first listed"
-    )
+    assert rows(report)["models"][1].startswith("'Qwen/Qwen3-30B-A3B-Instruct-2507' is served (the first listed")
     assert seen[-1].model == "Qwen/Qwen3-30B-A3B-Instruct-2507"
 
 
@@ -167,10 +163,7 @@ def test_needle_larger_than_the_context_is_refused():
     report, _ = probe(checks=["long_context"], options=ProbeOptions(needle_tokens=40_000))
     status, detail = rows(report)["long_context"]
     assert status == "fail"
-    assert (
-        detail
-        == "--needle-tokens 40000 does not fit the model's context (max_model_len 32768); use at most 32512"
-    )
+    assert detail == "--needle-tokens 40000 does not fit the model's context (max_model_len 32768); use at most 32512"
 
 
 def test_http_errors_are_reported_with_the_servers_words(tmp_path):
@@ -189,9 +182,7 @@ def test_http_errors_are_reported_with_the_servers_words(tmp_path):
 
 def test_a_malformed_stream_is_caught(tmp_path):
     scenario = tmp_path / "bad_stream.json"
-    scenario.write_text(
-        '{"rules": [{"when": {"stream": true}, "do": "malformed_sse", "kind": "invalid_utf8"}]}'
-    )
+    scenario.write_text('{"rules": [{"when": {"stream": true}, "do": "malformed_sse", "kind": "invalid_utf8"}]}')
     report, _ = probe(str(scenario), checks=["streaming"])
     status, detail = rows(report)["streaming"]
     assert status == "fail" and detail.startswith("event 3 is not JSON"), detail
@@ -204,9 +195,7 @@ def test_unreachable_server_is_exit_code_2():
     port = free_port()
     report = asyncio.run(go())
     assert report.exit_code == 2 and not report.ok and report.results == []
-    assert report.unreachable and report.unreachable.startswith(
-        f"cannot connect to http://127.0.0.1:{port}/v1/models"
-    )
+    assert report.unreachable and report.unreachable.startswith(f"cannot connect to http://127.0.0.1:{port}/v1/models")
 
 
 def test_unknown_check_is_a_value_error():

@@ -193,9 +193,7 @@ upstream_model = "Qwen/Qwen3-30B-A3B"
     )
     assert rows[("mock", "completion")]["status"] == "pass"
     assert rows[("coder", "completion")]["status"] == "pass"
-    assert (
-        rows[("qwen", "completion")]["detail"] == "HTTP 404: The model `Qwen/Qwen3-30B-A3B` does not exist."
-    )
+    assert rows[("qwen", "completion")]["detail"] == "HTTP 404: The model `Qwen/Qwen3-30B-A3B` does not exist."
     assert rows[("mock", "sampling")]["detail"] == (
         "tapfix fills temperature=0.6 (config models.mock.sampling.temperature); "
         "presence_penalty=1.5 (config models.mock.sampling.presence_penalty)"

@@ -53,13 +53,15 @@ def test_judge_text():
 
 
 def test_scan_stream_well_formed_and_timed():
-    chunks = sse_events([
-        b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
-        b'{"choices":[{"index":0,"delta":{"content":"1,"}}]}',
-        b'{"choices":[{"index":0,"delta":{"content":" 2"}}]}',
-        b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}',
-        b'{"choices":[],"usage":{"completion_tokens":3}}',
-    ]) + [b": ping\n\n"]
+    chunks = sse_events(
+        [
+            b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+            b'{"choices":[{"index":0,"delta":{"content":"1,"}}]}',
+            b'{"choices":[{"index":0,"delta":{"content":" 2"}}]}',
+            b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}',
+            b'{"choices":[],"usage":{"completion_tokens":3}}',
+        ]
+    ) + [b": ping\n\n"]
     scan = scan_stream(chunks, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
     assert scan.problems() == []
     assert scan.ttft_ms == 200.0 and scan.tokens == 3 and scan.tokens_per_s == 20.0
@@ -87,17 +89,13 @@ def test_judge_tool_call():
     )
     extra = [{"name": "write_file", "arguments": '{"path": "a.txt", "mode": 1}'}]
     assert judge_tool_call(extra, "", "tool_calls", "write_file", SCHEMA) == (
-        "tool call arguments do not match the schema: "
-        "Additional properties are not allowed ('mode' was unexpected)"
+        "tool call arguments do not match the schema: Additional properties are not allowed ('mode' was unexpected)"
     )
     assert judge_tool_call([], '<tool_call>{"name": "write_file"}', "stop", "write_file", SCHEMA).startswith(
         "no tool call (the call leaked into the content: is the tool-call parser set?)"
     )
     other = [{"name": "bash", "arguments": "{}"}]
-    assert (
-        judge_tool_call(other, "", "tool_calls", "write_file", SCHEMA)
-        == "called 'bash' instead of 'write_file'"
-    )
+    assert judge_tool_call(other, "", "tool_calls", "write_file", SCHEMA) == "called 'bash' instead of 'write_file'"
 
 
 def test_render_table_and_exit_codes():

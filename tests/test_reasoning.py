@@ -55,8 +55,7 @@ TABLE = {
     ],
     "effort 0-100": [{E: "medium"}] * 6 + ["=", {"chat_template_kwargs": {"enable_thinking": True}}],
     "effort 0-1": [{E: "high"}] * 6 + [{E: 75}, {"chat_template_kwargs": {"enable_thinking": True}}],
-    "effort numeric string": [{E: "high"}] * 6
-    + [{E: 75}, {"chat_template_kwargs": {"enable_thinking": True}}],
+    "effort numeric string": [{E: "high"}] * 6 + [{E: 75}, {"chat_template_kwargs": {"enable_thinking": True}}],
     "effort JS float 1.0": [{E: "low"}] * 6 + [{E: 25}, {"chat_template_kwargs": {"enable_thinking": True}}],
     "openrouter reasoning": [
         {E: "low"},
@@ -255,10 +254,7 @@ def test_messages_endpoint_is_left_alone():
 
 
 def test_no_reasoning_field_no_change():
-    assert (
-        apply_reasoning({"model": "m", "messages": []}, ReasoningSettings(dialect="vllm"), "chat").changes
-        == []
-    )
+    assert apply_reasoning({"model": "m", "messages": []}, ReasoningSettings(dialect="vllm"), "chat").changes == []
 
 
 def test_change_records_for_a_translation():
@@ -425,10 +421,7 @@ def test_precedence_explicit_template_variable_first():
 
 
 def test_spliced_bytes_change_only_reasoning_keys():
-    body = (
-        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-        b'"enable_thinking": true, "stream": true}'
-    )
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "enable_thinking": true, "stream": true}'
     result = apply_reasoning(
         orjson.loads(body), ReasoningSettings(dialect="vllm", template_var="enable_thinking"), "chat"
     )
@@ -439,11 +432,7 @@ def test_spliced_bytes_change_only_reasoning_keys():
 
 
 json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=6),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
     max_leaves=6,
 )
@@ -468,8 +457,6 @@ reasoning_keys = st.sampled_from(
     st.sampled_from(["chat", "responses", "completions"]),
 )
 def test_never_raises_and_edits_splice(body, dialect, surface):
-    result = apply_reasoning(
-        body, ReasoningSettings(dialect=dialect, template_var="enable_thinking"), surface
-    )
+    result = apply_reasoning(body, ReasoningSettings(dialect=dialect, template_var="enable_thinking"), surface)
     raw = json.dumps(body).encode()
     assert json.loads(splice(raw, result.edits)) == apply_to_dict(body, result.edits)

@@ -7,9 +7,7 @@ from tapfix.proxy.sse import SSESplitter
 
 from tests.support.builders import DONE, split_every, sse_event
 
-VLLM_DELTA = (
-    b'data: {"id":"c1","choices":[{"index":0,"delta":{"reasoning":"Let me think"},"finish_reason":null}]}\n\n'
-)
+VLLM_DELTA = b'data: {"id":"c1","choices":[{"index":0,"delta":{"reasoning":"Let me think"},"finish_reason":null}]}\n\n'
 
 # (src, dst, event in, event out)
 EVENTS = [
@@ -59,8 +57,7 @@ UNCHANGED = [
     b'data: {"choices":[{"delta":{"content":"the \\"reasoning\\": field"}}]}\n\n',  # only inside a string
     b'data: {"choices":[{"delta":{"reasoning":"a","reasoning_content":"a"}}]}\n\n',  # client already has dst
     b'data: {"usage":{"reasoning":1}}\n\n',  # not in a choice
-    b'data: {"choices":[{"delta":{"reasoning":"a","content":"{\\"reasoning\\":1}"}}]}\n\n'[:40]
-    + b"\n\n",  # broken
+    b'data: {"choices":[{"delta":{"reasoning":"a","content":"{\\"reasoning\\":1}"}}]}\n\n'[:40] + b"\n\n",  # broken
     b'data: {"choices":[{"delta":{"reasoning":"a"}}],"x":{"reasoning":2}}\n\n',  # ambiguous: left alone
 ]
 

@@ -84,8 +84,12 @@ def test_stalled_upstream_respects_the_client_timeout_and_is_captured(stack):
     mock, proxy = stack
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=_body("stall"),
-                          timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=5)) as r:
+        with httpx.stream(
+            "POST",
+            f"{proxy.url}/v1/chat/completions",
+            json=_body("stall"),
+            timeout=httpx.Timeout(CLIENT_TIMEOUT_S, connect=5),
+        ) as r:
             capture_id = r.headers["x-tapfix-capture-id"]
             for _ in r.iter_raw():
                 pass
@@ -133,12 +137,28 @@ def _start_limited_proxy(tmp: Path, upstream: str, db: Path, fsize: int) -> Proc
     """A proxy whose files may not grow beyond `fsize` bytes (RLIMIT_FSIZE): a full disk, no root needed.
     Python ignores SIGXFSZ, so writes fail with EFBIG and SQLite reports the disk as full."""
     port = free_port()
-    launcher = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); "
-                f"sys.argv = ['tapfix'] + sys.argv[1:]; runpy.run_module('tapfix.proxy.cli', run_name='__main__')")
+    launcher = (
+        f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); "
+        f"sys.argv = ['tapfix'] + sys.argv[1:]; runpy.run_module('tapfix.proxy.cli', run_name='__main__')"
+    )
     log_path = tmp / f"proxy-{port}.log"
-    proc = subprocess.Popen([sys.executable, "-c", launcher, "run", "--upstream", upstream,
-                             "--listen", f"127.0.0.1:{port}", "--db", str(db)],
-                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            launcher,
+            "run",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--db",
+            str(db),
+        ],
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     handle = Proc(proc, port, log_path, {"db": db})
     try:
         wait_port(port, proc)
@@ -169,9 +189,14 @@ def test_disk_full_keeps_traffic_flowing_and_counts_failures(stack, tmp_path):
         assert writer["failures"] >= 1, writer
         assert "full" in writer["last_error"].lower() or "disk" in writer["last_error"].lower(), writer
         assert writer["written"] + writer["failures"] >= 1  # every exchange is either stored or counted
-        assert httpx.post(f"{proxy.url}/v1/chat/completions", timeout=20,
-                          json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]}
-                          ).status_code == 200
+        assert (
+            httpx.post(
+                f"{proxy.url}/v1/chat/completions",
+                timeout=20,
+                json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]},
+            ).status_code
+            == 200
+        )
     finally:
         proxy.stop()
     assert "capture(s) failed" in proxy.log()  # said again at exit
@@ -188,8 +213,11 @@ def test_locked_database_keeps_traffic_flowing_and_loses_nothing_silently(stack,
         ids, started = [], time.monotonic()
         try:
             for i in range(5):
-                r = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10,
-                               json={"model": "m", "messages": [{"role": "user", "content": f"locked {i}"}]})
+                r = httpx.post(
+                    f"{proxy.url}/v1/chat/completions",
+                    timeout=10,
+                    json={"model": "m", "messages": [{"role": "user", "content": f"locked {i}"}]},
+                )
                 assert r.status_code == 200
                 ids.append(r.headers["x-tapfix-capture-id"])
             assert time.monotonic() - started < 5, "traffic waited on the database lock"
@@ -229,8 +257,11 @@ def test_kill_9_under_load_keeps_every_exchange_older_than_a_second(tmp_path):
             while not stop.is_set():
                 i += 1
                 try:
-                    with http.stream("POST", f"{proxy.url}/v1/chat/completions",
-                                     json=_body("tapfix-mock", prompt=f"client {n} turn {i}: say hi")) as r:
+                    with http.stream(
+                        "POST",
+                        f"{proxy.url}/v1/chat/completions",
+                        json=_body("tapfix-mock", prompt=f"client {n} turn {i}: say hi"),
+                    ) as r:
                         capture_id = r.headers["x-tapfix-capture-id"]
                         b"".join(r.iter_raw())
                     done.append((capture_id, time.monotonic()))

@@ -41,10 +41,19 @@ def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[
             history += f',{{"role":"user","content":"turn {t} of session {s} seed {seed} {"x" * ((seed + t) % 50)}"}}'
             body = (history + "]}").encode()
             answer = sse_event({"choices": [{"index": 0, "delta": {"content": f"answer {s}.{t}"}}]})
-            ex = Exchange(method="POST", path="/v1/chat/completions", request=body, model="m",
-                          status=200, content_type="text/event-stream", stream=True,
-                          response_chunks=[answer, b"data: [DONE]\n\n"], chunk_times=[0.01, 0.02],
-                          session_hint=f"sess-{seed}-{s}", request_headers=[("x-session-id", f"sess-{seed}-{s}")])
+            ex = Exchange(
+                method="POST",
+                path="/v1/chat/completions",
+                request=body,
+                model="m",
+                status=200,
+                content_type="text/event-stream",
+                stream=True,
+                response_chunks=[answer, b"data: [DONE]\n\n"],
+                chunk_times=[0.01, 0.02],
+                session_hint=f"sess-{seed}-{s}",
+                request_headers=[("x-session-id", f"sess-{seed}-{s}")],
+            )
             if t % 3 == 1:
                 ex.forwarded = body[:-2] + b',"top_p":0.9}'
             if t % 4 == 2:
@@ -57,10 +66,12 @@ def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[
 def _expected(ex: Exchange) -> dict[str, bytes | None]:
     upstream = ex.response_body()
     client = ex.client_response_body()
-    return {"request_body_id": ex.request,
-            "forwarded_body_id": ex.forwarded if ex.forwarded not in (None, ex.request) else None,
-            "response_body_id": upstream,
-            "client_response_body_id": client if client != upstream else None}
+    return {
+        "request_body_id": ex.request,
+        "forwarded_body_id": ex.forwarded if ex.forwarded not in (None, ex.request) else None,
+        "response_body_id": upstream,
+        "client_response_body_id": client if client != upstream else None,
+    }
 
 
 def _write(path, exchanges: list[Exchange]) -> None:
@@ -79,9 +90,14 @@ def _check_store(conn: sqlite3.Connection, by_id: dict[str, Exchange]) -> int:
         for column, body_id in zip(BODY_COLUMNS, row[1:], strict=True):
             assert read_body(conn, body_id) == want[column], (row[0], column)
         kept += 1
-    needed = {r[0] for r in conn.execute(
-        "with recursive n(id) as (" + " union ".join(f"select {c} from exchanges" for c in BODY_COLUMNS)
-        + " union select b.base_id from bodies b join n on b.id = n.id) select id from n where id is not null")}
+    needed = {
+        r[0]
+        for r in conn.execute(
+            "with recursive n(id) as ("
+            + " union ".join(f"select {c} from exchanges" for c in BODY_COLUMNS)
+            + " union select b.base_id from bodies b join n on b.id = n.id) select id from n where id is not null"
+        )
+    }
     stored = {r[0] for r in conn.execute("select id from bodies")}
     assert stored == needed, "bodies left that nothing needs, or needed bodies missing"
     orphans = conn.execute("select count(*) from changes where exchange_id not in (select id from exchanges)")
@@ -167,8 +183,9 @@ def test_cli_purge_and_vacuum(tmp_path):
     assert bad.exit_code == 2 and "not a duration" in bad.output
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("90", 90),
-                                               ("1.5s", 1.5), ("2w", 1209600)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("90", 90), ("1.5s", 1.5), ("2w", 1209600)]
+)
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 

@@ -32,9 +32,7 @@ BODY = (
     b'{"model": "tapfix-mock", "stream": true, "top_p": 0.9,\n "messages": [{"role": "user", '
     b'"content": "Explain in two sentences why the sky is blue"}]}'
 )
-SSE_OK = [
-    (0.0, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 14\r\n\r\ndata: [DONE]\n\n")
-]
+SSE_OK = [(0.0, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 14\r\n\r\ndata: [DONE]\n\n")]
 
 
 def store_source(
@@ -99,9 +97,7 @@ def scenario(tmp: Path, every: int, style: str) -> Path:
         (3, "repeat_loop", "repetition_loop"),
     ],
 )
-def test_flags_and_summary_find_exactly_the_degenerate_runs(
-    tmp_path: Path, every: int, style: str, flag: str
-) -> None:
+def test_flags_and_summary_find_exactly_the_degenerate_runs(tmp_path: Path, every: int, style: str, flag: str) -> None:
     mock = start_mock(tmp_path, "--scenario", str(scenario(tmp_path, every, style)))
     try:
         db = tmp_path / "c.db"
@@ -129,9 +125,7 @@ def test_flags_and_summary_find_exactly_the_degenerate_runs(
 
 
 def test_concurrent_replays_are_all_stored_and_judged(tmp_path: Path) -> None:
-    mock = start_mock(
-        tmp_path, "--scenario", str(scenario(tmp_path, 4, "cjk_drift")), "--chunk-delay-ms", "1"
-    )
+    mock = start_mock(tmp_path, "--scenario", str(scenario(tmp_path, 4, "cjk_drift")), "--chunk-delay-ms", "1")
     try:
         db = tmp_path / "c.db"
         source = store_source(db, mock.url)
@@ -182,9 +176,7 @@ def test_replay_resends_the_stored_bytes(tmp_path: Path) -> None:
     assert edited.header("authorization") == "Bearer sk-from-env-abcdef"
     expected = splice(
         forwarded,
-        parse_edits(
-            ["temperature=0", 'chat_template_kwargs={"enable_thinking":false}', "user=alice"], ["top_p"]
-        ),
+        parse_edits(["temperature=0", 'chat_template_kwargs={"enable_thinking":false}', "user=alice"], ["top_p"]),
     )
     assert edited.body == expected
     obj = json.loads(edited.body)
@@ -208,9 +200,7 @@ def test_replay_record_is_linked_timed_and_flagged(tmp_path: Path) -> None:
     assert row["source_id"] == source and json.loads(row["tags"]) == ["replay"]
     assert row["stream"] == 1 and row["chunk_count"] > 3 and row["first_token_ms"] > 0
     assert row["content"] and row["finish_reason"] == "stop"
-    assert (
-        "[redacted]" not in row["request_headers"] and "authorization" not in row["request_headers"].lower()
-    )
+    assert "[redacted]" not in row["request_headers"] and "authorization" not in row["request_headers"].lower()
 
 
 def test_session_replay_goes_turn_by_turn(tmp_path: Path) -> None:
@@ -364,9 +354,7 @@ def test_the_key_goes_where_the_capture_had_one(stored, header: str, value: str)
 
 
 def test_set_values_parse_as_json_when_they_can() -> None:
-    edits = parse_edits(
-        ["temperature=0", 'stop=["x"]', "name=plain text", "flag=true", "n=null", 'q="0"'], []
-    )
+    edits = parse_edits(["temperature=0", 'stop=["x"]', "name=plain text", "flag=true", "n=null", 'q="0"'], [])
     assert [(e.path, e.value) for e in edits] == [
         (("temperature",), 0),
         (("stop",), ["x"]),
@@ -434,9 +422,7 @@ def test_key_from_the_config_of_the_matching_upstream(tmp_path: Path) -> None:
         )
         db = tmp_path / "c.db"
         source = store_source(db, server.url)
-        result = run_replay(
-            source, "--db", str(db), "--config", str(config), env={"GPU0_KEY": "k-config-123"}
-        )
+        result = run_replay(source, "--db", str(db), "--config", str(config), env={"GPU0_KEY": "k-config-123"})
         assert result.exit_code == 0, result.output
         assert server.requests[-1].header("authorization") == "Bearer k-config-123"
     finally:

@@ -118,9 +118,7 @@ def test_mock_replays_a_real_capture_byte_exact_with_its_timing(tmp_path: Path) 
         finally:
             replayer.stop()
         assert body == recorded
-        assert (
-            headers["content-type"].startswith("text/event-stream") and "x-tapfix-capture-id" not in headers
-        )
+        assert headers["content-type"].startswith("text/event-stream") and "x-tapfix-capture-id" not in headers
         if slow:
             assert elapsed >= last_offset * 0.8
         else:

@@ -15,9 +15,7 @@ ENV = {"GPU0_KEY": "k-gpu0", "CLAUDE_KEY": "k-claude"}
 def gc_dir(tmp_path):
     folder = tmp_path / "Qwen3-32B"
     folder.mkdir()
-    (folder / "generation_config.json").write_text(
-        json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20})
-    )
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20}))
     return folder
 
 
@@ -56,9 +54,7 @@ def test_opencode_like_request_end_to_end(policy):
         b'{"model":"qwen","messages":[{"role":"user","content":"\\u00e9 \\"hi\\""}],'
         b'"stream":true,"stream_options":{"include_usage":true},"max_tokens":16384,"enable_thinking":true}'
     )
-    out = policy.apply(
-        "/v1/chat/completions", body, {"Authorization": "Bearer client", "User-Agent": "omp/18.2.3"}
-    )
+    out = policy.apply("/v1/chat/completions", body, {"Authorization": "Bearer client", "User-Agent": "omp/18.2.3"})
     assert out.error is None
     assert out.upstream.name == "gpu0"
     assert (out.model, out.served_model, out.surface) == ("qwen", "Qwen/Qwen3-32B", "chat")
@@ -103,9 +99,7 @@ def test_reasoning_clamped_to_model_levels(policy):
 
 
 def test_anthropic_upstream_gets_x_api_key(policy):
-    out = policy.apply(
-        "/v1/messages?beta=true", b'{"model":"claude","max_tokens":5,"messages":[]}', {"x-api-key": "c"}
-    )
+    out = policy.apply("/v1/messages?beta=true", b'{"model":"claude","max_tokens":5,"messages":[]}', {"x-api-key": "c"})
     assert out.surface == "messages"
     assert out.upstream_headers == {"x-api-key": "k-claude"}
     assert out.remove_headers == ["authorization", "api-key"]
@@ -201,9 +195,7 @@ def test_reject_unmappable_answers_400():
             "models": {"m": {"reasoning": {"reject_unmappable": True}}},
         }
     )
-    out = RequestPolicy(cfg, environ={}).apply(
-        "/v1/chat/completions", b'{"model":"m","reasoning_effort":"turbo"}', {}
-    )
+    out = RequestPolicy(cfg, environ={}).apply("/v1/chat/completions", b'{"model":"m","reasoning_effort":"turbo"}', {})
     assert out.error[0] == 400 and [c.kind for c in out.changes] == ["reject"]
 
 
@@ -227,11 +219,7 @@ def test_five_megabyte_request_is_fast(policy):
 
 
 json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
     max_leaves=10,
 )

@@ -17,8 +17,11 @@ from tapfix.proxy.toolcalls import ResponsesToolCallRepair, repair_responses_bod
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
 
-SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
-                                           "force": {"type": "boolean"}}, "required": ["path", "content"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
+    "required": ["path", "content"],
+}
 TOOLS = [{"type": "function", "name": "write", "parameters": SCHEMA}]
 ARGS = {"path": "hello.txt", "content": "hi there"}
 GOOD = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
@@ -36,9 +39,7 @@ def stream(frags: list[str], **kw) -> bytes:
     return b"".join(responses_events(script(frags, **kw), {"tools": TOOLS}, "d" * 64, 1_760_000_000, "m", 10))
 
 
-def run(
-    data: bytes, chunks: list[int] | None = None, policy: str = "error"
-) -> tuple[bytes, ResponsesToolCallRepair]:
+def run(data: bytes, chunks: list[int] | None = None, policy: str = "error") -> tuple[bytes, ResponsesToolCallRepair]:
     stage = ResponsesToolCallRepair(TOOLS, policy=policy, capture_id="cap1")
     splitter = SSESplitter()
     out: list[bytes] = []
@@ -56,10 +57,14 @@ def client_call(data: bytes) -> tuple[dict | None, list[dict]]:
     """What a delta-reading client builds, and the final output's call (they must agree)."""
     evs = events(data)
     deltas = "".join(e["delta"] for e in evs if e["type"] == "response.function_call_arguments.delta")
-    done = [e for e in evs
-            if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
-    final = [i for e in evs if e["type"] == "response.completed" for i in e["response"]["output"]
-             if i["type"] == "function_call"]
+    done = [e for e in evs if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
+    final = [
+        i
+        for e in evs
+        if e["type"] == "response.completed"
+        for i in e["response"]["output"]
+        if i["type"] == "function_call"
+    ]
     if not done:
         return None, evs
     assert done[0]["item"]["arguments"] == deltas
@@ -143,23 +148,38 @@ def test_assembly_of_stream_and_body():
     data = stream(GOOD)
     a = assemble(data, "text/event-stream", "/v1/responses")
     assert a.content == "Writing it." and a.reasoning == "I will write."
-    assert a.tool_calls == [{"id": "call_0123456789abcdef01234567", "name": "write",
-                             "arguments": "".join(GOOD)}]
+    assert a.tool_calls == [{"id": "call_0123456789abcdef01234567", "name": "write", "arguments": "".join(GOOD)}]
     assert a.finish_reason == "completed" and a.done and a.usage["output_tokens"] == 12
     assert assemble_sse([data[:100], data[100:]]).tool_calls == a.tool_calls  # sniffed without a path
     body = responses_body(script(GOOD), {}, "d" * 64, 1, "m", 10)
     b = assemble(body, "application/json")
-    assert (b.content, b.reasoning, b.tool_calls, b.finish_reason) == (a.content, a.reasoning, a.tool_calls,
-                                                                        "completed")
+    assert (b.content, b.reasoning, b.tool_calls, b.finish_reason) == (
+        a.content,
+        a.reasoning,
+        a.tool_calls,
+        "completed",
+    )
     cut = assemble(stream(GOOD[:2], finish="length"), "text/event-stream", "/v1/responses")
     assert cut.finish_reason == "max_output_tokens"
 
 
 def test_reasoning_summaries_are_assembled():
-    ev = [{"type": "response.reasoning_summary_text.delta", "item_id": "rs", "output_index": 0,
-           "summary_index": 0, "delta": "Thinking"}, {"type": "response.completed", "response": {
-               "status": "completed", "output": [{"type": "reasoning", "summary": [
-                   {"type": "summary_text", "text": "Thinking hard"}]}]}}]
+    ev = [
+        {
+            "type": "response.reasoning_summary_text.delta",
+            "item_id": "rs",
+            "output_index": 0,
+            "summary_index": 0,
+            "delta": "Thinking",
+        },
+        {
+            "type": "response.completed",
+            "response": {
+                "status": "completed",
+                "output": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "Thinking hard"}]}],
+            },
+        },
+    ]
     data = b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode()) for e in ev)
     assert assemble(data, "text/event-stream", "/v1/responses").reasoning == "Thinking hard"
 

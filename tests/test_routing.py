@@ -60,8 +60,7 @@ def test_unknown_model_is_a_404_listing_what_is_served():
     assert isinstance(error, RouteError) and error.status == 404
     assert orjson.loads(error.body) == {
         "error": {
-            "message": "model 'gpt-4o' is not served here; "
-            "served models: qwen3-32b, glm (aliases: qwen → qwen3-32b)",
+            "message": "model 'gpt-4o' is not served here; served models: qwen3-32b, glm (aliases: qwen → qwen3-32b)",
             "type": "invalid_request_error",
             "code": "model_not_found",
             "param": "model",
@@ -87,11 +86,7 @@ def test_missing_or_bad_model_is_a_400(model, code):
     error = resolve(config(), model)
     assert isinstance(error, RouteError) and error.status == 400
     body = orjson.loads(error.body)["error"]
-    assert (
-        body["code"] == code
-        and body["type"] == "invalid_request_error"
-        and "served models" in body["message"]
-    )
+    assert body["code"] == code and body["type"] == "invalid_request_error" and "served models" in body["message"]
 
 
 @pytest.mark.parametrize("model", ["anything", "gpt-4o", None, 5])
@@ -123,9 +118,7 @@ def test_preflight_static(tmp_path):
         c={"upstream": "gpu0", "sampling": {"top_p": {"mode": "override"}}},
     )
     problems = preflight_static(cfg, {})
-    assert (
-        Problem("error", "upstreams.gpu0.api_key_env", "environment variable GPU0_KEY is not set") in problems
-    )
+    assert Problem("error", "upstreams.gpu0.api_key_env", "environment variable GPU0_KEY is not set") in problems
     assert any(p.where == "models.b.generation_config" and "cannot read" in p.message for p in problems)
     assert not any(p.where.startswith("models.a") for p in problems)
     assert Problem("warning", "upstreams.gpu1", "no model is routed to this upstream") in problems

@@ -129,9 +129,7 @@ def test_config_value_wins_over_generation_config_and_penalties_come_only_from_c
         "temperature": ParamPolicy("fill", 0.7, reason="config models.q.sampling.temperature"),
         "presence_penalty": ParamPolicy("fill", 1.5, reason="config models.q.sampling.presence_penalty"),
     }
-    policy = SamplingPolicy.build(
-        configured, {"temperature": 0.6, "top_p": 0.95}, "generation_config.json of Q"
-    )
+    policy = SamplingPolicy.build(configured, {"temperature": 0.6, "top_p": 0.95}, "generation_config.json of Q")
     out, changes = run({"model": "m"}, policy)
     assert out == {"model": "m", "temperature": 0.7, "top_p": 0.95, "presence_penalty": 1.5}
     reasons = {c.path: c.reason for c in changes}
@@ -181,9 +179,7 @@ def test_modes(rule, body, expected, kinds):
 
 
 def test_clamp_records_bounds_and_values():
-    policy = SamplingPolicy(
-        {"top_p": ParamPolicy("clamp", max=0.95, reason="config models.q.sampling.top_p")}
-    )
+    policy = SamplingPolicy({"top_p": ParamPolicy("clamp", max=0.95, reason="config models.q.sampling.top_p")})
     _, [change] = run({"top_p": 1.0}, policy)
     assert (change.path, change.before, change.after) == ("$.top_p", 1.0, 0.95)
     assert change.reason == "config models.q.sampling.top_p: within [-, 0.95]"
@@ -217,8 +213,7 @@ def test_splice_of_sampling_edits_keeps_client_bytes():
     body = b'{"model" : "m",\n "messages": [{"role":"user","content":"\\u00e9"}]}'
     edits, _ = apply_sampling(orjson.loads(body), gc_policy({"top_p": 0.95}), "chat", "vllm")
     assert (
-        splice(body, edits)
-        == b'{"model" : "m",\n "messages": [{"role":"user","content":"\\u00e9"}],\n "top_p": 0.95}'
+        splice(body, edits) == b'{"model" : "m",\n "messages": [{"role":"user","content":"\\u00e9"}],\n "top_p": 0.95}'
     )
 
 

@@ -40,8 +40,15 @@ def _flow(**headers: str):
     return flow
 
 
-@pytest.mark.parametrize("headers", [{"authorization": f"Bearer {TOKEN}"}, {"authorization": f"bearer  {TOKEN} "},
-                                     {"x_api_key": TOKEN}, {"api_key": TOKEN}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"authorization": f"Bearer {TOKEN}"},
+        {"authorization": f"bearer  {TOKEN} "},
+        {"x_api_key": TOKEN},
+        {"api_key": TOKEN},
+    ],
+)
 def test_the_token_as_api_key_is_accepted_and_stripped(headers):
     flow = _flow(**headers, user_agent="opencode")
     _auth().requestheaders(flow)
@@ -49,10 +56,19 @@ def test_the_token_as_api_key_is_accepted_and_stripped(headers):
     assert dict(flow.request.headers) == {"user-agent": "opencode"}  # the token never goes upstream
 
 
-@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong-token-0123456789abcd"},
-                                     {"authorization": TOKEN}, {"authorization": f"Basic {TOKEN}"},
-                                     {"x_api_key": TOKEN[:-1]}, {"x_api_key": TOKEN + "x"},
-                                     {"authorization": "Bearer "}, {"x_api_key": ""}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer wrong-token-0123456789abcd"},
+        {"authorization": TOKEN},
+        {"authorization": f"Basic {TOKEN}"},
+        {"x_api_key": TOKEN[:-1]},
+        {"x_api_key": TOKEN + "x"},
+        {"authorization": "Bearer "},
+        {"x_api_key": ""},
+    ],
+)
 def test_anything_else_gets_openai_shaped_401(headers):
     flow = _flow(**headers)
     auth = _auth()
@@ -113,8 +129,11 @@ def test_defaults_bind_to_loopback_only(tmp_path):
     assert next(p for p in browse.params if p.name == "listen").default == "127.0.0.1:8081"
     # A real proxy given only a port listens on 127.0.0.1, nowhere else.
     port = free_port()
-    proxy = start(["run", "--upstream", "http://127.0.0.1:9", "--listen", str(port), "--db", str(tmp_path / "c.db")],
-                  port, tmp_path / "p.log")
+    proxy = start(
+        ["run", "--upstream", "http://127.0.0.1:9", "--listen", str(port), "--db", str(tmp_path / "c.db")],
+        port,
+        tmp_path / "p.log",
+    )
     try:
         assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, little-endian hex
     finally:
@@ -126,25 +145,55 @@ def test_non_loopback_without_token_refuses_to_start(tmp_path):
     from tests.support.procs import cli
 
     env = {k: v for k, v in os.environ.items() if k != "TAPFIX_TOKEN"}
-    result = cli("run", "--upstream", "http://127.0.0.1:9", "--listen", f"0.0.0.0:{free_port()}",
-                 "--db", str(tmp_path / "c.db"), env=env | {"TAPFIX_TOKEN": ""})
+    result = cli(
+        "run",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        f"0.0.0.0:{free_port()}",
+        "--db",
+        str(tmp_path / "c.db"),
+        env=env | {"TAPFIX_TOKEN": ""},
+    )
     assert result.returncode != 0
     message = result.stderr.decode()
     assert "refusing to listen" in message and "--token" in message and "TAPFIX_TOKEN" in message
-    short = cli("run", "--upstream", "http://127.0.0.1:9", "--listen", f"0.0.0.0:{free_port()}",
-                "--token", "abc", "--db", str(tmp_path / "c.db"))
+    short = cli(
+        "run",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        f"0.0.0.0:{free_port()}",
+        "--token",
+        "abc",
+        "--db",
+        str(tmp_path / "c.db"),
+    )
     assert short.returncode != 0 and "at least 8" in short.stderr.decode()
 
 
 @pytest.mark.e2e
 def test_token_end_to_end_on_all_interfaces(tmp_path):
-    ok = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
     upstream = RawServer(lambda _r: [(0.0, ok)])
     port = free_port()
     db = tmp_path / "c.db"
-    proxy = start(["run", "--upstream", upstream.url, "--listen", f"0.0.0.0:{port}", "--db", str(db),
-                   "--key-env", "UPSTREAM_KEY"], port, tmp_path / "p.log",
-                  env={"TAPFIX_TOKEN": TOKEN, "UPSTREAM_KEY": "upstream-own-key-42"})
+    proxy = start(
+        [
+            "run",
+            "--upstream",
+            upstream.url,
+            "--listen",
+            f"0.0.0.0:{port}",
+            "--db",
+            str(db),
+            "--key-env",
+            "UPSTREAM_KEY",
+        ],
+        port,
+        tmp_path / "p.log",
+        env={"TAPFIX_TOKEN": TOKEN, "UPSTREAM_KEY": "upstream-own-key-42"},
+    )
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     preflight = len(upstream.requests)  # `tapfix run` checks the upstream (GET /v1/models) at start

@@ -33,8 +33,12 @@ def test_secrets_never_reach_logs_error_bodies_or_cli_output(tmp_path):
     mock = start_mock(tmp_path)
     proxy = start_proxy(tmp_path, mock.url, "--verbose", db=tmp_path / "c.db")
     dead = start_proxy(tmp_path, f"http://127.0.0.1:{free_port()}", "--verbose", db=tmp_path / "d.db")
-    headers = {"authorization": f"Bearer {SECRET}", "x-api-key": SECRET, "cookie": f"s={SECRET2}",
-               "x-custom": f"value {SECRET2}"}
+    headers = {
+        "authorization": f"Bearer {SECRET}",
+        "x-api-key": SECRET,
+        "cookie": f"s={SECRET2}",
+        "x-custom": f"value {SECRET2}",
+    }
     query = f"?key={SECRET}&api_key={SECRET2}&token={SECRET}"
     body = {"model": "tapfix-mock", "messages": [{"role": "user", "content": "hi"}]}
     seen: list[str] = []
@@ -42,8 +46,9 @@ def test_secrets_never_reach_logs_error_bodies_or_cli_output(tmp_path):
         r = httpx.post(f"{proxy.url}/v1/chat/completions{query}", json=body, headers=headers, timeout=20)
         seen.append(r.text)
         ids = [r.headers["x-tapfix-capture-id"]]
-        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions{query}", json=body | {"stream": True},
-                          headers=headers, timeout=20) as s:  # a client that hangs up mid-stream
+        with httpx.stream(
+            "POST", f"{proxy.url}/v1/chat/completions{query}", json=body | {"stream": True}, headers=headers, timeout=20
+        ) as s:  # a client that hangs up mid-stream
             ids.append(s.headers["x-tapfix-capture-id"])
             next(s.iter_raw())
         r = httpx.post(f"{dead.url}/v1/chat/completions{query}", json=body, headers=headers, timeout=20)
@@ -52,8 +57,11 @@ def test_secrets_never_reach_logs_error_bodies_or_cli_output(tmp_path):
         wait_capture(dead.extra["db"], r.headers["x-tapfix-capture-id"])
         for capture_id in ids:
             wait_capture(proxy.extra["db"], capture_id, timeout=15)
-            for args in (("captures", "show", capture_id), ("captures", "export", capture_id, "--as", "curl"),
-                         ("captures", "export", capture_id, "--as", "python")):
+            for args in (
+                ("captures", "show", capture_id),
+                ("captures", "export", capture_id, "--as", "curl"),
+                ("captures", "export", capture_id, "--as", "python"),
+            ):
                 out = cli(*args, "--db", str(proxy.extra["db"]))
                 assert out.returncode == 0, out.stderr
                 seen.append(out.stdout.decode(errors="replace") + out.stderr.decode(errors="replace"))
@@ -112,12 +120,23 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
 
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    ex = Exchange(method="POST", path=f"/v1/chat/completions?api_key={SECRET}", url=f"http://h/v1/x?key={SECRET}",
-                  upstream_url=f"http://127.0.0.1:9/v1/chat/completions?key={SECRET}", status=200,
-                  request=b'{"model":"m","messages":[]}', content_type="application/json",
-                  response=b"{}", request_headers=[("authorization", f"Bearer {SECRET}"), ("x-api-key", SECRET2),
-                                                        ("x-trace", f"id {SECRET2}"), ("user-agent", "opencode")],
-                  forwarded_headers=[("authorization", f"Bearer {SECRET}"), ("user-agent", "opencode")])
+    ex = Exchange(
+        method="POST",
+        path=f"/v1/chat/completions?api_key={SECRET}",
+        url=f"http://h/v1/x?key={SECRET}",
+        upstream_url=f"http://127.0.0.1:9/v1/chat/completions?key={SECRET}",
+        status=200,
+        request=b'{"model":"m","messages":[]}',
+        content_type="application/json",
+        response=b"{}",
+        request_headers=[
+            ("authorization", f"Bearer {SECRET}"),
+            ("x-api-key", SECRET2),
+            ("x-trace", f"id {SECRET2}"),
+            ("user-agent", "opencode"),
+        ],
+        forwarded_headers=[("authorization", f"Bearer {SECRET}"), ("user-agent", "opencode")],
+    )
     writer.submit(ex)
     writer.close()
     conn = open_for_reading(db)
@@ -135,8 +154,10 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
 @pytest.mark.e2e
 def test_config_refuses_literal_keys_through_the_cli(tmp_path):
     config = tmp_path / "tapfix.toml"
-    config.write_text(f'[upstreams.gpu]\nbase_url = "http://127.0.0.1:9/v1"\nengine = "vllm"\napi_key = "{SECRET}"\n'
-                      '[models.m]\nupstream = "gpu"\n')
+    config.write_text(
+        f'[upstreams.gpu]\nbase_url = "http://127.0.0.1:9/v1"\nengine = "vllm"\napi_key = "{SECRET}"\n'
+        '[models.m]\nupstream = "gpu"\n'
+    )
     for args in (("run", "--config", str(config), "--db", str(tmp_path / "c.db")), ("check", "--config", str(config))):
         result = cli(*args)
         text = result.stdout.decode() + result.stderr.decode()
@@ -149,20 +170,26 @@ def test_config_refuses_literal_keys_through_the_cli(tmp_path):
 def test_per_model_privacy_switch_stores_metadata_only(tmp_path):
     mock = start_mock(tmp_path)
     config = tmp_path / "tapfix.toml"
-    config.write_text(f'[upstreams.local]\nbase_url = "{mock.url}/v1"\nengine = "vllm"\n'
-                      '[models.private]\nupstream_model = "tapfix-mock"\nstore_bodies = false\n'
-                      '[models.open]\nupstream_model = "tapfix-mock"\n')
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{mock.url}/v1"\nengine = "vllm"\n'
+        '[models.private]\nupstream_model = "tapfix-mock"\nstore_bodies = false\n'
+        '[models.open]\nupstream_model = "tapfix-mock"\n'
+    )
     port = free_port()
     from tests.support.procs import start
 
     db = tmp_path / "c.db"
-    proxy = start(["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)], port,
-                  tmp_path / "p.log")
+    proxy = start(
+        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)], port, tmp_path / "p.log"
+    )
     try:
         rows = {}
         for model in ("private", "open"):
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=20,
-                           json={"model": model, "messages": [{"role": "user", "content": f"PROMPT-{model}-TEXT"}]})
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                timeout=20,
+                json={"model": model, "messages": [{"role": "user", "content": f"PROMPT-{model}-TEXT"}]},
+            )
             assert r.status_code == 200
             rows[model] = wait_capture(db, r.headers["x-tapfix-capture-id"])
     finally:
@@ -172,7 +199,8 @@ def test_per_model_privacy_switch_stores_metadata_only(tmp_path):
     assert private["request_body_id"] is None and private["response_body_id"] is None and private["content"] is None
     assert private["status"] == 200 and private["model"] == "private" and private["prompt_tokens"] is not None
     assert public["request_body_id"] is not None and public["content"]
-    raw = db.read_bytes() + (db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists()
-                             else b"")
+    raw = db.read_bytes() + (
+        db.with_name(db.name + "-wal").read_bytes() if db.with_name(db.name + "-wal").exists() else b""
+    )
     assert b"PROMPT-private-TEXT" not in raw and b"PROMPT-open-TEXT" in raw
     assert json.loads(private["request_headers"])  # metadata is still there

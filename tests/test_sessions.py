@@ -18,8 +18,11 @@ def full_parse_opening(body: bytes) -> bytes | None:
         return None
     if not isinstance(obj, dict):
         return None
-    messages = obj.get("messages") if isinstance(obj.get("messages"), list) else (
-        obj.get("input") if isinstance(obj.get("input"), list) else None)
+    messages = (
+        obj.get("messages")
+        if isinstance(obj.get("messages"), list)
+        else (obj.get("input") if isinstance(obj.get("input"), list) else None)
+    )
     if not messages:
         return None
     opening = [obj["system"]] if "system" in obj else []
@@ -31,14 +34,22 @@ def full_parse_opening(body: bytes) -> bytes | None:
 
 
 TEXT = st.text(alphabet=st.sampled_from(list('ab "\\\n{}[],:é😀')), max_size=12)
-MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
-                                 "content": TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"),
-                                                                                   "text": TEXT}), max_size=2)})
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+        "content": TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2),
+    }
+)
 BODY = st.fixed_dictionaries(
     {"model": TEXT},
-    optional={"messages": st.lists(MESSAGE, max_size=5), "input": st.lists(MESSAGE, max_size=3) | TEXT,
-              "system": TEXT, "tools": st.lists(st.fixed_dictionaries({"name": TEXT}), max_size=2),
-              "stream": st.booleans()})
+    optional={
+        "messages": st.lists(MESSAGE, max_size=5),
+        "input": st.lists(MESSAGE, max_size=3) | TEXT,
+        "system": TEXT,
+        "tools": st.lists(st.fixed_dictionaries({"name": TEXT}), max_size=2),
+        "stream": st.booleans(),
+    },
+)
 
 
 @given(BODY, st.sampled_from([None, 0, 2]))

@@ -33,8 +33,10 @@ SSE_LINE = st.sampled_from([b"data: {}", b"data:x", b": ping", b"event: e", b"id
 NEWLINE = st.sampled_from([b"\n", b"\r\n", b"\r"])
 
 
-@given(st.lists(st.tuples(st.lists(SSE_LINE, min_size=1, max_size=3), NEWLINE), max_size=12),
-       st.lists(st.integers(min_value=0, max_value=10_000), max_size=20))
+@given(
+    st.lists(st.tuples(st.lists(SSE_LINE, min_size=1, max_size=3), NEWLINE), max_size=12),
+    st.lists(st.integers(min_value=0, max_value=10_000), max_size=20),
+)
 def test_any_stream_any_split_reconstructs(events, cuts):
     stream = b"".join(nl.join(lines) + nl + nl for lines, nl in events)
     out = split_all(stream, cuts)

@@ -12,10 +12,17 @@ from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_readin
 
 
 def _exchange(**kw) -> Exchange:
-    base = dict(method="POST", path="/v1/chat/completions", request=b'{"model":"m","messages":[]}',
-                model="m", status=200, content_type="text/event-stream", stream=True,
-                response_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"],
-                chunk_times=[0.01, 0.02])
+    base = dict(
+        method="POST",
+        path="/v1/chat/completions",
+        request=b'{"model":"m","messages":[]}',
+        model="m",
+        status=200,
+        content_type="text/event-stream",
+        stream=True,
+        response_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"],
+        chunk_times=[0.01, 0.02],
+    )
     base.update(kw)
     return Exchange(**base)
 
@@ -23,8 +30,10 @@ def _exchange(**kw) -> Exchange:
 def test_round_trip_with_changes_and_timing(tmp_path):
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    ex = _exchange(forwarded=b'{"model":"m","messages":[],"top_p":0.95}',
-                   changes=[Change("sampling", "inject", "$.top_p", None, 0.95, "generation_config.json of m")])
+    ex = _exchange(
+        forwarded=b'{"model":"m","messages":[],"top_p":0.95}',
+        changes=[Change("sampling", "inject", "$.top_p", None, 0.95, "generation_config.json of m")],
+    )
     writer.submit(ex)
     writer.close()
     assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
@@ -75,8 +84,7 @@ def test_write_failure_is_counted_and_traffic_side_never_raises(tmp_path):
 def test_flags_filter(tmp_path):
     writer = CaptureWriter(tmp_path / "g.db")
     cut_event = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}\n\n'
-    cut = _exchange(response_chunks=[cut_event],
-                    chunk_times=[0.01])
+    cut = _exchange(response_chunks=[cut_event], chunk_times=[0.01])
     writer.submit(cut)
     writer.submit(_exchange())
     writer.close()

@@ -42,8 +42,18 @@ def _link_tree(base: Path, canary: str | None = None) -> Path:
 
 
 def _mypy(tree: Path, targets: Iterable[str]) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-               "--cache-dir", str(tree / ".mypy_cache"), "--no-color-output", "--no-error-summary", *targets]
+    command = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "--cache-dir",
+        str(tree / ".mypy_cache"),
+        "--no-color-output",
+        "--no-error-summary",
+        *targets,
+    ]
     return subprocess.run(command, cwd=tree, capture_output=True, text=True, timeout=300)
 
 
@@ -55,7 +65,7 @@ def test_mypy_is_clean(tmp_path):
         pytest.fail(f"mypy (strict, config in pyproject.toml):\n{result.stdout}{result.stderr}", pytrace=False)
 
 
-CANARY = '''\
+CANARY = """\
 from tapfix.proxy.ids import new_capture_id
 
 
@@ -69,7 +79,7 @@ def unannotated(value):
 
 def through_the_namespace() -> int:
     return new_capture_id()
-'''
+"""
 
 
 @pytest.mark.e2e

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-MODULE = '''
+MODULE = """
 import asyncio
 import os
 import socket
@@ -92,9 +92,9 @@ def test_marked_listen():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-'''
+"""
 
-MARKED_MODULE = '''
+MARKED_MODULE = """
 import subprocess
 
 import pytest
@@ -104,7 +104,7 @@ pytestmark = pytest.mark.e2e
 
 def test_module_marked():
     subprocess.run(["true"], check=True)
-'''
+"""
 
 FAILING = [
     "test_process",

@@ -13,9 +13,7 @@ from tests.support.builders import tool
 
 NO_TOOLS = ToolSchemas(None)
 
-WRITE = ToolSchemas(
-    [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])]
-)
+WRITE = ToolSchemas([tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])])
 TYPED = ToolSchemas(
     [
         tool(

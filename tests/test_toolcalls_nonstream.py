@@ -62,9 +62,7 @@ def test_repairs(message: dict, expected: list) -> None:
     out, changes, outcome = repair_chat_completion(body(message, "stop"), TOOLS)
     msg, finish = message_of(out)
     assert outcome == "repaired" and changes and finish == "tool_calls"
-    assert [
-        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]
-    ] == expected
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == expected
     assert len({c["id"] for c in msg["tool_calls"]}) == len(expected)
     assert not (msg.get("content") or "").strip()
 
@@ -87,9 +85,7 @@ def _whole_body(case: dict) -> bytes:
     chunks = [o for o in case["stream"] if "choices" in o]
     content = "".join((ch.get("delta") or {}).get("content") or "" for c in chunks for ch in c["choices"])
     calls = [tc(c["arguments"], c["id"], c["name"]) for c in assemble_tool_calls(chunks)]
-    finish = next(
-        (ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")), "stop"
-    )
+    finish = next((ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")), "stop")
     message = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = calls
@@ -112,8 +108,7 @@ SKIP = {  # not run as whole bodies: what only the stream shows: fragment bounda
 }
 
 
-@pytest.mark.parametrize("path", [p for p in sorted(CORPUS.glob("*.json")) if p.name not in SKIP],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in sorted(CORPUS.glob("*.json")) if p.name not in SKIP], ids=lambda p: p.stem)
 def test_corpus_as_whole_bodies(path: Path) -> None:
     case = json.loads(path.read_text())
     out, changes, outcome = repair_chat_completion(_whole_body(case), case["tools"])
@@ -121,8 +116,6 @@ def test_corpus_as_whole_bodies(path: Path) -> None:
         assert case["scoring"] in ("detect", "impossible")
         return
     msg, _ = message_of(out)
-    got = [
-        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls") or []
-    ]
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls") or []]
     if case["scoring"] in ("repair", "passthrough"):
         assert got == [(c["name"], c["arguments"]) for c in case["expected"]]

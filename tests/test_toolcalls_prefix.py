@@ -97,7 +97,8 @@ PROPS = {
 # "<|" is Gemma's delimiter debris: the prefix gate holds any value holding it (by design, prefix.py), so
 # a valid stream that merely contains it is held, not streamed, and is left out of this property.
 TEXT = st.text(alphabet=st.sampled_from(list('ab \n\t"\\/é€😀<>{}[]:,')) | st.characters(codec="utf-8")).filter(
-    lambda text: "<|" not in text)
+    lambda text: "<|" not in text
+)
 LEAF = st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False, allow_infinity=False)
 NESTED = st.recursive(
     LEAF | TEXT, lambda i: st.lists(i, max_size=3) | st.dictionaries(TEXT, i, max_size=3), max_leaves=8
@@ -123,8 +124,9 @@ def valid_streams(draw) -> tuple[bytes, list]:
 
     def emit(obj: dict) -> None:
         ensure_ascii = rng.random() < 0.5
-        events.append(sse_event(obj, newline=nl, ensure_ascii=ensure_ascii,
-                                separators=rng.choice([(",", ":"), (", ", ": ")])))
+        events.append(
+            sse_event(obj, newline=nl, ensure_ascii=ensure_ascii, separators=rng.choice([(",", ":"), (", ", ": ")]))
+        )
 
     emit(ROLE)
     for text in draw(st.lists(st.text(alphabet="abcdefgh ", min_size=1, max_size=10), max_size=2)):

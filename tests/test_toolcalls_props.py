@@ -24,16 +24,10 @@ from tests.support.stage_io import client_view, run_stage
 
 _TC = b'data: {"choices":[{"index":0,"delta":{"tool_calls":'
 
-TEXT = st.text(
-    alphabet=st.sampled_from(list("ab <>[]{}\"'`\n\\é€😀_:,")) | st.characters(codec="utf-8"), max_size=12
-)
+TEXT = st.text(alphabet=st.sampled_from(list("ab <>[]{}\"'`\n\\é€😀_:,")) | st.characters(codec="utf-8"), max_size=12)
 KEYS = st.text(alphabet="abcdefgh_", min_size=1, max_size=6)
 SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(10**6), 10**6)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | TEXT
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
 )
 ARGS = st.dictionaries(
     KEYS,
@@ -101,12 +95,8 @@ def test_valid_streams_pass_byte_for_byte(stream, seed: int, with_tools: bool) -
 
 
 @settings(deadline=None)
-@given(
-    valid_streams(min_calls=1), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"])
-)
-def test_mutated_streams_never_raise_and_never_hand_out_broken_arguments(
-    stream, seed: int, policy: str
-) -> None:
+@given(valid_streams(min_calls=1), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"]))
+def test_mutated_streams_never_raise_and_never_hand_out_broken_arguments(stream, seed: int, policy: str) -> None:
     data, tools, _ = stream
     rng = random.Random(seed)
     broken = corrupt_events(data, rng)

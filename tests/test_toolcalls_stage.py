@@ -102,9 +102,7 @@ def test_comments_crlf_and_odd_spacing_pass() -> None:
 
 def test_content_goes_out_at_once_and_calls_are_held() -> None:
     stage = ChatToolCallRepair(TOOLS)
-    events = SSESplitter().feed(
-        sse([ROLE, content("Hi"), call(0, "c1", "read", '{"path": "a"}'), TOOL_FINISH])
-    )
+    events = SSESplitter().feed(sse([ROLE, content("Hi"), call(0, "c1", "read", '{"path": "a"}'), TOOL_FINISH]))
     assert stage.feed(events[0]) == [events[0]]
     assert stage.feed(events[1]) == [events[1]]
     assert stage.feed(events[2]) == []
@@ -245,9 +243,7 @@ def test_repaired(label: str, stream: list, expected: list | None, seed: int) ->
 
 
 def test_parallel_calls_keep_stable_indexes_ids_and_envelope() -> None:
-    _, out, _ = run(
-        [ROLE, call(0, "id-a", "read", {"path": "a"}), call(0, "id-b", "read", {"path": "b"}), STOP]
-    )
+    _, out, _ = run([ROLE, call(0, "id-a", "read", {"path": "a"}), call(0, "id-b", "read", {"path": "b"}), STOP])
     view = client_view(out)
     tool_chunks = [c for c in view.chunks if any(ch["delta"].get("tool_calls") for ch in c["choices"])]
     assert [tc["index"] for c in tool_chunks for tc in c["choices"][0]["delta"]["tool_calls"]] == [0, 1]
@@ -286,9 +282,7 @@ UNRECOVERABLE = [
 
 @pytest.mark.parametrize(("label", "stream"), UNRECOVERABLE, ids=[u[0] for u in UNRECOVERABLE])
 def test_unrecoverable_error_policy(label: str, stream: list) -> None:
-    data = sse(
-        [ROLE, content("Writing now."), *stream, chunk(usage={"total_tokens": 3}) | {"choices": []}]
-    )
+    data = sse([ROLE, content("Writing now."), *stream, chunk(usage={"total_tokens": 3}) | {"choices": []}])
     stage = ChatToolCallRepair(TOOLS, capture_id="cap-1")
     out = run_stage(stage, random_splits(data, random.Random(9)))
     assert_unrecoverable(out, stage)
@@ -401,9 +395,7 @@ LEAKS = [
 
 @pytest.mark.parametrize(("label", "texts", "left", "expected"), LEAKS, ids=[x[0] for x in LEAKS])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_leaked_call_becomes_a_tool_call(
-    label: str, texts: list, left: str, expected: list, seed: int
-) -> None:
+def test_leaked_call_becomes_a_tool_call(label: str, texts: list, left: str, expected: list, seed: int) -> None:
     _, out, stage = run([ROLE, *[content(t) for t in texts], STOP], seed=seed)
     view = client_view(out)
     assert calls_of(out) == expected

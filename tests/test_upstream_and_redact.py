@@ -6,13 +6,16 @@ from tapfix.proxy.net import parse_listen
 from tapfix.proxy.store.redact import redact_header, redact_url
 
 
-@pytest.mark.parametrize(("root", "path", "joined"), [
-    ("http://h:1", "/v1/chat/completions", "/v1/chat/completions"),
-    ("http://h:1/v1", "/v1/models", "/v1/models"),
-    ("http://h:1/v1/", "/v1", "/v1"),
-    ("https://h/api", "/v1/x?a=1", "/api/v1/x?a=1"),
-    ("http://h:1/openai/v1", "/health", "/openai/v1/health"),
-])
+@pytest.mark.parametrize(
+    ("root", "path", "joined"),
+    [
+        ("http://h:1", "/v1/chat/completions", "/v1/chat/completions"),
+        ("http://h:1/v1", "/v1/models", "/v1/models"),
+        ("http://h:1/v1/", "/v1", "/v1"),
+        ("https://h/api", "/v1/x?a=1", "/api/v1/x?a=1"),
+        ("http://h:1/openai/v1", "/health", "/openai/v1/health"),
+    ],
+)
 def test_join_never_doubles_v1(root, path, joined):
     assert UpstreamTarget.parse(root).join(path) == joined
 
@@ -23,10 +26,17 @@ def test_bad_upstream_urls_are_clear(bad):
         UpstreamTarget.parse(bad)
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("Authorization", "Bearer abc"), ("x-api-key", "k"), ("Cookie", "a=b"), ("X-My-Token", "t"),
-    ("api-key", "x"), ("Proxy-Authorization", "Basic x"),
-])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("Authorization", "Bearer abc"),
+        ("x-api-key", "k"),
+        ("Cookie", "a=b"),
+        ("X-My-Token", "t"),
+        ("api-key", "x"),
+        ("Proxy-Authorization", "Basic x"),
+    ],
+)
 def test_secret_headers_are_redacted(name, value):
     assert redact_header(name, value) == "[redacted]"
 
@@ -37,7 +47,14 @@ def test_keylike_values_and_url_params_are_redacted():
     assert redact_url("/v1/x?key=SECRET&model=m&api_key=S2") == "/v1/x?key=[redacted]&model=m&api_key=[redacted]"
 
 
-@pytest.mark.parametrize(("value", "expected"), [("127.0.0.1:9", ("127.0.0.1", 9)), (":81", ("127.0.0.1", 81)),
-                                                 ("8082", ("127.0.0.1", 8082)), ("[::1]:7", ("::1", 7))])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:9", ("127.0.0.1", 9)),
+        (":81", ("127.0.0.1", 81)),
+        ("8082", ("127.0.0.1", 8082)),
+        ("[::1]:7", ("::1", 7)),
+    ],
+)
 def test_parse_listen(value, expected):
     assert parse_listen(value, 1) == expected

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from mitmproxy import http
 
 
-def json_response(status: int, body: bytes, capture_id: str | None = None,
-                  headers: Mapping[str, str] | None = None) -> http.Response:
+def json_response(
+    status: int, body: bytes, capture_id: str | None = None, headers: Mapping[str, str] | None = None
+) -> http.Response:
     """`body` is already JSON (see `tapfix.proxy.errors` for the error bodies); `capture_id` names the capture."""
     fields = {"content-type": "application/json"}
     if capture_id:

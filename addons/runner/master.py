@@ -32,8 +32,12 @@ def confdir() -> Path:
     return path
 
 
-def build_runtime(settings: Settings, policy: Any = None, targets: dict[str, UpstreamTarget] | None = None,
-                  writer: CaptureWriter | None = None) -> Runtime:
+def build_runtime(
+    settings: Settings,
+    policy: Any = None,
+    targets: dict[str, UpstreamTarget] | None = None,
+    writer: CaptureWriter | None = None,
+) -> Runtime:
     all_targets = dict(targets or {})
     default = all_targets.get("default")
     if default is None and settings.upstream:
@@ -41,8 +45,7 @@ def build_runtime(settings: Settings, policy: Any = None, targets: dict[str, Ups
         all_targets[default.name] = default
     if default is None and all_targets and settings.mode == "reverse":
         default = next(iter(all_targets.values()))
-    runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy,
-                      targets=all_targets)
+    runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy, targets=all_targets)
     runtime.intercept_hosts = set(settings.intercept) or {t.host for t in all_targets.values()}
     return runtime
 
@@ -168,4 +171,5 @@ def check_exposure(settings: Settings) -> None:
         raise StartupError(
             f"refusing to listen on {settings.listen_host}:{settings.listen_port} without a token: anyone who can "
             "reach it could use your upstream (and its key) through tapfix. Give --token SECRET (or set "
-            "TAPFIX_TOKEN); clients then use SECRET as their API key. Or listen on 127.0.0.1.")
+            "TAPFIX_TOKEN); clients then use SECRET as their API key. Or listen on 127.0.0.1."
+        )

@@ -22,8 +22,13 @@ def load_config(settings: Settings) -> Config:
         if settings.config_path is not None:
             return Config.load(settings.config_path)
         assert settings.upstream is not None
-        return Config.quick(settings.upstream, engine=settings.engine, generation_config=settings.generation_config,
-                            reasoning_dialect=settings.reasoning_dialect, upstream_key_env=settings.upstream_key_env)
+        return Config.quick(
+            settings.upstream,
+            engine=settings.engine,
+            generation_config=settings.generation_config,
+            reasoning_dialect=settings.reasoning_dialect,
+            upstream_key_env=settings.upstream_key_env,
+        )
     except ConfigError as e:
         raise StartupError(str(e)) from e
 

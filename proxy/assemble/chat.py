@@ -26,7 +26,8 @@ def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) ->
     arguments = function.get("arguments")
     if arguments is not None:
         call.setdefault("_parts", []).append(
-            arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode())
+            arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+        )
 
 
 def _joined(call: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +127,12 @@ def assemble_chat_json(obj: dict[str, Any]) -> Assembled:
                 if isinstance(call, dict):
                     call = {**call, "index": call.get("index", i)}
                     _merge_tool_call(calls, call)
-        _apply_choice(result, {}, {**choice, "message": {k: v for k, v in message.items() if k != "tool_calls"}}
-                      if isinstance(message, dict) else choice)
+        _apply_choice(
+            result,
+            {},
+            {**choice, "message": {k: v for k, v in message.items() if k != "tool_calls"}}
+            if isinstance(message, dict)
+            else choice,
+        )
     result.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
     return result.join_parts()

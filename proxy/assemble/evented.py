@@ -122,8 +122,13 @@ def _from_response(r: Assembled, response: dict[str, Any], keep_deltas: bool = F
             reasoning += "".join(t for t in texts if isinstance(t, str))
         elif kind == "function_call":
             args = item.get("arguments")
-            calls.append({"id": item.get("call_id") or item.get("id"), "name": item.get("name") or "",
-                          "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()})
+            calls.append(
+                {
+                    "id": item.get("call_id") or item.get("id"),
+                    "name": item.get("name") or "",
+                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                }
+            )
     if not keep_deltas or content:
         r.content = content
     if not keep_deltas or reasoning:

@@ -69,9 +69,7 @@ def create_app(
             problem = None
         except FilterError as e:
             result, problem = Page([]), str(e)
-        return page(
-            "list", 200 if problem is None else 400, f=f, page=result, facets=facets(store), error=problem
-        )
+        return page("list", 200 if problem is None else 400, f=f, page=result, facets=facets(store), error=problem)
 
     def exchange(request: Request) -> Response:
         capture_id = request.path_params["capture_id"]
@@ -96,11 +94,7 @@ def create_app(
         except StoreError as e:
             return error(410, str(e))
         suffix = (
-            ".json"
-            if data[:1] in (b"{", b"[")
-            else ".sse"
-            if capture.get("stream") and "response" in which
-            else ".bin"
+            ".json" if data[:1] in (b"{", b"[") else ".sse" if capture.get("stream") and "response" in which else ".bin"
         )
         return _download(data, f"tapfix-{capture['id']}-{which}{suffix}")
 
@@ -123,15 +117,11 @@ def create_app(
         return _download(data, name)
 
     def sessions(request: Request) -> Response:
-        return page(
-            "sessions", page=list_sessions(store.conn(), before=request.query_params.get("before", ""))
-        )
+        return page("sessions", page=list_sessions(store.conn(), before=request.query_params.get("before", "")))
 
     def session(request: Request) -> Response:
         after = request.query_params.get("after", "0")
-        view = load_session(
-            store.conn(), request.path_params["session_id"], after=int(after) if after.isdigit() else 0
-        )
+        view = load_session(store.conn(), request.path_params["session_id"], after=int(after) if after.isdigit() else 0)
         if view is None:
             return error(404, f"no session {request.path_params['session_id']!r}")
         return page("session", v=view)

@@ -52,9 +52,7 @@ def line_diff(a: str, b: str) -> list[tuple[str, str]]:
     """[(mark, line)]: mark is ' ', '+', '-' or '@' (a hunk header); context of 3 lines."""
     old, new = a.splitlines(), b.splitlines()
     if len(old) + len(new) > DIFF_LINES_LIMIT:
-        return [
-            ("@", f"bodies too large to diff inline ({len(old)} and {len(new)} lines): see the changes above")
-        ]
+        return [("@", f"bodies too large to diff inline ({len(old)} and {len(new)} lines): see the changes above")]
     out = []
     for line in difflib.unified_diff(old, new, "as sent", "as forwarded", n=3, lineterm=""):
         if line.startswith(("---", "+++")):

@@ -135,9 +135,7 @@ class SearchIndex:
         finally:
             self._lock.release()
 
-    def _catch_up(
-        self, src: sqlite3.Connection, dst: sqlite3.Connection, limit: int | None, batch: int
-    ) -> int:
+    def _catch_up(self, src: sqlite3.Connection, dst: sqlite3.Connection, limit: int | None, batch: int) -> int:
         last = self._last(dst)
         if last and not self._same_store(src, dst, last):
             log.info("capture db changed under the search index: rebuilding %s", self.path)
@@ -179,9 +177,7 @@ class SearchIndex:
             dst.execute("begin immediate")
             dst.executemany("insert or replace into doc (rowid, prompt, answer) values (?, ?, ?)", docs)
             dst.executemany("insert or replace into facts values (?, ?, ?, ?, ?)", facts)
-            dst.execute(
-                "insert or replace into meta values ('last_rowid', ?), ('last_id', ?)", (last, rows[-1][1])
-            )
+            dst.execute("insert or replace into meta values ('last_rowid', ?), ('last_id', ?)", (last, rows[-1][1]))
             dst.execute("commit")
             done += len(rows)
         return done
@@ -216,9 +212,7 @@ class SearchIndex:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(interval,), name="tapfix-browse-fts", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="tapfix-browse-fts", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -34,6 +34,8 @@ HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 COOKIE = "tapfix_browse"
+
+
 def _host_name(host_header: str) -> str:
     if host_header.startswith("["):
         return host_header[1:].partition("]")[0]
@@ -52,9 +54,7 @@ class SecurityHeaders:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = {name for name, _ in message.get("headers", [])}
-                message["headers"] = list(message.get("headers", [])) + [
-                    h for h in HEADERS if h[0] not in names
-                ]
+                message["headers"] = list(message.get("headers", [])) + [h for h in HEADERS if h[0] not in names]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -121,8 +121,7 @@ class TokenGate:
             await redirect(scope, receive, send)
             return
         response = PlainTextResponse(
-            "tapfix browse needs its token: open the URL with ?token=..., or send"
-            " 'Authorization: Bearer ...'",
+            "tapfix browse needs its token: open the URL with ?token=..., or send 'Authorization: Bearer ...'",
             status_code=401,
             headers={"www-authenticate": "Bearer"},
         )

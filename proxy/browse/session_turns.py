@@ -70,8 +70,7 @@ def load_session(
     previous: list[Any] | None = None
     if after:
         prev = conn.execute(
-            "select request_body_id from exchanges where session_id = ? and rowid <= ?"
-            " order by rowid desc limit 1",
+            "select request_body_id from exchanges where session_id = ? and rowid <= ? order by rowid desc limit 1",
             (session_id, after),
         ).fetchone()
         previous = messages_of(parse_json(bodies.get(prev[0]))) if prev else None

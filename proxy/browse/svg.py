@@ -36,9 +36,7 @@ def analyze(
     duration_ms: float | None = None,
     completion_tokens: int | None = None,
 ) -> StreamTiming:
-    t = StreamTiming(
-        chunks=len(points), size=sum(s for _, s in points), ttft_ms=ttft_ms, first_byte_ms=first_byte_ms
-    )
+    t = StreamTiming(chunks=len(points), size=sum(s for _, s in points), ttft_ms=ttft_ms, first_byte_ms=first_byte_ms)
     offsets = [o for o, _ in points]
     t.end_ms = max([duration_ms or 0.0, *offsets, 1.0])
     gaps = [(a, b) for a, b in zip(offsets, offsets[1:], strict=False)]
@@ -59,9 +57,7 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.0f} ms"
 
 
-def timeline_svg(
-    points: list[tuple[float, int]], timing: StreamTiming, width: int = 880, height: int = 220
-) -> str:
+def timeline_svg(points: list[tuple[float, int]], timing: StreamTiming, width: int = 880, height: int = 220) -> str:
     """Chunks over time: the cumulative count as a step line, one tick per chunk, TTFT and stalls marked."""
     left, right, top, bottom = 52, 28, 14, 34
     pw, ph = width - left - right, height - top - bottom
@@ -106,8 +102,7 @@ def timeline_svg(
         ticks = "".join(f"M{x(o)} {top + ph}v-6" for o, _ in points[::step])
         out.append(f'<path class="ticks" d="{ticks}" stroke="#99a" stroke-width="1"/>')
     out.append(
-        f'<polyline class="cumulative" points="{" ".join(coords)}" fill="none" stroke="#2b59c3"'
-        ' stroke-width="1.5"/>'
+        f'<polyline class="cumulative" points="{" ".join(coords)}" fill="none" stroke="#2b59c3" stroke-width="1.5"/>'
     )
     markers: list[tuple[float | None, str, str, str]] = [
         (timing.first_byte_ms, "first byte", "#888", "4 3"),

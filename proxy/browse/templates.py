@@ -209,5 +209,12 @@ ERROR = """{% extends "base" %}
 {% block main %}<h1>{{ status }}</h1><p class="error">{{ message }}</p><p><a href="/">back to the captures</a></p>{% endblock %}
 """
 
-ALL = {"base": BASE, "list": LIST, "exchange": EXCHANGE, "sessions": SESSIONS, "session": SESSION, "stats": STATS,
-       "error": ERROR}
+ALL = {
+    "base": BASE,
+    "list": LIST,
+    "exchange": EXCHANGE,
+    "sessions": SESSIONS,
+    "session": SESSION,
+    "stats": STATS,
+    "error": ERROR,
+}

@@ -189,26 +189,17 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         upstream = m.get("upstream")
         if upstream is None:
             if len(upstreams) != 1:
-                problems.append(
-                    f"{source}: {where}: missing key 'upstream', expected one of {', '.join(upstreams)}"
-                )
+                problems.append(f"{source}: {where}: missing key 'upstream', expected one of {', '.join(upstreams)}")
                 continue
             upstream = next(iter(upstreams))
         elif upstream not in upstreams:
-            problems.append(
-                f"{source}: {where}.upstream: found {upstream!r}, expected one of {', '.join(upstreams)}"
-            )
+            problems.append(f"{source}: {where}.upstream: found {upstream!r}, expected one of {', '.join(upstreams)}")
             continue
         for alias in m.get("aliases", []):
             if alias in claimed:
-                problems.append(
-                    f"{source}: {where}.aliases: found {alias!r}, which is already {claimed[alias]}"
-                )
+                problems.append(f"{source}: {where}.aliases: found {alias!r}, which is already {claimed[alias]}")
             claimed[alias] = f"an alias of {where}"
-        sampling = {
-            p: _param(f"{source}: {where}.sampling.{p}", v, problems)
-            for p, v in m.get("sampling", {}).items()
-        }
+        sampling = {p: _param(f"{source}: {where}.sampling.{p}", v, problems) for p, v in m.get("sampling", {}).items()}
         gc = m.get("generation_config")
         gc_path = None if gc is None else _resolve(base, gc)
         r = m.get("reasoning", {})

@@ -29,8 +29,9 @@ def models_url(base_url: str) -> str:
     return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
 
 
-def check_upstreams(config: Config, environ: Mapping[str, str] | None = None,
-                    timeout: float = 5.0) -> tuple[list[UpstreamStatus], list[Problem]]:
+def check_upstreams(
+    config: Config, environ: Mapping[str, str] | None = None, timeout: float = 5.0
+) -> tuple[list[UpstreamStatus], list[Problem]]:
     environ = os.environ if environ is None else environ
     statuses, problems = [], []
     for name, upstream in config.upstreams.items():
@@ -53,15 +54,17 @@ def check_upstreams(config: Config, environ: Mapping[str, str] | None = None,
             served = [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m]
         except ValueError:
             served = []
-        statuses.append(UpstreamStatus(name, upstream.base_url, True, f"serves {', '.join(served) or 'nothing'}",
-                                       served))
+        statuses.append(
+            UpstreamStatus(name, upstream.base_url, True, f"serves {', '.join(served) or 'nothing'}", served)
+        )
         if not config.is_quick:
             problems += compare_served(config, name, served)
     return statuses, problems
 
 
-def run_checks(config: Config, environ: Mapping[str, str] | None = None,
-               timeout: float = 5.0) -> tuple[list[UpstreamStatus], list[Problem]]:
+def run_checks(
+    config: Config, environ: Mapping[str, str] | None = None, timeout: float = 5.0
+) -> tuple[list[UpstreamStatus], list[Problem]]:
     environ = os.environ if environ is None else environ
     statuses, problems = check_upstreams(config, environ, timeout)
     return statuses, preflight_static(config, environ) + problems

@@ -96,11 +96,7 @@ def effort_level(req: dict[str, Any]) -> int:
     """0 (none) to 5 (max) from any of the dialects clients and engines use (engines.md §2)."""
     kwargs = obj(req.get("chat_template_kwargs"))
     thinking = req.get("thinking")
-    if (
-        kwargs.get("enable_thinking") is False
-        or req.get("enable_thinking") is False
-        or kwargs.get("thinking") is False
-    ):
+    if kwargs.get("enable_thinking") is False or req.get("enable_thinking") is False or kwargs.get("thinking") is False:
         return 0
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":
         return 0
@@ -154,11 +150,7 @@ def respond(req: dict[str, Any], call_id: str, knobs: Knobs = ALL_ABILITIES) -> 
     tool: dict[str, Any] | None = None
     if tools and choice != "none":
         if isinstance(choice, dict):
-            wanted = (
-                (choice.get("function") or {}).get("name")
-                if isinstance(choice.get("function"), dict)
-                else None
-            )
+            wanted = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
             tool = next((t for t in tools if tool_name(t) == wanted), None) or (
                 {"type": "function", "function": {"name": wanted, "parameters": {}}} if wanted else None
             )
@@ -275,17 +267,13 @@ def _after_tool(messages: list[dict[str, Any]]) -> str:
     except (orjson.JSONDecodeError, TypeError):
         args = {}
     args = args if isinstance(args, dict) else {}
-    path = next(
-        (str(v) for k, v in args.items() if k.lower() in {"path", "filepath", "file_path", "filename"}), None
-    )
+    path = next((str(v) for k, v in args.items() if k.lower() in {"path", "filepath", "file_path", "filename"}), None)
     text = " ".join(v for v in (raw, *args.values()) if isinstance(v, str))
     command = args.get("command") or args.get("cmd")
     if isinstance(command, list):  # an argv: ["bash", "-lc", "..."]
         command = command[-1] if command and all(isinstance(c, str) for c in command) else None
     added = re.search(r"^\*\*\* Add File: (.+)$", text, re.M)
-    created = added or (
-        re.search(r"printf .*> *'?([^'\s;&|]+)'?$", command) if isinstance(command, str) else None
-    )
+    created = added or (re.search(r"printf .*> *'?([^'\s;&|]+)'?$", command) if isinstance(command, str) else None)
     low = name.lower()
     if re.search(r"error|failed|denied|not found|no such file", result[:200], re.I):
         return f"The {name} tool reported a problem: {result[:160]}"

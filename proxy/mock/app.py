@@ -192,32 +192,22 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
     return plan
 
 
-def _respond(
-    state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids, chat: bool, model: str
-) -> Plan:
+def _respond(state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids, chat: bool, model: str) -> Plan:
     if rule is not None and rule.do == "http_error":
         return _http_error(rule)
     if rule is not None and rule.do == "garbage":
-        junk = str(
-            rule.params.get("body", "<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01")
-        ).encode()
+        junk = str(rule.params.get("body", "<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01")).encode()
         content_type = str(rule.params.get("content_type", "text/event-stream; charset=utf-8")).encode()
         return Plan(int(rule.params.get("status", 200)), [(b"content-type", content_type)], [Send(junk)])
     stream = bool(req.get("stream"))
     params = rule.params if rule else {}
     delay = float(params.get("chunk_delay_ms", state.opts.chunk_delay_ms)) / 1000
-    case = (
-        rule.case
-        if rule is not None and rule.do == "serve_case"
-        else (state.case_for(model) if chat else None)
-    )
+    case = rule.case if rule is not None and rule.do == "serve_case" else (state.case_for(model) if chat else None)
     builder = ChunkBuilder(ids.chat_id, ids.created, model) if chat else None
     if case is not None:
         if not stream:
             status, data = case.non_stream()
-            return Plan(
-                status, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False)
-            )
+            return Plan(status, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False))
         return Plan(200, _headers(SSE_HEADERS), apply_faults(paced(case.events, delay), rule, builder, True))
     if not chat:
         req = {**req, "messages": [{"role": "user", "content": _prompt_of(req.get("prompt"))}]}
@@ -245,9 +235,7 @@ def _respond(
                 usage if include_usage else None,
             )
         else:
-            data = completion_body(
-                reply.content, ids.completion_id, ids.created, model, reply.finish_reason, usage
-            )
+            data = completion_body(reply.content, ids.completion_id, ids.created, model, reply.finish_reason, usage)
     if stream:
         return Plan(200, _headers(SSE_HEADERS), apply_faults(paced(events, delay), rule, builder, True))
     return Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, builder, False))
@@ -350,9 +338,7 @@ def _http_error(rule: Rule) -> Plan:
 def _replay_plan(recorded: RecordedResponse, fast: bool) -> Plan:
     """The captured bytes at their captured offsets (a recorded reset shows as an early end)."""
     headers = [
-        (k.lower().encode("latin-1"), v.encode("latin-1"))
-        for k, v in recorded.headers
-        if k.lower() not in _HOP_BY_HOP
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in recorded.headers if k.lower() not in _HOP_BY_HOP
     ]
     return _TimedPlan(
         recorded.status,

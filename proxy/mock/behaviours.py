@@ -156,18 +156,12 @@ def _malformed(ops: list[Op], p: dict[str, Any], builder: ChunkBuilder | None) -
     if kind == "no_blank_lines":
         return [Send(o.data[:-1]) if isinstance(o, Send) and o.data.endswith(b"\n\n") else o for o in ops]
     if kind == "error_object_midstream":
-        return insert_after_sends(
-            ops, after, [Send(error_event()), Send(b"data: [DONE]\n\n")], drop_rest=True
-        )
+        return insert_after_sends(ops, after, [Send(error_event()), Send(b"data: [DONE]\n\n")], drop_rest=True)
     if kind == "huge_line":
         size = int(p.get("size", 1 << 20))
-        event = (
-            builder.content("x" * size) if builder else b"data: " + dumps({"content": "x" * size}) + b"\n\n"
-        )
+        event = builder.content("x" * size) if builder else b"data: " + dumps({"content": "x" * size}) + b"\n\n"
         return insert_after_sends(ops, after, [Send(event)])
     # invalid_utf8: bytes that are no UTF-8 at all, inside a JSON string of a content delta.
     bad = b'"content":"caf\xc3\x28 \xff\xfe"'
-    event = (builder.content("@@") if builder else b'data: {"content":"@@"}\n\n').replace(
-        b'"content":"@@"', bad
-    )
+    event = (builder.content("@@") if builder else b'data: {"content":"@@"}\n\n').replace(b'"content":"@@"', bad)
     return insert_after_sends(ops, after, [Send(event)])

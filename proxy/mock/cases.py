@@ -114,9 +114,7 @@ def assemble(stream: list[Any]) -> dict[str, Any]:
             }
         )
     text = "".join(content)
-    message = reply_message(
-        text if (text or not tool_calls) else None, "".join(reasoning) or None, tool_calls
-    )
+    message = reply_message(text if (text or not tool_calls) else None, "".join(reasoning) or None, tool_calls)
     return chat_completion(
         str(first.get("id") or "chatcmpl-case"),
         int(first.get("created") or 0),

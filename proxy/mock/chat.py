@@ -120,9 +120,7 @@ class ChunkBuilder:
         )
 
     def delta(self, delta: dict[str, object]) -> bytes:
-        return (
-            self._delta_open + dumps(delta) + b',"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-        )
+        return self._delta_open + dumps(delta) + b',"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 
     def content(self, text: str) -> bytes:
         return self.delta({"content": text})
@@ -161,9 +159,7 @@ class ChunkBuilder:
         return self._head + b'[],"usage":' + dumps(usage) + b"}\n\n"
 
 
-def stream_events(
-    reply: Reply, builder: ChunkBuilder, prompt_tokens: int, include_usage: bool
-) -> list[bytes]:
+def stream_events(reply: Reply, builder: ChunkBuilder, prompt_tokens: int, include_usage: bool) -> list[bytes]:
     """The whole stream of a tokenized reply, `[DONE]` included."""
     events = [builder.role()]
     events += [builder.reasoning(p) for p in reply.reasoning_pieces]
@@ -220,9 +216,7 @@ def chat_completion(
     }
 
 
-def reply_message(
-    content: str | None, reasoning: str | None, tool_calls: list[dict[str, object]]
-) -> dict[str, object]:
+def reply_message(content: str | None, reasoning: str | None, tool_calls: list[dict[str, object]]) -> dict[str, object]:
     """vLLM's ChatMessage: `tool_calls` is dropped when empty, `reasoning` comes last."""
     message: dict[str, object] = {
         "role": "assistant",

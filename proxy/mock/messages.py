@@ -55,8 +55,10 @@ def _message(script: Script, digest: str, model: str, prompt_tokens: int, done: 
 
 
 def messages_events(script: Script, digest: str, model: str, prompt_tokens: int) -> list[bytes]:
-    events = [_event("message_start", {"message": _message(script, digest, model, prompt_tokens, False)}),
-              _event("ping", {})]
+    events = [
+        _event("message_start", {"message": _message(script, digest, model, prompt_tokens, False)}),
+        _event("ping", {}),
+    ]
     for index, part in enumerate(script.parts):
         events.append(_event("content_block_start", {"index": index, "content_block": _block(part, False)}))
         for piece in part.pieces:
@@ -69,8 +71,15 @@ def messages_events(script: Script, digest: str, model: str, prompt_tokens: int)
             events.append(_event("content_block_delta", {"index": index, "delta": delta}))
         events.append(_event("content_block_stop", {"index": index}))
     stop = STOP_REASONS.get(script.finish, "end_turn")
-    events.append(_event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
-                                           "usage": {"output_tokens": script.completion_tokens}}))
+    events.append(
+        _event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": script.completion_tokens},
+            },
+        )
+    )
     events.append(_event("message_stop", {}))
     return events
 
@@ -80,6 +89,7 @@ def messages_body(script: Script, digest: str, model: str, prompt_tokens: int) -
 
 
 def messages_error(message: str, status: int) -> bytes:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
-            529: "overloaded_error"}.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
     return dumps({"type": "error", "error": {"type": kind, "message": message}})

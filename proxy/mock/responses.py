@@ -38,18 +38,36 @@ def _item(part: Part, digest: str, index: int, done: bool) -> dict[str, Any]:
     status = "completed" if done else "in_progress"
     if part.kind == "reasoning":
         content: list[dict[str, Any]] = [{"type": "reasoning_text", "text": text}] if done else []
-        return {"id": _item_id("rs", digest, index), "type": "reasoning", "summary": [], "content": content,
-                "encrypted_content": None, "status": status}
+        return {
+            "id": _item_id("rs", digest, index),
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "encrypted_content": None,
+            "status": status,
+        }
     if part.kind == "text":
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if done else []
         item_id = _item_id("msg", digest, index)
         return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
     call_id = "call_" + part.call_id[-24:]
     if part.custom:
-        return {"id": _item_id("ctc", digest, index), "type": "custom_tool_call", "status": status,
-                "call_id": call_id, "name": part.name, "input": text if done else ""}
-    return {"id": _item_id("fc", digest, index), "type": "function_call", "call_id": call_id,
-            "name": part.name, "arguments": text if done else "", "status": status}
+        return {
+            "id": _item_id("ctc", digest, index),
+            "type": "custom_tool_call",
+            "status": status,
+            "call_id": call_id,
+            "name": part.name,
+            "input": text if done else "",
+        }
+    return {
+        "id": _item_id("fc", digest, index),
+        "type": "function_call",
+        "call_id": call_id,
+        "name": part.name,
+        "arguments": text if done else "",
+        "status": status,
+    }
 
 
 def response_object(
@@ -87,7 +105,9 @@ def response_object(
             "output_tokens": script.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + script.completion_tokens,
-        } if done else None,
+        }
+        if done
+        else None,
         "metadata": {},
     }
 

@@ -201,9 +201,7 @@ def _parse_rule(index: int, data: Any, base_dir: Path | None, where: str) -> Rul
     params = {k: v for k, v in data.items() if k not in ("do", "when")}
     bad = set(params) - BEHAVIOURS[do] - COMMON_PARAMS
     if bad:
-        raise ScenarioError(
-            f"{label}: `{do}` takes {sorted(BEHAVIOURS[do] | COMMON_PARAMS)}, not {sorted(bad)}"
-        )
+        raise ScenarioError(f"{label}: `{do}` takes {sorted(BEHAVIOURS[do] | COMMON_PARAMS)}, not {sorted(bad)}")
     _check_params(label, do, params)
     case = None
     if do == "serve_case":
@@ -226,9 +224,7 @@ def _parse_rule(index: int, data: Any, base_dir: Path | None, where: str) -> Rul
 def _check_params(label: str, do: str, params: dict[str, Any]) -> None:
     def number(key: str, minimum: float = 0) -> None:
         value = params.get(key)
-        if value is not None and (
-            not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum
-        ):
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum):
             raise ScenarioError(f"{label}: `{key}` must be a number >= {minimum}")
 
     for key in ("delay_ms", "chunk_delay_ms", "ms", "seconds", "after_chunks", "size", "tokens"):

@@ -60,7 +60,10 @@ def from_case(stream: list[Any]) -> Script:
         for choice in map(obj, arr(chunk.get("choices"))):
             delta = obj(choice.get("delta"))
             keys: tuple[tuple[str, PartKind], ...] = (
-                ("reasoning", "reasoning"), ("reasoning_content", "reasoning"), ("content", "text"))
+                ("reasoning", "reasoning"),
+                ("reasoning_content", "reasoning"),
+                ("content", "text"),
+            )
             for key, kind in keys:
                 text = delta.get(key)
                 if isinstance(text, str) and text:
@@ -132,13 +135,21 @@ def chat_from_responses(req: dict[str, Any]) -> dict[str, Any]:
             messages.append({"role": role, "content": _text(item.get("content"))})
         elif kind in ("function_call", "custom_tool_call"):
             args = (item.get("arguments") or "{}") if kind == "function_call" else (item.get("input") or "")
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": args}}
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": args},
+            }
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _text(output)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else _text(output),
+                }
+            )
     # Function tools stay flat (the script reads both shapes); custom (freeform) tools keep
     # `type: custom`, so the call is drawn as a `custom_tool_call` with raw input text.
     offered = map(obj, arr(req.get("tools")))
@@ -174,9 +185,14 @@ def chat_from_messages(req: dict[str, Any]) -> dict[str, Any]:
             result = {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": content_text}
             messages.append(result)
         if uses:
-            calls = [{"id": b.get("id"), "type": "function",
-                      "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}}
-                     for b in uses]
+            calls = [
+                {
+                    "id": b.get("id"),
+                    "type": "function",
+                    "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})},
+                }
+                for b in uses
+            ]
             messages.append({"role": "assistant", "content": _text(content), "tool_calls": calls})
         elif not results or _text(content):
             messages.append({"role": m.get("role") or "user", "content": _text(content)})

@@ -506,9 +506,7 @@ def _value(name: str, raw_schema: Any, intent: Intent, top: bool, depth: int) ->
         items = _pick_schema(schema.get("items", {}))
         if key in COMMAND_NAMES and _type(items) == "string" and "enum" not in items:
             return ["bash", "-lc", intent.command]  # an argv (Codex's `shell`): run it through bash
-        return [
-            _value(name.rstrip("s"), schema.get("items", {}), intent, False, depth + 1) for _ in range(count)
-        ]
+        return [_value(name.rstrip("s"), schema.get("items", {}), intent, False, depth + 1) for _ in range(count)]
     if kind == "boolean":
         default = schema.get("default")
         return default if isinstance(default, bool) else False
@@ -540,8 +538,7 @@ def _number(key: str, schema: dict[str, Any], kind: str) -> int | float:
     step = schema.get("multipleOf")
     step = step if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0 else None
     fraction = kind == "number" and (
-        (step is not None and step != int(step))
-        or bool(_FRACTION.search(str(schema.get("description") or "")))
+        (step is not None and step != int(step)) or bool(_FRACTION.search(str(schema.get("description") or "")))
     )
     value: float = 120000 if "timeout" in key else 0.5 if fraction else 1
     for bound in ("minimum", "exclusiveMinimum"):

@@ -82,9 +82,7 @@ def models_quick(answer: Answer, model: str | None, explicit: bool) -> Verdict:
     if explicit and model not in ids:
         close = difflib.get_close_matches(model or "", ids, n=1, cutoff=0.4)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return Verdict(
-            "fail", f"model {model!r} is not served; /v1/models lists: {listing}{hint}", {"ids": ids}
-        )
+        return Verdict("fail", f"model {model!r} is not served; /v1/models lists: {listing}{hint}", {"ids": ids})
     how = "" if explicit else " (the first listed; pass --model to choose)"
     return Verdict("pass", f"{model!r} is served{how}; /v1/models lists: {listing}", {"ids": ids})
 
@@ -118,8 +116,7 @@ async def streaming(ctx: Ctx) -> Verdict:
     if "event-stream" not in answer.content_type:
         return Verdict(
             "fail",
-            f"stream: true was answered with content-type {answer.content_type or '(none)'}, "
-            "not text/event-stream",
+            f"stream: true was answered with content-type {answer.content_type or '(none)'}, not text/event-stream",
         )
     scan = scan_stream(answer.chunks, answer.times)
     data = {
@@ -220,8 +217,7 @@ async def reasoning(ctx: Ctx) -> Verdict:
     if lengths["none"] == lengths["high"] == 0:
         return Verdict(
             "skip",
-            "no reasoning at effort none or high: not a reasoning model, or the server "
-            "drops the reasoning field",
+            "no reasoning at effort none or high: not a reasoning model, or the server drops the reasoning field",
             data,
         )
     if lengths["high"] <= lengths["none"]:
@@ -287,9 +283,7 @@ async def long_context(ctx: Ctx) -> Verdict:
         return Verdict("fail", f"{where}: {problem}", data)
     if needle.recalled(content, secret):
         return Verdict("pass", f"passphrase recalled at {where}{counted}", data)
-    return Verdict(
-        "fail", f"the passphrase planted at {where} was not recalled{counted}: {quote(content, 80)}", data
-    )
+    return Verdict("fail", f"the passphrase planted at {where} was not recalled{counted}: {quote(content, 80)}", data)
 
 
 # --- sampling ---------------------------------------------------------------------------------
@@ -315,9 +309,7 @@ async def _server_defaults(ctx: Ctx) -> str:
     prefix = ctx.client.target.prefix.removesuffix("/v1")
     answer = await ctx.client.get(prefix + "/props", "sampling")
     obj = answer.json() if answer.ok else None
-    params = (
-        (obj or {}).get("default_generation_settings", {}).get("params", {}) if isinstance(obj, dict) else {}
-    )
+    params = (obj or {}).get("default_generation_settings", {}).get("params", {}) if isinstance(obj, dict) else {}
     keys = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
     shown = [f"{k} {params[k]:g}" for k in keys if isinstance(params.get(k), int | float)]
     return "llama.cpp /props: " + ", ".join(shown) if shown else ""

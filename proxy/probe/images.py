@@ -21,9 +21,7 @@ COLOURS: dict[str, tuple[tuple[int, int, int], tuple[str, ...]]] = {
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return (
-        struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    )
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
 def solid_png(rgb: tuple[int, int, int], width: int = 64, height: int = 64) -> bytes:

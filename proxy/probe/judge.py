@@ -125,9 +125,7 @@ def _scan_event(scan: StreamScan, event: bytes, at: float) -> None:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
-        scan.bad.append(
-            f"event {scan.events} is not JSON ({e}): {quote(data.decode('utf-8', 'replace'), 50)}"
-        )
+        scan.bad.append(f"event {scan.events} is not JSON ({e}): {quote(data.decode('utf-8', 'replace'), 50)}")
         return
     if not isinstance(obj, dict):
         scan.bad.append(f"event {scan.events} is not a JSON object")
@@ -145,9 +143,7 @@ def _scan_event(scan: StreamScan, event: bytes, at: float) -> None:
             scan.finish_reason = choice["finish_reason"]
         given = choice.get("delta")
         delta = given if isinstance(given, dict) else {}
-        piece = "".join(
-            v for k in ("content", "reasoning", "reasoning_content") if isinstance(v := delta.get(k), str)
-        )
+        piece = "".join(v for k in ("content", "reasoning", "reasoning_content") if isinstance(v := delta.get(k), str))
         if piece or delta.get("tool_calls"):
             scan.token_events += 1
             scan.text += piece
@@ -161,9 +157,7 @@ def judge_tool_call(
     if not calls:
         leaked = "<tool_call>" in content or '"name"' in content
         where = " (the call leaked into the content: is the tool-call parser set?)" if leaked else ""
-        return (
-            f"no tool call{where}: the model answered {quote(visible(content), 80)} (finish_reason {finish})"
-        )
+        return f"no tool call{where}: the model answered {quote(visible(content), 80)} (finish_reason {finish})"
     call = calls[0]
     if call.get("name") != name:
         return f"called {call.get('name')!r} instead of {name!r}"

@@ -87,9 +87,7 @@ def render(report: ProbeReport, width: int | None = None) -> str:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(
-        width=width or _width(), record=True, force_terminal=False, color_system=None, file=_Null()
-    )
+    console = Console(width=width or _width(), record=True, force_terminal=False, color_system=None, file=_Null())
     title = escape(f"tapfix probe {report.target}" + (f" — {report.model}" if report.model else ""))
     table = Table(title=title, title_justify="left", show_lines=False)
     with_model = any(r.model and r.model != report.model for r in report.results)

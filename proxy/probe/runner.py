@@ -146,9 +146,7 @@ async def run_config_probe(
         route = resolve(config, model)
         if isinstance(route, RouteError) or route.settings is None:
             names = ", ".join([*config.models, *config.aliases()])
-            raise ValueError(
-                f"model {model!r} is not in {config.source or 'the config'}; configured: {names}"
-            )
+            raise ValueError(f"model {model!r} is not in {config.source or 'the config'}; configured: {names}")
         targets = [route.settings]
     else:
         targets = list(config.models.values())
@@ -232,9 +230,7 @@ async def run_check(name: str, ctx: Ctx, timeout: float) -> CheckResult:
     except Exception as e:  # noqa: BLE001 - a probe bug must show as one failed row, not a crash
         verdict = Verdict("fail", f"probe error: {type(e).__name__}: {e}")
     ms = (time.perf_counter() - started) * 1000
-    return CheckResult(
-        name, verdict.status, ms, verdict.detail, captures=ctx.client.sent[seen:], data=verdict.data
-    )
+    return CheckResult(name, verdict.status, ms, verdict.detail, captures=ctx.client.sent[seen:], data=verdict.data)
 
 
 def policy_hook(policy: Any) -> PolicyHook:
@@ -255,11 +251,7 @@ def _sampling_preview(policy: Any, model: str) -> Any:
         outcome = policy.apply("/v1/chat/completions", body, {})
         filled = [c for c in outcome.changes if c.stage == "sampling"]
         if not filled:
-            how = (
-                "--generation-config"
-                if policy.config.is_quick
-                else "generation_config or [models.X.sampling]"
-            )
+            how = "--generation-config" if policy.config.is_quick else "generation_config or [models.X.sampling]"
             return Verdict(
                 "pass",
                 "no sampling defaults configured: requests without sampling parameters get "
@@ -269,9 +261,7 @@ def _sampling_preview(policy: Any, model: str) -> Any:
         for c in filled:
             by_reason.setdefault(c.reason, []).append(f"{c.path.removeprefix('$.')}={c.after}")
         parts = [f"{', '.join(v)} ({reason})" for reason, v in by_reason.items()]
-        return Verdict(
-            "pass", "tapfix fills " + "; ".join(parts), {"filled": {c.path: c.after for c in filled}}
-        )
+        return Verdict("pass", "tapfix fills " + "; ".join(parts), {"filled": {c.path: c.after for c in filled}})
 
     return preview
 

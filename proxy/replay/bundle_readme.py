@@ -62,9 +62,7 @@ def bundle_readme(capture: dict[str, Any], forwarded: bytes, response: bytes, fi
     )
     out += ["", "## Server", ""]
     server = next((v for k, v in capture.get("response_headers") or [] if str(k).lower() == "server"), None)
-    out.append(
-        f"- upstream: `{capture.get('upstream_url') or '?'}`" + (f" (server: `{server}`)" if server else "")
-    )
+    out.append(f"- upstream: `{capture.get('upstream_url') or '?'}`" + (f" (server: `{server}`)" if server else ""))
     out.append(
         f"- model requested: `{capture.get('model') or request.get('model') or '?'}`"
         + (f", served as `{capture['served_model']}`" if capture.get("served_model") else "")
@@ -83,9 +81,7 @@ def bundle_readme(capture: dict[str, Any], forwarded: bytes, response: bytes, fi
         out.append(f"- tools: {', '.join(f'`{n}`' for n in names)}")
     params = {k: v for k, v in request.items() if k not in _SKIP_PARAMS}
     out += ["", "Parameters in effect (as forwarded upstream):", ""]
-    out += [f"- `{k}`: `{_short(v)}`" for k, v in params.items()] or [
-        "- none besides the messages (server defaults)"
-    ]
+    out += [f"- `{k}`: `{_short(v)}`" for k, v in params.items()] or ["- none besides the messages (server defaults)"]
     changes = capture.get("change_rows") or []
     if changes:
         out += [
@@ -104,9 +100,7 @@ def bundle_readme(capture: dict[str, Any], forwarded: bytes, response: bytes, fi
     out += _problems(capture, response)
     out += ["", "## Response", ""]
     content = capture.get("content") or ""
-    out.append(
-        f"- finish_reason: `{capture.get('finish_reason') or '-'}`, usage: `{_short(capture.get('usage'))}`"
-    )
+    out.append(f"- finish_reason: `{capture.get('finish_reason') or '-'}`, usage: `{_short(capture.get('usage'))}`")
     for call in capture.get("tool_calls") or []:
         out.append(f"- tool call `{call.get('name')}`: `{_short(call.get('arguments'), 300)}`")
     if content:
@@ -140,13 +134,9 @@ def _problems(capture: dict[str, Any], response: bytes) -> list[str]:
     lines: list[str] = []
     status = capture.get("status")
     if status is None:
-        lines.append(
-            "- no response from the server" + (f": {capture['error']}" if capture.get("error") else "")
-        )
+        lines.append("- no response from the server" + (f": {capture['error']}" if capture.get("error") else ""))
     elif status >= 400:
-        lines.append(
-            f"- the server answered HTTP {status}: `{_short(response.decode('utf-8', 'replace'), 300)}`"
-        )
+        lines.append(f"- the server answered HTTP {status}: `{_short(response.decode('utf-8', 'replace'), 300)}`")
     elif capture.get("error"):
         lines.append(f"- transport error: {capture['error']}")
     for flag in capture.get("flags") or []:

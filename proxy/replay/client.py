@@ -112,9 +112,7 @@ def parse_edits(sets: Sequence[str], unsets: Sequence[str]) -> list[Edit]:
 def _path(key: str, option: str) -> tuple[str, ...]:
     parts = tuple(key.strip().split("."))
     if not all(parts):
-        raise ReplayError(
-            f"{option} {key!r}: a key is a name or a dotted path such as chat_template_kwargs.x"
-        )
+        raise ReplayError(f"{option} {key!r}: a key is a name or a dotted path such as chat_template_kwargs.x")
     return parts
 
 
@@ -179,9 +177,7 @@ def build_request(
     )
 
 
-def resend_headers(
-    stored: Sequence[Sequence[str]], credential: tuple[str, str] | None
-) -> list[tuple[str, str]]:
+def resend_headers(stored: Sequence[Sequence[str]], credential: tuple[str, str] | None) -> list[tuple[str, str]]:
     """The stored headers minus framing and secrets, plus the credential where the capture had one."""
     out: list[tuple[str, str]] = []
     had_secret: str | None = None
@@ -241,9 +237,7 @@ async def send_one(client: httpx.AsyncClient, req: ReplayRequest, run: int, turn
             result.first_byte = time.perf_counter() - started
             result.status = response.status_code
             result.content_type = response.headers.get("content-type", "")
-            result.response_headers = [
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
-            ]
+            result.response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
             async for chunk in response.aiter_raw():
                 result.chunk_times.append(time.perf_counter() - started)
                 result.chunks.append(chunk)

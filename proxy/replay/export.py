@@ -200,16 +200,13 @@ def bundle_files(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
         k: v
         for k, v in capture.items()
         if not k.endswith("_body_id")
-        and k
-        not in ("chunk_timing", "request_headers", "forwarded_headers", "response_headers", "change_rows")
+        and k not in ("chunk_timing", "request_headers", "forwarded_headers", "response_headers", "change_rows")
     }
     files["exchange.json"] = _pretty(meta)
     files["headers.json"] = _pretty(
         {
             "request": safe_headers(capture.get("request_headers")),
-            "forwarded": safe_headers(capture.get("forwarded_headers"))
-            if capture.get("forwarded_headers")
-            else None,
+            "forwarded": safe_headers(capture.get("forwarded_headers")) if capture.get("forwarded_headers") else None,
             "response": safe_headers(capture.get("response_headers")),
         }
     )
@@ -220,8 +217,7 @@ def bundle_files(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
             "first_token_ms": capture.get("first_token_ms"),
             "duration_ms": capture.get("duration_ms"),
             "chunks": [
-                {"ms": round(float(ms), 3), "size": size}
-                for ms, size in unpack_timing(capture.get("chunk_timing"))
+                {"ms": round(float(ms), 3), "size": size} for ms, size in unpack_timing(capture.get("chunk_timing"))
             ],
         }
     )

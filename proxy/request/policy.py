@@ -81,9 +81,7 @@ class RequestPolicy:
             return self._apply(path, body, headers)
         except Exception as e:  # never raise on input: forward unchanged, say why
             outcome = Outcome(body=body, flags={"request_policy_error"})
-            outcome.changes.append(
-                Change("policy", "warning", "$", None, None, f"internal error {e!r}; unchanged")
-            )
+            outcome.changes.append(Change("policy", "warning", "$", None, None, f"internal error {e!r}; unchanged"))
             if not self.config.is_quick and len(self.config.upstreams) == 1:
                 outcome.upstream = next(iter(self.config.upstreams.values()))
             elif not self.config.is_quick:

@@ -89,9 +89,7 @@ def detect(body: Mapping[str, Any]) -> list[Signal]:
             found.append(_sig(("reasoning", "effort"), reasoning["effort"], whole))
         if "max_tokens" in reasoning:
             on, level, budget = _parse_budget(reasoning["max_tokens"])
-            found.append(
-                Signal(("reasoning", "max_tokens"), reasoning["max_tokens"], on, level, budget, whole)
-            )
+            found.append(Signal(("reasoning", "max_tokens"), reasoning["max_tokens"], on, level, budget, whole))
         if "enabled" in reasoning:
             found.append(_switch(("reasoning", "enabled"), reasoning["enabled"], whole))
     elif "reasoning" in body and isinstance(reasoning, str | int | float | bool):
@@ -159,13 +157,9 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     for s in (s for s in signals if s.on is None):
         if settings.reject_unmappable:
             result.error = _error(s, accepted)
-            result.add(
-                "reject", s.path, s.value, None, f"can't be mapped; answered 400 ({_expected(accepted)})"
-            )
+            result.add("reject", s.path, s.value, None, f"can't be mapped; answered 400 ({_expected(accepted)})")
             return result
-        result.add(
-            "warning", s.path, s.value, s.value, f"can't be mapped; passed through ({_expected(accepted)})"
-        )
+        result.add("warning", s.path, s.value, s.value, f"can't be mapped; passed through ({_expected(accepted)})")
     usable = [s for s in signals if s.on is not None]
     if not usable:
         return result
@@ -189,9 +183,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
         want = _level_value(dialect, clamp_level(s.level, accepted) if s.level else settings.default_level)
         if want != s.value:
             kind = "clamp" if s.level and s.level not in accepted else "override"
-            result.add(
-                kind, s.path, s.value, want, f"{dialect} reads {_expected(accepted)}", Set(s.path, want)
-            )
+            result.add(kind, s.path, s.value, want, f"{dialect} reads {_expected(accepted)}", Set(s.path, want))
     wanted: dict[Path, Any] = {}
     if dropped and not native_seen:
         wanted.update(_primary(dialect, surface, settings, body, on, level))
@@ -204,9 +196,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     for path in dropped:
         reason = f"{dialect} does not read {json_path(path)}; translated to {target}"
         result.add("drop", path, _get(body, path), None, reason, Delete(path))
-    why = (
-        f"reasoning {'on' if on else 'off'}{f' ({level})' if level else ''} from {json_path(usable[0].path)}"
-    )
+    why = f"reasoning {'on' if on else 'off'}{f' ({level})' if level else ''} from {json_path(usable[0].path)}"
     for path, value in wanted.items():
         result.add("inject", path, _get(body, path), value, why, Set(path, value))
     return result
@@ -241,11 +231,7 @@ def _level_value(dialect: str, level: str) -> str | int:
 
 
 def _container(body: Mapping[str, Any], dialect: str) -> str:
-    if (
-        dialect == "tabbyapi"
-        and "template_vars" not in body
-        and isinstance(body.get("chat_template_kwargs"), dict)
-    ):
+    if dialect == "tabbyapi" and "template_vars" not in body and isinstance(body.get("chat_template_kwargs"), dict):
         return "chat_template_kwargs"  # TabbyAPI's alias: don't send both
     return "template_vars" if dialect == "tabbyapi" else "chat_template_kwargs"
 
@@ -316,7 +302,5 @@ def _expected(accepted: tuple[str, ...]) -> str:
 
 
 def _error(s: Signal, accepted: tuple[str, ...]) -> tuple[int, bytes]:
-    message = (
-        f"reasoning value {s.value!r} at {json_path(s.path)} can't be mapped; expected {_expected(accepted)}"
-    )
+    message = f"reasoning value {s.value!r} at {json_path(s.path)} can't be mapped; expected {_expected(accepted)}"
     return request_error(400, message, "unsupported_reasoning_value", param=".".join(s.path))

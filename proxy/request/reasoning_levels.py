@@ -61,9 +61,7 @@ class ReasoningResult:
     changes: list[Change] = _field(default_factory=list)
     error: tuple[int, bytes] | None = None
 
-    def add(
-        self, kind: str, path: Path, before: Any, after: Any, reason: str, edit: Edit | None = None
-    ) -> None:
+    def add(self, kind: str, path: Path, before: Any, after: Any, reason: str, edit: Edit | None = None) -> None:
         self.changes.append(Change("reasoning", kind, json_path(path), before, after, reason))
         if edit is not None:
             self.edits.append(edit)

@@ -51,20 +51,36 @@ def apply_messages_reasoning(
         chosen = level if level not in (None, "none") else settings.default_level
         budget = settings.budgets.get(chosen) or LEVEL_BUDGET.get(chosen, LEVEL_BUDGET["medium"])
         new = {**thinking, "type": "enabled", "budget_tokens": _bounded(budget, max_tokens)}
-        result.add("override", ("thinking",), thinking, new,
-                   f"{settings.dialect} /v1/messages reads thinking{{type: enabled, budget_tokens}}, not "
-                   f"adaptive; budget from effort {chosen}", Set(("thinking",), new))
+        result.add(
+            "override",
+            ("thinking",),
+            thinking,
+            new,
+            f"{settings.dialect} /v1/messages reads thinking{{type: enabled, budget_tokens}}, not "
+            f"adaptive; budget from effort {chosen}",
+            Set(("thinking",), new),
+        )
         thinking = new
     elif isinstance(thinking, dict) and thinking.get("type", "enabled") == "enabled":
         sent = thinking.get("budget_tokens")
         if isinstance(sent, int) and not isinstance(sent, bool):
             if max_tokens is not None and max_tokens <= MIN_BUDGET:
-                result.add("warning", ("thinking", "budget_tokens"), sent, sent,
-                           f"max_tokens {max_tokens} leaves no room for a budget >= {MIN_BUDGET}; unchanged")
+                result.add(
+                    "warning",
+                    ("thinking", "budget_tokens"),
+                    sent,
+                    sent,
+                    f"max_tokens {max_tokens} leaves no room for a budget >= {MIN_BUDGET}; unchanged",
+                )
             elif (bounded := _bounded(sent, max_tokens)) != sent:
-                result.add("clamp", ("thinking", "budget_tokens"), sent, bounded,
-                           f"budget_tokens must be >= {MIN_BUDGET} and < max_tokens ({max_tokens})",
-                           Set(("thinking", "budget_tokens"), bounded))
+                result.add(
+                    "clamp",
+                    ("thinking", "budget_tokens"),
+                    sent,
+                    bounded,
+                    f"budget_tokens must be >= {MIN_BUDGET} and < max_tokens ({max_tokens})",
+                    Set(("thinking", "budget_tokens"), bounded),
+                )
     if effort is not None and settings.dialect == "vllm":
         _clamp_effort(effort, level, output_config, result)
     _template_var(body, settings, thinking, level, result)
@@ -87,12 +103,16 @@ def _clamp_effort(effort: Any, level: str | None, output_config: Any, result: Re
         result.add("drop", drop, effort, None, "vLLM's output_config.effort has no 'none'", Delete(drop))
         return
     want = clamp_level(level, OUTPUT_EFFORTS)
-    result.add("clamp", path, effort, want, f"vLLM reads output_config.effort {', '.join(OUTPUT_EFFORTS)}",
-               Set(path, want))
+    result.add(
+        "clamp", path, effort, want, f"vLLM reads output_config.effort {', '.join(OUTPUT_EFFORTS)}", Set(path, want)
+    )
 
 
 def _template_var(
-    body: Mapping[str, Any], settings: ReasoningSettings, thinking: Any, level: str | None,
+    body: Mapping[str, Any],
+    settings: ReasoningSettings,
+    thinking: Any,
+    level: str | None,
     result: ReasoningResult,
 ) -> None:
     var = settings.template_var
@@ -116,8 +136,9 @@ def _template_var(
     else:
         value = on
     path = ("chat_template_kwargs", var)
-    result.add("inject", path, None, value, f"thinking {'on' if on else 'off'} for the model's template",
-               Set(path, value))
+    result.add(
+        "inject", path, None, value, f"thinking {'on' if on else 'off'} for the model's template", Set(path, value)
+    )
 
 
 def _level_of(budget: Any) -> str | None:

@@ -106,9 +106,7 @@ def preflight_static(config: Config, environ: Mapping[str, str]) -> list[Problem
         where = f"upstreams.{u.name}"
         if u.api_key_env and not environ.get(u.api_key_env):
             state = "is empty" if u.api_key_env in environ else "is not set"
-            problems.append(
-                Problem("error", f"{where}.api_key_env", f"environment variable {u.api_key_env} {state}")
-            )
+            problems.append(Problem("error", f"{where}.api_key_env", f"environment variable {u.api_key_env} {state}"))
         if u.ca_file and not _readable(u.ca_file):
             problems.append(Problem("error", f"{where}.ca_file", f"cannot read {u.ca_file}"))
         if u.insecure:

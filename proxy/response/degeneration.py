@@ -242,8 +242,6 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            part.get("text", "")
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            part.get("text", "") for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""

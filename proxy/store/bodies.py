@@ -98,8 +98,9 @@ class BodyWriter:
         row = self.conn.execute("select sha256 from bodies where id = ?", (body_id,)).fetchone()
         return row is not None and row[0] == digest
 
-    def _insert(self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None,
-                level: int = 6) -> tuple[int, int]:
+    def _insert(
+        self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None, level: int = 6
+    ) -> tuple[int, int]:
         if base is not None and base[2] < MAX_DEPTH and self._still_stored(base[0], base[3]):
             base_id, base_data, base_depth, _ = base
             if base_data is None:  # evicted from memory: rebuild it from the store

@@ -20,8 +20,14 @@ LIST_COLUMNS = (
 )
 
 
-def list_captures(conn: sqlite3.Connection, *, limit: int = 20, flag: str | None = None,
-                  tag: str | None = None, session: str | None = None) -> list[dict[str, Any]]:
+def list_captures(
+    conn: sqlite3.Connection,
+    *,
+    limit: int = 20,
+    flag: str | None = None,
+    tag: str | None = None,
+    session: str | None = None,
+) -> list[dict[str, Any]]:
     where, args = [], []
     if flag:
         where.append("exists (select 1 from json_each(exchanges.flags) where value = ?)")
@@ -55,8 +61,9 @@ def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:
     prefix = prefix.strip().lower()
     if not prefix:
         raise CaptureNotFound("empty capture id")
-    rows = conn.execute("select id from exchanges where id >= ? and id < ? order by id limit 3",
-                        (prefix, prefix + "\uffff")).fetchall()
+    rows = conn.execute(
+        "select id from exchanges where id >= ? and id < ? order by id limit 3", (prefix, prefix + "\uffff")
+    ).fetchall()
     if not rows:
         raise CaptureNotFound(f"no capture with id {prefix!r} (see `tapfix captures list`)")
     if len(rows) > 1 and rows[0][0] != prefix:
@@ -71,8 +78,11 @@ def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
     row = conn.execute("select * from exchanges where id = ?", (capture_id,)).fetchone()
     capture = _decode(dict(row))
     capture["change_rows"] = [
-        {**dict(c), "before": orjson.loads(c["before"]) if c["before"] else None,
-         "after": orjson.loads(c["after"]) if c["after"] else None}
+        {
+            **dict(c),
+            "before": orjson.loads(c["before"]) if c["before"] else None,
+            "after": orjson.loads(c["after"]) if c["after"] else None,
+        }
         for c in conn.execute(
             "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by seq",
             (capture_id,),

@@ -22,9 +22,7 @@ SECRET_HEADERS = frozenset(
 )
 _SECRET_NAME = re.compile(r"(key|token|secret|password|passwd|auth|session-?id-?secret)", re.I)
 _KEYLIKE_VALUE = re.compile(r"\b(sk|pk|rk|sess|key|tok|ghp|gho|xox[abp]|hf)[-_][A-Za-z0-9_\-]{12,}")
-_URL_SECRET = re.compile(
-    r"([?&](?:key|api_key|api-key|apikey|token|access_token|auth|password|secret)=)[^&#\s]*", re.I
-)
+_URL_SECRET = re.compile(r"([?&](?:key|api_key|api-key|apikey|token|access_token|auth|password|secret)=)[^&#\s]*", re.I)
 REDACTED = "[redacted]"
 
 

@@ -71,9 +71,11 @@ class PurgeReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        return (f"purged {self.exchanges} exchange(s), {self.changes} change(s), {self.bodies} body(ies), "
-                f"{self.sessions} session(s); kept {self.kept_bases} delta base(s) still needed; "
-                f"in use {self.bytes_before} → {self.bytes_after} bytes in {self.seconds:.2f}s")
+        return (
+            f"purged {self.exchanges} exchange(s), {self.changes} change(s), {self.bodies} body(ies), "
+            f"{self.sessions} session(s); kept {self.kept_bases} delta base(s) still needed; "
+            f"in use {self.bytes_before} → {self.bytes_after} bytes in {self.seconds:.2f}s"
+        )
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
@@ -84,8 +86,14 @@ def used_bytes(conn: sqlite3.Connection) -> int:
     return int((pages - free) * page_size)
 
 
-def purge(conn: sqlite3.Connection, older_than_s: float | None = None, max_bytes: int | None = None,
-          *, now: float | None = None, batch: int = 1000) -> PurgeReport:
+def purge(
+    conn: sqlite3.Connection,
+    older_than_s: float | None = None,
+    max_bytes: int | None = None,
+    *,
+    now: float | None = None,
+    batch: int = 1000,
+) -> PurgeReport:
     """Delete exchanges older than `older_than_s`, then the oldest until the store uses ≤ `max_bytes`.
 
     Works in transactions of at most `batch` exchanges so a concurrent writer waits at most one
@@ -98,8 +106,12 @@ def purge(conn: sqlite3.Connection, older_than_s: float | None = None, max_bytes
             raise ValueError("older_than_s must be ≥ 0")
         report.cutoff = (time.time() if now is None else now) - older_than_s
         while True:
-            ids = [r[0] for r in conn.execute(
-                "select id from exchanges where ts < ? order by ts limit ?", (report.cutoff, batch))]
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "select id from exchanges where ts < ? order by ts limit ?", (report.cutoff, batch)
+                )
+            ]
             if not ids:
                 break
             _step(conn, ids, report)
@@ -129,19 +141,27 @@ def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None
     _begin(conn)
     try:
         marks = ",".join("?" * len(ids))
-        sessions = [r[0] for r in conn.execute(
-            f"select distinct session_id from exchanges where id in ({marks}) and session_id is not null", ids)]
+        sessions = [
+            r[0]
+            for r in conn.execute(
+                f"select distinct session_id from exchanges where id in ({marks}) and session_id is not null", ids
+            )
+        ]
         report.changes += conn.execute(f"delete from changes where exchange_id in ({marks})", ids).rowcount
         report.exchanges += conn.execute(f"delete from exchanges where id in ({marks})", ids).rowcount
         if sessions:
             smarks = ",".join("?" * len(sessions))
             report.sessions += conn.execute(
                 f"delete from sessions where id in ({smarks})"
-                " and not exists (select 1 from exchanges e where e.session_id = sessions.id)", sessions).rowcount
+                " and not exists (select 1 from exchanges e where e.session_id = sessions.id)",
+                sessions,
+            ).rowcount
             conn.execute(
                 f"update sessions set exchanges = (select count(*) from exchanges e where e.session_id = sessions.id),"
                 f" first_at = (select min(started_at) from exchanges e where e.session_id = sessions.id)"
-                f" where id in ({smarks})", sessions)
+                f" where id in ({smarks})",
+                sessions,
+            )
         _collect(conn, report)
         conn.execute("commit")
     except BaseException:
@@ -165,7 +185,8 @@ def _collect(conn: sqlite3.Connection, report: PurgeReport) -> None:
     report.kept_bases = conn.execute(
         f"{_NEEDED} select count(*) from needed where id not in ("
         + " union ".join(f"select {c} from exchanges where {c} is not null" for c in BODY_COLUMNS)
-        + ")").fetchone()[0]
+        + ")"
+    ).fetchone()[0]
 
 
 def _begin(conn: sqlite3.Connection) -> None:
@@ -208,11 +229,15 @@ class Retention:
             return None
         age, size = table.get("max_age"), table.get("max_size")
         every = table.get("check_every", 60)
-        return cls(
-            max_age_s=parse_duration(str(age)) if age is not None else None,
-            max_bytes=parse_size(str(size)) if size is not None else None,
-            every_s=parse_duration(str(every)),
-        ) if age is not None or size is not None else None
+        return (
+            cls(
+                max_age_s=parse_duration(str(age)) if age is not None else None,
+                max_bytes=parse_size(str(size)) if size is not None else None,
+                every_s=parse_duration(str(every)),
+            )
+            if age is not None or size is not None
+            else None
+        )
 
     def due(self, now: float) -> bool:
         return now - self.last_run >= self.every_s
@@ -236,5 +261,10 @@ class Retention:
         return report
 
     def health(self) -> dict[str, Any]:
-        return {"max_age_s": self.max_age_s, "max_bytes": self.max_bytes, "runs": self.runs,
-                "purged": self.purged, "last_error": self.last_error}
+        return {
+            "max_age_s": self.max_age_s,
+            "max_bytes": self.max_bytes,
+            "runs": self.runs,
+            "purged": self.purged,
+            "last_error": self.last_error,
+        }

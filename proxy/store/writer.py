@@ -100,8 +100,13 @@ class WriterStats:
     last_commit: float = field(default_factory=time.time)
 
     def as_dict(self, depth: int) -> dict[str, Any]:
-        return {"queue_depth": depth, "written": self.written, "failures": self.failures,
-                "lock_retries": self.lock_retries, "last_error": self.last_error}
+        return {
+            "queue_depth": depth,
+            "written": self.written,
+            "failures": self.failures,
+            "lock_retries": self.lock_retries,
+            "last_error": self.last_error,
+        }
 
 
 class CaptureWriter:
@@ -201,8 +206,11 @@ class CaptureWriter:
         assembled = _assemble(ex, client)
         first_token_ms = None
         if ex.response is None and ex.chunk_times:
-            timed = assembled if client is upstream or client == upstream else assemble_sse(
-                ex.response_chunks, ex.path.split("?", 1)[0])
+            timed = (
+                assembled
+                if client is upstream or client == upstream
+                else assemble_sse(ex.response_chunks, ex.path.split("?", 1)[0])
+            )
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
         session_id = self.sessions.assign(ex)
@@ -250,7 +258,8 @@ class CaptureWriter:
             "response_size": len(upstream),
             "request_headers": _json(redact_headers(ex.request_headers)),
             "forwarded_headers": _json(redact_headers(ex.forwarded_headers))
-            if ex.forwarded_headers is not None else None,
+            if ex.forwarded_headers is not None
+            else None,
             "response_headers": _json(redact_headers(ex.response_headers)),
             "content": assembled.content if ex.store_bodies else None,
             "reasoning": assembled.reasoning if ex.store_bodies else None,
@@ -269,8 +278,10 @@ class CaptureWriter:
         self.conn.executemany(
             "insert into changes (exchange_id, seq, stage, kind, path, before, after, reason)"
             " values (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(ex.id, i, c.stage, c.kind, c.path, _json(c.before), _json(c.after), c.reason)
-             for i, c in enumerate(ex.changes)],
+            [
+                (ex.id, i, c.stage, c.kind, c.path, _json(c.before), _json(c.after), c.reason)
+                for i, c in enumerate(ex.changes)
+            ],
         )
         self.sessions.record(self.conn, session_id, ex)
 

@@ -310,9 +310,7 @@ class ChatToolCallRepair:
         plans = self._plans()
         if any(p.fatal for p in plans.values()) or self._continue_streamed(plans) is not None:
             return None
-        self._note_upstream_error(
-            message, "tool call recovered from the raw model text in the upstream error"
-        )
+        self._note_upstream_error(message, "tool call recovered from the raw model text in the upstream error")
         self.outcome = "recovered_from_error"
         out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=True)
         self._reset_hold()

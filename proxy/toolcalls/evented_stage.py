@@ -196,8 +196,14 @@ class HoldingStage:
         if fatal.kind not in self.defects:
             self.defects.append(fatal.kind)
         self.changes.append(
-            Change(STAGE, fatal.kind, self.path_prefix, {"name": fatal.name}, None,
-                   f"unrecoverable ({fatal.reason}); policy {self.policy}")
+            Change(
+                STAGE,
+                fatal.kind,
+                self.path_prefix,
+                {"name": fatal.name},
+                None,
+                f"unrecoverable ({fatal.reason}); policy {self.policy}",
+            )
         )
         held, self.held, self.calls = self.held, [], {}
         if self.policy == "passthrough":
@@ -237,9 +243,15 @@ def fatal_change(fatal: Fatal, where: str) -> Change:
     return Change(STAGE, fatal.kind, where, {"name": fatal.name}, None, f"unrecoverable ({fatal.reason})")
 
 
-def repair_change(verdict: Verdict, where: str, name: str | None, before: str, after: str,
-                  default_kind: str, default_reason: str = "") -> Change:
+def repair_change(
+    verdict: Verdict, where: str, name: str | None, before: str, after: str, default_kind: str, default_reason: str = ""
+) -> Change:
     """The change row of a repaired call: name and arguments before and after."""
-    return Change(STAGE, verdict.kinds[0] if verdict.kinds else default_kind, where,
-                  {"name": name, "arguments": before}, {"name": verdict.name or name, "arguments": after},
-                  verdict.reason or default_reason)
+    return Change(
+        STAGE,
+        verdict.kinds[0] if verdict.kinds else default_kind,
+        where,
+        {"name": name, "arguments": before},
+        {"name": verdict.name or name, "arguments": after},
+        verdict.reason or default_reason,
+    )

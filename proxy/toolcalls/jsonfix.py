@@ -247,12 +247,7 @@ class _Reader:
                 self.fix("delimiter_debris")
                 end = d.end()
                 started = any(parts)
-                if (
-                    '"' in d.group()
-                    and started
-                    and (end >= n or text[end] != quote)
-                    and self.closes(end, ctx)
-                ):
+                if '"' in d.group() and started and (end >= n or text[end] != quote) and self.closes(end, ctx):
                     self.pos = end
                     return "".join(parts)
                 i = end

@@ -123,9 +123,7 @@ def _parse_from(text: str, pos: int, names: list[str]) -> tuple[list[tuple[str, 
             pos = _xml(text, pos, calls, names)
         elif text.startswith("[TOOL_CALLS]", pos):
             pos = _mistral(text, pos + len("[TOOL_CALLS]"), calls, names)
-        elif text.startswith("<|tool_calls_section_begin|>", pos) or text.startswith(
-            "<|tool_call_begin|>", pos
-        ):
+        elif text.startswith("<|tool_calls_section_begin|>", pos) or text.startswith("<|tool_call_begin|>", pos):
             pos = _kimi(text, pos, calls, names)
         elif text.startswith("```", pos):
             m = re.compile(r"```(?:json)?\s*").match(text, pos)

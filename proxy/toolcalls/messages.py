@@ -41,9 +41,7 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 class MessagesToolCallRepair(HoldingStage):
     path_prefix = "$.content"
 
-    def __init__(
-        self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any
-    ) -> None:
+    def __init__(self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any) -> None:
         super().__init__(tools, policy, capture_id, **kw)
         self.repaired: dict[int, tuple[str, str | None]] = {}
 
@@ -74,8 +72,11 @@ class MessagesToolCallRepair(HoldingStage):
             self.note_upstream_error(str(error.get("message") if isinstance(error, dict) else error))
             first = next(iter(self.calls.values()))
             return self.fatal(
-                Fatal(first.name or "?", "the upstream stream broke off before the call was complete",
-                      "missing_last_chunk"),
+                Fatal(
+                    first.name or "?",
+                    "the upstream stream broke off before the call was complete",
+                    "missing_last_chunk",
+                ),
                 upstream=event,
             )
         elif kind in ("message_delta", "message_stop"):
@@ -161,10 +162,14 @@ def repair_messages_body(
             content.append(block)
             continue
         value = block.get("input")
-        text = value if isinstance(value, str) else json.dumps(value if value is not None else {},
-                                                                ensure_ascii=False)
-        call = HeldCall(position, block.get("name") or None, block.get("id"), [text],
-                        finish="length" if obj.get("stop_reason") == "max_tokens" else None)
+        text = value if isinstance(value, str) else json.dumps(value if value is not None else {}, ensure_ascii=False)
+        call = HeldCall(
+            position,
+            block.get("name") or None,
+            block.get("id"),
+            [text],
+            finish="length" if obj.get("stop_reason") == "max_tokens" else None,
+        )
         verdict = decide(call, schemas, empty_is_object=True)
         where = f"$.content[{position}].input"
         if verdict.fatal is not None:
@@ -176,8 +181,9 @@ def repair_messages_body(
             content.append(block)
             continue
         arguments = verdict.arguments if verdict.arguments is not None else text
-        changes.append(repair_change(verdict, where, block.get("name"), text, arguments, "invalid_json",
-                                     "input sent as a string"))
+        changes.append(
+            repair_change(verdict, where, block.get("name"), text, arguments, "invalid_json", "input sent as a string")
+        )
         new = {**block, "input": json.loads(arguments)}
         if verdict.name:
             new["name"] = verdict.name

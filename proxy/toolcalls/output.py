@@ -133,5 +133,11 @@ def _empty(ch: dict[str, Any]) -> bool:
 
 def finish_reason_change(choice_index: int) -> Change:
     """A message whose calls ended with finish_reason "stop" says "tool_calls", as clients expect."""
-    return Change(STAGE, "finish_reason", f"$.choices[{choice_index}].finish_reason", "stop", "tool_calls",
-                  "the message ends in tool calls")
+    return Change(
+        STAGE,
+        "finish_reason",
+        f"$.choices[{choice_index}].finish_reason",
+        "stop",
+        "tool_calls",
+        "the message ends in tool calls",
+    )

@@ -127,9 +127,7 @@ def plan_choice(
         for kind in res.kinds:
             plan.defect(kind)
         if res.fatal:
-            kind = (
-                res.kinds or call.kinds or ["missing_last_chunk" if res.fatal == CUT else "invalid_json"]
-            )[0]
+            kind = (res.kinds or call.kinds or ["missing_last_chunk" if res.fatal == CUT else "invalid_json"])[0]
             if res.fatal.startswith("required"):
                 kind = (call.kinds or res.kinds or ["missing_fragment"])[0]
             plan.defect(kind)
@@ -189,9 +187,7 @@ def _make_id(seed: str, choice: int, index: int) -> str:
     return f"call_{digest}"
 
 
-def _continuation(
-    calls: list[Call], seqs: list[int], parts: list[Part], plan: ChoicePlan, choice: int
-) -> set[int]:
+def _continuation(calls: list[Call], seqs: list[int], parts: list[Part], plan: ChoicePlan, choice: int) -> set[int]:
     """Content that continues an open call's arguments (a parser cut at a literal `</tool_call>`)."""
     if not calls or not parts:
         return set()
@@ -207,13 +203,7 @@ def _continuation(
         pass
     merged = base + "".join(parts[k].text for k in after)
     parsed = loads_tolerant(merged)
-    if (
-        not isinstance(parsed.value, dict)
-        or parsed.cut
-        or parsed.bad
-        or parsed.closed
-        or not is_debris(parsed.rest)
-    ):
+    if not isinstance(parsed.value, dict) or parsed.cut or parsed.bad or parsed.closed or not is_debris(parsed.rest):
         return set()
     end = len(merged) - len(parsed.rest)
     last.original = base
@@ -283,9 +273,7 @@ def _leaks(
     return leaked
 
 
-def _cut_region(
-    full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan
-) -> None:
+def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan) -> None:
     offset = 0
     for k in keep:
         text = parts[k].text

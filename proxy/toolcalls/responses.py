@@ -44,9 +44,7 @@ _TERMINAL = (b"response.completed", b"response.incomplete")
 class ResponsesToolCallRepair(HoldingStage):
     path_prefix = "$.output"
 
-    def __init__(
-        self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any
-    ) -> None:
+    def __init__(self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any) -> None:
         super().__init__(tools, policy, capture_id, **kw)
         self.repaired: dict[str, tuple[str, str | None]] = {}  # item id -> (arguments, name)
         self.response: dict[str, Any] = {}  # the latest response envelope (for response.failed)
@@ -102,8 +100,9 @@ class ResponsesToolCallRepair(HoldingStage):
             self.note_upstream_error(message)
             call = next(iter(self.calls.values()))
             return self.fatal(
-                Fatal(call.name or "?", "the upstream stream broke off before the call was complete",
-                      "missing_last_chunk"),
+                Fatal(
+                    call.name or "?", "the upstream stream broke off before the call was complete", "missing_last_chunk"
+                ),
                 upstream=event,
             )
         elif kind in ("response.completed", "response.incomplete"):
@@ -175,9 +174,13 @@ class ResponsesToolCallRepair(HoldingStage):
                 if key not in sent_delta:  # no delta came: the client still gets one
                     sent_delta.add(key)
                     delta = {k: v for k, v in obj.items() if k not in ("arguments", "name")}
-                    out.append(named_event("response.function_call_arguments.delta",
-                                           {**delta, "type": "response.function_call_arguments.delta",
-                                            "delta": arguments}, self.nl))
+                    out.append(
+                        named_event(
+                            "response.function_call_arguments.delta",
+                            {**delta, "type": "response.function_call_arguments.delta", "delta": arguments},
+                            self.nl,
+                        )
+                    )
                 obj = {**obj, "arguments": arguments}
                 if name and "name" in obj:
                     obj["name"] = name
@@ -210,8 +213,15 @@ class ResponsesToolCallRepair(HoldingStage):
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
         keep = [raw for raw in held if b"function_call" not in raw]
-        events = responses_tool_call_error_events(fatal, self.policy, self.capture_id, seq=self.seq,
-                                                  response=self.response, output=self.done_items, newline=self.nl)
+        events = responses_tool_call_error_events(
+            fatal,
+            self.policy,
+            self.capture_id,
+            seq=self.seq,
+            response=self.response,
+            output=self.done_items,
+            newline=self.nl,
+        )
         self.seq += len(events)
         return keep + events
 
@@ -242,8 +252,13 @@ def repair_responses_body(
             continue
         args = item.get("arguments")
         text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        call = HeldCall(item.get("id"), item.get("name") or None, item.get("call_id"), [text] if text else [],
-                        finish="length" if item.get("status") == "incomplete" else None)
+        call = HeldCall(
+            item.get("id"),
+            item.get("name") or None,
+            item.get("call_id"),
+            [text] if text else [],
+            finish="length" if item.get("status") == "incomplete" else None,
+        )
         verdict = decide(call, schemas)
         where = f"$.output[{position}].arguments"
         if verdict.fatal is not None:

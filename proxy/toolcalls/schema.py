@@ -84,9 +84,7 @@ class ToolSchemas:
             if not changed:
                 break
         try:
-            missing = [
-                _missing_name(e.message) for e in validator.iter_errors(args) if e.validator == "required"
-            ]
+            missing = [_missing_name(e.message) for e in validator.iter_errors(args) if e.validator == "required"]
         except Exception:  # noqa: BLE001
             missing = []
         return args, coerced, missing

@@ -47,9 +47,14 @@ def opencode_config(base_url: str, model: str = MODEL, *, reasoning: bool = Fals
         entry["reasoning"] = True
     return {
         "$schema": "https://opencode.ai/config.json",
-        "provider": {"custom": {"npm": "@ai-sdk/openai-compatible", "name": "Custom",
-                                "options": {"baseURL": base_url, "apiKey": "{env:CUSTOM_API_KEY}"},
-                                "models": {model: entry}}},
+        "provider": {
+            "custom": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Custom",
+                "options": {"baseURL": base_url, "apiKey": "{env:CUSTOM_API_KEY}"},
+                "models": {model: entry},
+            }
+        },
         "model": f"custom/{model}",
         "small_model": f"custom/{model}",
         "autoupdate": False,
@@ -59,11 +64,27 @@ def opencode_config(base_url: str, model: str = MODEL, *, reasoning: bool = Fals
 
 def omp_models(base_url: str, model: str = MODEL, *, reasoning: bool = False) -> dict:
     """~/.omp/agent/models.yml (JSON is valid YAML): provider `custom`, `apiKey` names an env variable."""
-    return {"providers": {"custom": {
-        "baseUrl": base_url, "api": "openai-completions", "apiKey": "CUSTOM_API_KEY", "authHeader": True,
-        "models": [{"id": model, "name": model, "reasoning": reasoning, "input": ["text"],
-                    "contextWindow": 128000, "maxTokens": 16384,
-                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}}
+    return {
+        "providers": {
+            "custom": {
+                "baseUrl": base_url,
+                "api": "openai-completions",
+                "apiKey": "CUSTOM_API_KEY",
+                "authHeader": True,
+                "models": [
+                    {
+                        "id": model,
+                        "name": model,
+                        "reasoning": reasoning,
+                        "input": ["text"],
+                        "contextWindow": 128000,
+                        "maxTokens": 16384,
+                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                    }
+                ],
+            }
+        }
+    }
 
 
 @dataclass
@@ -83,9 +104,11 @@ class AgentRun:
         return self.workdir / name
 
     def describe(self) -> str:
-        return (f"{self.agent} exit={self.returncode} timed_out={self.timed_out} in {self.seconds:.1f}s\n"
-                f"argv: {self.argv}\n--- stdout ---\n{self.stdout[-3000:]}\n"
-                f"--- stderr ---\n{self.stderr[-6000:]}")
+        return (
+            f"{self.agent} exit={self.returncode} timed_out={self.timed_out} in {self.seconds:.1f}s\n"
+            f"argv: {self.argv}\n--- stdout ---\n{self.stdout[-3000:]}\n"
+            f"--- stderr ---\n{self.stderr[-6000:]}"
+        )
 
 
 def port_open(url: str, timeout: float = 1.0) -> bool:
@@ -110,8 +133,14 @@ class Sandbox:
         self.root = root / name
         self.home = self.root / "home"
         self.work = self.root / "work"
-        for d in (self.home, self.work, self.home / ".config", self.home / ".local" / "share",
-                  self.home / ".cache", self.home / ".local" / "state"):
+        for d in (
+            self.home,
+            self.work,
+            self.home / ".config",
+            self.home / ".local" / "share",
+            self.home / ".cache",
+            self.home / ".local" / "state",
+        ):
             d.mkdir(parents=True, exist_ok=True)
         # opencode wants a project (a git work tree); omp is happy either way.
         subprocess.run(["git", "init", "-q", str(self.work)], check=True, timeout=30)
@@ -146,8 +175,15 @@ class AgentProcess:
         self.err_path = sandbox.root / f"{agent}.stderr"
         self._out, self._err = open(self.out_path, "wb"), open(self.err_path, "wb")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, cwd=sandbox.work, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self._out, stderr=self._err, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=sandbox.work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            start_new_session=True,
+        )
         self._lock = threading.Lock()
 
     def _killgroup(self, sig: int) -> None:
@@ -183,18 +219,32 @@ class AgentProcess:
     def result(self, returncode, seconds, timed_out) -> AgentRun:
         self._out.close()
         self._err.close()
-        return AgentRun(self.agent, self.argv, returncode, self.out_path.read_text(errors="replace"),
-                        self.err_path.read_text(errors="replace"), seconds, timed_out, self.sandbox.work,
-                        self.sandbox.home)
+        return AgentRun(
+            self.agent,
+            self.argv,
+            returncode,
+            self.out_path.read_text(errors="replace"),
+            self.err_path.read_text(errors="replace"),
+            seconds,
+            timed_out,
+            self.sandbox.work,
+            self.sandbox.home,
+        )
 
 
-def start_opencode(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MODEL,
-                   reasoning: bool = False, variant: str | None = None) -> AgentProcess:
+def start_opencode(
+    sandbox: Sandbox,
+    base_url: str,
+    prompt: str,
+    *,
+    model: str = MODEL,
+    reasoning: bool = False,
+    variant: str | None = None,
+) -> AgentProcess:
     check_port(base_url)
     cfg_dir = sandbox.home / ".config" / "opencode"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    (cfg_dir / "opencode.json").write_text(json.dumps(opencode_config(base_url, model, reasoning=reasoning),
-                                                      indent=2))
+    (cfg_dir / "opencode.json").write_text(json.dumps(opencode_config(base_url, model, reasoning=reasoning), indent=2))
     argv = [str(BIN / "opencode"), "run", "--print-logs", "-m", f"custom/{model}"]
     if variant:
         argv += ["--variant", variant]
@@ -202,15 +252,21 @@ def start_opencode(sandbox: Sandbox, base_url: str, prompt: str, *, model: str =
     return AgentProcess("opencode", argv, sandbox, sandbox.env(OPENCODE_ENV))
 
 
-def start_omp(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MODEL, reasoning: bool = False,
-              thinking: str | None = None) -> AgentProcess:
+def start_omp(
+    sandbox: Sandbox,
+    base_url: str,
+    prompt: str,
+    *,
+    model: str = MODEL,
+    reasoning: bool = False,
+    thinking: str | None = None,
+) -> AgentProcess:
     check_port(base_url)
     cfg_dir = sandbox.home / ".omp" / "agent"
     cfg_dir.mkdir(parents=True, exist_ok=True)
     models = omp_models(base_url, model, reasoning=reasoning)
     (cfg_dir / "models.yml").write_text(json.dumps(models, indent=2))
-    argv = [str(BIN / "omp"), "-p", "--model", f"custom/{model}", "--no-session", "--no-title",
-            "--auto-approve"]
+    argv = [str(BIN / "omp"), "-p", "--model", f"custom/{model}", "--no-session", "--no-title", "--auto-approve"]
     if thinking:
         argv += ["--thinking", thinking]
     argv.append(prompt)
@@ -225,7 +281,8 @@ def start_codex(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MO
     (codex_home / "config.toml").write_text(
         f'model = "{model}"\nmodel_provider = "tapfix"\nmodel_reasoning_effort = "high"\n\n'
         f'[model_providers.tapfix]\nname = "tapfix"\n'
-        f'base_url = "{base_url}"\nenv_key = "CUSTOM_API_KEY"\nwire_api = "responses"\n')
+        f'base_url = "{base_url}"\nenv_key = "CUSTOM_API_KEY"\nwire_api = "responses"\n'
+    )
     argv = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "-s", "workspace-write", prompt]
     return AgentProcess("codex", argv, sandbox, sandbox.env({"CODEX_HOME": str(codex_home)}))
 
@@ -233,8 +290,7 @@ def start_codex(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MO
 STARTERS = {"opencode": start_opencode, "omp": start_omp, "codex": start_codex}
 
 
-def run_agent(agent: str, sandbox: Sandbox, base_url: str, prompt: str, *, timeout: float = 90,
-              **kw) -> AgentRun:
+def run_agent(agent: str, sandbox: Sandbox, base_url: str, prompt: str, *, timeout: float = 90, **kw) -> AgentRun:
     return STARTERS[agent](sandbox, base_url, prompt, **kw).wait(timeout)
 
 

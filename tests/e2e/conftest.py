@@ -41,16 +41,17 @@ def agents_installed() -> Path:
     started = time.monotonic()
     try:
         env = {**os.environ, "TAPFIX_AGENTS_DIR": str(AGENTS_DIR)}
-        result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env,
-                                timeout=INSTALL_TIMEOUT)
+        result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env, timeout=INSTALL_TIMEOUT)
     except subprocess.TimeoutExpired:
         _unavailable(f"scripts/install-agents did not finish within {INSTALL_TIMEOUT}s")
     if result.returncode != 0:
         _unavailable(f"scripts/install-agents failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
     seconds = time.monotonic() - started
     if seconds > 2:
-        print(f"\n[agents] {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'installed'}"
-              f" ({seconds:.0f}s)")
+        print(
+            f"\n[agents] {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'installed'}"
+            f" ({seconds:.0f}s)"
+        )
     return AGENTS_DIR
 
 
@@ -87,8 +88,12 @@ class Store:
         """Exact bytes: request (as the client sent it), forwarded (as sent upstream), response (as the
         upstream answered), client_response (as the client got it)."""
         if cli_export:
-            flag = {"request": [], "forwarded": ["--forwarded"], "response": ["--response"],
-                    "client_response": ["--client-response"]}[which]
+            flag = {
+                "request": [],
+                "forwarded": ["--forwarded"],
+                "response": ["--response"],
+                "client_response": ["--client-response"],
+            }[which]
             result = cli("captures", "export", capture_id, *flag, "--db", str(self.db))
             assert result.returncode == 0, result.stderr.decode(errors="replace")
             return result.stdout
@@ -108,12 +113,20 @@ class Store:
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         try:
-            rows = conn.execute("select stage, kind, path, before, after, reason from changes "
-                                "where exchange_id = ? order by seq", (capture_id,)).fetchall()
+            rows = conn.execute(
+                "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by seq",
+                (capture_id,),
+            ).fetchall()
         finally:
             conn.close()
-        return [{**dict(r), "before": json.loads(r["before"]) if r["before"] else None,
-                 "after": json.loads(r["after"]) if r["after"] else None} for r in rows]
+        return [
+            {
+                **dict(r),
+                "before": json.loads(r["before"]) if r["before"] else None,
+                "after": json.loads(r["after"]) if r["after"] else None,
+            }
+            for r in rows
+        ]
 
 
 @dataclass
@@ -146,8 +159,9 @@ def stack(tmp_path, agents_installed):
     text's `{MOCK}` is replaced by the mock's URL) or `stack(upstream="http://127.0.0.1:PORT")` (no mock)."""
     made: list[Proc] = []
 
-    def make(*, mock_args: list[str] = (), proxy_args: list[str] = (), config: str | None = None,
-             upstream: str | None = None) -> Stack:
+    def make(
+        *, mock_args: list[str] = (), proxy_args: list[str] = (), config: str | None = None, upstream: str | None = None
+    ) -> Stack:
         mock = None
         if upstream is None:
             mock = start_mock(tmp_path, *mock_args)
@@ -158,8 +172,11 @@ def stack(tmp_path, agents_installed):
             cfg = tmp_path / "tapfix.toml"
             cfg.write_text(config.replace("{MOCK}", upstream))
             port = free_port()
-            proxy = start(["run", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--db", str(db),
-                           *proxy_args], port, tmp_path / f"proxy-{port}.log")
+            proxy = start(
+                ["run", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--db", str(db), *proxy_args],
+                port,
+                tmp_path / f"proxy-{port}.log",
+            )
             proxy.extra["db"] = db
         else:
             proxy = start_proxy(tmp_path, upstream, *proxy_args, db=db)

@@ -65,8 +65,11 @@ def streamed_tool_args(sse: bytes) -> dict[int, str]:
 
 
 def sse_errors(sse: bytes) -> list[dict]:
-    return [json.loads(line[6:])["error"] for line in sse.splitlines()
-            if line.startswith(b"data: {") and b'"error"' in line and "error" in json.loads(line[6:])]
+    return [
+        json.loads(line[6:])["error"]
+        for line in sse.splitlines()
+        if line.startswith(b"data: {") and b'"error"' in line and "error" in json.loads(line[6:])
+    ]
 
 
 def check_run(run, stack, *, ok: bool = True) -> None:
@@ -76,6 +79,7 @@ def check_run(run, stack, *, ok: bool = True) -> None:
 
 
 # ---- 1. a plain tool round trip -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("agent", AGENTS)
 def test_tool_round_trip(agent, stack, tmp_path):
@@ -118,8 +122,16 @@ def test_tool_round_trip(agent, stack, tmp_path):
 
 # ---- 2. missing sampling parameters are filled from generation_config.json ------------------------------
 
-GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
-                     "min_p": 0.0, "repetition_penalty": 1.05, "max_new_tokens": 4096}
+GENERATION_CONFIG = {
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "min_p": 0.0,
+    "repetition_penalty": 1.05,
+    "max_new_tokens": 4096,
+}
 
 
 @pytest.mark.parametrize("agent", AGENTS)
@@ -140,14 +152,14 @@ def test_sampling_defaults_filled(agent, stack, tmp_path):
         # Through the CLI, as a user checks it: `tapfix captures export ID --forwarded`.
         forwarded = s.store.json_body(row["id"], "forwarded", cli_export=True)
         assert not any(k in sent for k in SAMPLING_KEYS), "the agent sent sampling parameters itself"
-        assert {k: forwarded.get(k) for k in SAMPLING_KEYS} == {k: GENERATION_CONFIG[k]
-                                                                 for k in SAMPLING_KEYS}
+        assert {k: forwarded.get(k) for k in SAMPLING_KEYS} == {k: GENERATION_CONFIG[k] for k in SAMPLING_KEYS}
         # Only those keys were added: the agent's own max-tokens field stays the only one (max_new_tokens
         # must not add a second one), and nothing else changed.
         assert {k: v for k, v in forwarded.items() if k not in SAMPLING_KEYS} == sent
         sampling = [c for c in s.store.changes(row["id"]) if c["stage"] == "sampling"]
         assert {c["path"]: (c["kind"], c["before"], c["after"]) for c in sampling} == {
-            f"$.{k}": ("inject", None, GENERATION_CONFIG[k]) for k in SAMPLING_KEYS}, sampling
+            f"$.{k}": ("inject", None, GENERATION_CONFIG[k]) for k in SAMPLING_KEYS
+        }, sampling
         assert all("generation_config.json" in c["reason"] for c in sampling)
 
 
@@ -170,10 +182,14 @@ template_var = "enable_thinking"      # a Qwen3-style template: reads enable_thi
 REASONING_CASES = {
     # TabbyAPI forwards reasoning_effort as a template variable the Qwen template ignores: tapfix adds
     # template_vars.enable_thinking. "minimal" is a level, i.e. thinking on (vLLM's rule: effort != none).
-    ("tabbyapi", "high"): ({"reasoning_effort": "high", "template_vars": {"enable_thinking": True}},
-                           {("inject", "$.template_vars.enable_thinking", None, True)}),
-    ("tabbyapi", "off"): ({"reasoning_effort": "minimal", "template_vars": {"enable_thinking": True}},
-                          {("inject", "$.template_vars.enable_thinking", None, True)}),
+    ("tabbyapi", "high"): (
+        {"reasoning_effort": "high", "template_vars": {"enable_thinking": True}},
+        {("inject", "$.template_vars.enable_thinking", None, True)},
+    ),
+    ("tabbyapi", "off"): (
+        {"reasoning_effort": "minimal", "template_vars": {"enable_thinking": True}},
+        {("inject", "$.template_vars.enable_thinking", None, True)},
+    ),
     # Ollama /v1 has no "minimal": clamped to the nearest level it reads.
     ("ollama", "high"): ({"reasoning_effort": "high"}, set()),
     ("ollama", "off"): ({"reasoning_effort": "low"}, {("clamp", "$.reasoning_effort", "minimal", "low")}),
@@ -186,8 +202,9 @@ def test_omp_reasoning_dialect(engine, thinking, stack, tmp_path):
         s = stack(config=TABBY_CONFIG)
     else:
         s = stack(proxy_args=["--engine", engine])
-    run = run_agent("omp", Sandbox(tmp_path, "omp"), s.base_url, PROMPT, timeout=RUN_TIMEOUT, reasoning=True,
-                    thinking=thinking)
+    run = run_agent(
+        "omp", Sandbox(tmp_path, "omp"), s.base_url, PROMPT, timeout=RUN_TIMEOUT, reasoning=True, thinking=thinking
+    )
     check_run(run, s)
     assert run.file("hello.txt").read_text() == GREETING
     s.stop_proxy()
@@ -201,8 +218,11 @@ def test_omp_reasoning_dialect(engine, thinking, stack, tmp_path):
         forwarded = s.store.json_body(row["id"], "forwarded")
         assert {k: forwarded.get(k) for k in want_fields} == want_fields
         assert not {"chat_template_kwargs", "enable_thinking", "think"} & forwarded.keys()
-        changes = {(c["kind"], c["path"], c["before"], c["after"])
-                   for c in s.store.changes(row["id"]) if c["stage"] == "reasoning"}
+        changes = {
+            (c["kind"], c["path"], c["before"], c["after"])
+            for c in s.store.changes(row["id"])
+            if c["stage"] == "reasoning"
+        }
         assert changes == want_changes
         # The (vLLM-shaped) mock thinks when asked: reasoning deltas stream back.
         assert b'"reasoning":' in s.store.body(row["id"], "response")
@@ -223,15 +243,23 @@ def hermes_scenario(agent: str) -> tuple[dict, str]:
     key = '{\\"filePath\\": ' if agent == "opencode" else '{\\"i\\": \\"Write the note\\", \\"path\\": '
     assert '{\\"path\\": ' in text and "docs/hermes.md" in text
     text = text.replace('{\\"path\\": ', key).replace("docs/hermes.md", "hermes.md")
-    scenario = {"description": f"{HERMES_CASE} for {agent}'s write tool", "rules": [
-        {"when": {"nth": [1, 2] if agent == "opencode" else 1, "has_tools": True}, "do": "serve_case",
-         "case": {"stream": json.loads(text)}}]}
+    scenario = {
+        "description": f"{HERMES_CASE} for {agent}'s write tool",
+        "rules": [
+            {
+                "when": {"nth": [1, 2] if agent == "opencode" else 1, "has_tools": True},
+                "do": "serve_case",
+                "case": {"stream": json.loads(text)},
+            }
+        ],
+    }
     return scenario, expected
 
 
-UNCLOSED_SCENARIO = {"description": "the agent's own call, missing its final }, on every first attempt",
-                     "rules": [{"when": {"attempt": 1, "has_tools": True}, "do": "break_tool_call",
-                                "mode": "unclosed"}]}
+UNCLOSED_SCENARIO = {
+    "description": "the agent's own call, missing its final }, on every first attempt",
+    "rules": [{"when": {"attempt": 1, "has_tools": True}, "do": "break_tool_call", "mode": "unclosed"}],
+}
 
 
 @pytest.mark.parametrize("agent", AGENTS)
@@ -269,6 +297,7 @@ def test_repairable_tool_call(agent, case, stack, tmp_path):
 
 # ---- 5. a broken, unrecoverable tool-call stream on the first attempt ------------------------------------
 
+
 @pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize("scenario", ["fail_first_attempt_unrecoverable", "break_args_first_attempt"])
 def test_unrecoverable_first_attempt_is_retried(agent, scenario, stack, tmp_path):
@@ -302,7 +331,9 @@ def test_unrecoverable_first_attempt_is_retried(agent, scenario, stack, tmp_path
         assert changes and "unrecoverable" in changes[0]["reason"]
     assert turns[-1][0]["finish_reason"] == "stop"
     assert [r["finish_reason"] for r, _ in turns if "toolcall_unrecoverable" not in r["flags"]] == [
-        "tool_calls", "stop"]
+        "tool_calls",
+        "stop",
+    ]
 
 
 # ---- 6. errors tapfix itself returns ---------------------------------------------------------------------
@@ -362,8 +393,9 @@ def test_upstream_down_gets_502_and_the_agent_retries(agent, stack, tmp_path):
     finally:
         proc.stop()
     run = proc.result(None if still_running else proc.proc.returncode, seen_after, False)
-    assert still_running, f"{agent} gave up on a 502 at once (against the server it would retry)\n" \
-                          f"{run.describe()}\n{s.describe()}"
+    assert still_running, (
+        f"{agent} gave up on a 502 at once (against the server it would retry)\n{run.describe()}\n{s.describe()}"
+    )
     s.stop_proxy()
 
     rows = s.store.rows()
@@ -376,11 +408,14 @@ def test_upstream_down_gets_502_and_the_agent_retries(agent, stack, tmp_path):
     assert not run.file("hello.txt").exists()
     stamps = [datetime.fromisoformat(r["started_at"]).timestamp() for r, _ in turns]
     gaps = [round(b - a, 1) for a, b in zip(stamps, stamps[1:], strict=False)]
-    print(f"\n[timing] {agent}: upstream down -> {len(turns)} tries of turn 1 within {seen_after:.1f}s, "
-          f"gaps {gaps} s; error {error}")
+    print(
+        f"\n[timing] {agent}: upstream down -> {len(turns)} tries of turn 1 within {seen_after:.1f}s, "
+        f"gaps {gaps} s; error {error}"
+    )
 
 
 # ---- 7. Codex CLI on the Responses API -------------------------------------------------------------------
+
 
 def test_codex_round_trip_on_the_responses_api(stack, tmp_path):
     """Codex speaks only /v1/responses: its turns are captured, assembled and its file gets written."""

@@ -38,17 +38,25 @@ class LoadResult:
         return statistics.median(values) if values else 0.0
 
     def summary(self) -> str:
-        return (f"{self.requests} streams in {self.seconds:.1f}s ({self.requests / max(self.seconds, 1e-9):.1f}/s), "
-                f"{self.events} events, {self.bytes_received / 1e6:.1f} MB, errors {len(self.errors)}, "
-                f"mismatches {self.mismatches}")
+        return (
+            f"{self.requests} streams in {self.seconds:.1f}s ({self.requests / max(self.seconds, 1e-9):.1f}/s), "
+            f"{self.events} events, {self.bytes_received / 1e6:.1f} MB, errors {len(self.errors)}, "
+            f"mismatches {self.mismatches}"
+        )
 
 
 def body_for(worker: int) -> dict:
     """A realistic agent turn: system prompt, a user task, reasoning asked for (a longer stream)."""
-    return {"model": "tapfix-mock", "stream": True, "stream_options": {"include_usage": True},
-            "reasoning_effort": "medium",
-            "messages": [{"role": "system", "content": "You are a coding agent. " * 20},
-                         {"role": "user", "content": f"worker {worker}: explain what a proxy does, briefly."}]}
+    return {
+        "model": "tapfix-mock",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "reasoning_effort": "medium",
+        "messages": [
+            {"role": "system", "content": "You are a coding agent. " * 20},
+            {"role": "user", "content": f"worker {worker}: explain what a proxy does, briefly."},
+        ],
+    }
 
 
 def rss_kb(pid: int) -> int:

@@ -16,8 +16,10 @@ import pytest
 from tests.load.harness import run_load, stored_ids, wait_drained
 from tests.support.procs import start_mock, start_proxy
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(os.environ.get("TAPFIX_LONG") != "1", reason="long form: TAPFIX_LONG=1")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get("TAPFIX_LONG") != "1", reason="long form: TAPFIX_LONG=1"),
+]
 STREAMS = int(os.environ.get("TAPFIX_LOAD_STREAMS", "64"))
 SECONDS = float(os.environ.get("TAPFIX_LOAD_SECONDS", "60"))
 # The proxy's RSS climbs for ~40 s under 64 streams (allocator arenas, SQLite's page cache, mitmproxy's
@@ -41,10 +43,14 @@ def test_64_streams_for_a_minute(tmp_path):
         window = min(20.0, SECONDS / 3)
         first = result.rss_window(WARMUP, WARMUP + window)
         last = result.rss_window(result.seconds - window, result.seconds)
-        print(f"rss: first {window:.0f}s {first / 1024:.1f} MB, last {window:.0f}s {last / 1024:.1f} MB, "
-              f"peak {max(kb for _, kb in result.rss_kb) / 1024:.1f} MB")
-        print("rss every 10 s (MB):", [round(result.rss_window(t, t + 10) / 1024, 1)
-                                       for t in range(0, int(result.seconds), 10)])
+        print(
+            f"rss: first {window:.0f}s {first / 1024:.1f} MB, last {window:.0f}s {last / 1024:.1f} MB, "
+            f"peak {max(kb for _, kb in result.rss_kb) / 1024:.1f} MB"
+        )
+        print(
+            "rss every 10 s (MB):",
+            [round(result.rss_window(t, t + 10) / 1024, 1) for t in range(0, int(result.seconds), 10)],
+        )
         assert last <= first * 1.10 + 8 * 1024, (first, last)
     finally:
         proxy.stop()

@@ -25,8 +25,7 @@ def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}:\n"
-                               + _output(proc))
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}:\n" + _output(proc))
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -67,8 +66,9 @@ class Proc:
 
 def start(args: list[str], port: int, log_path: Path, env: dict | None = None) -> Proc:
     log = open(log_path, "wb")
-    proc = subprocess.Popen(TAPFIX + args, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        TAPFIX + args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+    )
     proc.log_path = log_path  # type: ignore[attr-defined]
     handle = Proc(proc, port, log_path)
     try:
@@ -87,8 +87,12 @@ def start_mock(tmp: Path, *args: str) -> Proc:
 def start_proxy(tmp: Path, upstream: str, *args: str, db: Path | None = None, env: dict | None = None) -> Proc:
     port = free_port()
     db = db or tmp / "captures.db"
-    handle = start(["run", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), *args],
-                   port, tmp / f"proxy-{port}.log", env)
+    handle = start(
+        ["run", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--db", str(db), *args],
+        port,
+        tmp / f"proxy-{port}.log",
+        env,
+    )
     handle.extra["db"] = db
     return handle
 
@@ -113,5 +117,6 @@ def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
 
 
 def cli(*args: str, env: dict | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})},
-                          input=input, timeout=60)
+    return subprocess.run(
+        TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})}, input=input, timeout=60
+    )

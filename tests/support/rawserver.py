@@ -31,14 +31,17 @@ class RawRequest:
         return None
 
 
-def sse_response(events: list[bytes], *, split: Callable[[bytes], list[bytes]] | None = None,
-                 delay: float = 0.0) -> Script:
+def sse_response(
+    events: list[bytes], *, split: Callable[[bytes], list[bytes]] | None = None, delay: float = 0.0
+) -> Script:
     """A chunked text/event-stream response whose body is written in the given pieces."""
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\ncache-control: no-cache\r\n\r\n"
+    )
     script: Script = [(0.0, head)]
     for event in events:
-        for piece in (split(event) if split else [event]):
+        for piece in split(event) if split else [event]:
             script.append((delay, b"%x\r\n%s\r\n" % (len(piece), piece)))
     script.append((0.0, b"0\r\n\r\n"))
     return script

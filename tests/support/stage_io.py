@@ -46,12 +46,7 @@ class ClientView:
 
     @property
     def finish_reasons(self) -> list[str]:
-        return [
-            ch["finish_reason"]
-            for c in self.chunks
-            for ch in c.get("choices") or []
-            if ch.get("finish_reason")
-        ]
+        return [ch["finish_reason"] for c in self.chunks for ch in c.get("choices") or [] if ch.get("finish_reason")]
 
 
 def client_view(data: bytes) -> ClientView:
