@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
-from tapfix.proxy.net import parse_listen
 from tapfix.proxy.store.redact import redact_header, redact_url
 
 
@@ -45,16 +44,3 @@ def test_keylike_values_and_url_params_are_redacted():
     assert "sk-abcdefghijklmnopqrst" not in redact_header("x-note", "sk-abcdefghijklmnopqrst")
     assert redact_header("x-session-id", "ses_123") == "ses_123"
     assert redact_url("/v1/x?key=SECRET&model=m&api_key=S2") == "/v1/x?key=[redacted]&model=m&api_key=[redacted]"
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("127.0.0.1:9", ("127.0.0.1", 9)),
-        (":81", ("127.0.0.1", 81)),
-        ("8082", ("127.0.0.1", 8082)),
-        ("[::1]:7", ("::1", 7)),
-    ],
-)
-def test_parse_listen(value, expected):
-    assert parse_listen(value, 1) == expected

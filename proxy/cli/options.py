@@ -40,36 +40,34 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg, unused-ignore]  
             self.fail(str(e), param, ctx)
 
 
-class Duration(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
-    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds (as the config's `[retention]`)."""
+class _Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
+    """A retention quantity written as the config's `[retention]` writes it, read by `tapfix.proxy.store.retention`."""
+
+    parser = ""  # the name of the parse function in tapfix.proxy.store.retention
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from tapfix.proxy.store import retention
+
+        if isinstance(value, (int, float)):
+            return value
+        try:
+            return getattr(retention, self.parser)(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Duration(_Quantity):
+    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds."""
 
     name = "AGE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from tapfix.proxy.store.retention import parse_duration
-
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+    parser = "parse_duration"
 
 
-class Size(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
-    """`500M`, `2G`, `100k` or plain bytes → bytes (as the config's `[retention]`)."""
+class Size(_Quantity):
+    """`500M`, `2G`, `100k` or plain bytes → bytes."""
 
     name = "SIZE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from tapfix.proxy.store.retention import parse_size
-
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(str(value))
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+    parser = "parse_size"
 
 
 def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import orjson
 import pytest
 from mitmproxy import flow as mflow
+from mitmproxy import http
 from mitmproxy.test import taddons
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
 from tapfix.addons.stream import StreamOwner
+from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.pipeline import StreamPipeline
 
 from tests.addons.flows import READ_TOOL, flow, json_response, recorded, runtime, sse_response
@@ -53,21 +55,27 @@ def test_guard_clauses_json_error_and_foreign_flows_get_no_pipeline(status: int)
     assert "x-tapfix-capture-id" not in untracked.response.headers
 
 
-def test_a_plain_body_is_repaired_and_its_content_length_follows() -> None:
+def _plain_tool_call_response(arguments: str) -> tuple[http.HTTPFlow, Exchange]:
+    """A non-streamed chat completion whose one tool call carries `arguments`, run through the owner."""
     owner = StreamOwner(runtime())
-    broken = {
+    body = {
         "choices": [
             {
                 "index": 0,
                 "finish_reason": "tool_calls",
-                "message": {"role": "assistant", "tool_calls": [message_tool_call('{"path": "a.txt"')]},
+                "message": {"role": "assistant", "tool_calls": [message_tool_call(arguments)]},
             }
         ]
     }
-    f = flow(response=json_response(broken))
+    f = flow(response=json_response(body))
     ex = recorded(f, tools=[READ_TOOL])
     with taddons.context(owner):
         owner.response(f)
+    return f, ex
+
+
+def test_a_plain_body_is_repaired_and_its_content_length_follows() -> None:
+    f, ex = _plain_tool_call_response('{"path": "a.txt"')
     assert f.response is not None and f.response.status_code == 200
     body = f.response.raw_content or b""
     call = orjson.loads(body)["choices"][0]["message"]["tool_calls"][0]
@@ -77,20 +85,7 @@ def test_a_plain_body_is_repaired_and_its_content_length_follows() -> None:
 
 
 def test_an_unrecoverable_plain_body_becomes_a_retryable_502() -> None:
-    owner = StreamOwner(runtime())
-    broken = {
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": "tool_calls",
-                "message": {"role": "assistant", "tool_calls": [message_tool_call('{"path": "a", "n": 1.')]},
-            }
-        ]
-    }
-    f = flow(response=json_response(broken))
-    ex = recorded(f, tools=[READ_TOOL])
-    with taddons.context(owner):
-        owner.response(f)
+    f, ex = _plain_tool_call_response('{"path": "a", "n": 1.')
     assert f.response is not None and f.response.status_code == 502
     error = orjson.loads(f.response.raw_content or b"")["error"]
     assert error["type"] == "server_error" and error["tapfix"]["capture_id"] == ex.id
