@@ -22,6 +22,14 @@ def test_every_subpackage_is_listed():
             assert ".".join((package, *relative)) in listed, init
 
 
+def test_the_core_keeps_few_top_level_modules():
+    """`proxy/` is grouped by concern (docs/architecture.md): only shared modules stay at the top."""
+    top = sorted(p.stem for p in (ROOT / "proxy").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 12, top
+    subpackages = {p.parent.name for p in (ROOT / "proxy").glob("*/__init__.py")}
+    assert subpackages >= {"config", "request", "assemble", "response", "toolcalls", "store", "replay", "cli"}
+
+
 @pytest.mark.e2e
 def test_wheel_installs_under_tapfix_with_schemas(tmp_path):
     """A non-editable install carries the schemas and puts nothing named `proxy` at the top."""
