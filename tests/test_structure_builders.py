@@ -78,8 +78,18 @@ def copies_in(path: Path, root: Path = TESTS.parent) -> list[str]:
     return found
 
 
+def _test_modules() -> list[Path]:
+    """The suite's own modules: not what installs under tests/ (the agents' node_modules ship Python too)."""
+    return [
+        p
+        for p in sorted(TESTS.rglob("*.py"))
+        if p != BUILDERS
+        and not any(part.startswith(".") or part == "node_modules" for part in p.relative_to(TESTS).parts)
+    ]
+
+
 def test_no_test_module_defines_its_own_wire_builder() -> None:
-    copies = [c for path in sorted(TESTS.rglob("*.py")) if path != BUILDERS for c in copies_in(path)]
+    copies = [c for path in _test_modules() for c in copies_in(path)]
     assert not copies, "use tests/support/builders.py instead:\n" + "\n".join(copies)
 
 
