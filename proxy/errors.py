@@ -21,6 +21,7 @@ import re
 from typing import Any, Protocol
 
 import orjson
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.sse import format_event, named_event
 from tapfix.proxy.surfaces import Surface
 
@@ -72,7 +73,7 @@ class Unrecoverable(Protocol):
     def reason(self) -> str: ...
 
 
-def tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str) -> dict[str, Any]:
+def tool_call_error(fatal: Unrecoverable, policy: ToolRepairPolicy, capture_id: str) -> dict[str, Any]:
     """The chat-shaped error object (`{"error": {...}}`); the other surfaces wrap its words."""
     tapfix: dict[str, Any] = {"reason": TOOL_CALL_UNRECOVERABLE, "capture_id": capture_id, "defect": fatal.kind}
     if policy == "fail_fast":
@@ -98,17 +99,19 @@ def tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str) -> dict[
     }
 
 
-def tool_call_error_json(fatal: Unrecoverable, policy: str, capture_id: str) -> bytes:
+def tool_call_error_json(fatal: Unrecoverable, policy: ToolRepairPolicy, capture_id: str) -> bytes:
     """The body that replaces a non-streamed Chat Completions or Responses answer."""
     return json.dumps(tool_call_error(fatal, policy, capture_id), ensure_ascii=False).encode()
 
 
-def tool_call_error_event(fatal: Unrecoverable, policy: str, capture_id: str, newline: bytes = b"\n") -> bytes:
+def tool_call_error_event(
+    fatal: Unrecoverable, policy: ToolRepairPolicy, capture_id: str, newline: bytes = b"\n"
+) -> bytes:
     """The Chat Completions `data:` event that ends a stream instead of the held call."""
     return format_event(tool_call_error_json(fatal, policy, capture_id), newline)
 
 
-def messages_tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str) -> dict[str, Any]:
+def messages_tool_call_error(fatal: Unrecoverable, policy: ToolRepairPolicy, capture_id: str) -> dict[str, Any]:
     """Anthropic's error shape (an `event: error` or a body); the chat error's words inside.
 
     The anthropic SDK raises `APIStatusError` on any `event: error`; "api_error" and "server error"
@@ -120,7 +123,7 @@ def messages_tool_call_error(fatal: Unrecoverable, policy: str, capture_id: str)
 
 def responses_tool_call_error_events(
     fatal: Unrecoverable,
-    policy: str,
+    policy: ToolRepairPolicy,
     capture_id: str,
     *,
     seq: int,

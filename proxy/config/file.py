@@ -20,12 +20,12 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from tapfix.proxy.config.settings import ProxyMode
 from tapfix.proxy.request.reasoning_levels import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.request.sampling import ParamPolicy
 
 # Values config.schema.json allows (the file is validated before these are read).
 KeyStyle = Literal["openai", "anthropic"]  # how the key is sent: Authorization: Bearer, or x-api-key
-ProxyMode = Literal["reverse", "regular"]
 FieldChoice = Literal["keep", "reasoning", "reasoning_content"]  # "keep" = as the upstream sent it
 
 _LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}

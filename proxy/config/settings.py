@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+ProxyMode = Literal["reverse", "regular"]
+# What tapfix does with a tool call it can't recover: a retryable error (agents regenerate the turn), a
+# permanent-looking one, the broken call as it came, or no tool-call stage at all.
+ToolRepairPolicy = Literal["error", "fail_fast", "passthrough", "off"]
 
 
 @dataclass
@@ -17,7 +22,7 @@ class Settings:
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
     db: Path = field(default_factory=lambda: Path("captures/tapfix.db"))
-    mode: str = "reverse"  # reverse | regular
+    mode: ProxyMode = "reverse"
     intercept: list[str] = field(default_factory=list)
     upstream_ca: Path | None = None
     insecure: bool = False
@@ -28,7 +33,7 @@ class Settings:
     generation_config: Path | None = None
     reasoning_dialect: str | None = None
     upstream_key_env: str | None = None
-    tool_repair: str = "error"  # error | fail_fast | passthrough | off
+    tool_repair: ToolRepairPolicy = "error"
     stream_valid_prefix: bool = False  # forward tool-call fragments while provably fine (see toolcalls/prefix.py)
     store_bodies: bool = True
     verbose: bool = False

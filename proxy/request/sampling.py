@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, json_path
@@ -82,9 +82,13 @@ def wire_name(param: str, engine: str | None, surface: Surface) -> str:
     return param
 
 
+# fill what the client omitted, override what it sent, clamp into [min, max], or drop the parameter.
+SamplingMode = Literal["fill", "override", "clamp", "drop"]
+
+
 @dataclass(frozen=True, slots=True)
 class ParamPolicy:
-    mode: str = "fill"
+    mode: SamplingMode = "fill"
     value: float | int | None = None
     min: float | int | None = None
     max: float | int | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
@@ -31,7 +32,11 @@ _BODIES: dict[Surface, Callable[..., tuple[bytes, list[Any], str]]] = {
 
 
 def stage_for(
-    surface: Surface | None, tools: list[Any], policy: str, capture_id: str, stream_valid_prefix: bool = False
+    surface: Surface | None,
+    tools: list[Any],
+    policy: ToolRepairPolicy,
+    capture_id: str,
+    stream_valid_prefix: bool = False,
 ) -> Any | None:
     """The streaming repair stage of an API surface (None: the surface has none).
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import comment, event_data, format_event
 from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
@@ -52,7 +53,7 @@ class ChatToolCallRepair:
     def __init__(
         self,
         tools: list[Any] | None,
-        policy: str = "error",
+        policy: ToolRepairPolicy = "error",
         capture_id: str = "",
         stream_valid_prefix: bool = False,
         *,

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
 from tapfix.proxy.sse import comment
 from tapfix.proxy.toolcalls.arguments import repair_arguments
@@ -114,7 +115,7 @@ class HoldingStage:
     def __init__(
         self,
         tools: list[Any] | None,
-        policy: str = "error",
+        policy: ToolRepairPolicy = "error",
         capture_id: str = "",
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
@@ -41,7 +42,9 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 class MessagesToolCallRepair(HoldingStage):
     path_prefix = "$.content"
 
-    def __init__(self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any) -> None:
+    def __init__(
+        self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
+    ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
         self.repaired: dict[int, tuple[str, str | None]] = {}
 
@@ -147,7 +150,7 @@ class MessagesToolCallRepair(HoldingStage):
 
 
 def repair_messages_body(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: str = "error"
+    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `message`: (body, changes, outcome); unrecoverable → Anthropic's error body,
     sent with status 502 (policy "error") or 422 ("fail_fast")."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.output import finish_reason_change
@@ -21,7 +22,7 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
 def repair_chat_completion(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: str = "error"
+    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
 ) -> tuple[bytes, list[Change], str]:
     """(body, changes, outcome) with outcome "untouched" | "repaired" | "unrecoverable"."""
     try:

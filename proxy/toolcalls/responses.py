@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events, tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
@@ -44,7 +45,9 @@ _TERMINAL = (b"response.completed", b"response.incomplete")
 class ResponsesToolCallRepair(HoldingStage):
     path_prefix = "$.output"
 
-    def __init__(self, tools: list[Any] | None, policy: str = "error", capture_id: str = "", **kw: Any) -> None:
+    def __init__(
+        self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
+    ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
         self.repaired: dict[str, tuple[str, str | None]] = {}  # item id -> (arguments, name)
         self.response: dict[str, Any] = {}  # the latest response envelope (for response.failed)
@@ -236,7 +239,7 @@ def _message(obj: dict[str, Any]) -> str:
 
 
 def repair_responses_body(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: str = "error"
+    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
     error body to send with status 502 (policy "error") or 422 ("fail_fast")."""
