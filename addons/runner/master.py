@@ -18,6 +18,7 @@ from tapfix.addons.runner.runtime import Runtime
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.net import is_loopback
+from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import CaptureWriter
 
 log = logging.getLogger("tapfix")
@@ -157,7 +158,7 @@ def prepare(settings: Settings) -> Runtime:
             retention = Retention.from_config(dict(policy.config.retention))
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
-    writer = CaptureWriter(settings.db, retention=retention)
+    writer = StoreLocator(settings.db).writer(retention=retention)  # an unusable path: one-line StoreError
     return build_runtime(settings, policy=policy, targets=targets, writer=writer)
 
 

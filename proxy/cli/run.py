@@ -190,7 +190,6 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
 
     _setup_logging(settings.verbose)
     try:
-        StoreLocator(settings.db).check_writable()
         from tapfix.addons.runner.master import prepare
 
         runtime = prepare(settings)

@@ -68,10 +68,6 @@ class StoreLocator:
         except (OSError, sqlite3.Error) as e:
             raise _unusable(self.path, e, "write to") from e
 
-    def check_writable(self) -> None:
-        """Fail now, with one line, rather than after a server has started."""
-        self.open_for_writing().close()
-
     def writer(self, **options: Any) -> CaptureWriter:
         from tapfix.proxy.store.writer import CaptureWriter
 

@@ -41,10 +41,6 @@ class StoreError(Exception):
     """A database that can't be opened or isn't a tapfix capture store."""
 
 
-def default_db_path() -> Path:
-    return Path(os.environ.get("TAPFIX_DB") or "captures/tapfix.db")
-
-
 def _iso(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
 
