@@ -7,7 +7,7 @@ import sqlite3
 from typing import Any
 
 import orjson
-from tapfix.proxy.store.reader import capture_body
+from tapfix.proxy.store.reader import body_id_of, capture_body
 
 
 def _pretty(body: bytes, limit: int = 4000) -> str:
@@ -84,13 +84,6 @@ def _indent(text: str, limit: int = 4000) -> str:
 
 
 BODIES = ("request", "forwarded", "response", "client_response")
-_SAME_AS = {"forwarded": "request", "client_response": "response"}  # stored only when they differ
-
-
-def _stored(capture: dict[str, Any], which: str) -> bool:
-    return capture.get(f"{which}_body_id") is not None or (
-        which in _SAME_AS and capture.get(f"{_SAME_AS[which]}_body_id") is not None
-    )
 
 
 def body_json(data: bytes) -> dict[str, str]:
@@ -125,7 +118,10 @@ def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
             "usage": c.get("usage"),
         },
         "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
-        "bodies": {which: body_json(capture_body(conn, c, which)) if _stored(c, which) else None for which in BODIES},
+        "bodies": {
+            which: body_json(capture_body(conn, c, which)) if body_id_of(c, which) is not None else None
+            for which in BODIES
+        },
     }
 
 

@@ -91,14 +91,21 @@ def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
     return capture
 
 
+# Stored only when they differ from these: the forwarded request, and what the client received.
+_FALLBACK = {"forwarded": "request", "client_response": "response"}
+
+
+def body_id_of(capture: dict[str, Any], which: str) -> int | None:
+    """The stored body behind `which` (request | forwarded | response | client_response), or None."""
+    body_id: int | None = capture.get(f"{which}_body_id")
+    if body_id is None and which in _FALLBACK:
+        body_id = capture.get(f"{_FALLBACK[which]}_body_id")
+    return body_id
+
+
 def capture_body(conn: sqlite3.Connection, capture: dict[str, Any], which: str) -> bytes:
     """which: request | forwarded | response | client_response — exact bytes."""
-    if which == "forwarded":
-        body_id = capture["forwarded_body_id"] or capture["request_body_id"]
-    elif which == "client_response":
-        body_id = capture["client_response_body_id"] or capture["response_body_id"]
-    else:
-        body_id = capture[f"{which}_body_id"]
+    body_id = body_id_of(capture, which)
     if body_id is None:
         if capture.get("request_body_id") is None and capture.get("request_size"):
             raise StoreError(f"capture {capture['id']} was stored without bodies (privacy mode)")
