@@ -97,9 +97,9 @@ _FALLBACK = {"forwarded": "request", "client_response": "response"}
 
 def body_id_of(capture: dict[str, Any], which: str) -> int | None:
     """The stored body behind `which` (request | forwarded | response | client_response), or None."""
-    body_id: int | None = capture.get(f"{which}_body_id")
+    body_id: int | None = capture[f"{which}_body_id"]  # indexed, not .get(): sqlite3.Row rows come here too
     if body_id is None and which in _FALLBACK:
-        body_id = capture.get(f"{_FALLBACK[which]}_body_id")
+        body_id = capture[f"{_FALLBACK[which]}_body_id"]
     return body_id
 
 
