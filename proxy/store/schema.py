@@ -118,3 +118,23 @@ def m001_initial(db: Database) -> None:
         from exchanges order by id desc
         """
     )
+
+
+@migrations()
+def m002_choices(db: Database) -> None:
+    """One row per `choices[i].index` of a chat response: `n > 1` answers are kept apart, not merged.
+    The exchange row (and `exchange_view`) keeps choice 0."""
+    db.execute(
+        """
+        create table choices (
+            exchange_id text not null references exchanges(id),
+            "index" integer not null,
+            content text,
+            reasoning text,
+            tool_calls text,                  -- JSON list of {id, name, arguments}
+            finish_reason text,
+            flags text not null default '[]', -- JSON list, computed for this choice alone
+            primary key (exchange_id, "index")
+        )
+        """
+    )
