@@ -1,0 +1,274 @@
+"""Issue 15 items 3, 4 and three of 10: what the store says about upstream errors, `n > 1` answers,
+GET requests and `captures list`, checked through a real `tapfix run` in front of `tapfix mock`.
+
+The mock plays the engines: vLLM's in-stream `data: {"error": …}` (`malformed_sse`
+`error_object_midstream`), llama-server's HTTP 400 `exceed_context_size_error` body (`http_error`),
+llama-server's error event that ends a stream without `[DONE]` (an inline case whose last object is
+the error), the Responses/Messages error events (the same case on those paths), and `n > 1` streams
+and bodies (an inline case with several `choices[i].index`; a JSON body served as is).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+from tapfix.proxy.browse import create_app
+
+from tests.support.builders import tool
+from tests.support.procs import Proc, cli, start_mock, start_proxy, wait_capture
+
+pytestmark = pytest.mark.e2e
+
+TOOLS = [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}})]
+CONTEXT_ERROR = {
+    "error": {
+        "code": 400,
+        "message": "request (10862 tokens) exceeds the available context size (2048 tokens), try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 10862,
+        "n_ctx": 2048,
+    }
+}
+GPU_MESSAGE = 'CUDA error: out of memory (slot 0, "n_past" = 1337)'
+ENVELOPE = {"id": "chatcmpl-n", "object": "chat.completion.chunk", "created": 1767000000, "model": "m"}
+
+
+def _chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {**ENVELOPE, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def _call(call_id: str, name: str | None = None, arguments: str = "") -> dict[str, Any]:
+    call: dict[str, Any] = {"index": 0, "function": {"arguments": arguments}}
+    if name is not None:
+        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name, "arguments": arguments}}
+    return {"tool_calls": [call]}
+
+
+# A tool call cut short by llama-server's error event (the stream then closes without [DONE]).
+CUT_CALL = [
+    _chunk(0, {"role": "assistant", "content": ""}),
+    _chunk(0, _call("call-a", "write")),
+    _chunk(0, _call("call-a", arguments='{"filePath": "no')),
+    {"error": {"code": 500, "message": GPU_MESSAGE, "type": "server_error"}},
+]
+# Four choices, interleaved as vLLM sends them: 0 and 3 call the tool (each its call index 0),
+# 1 answers in text, 2 is empty.
+N_STREAM = [
+    *(_chunk(i, {"role": "assistant", "content": ""}) for i in range(4)),
+    _chunk(0, {"content": "Hello0"}),
+    _chunk(1, {"content": "Hello1"}),
+    _chunk(0, _call("call-0", "write")),
+    _chunk(3, _call("call-3", "write")),
+    _chunk(0, _call("call-0", arguments='{"filePath": "a.txt", ')),
+    _chunk(3, _call("call-3", arguments='{"filePath": "b.txt", ')),
+    _chunk(1, {"content": " there"}),
+    _chunk(3, _call("call-3", arguments='"content": "B"}')),
+    _chunk(0, _call("call-0", arguments='"content": "A"}')),
+    _chunk(1, {}, "stop"),
+    _chunk(2, {}, "stop"),
+    _chunk(0, {}, "tool_calls"),
+    _chunk(3, {}, "tool_calls"),
+]
+
+
+def _message_call(call_id: str, path: str, content: str) -> list[dict[str, Any]]:
+    arguments = json.dumps({"filePath": path, "content": content})
+    return [{"id": call_id, "type": "function", "function": {"name": "write", "arguments": arguments}}]
+
+
+N_BODY = {
+    "id": "chatcmpl-nbody",
+    "object": "chat.completion",
+    "created": 1767000000,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": None, "tool_calls": _message_call("c0", "a.txt", "A")},
+            "finish_reason": "tool_calls",
+        },
+        {"index": 1, "message": {"role": "assistant", "content": "Hello1"}, "finish_reason": "stop"},
+        {
+            "index": 2,
+            "message": {"role": "assistant", "content": None, "tool_calls": _message_call("c2", "b.txt", "B")},
+            "finish_reason": "tool_calls",
+        },
+    ],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 30, "total_tokens": 40},
+}
+SCENARIO = {
+    "description": "tests/truth/test_errors_choices_truth.py: one behaviour per model name",
+    "rules": [
+        {"when": {"model": "vllm-midstream"}, "do": "malformed_sse", "kind": "error_object_midstream"},
+        {"when": {"model": "llama-context"}, "do": "http_error", "status": 400, "body": CONTEXT_ERROR},
+        {"when": {"model": "cut-call"}, "do": "serve_case", "case": {"stream": CUT_CALL}},
+        {"when": {"model": "n-stream"}, "do": "serve_case", "case": {"stream": N_STREAM}},
+        {
+            "when": {"model": "n-body"},
+            "do": "garbage",  # sends `body` as is: here a well-formed n > 1 chat.completion
+            "body": json.dumps(N_BODY),
+            "content_type": "application/json",
+        },
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
+    tmp = tmp_path_factory.mktemp("truth-errors")
+    scenario = tmp / "scenario.json"
+    scenario.write_text(json.dumps(SCENARIO))
+    mock = start_mock(tmp, "--scenario", str(scenario))
+    proxy = start_proxy(tmp, mock.url)
+    yield mock, proxy
+    proxy.stop()
+    mock.stop()
+
+
+def _chat(model: str, *, stream: bool = True, tools: bool = False, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "write a.txt with A"}],
+        **extra,
+    }
+    return {**body, "tools": TOOLS} if tools else body
+
+
+def _post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=30) as r:
+        return r.status_code, dict(r.headers), b"".join(r.iter_raw())
+
+
+def _db(proxy: Proc) -> Path:
+    db: Path = proxy.extra["db"]
+    return db
+
+
+def _show(proxy: Proc, capture_id: str, *args: str) -> str:
+    result = cli("captures", "show", capture_id, "--db", str(_db(proxy)), *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode()
+
+
+def _listed(proxy: Proc, *args: str) -> list[str]:
+    result = cli("captures", "list", "--db", str(_db(proxy)), "--limit", "0", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line)["id"] for line in result.stdout.splitlines()]
+
+
+def _browse_ids(db: Path, query: str) -> list[str]:
+    with TestClient(create_app(db, background_index=False), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/?{query}")
+        assert page.status_code == 200
+        return re.findall(r'<a class="id" href="/exchange/([0-9a-z]+)">', page.text)
+
+
+def _stats_errors(db: Path, model: str) -> int:
+    from tapfix.proxy.browse.queries import Filters, Store
+    from tapfix.proxy.browse.stats import compute_stats
+
+    stats = compute_stats(Store(db), Filters(model=model))
+    return sum(row["errors"] or 0 for row in stats.by_client_model)
+
+
+def _sse_errors(body: bytes) -> list[dict[str, Any]]:
+    out = []
+    for line in body.splitlines():
+        if line.startswith(b"data: {"):
+            obj = json.loads(line[6:])
+            if isinstance(obj, dict) and "error" in obj:
+                out.append(obj["error"])
+    return out
+
+
+def _assert_upstream_error(proxy: Proc, capture_id: str, engine: dict[str, Any], model: str) -> None:
+    row = wait_capture(_db(proxy), capture_id)
+    stored = json.loads(row["error"] or "null")
+    assert stored == engine, f"the engine's own error object, as sent: {row['error']!r}"
+    assert "upstream_error" in json.loads(row["flags"])
+    assert capture_id in _listed(proxy, "--flag", "upstream_error")
+    assert engine["message"] in _show(proxy, capture_id)  # verbatim, not JSON-escaped
+    assert capture_id in _browse_ids(_db(proxy), "status=error")
+    assert _stats_errors(_db(proxy), model) >= 1
+
+
+def _choices(db: Path, capture_id: str) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = conn.execute(
+            'select "index", content, reasoning, tool_calls, finish_reason, flags from choices'
+            ' where exchange_id = ? order by "index"',
+            (capture_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [
+        {**dict(r), "tool_calls": json.loads(r["tool_calls"] or "[]"), "flags": json.loads(r["flags"])} for r in rows
+    ]
+
+
+def _args(call: dict[str, Any]) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(call["arguments"])
+    return parsed
+
+
+# -- item 3: upstream errors are first-class ----------------------------------------------------------
+def test_truth_3_midstream_error_event(stack: tuple[Proc, Proc]) -> None:
+    mock, proxy = stack
+    _, _, direct = _post(mock.url, "/v1/chat/completions", _chat("vllm-midstream"))
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("vllm-midstream"))
+    assert status == 200 and received == direct  # the client gets the engine's bytes unchanged
+    (engine,) = _sse_errors(direct)
+    _assert_upstream_error(proxy, headers["x-tapfix-capture-id"], engine, "vllm-midstream")
+
+
+def test_truth_3_http_error_body(stack: tuple[Proc, Proc]) -> None:
+    _, proxy = stack
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("llama-context", stream=False))
+    assert status == 400 and json.loads(received) == CONTEXT_ERROR
+    _assert_upstream_error(proxy, headers["x-tapfix-capture-id"], CONTEXT_ERROR["error"], "llama-context")
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_truth_3_evented_error_event(stack: tuple[Proc, Proc], path: str) -> None:
+    mock, proxy = stack
+    if path == "/v1/messages":
+        body: dict[str, Any] = {
+            "model": "cut-call",
+            "max_tokens": 64,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    else:
+        body = {"model": "cut-call", "stream": True, "input": "hi"}
+    _, _, direct = _post(mock.url, path, body)
+    status, headers, received = _post(proxy.url, path, body)
+    assert status == 200 and received == direct
+    row = wait_capture(_db(proxy), headers["x-tapfix-capture-id"])
+    stored = json.loads(row["error"] or "null")
+    assert isinstance(stored, dict) and stored.get("message") == GPU_MESSAGE, row["error"]
+    assert "upstream_error" in json.loads(row["flags"])
+    assert GPU_MESSAGE in _show(proxy, row["id"])
+
+
+def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[Proc, Proc]) -> None:
+    _, proxy = stack
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("cut-call", tools=True))
+    assert status == 200
+    sent = _sse_errors(received)
+    assert sent and sent[-1]["type"] == "server_error"  # still retryable
+    assert GPU_MESSAGE in sent[-1]["message"] and "broke off" not in sent[-1]["message"], sent[-1]["message"]
+    row = wait_capture(_db(proxy), headers["x-tapfix-capture-id"])
+    # The store keeps the engine's error (what the upstream sent), not tapfix's replacement.
+    assert json.loads(row["error"] or "null") == CUT_CALL[-1]["error"]
+    assert "upstream_error" in json.loads(row["flags"])
