@@ -272,3 +272,49 @@ def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[Proc, Proc]) -
     # The store keeps the engine's error (what the upstream sent), not tapfix's replacement.
     assert json.loads(row["error"] or "null") == CUT_CALL[-1]["error"]
     assert "upstream_error" in json.loads(row["flags"])
+
+
+# -- item 4: n > 1 assembled per choice ----------------------------------------------------------------
+def test_truth_4_n_stream_per_choice(stack: tuple[Proc, Proc]) -> None:
+    mock, proxy = stack
+    body = _chat("n-stream", tools=True, n=4)
+    _, _, direct = _post(mock.url, "/v1/chat/completions", body)
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", body)
+    assert status == 200 and received == direct  # four valid choices: nothing to repair, nothing merged
+    capture_id = headers["x-tapfix-capture-id"]
+    row = wait_capture(_db(proxy), capture_id)
+    assert row["content"] == "Hello0" and row["finish_reason"] == "tool_calls"
+    (call,) = json.loads(row["tool_calls"])
+    assert call["name"] == "write" and _args(call) == {"filePath": "a.txt", "content": "A"}
+    choices = _choices(_db(proxy), capture_id)
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert [c["content"] for c in choices] == ["Hello0", "Hello1 there", "", ""]
+    assert [c["finish_reason"] for c in choices] == ["tool_calls", "stop", "stop", "tool_calls"]
+    assert _args(choices[3]["tool_calls"][0]) == {"filePath": "b.txt", "content": "B"}
+    assert choices[1]["tool_calls"] == [] and choices[2]["tool_calls"] == []
+    assert [c["flags"] for c in choices] == [[], [], ["empty_answer"], []]  # per choice
+    assert "invalid_tool_call" not in json.loads(row["flags"])
+    shown = json.loads(_show(proxy, capture_id, "--json"))
+    assert [c["content"] for c in shown["choices"]] == ["Hello0", "Hello1 there", "", ""]
+    assert shown["choices"][2]["flags"] == ["empty_answer"]
+    text = _show(proxy, capture_id)
+    assert all(f"choice {i}" in text for i in range(4)) and "Hello1 there" in text and "b.txt" in text
+
+
+def test_truth_4_n_body_per_choice(stack: tuple[Proc, Proc]) -> None:
+    mock, proxy = stack
+    body = _chat("n-body", stream=False, tools=True, n=3)
+    _, _, direct = _post(mock.url, "/v1/chat/completions", body)
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", body)
+    assert status == 200 and json.loads(received) == json.loads(direct) == N_BODY
+    capture_id = headers["x-tapfix-capture-id"]
+    row = wait_capture(_db(proxy), capture_id)
+    assert row["content"] == "" and [c["id"] for c in json.loads(row["tool_calls"])] == ["c0"]
+    assert "invalid_tool_call" not in json.loads(row["flags"])
+    choices = _choices(_db(proxy), capture_id)
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert choices[1]["content"] == "Hello1" and choices[1]["tool_calls"] == []
+    assert [c["id"] for c in choices[2]["tool_calls"]] == ["c2"]
+    assert [c["flags"] for c in choices] == [[], [], []]
+    shown = json.loads(_show(proxy, capture_id, "--json"))
+    assert [c["index"] for c in shown["choices"]] == [0, 1, 2]
