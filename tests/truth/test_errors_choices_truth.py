@@ -318,3 +318,41 @@ def test_truth_4_n_body_per_choice(stack: tuple[Proc, Proc]) -> None:
     assert [c["flags"] for c in choices] == [[], [], []]
     shown = json.loads(_show(proxy, capture_id, "--json"))
     assert [c["index"] for c in shown["choices"]] == [0, 1, 2]
+
+
+# -- item 10: three small ones ---------------------------------------------------------------------------
+def test_truth_10_get_not_empty_request_body(stack: tuple[Proc, Proc]) -> None:
+    _, proxy = stack
+    r = httpx.get(f"{proxy.url}/v1/models", timeout=10)
+    assert r.status_code == 200
+    row = wait_capture(_db(proxy), r.headers["x-tapfix-capture-id"])
+    assert row["method"] == "GET" and "empty_request_body" not in json.loads(row["flags"])
+
+
+def test_truth_10_list_unknown_flag(stack: tuple[Proc, Proc]) -> None:
+    _, proxy = stack
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=_chat("plain", stream=False), timeout=30)
+    wait_capture(_db(proxy), r.headers["x-tapfix-capture-id"])
+    known = {
+        flag
+        for line in cli("captures", "list", "--db", str(_db(proxy)), "--limit", "0", "--json").stdout.splitlines()
+        for flag in json.loads(line)["flags"]
+    }
+    assert known, "the store has flagged captures"
+    result = cli("captures", "list", "--db", str(_db(proxy)), "--flag", "no_such_flag")
+    out = result.stdout.decode() + result.stderr.decode()
+    assert "no captures yet" not in out
+    assert "no_such_flag" in out and all(flag in out for flag in known), out
+
+
+def test_truth_10_list_time_has_date(stack: tuple[Proc, Proc]) -> None:
+    _, proxy = stack
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=_chat("plain", stream=False), timeout=30)
+    row = wait_capture(_db(proxy), r.headers["x-tapfix-capture-id"])
+    result = cli("captures", "list", "--db", str(_db(proxy)), "--limit", "0")
+    assert result.returncode == 0, result.stderr
+    header, *lines = result.stdout.decode().splitlines()
+    (line,) = [line for line in lines if line.startswith(row["id"])]
+    time_column = line[header.index("TIME") :].split("  ")[0]
+    assert re.search(r"\d{4}-\d{2}-\d{2}", time_column), line
+    assert row["started_at"][:10] in time_column
