@@ -45,7 +45,7 @@ from tapfix.proxy.mock.surface_script import (
     from_reply,
     last_role,
 )
-from tapfix.proxy.mock.wire import SSE_HEADERS, Plan, Send, json_headers, paced
+from tapfix.proxy.mock.wire import SSE_HEADERS, Plan, Send, compress, json_headers, paced
 
 _ATTEMPT_MEMORY = 100_000
 _HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -189,7 +189,7 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
     params = rule.params if rule else {}
     delay_ms = float(params.get("ms", 0) if rule and rule.do == "delay_ms" else params.get("delay_ms", 0))
     plan.before_headers = delay_ms / 1000
-    return plan
+    return _compressed(plan, params)
 
 
 def _respond(state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids, chat: bool, model: str) -> Plan:
@@ -264,7 +264,7 @@ async def _generate_surface(state: MockState, request: Request, surface: Evented
     if state.scenario and state.scenario.strict_models and model not in state.models:
         return _json(404, error(f"The model `{model}` does not exist.", 404))
     if rule is not None and rule.do in ("http_error", "garbage"):
-        return _respond(state, chat, rule, ids, True, model)
+        return _compressed(_respond(state, chat, rule, ids, True, model), rule.params)
     case = rule.case if rule is not None and rule.do == "serve_case" else state.case_for(model)
     if case is not None:
         script = from_case(case.data.get("stream", []))
@@ -295,7 +295,14 @@ async def _generate_surface(state: MockState, request: Request, surface: Evented
         plan = Plan(200, _headers(json_headers(data)), apply_faults([Send(data)], rule, None, False))
     delay_ms = float(params.get("ms", 0) if rule and rule.do == "delay_ms" else params.get("delay_ms", 0))
     plan.before_headers = delay_ms / 1000
-    return plan
+    return _compressed(plan, params)
+
+
+def _compressed(plan: Plan, params: dict[str, Any]) -> Plan:
+    """A rule's `compress`: the reply in that Content-Encoding whatever Accept-Encoding said."""
+    if "compress" not in params:
+        return plan
+    return compress(plan, str(params["compress"]), lie=bool(params.get("compress_lie")))
 
 
 def _surface_error_event(surface: EventedSurface, message: str) -> bytes:

@@ -38,7 +38,8 @@ BEHAVIOURS: dict[str, set[str]] = {
     "crlf": {"ping"},
     "delay_ms": {"ms"},
 }
-COMMON_PARAMS = {"delay_ms", "chunk_delay_ms", "note"}
+COMMON_PARAMS = {"delay_ms", "chunk_delay_ms", "note", "compress", "compress_lie"}
+ENCODINGS = ("gzip", "deflate", "br", "zstd")  # `compress`: what the reply is sent in, whatever was asked
 CONDITIONS = {
     "nth",
     "every",
@@ -233,6 +234,8 @@ def _check_params(label: str, do: str, params: dict[str, Any]) -> None:
         raise ScenarioError(f"{label}: `style` must be one of {list(STYLES)}")
     if do == "malformed_sse" and params.get("kind") not in MALFORMED_KINDS:
         raise ScenarioError(f"{label}: `kind` must be one of {list(MALFORMED_KINDS)}")
+    if params.get("compress", "gzip") not in ENCODINGS or ("compress_lie" in params and "compress" not in params):
+        raise ScenarioError(f"{label}: `compress` must be one of {list(ENCODINGS)} (`compress_lie` needs it)")
     if do == "break_tool_call" and params.get("mode", "truncate") not in BREAK_MODES:
         raise ScenarioError(f"{label}: `mode` must be one of {list(BREAK_MODES)}")
     if do == "http_error":

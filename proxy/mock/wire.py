@@ -9,9 +9,18 @@ must close the TCP connection without the chunked-encoding terminator, which onl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import sys
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import brotli
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -108,3 +117,34 @@ def split_body(body: bytes) -> list[Op]:
     """A non-streamed body in two halves, so a reset or stall can fall between them."""
     half = max(1, len(body) // 2)
     return [Send(body[:half]), Send(body[half:])]
+
+
+def compress(plan: Plan, encoding: str, lie: bool = False) -> Plan:
+    """The plan with `Content-Encoding: encoding`, each Send compressed and flushed on its own, so a
+    stream stays a stream (every event decodes as it arrives). `lie`: the header only, bytes plain
+    (a misconfigured server; no client can decode it). `content-length` follows the new bytes."""
+    headers = [(k, v) for k, v in plan.headers if k != b"content-encoding"] + [(b"content-encoding", encoding.encode())]
+    if lie:
+        return Plan(plan.status, headers, plan.ops, plan.before_headers)
+    piece, end = _compressor(encoding)
+    ops: list[Op] = []
+    for op in plan.ops:
+        ops.append(Send(piece(op.data)) if isinstance(op, Send) else op)
+    if not any(isinstance(op, Reset) for op in ops):
+        ops.append(Send(end()))
+    if any(k == b"content-length" for k, _ in headers):
+        size = sum(len(op.data) for op in ops if isinstance(op, Send))
+        headers = [(k, str(size).encode() if k == b"content-length" else v) for k, v in headers]
+    return Plan(plan.status, headers, ops, plan.before_headers)
+
+
+def _compressor(encoding: str) -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+    """(compress one piece and flush it, end the stream)."""
+    if encoding == "br":
+        br = brotli.Compressor()
+        return lambda data: br.process(data) + br.flush(), br.finish
+    if encoding == "zstd":
+        zs = zstd.ZstdCompressor()
+        return lambda data: zs.compress(data, zs.FLUSH_BLOCK), lambda: zs.flush(zs.FLUSH_FRAME)
+    z = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+    return lambda data: z.compress(data) + z.flush(zlib.Z_SYNC_FLUSH), z.flush
