@@ -1,0 +1,292 @@
+"""Issue 15 items 6 and 7: what the store says about streams that end at shutdown, or end normally.
+
+Item 6: SIGTERM with streams open. tapfix stops accepting connections, lets in-flight streams finish
+within `--shutdown-grace`, answers a new request on an open connection with a 503 `server_error`, and
+ends what is left with the retryable error event. The store holds exactly the bytes each client read,
+flagged `proxy_shutdown` (never `upstream_reset` or `client_disconnected`).
+
+Item 7: a client that closes its connection right after the stream's terminal event (the openai SDK
+does, after `data: [DONE]`) ended normally. The race is made deterministic: the mock pauses after the
+last event, before the chunked terminator, so the close always lands while the proxy still waits.
+
+Every test drives a real `tapfix run` in front of `tapfix mock` with a raw socket client, so the bytes
+compared with the store are the bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.support.procs import Proc, cli, start_mock, start_proxy, wait_capture
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO = {
+    "rules": [
+        # ~1.5 s: finishes inside the default grace
+        {"when": {"model": "brief"}, "do": "answer", "chunk_delay_ms": 150},
+        # ~8 s: outlives a short grace
+        {"when": {"model": "slow"}, "do": "degenerate", "style": "runaway", "tokens": 40, "chunk_delay_ms": 100},
+        # the whole answer, then a pause before the chunked terminator (the close-after-[DONE] race)
+        {"when": {"model": "linger"}, "do": "stall", "seconds": 1, "after_chunks": 100000},
+    ]
+}
+CUT_FLAGS = {"upstream_reset", "client_disconnected"}
+
+
+@pytest.fixture(scope="module")
+def mock(module_tmp: Path):
+    scenario = module_tmp / "shutdown.json"
+    scenario.write_text(json.dumps(SCENARIO))
+    proc = start_mock(module_tmp, "--scenario", str(scenario))
+    yield proc
+    proc.stop()
+
+
+class RawClient:
+    """HTTP/1.1 over one socket, read as it arrives: the head, then the de-chunked body."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.buf = b""
+        self.chunked = False
+        self.remaining: int | None = None
+        self.body = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def head(self) -> tuple[int, dict[str, str]]:
+        while b"\r\n\r\n" not in self.buf:
+            if not self._fill():
+                raise ConnectionError(f"closed before a response head: {self.buf!r}")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.remaining = int(headers["content-length"]) if "content-length" in headers else None
+        self.body = b""
+        return int(lines[0].split()[1]), headers
+
+    def read_until(self, marker: bytes) -> bytes:
+        """Body bytes until `marker` has arrived (or the body ends); what was read so far."""
+        while marker not in self.body and self._step():
+            pass
+        return self.body
+
+    def read_all(self) -> bytes:
+        while self._step():
+            pass
+        return self.body
+
+    def _step(self) -> bool:
+        """Move one piece of the body from the buffer (reading more when needed); False at its end."""
+        if not self.chunked:
+            if self.remaining is not None and len(self.body) >= self.remaining:
+                return False
+            if not self.buf and not self._fill():
+                return False
+            self.body, self.buf = self.body + self.buf, b""
+            return True
+        while b"\r\n" not in self.buf:
+            if not self._fill():
+                return False
+        size_line, rest = self.buf.split(b"\r\n", 1)
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return False
+        while len(rest) < size + 2:
+            if not self._fill():
+                return False
+            rest = self.buf.split(b"\r\n", 1)[1]
+        self.body += rest[:size]
+        self.buf = rest[size + 2 :]
+        return True
+
+
+def chat(model: str, *, stream: bool = True) -> bytes:
+    body = orjson.dumps({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+def surface_request(surface: str, model: str) -> bytes:
+    path, body = {
+        "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        "responses": ("/v1/responses", {"input": "hi"}),
+        "messages": ("/v1/messages", {"max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}),
+    }[surface]
+    raw = orjson.dumps({"model": model, "stream": True, **body})
+    return b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        path.encode(),
+        len(raw),
+        raw,
+    )
+
+
+def start_stream(proxy: Proc, model: str) -> tuple[RawClient, str]:
+    """A stream under way: the head and its first event have arrived."""
+    client = RawClient(proxy.port)
+    client.send(chat(model))
+    status, headers = client.head()
+    assert status == 200
+    client.read_until(b"\n\n")
+    return client, headers["x-tapfix-capture-id"]
+
+
+def refused(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+def wait_stopped_listening(proxy: Proc) -> None:
+    """The first signal has been handled: the port refuses connections while the process lives on."""
+    deadline = time.monotonic() + 10
+    while not refused(proxy.port):
+        assert time.monotonic() < deadline, "still accepting connections 10 s after SIGTERM"
+        time.sleep(0.05)
+    assert proxy.proc.poll() is None, "the proxy exited instead of draining:\n" + proxy.log()
+
+
+def exit_code(proxy: Proc) -> int:
+    try:
+        return proxy.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proxy.stop(signal.SIGKILL)
+        raise AssertionError("the proxy did not exit after the grace:\n" + proxy.log()) from None
+
+
+def stored(db: Path, capture_id: str) -> tuple[dict, bytes]:
+    """The row, and what `captures export --client-response` says the client received."""
+    row = wait_capture(db, capture_id)
+    out = cli("captures", "export", capture_id, "--client-response", "--db", str(db))
+    assert out.returncode == 0, out.stderr
+    return row, out.stdout
+
+
+def retryable_error(body: bytes) -> dict:
+    """The last `data:` event before [DONE] is tapfix's retryable error; its error object."""
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ") and e != b"data: [DONE]"]
+    assert body.rstrip().endswith(b"data: [DONE]"), body[-300:]
+    error = orjson.loads(events[-1][len(b"data: ") :])["error"]
+    assert error["type"] == "server_error", error
+    return error
+
+
+def test_truth_6_an_in_flight_stream_finishes_within_the_grace(mock: Proc, tmp_path: Path) -> None:
+    proxy = start_proxy(tmp_path, mock.url)  # the default grace: 5 s
+    client, capture_id = start_stream(proxy, "brief")
+    proxy.proc.send_signal(signal.SIGTERM)
+    body = client.read_all()
+    client.close()
+    assert body.rstrip().endswith(b"data: [DONE]") and b'"error"' not in body, body[-300:]
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], capture_id)
+    assert client_response == body
+    assert row["error"] is None and not set(json.loads(row["flags"])) & (CUT_FLAGS | {"proxy_shutdown"})
+
+
+def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock: Proc, tmp_path: Path) -> None:
+    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
+    client, capture_id = start_stream(proxy, "slow")
+    proxy.proc.send_signal(signal.SIGTERM)
+    wait_stopped_listening(proxy)
+    body = client.read_all()
+    client.close()
+    error = retryable_error(body)
+    assert error["tapfix"]["reason"] == "proxy_shutdown"
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], capture_id)
+    assert client_response == body  # exactly what the client read, the error event included
+    flags = set(json.loads(row["flags"]))
+    assert "proxy_shutdown" in flags and not flags & CUT_FLAGS, flags
+    assert "shut" in (row["error"] or ""), row["error"]
+
+
+def test_truth_6_a_new_request_on_an_open_connection_gets_503(mock: Proc, tmp_path: Path) -> None:
+    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "2")
+    idle = RawClient(proxy.port)
+    idle.send(chat("tapfix-mock", stream=False))
+    assert idle.head()[0] == 200
+    idle.read_all()  # a keep-alive connection, now idle
+    streaming, _ = start_stream(proxy, "slow")
+    proxy.proc.send_signal(signal.SIGTERM)
+    wait_stopped_listening(proxy)
+    idle.send(chat("tapfix-mock", stream=False))
+    status, headers = idle.head()
+    body = idle.read_all()
+    assert status == 503 and headers.get("connection", "").lower() == "close", (status, headers)
+    error = orjson.loads(body)["error"]
+    assert error["type"] == "server_error", error
+    assert idle.sock.recv(1) == b""  # and the connection is closed
+    idle.close()
+    streaming.read_all()
+    streaming.close()
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], headers["x-tapfix-capture-id"])
+    assert row["status"] == 503 and "proxy_shutdown" in json.loads(row["flags"])
+    assert client_response == body
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Path, second: int) -> None:
+    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "120")
+    client, capture_id = start_stream(proxy, "slow")
+    proxy.proc.send_signal(signal.SIGTERM)
+    wait_stopped_listening(proxy)
+    proxy.proc.send_signal(second)
+    body = client.read_all()  # a 120 s grace outlives the 8 s stream: only the second signal cuts it
+    client.close()
+    retryable_error(body)
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], capture_id)
+    assert client_response == body and "proxy_shutdown" in json.loads(row["flags"])
+
+
+def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: Proc, tmp_path: Path) -> None:
+    config = tmp_path / "tapfix.toml"
+    config.write_text(f'shutdown_grace = 0\n\n[upstreams.mock]\nbase_url = "{mock.url}"\n\n[models.slow]\n')
+    proxy = start_proxy_config(tmp_path, config)
+    client, capture_id = start_stream(proxy, "slow")
+    proxy.proc.send_signal(signal.SIGTERM)
+    body = client.read_all()
+    client.close()
+    retryable_error(body)
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], capture_id)
+    assert client_response == body and "proxy_shutdown" in json.loads(row["flags"])
+
+
+def start_proxy_config(tmp_path: Path, config: Path) -> Proc:
+    from tests.support.procs import free_port, start
+
+    port = free_port()
+    db = tmp_path / "config.db"
+    handle = start(
+        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)],
+        port,
+        tmp_path / f"proxy-{port}.log",
+    )
+    handle.extra["db"] = db
+    return handle
