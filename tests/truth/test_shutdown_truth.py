@@ -290,3 +290,43 @@ def start_proxy_config(tmp_path: Path, config: Path) -> Proc:
     )
     handle.extra["db"] = db
     return handle
+
+
+# -- item 7 ---------------------------------------------------------------------------------------
+TERMINAL = {"chat": b"data: [DONE]", "responses": b"event: response.completed", "messages": b"event: message_stop"}
+
+
+@pytest.fixture(scope="module")
+def proxy7(module_tmp: Path, mock: Proc):
+    proc = start_proxy(module_tmp, mock.url, db=module_tmp / "item7.db")
+    yield proc
+    proc.stop()
+
+
+def close_after(proxy: Proc, surface: str, marker: bytes, model: str = "linger") -> str:
+    """Read until `marker` and its event's end have arrived, then close at once (as the openai SDK does)."""
+    client = RawClient(proxy.port)
+    client.send(surface_request(surface, model))
+    status, headers = client.head()
+    assert status == 200
+    body = client.read_until(marker)
+    while marker in body and not body[body.index(marker) :].endswith(b"\n\n"):
+        body = client.read_until(body[body.index(marker) :] + b"\n\n")
+    client.close()
+    return headers["x-tapfix-capture-id"]
+
+
+@pytest.mark.parametrize("surface", sorted(TERMINAL))
+def test_truth_7_a_close_right_after_the_terminal_event_is_a_normal_end(proxy7: Proc, surface: str) -> None:
+    ids = [close_after(proxy7, surface, TERMINAL[surface]) for _ in range(3)]
+    for capture_id in ids:
+        row = wait_capture(proxy7.extra["db"], capture_id)
+        flags = set(json.loads(row["flags"]))
+        assert "client_disconnected" not in flags and row["error"] is None, (flags, row["error"])
+        assert row["status"] == 200
+
+
+def test_a_close_before_the_terminal_event_is_still_a_disconnect(proxy7: Proc) -> None:
+    capture_id = close_after(proxy7, "chat", b'"finish_reason":null', model="slow")  # 8 s to go
+    row = wait_capture(proxy7.extra["db"], capture_id)
+    assert "client_disconnected" in json.loads(row["flags"]) and row["error"]
