@@ -354,6 +354,62 @@ def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
         proxy.stop()
 
 
+# -- item 10: the reasoning-field rename of non-streamed bodies ------------------------------------
+RENAME_CONFIG = """
+[reasoning_field]
+default = "keep"
+clients = {{ "opencode" = "reasoning_content" }}
+
+[upstreams.mock]
+base_url = "{url}"
+engine = "vllm"
+
+[models."tapfix-mock"]
+upstream = "mock"
+
+[models."gzip-plain"]
+upstream = "mock"
+"""
+
+
+@pytest.mark.e2e
+def test_truth_10_reasoning_field_non_stream(tmp_path):
+    (tmp_path / "scenario.json").write_text(json.dumps({"rules": RULES}))
+    mock = start_mock(tmp_path, "--scenario", str(tmp_path / "scenario.json"))
+    config = tmp_path / "rename.toml"
+    config.write_text(RENAME_CONFIG.format(url=mock.url))
+    proxy = _run(tmp_path, "--config", str(config))
+    try:
+        body = {
+            "model": "tapfix-mock",
+            "reasoning_effort": "high",
+            "messages": [{"role": "user", "content": "think about it"}],
+        }
+        headers, raw, status = _post(proxy, body, {"user-agent": "opencode/1.18.33 ai-sdk"})
+        assert status == 200
+        message = json.loads(raw)["choices"][0]["message"]
+        assert message.get("reasoning_content") and "reasoning" not in message
+        assert int(headers["content-length"]) == len(raw)
+        capture_id = headers["x-tapfix-capture-id"]
+        row = _row(proxy, capture_id)
+        assert row["reasoning"] == message["reasoning_content"] and row["client_response_body_id"] is not None
+        assert b'"reasoning":' in _export(proxy, capture_id, "--response")
+        shown = cli("captures", "show", capture_id, "--db", str(proxy.extra["db"])).stdout.decode()
+        assert "[reasoning_field] rename" in shown
+
+        _, raw, _ = _post(proxy, body, {"user-agent": "omp/18.2.3"})  # another client: untouched
+        message = json.loads(raw)["choices"][0]["message"]
+        assert message.get("reasoning") and "reasoning_content" not in message
+
+        # A compressed body the rename changes goes out decoded, like a repaired one.
+        headers, raw, _ = _post(proxy, {**body, "model": "gzip-plain"}, {"user-agent": "opencode/1.18.33 ai-sdk"})
+        assert "content-encoding" not in headers
+        assert json.loads(raw)["choices"][0]["message"].get("reasoning_content")
+    finally:
+        proxy.stop()
+        mock.stop()
+
+
 def test_mock_compresses_each_event_on_its_own(tmp_path):
     """The scripted upstream these tests rely on: every streamed event decodes as it arrives."""
     from starlette.testclient import TestClient
