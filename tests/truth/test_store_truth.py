@@ -126,3 +126,89 @@ def test_truth_0_unstorable_exchange_kept_with_its_bytes(tmp_path: Path) -> None
     health = writer.health()
     assert health["capture_failed"] == {"DataError": 1} and health["failures"] == 0, health
     assert list_captures(conn, flag="capture_failed")[0]["id"] == exchanges[2].id
+
+
+# --- item 1: a non-UTF-8 byte in a header value or in the path ------------------------------------
+
+
+def _raw_request(proxy, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = sock.recv(65536)
+            if not data:
+                break
+            head += data
+    return head
+
+
+def _capture_id_of(head: bytes) -> str:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.lower() == b"x-tapfix-capture-id":
+            return value.strip().decode()
+    raise AssertionError(f"no capture id in {head[:300]!r}")
+
+
+def _stored_header(row: dict, name: str) -> str:
+    return next(v for k, v in orjson.loads(row["request_headers"]) if k.lower() == name)
+
+
+@pytest.mark.e2e
+def test_truth_1_non_utf8_header_and_path(proxy) -> None:
+    head = _raw_request(
+        proxy,
+        b"GET /v1/models?x=\xff\\ HTTP/1.1\r\nHost: tapfix\r\nX-Foo: \xe9\xff and \\ a backslash\r\n"
+        b"X-Note: sk-abcdefghijklmnopqrstu\xff\r\nAuthorization: Bearer sk-\xfe\xff0123456789abcdef\r\n\r\n",
+    )
+    row = wait_capture(proxy.extra["db"], _capture_id_of(head))
+    assert head.startswith(b"HTTP/1.1 %d " % row["status"]), head  # the mock's own answer (its parser may refuse)
+    assert row["path"] == "/v1/models?x=\\xff\\\\"
+    assert _stored_header(row, "x-foo") == "\\xe9\\xff and \\\\ a backslash"
+    assert _stored_header(row, "x-note") == "[redacted]\\xff"  # redaction still applies
+    assert _stored_header(row, "authorization") == "[redacted]"
+    health = _health(proxy)
+    assert health["capture_writer"]["failures"] == 0 and health["status"] != "degraded", health
+
+
+# Every byte HTTP/1.1 framing lets through: no CR, LF or NUL in a header value (and leading or trailing
+# whitespace is not part of it); nor whitespace in the request target. Bodies: anything.
+VALUE_BYTES = bytes(b for b in range(0x01, 0x100) if b not in (0x0A, 0x0D))
+PATH_BYTES = bytes(b for b in range(0x21, 0x100))
+BODY_BYTES = bytes(range(0x100)) * 2
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    server = RawServer(lambda request: [(0.0, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")])
+    yield server
+    server.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("as_format", ["curl", "python"])
+def test_truth_1_export_round_trips_every_byte(proxy, echo_server, tmp_path: Path, as_format: str) -> None:
+    path = b"/v1/bytes?all=" + PATH_BYTES
+    value = b"<" + VALUE_BYTES + b">"
+    head = _raw_request(
+        proxy,
+        b"POST " + path + b" HTTP/1.1\r\nHost: tapfix\r\nX-Every-Byte: " + value + b"\r\n"
+        b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(BODY_BYTES) + BODY_BYTES,
+    )
+    capture_id = _capture_id_of(head)
+    wait_capture(proxy.extra["db"], capture_id)
+    script = tmp_path / f"repro.{as_format}"
+    exported = cli("captures", "export", capture_id, "--db", str(proxy.extra["db"]), "--as", as_format)
+    assert exported.returncode == 0, exported.stderr.decode()
+    script.write_bytes(exported.stdout)
+    before = len(echo_server.requests)
+    command = ["bash", str(script)] if as_format == "curl" else [sys.executable, str(script)]
+    run = subprocess.run(
+        command, env={**os.environ, "TAPFIX_UPSTREAM": echo_server.url}, capture_output=True, timeout=30
+    )
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    sent = echo_server.requests[before]
+    assert sent.head.split(b" ", 2)[:2] == [b"POST", path]
+    assert b"\r\nX-Every-Byte: " + value + b"\r\n" in sent.head
+    assert sent.body == BODY_BYTES
