@@ -212,3 +212,136 @@ def test_truth_1_export_round_trips_every_byte(proxy, echo_server, tmp_path: Pat
     assert sent.head.split(b" ", 2)[:2] == [b"POST", path]
     assert b"\r\nX-Every-Byte: " + value + b"\r\n" in sent.head
     assert sent.body == BODY_BYTES
+
+
+# --- item 2: databases that aren't what they seem ------------------------------------------------
+
+
+def _tapfix(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    """A command that should refuse at once; if it starts serving instead, the timeout fails the test."""
+    try:
+        return subprocess.run(TAPFIX + list(args), capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`tapfix {' '.join(args)}` did not refuse: it kept running for {timeout}s")
+
+
+def _run(db: Path) -> subprocess.CompletedProcess:
+    return _tapfix("run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}", "--db", str(db))
+
+
+def _refused(result: subprocess.CompletedProcess, *words: str, code: int = 1) -> None:
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode == code, (result.returncode, err)
+    assert "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def _readers(db: Path) -> list[tuple[int, list[str]]]:
+    return [
+        (1, ["captures", "list", "--db", str(db)]),
+        (1, ["captures", "show", "01", "--db", str(db)]),
+        (1, ["captures", "export", "01", "--db", str(db)]),
+        (1, ["browse", "--db", str(db), "--listen", f"127.0.0.1:{free_port()}", "--no-search"]),
+        (2, ["replay", "01", "--db", str(db)]),  # replay's contract: bad input is exit 2
+    ]
+
+
+def _tables(db: Path) -> set[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.e2e
+def test_truth_2_newer_store_refused(tmp_path: Path) -> None:
+    db = tmp_path / "newer.db"
+    open_for_writing(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute(
+        "insert into _sqlite_migrations (migration_set, name, applied_at) values ('tapfix', 'm999_from_the_future', ?)",
+        (time.strftime("%Y-%m-%d %H:%M:%S"),),
+    )
+    conn.commit()
+    conn.close()
+    _refused(_run(db), "m999_from_the_future", "newer tapfix")
+    for code, args in _readers(db):
+        _refused(_tapfix(*args), "m999_from_the_future", code=code)
+
+
+@pytest.mark.e2e
+def test_truth_2_foreign_file_refused(tmp_path: Path) -> None:
+    db = tmp_path / "notes.db"
+    conn = sqlite3.connect(db)
+    conn.execute("create table notes (id integer primary key, text text)")
+    conn.execute("insert into notes (text) values ('mine')")
+    conn.commit()
+    conn.close()
+    _refused(_run(db), "not a tapfix", "notes")
+    assert _tables(db) == {"notes"}  # nothing was added to it
+    for code, args in _readers(db):
+        _refused(_tapfix(*args), "not a tapfix", code=code)
+
+
+@pytest.mark.e2e
+def test_truth_2_foreign_exchanges_table(tmp_path: Path) -> None:
+    db = tmp_path / "exchanges.db"
+    conn = sqlite3.connect(db)
+    conn.execute("create table exchanges (id text primary key, amount real)")
+    conn.execute("insert into exchanges values ('01abc', 12.5)")
+    conn.commit()
+    conn.close()
+    _refused(_run(db), "not a tapfix")
+    assert _tables(db) == {"exchanges"}
+    for code, args in _readers(db):
+        _refused(_tapfix(*args), "not a tapfix", code=code)
+
+
+@pytest.mark.e2e
+def test_truth_2_missing_or_empty_file_is_a_new_store(tmp_path: Path, mock) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for db in (empty, tmp_path / "sub" / "missing.db"):
+        proc = start_proxy(tmp_path, mock.url, db=db)
+        try:
+            response = httpx.post(
+                f"{proc.url}{CHAT}", json={"model": "tapfix-mock", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            wait_capture(db, _capture_id(response))
+        finally:
+            proc.stop()
+        assert {"exchanges", "_sqlite_migrations"} <= _tables(db)
+
+
+@pytest.mark.e2e
+def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
+    """A store from before m002 (no `choices` table): readers read it, and `run` migrates it."""
+    db = tmp_path / "older.db"
+    writer = CaptureWriter(db)
+    ex = Exchange(
+        method="POST",
+        path=CHAT,
+        request=b'{"model":"m","messages":[{"role":"user","content":"old"}]}',
+        model="m",
+        status=200,
+        content_type="application/json",
+        response=_json_answer("from an older tapfix"),
+    )
+    writer.submit(ex)
+    writer.close()
+    conn = sqlite3.connect(db)
+    conn.execute("drop table choices")
+    conn.execute("delete from _sqlite_migrations where name != 'm001_initial'")
+    conn.commit()
+    conn.close()
+    listed = cli("captures", "list", "--db", str(db))
+    assert listed.returncode == 0 and ex.id.encode() in listed.stdout, listed.stderr.decode()
+    shown = cli("captures", "show", ex.id, "--db", str(db))
+    assert shown.returncode == 0 and b"from an older tapfix" in shown.stdout, shown.stderr.decode()
+    exported = cli("captures", "export", ex.id, "--db", str(db))
+    assert exported.returncode == 0 and exported.stdout == ex.request, exported.stderr.decode()
+    proc = start_proxy(tmp_path, mock.url, db=db)
+    proc.stop()
+    assert "choices" in _tables(db)
