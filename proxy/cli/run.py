@@ -121,7 +121,20 @@ def run(**kw: Any) -> None:
         raise click.UsageError("give either --upstream (quick mode) or --config, not both")
     if kw["config_path"]:
         _config_defaults(kw)
+    _check_retention(kw)
     sys.exit(run_proxy(make_settings(kw)))
+
+
+def _check_retention(kw: dict[str, Any]) -> None:
+    """An age under a minute, or a size under the empty store's floor, would purge captures as they arrive."""
+    from tapfix.proxy.store.retention import check_max_age, check_max_size
+
+    for key, check in (("max_age", check_max_age), ("max_size", check_max_size)):
+        option = "--" + key.replace("_", "-")
+        try:
+            check(kw.get(key))
+        except ValueError as e:
+            raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
 
 
 def _config_defaults(kw: dict[str, Any]) -> None:

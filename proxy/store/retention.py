@@ -13,15 +13,24 @@ lock serializes it with the writer (the writer checks a delta base still exists 
 
 Deleted rows free pages inside the file (SQLite reuses them), so a size cap bounds the file at
 about `max_bytes`; only `VACUUM` (`tapfix captures purge --vacuum`) gives space back to the disk.
+
+Limits that would delete captures as fast as they arrive are refused where the user gives them
+(`check_max_age`, `check_max_size`): an age under a minute, or a size under what the empty store
+alone uses (its floor: the schema's tables and indexes, measured on a fresh store, not assumed).
+Counts come from SQLite's `changes()`: Python's `rowcount` is -1 for a `WITH … DELETE`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sqlite3
+import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tapfix.retention")
@@ -36,6 +45,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+MIN_AGE_S = 60.0  # a shorter --max-age purges each capture moments after it is written
 
 
 def parse_duration(text: str) -> float:
@@ -54,8 +64,56 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
+def check_max_age(seconds: float | None, name: str = "--max-age") -> None:
+    """Refuse an age under MIN_AGE_S (ValueError naming `name` and the minimum)."""
+    if seconds is not None and seconds < MIN_AGE_S:
+        raise ValueError(
+            f"{name} {seconds:g}s is below the minimum, 1 minute ({MIN_AGE_S:g}s): "
+            "a shorter age purges each capture moments after it is written"
+        )
+
+
+@functools.cache
+def empty_store_bytes(page_size: int = 4096) -> int:
+    """What a store with no capture uses (schema, indexes, migration records): a size cap's floor."""
+    from sqlite_utils import Database
+    from tapfix.proxy.store.schema import migrations
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute(f"pragma page_size = {int(page_size)}")
+        migrations.apply(Database(conn))
+        return used_bytes(conn)
+    finally:
+        conn.close()
+
+
+def store_floor(conn: sqlite3.Connection) -> int:
+    """This store's floor: the empty store at its page size."""
+    return empty_store_bytes(int(conn.execute("pragma page_size").fetchone()[0]))
+
+
+def check_max_size(max_bytes: int | None, floor: int | None = None, name: str = "--max-size") -> None:
+    """Refuse a size cap under the empty store's floor: it would delete every capture and still be over."""
+    floor = empty_store_bytes() if floor is None else floor
+    if max_bytes is not None and max_bytes < floor:
+        raise ValueError(
+            f"{name} {max_bytes} bytes ({human_bytes(max_bytes)}) is below the store's floor: the empty store "
+            f"alone uses {floor} bytes ({human_bytes(floor)}), so every capture would be deleted; "
+            f"give at least {floor} bytes"
+        )
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 @dataclass
 class PurgeReport:
+    dry_run: bool = False  # counted on a snapshot copy: the store itself is unchanged
     exchanges: int = 0
     changes: int = 0
     bodies: int = 0
@@ -71,11 +129,13 @@ class PurgeReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        return (
-            f"purged {self.exchanges} exchange(s), {self.changes} change(s), {self.bodies} body(ies), "
-            f"{self.sessions} session(s); kept {self.kept_bases} delta base(s) still needed; "
+        text = (
+            f"{'would purge' if self.dry_run else 'purged'} {self.exchanges} exchange(s), {self.changes} change(s), "
+            f"{self.bodies} body(ies), {self.sessions} session(s); "
+            f"{'would keep' if self.dry_run else 'kept'} {self.kept_bases} delta base(s) still needed; "
             f"in use {self.bytes_before} → {self.bytes_after} bytes in {self.seconds:.2f}s"
         )
+        return text + ("; dry run: nothing was deleted" if self.dry_run else "")
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
@@ -136,6 +196,36 @@ def purge(
     return report
 
 
+def dry_run(
+    conn: sqlite3.Connection,
+    older_than_s: float | None = None,
+    max_bytes: int | None = None,
+    *,
+    now: float | None = None,
+) -> PurgeReport:
+    """What `purge` would delete, counted by the same code on a snapshot copy: the store is not written.
+
+    The copy (SQLite's backup, a read that never blocks the writer in WAL mode) goes to a private
+    temporary directory next to the store, so it needs as much free disk as the store uses, and it
+    is removed afterwards. Counting on the live store inside a rolled-back transaction would hold
+    the write lock for the whole run, and a capture writer waiting past its busy timeout loses captures.
+    """
+    main = conn.execute("pragma database_list").fetchone()[2]
+    try:
+        snapshot_dir = tempfile.TemporaryDirectory(prefix=".tapfix-dry-run-", dir=Path(main).parent if main else None)
+    except OSError:  # a directory this user can't write to: the system's temporary directory
+        snapshot_dir = tempfile.TemporaryDirectory(prefix="tapfix-dry-run-")
+    with snapshot_dir as tmp:
+        copy = sqlite3.connect(str(Path(tmp) / "snapshot.db"), isolation_level=None)
+        try:
+            conn.backup(copy)
+            report = purge(copy, older_than_s, max_bytes, now=now)
+        finally:
+            copy.close()
+    report.dry_run = True
+    return report
+
+
 def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None:
     """One transaction: these exchanges, their changes, orphaned sessions, then unneeded bodies."""
     _begin(conn)
@@ -147,15 +237,18 @@ def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None
                 f"select distinct session_id from exchanges where id in ({marks}) and session_id is not null", ids
             )
         ]
-        report.changes += conn.execute(f"delete from changes where exchange_id in ({marks})", ids).rowcount
-        report.exchanges += conn.execute(f"delete from exchanges where id in ({marks})", ids).rowcount
+        report.changes += _deleted(conn, f"delete from changes where exchange_id in ({marks})", ids)
+        if conn.execute("select 1 from sqlite_master where type = 'table' and name = 'choices'").fetchone():
+            conn.execute(f"delete from choices where exchange_id in ({marks})", ids)  # their answers' text
+        report.exchanges += _deleted(conn, f"delete from exchanges where id in ({marks})", ids)
         if sessions:
             smarks = ",".join("?" * len(sessions))
-            report.sessions += conn.execute(
+            report.sessions += _deleted(
+                conn,
                 f"delete from sessions where id in ({smarks})"
                 " and not exists (select 1 from exchanges e where e.session_id = sessions.id)",
                 sessions,
-            ).rowcount
+            )
             conn.execute(
                 f"update sessions set exchanges = (select count(*) from exchanges e where e.session_id = sessions.id),"
                 f" first_at = (select min(started_at) from exchanges e where e.session_id = sessions.id)"
@@ -181,12 +274,18 @@ def _collect_in_tx(conn: sqlite3.Connection, report: PurgeReport) -> None:
 
 def _collect(conn: sqlite3.Connection, report: PurgeReport) -> None:
     """Delete bodies neither referenced by an exchange nor (transitively) the base of one that is."""
-    report.bodies += conn.execute(f"{_NEEDED} delete from bodies where id not in (select id from needed)").rowcount
+    report.bodies += _deleted(conn, f"{_NEEDED} delete from bodies where id not in (select id from needed)")
     report.kept_bases = conn.execute(
         f"{_NEEDED} select count(*) from needed where id not in ("
         + " union ".join(f"select {c} from exchanges where {c} is not null" for c in BODY_COLUMNS)
         + ")"
     ).fetchone()[0]
+
+
+def _deleted(conn: sqlite3.Connection, sql: str, args: Sequence[Any] = ()) -> int:
+    """Rows the statement deleted, from `changes()` (`rowcount` is -1 for a statement that starts WITH)."""
+    conn.execute(sql, args)
+    return int(conn.execute("select changes()").fetchone()[0])
 
 
 def _begin(conn: sqlite3.Connection) -> None:
@@ -229,15 +328,16 @@ class Retention:
             return None
         age, size = table.get("max_age"), table.get("max_size")
         every = table.get("check_every", 60)
-        return (
-            cls(
-                max_age_s=parse_duration(str(age)) if age is not None else None,
-                max_bytes=parse_size(str(size)) if size is not None else None,
-                every_s=parse_duration(str(every)),
-            )
-            if age is not None or size is not None
-            else None
+        if age is None and size is None:
+            return None
+        retention = cls(
+            max_age_s=parse_duration(str(age)) if age is not None else None,
+            max_bytes=parse_size(str(size)) if size is not None else None,
+            every_s=parse_duration(str(every)),
         )
+        check_max_age(retention.max_age_s, "max_age")
+        check_max_size(retention.max_bytes, name="max_size")
+        return retention
 
     def due(self, now: float) -> bool:
         return now - self.last_run >= self.every_s

@@ -71,7 +71,10 @@ def test_numeric_options_are_range_checked(args: list[str], option: str) -> None
 
 
 def test_old_purge_spelling_warns_and_still_works(store: Store) -> None:
-    result = _invoke("captures", "purge", "--db", str(store.path), "--older-than", "0s", "--json")
+    with sqlite3.connect(store.path) as conn:  # an hour old: --max-age refuses ages under a minute
+        conn.execute("update exchanges set ts = ts - 3600")
+    conn.close()
+    result = _invoke("captures", "purge", "--db", str(store.path), "--older-than", "1m", "--json")
     assert result.exit_code == 0, result.output
     assert result.stderr.strip() == "tapfix: --older-than is deprecated, use --max-age (same meaning)"
     assert '"exchanges":4' in result.stdout

@@ -167,6 +167,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
 listen = "127.0.0.1:{port}"
 [upstreams.local]
 base_url = "http://127.0.0.1:9/v1"
+engine = "vllm"
 [models.m]
 upstream = "local"
 upstream_model = "m"
@@ -203,6 +204,7 @@ def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None
 listen = "127.0.0.1:{port}"
 [upstreams.local]
 base_url = "http://127.0.0.1:9/v1"
+engine = "vllm"
 [models.m]
 upstream = "local"
 upstream_model = "m"
@@ -237,6 +239,9 @@ def test_truth_9_purge_counts_are_real(filled: Path, tmp_path: Path) -> None:
 
     db2 = _copy(filled, tmp_path / "d.db")
     _age(db2, 7200)
+    before = _counts(db2)
     code, out, err = _purge(db2, "--max-age", "1h")
     assert code == 0, err
-    assert "-1" not in out and f"purged {REQUESTS} exchange(s)" in out, out
+    said = out.split(": ", 1)[1]  # after the store's path
+    assert "-" not in said.split(";")[0] and f"purged {REQUESTS} exchange(s)" in said, out
+    assert f"{before['bodies']} body(ies)" in said, out
