@@ -291,7 +291,10 @@ def _members(body: bytes, start: int) -> tuple[list[_Member], int]:
         if key is None:
             raise SpliceError(f"expected a key at byte {pos}")
         raw = key.group()
-        name = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8")
+        try:
+            name = orjson.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8")
+        except ValueError as e:  # a key that isn't UTF-8 (UnicodeDecodeError, orjson's JSONDecodeError)
+            raise SpliceError(f"key at byte {key.start()} is not valid JSON text ({e})") from e
         pos = _skip_ws(body, key.end())
         if pos >= len(body) or body[pos] != 0x3A:
             raise SpliceError(f"expected ':' at byte {pos}")

@@ -15,6 +15,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,15 @@ class WriterStats:
     lock_retries: int = 0
     last_error: str | None = None
     last_commit: float = field(default_factory=time.time)
+    # Exchanges stored only as metadata and raw bytes (flag `capture_failed`), by the error's type.
+    capture_failed: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self, depth: int) -> dict[str, Any]:
         return {
             "queue_depth": depth,
             "written": self.written,
             "failures": self.failures,
+            "capture_failed": dict(self.capture_failed),
             "lock_retries": self.lock_retries,
             "last_error": self.last_error,
         }
@@ -169,32 +173,110 @@ class CaptureWriter:
             self.retention.maybe_run(self.conn)
 
     def _write_batch(self, batch: list[Exchange]) -> None:
+        """One transaction for the batch; when it fails, one per exchange, so a failure stays with its
+        exchange: the others are stored as usual, and the one that still fails is kept in part."""
         if not batch:
             return
+        error = self._transaction(batch, self._write_one)
+        if error is None:
+            return
+        if _environmental(error):  # not about any exchange's content: one at a time would fail the same way
+            self._lost(batch, error)
+            return
+        if len(batch) > 1:
+            log.warning("capture batch of %d failed (%s); storing them one at a time", len(batch), _describe(error))
+        for ex in batch:
+            self._write_alone(ex, self._transaction([ex], self._write_one) if len(batch) > 1 else error)
+
+    def _write_alone(self, ex: Exchange, failed: Exception | None) -> None:
+        """After `ex` failed (`failed`) in a transaction of its own: keep what can be kept."""
+        if failed is None:
+            return
+        if _environmental(failed) or self._transaction([ex], lambda kept: self._write_kept(kept, failed)) is not None:
+            self._lost([ex], failed)
+            return
+        cause = type(failed).__name__
+        self.stats.capture_failed[cause] = self.stats.capture_failed.get(cause, 0) + 1
+        self.stats.last_error = _describe(failed)
+        log.error("capture %s kept without its assembled answer (capture_failed): %s", ex.id, _describe(failed))
+
+    def _transaction(self, exchanges: list[Exchange], write: Callable[[Exchange], None]) -> Exception | None:
+        """Write `exchanges` in one transaction, retrying a locked database; the error that rolled it back."""
         for attempt in range(LOCK_RETRIES + 1):
             try:
                 self.conn.execute("begin immediate")
-                for exchange in batch:
-                    self._write_one(exchange)
+                for exchange in exchanges:
+                    write(exchange)
                 self.conn.execute("commit")
-                self.stats.written += len(batch)
+                self.stats.written += len(exchanges)
                 self.stats.last_commit = time.time()
-                return
+                return None
             except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
-                self.stats.last_error = f"{type(e).__name__}: {e}"
                 try:
                     self.conn.execute("rollback")
                 except sqlite3.Error:
                     pass
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
-                locked = isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
-                if locked and attempt < LOCK_RETRIES:
+                if _locked(e) and attempt < LOCK_RETRIES:
                     self.stats.lock_retries += 1
-                    log.warning("capture db locked by another process; retrying %d exchange(s)", len(batch))
+                    log.warning("capture db locked by another process; retrying %d exchange(s)", len(exchanges))
                     continue
-                self.stats.failures += len(batch)
-                log.error("capture write failed for %d exchange(s): %s", len(batch), e)
-                return
+                return e
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns
+
+    def _lost(self, exchanges: list[Exchange], error: Exception) -> None:
+        self.stats.failures += len(exchanges)
+        self.stats.last_error = _describe(error)
+        log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
+
+    def _write_kept(self, ex: Exchange, error: Exception) -> None:
+        """What is left of an exchange the writer could not store whole: its metadata, its raw bytes as
+        bodies (no delta, no assembly, no session) and the error, flagged, so it is still listed."""
+        upstream = ex.response_body()
+        client = ex.client_response_body(upstream)
+        bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
+        if ex.store_bodies:
+            bodies["req"] = self.bodies.put(ex.request)
+            if ex.forwarded is not None and ex.forwarded != ex.request:
+                bodies["fwd"] = self.bodies.put(ex.forwarded)
+            bodies["resp"] = self.bodies.put(upstream, level=1)
+            if client != upstream:
+                bodies["client"] = self.bodies.put(client, level=1)
+        reason = f"capture failed, stored without its assembled answer: {_describe(error)}"
+        row = {
+            "id": ex.id,
+            "ts": ex.started_at,
+            "started_at": _iso(ex.started_at),
+            "upstream_first_byte_ms": _ms(ex.response_started_at, ex.mark),
+            "duration_ms": _ms(ex.ended_at, ex.mark),
+            "client_addr": _safe(ex.client_addr),
+            "user_agent": _safe(ex.user_agent),
+            "method": _safe(ex.method),
+            "path": _safe(redact_url(ex.path)),
+            "url": _safe(redact_url(ex.url)),
+            "upstream_url": _safe(redact_url(ex.upstream_url)),
+            "model": _safe(ex.model),
+            "served_model": _safe(ex.served_model),
+            "stream": int(ex.stream),
+            "status": ex.status,
+            "error": _safe(f"{ex.error}; {reason}" if ex.error else reason),
+            "source_id": _safe(ex.source_id),
+            "tags": _json(sorted(_safe(t) for t in ex.tags)),
+            "flags": _json(sorted({_safe(f) for f in ex.flags} | {"capture_failed"})),
+            "request_body_id": bodies["req"],
+            "forwarded_body_id": bodies["fwd"],
+            "response_body_id": bodies["resp"],
+            "client_response_body_id": bodies["client"],
+            "request_size": len(ex.request),
+            "response_size": len(upstream),
+            "request_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.request_headers)]),
+            "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
+            "chunk_count": len(ex.chunk_times),
+        }
+        columns = ", ".join(row)
+        marks = ", ".join("?" * len(row))
+        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
+        self.conn.execute("delete from changes where exchange_id = ?", (ex.id,))
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
@@ -280,6 +362,27 @@ class CaptureWriter:
             ],
         )
         self.sessions.record(self.conn, session_id, ex)
+
+
+def _locked(e: Exception) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
+
+
+def _environmental(e: Exception) -> bool:
+    """The database's trouble (locked, full, read-only, I/O), not the content's."""
+    text = str(e).lower()
+    return isinstance(e, sqlite3.OperationalError) and any(
+        word in text for word in ("locked", "busy", "full", "disk i/o", "readonly", "read-only")
+    )
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _safe(value: str | None) -> str | None:
+    """Text SQLite and JSON take whatever it holds (a lone surrogate becomes `\\udcNN`)."""
+    return None if value is None else str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
