@@ -40,6 +40,7 @@ RULES = [
         {"when": {"model": f"{e}-broken"}, "do": "break_tool_call", "mode": "unclosed", "compress": e}
         for e in ENCODINGS
     ),
+    {"when": {"model": "gzip-reset"}, "do": "reset_mid_stream", "after_chunks": 4, "compress": "gzip"},
     {"when": {"model": "gzip-lie"}, "do": "answer", "compress": "gzip", "compress_lie": True},
     {
         "when": {"model": "gzip-lie-broken"},
@@ -155,7 +156,7 @@ def test_truth_5_compressed_stream_tool_call_repaired(stack, encoding):
     assert json.loads(row["tool_calls"][0]["arguments"]) == ARGS
     assert "empty_answer" not in row["flags"] and "toolcall_repaired" in row["flags"]
     upstream = _export(proxy, capture_id, "--response")
-    assert upstream != raw and b"data:" not in upstream  # the upstream's bytes, still compressed
+    assert upstream != raw and not upstream.startswith(b"data:")  # the upstream's bytes, still compressed
     assert b'"tool_calls"' in decode(upstream, encoding)
     assert _export(proxy, capture_id, "--client-response") == raw
     framing = [c for c in _changes(proxy, capture_id) if c["path"] == "headers.content-encoding"]
@@ -206,6 +207,52 @@ def test_truth_5_undecodable_body_passes_through(stack, stream, model):
     assert "undecodable_body" in row["flags"]
     assert _export(proxy, capture_id, "--response") == raw
     assert row["client_response_body_id"] is None
+
+
+@pytest.mark.e2e
+def test_truth_5_compressed_stream_reset_adds_no_plain_bytes(stack):
+    """The client reads gzip: tapfix's plain retryable error event would corrupt it, so none is added."""
+    _, proxy = stack
+    body = {"model": "gzip-reset", "stream": True, "messages": [{"role": "user", "content": "Count to 5"}]}
+    received = b""
+    with pytest.raises(httpx.RemoteProtocolError):
+        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
+            assert response.headers["content-encoding"] == "gzip"
+            capture_id = response.headers["x-tapfix-capture-id"]
+            for piece in response.iter_raw():
+                received += piece
+    text = zlib.decompressobj(31).decompress(received)
+    assert text.startswith(b"data: {") and b"server_error" not in received
+    row = _row(proxy, capture_id)
+    assert "upstream_reset" in row["flags"] and row["content"]  # assembled from the decoded part
+    assert _export(proxy, capture_id, "--client-response") == received
+
+
+def test_truth_5_stream_that_stops_decoding_midway():
+    """Stages armed, text already sent: the stream ends with a retryable error event, recorded;
+    no stage armed: the bytes pass as they came and the record falls back to them."""
+    from tapfix.proxy.exchange import Exchange
+    from tapfix.proxy.response.decoding import Decoder
+    from tapfix.proxy.response.pipeline import StreamPipeline
+    from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename
+
+    z = zlib.compressobj(wbits=31)
+    good = z.compress(b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n') + z.flush(zlib.Z_SYNC_FLUSH)
+    bad = b"\xff" * 64
+    ex = Exchange(path="/v1/chat/completions")
+    pipeline = StreamPipeline(ex, [ReasoningFieldRename("reasoning", "reasoning_content")], Decoder("gzip"))
+    first = pipeline(good)
+    assert first.startswith(b"data: {") and b'"hi"' in first
+    ended = pipeline(bad)
+    assert b'"server_error"' in ended and b'"undecodable_body"' in ended and ended.endswith(b"data: [DONE]\n\n")
+    assert pipeline(good) == [] and pipeline(b"") == []
+    assert "undecodable_body" in ex.flags and ex.changes[-1].stage == "stream"
+    assert ex.response_chunks == [good, bad, good] and ex.decoded_chunks is None
+
+    ex = Exchange(path="/v1/chat/completions")
+    pipeline = StreamPipeline(ex, [], Decoder("gzip"))
+    assert pipeline(good) == good and pipeline(bad) == bad and pipeline(b"") == []
+    assert "undecodable_body" in ex.flags and ex.decoded_chunks is None and pipeline.passes_encoded
 
 
 def test_truth_5_decoding_stops_at_a_size_limit():
@@ -299,6 +346,11 @@ def test_truth_5_compressed_request_body_quick_mode(tmp_path, upstreams):
         proxy.stop()
 
 
+def _posts(server: RawServer) -> list:
+    """What the server got apart from the start-up check's GET /v1/models."""
+    return [r for r in server.requests if r.head.startswith(b"POST ")]
+
+
 CONFIG = """
 [upstreams.a]
 base_url = "{a}"
@@ -332,7 +384,7 @@ def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
             headers={"content-type": "application/json", "content-encoding": "gzip"},
         )
         assert response.status_code == 200, response.text
-        assert len(a.requests) == 1 and a.requests[-1].body == compressed
+        assert len(_posts(a)) == 1 and a.requests[-1].body == compressed
         assert a.requests[-1].header("content-encoding") == "gzip"
 
         # The served id differs: the renamed body goes out decoded.
@@ -349,7 +401,7 @@ def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
         response = _send_gzip(proxy, bomb)
         assert response.status_code == 413
         assert response.json()["error"]["type"] == "invalid_request_error"
-        assert len(a.requests) == 1 and len(b.requests) == 1
+        assert len(_posts(a)) == 1 and len(_posts(b)) == 1
     finally:
         proxy.stop()
 
