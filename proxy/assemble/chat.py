@@ -2,6 +2,10 @@
 
 Runs in the writer thread, off the event loop. Accumulates tool calls strictly by index, as a
 spec-following client does, so the stored message is what a correct client would have built.
+
+Each `choices[i].index` is its own message (`n > 1`): the result is the lowest index (choice 0),
+and `Assembled.choices` lists every choice when there is more than one. Merging them would store
+"Hello0Hello1…" and one tool call made of several choices' arguments, which no client built.
 """
 
 from __future__ import annotations
@@ -61,18 +65,62 @@ def _apply_choice(result: Assembled, calls: dict[int, dict[str, Any]], choice: d
     return token
 
 
+class _Fold:
+    """One stream or body: choice 0 folds into `result` itself (the common case costs nothing extra),
+    any other index into its own `Assembled`."""
+
+    def __init__(self) -> None:
+        self.result = Assembled()
+        self.states: dict[int, tuple[Assembled, dict[int, dict[str, Any]]]] = {0: (self.result, {})}
+        self.seen: set[int] = set()  # indices that came in a choice (the fast path's content is choice 0's)
+
+    def state(self, choice: dict[str, Any]) -> tuple[Assembled, dict[int, dict[str, Any]]]:
+        index = choice.get("index", 0)
+        if index.__class__ is not int:
+            index = 0
+        state = self.states.get(index)
+        if state is None:
+            state = self.states[index] = (Assembled(index=index), {})
+        self.seen.add(index)
+        return state
+
+    def apply(self, choice: dict[str, Any]) -> bool:
+        message, calls = self.state(choice)
+        return _apply_choice(message, calls, choice)
+
+    def finish(self) -> Assembled:
+        result = self.result
+        for message, calls in self.states.values():
+            message.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
+            message.join_parts()
+        seen = sorted(self.seen | ({0} if _has_any(result) else set()))
+        if seen and seen != [0]:
+            choices = [self.states[i][0] for i in seen]
+            for message in choices:
+                message.done, message.events = result.done, result.events
+            if seen[0] != 0:  # no choice 0 at all: the lowest index stands for the answer
+                for key in ("content", "reasoning", "tool_calls", "finish_reason", "index"):
+                    setattr(result, key, getattr(choices[0], key))
+                choices[0] = result
+            result.choices = choices
+        return result
+
+
+def _has_any(message: Assembled) -> bool:
+    return bool(message.content or message.reasoning or message.tool_calls or message.finish_reason)
+
+
 def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
-    result = Assembled()
-    calls: dict[int, dict[str, Any]] = {}
+    fold = _Fold()
     splitter = SSESplitter()
     for chunk_index, events in enumerate([*(splitter.feed(c) for c in chunks), splitter.flush()]):
         for event in events:
-            _fold_event(result, calls, event, min(chunk_index, len(chunks) - 1))
-    result.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
-    return result.join_parts()
+            _fold_event(fold, event, min(chunk_index, len(chunks) - 1))
+    return fold.finish()
 
 
-def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: bytes, chunk_index: int) -> None:
+def _fold_event(fold: _Fold, event: bytes, chunk_index: int) -> None:
+    result = fold.result
     data = event_data(event)
     if data is None:
         return
@@ -89,11 +137,11 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
         result.malformed_events += 1
         return
     choices = obj.get("choices")
-    # Most events are one choice carrying one content delta: fold those without the general walk
+    # Most events are choice 0 carrying one content delta: fold those without the general walk
     # (this runs in the writer for every chunk of every stream).
     if choices.__class__ is list and len(choices) == 1 and not obj.get("usage") and "error" not in obj:
         choice = choices[0]
-        if choice.__class__ is dict and not choice.get("finish_reason"):
+        if choice.__class__ is dict and not choice.get("finish_reason") and not choice.get("index"):
             delta = choice.get("delta")
             if delta.__class__ is dict and len(delta) == 1:
                 text = delta.get("content")
@@ -107,32 +155,28 @@ def _fold_event(result: Assembled, calls: dict[int, dict[str, Any]], event: byte
         result.error = obj["error"]
     if obj.get("usage"):
         result.usage = obj["usage"]
-    for choice in choices or ():
-        if isinstance(choice, dict) and _apply_choice(result, calls, choice):
+    for choice in choices if choices.__class__ is list else ():
+        if isinstance(choice, dict) and fold.apply(choice):
             if result.first_token_chunk is None:
                 result.first_token_chunk = chunk_index
 
 
 def assemble_chat_json(obj: dict[str, Any]) -> Assembled:
-    result = Assembled()
+    fold = _Fold()
+    result = fold.result
     result.error = obj.get("error")
     result.usage = obj.get("usage")
-    calls: dict[int, dict[str, Any]] = {}
-    for choice in obj.get("choices") or ():
+    choices = obj.get("choices")
+    for position, choice in enumerate(choices if isinstance(choices, list) else ()):
         if not isinstance(choice, dict):
             continue
-        message = choice.get("message") or {}
-        if isinstance(message, dict):
-            for i, call in enumerate(message.get("tool_calls") or ()):
+        choice = choice if "index" in choice else {**choice, "index": position}
+        message, calls = fold.state(choice)
+        sent = choice.get("message") or {}
+        if isinstance(sent, dict):
+            for i, call in enumerate(sent.get("tool_calls") or ()):
                 if isinstance(call, dict):
-                    call = {**call, "index": call.get("index", i)}
-                    _merge_tool_call(calls, call)
-        _apply_choice(
-            result,
-            {},
-            {**choice, "message": {k: v for k, v in message.items() if k != "tool_calls"}}
-            if isinstance(message, dict)
-            else choice,
-        )
-    result.tool_calls = [_joined(calls[i]) for i in sorted(calls)]
-    return result.join_parts()
+                    _merge_tool_call(calls, {**call, "index": call.get("index", i)})
+            choice = {**choice, "message": {k: v for k, v in sent.items() if k != "tool_calls"}}
+        _apply_choice(message, {}, choice)
+    return fold.finish()

@@ -18,6 +18,10 @@ class Assembled:
     malformed_events: int = 0
     first_token_chunk: int | None = None  # index of the input chunk that completed the first token event
     done: bool = False
+    index: int = 0  # the chat `choices[i].index` this message is
+    # Every choice, this one first, when the answer has more than one (`n > 1`); empty otherwise.
+    choices: list[Assembled] = field(default_factory=list, repr=False, compare=False)
+    flags: set[str] = field(default_factory=set)  # this choice's own flags (`response_flags` fills them)
     # Text arrives in thousands of small deltas: collect pieces and join once (`+=` on an attribute
     # copies the whole string every time, which made a 1 MB answer cost seconds of writer CPU).
     _parts: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
@@ -45,3 +49,15 @@ class Assembled:
             "error": self.error,
             "done": self.done,
         }
+
+
+def engine_error(error: Any) -> dict[str, Any] | None:
+    """The error object an engine sent (`{"error": {...}}` in a body or an event), as it sent it.
+
+    Kept whole (llama-server adds `n_prompt_tokens`, `n_ctx`); only a Responses event's
+    `sequence_number` (framing, not error) is dropped. A bare string becomes `{"message": ...}`."""
+    if error is None or error is False or error == "":
+        return None
+    if isinstance(error, dict):
+        return {k: v for k, v in error.items() if k != "sequence_number"} or None
+    return {"message": error if isinstance(error, str) else str(error)}

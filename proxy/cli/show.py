@@ -7,6 +7,7 @@ import sqlite3
 from typing import Any
 
 import orjson
+from tapfix.proxy.store.choices import read_choices
 from tapfix.proxy.store.reader import body_id_of, capture_body
 
 
@@ -45,7 +46,7 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
     if c.get("tags"):
         lines.append(f"  tags: {', '.join(c['tags'])}")
     if c.get("error"):
-        lines.append(f"  error: {c['error']}")
+        lines += _error_lines(c)
     if c.get("source_id"):
         lines.append(f"  replay of: {c['source_id']}")
     lines.append("")
@@ -70,17 +71,61 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         lines.append(f"  tool call {call.get('id') or '-'}: {call.get('name')}({call.get('arguments')})")
     if c.get("usage"):
         lines.append(f"  usage: {orjson.dumps(c['usage']).decode()}")
+    choices = read_choices(conn, c["id"])
+    if choices:
+        lines += [
+            "",
+            f"choices ({len(choices)}; the exchange row and the answer above are choice {choices[0]['index']}):",
+        ]
+        for choice in choices:
+            lines.append(
+                f"  choice {choice['index']}: finish_reason {choice['finish_reason'] or '-'}"
+                f", flags {', '.join(choice['flags']) or '-'}"
+            )
+            if choice.get("reasoning"):
+                lines += ["    reasoning:", _indent(choice["reasoning"], prefix="      ")]
+            lines += ["    content:", _indent(choice.get("content") or "(none)", prefix="      ")]
+            for call in choice["tool_calls"]:
+                lines.append(f"    tool call {call.get('id') or '-'}: {call.get('name')}({call.get('arguments')})")
     return "\n".join(lines)
+
+
+def upstream_error(capture: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's own error object when the `error` column holds one (flag `upstream_error`);
+    otherwise the column is tapfix's or mitmproxy's words about the connection."""
+    text = capture.get("error")
+    if not text or "upstream_error" not in (capture.get("flags") or ()) or text[:1] != "{":
+        return None
+    try:
+        error = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return error if isinstance(error, dict) else None
+
+
+def _error_lines(c: dict[str, Any]) -> list[str]:
+    error = upstream_error(c)
+    if error is None:
+        return [f"  error: {c['error']}"]
+    about = [f"{key} {_plain(error[key])}" for key in ("type", "code") if error.get(key) not in (None, "")]
+    message = error.get("message")
+    lines = [f"  upstream error{' (' + ', '.join(about) + ')' if about else ''}:"]
+    lines.append(_indent(message if isinstance(message, str) else orjson.dumps(error).decode()))
+    return lines
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
 
-def _indent(text: str, limit: int = 4000) -> str:
+def _indent(text: str, limit: int = 4000, prefix: str = "    ") -> str:
     if len(text) > limit:
         text = text[:limit] + "…"
-    return "\n".join("    " + line for line in text.splitlines() or [""])
+    return "\n".join(prefix + line for line in text.splitlines() or [""])
 
 
 BODIES = ("request", "forwarded", "response", "client_response")
@@ -118,6 +163,8 @@ def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
             "usage": c.get("usage"),
         },
         "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
+        "upstream_error": upstream_error(c),
+        "choices": read_choices(conn, c["id"]),
         "bodies": {
             which: body_json(capture_body(conn, c, which)) if body_id_of(c, which) is not None else None
             for which in BODIES

@@ -32,9 +32,22 @@ def response_flags(
     tools: list[Any] | None = None,
     request_body: bytes | None = None,
 ) -> set[str]:
-    flags: set[str] = set()
+    """The answer's flags. With several choices (`n > 1`) each is judged alone, its flags kept in its
+    `Assembled.flags` (the store's `choices` rows), and the answer's flags are their union."""
     if status is None or status >= 400 or assembled.error is not None:
-        return flags
+        return set()
+    if not assembled.choices:
+        assembled.flags = _choice_flags(assembled, stream, tools, request_body)
+        return set(assembled.flags)
+    union: set[str] = set()
+    for choice in assembled.choices:
+        choice.flags = _choice_flags(choice, stream, tools, request_body)
+        union |= choice.flags
+    return union
+
+
+def _choice_flags(assembled: Assembled, stream: bool, tools: list[Any] | None, request_body: bytes | None) -> set[str]:
+    flags: set[str] = set()
     if not assembled.content.strip() and not assembled.tool_calls and not assembled.reasoning.strip():
         flags.add("empty_answer")
     if assembled.finish_reason in ("length", "max_tokens", "max_output_tokens"):  # chat, messages, responses

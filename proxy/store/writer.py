@@ -26,6 +26,8 @@ from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body
+from tapfix.proxy.store.choices import write_choices
+from tapfix.proxy.store.engine_error import upstream_error
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.schema import migrations
@@ -295,6 +297,9 @@ class CaptureWriter:
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.request)
+        error = upstream_error(ex, assembled, client, upstream)  # the engine's own error object, as JSON
+        if error is not None:
+            flags.add("upstream_error")
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
         if ex.store_bodies:
             bodies["req"] = self.bodies.put(ex.request, session_id)
@@ -322,7 +327,7 @@ class CaptureWriter:
             "served_model": ex.served_model,
             "stream": int(ex.stream),
             "status": ex.status,
-            "error": ex.error,
+            "error": error or ex.error,
             "session_id": session_id,
             "source_id": ex.source_id,
             "tags": _json(sorted(ex.tags)),
@@ -361,6 +366,7 @@ class CaptureWriter:
                 for i, c in enumerate(ex.changes)
             ],
         )
+        write_choices(self.conn, ex.id, assembled, ex.store_bodies)
         self.sessions.record(self.conn, session_id, ex)
 
 

@@ -26,7 +26,7 @@ from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item, Writer
-from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, plan_choice
+from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -273,11 +273,9 @@ class ChatToolCallRepair:
         last = next(c for c in self._choices.values() if c.acc.calls).acc.calls[-1]
         message = _error_message(obj)
         self._note_upstream_error(message, "replaced by tapfix's error event")
-        fatal = Fatal(
-            last.name or "?",
-            "the upstream stream broke off before the call was complete",
-            "missing_last_chunk",
-        )
+        parse_error = _PARSE_ERROR.search(message)  # llama-server's: what follows is the model's raw text
+        quoted = message[: parse_error.end()].rstrip(": ") if parse_error else message
+        fatal = Fatal(last.name or "?", cut_by_upstream_error(quoted), "missing_last_chunk")
         return self._fatal(fatal, upstream=event)
 
     def _recover(self, obj: dict[str, Any]) -> list[bytes] | None:

@@ -35,7 +35,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     parse,
     repair_change,
 )
-from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.plan import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
@@ -72,15 +72,11 @@ class MessagesToolCallRepair(HoldingStage):
             call.closed = True
         elif kind == "error":
             error = obj.get("error")
-            self.note_upstream_error(str(error.get("message") if isinstance(error, dict) else error))
+            message = str(error.get("message") if isinstance(error, dict) else error)
+            self.note_upstream_error(message)
             first = next(iter(self.calls.values()))
             return self.fatal(
-                Fatal(
-                    first.name or "?",
-                    "the upstream stream broke off before the call was complete",
-                    "missing_last_chunk",
-                ),
-                upstream=event,
+                Fatal(first.name or "?", cut_by_upstream_error(message), "missing_last_chunk"), upstream=event
             )
         elif kind in ("message_delta", "message_stop"):
             # The message ended with a block still open: judge it on what arrived.

@@ -38,6 +38,20 @@ class Fatal:
     kind: str
 
 
+QUOTE_LIMIT = 200  # of the engine's message, in the error an agent reads (the store keeps all of it)
+
+
+def cut_by_upstream_error(message: str) -> str:
+    """The reason of a call an engine's error event cut short: the engine's words, quoted, so the
+    agent (and its user) read what really happened, not a guess at a broken connection."""
+    message = " ".join(message.split())
+    if len(message) > QUOTE_LIMIT:
+        message = message[:QUOTE_LIMIT] + "…"
+    if not message:
+        return "the upstream ended the stream with an error before the call was complete"
+    return f"the upstream ended the stream with an error before the call was complete: {message}"
+
+
 @dataclass(slots=True)
 class ChoicePlan:
     calls: list[OutCall] = field(default_factory=list)

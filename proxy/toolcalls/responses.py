@@ -36,7 +36,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     parse,
     repair_change,
 )
-from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.plan import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _TERMINAL = (b"response.completed", b"response.incomplete")
@@ -103,10 +103,7 @@ class ResponsesToolCallRepair(HoldingStage):
             self.note_upstream_error(message)
             call = next(iter(self.calls.values()))
             return self.fatal(
-                Fatal(
-                    call.name or "?", "the upstream stream broke off before the call was complete", "missing_last_chunk"
-                ),
-                upstream=event,
+                Fatal(call.name or "?", cut_by_upstream_error(message), "missing_last_chunk"), upstream=event
             )
         elif kind in ("response.completed", "response.incomplete"):
             for c in self.calls.values():

@@ -14,11 +14,13 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
@@ -190,6 +192,10 @@ def _sse_errors(body: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _schema() -> Draft202012Validator:
+    return Draft202012Validator(json.loads((files("tapfix.schemas") / "capture.schema.json").read_text()))
+
+
 def _assert_upstream_error(proxy: Proc, capture_id: str, engine: dict[str, Any], model: str) -> None:
     row = wait_capture(_db(proxy), capture_id)
     stored = json.loads(row["error"] or "null")
@@ -197,6 +203,9 @@ def _assert_upstream_error(proxy: Proc, capture_id: str, engine: dict[str, Any],
     assert "upstream_error" in json.loads(row["flags"])
     assert capture_id in _listed(proxy, "--flag", "upstream_error")
     assert engine["message"] in _show(proxy, capture_id)  # verbatim, not JSON-escaped
+    shown = json.loads(_show(proxy, capture_id, "--json"))
+    _schema().validate(shown)
+    assert shown["upstream_error"] == engine
     assert capture_id in _browse_ids(_db(proxy), "status=error")
     assert _stats_errors(_db(proxy), model) >= 1
 
@@ -295,6 +304,7 @@ def test_truth_4_n_stream_per_choice(stack: tuple[Proc, Proc]) -> None:
     assert [c["flags"] for c in choices] == [[], [], ["empty_answer"], []]  # per choice
     assert "invalid_tool_call" not in json.loads(row["flags"])
     shown = json.loads(_show(proxy, capture_id, "--json"))
+    _schema().validate(shown)
     assert [c["content"] for c in shown["choices"]] == ["Hello0", "Hello1 there", "", ""]
     assert shown["choices"][2]["flags"] == ["empty_answer"]
     text = _show(proxy, capture_id)

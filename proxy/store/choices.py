@@ -1,0 +1,66 @@
+"""The `choices` table: one row per `choices[i].index` of an answer with more than one (`n > 1`).
+
+The exchange row (and `exchange_view`) holds choice 0; an answer with one choice has no rows here
+(the exchange row is that choice), so the common case stores nothing twice. Each row's flags are
+that choice's own (`empty_answer` for choice 2 alone); the exchange's flags are their union.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+from tapfix.proxy.assemble import Assembled
+
+_INSERT = (
+    'insert into choices (exchange_id, "index", content, reasoning, tool_calls, finish_reason, flags)'
+    " values (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def write_choices(conn: sqlite3.Connection, exchange_id: str, assembled: Assembled, store_bodies: bool) -> None:
+    """In the writer's transaction, after the exchange row; a rewritten exchange (a replay stored
+    again under its id) replaces its rows."""
+    if not assembled.choices:
+        return
+    conn.execute("delete from choices where exchange_id = ?", (exchange_id,))
+    conn.executemany(
+        _INSERT,
+        [
+            (
+                exchange_id,
+                c.index,
+                c.content if store_bodies else None,
+                c.reasoning if store_bodies else None,
+                orjson.dumps(c.tool_calls).decode() if store_bodies else None,
+                c.finish_reason,
+                orjson.dumps(sorted(c.flags)).decode(),
+            )
+            for c in assembled.choices
+        ],
+    )
+
+
+def read_choices(conn: sqlite3.Connection, exchange_id: str) -> list[dict[str, Any]]:
+    """Every choice of an `n > 1` answer, by index; [] for a one-choice answer, or a store from before
+    the table existed."""
+    try:
+        rows = conn.execute(
+            'select "index", content, reasoning, tool_calls, finish_reason, flags from choices'
+            ' where exchange_id = ? order by "index"',
+            (exchange_id,),
+        ).fetchall()
+    except sqlite3.OperationalError:  # no such table: an older store, read as it is
+        return []
+    return [
+        {
+            "index": r[0],
+            "content": r[1],
+            "reasoning": r[2],
+            "tool_calls": orjson.loads(r[3]) if r[3] else [],
+            "finish_reason": r[4],
+            "flags": orjson.loads(r[5]) if r[5] else [],
+        }
+        for r in rows
+    ]

@@ -1,0 +1,51 @@
+"""The engine's own error, for the `error` column: from an HTTP error body or an in-stream error event.
+
+Read from the upstream's bytes, never from what the client received: when tapfix replaces a broken
+stream's end with its own retryable error event, the store still says what the engine reported.
+Only an answer that really came from the upstream counts (tapfix's local answers — an unknown
+model, an unreachable upstream — have no upstream first byte).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble.result import engine_error
+from tapfix.proxy.exchange import Exchange
+
+log = logging.getLogger("tapfix.store")
+TEXT_LIMIT = 4000  # an error page's text kept as the message (`captures export --response` has all of it)
+
+
+def upstream_error(ex: Exchange, assembled: Assembled, client: bytes, upstream: bytes) -> str | None:
+    """JSON text of the engine's error object, or None. `assembled` is what the client received."""
+    if ex.response_started_at is None or ex.status is None:
+        return None
+    try:
+        if client is not upstream and client != upstream:
+            path = ex.path.split("?", 1)[0]
+            streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
+            assembled = (
+                assemble_sse(ex.response_chunks, path) if streamed else assemble(upstream, ex.content_type, path)
+            )
+        error = engine_error(assembled.error)
+        if error is None and ex.status >= 400:
+            error = _error_page(ex, upstream)
+        return None if error is None else orjson.dumps(error).decode()
+    except Exception as e:  # noqa: BLE001 - a capture is never lost to its error's shape
+        log.warning("reading the upstream's error failed: %s: %s", type(e).__name__, e)
+        return None
+
+
+def _error_page(ex: Exchange, body: bytes) -> dict[str, str] | None:
+    """An error status whose body has no error object (an HTML page, FastAPI's `{"detail": ...}`):
+    the body's text is the message."""
+    encoded = any(
+        k.lower() == "content-encoding" and v.strip().lower() not in ("", "identity") for k, v in ex.response_headers
+    )
+    text = body.decode("utf-8", errors="replace").strip() if body and not encoded else ""
+    if not text:
+        return None
+    return {"message": text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "…"}
