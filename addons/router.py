@@ -69,6 +69,8 @@ class Router:
             ex.note_request_json(outcome.parsed)
         ex.changes.extend(outcome.changes)
         ex.flags.update(outcome.flags)
+        if flow.request.method in ("GET", "HEAD") and not flow.request.raw_content:
+            ex.flags.discard("empty_request_body")  # no body by design: nothing to flag
         ex.served_model = outcome.served_model
         if not outcome.store_bodies:
             ex.store_bodies = False  # [models.X] store_bodies = false: metadata only

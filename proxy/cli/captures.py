@@ -65,7 +65,22 @@ def captures_list(
         return
     from tapfix.proxy.cli.render import captures_table
 
-    click.echo(captures_table(rows))
+    click.echo(captures_table(rows, _empty_list(conn, flag, tag, session) if not rows else ""))
+
+
+def _empty_list(conn: sqlite3.Connection, flag: str | None, tag: str | None, session: str | None) -> str:
+    """What an empty list means: an empty store, or filters no capture matches (and what would)."""
+    from tapfix.proxy.store.reader import known_flags
+
+    if conn.execute("select 1 from exchanges limit 1").fetchone() is None:
+        return "no captures yet"
+    asked = ", ".join(f"--{k} {v}" for k, v in (("flag", flag), ("tag", tag), ("session", session)) if v)
+    message = f"no capture matches {asked}"
+    if flag:
+        with reported(sqlite3.Error):
+            flags = known_flags(conn)
+        message += f"; flags in this store: {', '.join(flags)}" if flags else "; no capture in this store has a flag"
+    return message
 
 
 @captures.command("show")

@@ -47,6 +47,14 @@ def list_captures(
     return [_decode(dict(row)) for row in conn.execute(sql, args)]
 
 
+def known_flags(conn: sqlite3.Connection) -> list[str]:
+    """Every flag some capture in the store carries (what `captures list --flag` can match)."""
+    rows = conn.execute(
+        "select distinct j.value from exchanges, json_each(exchanges.flags) j where exchanges.flags != '[]'"
+    )
+    return sorted(str(r[0]) for r in rows)
+
+
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
     for key in ("flags", "tags", "request_headers", "forwarded_headers", "response_headers", "tool_calls", "usage"):
         if key in row and isinstance(row[key], str):
