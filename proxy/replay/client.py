@@ -29,7 +29,7 @@ from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.ids import new_capture_id
-from tapfix.proxy.jsonsplice import Delete, Edit, Set, SpliceError, splice
+from tapfix.proxy.jsonsplice import Delete, Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
@@ -109,6 +109,34 @@ def parse_edits(sets: Sequence[str], unsets: Sequence[str]) -> list[Edit]:
     return edits
 
 
+def check_edits(obj: dict[str, Any], edits: Sequence[Edit]) -> None:
+    """Refuse an edit whose dotted path crosses an array or a scalar (a null counts as missing).
+
+    The splice would otherwise replace that value with an object: `--set messages.0.content=hi`
+    turned the conversation into `{"0": …}`. Edits are checked in order, each against the body as the
+    earlier ones leave it, so `--set a=1 --set a.b=2` is refused too.
+    """
+    for edit in edits:
+        option = "--set" if isinstance(edit, Set) else "--unset"
+        node: Any = obj
+        for depth, key in enumerate(edit.path[:-1], start=1):
+            node = node.get(key)
+            if node is None:
+                break  # missing: --set creates the objects, --unset has nothing to remove
+            if not isinstance(node, dict):
+                walked = ".".join(edit.path[:depth])
+                raise ReplayError(
+                    f"{option} {'.'.join(edit.path)}: '{walked}' is {_json_type(node)}, not an object; "
+                    f"{option} only walks into objects (arrays are not entered): nothing was sent"
+                )
+        obj = apply_to_dict(obj, [edit])
+
+
+def _json_type(value: Any) -> str:
+    kinds = {list: "an array", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
 def _path(key: str, option: str) -> tuple[str, ...]:
     parts = tuple(key.strip().split("."))
     if not all(parts):
@@ -145,6 +173,7 @@ def build_request(
     capture = load_capture(conn, capture_id)
     body = capture_body(conn, capture, which)
     if edits:
+        check_edits(_json_object(body), edits)
         try:
             body = splice(body, edits)
         except SpliceError as e:
