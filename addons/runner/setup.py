@@ -42,8 +42,8 @@ def build_policy(settings: Settings) -> tuple[Any, dict[str, UpstreamTarget]]:
     except ConfigError as e:
         raise StartupError(str(e)) from e
     targets = {name: UpstreamTarget.parse(u.base_url, name) for name, u in config.upstreams.items()}
-    if not config.is_quick or settings.upstream_key_env:
-        _preflight(config, settings)
+    if not config.is_quick or settings.upstream_key_env or settings.strict:
+        _preflight(config, settings)  # quick mode: --strict checks the upstream as config mode does
     if any(u.insecure for u in config.upstreams.values()):
         settings.insecure = True
     for upstream in config.upstreams.values():
