@@ -42,10 +42,17 @@ def sidecar_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + ".fts.sqlite")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def to_match(query: str) -> str:
-    """User words → a safe FTS5 query: every word or "quoted phrase" must appear; `word*` is a prefix."""
+    """User words → a safe FTS5 query: every word or "quoted phrase" must appear; `word*` is a prefix.
+
+    Control characters separate words like a space: FTS5 rejects a NUL even inside a quoted term,
+    and the tokenizer never indexes control characters anyway.
+    """
     terms = []
-    for phrase, word in re.findall(r'"([^"]*)"|(\S+)', query):
+    for phrase, word in re.findall(r'"([^"]*)"|(\S+)', _CONTROL.sub(" ", query)):
         text = (phrase or word).replace('"', "")
         prefix = bool(word) and text.endswith("*")
         text = text.rstrip("*")
