@@ -1,9 +1,40 @@
-"""Header names that describe one connection's framing, not the message (RFC 9110 §7.6.1 and kin).
+"""HTTP heads as the proxy sees them: which headers frame one connection, and how a head's raw bytes
+are kept as text.
 
-Resending, exporting or replaying a captured message must drop them: the new connection frames
-the bytes itself.
+Header names that describe one connection's framing, not the message (RFC 9110 §7.6.1 and kin):
+resending, exporting or replaying a captured message must drop them, the new connection frames the
+bytes itself.
+
+mitmproxy hands header values and paths as `str`, with each byte that isn't UTF-8 as a lone
+surrogate (Python's `surrogateescape`), which neither SQLite nor JSON accept. The store keeps them as
+text with `\\xNN` for each such byte and `\\\\` for a literal backslash (everything else as is), so
+valid UTF-8 reads as itself and `head_bytes` gives back the exact bytes.
 """
+
+from __future__ import annotations
+
+import re
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 )
+_ESCAPE = re.compile(rb"\\(\\|x[0-9a-fA-F]{2})")
+
+
+def head_text(value: str) -> str:
+    """A header value, name or path from mitmproxy as storable text (see the module docstring)."""
+    if value.isascii() and "\\" not in value:
+        return value
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte stands for: keep its UTF-8-like bytes, escaped
+        raw = value.encode("utf-8", "surrogatepass")
+    return raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+
+
+def head_bytes(text: str) -> bytes:
+    """The exact bytes behind `head_text`'s text."""
+    raw = text.encode("utf-8", "surrogateescape")
+    if b"\\" not in raw:
+        return raw
+    return _ESCAPE.sub(lambda m: b"\\" if m.group(1) == b"\\" else bytes([int(m.group(1)[1:], 16)]), raw)

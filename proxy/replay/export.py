@@ -3,7 +3,10 @@
 A repro is worth something only if it sends exactly the bytes that went wrong, so the body is
 never re-serialized: curl reads it from a quoted heredoc cut to its exact length with `head -c`
 (or base64-decoded, when the bytes are not plain UTF-8 text), and the Python script embeds it as
-base64. Secrets never leave: stored headers were redacted before storage, the export also drops
+base64. The head too: the stored path and header values (text, `\\xNN` for bytes that aren't
+UTF-8) become their original bytes again; curl gets them `$'…'`-quoted, an odd path as
+`--request-target`, and the Python script writes the head itself (an HTTP client library would
+refuse or re-encode such bytes). Secrets never leave: stored headers were redacted before storage, the export also drops
 every credential-like header, and a key is only ever read from the environment when the repro runs
 (`TAPFIX_API_KEY`), never written into it. `TAPFIX_UPSTREAM` points a repro at another server.
 """
@@ -22,10 +25,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
-from tapfix.proxy.http_headers import HOP_BY_HOP
+from tapfix.proxy.http_headers import HOP_BY_HOP, head_bytes
 from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
 from tapfix.proxy.store.reader import capture_body
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
@@ -34,6 +36,8 @@ from tapfix.proxy.store.writer import StoreError, unpack_timing
 _SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)
 _PLAIN = re.compile(rb"[\t\n\x20-\x7e\x80-\xff]*")
+_ORIGIN = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*)(.*)", re.S)
+_URL_PATH = re.compile(rb"[A-Za-z0-9/._~!$&'()*+,;=:@%?-]*")  # a path curl takes in a URL as it is
 REQUEST_BODIES = ("request", "forwarded")
 
 
@@ -63,12 +67,13 @@ def export_capture(
 
 
 def target(capture: dict[str, Any]) -> tuple[str, str]:
-    """(origin, path with query) the request went to upstream."""
+    """(origin, path with query, as stored text) the request went to upstream. Not `urlsplit`: it drops
+    a `#…` and strips control bytes, and the path must come back byte for byte."""
     url = capture.get("upstream_url") or capture.get("url") or ""
-    parts = urlsplit(url)
-    origin = f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else "http://127.0.0.1:8000"
-    path = (parts.path or capture.get("path") or "/") + (f"?{parts.query}" if parts.query else "")
-    return origin, path
+    match = _ORIGIN.fullmatch(url)
+    if match is None:
+        return "http://127.0.0.1:8000", capture.get("path") or "/"
+    return match.group(1), match.group(2) or capture.get("path") or "/"
 
 
 def safe_headers(headers: Any) -> list[tuple[str, str]]:
@@ -85,9 +90,22 @@ def safe_headers(headers: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _request_headers(capture: dict[str, Any], which: str) -> list[tuple[str, str]]:
+def _request_headers(capture: dict[str, Any], which: str) -> list[tuple[bytes, bytes]]:
     stored = capture.get("forwarded_headers") if which == "forwarded" else None
-    return safe_headers(stored or capture.get("request_headers"))
+    return [(head_bytes(k), head_bytes(v)) for k, v in safe_headers(stored or capture.get("request_headers"))]
+
+
+def _shell_bytes(data: bytes) -> str:
+    """One shell word that is exactly `data` (no NUL): plain quoting when printable, else bash's `$'…'`."""
+    if all(0x20 <= b < 0x7F for b in data):
+        return shlex.quote(data.decode())
+    out = "".join("\\" + chr(b) if b in (0x27, 0x5C) else chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}" for b in data)
+    return f"$'{out}'"
+
+
+def _comment(text: str) -> str:
+    """Safe inside a shell comment and a Python docstring."""
+    return "".join(c if c.isascii() and c.isprintable() and c not in '\\"' else "?" for c in text)
 
 
 def curl_script(capture: dict[str, Any], body: bytes, which: str = "forwarded") -> str:
@@ -95,13 +113,18 @@ def curl_script(capture: dict[str, Any], body: bytes, which: str = "forwarded") 
     method = capture.get("method") or "POST"
     lines = [
         "#!/usr/bin/env bash",
-        f"# tapfix repro of capture {capture['id']}: {method} {origin}{path}",
+        f"# tapfix repro of capture {capture['id']}: {_comment(f'{method} {origin}{path}')}",
         f"# {len(body)} body bytes ({_which_text(which)}), sent byte for byte.",
         "# TAPFIX_UPSTREAM=http://host:port sends it elsewhere;",
         "# TAPFIX_API_KEY, if set, is sent as a Bearer key.",
     ]
-    args = [f'curl -sS -N -X {shlex.quote(method)} "${{TAPFIX_UPSTREAM:-{origin}}}"{shlex.quote(path)}']
-    args += [f"-H {shlex.quote(f'{k}: {v}')}" for k, v in _request_headers(capture, which)]
+    raw_path = head_bytes(path)
+    if _URL_PATH.fullmatch(raw_path):
+        url = f'"${{TAPFIX_UPSTREAM:-{origin}}}"{shlex.quote(path)}'
+    else:  # bytes curl's URL parser would refuse, glob or re-encode: the request line gets them as they are
+        url = f'"${{TAPFIX_UPSTREAM:-{origin}}}" --request-target {_shell_bytes(raw_path)}'
+    args = [f"curl -sS -N -X {shlex.quote(method)} {url}"]
+    args += [f"-H {_shell_bytes(k + b': ' + v)}" for k, v in _request_headers(capture, which)]
     args.append('${TAPFIX_API_KEY:+-H "Authorization: Bearer $TAPFIX_API_KEY"}')
     if not body:
         return "\n".join(lines + [" \\\n  ".join(args), ""])
@@ -139,21 +162,24 @@ def python_script(capture: dict[str, Any], body: bytes, which: str = "forwarded"
     method = capture.get("method") or "POST"
     headers = _request_headers(capture, which)
     return f'''#!/usr/bin/env python3
-"""tapfix repro of capture {capture["id"]}: {method} {origin}{path}
+"""tapfix repro of capture {capture["id"]}: {_comment(f"{method} {origin}{path}")}
 
-Sends the {len(body)} body bytes ({_which_text(which)}), byte for byte,
-and writes the raw response to stdout (the status to stderr). Needs only httpx.
+Sends the {len(body)} body bytes ({_which_text(which)}), byte for byte, with the
+request line and headers as they were, and writes the response body to stdout (the status to
+stderr). Standard library only: it writes the head itself, so no byte is refused or re-encoded.
 TAPFIX_UPSTREAM=http://host:port sends it elsewhere; TAPFIX_API_KEY, if set, is sent as a Bearer key.
 """
 
 import base64
+import http.client
 import os
+import socket
+import ssl
 import sys
+from urllib.parse import urlsplit
 
-import httpx
-
-METHOD = {method!r}
-URL = os.environ.get("TAPFIX_UPSTREAM", {origin!r}).rstrip("/") + {path!r}
+METHOD = {method.encode()!r}
+TARGET = {head_bytes(path)!r}
 HEADERS = {headers!r}
 BODY = base64.b64decode("""
 {_wrapped_b64(body)}
@@ -161,17 +187,30 @@ BODY = base64.b64decode("""
 
 
 def main() -> int:
-    headers = list(HEADERS)
+    upstream = urlsplit(os.environ.get("TAPFIX_UPSTREAM", {origin!r}))
+    tls = upstream.scheme == "https"
+    host = upstream.hostname or "127.0.0.1"
+    headers = [(b"Host", upstream.netloc.encode()), *HEADERS]
     key = os.environ.get("TAPFIX_API_KEY")
     if key:
-        headers.append(("authorization", f"Bearer {{key}}"))
-    timeout = httpx.Timeout(10.0, read=600.0)
-    with httpx.stream(METHOD, URL, content=BODY or None, headers=headers, timeout=timeout) as response:
-        print(f"HTTP {{response.status_code}}", file=sys.stderr)
-        for chunk in response.iter_raw():
+        headers.append((b"authorization", b"Bearer " + key.encode()))
+    if BODY or METHOD in (b"POST", b"PUT", b"PATCH"):
+        headers.append((b"content-length", str(len(BODY)).encode()))
+    headers.append((b"connection", b"close"))
+    line = METHOD + b" " + upstream.path.rstrip("/").encode() + TARGET + b" HTTP/1.1\\r\\n"
+    head = line + b"".join(k + b": " + v + b"\\r\\n" for k, v in headers) + b"\\r\\n"
+    sock = socket.create_connection((host, upstream.port or (443 if tls else 80)), timeout=600)
+    if tls:
+        sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+    with sock:
+        sock.sendall(head + BODY)
+        response = http.client.HTTPResponse(sock, method=METHOD.decode())
+        response.begin()
+        print(f"HTTP {{response.status}}", file=sys.stderr)
+        while chunk := response.read1(65536):
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
-    return 0 if response.status_code < 400 else 1
+    return 0 if response.status < 400 else 1
 
 
 if __name__ == "__main__":

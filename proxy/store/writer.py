@@ -8,6 +8,7 @@ which only enqueues. The writer thread assembles, redacts and stores them, commi
 from __future__ import annotations
 
 import array
+import dataclasses
 import datetime
 import logging
 import os
@@ -24,6 +25,7 @@ import orjson
 from sqlite_utils import Database
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.http_headers import head_text
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body
 from tapfix.proxy.store.choices import write_choices
@@ -179,6 +181,7 @@ class CaptureWriter:
         exchange: the others are stored as usual, and the one that still fails is kept in part."""
         if not batch:
             return
+        batch = [_as_text(ex) for ex in batch]
         error = self._transaction(batch, self._write_one)
         if error is None:
             return
@@ -293,7 +296,8 @@ class CaptureWriter:
             )
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
-        session_id = self.sessions.assign(ex)
+        link = self.sessions.assign(self.conn, ex, assembled, client)
+        session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.request)
@@ -329,6 +333,8 @@ class CaptureWriter:
             "status": ex.status,
             "error": error or ex.error,
             "session_id": session_id,
+            "chain_hash": link.chain_hash,
+            "response_id": link.response_id,
             "source_id": ex.source_id,
             "tags": _json(sorted(ex.tags)),
             "flags": _json(sorted(flags)),
@@ -367,7 +373,7 @@ class CaptureWriter:
             ],
         )
         write_choices(self.conn, ex.id, assembled, ex.store_bodies)
-        self.sessions.record(self.conn, session_id, ex)
+        self.sessions.record(self.conn, link, ex)
 
 
 def _locked(e: Exception) -> bool:
@@ -389,6 +395,41 @@ def _describe(e: Exception) -> str:
 def _safe(value: str | None) -> str | None:
     """Text SQLite and JSON take whatever it holds (a lone surrogate becomes `\\udcNN`)."""
     return None if value is None else str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _as_text(ex: Exchange) -> Exchange:
+    """A copy whose head (method, path, URLs, header names and values) is storable text: mitmproxy's
+    surrogate-escaped bytes as `\\xNN`, a backslash as `\\\\` (`http_headers.head_text`). Copied, not
+    changed in place: the event loop may still hold the exchange."""
+    return dataclasses.replace(
+        ex,
+        client_addr=head_text(ex.client_addr),
+        method=head_text(ex.method),
+        path=head_text(ex.path),
+        url=head_text(ex.url),
+        upstream_url=head_text(ex.upstream_url),
+        user_agent=head_text(ex.user_agent),
+        request_headers=_text_fields(ex.request_headers),
+        forwarded_headers=None if ex.forwarded_headers is None else _text_fields(ex.forwarded_headers),
+        response_headers=_text_fields(ex.response_headers),
+        error=_valid_text(ex.error),
+        session_hint=_valid_text(ex.session_hint),
+    )
+
+
+def _text_fields(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(head_text(k), head_text(v)) for k, v in fields]
+
+
+def _valid_text(value: str | None) -> str | None:
+    """Text that is already valid stays as is (an error may quote JSON, backslashes included)."""
+    if value is None or value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return head_text(value)
+    return value
 
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
