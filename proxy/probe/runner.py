@@ -152,6 +152,7 @@ async def run_config_probe(
         targets = list(config.models.values())
     report = ProbeReport(target=config.source or "config", model=model)
     upstream_names = list(dict.fromkeys(m.upstream for m in targets))
+    report.results += config_problems(config, upstream_names, env)
     clients = {
         name: ProbeClient(
             config.upstreams[name].base_url,
@@ -215,6 +216,20 @@ async def run_config_probe(
         for client in clients.values():
             await client.close()
     return report
+
+
+def config_problems(config: Config, upstreams: list[str], env: Mapping[str, str]) -> list[CheckResult]:
+    """What `tapfix check` finds wrong with the probed upstreams' settings (an unset key variable,
+    an unreadable CA file), as failed `config` rows worded as `check` words them: a server that takes
+    any key would otherwise pass every check while `tapfix run` sends no credential."""
+    from tapfix.proxy.request.routing import preflight_static
+
+    wanted = {f"upstreams.{name}" for name in upstreams}
+    return [
+        CheckResult("config", "fail", 0, str(p), model="*")
+        for p in preflight_static(config, env)
+        if p.severity == "error" and p.where.rpartition(".")[0] in wanted
+    ]
 
 
 async def run_check(name: str, ctx: Ctx, timeout: float) -> CheckResult:
