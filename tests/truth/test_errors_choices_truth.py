@@ -24,7 +24,7 @@ from jsonschema import Draft202012Validator
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
-from tests.support.builders import tool
+from tests.support.builders import chat_chunk, message_tool_call, tool, tool_call_delta
 from tests.support.procs import Proc, cli, start_mock, start_proxy, wait_capture
 
 pytestmark = pytest.mark.e2e
@@ -40,50 +40,39 @@ CONTEXT_ERROR = {
     }
 }
 GPU_MESSAGE = 'CUDA error: out of memory (slot 0, "n_past" = 1337)'
-ENVELOPE = {"id": "chatcmpl-n", "object": "chat.completion.chunk", "created": 1767000000, "model": "m"}
+OPEN = {"role": "assistant", "content": ""}
 
 
-def _chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {**ENVELOPE, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-
-
-def _call(call_id: str, name: str | None = None, arguments: str = "") -> dict[str, Any]:
-    call: dict[str, Any] = {"index": 0, "function": {"arguments": arguments}}
-    if name is not None:
-        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name, "arguments": arguments}}
-    return {"tool_calls": [call]}
+def _call_piece(call_id: str, name: str | None = None, arguments: str = "") -> dict[str, Any]:
+    """A `delta` whose one tool-call entry is call index 0 of its choice (the opener names it)."""
+    return {"tool_calls": [tool_call_delta(0, call_id if name else None, name, arguments)]}
 
 
 # A tool call cut short by llama-server's error event (the stream then closes without [DONE]).
 CUT_CALL = [
-    _chunk(0, {"role": "assistant", "content": ""}),
-    _chunk(0, _call("call-a", "write")),
-    _chunk(0, _call("call-a", arguments='{"filePath": "no')),
+    chat_chunk(OPEN, index=0),
+    chat_chunk(_call_piece("call-a", "write"), index=0),
+    chat_chunk(_call_piece("call-a", arguments='{"filePath": "no'), index=0),
     {"error": {"code": 500, "message": GPU_MESSAGE, "type": "server_error"}},
 ]
 # Four choices, interleaved as vLLM sends them: 0 and 3 call the tool (each its call index 0),
 # 1 answers in text, 2 is empty.
 N_STREAM = [
-    *(_chunk(i, {"role": "assistant", "content": ""}) for i in range(4)),
-    _chunk(0, {"content": "Hello0"}),
-    _chunk(1, {"content": "Hello1"}),
-    _chunk(0, _call("call-0", "write")),
-    _chunk(3, _call("call-3", "write")),
-    _chunk(0, _call("call-0", arguments='{"filePath": "a.txt", ')),
-    _chunk(3, _call("call-3", arguments='{"filePath": "b.txt", ')),
-    _chunk(1, {"content": " there"}),
-    _chunk(3, _call("call-3", arguments='"content": "B"}')),
-    _chunk(0, _call("call-0", arguments='"content": "A"}')),
-    _chunk(1, {}, "stop"),
-    _chunk(2, {}, "stop"),
-    _chunk(0, {}, "tool_calls"),
-    _chunk(3, {}, "tool_calls"),
+    *(chat_chunk(OPEN, index=i) for i in range(4)),
+    chat_chunk({"content": "Hello0"}, index=0),
+    chat_chunk({"content": "Hello1"}, index=1),
+    chat_chunk(_call_piece("call-0", "write"), index=0),
+    chat_chunk(_call_piece("call-3", "write"), index=3),
+    chat_chunk(_call_piece("call-0", arguments='{"filePath": "a.txt", '), index=0),
+    chat_chunk(_call_piece("call-3", arguments='{"filePath": "b.txt", '), index=3),
+    chat_chunk({"content": " there"}, index=1),
+    chat_chunk(_call_piece("call-3", arguments='"content": "B"}'), index=3),
+    chat_chunk(_call_piece("call-0", arguments='"content": "A"}'), index=0),
+    chat_chunk({}, "stop", index=1),
+    chat_chunk({}, "stop", index=2),
+    chat_chunk({}, "tool_calls", index=0),
+    chat_chunk({}, "tool_calls", index=3),
 ]
-
-
-def _message_call(call_id: str, path: str, content: str) -> list[dict[str, Any]]:
-    arguments = json.dumps({"filePath": path, "content": content})
-    return [{"id": call_id, "type": "function", "function": {"name": "write", "arguments": arguments}}]
 
 
 N_BODY = {
@@ -94,13 +83,21 @@ N_BODY = {
     "choices": [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": None, "tool_calls": _message_call("c0", "a.txt", "A")},
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [message_tool_call(json.dumps({"filePath": "a.txt", "content": "A"}), "c0", "write")],
+            },
             "finish_reason": "tool_calls",
         },
         {"index": 1, "message": {"role": "assistant", "content": "Hello1"}, "finish_reason": "stop"},
         {
             "index": 2,
-            "message": {"role": "assistant", "content": None, "tool_calls": _message_call("c2", "b.txt", "B")},
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [message_tool_call(json.dumps({"filePath": "b.txt", "content": "B"}), "c2", "write")],
+            },
             "finish_reason": "tool_calls",
         },
     ],
