@@ -217,7 +217,9 @@ def _canned(prompt: str, low: str) -> str:
     m = re.search(r"count (?:from 1 )?(?:up )?to (\d{1,2})\b", low)
     if m and 0 < int(m.group(1)) <= 50:
         return ", ".join(str(i) for i in range(1, int(m.group(1)) + 1)) + "."
-    m = re.search(r"(-?\d+(?:\.\d+)?)\s*([-+*/×x])\s*(-?\d+(?:\.\d+)?)", prompt)
+    # A number starts after a non-digit and is taken whole (possessive): a long digit run is scanned
+    # once, not once per digit (the backtracking form was quadratic on a prompt of one long number).
+    m = re.search(r"(?<!\d)(-?\d++(?:\.\d++)?+)\s*+([-+*/×x])\s*(-?\d+(?:\.\d+)?)", prompt)
     if m:
         result = _arith(float(m.group(1)), m.group(2), float(m.group(3)))
         if result is not None:

@@ -33,9 +33,10 @@ def split_tokens(text: str) -> list[str]:
         if m.start() != pos:  # characters the pattern skipped (never expected): keep them
             pieces.append(text[pos : m.start()])
         piece = m.group()
-        while len(piece) > 7:
-            pieces.append(piece[:6])
-            piece = piece[6:]
+        if len(piece) > 7:  # cut by index: re-slicing the rest each time made a long word quadratic
+            cut = 6 * -(-(len(piece) - 7) // 6)  # whole 6-character pieces until at most 7 are left
+            pieces.extend(piece[i : i + 6] for i in range(0, cut, 6))
+            piece = piece[cut:]
         pieces.append(piece)
         pos = m.end()
     if pos < len(text):
