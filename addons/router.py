@@ -103,7 +103,8 @@ class Router:
 
     @staticmethod
     def _strip_encoding(flow: http.HTTPFlow) -> None:
-        """Compressed SSE can't be read, repaired or recorded as text: ask the upstream for identity."""
+        """Ask the upstream for identity: a plain stream is repaired and recorded without a decoding
+        step. One that comes compressed anyway is decoded by the stream owner (addons/stream.py)."""
         ex = exchange_of(flow)
         value = flow.request.headers.pop("accept-encoding", None)
         if value is not None and ex is not None:
@@ -114,6 +115,6 @@ class Router:
                     "headers.accept-encoding",
                     value,
                     None,
-                    "tapfix reads the response; compressed SSE can't be repaired or recorded",
+                    "tapfix reads the response; a compressed one would need decoding to be repaired",
                 )
             )

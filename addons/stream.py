@@ -2,6 +2,11 @@
 
 It composes the recorder's taps with the response stages (tool-call repair, reasoning-field
 rename) in one `StreamPipeline`; plain JSON bodies go through the same stages in `response`.
+
+A compressed answer (an upstream that ignores the stripped Accept-Encoding) is read decoded, and
+forwarded as it came unless a stage may change it: then it goes out decoded, Content-Encoding
+dropped, recorded as a `framing` change. A stream is decided at its headers (a stage armed), a
+whole body after the stages ran (a stage changed it).
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.response.decoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
-from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.surfaces import Surface, is_inference, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 
 
@@ -34,14 +40,20 @@ class StreamOwner:
             if stage is not None:
                 ex.extra["toolcalls"] = stage
                 stages.append(stage)
-        if self.runtime.policy is not None and surface in ("chat", "completions", None):
-            wanted = self.runtime.policy.config.reasoning_field.for_user_agent(ex.user_agent)
-            if wanted in FIELDS:
-                other = next(f for f in FIELDS if f != wanted)
-                rename = ReasoningFieldRename(other, wanted)
-                ex.extra["reasoning_rename"] = rename
-                stages.append(rename)
+        rename = self.rename_for(ex, surface)
+        if rename is not None:
+            ex.extra["reasoning_rename"] = rename
+            stages.append(rename)
         return stages
+
+    def rename_for(self, ex: Exchange, surface: Surface | None) -> ReasoningFieldRename | None:
+        """The `[reasoning_field]` rename this client wants (chat deltas and messages), if any."""
+        if self.runtime.policy is None or surface not in ("chat", "completions", None):
+            return None
+        wanted = self.runtime.policy.config.reasoning_field.for_user_agent(ex.user_agent)
+        if wanted not in FIELDS:
+            return None
+        return ReasoningFieldRename(next(f for f in FIELDS if f != wanted), wanted)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
@@ -54,6 +66,17 @@ class StreamOwner:
             return
         ex.content_type = response.headers.get("content-type", "")
         stages = self.stages_for(ex) if response.status_code < 400 else []
+        encoding = response.headers.get("content-encoding", "")
+        decoder = None
+        if codings(encoding):
+            try:
+                decoder = Decoder(encoding)
+            except DecodeError as e:  # a coding tapfix can't undo: nothing reads the stream
+                ex.flags.add("undecodable_body")
+                ex.extra["undecodable"] = str(e)
+                ex.extra.pop("toolcalls", None)
+                ex.extra.pop("reasoning_rename", None)
+                stages = []
         if stages and "content-length" in response.headers:
             length = response.headers.pop("content-length")
             ex.changes.append(
@@ -66,7 +89,14 @@ class StreamOwner:
                     "the stream may change length when repaired; sent chunked instead",
                 )
             )
-        response.stream = StreamPipeline(ex, stages)
+        if stages and decoder is not None:
+            self._drop_encoding(ex, response, "the stages read the stream decoded, so the client gets it decoded")
+        response.stream = StreamPipeline(ex, stages, decoder)
+
+    @staticmethod
+    def _drop_encoding(ex: Exchange, response: http.Response, reason: str) -> None:
+        value = response.headers.pop("content-encoding")
+        ex.changes.append(Change("framing", "drop", "headers.content-encoding", value, None, reason))
 
     @staticmethod
     def collect(ex: Exchange) -> None:
@@ -91,27 +121,55 @@ class StreamOwner:
         body = response.raw_content or b""
         ex.response = body
         ex.content_type = response.headers.get("content-type", "")
-        policy = self.runtime.settings.tool_repair
-        if policy == "off" or not ex.tools or response.status_code >= 400:
-            return
-        if response.headers.get("content-encoding"):
-            return
+        readable = self._decoded(ex, response, body)
+        if readable is None or response.status_code >= 400:
+            return  # an undecodable body passes as it came; error bodies are never rewritten
+        changed = self._body_stages(ex, response, readable)
+        if changed is None:
+            return  # nothing changed: the upstream's bytes go out, compressed or not
+        ex.client_response = changed
+        response.raw_content = changed
+        if readable is not body:
+            self._drop_encoding(ex, response, "a stage changed the decoded body, so the client gets it decoded")
+        if "content-length" in response.headers:
+            response.headers["content-length"] = str(len(changed))
 
-        repair = body_repair_for(surface_for(ex.path))
-        if repair is None:
-            return
-        repaired, changes, outcome = repair(body, ex.tools, capture_id=ex.id, policy=policy)
-        ex.changes.extend(changes)
-        if outcome and outcome != "untouched":
-            ex.flags.add(f"toolcall_{outcome}")
-        if repaired is not body and repaired != body:
-            ex.client_response = repaired
-            response.raw_content = repaired
-            if "content-length" in response.headers:
-                response.headers["content-length"] = str(len(repaired))
-            if outcome == "unrecoverable":
-                # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
-                response.status_code = 422 if policy == "fail_fast" else 502
+    @staticmethod
+    def _decoded(ex: Exchange, response: http.Response, body: bytes) -> bytes | None:
+        """The body with its Content-Encoding undone (None: it can't be); as is when it came plain."""
+        encoding = response.headers.get("content-encoding", "")
+        if not codings(encoding) or not is_inference(ex.path):
+            return body
+        try:
+            ex.decoded_response = decode_whole(body, encoding)
+        except DecodeError as e:
+            ex.flags.add("undecodable_body")
+            ex.extra["undecodable"] = str(e)
+            return None
+        return ex.decoded_response
+
+    def _body_stages(self, ex: Exchange, response: http.Response, body: bytes) -> bytes | None:
+        """Tool-call repair, then the reasoning-field rename, on a whole body; None when nothing changed."""
+        out = body
+        policy = self.runtime.settings.tool_repair
+        surface = surface_for(ex.path)
+        repair = body_repair_for(surface) if policy != "off" and ex.tools else None
+        if repair is not None:
+            repaired, changes, outcome = repair(out, ex.tools, capture_id=ex.id, policy=policy)
+            ex.changes.extend(changes)
+            if outcome and outcome != "untouched":
+                ex.flags.add(f"toolcall_{outcome}")
+            if repaired is not out and repaired != out:
+                out = repaired
+                if outcome == "unrecoverable":
+                    # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
+                    response.status_code = 422 if policy == "fail_fast" else 502
+        rename = self.rename_for(ex, surface)
+        if rename is not None:
+            out, change = rename.rename_body(out)
+            if change is not None:
+                ex.changes.append(change)
+        return None if out is body else out
 
     def error(self, flow: http.HTTPFlow) -> None:
         """Upstream reset mid-stream: flush what the stages hold, then an SSE error agents retry."""
@@ -125,6 +183,9 @@ class StreamOwner:
         pipeline = response.stream
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)
+        if pipeline.passes_encoded:  # the client reads compressed bytes: a plain event would corrupt them
+            self.collect(ex)
+            return
         if tail.rstrip().endswith(b"data: [DONE]"):
             # A stage already ended the stream (a held tool call cut by the reset: its own retryable
             # error event); a second error after [DONE] would only confuse a client.

@@ -161,10 +161,12 @@ def passthrough_note(fatal: Unrecoverable) -> str:
 
 
 # -- an upstream reset mid-stream ----------------------------------------------------------------
-def reset_event(surface: Surface | None, message: str, capture_id: str) -> tuple[bytes, dict[str, Any]]:
+def reset_event(
+    surface: Surface | None, message: str, capture_id: str, reason: str = "upstream_reset"
+) -> tuple[bytes, dict[str, Any]]:
     """The retryable error each SDK raises on, in the stream's own framing (clients.md §8):
-    (the bytes to send, the error object to record)."""
-    tapfix = {"reason": "upstream_reset", "capture_id": capture_id}
+    (the bytes to send, the error object to record). `reason` is tapfix's own word for the cause."""
+    tapfix = {"reason": reason, "capture_id": capture_id}
     if surface == "messages":
         error: dict[str, Any] = {"type": "api_error", "message": message}
         return named_event("error", {"type": "error", "error": error}), error

@@ -45,6 +45,10 @@ class Exchange:
     client_response_chunks: list[bytes] | None = None  # set when a stage may change the stream
     response: bytes | None = None  # non-streamed responses
     client_response: bytes | None = None  # a non-streamed body tapfix changed
+    # The upstream's body with its Content-Encoding undone (None: it came plain, or couldn't be
+    # decoded): one piece per `response_chunks` entry for a stream, the whole body otherwise.
+    decoded_chunks: list[bytes] | None = None
+    decoded_response: bytes | None = None
     ended_at: float | None = None
     error: str | None = None
     changes: list[Change] = field(default_factory=list)
@@ -72,6 +76,19 @@ class Exchange:
         if self.response is not None:
             return self.response
         return b"".join(self.response_chunks)
+
+    def readable_chunks(self) -> list[bytes]:
+        """The upstream's stream as text to assemble: decoded when it came compressed."""
+        return self.response_chunks if self.decoded_chunks is None else self.decoded_chunks
+
+    def readable(self, client: bytes) -> bytes:
+        """What the client received (`client_response_body`), decoded when it was the upstream's
+        compressed bytes unchanged: the store keeps those bytes and assembles from this."""
+        if self.client_response is not None or self.client_response_chunks is not None:
+            return client  # tapfix sent its own (plain) bytes
+        if self.decoded_response is not None:
+            return self.decoded_response
+        return client if self.decoded_chunks is None else b"".join(self.decoded_chunks)
 
     def client_response_body(self, response: bytes | None = None) -> bytes:
         """What the client received; `response` (already joined) is returned as is when nothing differed."""

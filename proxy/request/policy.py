@@ -27,9 +27,11 @@ from tapfix.proxy.request.sampling import (
     load_generation_config,
     sent_sampling,
 )
+from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.surfaces import Surface, surface_for
 
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
+REQUEST_DECODED_LIMIT = 64 * 1024 * 1024  # a compressed request inflating past this gets 413
 
 
 @dataclass(slots=True)
@@ -78,7 +80,10 @@ class RequestPolicy:
 
     def apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
         try:
-            return self._apply(path, body, headers)
+            encoding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), "")
+            if not codings(encoding):
+                return self._apply(path, body, headers)
+            return self._apply_decoded(path, body, headers, encoding)
         except Exception as e:  # never raise on input: forward unchanged, say why
             outcome = Outcome(body=body, flags={"request_policy_error"})
             outcome.changes.append(Change("policy", "warning", "$", None, None, f"internal error {e!r}; unchanged"))
@@ -87,6 +92,41 @@ class RequestPolicy:
             elif not self.config.is_quick:
                 outcome.error = internal_error("tapfix could not process this request")
             return outcome
+
+    def _apply_decoded(self, path: str, body: bytes, headers: Mapping[str, str], encoding: str) -> Outcome:
+        """A compressed body: the policy reads it decoded. Unchanged, the client's bytes go out as
+        they came; changed, the decoded result goes out without Content-Encoding (the router fixes
+        Content-Length). One that can't be decoded is forwarded untouched, as before."""
+        try:
+            decoded = decode_whole(body, encoding, REQUEST_DECODED_LIMIT)
+        except DecodedTooLarge:
+            outcome = Outcome(body=body, flags={"request_too_large"})
+            outcome.error = request_error(
+                413,
+                f"request body decodes to more than {REQUEST_DECODED_LIMIT // (1024 * 1024)} MiB "
+                f"(Content-Encoding: {encoding}); send it smaller",
+                "request_too_large",
+            )
+            return outcome
+        except DecodeError:
+            return self._apply(path, body, headers)  # flagged encoded_request_body, forwarded as it came
+        plain = {k: v for k, v in headers.items() if k.lower() != "content-encoding"}
+        outcome = self._apply(path, decoded, plain)
+        if outcome.error is not None or outcome.body is decoded:
+            outcome.body = body
+            return outcome
+        outcome.remove_headers.append("content-encoding")
+        outcome.changes.append(
+            Change(
+                "framing",
+                "drop",
+                "headers.content-encoding",
+                encoding,
+                None,
+                "the policy changed the decoded body; it goes upstream decoded",
+            )
+        )
+        return outcome
 
     def _apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
         outcome = Outcome(body=body, surface=surface_for(path))

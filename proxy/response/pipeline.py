@@ -3,6 +3,13 @@
 upstream bytes → tap (bytes + arrival time) → SSE split → stages (tool-call repair, reasoning-field
 rename, ...) → tap of client-bound bytes. With no stage armed, chunks pass untouched and unsplit.
 Stages follow httpx's decoder style: `feed(event) -> [events]`, `flush() -> [events]`.
+
+A compressed stream (an upstream that ignores the stripped Accept-Encoding) is decoded chunk by
+chunk here, never as a whole body. With no stage armed the client gets the upstream's compressed
+bytes and the decoded pieces are only kept for the record (`Exchange.decoded_chunks`). With stages
+armed they read, and the client gets, the decoded text (the owner drops Content-Encoding). Bytes
+that don't decode are flagged `undecodable_body`: before any text came out they pass as they came,
+stages off; after, the stream ends with a retryable error event (what follows can't be read).
 """
 
 from __future__ import annotations
@@ -10,8 +17,12 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from tapfix.proxy.changes import Change
+from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.response.decoding import DecodeError, Decoder
 from tapfix.proxy.sse import SSESplitter
+from tapfix.proxy.surfaces import surface_for
 
 
 class Stage(Protocol):
@@ -21,16 +32,22 @@ class Stage(Protocol):
 
 
 class StreamPipeline:
-    __slots__ = ("exchange", "stages", "splitter", "finished", "_clock")
+    __slots__ = ("exchange", "stages", "splitter", "finished", "decoder", "broken", "passes_encoded", "_clock")
 
-    def __init__(self, exchange: Exchange, stages: list[Stage]) -> None:
+    def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
         self.exchange = exchange
         self.stages = stages
         self.splitter = SSESplitter() if stages else None
         self.finished = False
+        self.decoder = decoder
+        self.broken = False  # undecodable after text went out: the rest of the upstream's bytes are dropped
+        # The client reads the upstream's compressed bytes: nothing tapfix writes may join them.
+        self.passes_encoded = decoder is not None and not stages
         self._clock = time.perf_counter
         if stages:
             exchange.client_response_chunks = []
+        if decoder is not None:
+            exchange.decoded_chunks = []
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         """Never returns b"" before the end: mitmproxy would read it as the end of the body."""
@@ -38,18 +55,30 @@ class StreamPipeline:
         if chunk:
             ex.response_chunks.append(chunk)
             ex.chunk_times.append(self._clock() - ex.mark)
+            if self.broken:
+                return []
+            text = chunk if self.decoder is None else self._decode(chunk)
             if self.splitter is None:
                 return chunk
-            events = self.splitter.feed(chunk)
+            if text is None:  # undecodable: the stream as it came, or its end
+                return self._undecodable()
+            events = self.splitter.feed(text)
             final = False
         else:
             if self.finished:
                 return []
             self.finished = True
-            if self.splitter is None:
+            tail = self._decode_end() if self.decoder is not None and not self.broken else b""
+            if self.splitter is None or self.broken:
                 return []
-            events = self.splitter.flush()
+            if tail is None:
+                return self._undecodable()
+            events = self.splitter.feed(tail) + self.splitter.flush() if tail else self.splitter.flush()
             final = True
+        return self._run(events, final)
+
+    def _run(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
+        ex = self.exchange
         for stage in self.stages:
             if len(events) == 1:  # the usual case: one whole event per read
                 events = stage.feed(events[0])
@@ -66,3 +95,51 @@ class StreamPipeline:
         assert ex.client_response_chunks is not None
         ex.client_response_chunks.append(data)
         return data
+
+    def _decode(self, chunk: bytes) -> bytes | None:
+        assert self.decoder is not None and self.exchange.decoded_chunks is not None
+        try:
+            text = self.decoder.feed(chunk)
+        except DecodeError as e:
+            self._give_up(e)
+            return None
+        self.exchange.decoded_chunks.append(text)
+        return text
+
+    def _decode_end(self) -> bytes | None:
+        assert self.decoder is not None and self.exchange.decoded_chunks is not None
+        try:
+            tail = self.decoder.finish()  # a stream cut short keeps the text decoded so far
+        except DecodeError as e:
+            self._give_up(e)
+            return None
+        if tail and self.exchange.decoded_chunks:
+            self.exchange.decoded_chunks[-1] += tail  # one decoded piece per chunk, for the timings
+        return tail
+
+    def _give_up(self, e: DecodeError) -> None:
+        ex = self.exchange
+        ex.flags.add("undecodable_body")
+        ex.extra["undecodable"] = str(e)
+        ex.decoded_chunks = None  # the record assembles the bytes as they came
+        self.broken = self.splitter is not None and self.decoder is not None and self.decoder.total > 0
+        self.decoder = None
+
+    def _undecodable(self) -> bytes | list[bytes]:
+        """With stages armed: no text yet, so everything so far and after passes as it came, stages
+        off; text already sent, so the stream ends with a retryable error (the rest can't be read)."""
+        ex = self.exchange
+        self.finished = True
+        if not self.broken:
+            self.splitter, self.stages = None, []
+            ex.client_response_chunks = None  # the client gets the upstream's bytes
+            data = b"".join(ex.response_chunks)
+            return data if data else []
+        message = f"upstream server error: the upstream's compressed stream broke off ({ex.extra['undecodable']})"
+        event, error = reset_event(surface_for(ex.path), message, ex.id, reason="undecodable_body")
+        assert ex.client_response_chunks is not None
+        ex.client_response_chunks.append(event)
+        ex.changes.append(
+            Change("stream", "inject", "$.error", None, error, "the upstream's stream stopped decoding mid-way")
+        )
+        return event

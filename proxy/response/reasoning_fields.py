@@ -46,6 +46,14 @@ class ReasoningFieldRename:
     def flush(self) -> list[bytes]:
         return []
 
+    def rename_body(self, body: bytes) -> tuple[bytes, Change | None]:
+        """A whole (non-streamed) body: `choices[*].message`; the same object and no change when untouched."""
+        new = rename_field(body, self.src, self.dst)
+        if new is body:
+            return body, None
+        path = f"$.choices[*].message.{self.src}"
+        return new, Change("reasoning_field", "rename", path, self.src, self.dst, f"client reads {self.dst}")
+
     def change(self) -> Change | None:
         """One summary change for the capture (one per event would drown the list)."""
         if not self.renamed:

@@ -292,7 +292,7 @@ class CaptureWriter:
             timed = (
                 assembled
                 if client is upstream or client == upstream
-                else assemble_sse(ex.response_chunks, ex.path.split("?", 1)[0])
+                else assemble_sse(ex.readable_chunks(), ex.path.split("?", 1)[0])
             )
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
@@ -436,8 +436,8 @@ def _assemble(ex: Exchange, body: bytes) -> Assembled:
     path = ex.path.split("?", 1)[0]
     streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
     if ex.client_response_chunks is None and streamed:
-        return assemble_sse(ex.response_chunks, path)
-    return assemble(body, ex.content_type, path)
+        return assemble_sse(ex.readable_chunks(), path)  # decoded when it came compressed
+    return assemble(ex.readable(body), ex.content_type, path)
 
 
 def _ms(when: float | None, mark: float) -> float | None:

@@ -255,6 +255,36 @@ def test_truth_5_stream_that_stops_decoding_midway():
     assert "undecodable_body" in ex.flags and ex.decoded_chunks is None and pipeline.passes_encoded
 
 
+def test_truth_5_decoders_take_any_pieces():
+    """Chunk boundaries anywhere, gzip members and zstd frames in a row, raw deflate, coding chains."""
+    import random
+
+    from tapfix.proxy.response.decoding import DecodeError, Decoder, decode_whole
+
+    data = b"".join(b'data: {"n": %d}\n\n' % i for i in range(3000))
+    raw = zlib.compressobj(wbits=-15)
+    encoded = [
+        ("gzip", gzip.compress(data)),
+        ("x-gzip", gzip.compress(data[:100]) + gzip.compress(data[100:])),
+        ("deflate", zlib.compress(data)),
+        ("deflate", raw.compress(data) + raw.flush()),
+        ("br", brotli.compress(data)),
+        ("zstd", zstd.compress(data[:100]) + zstd.compress(data[100:])),
+        ("gzip, br", brotli.compress(gzip.compress(data))),
+    ]
+    rng = random.Random(15)
+    for coding, body in encoded:
+        decoder, out, i = Decoder(coding), b"", 0
+        while i < len(body):
+            n = rng.randint(1, 700)
+            out, i = out + decoder.feed(body[i : i + n]), i + n
+        assert out + decoder.finish(strict=True) == data, coding
+        with pytest.raises(DecodeError):
+            decode_whole(body[: len(body) // 2], coding)  # a whole body cut short is not decodable
+    with pytest.raises(DecodeError):
+        Decoder("compress")
+
+
 def test_truth_5_decoding_stops_at_a_size_limit():
     """A small compressed body that inflates past the limit stops there instead of filling memory."""
     from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, Decoder
@@ -324,6 +354,7 @@ def test_truth_5_compressed_request_body_quick_mode(tmp_path, upstreams):
         row = _row(proxy, capture_id)
         assert row["model"] == "m" and "encoded_request_body" not in row["flags"]
         assert gzip.decompress(_export(proxy, capture_id, "--original")) == payload  # kept as it arrived
+        assert _export(proxy, capture_id, "--forwarded") == got.body
         changes = _changes(proxy, capture_id)
         assert any(c["stage"] == "sampling" for c in changes)
         framing = [c for c in changes if c["path"] == "headers.content-encoding"]
@@ -401,6 +432,7 @@ def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
         response = _send_gzip(proxy, bomb)
         assert response.status_code == 413
         assert response.json()["error"]["type"] == "invalid_request_error"
+        assert response.json()["error"]["code"] == "request_too_large"
         assert len(_posts(a)) == 1 and len(_posts(b)) == 1
     finally:
         proxy.stop()
