@@ -8,7 +8,7 @@ import time
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.runner.runtime import META, Runtime, exchange_of
+from tapfix.addons.runner.runtime import META, SHUTDOWN_FLAG, Runtime, ended_normally, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.redact import redact_url
@@ -65,14 +65,18 @@ class RecordExchange:
         if ex is None or ex.ended_at is not None:
             return
         message = flow.error.msg if flow.error else "unknown error"
-        ex.error = message
-        lowered = message.lower()
-        if flow.response is None:
-            ex.flags.add("upstream_error")
-        elif "client" in lowered:
-            ex.flags.add("client_disconnected")
+        if SHUTDOWN_FLAG in ex.flags:  # the grace ended it: neither side broke anything
+            ex.error = f"tapfix shut down before the exchange ended ({message})"
+        elif ended_normally(ex):
+            pass  # the client had the stream's end: closing after it is no disconnect, and no error
         else:
-            ex.flags.add("upstream_reset")
+            ex.error = message
+            if "client" in message.lower():
+                ex.flags.add("client_disconnected")
+            elif flow.response is None:
+                ex.flags.add("upstream_error")
+            else:
+                ex.flags.add("upstream_reset")
         self._finish(flow, ex)
 
     def _finish(self, flow: http.HTTPFlow, ex: Exchange) -> None:
@@ -86,7 +90,7 @@ class RecordExchange:
         ex.upstream_url = request.pretty_url if ex.upstream_url == "" else ex.upstream_url
         response = flow.response
         if response is not None:
-            ex.status = response.status_code
+            ex.status = response.status_code if ex.status is None else ex.status  # set: what tapfix sent instead
             ex.response_headers = _fields(response.headers)
             ex.content_type = response.headers.get("content-type", "")
             if not response.stream and ex.response is None and not ex.response_chunks:

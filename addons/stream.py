@@ -15,7 +15,7 @@ import time
 
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
-from tapfix.addons.runner.runtime import Runtime, exchange_of
+from tapfix.addons.runner.runtime import Runtime, ended_normally, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
@@ -177,9 +177,9 @@ class StreamOwner:
         response = flow.response
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return
-        if flow.error and "client" in flow.error.msg.lower():
+        if ended_normally(ex) or (flow.error and "client" in flow.error.msg.lower()):
             self.collect(ex)
-            return  # nobody left to tell
+            return  # the stream's end already went out, or nobody is left to tell
         pipeline = response.stream
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)

@@ -124,3 +124,26 @@ def named_event(name: str, obj: dict[str, object], newline: bytes = b"\n") -> by
 
 def comment(text: str, newline: bytes = b"\n") -> bytes:
     return b": " + text.encode() + newline + newline
+
+
+# The events after which a stream has nothing more to say, per surface: chat and legacy completions
+# end with `data: [DONE]`, Responses with `response.completed`, Messages with `message_stop`.
+_TERMINAL_LINE = re.compile(rb"^(?:data: ?\[DONE\]|event: ?(?:response\.completed|message_stop))[ \t]*\r?$", re.M)
+_TERMINAL_TYPE = re.compile(rb'^data: ?\{"type": ?"(?:response\.completed|message_stop)"', re.M)
+_EVENT_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+def ends_stream(sent: list[bytes], limit: int = 1 << 24) -> bool:
+    """Whether the bytes sent so far end with a stream's terminal event (the last event, whole or
+    not yet followed by its blank line). A client that closes after it saw the end did nothing wrong:
+    the openai SDK closes right after `[DONE]`, before the upstream's chunked terminator arrives."""
+    tail = b""
+    for chunk in reversed(sent):
+        tail = chunk + tail
+        body = tail.rstrip()
+        if any(end in body for end in _EVENT_END) or len(tail) > limit:
+            break
+    body = tail.rstrip()
+    start = max(body.rfind(end) + len(end) if end in body else 0 for end in _EVENT_END)
+    last = body[start:]
+    return bool(_TERMINAL_LINE.search(last) or _TERMINAL_TYPE.search(last))

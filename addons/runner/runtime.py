@@ -12,11 +12,16 @@ from mitmproxy import http
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.sse import ends_stream
 from tapfix.proxy.store.writer import CaptureWriter
 
 log = logging.getLogger("tapfix")
 REACHABLE_FOR_S = 2.0
 META = "tapfix"
+# An exchange the shutdown grace ended (addons/shutdown.py): what it is flagged, what its client is told.
+SHUTDOWN_FLAG = "proxy_shutdown"
+SHUTDOWN_MESSAGE = "tapfix server error: the proxy is shutting down (server unavailable); retry the request"
+_ENDED = "ended_normally"  # ex.extra: the verdict of `ended_normally`
 
 
 @dataclass
@@ -72,3 +77,15 @@ class Runtime:
 
 def exchange_of(flow: http.HTTPFlow) -> Exchange | None:
     return flow.metadata.get(META)
+
+
+def ended_normally(ex: Exchange) -> bool:
+    """The stream's terminal event (`[DONE]`, `response.completed`, `message_stop`) went to the client.
+
+    Decided once, by the first error hook that asks (the stream owner's, before it adds an error event
+    of its own), so the recorder after it judges what the client had, not what tapfix then added."""
+    verdict = ex.extra.get(_ENDED)
+    if verdict is None:
+        sent = ex.client_response_chunks if ex.client_response_chunks is not None else ex.response_chunks
+        verdict = ex.extra[_ENDED] = ends_stream(sent)
+    return bool(verdict)
