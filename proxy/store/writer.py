@@ -8,10 +8,8 @@ which only enqueues. The writer thread assembles, redacts and stores them, commi
 from __future__ import annotations
 
 import array
-import dataclasses
 import datetime
 import logging
-import os
 import queue
 import sqlite3
 import threading
@@ -22,28 +20,22 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlite_utils import Database
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.http_headers import head_text
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body
 from tapfix.proxy.store.choices import write_choices
+from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error
+from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
-from tapfix.proxy.store.schema import migrations
 from tapfix.proxy.store.sessions import SessionTracker
 from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix.store")
-BUSY_TIMEOUT_MS = 5000
 BATCH_WINDOW_S = 0.05  # well inside the 1 s durability window
 LOCK_RETRIES = 3  # a locked database (another process in a long write) is retried before counting a failure
-
-
-class StoreError(Exception):
-    """A database that can't be opened or isn't a tapfix capture store."""
 
 
 def _iso(ts: float) -> str:
@@ -52,43 +44,6 @@ def _iso(ts: float) -> str:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
-
-
-def open_for_writing(path: Path | str) -> sqlite3.Connection:
-    """Open (creating with mode 0600) and migrate: only a process that writes migrates."""
-    path = Path(path)
-    if str(path) != ":memory:":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    try:
-        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("pragma journal_mode = wal")
-        conn.execute("pragma synchronous = normal")
-        conn.execute("pragma journal_size_limit = 8388608")
-        conn.execute("pragma foreign_keys = off")
-        migrations.apply(Database(conn))
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path}: not a usable tapfix capture database ({e})") from e
-    return conn
-
-
-def open_for_reading(path: Path | str) -> sqlite3.Connection:
-    """Read-only: never migrates, never takes the write lock."""
-    path = Path(path)
-    if not path.exists():
-        raise StoreError(f"no capture database at {path} (run `tapfix run` or `tapfix demo` first, or pass --db)")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
-    try:
-        conn.execute("select id from exchanges limit 0")
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
-    return conn
 
 
 @dataclass
@@ -181,7 +136,7 @@ class CaptureWriter:
         exchange: the others are stored as usual, and the one that still fails is kept in part."""
         if not batch:
             return
-        batch = [_as_text(ex) for ex in batch]
+        batch = [as_text(ex) for ex in batch]
         error = self._transaction(batch, self._write_one)
         if error is None:
             return
@@ -247,37 +202,7 @@ class CaptureWriter:
             bodies["resp"] = self.bodies.put(upstream, level=1)
             if client != upstream:
                 bodies["client"] = self.bodies.put(client, level=1)
-        reason = f"capture failed, stored without its assembled answer: {_describe(error)}"
-        row = {
-            "id": ex.id,
-            "ts": ex.started_at,
-            "started_at": _iso(ex.started_at),
-            "upstream_first_byte_ms": _ms(ex.response_started_at, ex.mark),
-            "duration_ms": _ms(ex.ended_at, ex.mark),
-            "client_addr": _safe(ex.client_addr),
-            "user_agent": _safe(ex.user_agent),
-            "method": _safe(ex.method),
-            "path": _safe(redact_url(ex.path)),
-            "url": _safe(redact_url(ex.url)),
-            "upstream_url": _safe(redact_url(ex.upstream_url)),
-            "model": _safe(ex.model),
-            "served_model": _safe(ex.served_model),
-            "stream": int(ex.stream),
-            "status": ex.status,
-            "error": _safe(f"{ex.error}; {reason}" if ex.error else reason),
-            "source_id": _safe(ex.source_id),
-            "tags": _json(sorted(_safe(t) for t in ex.tags)),
-            "flags": _json(sorted({_safe(f) for f in ex.flags} | {"capture_failed"})),
-            "request_body_id": bodies["req"],
-            "forwarded_body_id": bodies["fwd"],
-            "response_body_id": bodies["resp"],
-            "client_response_body_id": bodies["client"],
-            "request_size": len(ex.request),
-            "response_size": len(upstream),
-            "request_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.request_headers)]),
-            "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
-            "chunk_count": len(ex.chunk_times),
-        }
+        row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
         self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
@@ -392,46 +317,6 @@ def _describe(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _safe(value: str | None) -> str | None:
-    """Text SQLite and JSON take whatever it holds (a lone surrogate becomes `\\udcNN`)."""
-    return None if value is None else str(value).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _as_text(ex: Exchange) -> Exchange:
-    """A copy whose head (method, path, URLs, header names and values) is storable text: mitmproxy's
-    surrogate-escaped bytes as `\\xNN`, a backslash as `\\\\` (`http_headers.head_text`). Copied, not
-    changed in place: the event loop may still hold the exchange."""
-    return dataclasses.replace(
-        ex,
-        client_addr=head_text(ex.client_addr),
-        method=head_text(ex.method),
-        path=head_text(ex.path),
-        url=head_text(ex.url),
-        upstream_url=head_text(ex.upstream_url),
-        user_agent=head_text(ex.user_agent),
-        request_headers=_text_fields(ex.request_headers),
-        forwarded_headers=None if ex.forwarded_headers is None else _text_fields(ex.forwarded_headers),
-        response_headers=_text_fields(ex.response_headers),
-        error=_valid_text(ex.error),
-        session_hint=_valid_text(ex.session_hint),
-    )
-
-
-def _text_fields(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(head_text(k), head_text(v)) for k, v in fields]
-
-
-def _valid_text(value: str | None) -> str | None:
-    """Text that is already valid stays as is (an error may quote JSON, backslashes included)."""
-    if value is None or value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return head_text(value)
-    return value
-
-
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
     path = ex.path.split("?", 1)[0]
     streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
@@ -464,4 +349,12 @@ def unpack_timing(blob: bytes | None) -> list[tuple[float, int]]:
     return list(zip(offsets, sizes, strict=False))
 
 
-__all__ = ["CaptureWriter", "StoreError", "open_for_reading", "open_for_writing", "read_body", "unpack_timing"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "CaptureWriter",
+    "StoreError",
+    "open_for_reading",
+    "open_for_writing",
+    "read_body",
+    "unpack_timing",
+]

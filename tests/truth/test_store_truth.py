@@ -18,8 +18,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from sqlite_utils import Database
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
+from tapfix.proxy.store.schema import migrations
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading, open_for_writing
 
 from tests.support.procs import TAPFIX, cli, free_port, start_proxy, wait_capture
@@ -318,8 +320,8 @@ def test_truth_2_missing_or_empty_file_is_a_new_store(tmp_path: Path, mock) -> N
 @pytest.mark.e2e
 def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
     """A store from before m002 (no `choices` table): readers read it, and `run` migrates it."""
-    db = tmp_path / "older.db"
-    writer = CaptureWriter(db)
+    current, db = tmp_path / "current.db", tmp_path / "older.db"
+    writer = CaptureWriter(current)
     ex = Exchange(
         method="POST",
         path=CHAT,
@@ -331,11 +333,15 @@ def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
     )
     writer.submit(ex)
     writer.close()
-    conn = sqlite3.connect(db)
-    conn.execute("drop table choices")
-    conn.execute("delete from _sqlite_migrations where name != 'm001_initial'")
-    conn.commit()
+    conn = sqlite3.connect(db, isolation_level=None)
+    migrations.apply(Database(conn), stop_before="m002_choices")  # what tapfix 0.2.0 created
+    conn.execute("attach ? as current", (str(current),))
+    for table in ("exchanges", "bodies"):
+        columns = ", ".join(r[1] for r in conn.execute(f"pragma main.table_info({table})"))
+        conn.execute(f"insert into main.{table} ({columns}) select {columns} from current.{table}")
+    conn.execute("detach current")
     conn.close()
+    assert "choices" not in _tables(db)
     listed = cli("captures", "list", "--db", str(db))
     assert listed.returncode == 0 and ex.id.encode() in listed.stdout, listed.stderr.decode()
     shown = cli("captures", "show", ex.id, "--db", str(db))

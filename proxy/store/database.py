@@ -1,0 +1,121 @@
+"""Opening the capture store, and knowing whose it is: a store knows its own version.
+
+Every tapfix store records its applied migrations in sqlite-utils' `_sqlite_migrations` table (set
+"tapfix"). Before anything is read or written, that record is checked:
+
+- no table at all (a missing path, a zero-length file): a new store, migrated by the first writer;
+- tables but no tapfix record: someone else's database. It is refused and left untouched (no
+  migration, not even WAL mode), so `--db` pointed at the wrong file can't change it;
+- an applied migration this tapfix doesn't know: a newer tapfix migrated it, and this one would fail
+  every write (or misread it). Refused, naming the migration;
+- fewer migrations than this tapfix knows: an older store. A writer migrates it; readers read it as
+  it is (they don't depend on tables a later migration added).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import sqlite3
+from pathlib import Path
+
+from sqlite_utils import Database
+from tapfix.proxy.store.schema import migrations
+
+BUSY_TIMEOUT_MS = 5000
+
+
+class StoreError(Exception):
+    """A database that can't be opened or isn't a tapfix capture store."""
+
+
+def open_for_writing(path: Path | str) -> sqlite3.Connection:
+    """Open (creating with mode 0600) and migrate: only a process that writes migrates."""
+    path = Path(path)
+    if str(path) != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+        check_store(conn, path)  # before WAL mode or a migration touches the file
+        conn.execute("pragma journal_mode = wal")
+        conn.execute("pragma synchronous = normal")
+        conn.execute("pragma journal_size_limit = 8388608")
+        conn.execute("pragma foreign_keys = off")
+        migrations.apply(Database(conn))
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path}: not a usable tapfix capture database ({e})") from e
+    return conn
+
+
+def open_for_reading(path: Path | str) -> sqlite3.Connection:
+    """Read-only: never migrates, never takes the write lock."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"no capture database at {path} (run `tapfix run` or `tapfix demo` first, or pass --db)")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not check_store(conn, path):
+            raise StoreError(f"no captures in {path} yet: it is empty (run `tapfix run` or `tapfix demo` first)")
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
+    return conn
+
+
+def check_store(conn: sqlite3.Connection, path: Path | str) -> bool:
+    """False for an empty database (a new store), True for a tapfix store this version can use;
+    `StoreError` for anything else (see the module docstring)."""
+    tables = [
+        str(r[0])
+        for r in conn.execute("select name from sqlite_master where type in ('table', 'view') order by name")
+        if not str(r[0]).startswith("sqlite_")
+    ]
+    if not tables:
+        return False
+    applied: list[str] = []
+    if "_sqlite_migrations" in tables:
+        applied = [
+            str(r[0])
+            for r in conn.execute(
+                "select name from _sqlite_migrations where migration_set = ? order by rowid", (migrations.name,)
+            )
+        ]
+    if not applied:
+        shown = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
+        raise StoreError(
+            f"{path} is not a tapfix capture database (it has tables {shown}, and no record of tapfix's"
+            " migrations): tapfix leaves it as it is; pass --db with a new file or one tapfix created"
+        )
+    unknown = [name for name in applied if name not in known_migrations()]
+    if unknown:
+        raise StoreError(
+            f"{path} was migrated by a newer tapfix: migration {', '.join(unknown)} is unknown to tapfix"
+            f" {_version()}; upgrade tapfix to use this database, or pass another --db"
+        )
+    return True
+
+
+@functools.cache
+def known_migrations() -> frozenset[str]:
+    """The migrations this tapfix ships (all of them are pending on an empty database)."""
+    return frozenset(m.name for m in migrations.pending(Database(memory=True)))
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tapfix")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+        return "(this version)"
