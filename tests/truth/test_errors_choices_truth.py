@@ -109,6 +109,14 @@ SCENARIO = {
         {"when": {"model": "vllm-midstream"}, "do": "malformed_sse", "kind": "error_object_midstream"},
         {"when": {"model": "llama-context"}, "do": "http_error", "status": 400, "body": CONTEXT_ERROR},
         {"when": {"model": "cut-call"}, "do": "serve_case", "case": {"stream": CUT_CALL}},
+        {"when": {"model": "cut-call-gz"}, "do": "serve_case", "case": {"stream": CUT_CALL}, "compress": "gzip"},
+        {
+            "when": {"model": "llama-context-br"},
+            "do": "http_error",
+            "status": 400,
+            "body": CONTEXT_ERROR,
+            "compress": "br",
+        },
         {"when": {"model": "n-stream"}, "do": "serve_case", "case": {"stream": N_STREAM}},
         {
             "when": {"model": "n-body"},
@@ -278,6 +286,22 @@ def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[Proc, Proc]) -
     # The store keeps the engine's error (what the upstream sent), not tapfix's replacement.
     assert json.loads(row["error"] or "null") == CUT_CALL[-1]["error"]
     assert "upstream_error" in json.loads(row["flags"])
+
+
+def test_truth_3_compressed_upstream_error_is_read_decoded(stack: tuple[Proc, Proc]) -> None:
+    """An engine that compresses anyway (item 5) still has its error read: from the decoded stream when
+    tapfix changed it (a cut tool call), from the decoded body of an error status."""
+    _, proxy = stack
+    status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("cut-call-gz", tools=True))
+    assert status == 200 and "content-encoding" not in headers  # the repair stage sent it decoded
+    assert GPU_MESSAGE in _sse_errors(received)[-1]["message"]
+    row = wait_capture(_db(proxy), headers["x-tapfix-capture-id"])
+    assert json.loads(row["error"] or "null") == CUT_CALL[-1]["error"]
+    assert "upstream_error" in json.loads(row["flags"])
+
+    status, headers, _ = _post(proxy.url, "/v1/chat/completions", _chat("llama-context-br", stream=False))
+    assert status == 400
+    _assert_upstream_error(proxy, headers["x-tapfix-capture-id"], CONTEXT_ERROR["error"], "llama-context-br")
 
 
 # -- item 4: n > 1 assembled per choice ----------------------------------------------------------------
