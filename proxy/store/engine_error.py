@@ -28,7 +28,9 @@ def upstream_error(ex: Exchange, assembled: Assembled, client: bytes, upstream: 
             path = ex.path.split("?", 1)[0]
             streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
             assembled = (
-                assemble_sse(ex.response_chunks, path) if streamed else assemble(upstream, ex.content_type, path)
+                assemble_sse(ex.readable_chunks(), path)
+                if streamed
+                else assemble(_decoded(ex, upstream), ex.content_type, path)
             )
         error = engine_error(assembled.error)
         if error is None and ex.status >= 400:
@@ -39,10 +41,19 @@ def upstream_error(ex: Exchange, assembled: Assembled, client: bytes, upstream: 
         return None
 
 
+def _decoded(ex: Exchange, upstream: bytes) -> bytes:
+    """The upstream's body as text: its decoded form when it came compressed."""
+    if ex.decoded_response is not None:
+        return ex.decoded_response
+    return upstream if ex.decoded_chunks is None else b"".join(ex.decoded_chunks)
+
+
 def _error_page(ex: Exchange, body: bytes) -> dict[str, str] | None:
     """An error status whose body has no error object (an HTML page, FastAPI's `{"detail": ...}`):
     the body's text is the message."""
-    encoded = any(
+    decoded = ex.decoded_response is not None or ex.decoded_chunks is not None
+    body = _decoded(ex, body)
+    encoded = not decoded and any(
         k.lower() == "content-encoding" and v.strip().lower() not in ("", "identity") for k, v in ex.response_headers
     )
     text = body.decode("utf-8", errors="replace").strip() if body and not encoded else ""
