@@ -7,15 +7,18 @@ from tapfix.addons.health import Health
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
+from tapfix.addons.shutdown import Shutdown
 from tapfix.addons.stream import StreamOwner
 
 
 def default_addons(runtime: Runtime) -> list[object]:
     """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), stream, recorder;
-    with a token (a non-loopback listen address), the token check comes first."""
+    with a token (a non-loopback listen address), the token check comes first. Shutdown follows the
+    recorder, so the 503 it answers while draining is recorded like any answer."""
     chain: list[object] = [
         Health(runtime),
         RecordRequest(runtime),
+        Shutdown(runtime),
         Router(runtime),
         StreamOwner(runtime),
         RecordExchange(runtime),

@@ -15,7 +15,7 @@ import time
 
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
-from tapfix.addons.runner.runtime import Runtime, ended_normally, exchange_of
+from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, SHUTDOWN_MESSAGE, Runtime, ended_normally, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
@@ -172,7 +172,8 @@ class StreamOwner:
         return None if out is body else out
 
     def error(self, flow: http.HTTPFlow) -> None:
-        """Upstream reset mid-stream: flush what the stages hold, then an SSE error agents retry."""
+        """Upstream reset mid-stream, or the shutdown grace ended it: flush what the stages hold, then an
+        SSE error agents retry. After the stream's terminal event went out, nothing is added."""
         ex = exchange_of(flow)
         response = flow.response
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
@@ -192,11 +193,16 @@ class StreamOwner:
             setattr(flow.client_conn, TAIL_ATTR, tail)
             self.collect(ex)
             return
-        message = (
-            "upstream server error: the upstream connection broke mid-stream "
-            f"({flow.error.msg if flow.error else 'reset'})"
-        )
-        event, error = reset_event(surface_for(ex.path), message, ex.id)
+        shutdown = SHUTDOWN_FLAG in ex.flags
+        if shutdown:
+            message = SHUTDOWN_MESSAGE
+        else:
+            message = (
+                "upstream server error: the upstream connection broke mid-stream "
+                f"({flow.error.msg if flow.error else 'reset'})"
+            )
+        reason = SHUTDOWN_FLAG if shutdown else "upstream_reset"
+        event, error = reset_event(surface_for(ex.path), message, ex.id, reason)
         if ex.client_response_chunks is None:
             ex.client_response_chunks = list(ex.response_chunks)
         ex.client_response_chunks.append(event)
@@ -207,7 +213,9 @@ class StreamOwner:
                 "$.error",
                 None,
                 error,
-                "the upstream reset mid-stream; the client gets a retryable error event",
+                "tapfix shut down before the stream ended; the client gets a retryable error event"
+                if shutdown
+                else "the upstream reset mid-stream; the client gets a retryable error event",
             )
         )
         setattr(flow.client_conn, TAIL_ATTR, tail + event)

@@ -15,6 +15,7 @@ from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons
 from tapfix.addons.runner import reset_tail
 from tapfix.addons.runner.runtime import Runtime
+from tapfix.addons.shutdown import Shutdown
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.net import is_loopback
@@ -82,11 +83,13 @@ async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> N
     reset_tail.install()
     master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
     master.options.update(**mitm_options(settings, runtime))
-    master.addons.add(*default_addons(runtime))
+    chain = default_addons(runtime)
+    master.addons.add(*chain)
+    shutdown = next(addon for addon in chain if isinstance(addon, Shutdown))
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the first starts the grace, another ends it
         try:
-            loop.add_signal_handler(sig, master.shutdown)
+            loop.add_signal_handler(sig, shutdown.signal, master)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - not on the main thread
             pass
     task = asyncio.create_task(master.run())
@@ -125,7 +128,8 @@ def _return_big_buffers_to_the_os() -> None:
 
 
 def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
-    """Blocking: serve until SIGINT/SIGTERM, then drain the capture queue before exiting."""
+    """Blocking: serve until SIGINT/SIGTERM (in-flight exchanges get the shutdown grace, addons/shutdown.py),
+    then drain the capture queue before exiting."""
     try:
         asyncio.run(serve(settings, runtime, ready=ready))
     except KeyboardInterrupt:

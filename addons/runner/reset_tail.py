@@ -6,6 +6,9 @@ error, which some agents don't retry). tapfix wants to first flush what it held 
 `server_error` event, which every agent retries (clients.md §8). The error hook stores those bytes on
 the client connection; this small wrapper around mitmproxy's HTTP/1 server writes them (and the
 chunked terminator) before mitmproxy closes the connection. Installed once, by the runner.
+
+Before any response head went out, an error ends with mitmproxy's HTML error page instead; a hook
+that stores a whole response under `REPLY_ATTR` (the shutdown grace's JSON 503) has it sent instead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import HttpEvent, ResponseProtocolError
 
 TAIL_ATTR = "_tapfix_tail"
+REPLY_ATTR = "_tapfix_reply"
 _installed = False
 
 
@@ -35,12 +39,20 @@ def install() -> None:
             yield commands.SendData(self.conn, tail)
         yield from original(self, event)
 
+    def send_reply(self: _http1.Http1Server, reply: bytes) -> CommandGenerator[None]:
+        setattr(self.conn, REPLY_ATTR, None)
+        yield commands.SendData(self.conn, reply)
+        yield commands.CloseConnection(self.conn)
+
     def send(self: _http1.Http1Server, event: HttpEvent) -> CommandGenerator[None]:
         # Not a generator itself: the per-chunk path stays mitmproxy's own, one isinstance away.
-        if isinstance(event, ResponseProtocolError):
-            tail = getattr(self.conn, TAIL_ATTR, None)
-            if tail and self.response is not None and self.conn.state & ConnectionState.CAN_WRITE:
-                return send_tail_first(self, event, tail)
+        if isinstance(event, ResponseProtocolError) and self.conn.state & ConnectionState.CAN_WRITE:
+            if self.response is not None:
+                tail = getattr(self.conn, TAIL_ATTR, None)
+                if tail:
+                    return send_tail_first(self, event, tail)
+            elif reply := getattr(self.conn, REPLY_ATTR, None):
+                return send_reply(self, reply)
         return original(self, event)
 
     _http1.Http1Server.send = send  # type: ignore[method-assign]  # patching mitmproxy's method is the point

@@ -103,6 +103,14 @@ def _setup_logging(verbose: bool) -> None:
 )
 @max_age_option("retention: purge captures older than this (7d, 12h)")
 @max_size_option("retention: purge the oldest captures above this size (2G)")
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="on SIGTERM, let in-flight streams finish this long, then end them with a retryable error (0: at once)",
+)
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
 @click.option("-v", "--verbose", is_flag=True)
 @deprecated_alias("--upstream-key-env", "--key-env", "key_env")
@@ -164,6 +172,8 @@ def _config_defaults(kw: dict[str, Any]) -> None:
         kw["tool_repair"] = mode
     if (config.tool_repair or {}).get("stream_valid_prefix"):
         kw["stream_valid_prefix"] = True
+    if config.shutdown_grace is not None and from_file("shutdown_grace"):
+        kw["shutdown_grace"] = config.shutdown_grace
 
 
 def make_settings(kw: dict[str, Any]) -> Settings:
@@ -194,6 +204,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         token=kw.get("token") or None,
         max_age_s=kw.get("max_age"),
         max_db_bytes=kw.get("max_size"),
+        shutdown_grace=kw.get("shutdown_grace", 5.0),
     )
 
 

@@ -101,6 +101,7 @@ class Config:
     probe: Mapping[str, Any] = field(default_factory=dict)
     security: Mapping[str, Any] = field(default_factory=dict)
     retention: Mapping[str, Any] = field(default_factory=dict)
+    shutdown_grace: float | None = None  # seconds; `tapfix run --shutdown-grace` wins
     source: str | None = None  # the file it came from
     quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
 
@@ -243,6 +244,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         probe=dict(data.get("probe", {})),
         security=dict(data.get("security", {})),
         retention=dict(data.get("retention", {})),
+        shutdown_grace=data.get("shutdown_grace"),
         source=source,
     )
 

@@ -40,4 +40,5 @@ class Settings:
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)
     max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/store/retention.py)
     max_db_bytes: int | None = None
+    shutdown_grace: float = 5.0  # seconds in-flight exchanges get after SIGTERM (addons/shutdown.py); 0: none
     extra: dict[str, Any] = field(default_factory=dict)

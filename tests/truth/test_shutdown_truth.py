@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -35,6 +36,8 @@ SCENARIO = {
         {"when": {"model": "brief"}, "do": "answer", "chunk_delay_ms": 150},
         # ~8 s: outlives a short grace
         {"when": {"model": "slow"}, "do": "degenerate", "style": "runaway", "tokens": 40, "chunk_delay_ms": 100},
+        # no response head for 10 s: still waiting when a short grace ends
+        {"when": {"model": "late"}, "do": "delay_ms", "ms": 10000},
         # the whole answer, then a pause before the chunked terminator (the close-after-[DONE] race)
         {"when": {"model": "linger"}, "do": "stall", "seconds": 1, "after_chunks": 100000},
     ]
@@ -169,6 +172,14 @@ def wait_stopped_listening(proxy: Proc) -> None:
     assert proxy.proc.poll() is None, "the proxy exited instead of draining:\n" + proxy.log()
 
 
+def wait_seen(proxy: Proc, count: int) -> None:
+    """Until /tapfix/health counts `count` exchanges: the recorder has them, so they are in flight."""
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{proxy.url}/tapfix/health", timeout=5).json()["exchanges"] < count:
+        assert time.monotonic() < deadline, "the request never reached the proxy's hooks"
+        time.sleep(0.05)
+
+
 def exit_code(proxy: Proc) -> int:
     try:
         return proxy.proc.wait(30)
@@ -249,6 +260,24 @@ def test_truth_6_a_new_request_on_an_open_connection_gets_503(mock: Proc, tmp_pa
     assert client_response == body
 
 
+def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: Proc, tmp_path: Path) -> None:
+    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
+    client = RawClient(proxy.port)
+    client.send(chat("late"))
+    wait_seen(proxy, 1)  # the request is in flight (its upstream answers in 10 s) before the signal
+    proxy.proc.send_signal(signal.SIGTERM)
+    status, headers = client.head()
+    body = client.read_all()
+    client.close()
+    assert status == 503 and headers.get("connection", "").lower() == "close", (status, headers)
+    assert orjson.loads(body)["error"]["type"] == "server_error"
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], headers["x-tapfix-capture-id"])
+    assert row["status"] == 503 and client_response == body
+    flags = set(json.loads(row["flags"]))
+    assert "proxy_shutdown" in flags and not flags & (CUT_FLAGS | {"upstream_error"}), flags
+
+
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Path, second: int) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "120")
@@ -266,7 +295,9 @@ def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Pa
 
 def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: Proc, tmp_path: Path) -> None:
     config = tmp_path / "tapfix.toml"
-    config.write_text(f'shutdown_grace = 0\n\n[upstreams.mock]\nbase_url = "{mock.url}"\n\n[models.slow]\n')
+    config.write_text(
+        f'shutdown_grace = 0\n\n[upstreams.mock]\nbase_url = "{mock.url}"\nengine = "vllm"\n\n[models.slow]\n'
+    )
     proxy = start_proxy_config(tmp_path, config)
     client, capture_id = start_stream(proxy, "slow")
     proxy.proc.send_signal(signal.SIGTERM)
