@@ -138,3 +138,20 @@ def m002_choices(db: Database) -> None:
         )
         """
     )
+
+
+@migrations()
+def m003_sessions_from_data(db: Database) -> None:
+    """Sessions derived from the stored rows, so several processes writing one store agree (see
+    store/sessions.py): what a later turn looks its parent up by, and what a session waits for."""
+    for statement in (
+        # digest of the request's conversation followed by the reply the client received
+        "alter table exchanges add column chain_hash text",
+        "alter table exchanges add column response_id text",  # a Responses response id
+        "alter table sessions add column tip_hash text",  # the chain_hash of the session's latest turn
+        "alter table sessions add column wants text",  # the parent its first turn had not found yet
+        "create index idx_exchanges_chain_hash on exchanges (chain_hash) where chain_hash is not null",
+        "create index idx_exchanges_response_id on exchanges (response_id) where response_id is not null",
+        "create index idx_sessions_wants on sessions (wants) where wants is not null",
+    ):
+        db.execute(statement)

@@ -1,93 +1,185 @@
-"""Group exchanges into agent sessions, so a whole agent run can be shown and replayed turn by turn.
+"""Group exchanges into agent sessions: one session is one agent run, shown and replayed turn by turn.
 
-The key is, in order: opencode's `x-session-id`, the Responses API's `prompt_cache_key`, else the
-conversation's opening (system prompt + first user turn) from the same client and model — every
-later turn of a chat resends that opening unchanged. A session idle for longer than `IDLE_GAP_S`
-starts afresh even if the opening repeats (the same prompt run twice is two runs).
+In order:
+1. an id the agent sends: opencode's `x-session-id` header, a replay's own session, the Responses
+   API's `prompt_cache_key`; `previous_response_id` joins the session of the exchange that returned
+   that response;
+2. a first turn (no assistant message in its conversation) starts a new session;
+3. a later turn joins the session of the exchange it continues: the one whose conversation plus the
+   reply the client received is the longest prefix of this request's conversation (see
+   `conversation`). When several match (twenty runs of one script), the same client address and
+   user-agent come first, then a session whose latest turn is that exchange (not yet continued):
+   twenty identical runs stay twenty. The connection is no criterion: clients reconnect between turns.
+
+Everything is read from the store inside the writer's transaction, never from a process's memory, so
+several `tapfix run` writing one database agree. Their writers are not ordered, though: a turn may be
+written before the turn it continues (another process's writer is a batch behind). Such a turn starts
+a session that `wants` its parent, and the parent, once written, takes that session in.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
-import re
 import sqlite3
-from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
 
 import orjson
+from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.jsonsplice import SpliceError, array_item_spans, top_level_spans
+from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
+from tapfix.proxy.sse import event_data
+from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
+from tapfix.proxy.surfaces import surface_for
 
-IDLE_GAP_S = 30 * 60
-_PROMPT_CACHE_KEY = re.compile(rb'"prompt_cache_key"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+_ID_MAX = 200
+_RESPONSE_PREFIX = "resp:"  # a `wants` naming a Responses response id rather than a chain hash
 
 
-def _opening(body: bytes) -> bytes | None:
-    """The system prompt and the turns up to the first user message, canonical. Only those values are
-    parsed: the rest of a megabyte conversation is skipped by span (a full parse cost ~2 ms and ~1 MB of
-    Python objects per MB of body, per turn, in the writer)."""
+@dataclass(frozen=True, slots=True)
+class SessionLink:
+    """Where one exchange belongs, and what a later turn will find it by."""
+
+    session_id: str | None
+    chain_hash: str | None = None  # its conversation followed by its reply (None: nothing to continue)
+    response_id: str | None = None  # a Responses response id, for `previous_response_id`
+    wants: str | None = None  # the parent a session's first turn could not find yet
+
+
+def _spans(body: bytes, arrays: tuple[str, ...] = ()) -> tuple[Spans, Items]:
+    """The top-level members, and the items of the conversation arrays, in one pass over the body."""
+    if body[:1] != b"{" and not body.lstrip()[:1] == b"{":
+        return {}, {}
     try:
-        spans = top_level_spans(body)
-        where = spans.get("messages")
-        if where is None or body[where[0]] != 0x5B:
-            where = spans.get("input")
-            if where is None or body[where[0]] != 0x5B:
-                return None
-        opening: list[Any] = [orjson.loads(body[slice(*spans["system"])])] if "system" in spans else []
-        turns = 0
-        for start, end in array_item_spans(body, where[0]):
-            message = orjson.loads(body[start:end])
-            opening.append(message)
-            turns += 1
-            if isinstance(message, dict) and message.get("role") == "user":
-                break
-    except (SpliceError, orjson.JSONDecodeError, IndexError):
+        return top_level_item_spans(body, arrays)
+    except (SpliceError, IndexError):
+        return {}, {}
+
+
+def _string(body: bytes, spans: Spans, key: str) -> str | None:
+    where = spans.get(key)
+    if where is None or body[where[0]] != 0x22:
         return None
-    return orjson.dumps(opening, option=orjson.OPT_SORT_KEYS) if turns else None
+    try:
+        value = orjson.loads(body[slice(*where)])
+    except orjson.JSONDecodeError:
+        return None
+    return value[:_ID_MAX] if isinstance(value, str) and value else None
 
 
-def explicit_key(ex: Exchange) -> str | None:
+def explicit_key(ex: Exchange, spans: Spans) -> str | None:
     for name, value in ex.request_headers:
         if name.lower() == "x-session-id" and value:
-            return value[:200]
+            return value[:_ID_MAX]
     if ex.session_hint:
         return ex.session_hint
-    match = _PROMPT_CACHE_KEY.search(ex.request[:65536]) if b"prompt_cache_key" in ex.request else None
-    return match.group(1).decode(errors="replace") if match else None
+    return _string(ex.request, spans, "prompt_cache_key")
+
+
+def response_id(client: bytes) -> str | None:
+    """The Responses response id the client received: the body's `id`, or the first event's `response.id`."""
+    head = client.lstrip()[:1]
+    if head == b"{":
+        return _string(client, _spans(client)[0], "id")
+    for line in client[: 1 << 20].split(b"\n", 64)[:64]:
+        data = event_data(line) if line.startswith(b"data:") else None
+        if data is None:
+            continue
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        response = event.get("response") if isinstance(event, dict) else None
+        if isinstance(response, dict) and isinstance(response.get("id"), str) and response["id"]:
+            return str(response["id"])[:_ID_MAX]
+    return None
 
 
 class SessionTracker:
-    """Lives in the writer thread: maps conversation openings to session ids."""
+    """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
 
     def __init__(self) -> None:
-        self._by_opening: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.parser = Parser()
 
-    def assign(self, ex: Exchange) -> str | None:
-        key = explicit_key(ex)
+    def assign(self, conn: sqlite3.Connection, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
+        """`reply` and `client`: the answer as the client received it, assembled and as bytes."""
+        surface = surface_for(ex.path)
+        spans, items = _spans(ex.request, CONVERSATION_FIELDS)
+        answered = ex.status is not None and 200 <= ex.status < 300
+        conversation = self.parser.conversation(ex.request, spans, items, surface) if spans else None
+        # Replays and probes are copies, not turns an agent continues.
+        own = not ex.session_hint and not ({"replay", "probe"} & ex.tags)
+        chain = conversation.chained(reply_parts(reply)) if conversation and answered and own else None
+        rid = response_id(client) if surface == "responses" and answered and own else None
+        key = explicit_key(ex, spans)
         if key:
-            return key
-        opening = _opening(ex.request) if ex.request[:1] == b"{" else None
-        if opening is None:
-            return None
-        digest = hashlib.sha256(f"{ex.user_agent}\0{ex.model}\0".encode() + opening).hexdigest()[:16]
-        known = self._by_opening.get(digest)
-        if known is not None and ex.started_at - known[1] < IDLE_GAP_S:
-            session_id = known[0]
-        else:
-            session_id = f"s-{ex.id}"
-        self._by_opening[digest] = (session_id, ex.started_at)
-        self._by_opening.move_to_end(digest)
-        while len(self._by_opening) > 4096:
-            self._by_opening.popitem(last=False)
-        return session_id
+            return SessionLink(key, chain, rid)
+        previous = _string(ex.request, spans, "previous_response_id")
+        if previous:
+            row = conn.execute(
+                "select session_id from exchanges where response_id = ? and session_id is not null"
+                " order by rowid desc limit 1",
+                (previous,),
+            ).fetchone()
+            if row is not None:
+                return SessionLink(row[0], chain, rid)
+            return SessionLink(f"s-{ex.id}", chain, rid, wants=_RESPONSE_PREFIX + previous)
+        if conversation is None:
+            return SessionLink(None)
+        if not conversation.parents:
+            return SessionLink(f"s-{ex.id}", chain, rid)
+        found = self._continued(conn, conversation.parents, ex)
+        if found is not None:
+            return SessionLink(found, chain, rid)
+        return SessionLink(f"s-{ex.id}", chain, rid, wants=conversation.parents[-1])
 
-    def record(self, conn: sqlite3.Connection, session_id: str | None, ex: Exchange) -> None:
-        if not session_id:
+    def _continued(self, conn: sqlite3.Connection, parents: list[str], ex: Exchange) -> str | None:
+        """One indexed lookup: the session of the exchange behind the longest matching prefix."""
+        values = ", ".join("(?, ?)" for _ in parents)
+        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
+        row = conn.execute(
+            f"with p(h, k) as (values {values})"
+            " select e.session_id from p join exchanges e on e.chain_hash = p.h"
+            " left join sessions s on s.id = e.session_id"
+            " where e.session_id is not null"
+            " order by p.k desc, (e.client_addr is ? and e.user_agent is ?) desc,"
+            " coalesce(s.tip_hash = e.chain_hash, 0) desc, e.rowid"
+            " limit 1",
+            [*args, ex.client_addr, ex.user_agent],
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def record(self, conn: sqlite3.Connection, link: SessionLink, ex: Exchange) -> None:
+        """After the exchange row is in: count it in its session, then take in a session that waited
+        for it (its continuation, written first by another process)."""
+        if not link.session_id:
             return
         when = datetime.datetime.fromtimestamp(ex.started_at, datetime.UTC).isoformat(timespec="milliseconds")
         conn.execute(
-            "insert into sessions (id, first_at, last_at, user_agent, model, exchanges) values (?, ?, ?, ?, ?, 1)"
-            " on conflict(id) do update set last_at = excluded.last_at, exchanges = exchanges + 1",
-            (session_id, when, when, ex.user_agent, ex.model),
+            "insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
+            " values (?, ?, ?, ?, ?, 1, ?, ?)"
+            " on conflict(id) do update set exchanges = exchanges + 1,"
+            " first_at = min(first_at, excluded.first_at), last_at = max(last_at, excluded.last_at),"
+            " tip_hash = case when excluded.last_at >= last_at then coalesce(excluded.tip_hash, tip_hash)"
+            " else tip_hash end",
+            (link.session_id, when, when, ex.user_agent, ex.model, link.chain_hash, link.wants),
         )
+        for wanted in (link.chain_hash, link.response_id and _RESPONSE_PREFIX + link.response_id):
+            if wanted:
+                self._adopt(conn, link.session_id, wanted, ex)
+
+    def _adopt(self, conn: sqlite3.Connection, session_id: str, wanted: str, ex: Exchange) -> None:
+        row = conn.execute(
+            "select id, first_at, last_at, exchanges, tip_hash from sessions where wants = ? and id != ?"
+            " order by (user_agent is ?) desc, first_at, id limit 1",
+            (wanted, session_id, ex.user_agent),
+        ).fetchone()
+        if row is None:
+            return
+        orphan, first_at, last_at, count, tip = row
+        conn.execute("update exchanges set session_id = ? where session_id = ?", (session_id, orphan))
+        conn.execute(
+            "update sessions set exchanges = exchanges + ?, first_at = min(first_at, ?), last_at = max(last_at, ?),"
+            " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+            (count, first_at, last_at, last_at, tip, session_id),
+        )
+        conn.execute("delete from sessions where id = ?", (orphan,))

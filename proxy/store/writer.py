@@ -221,7 +221,7 @@ class CaptureWriter:
             )
             if timed.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
-        link = self.sessions.assign(self.conn, ex, assembled, client)
+        link = self.sessions.assign(self.conn, ex, assembled, ex.readable(client))
         session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
