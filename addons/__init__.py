@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tapfix.addons.auth import TokenAuth
 from tapfix.addons.health import Health
+from tapfix.addons.malformed import RecordMalformed
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
@@ -22,6 +23,7 @@ def default_addons(runtime: Runtime) -> list[object]:
         Router(runtime),
         StreamOwner(runtime),
         RecordExchange(runtime),
+        RecordMalformed(runtime),
     ]
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))

@@ -195,7 +195,7 @@ def malformed_heads(draw: Any) -> tuple[str, str, bytes]:
     return "exchange", nonce, _bad_framing(draw, nonce)
 
 
-@settings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=malformed_heads())
 def test_truth_10_malformed_heads_each_leave_a_record(proxy: Proc, case: tuple[str, str, bytes]) -> None:
     kind, nonce, sent = case

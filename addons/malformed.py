@@ -1,0 +1,107 @@
+"""Malformed requests leave a record, flagged `malformed_request`, instead of nothing.
+
+mitmproxy refuses them itself, with its HTML 400 (or by closing), before any `request` hook, so the
+recorder never sees them. Two kinds:
+- the head parsed, then the request was refused (a bad Content-Length or Transfer-Encoding, both at
+  once, bad chunking): mitmproxy made a flow and runs the `error` hook; the record is an exchange
+  with the head, mitmproxy's error and what the client got;
+- the head did not parse: there is no flow, only the bytes addons/runner/raw_head.py kept on the
+  connection; at `client_disconnected` they become a connection record (tag `connection`): the
+  peer, the first 4 KiB as the request body, mitmproxy's message and its 400.
+A request whose client went away before its body was complete is recorded the same way, flagged
+`client_disconnected` instead.
+"""
+
+from __future__ import annotations
+
+import time
+
+from mitmproxy import connection, http
+from mitmproxy.connection import ConnectionState
+from mitmproxy.net.http import http1
+from mitmproxy.proxy.layers.http import _http1
+from tapfix.addons.runner.raw_head import REJECTED_ATTR, RejectedHead
+from tapfix.addons.runner.runtime import META, Runtime
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.proxy.exchange import Exchange
+
+FLAG = "malformed_request"
+TAG = "connection"
+
+
+class RecordMalformed:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """A flow that errored before its `request` hook: mitmproxy refused the request itself."""
+        if META in flow.metadata or flow.request is None or not self.runtime.intercepted(flow):
+            return
+        request = flow.request
+        message = flow.error.msg if flow.error else "malformed request"
+        ex = Exchange(
+            client_addr=_peer(flow.client_conn),
+            method=request.method,
+            path=request.path,
+            url=request.pretty_url,
+            user_agent=request.headers.get("user-agent", ""),
+            request=request.raw_content or b"",
+            request_headers=list(request.headers.items(multi=True)),  # as the recorder keeps them
+            store_bodies=self.runtime.settings.store_bodies,
+            error=message,
+        )
+        ex.started_at = request.timestamp_start or time.time()
+        ex.flags.add("client_disconnected" if "peer closed connection" in message else FLAG)
+        self._answered(ex, self._sent(flow.client_conn, message))
+        self._submit(ex)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        """A head that did not parse: no flow, only what raw_head kept."""
+        rejected: RejectedHead | None = getattr(client, REJECTED_ATTR, None)
+        if rejected is None or rejected.message is None:
+            return
+        setattr(client, REJECTED_ATTR, None)
+        ex = Exchange(
+            client_addr=_peer(client),
+            request=rejected.data,
+            store_bodies=self.runtime.settings.store_bodies,
+            error=rejected.message,
+        )
+        ex.started_at = client.timestamp_start or time.time()
+        ex.flags.add(FLAG)
+        ex.tags.add(TAG)
+        self._answered(ex, rejected.sent)
+        self._submit(ex)
+
+    @staticmethod
+    def _sent(client: connection.Client, message: str) -> bytes:
+        """What mitmproxy answered: the 400 read_headers sent (raw_head kept it), or the 400 its HTTP/1
+        server sends next for a request refused by validation (the client is still writable then);
+        after bad chunking it only closes."""
+        rejected: RejectedHead | None = getattr(client, REJECTED_ATTR, None)
+        if rejected is not None:
+            setattr(client, REJECTED_ATTR, None)
+            return rejected.sent
+        if client.state & ConnectionState.CAN_WRITE:
+            return _http1.make_error_response(400, message)
+        return b""
+
+    @staticmethod
+    def _answered(ex: Exchange, sent: bytes) -> None:
+        if not sent:
+            return
+        head, _, body = sent.partition(b"\r\n\r\n")
+        response = http1.read_response_head(head.split(b"\r\n"))
+        ex.status = response.status_code
+        ex.response_headers = list(response.headers.items(multi=True))
+        ex.content_type = response.headers.get("content-type", "")
+        ex.client_response = body
+
+    def _submit(self, ex: Exchange) -> None:
+        ex.ended_at = time.perf_counter()
+        self.runtime.exchanges_seen += 1
+        self.runtime.submit(ex)
+
+
+def _peer(conn: connection.Client) -> str:
+    return f"{conn.peername[0]}" if conn.peername else ""
