@@ -30,7 +30,7 @@ class RecordRequest:
         body = request.raw_content or b""
         ex = Exchange(
             client_addr=f"{flow.client_conn.peername[0]}" if flow.client_conn.peername else "",
-            method=request.method,
+            method=request.data.method.decode("utf-8", "surrogateescape"),  # as sent: .method upper-cases
             path=request.path,
             url=request.pretty_url,
             user_agent=request.headers.get("user-agent", ""),

@@ -124,7 +124,8 @@ def curl_script(capture: dict[str, Any], body: bytes, which: str = "forwarded") 
     else:  # bytes curl's URL parser would refuse, glob or re-encode: the request line gets them as they are
         url = f'"${{TAPFIX_UPSTREAM:-{origin}}}" --request-target {_shell_bytes(raw_path)}'
     args = [f"curl -sS -N -X {shlex.quote(method)} {url}"]
-    args += [f"-H {_shell_bytes(k + b': ' + v)}" for k, v in _request_headers(capture, which)]
+    # `-H "name:"` would remove the header: an empty value is curl's `name;`.
+    args += [f"-H {_shell_bytes(k + (b': ' + v if v else b';'))}" for k, v in _request_headers(capture, which)]
     args.append('${TAPFIX_API_KEY:+-H "Authorization: Bearer $TAPFIX_API_KEY"}')
     if not body:
         return "\n".join(lines + [" \\\n  ".join(args), ""])
