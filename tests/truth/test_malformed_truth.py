@@ -51,8 +51,8 @@ def send_raw(proxy: Proc, data: bytes) -> bytes:
         return received
 
 
-def find_record(proxy: Proc, nonce: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The malformed-request record whose path or request bytes hold `nonce`, with its bodies."""
+def find_record(proxy: Proc, nonce: str, timeout: float = 5.0, flag: str = "malformed_request") -> dict[str, Any]:
+    """The record flagged `flag` whose path or request bytes hold `nonce`, with its bodies."""
     db = proxy.extra["db"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,7 +60,7 @@ def find_record(proxy: Proc, nonce: str, timeout: float = 5.0) -> dict[str, Any]
             conn = open_for_reading(db)
             try:
                 rows = conn.execute(
-                    "select id, path from exchanges where flags like '%malformed_request%' order by ts desc limit 500"
+                    "select id, path from exchanges where flags like ? order by ts desc limit 500", (f"%{flag}%",)
                 ).fetchall()
                 for row in rows:
                     capture = load_capture(conn, row["id"])
@@ -72,7 +72,7 @@ def find_record(proxy: Proc, nonce: str, timeout: float = 5.0) -> dict[str, Any]
             finally:
                 conn.close()
         time.sleep(0.05)
-    raise AssertionError(f"no malformed_request record holds {nonce} after {timeout}s:\n" + proxy.log()[-2000:])
+    raise AssertionError(f"no {flag} record holds {nonce} after {timeout}s:\n" + proxy.log()[-2000:])
 
 
 def body_of(response: bytes) -> bytes:
@@ -137,6 +137,17 @@ def test_truth_10_malformed_long_garbage_keeps_its_first_4_kib(proxy: Proc) -> N
     received = send_raw(proxy, sent)
     capture = assert_connection_record(proxy, nonce, sent, received)
     assert len(capture["request_bytes"]) == 4096
+
+
+def test_a_body_cut_short_by_its_client_is_recorded_as_a_disconnect(proxy: Proc) -> None:
+    nonce = uuid.uuid4().hex
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(head_with(nonce, b"Content-Length: 100", body=b'{"model": '))
+        sock.shutdown(socket.SHUT_WR)  # gone before the other 90 bytes
+        sock.recv(65536)
+    capture = find_record(proxy, nonce, flag="client_disconnected")
+    assert "malformed_request" not in capture["flags"] and "peer closed connection" in capture["error"]
+    assert capture["method"] == "POST" and capture["status"] is None
 
 
 # -- the hypothesis set of malformed heads --------------------------------------------------------

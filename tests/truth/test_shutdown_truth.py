@@ -278,6 +278,25 @@ def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: Pr
     assert "proxy_shutdown" in flags and not flags & (CUT_FLAGS | {"upstream_error"}), flags
 
 
+def test_a_client_gone_before_the_response_head_is_a_disconnect(mock: Proc, tmp_path: Path) -> None:
+    """Not the upstream's fault: flagged client_disconnected, never upstream_error."""
+    proxy = start_proxy(tmp_path, mock.url)
+    client = RawClient(proxy.port)
+    client.send(chat("late"))
+    wait_seen(proxy, 1)
+    client.close()
+    deadline = time.monotonic() + 10
+    while True:  # the capture id never reached the client: find the one exchange in the store
+        assert time.monotonic() < deadline, "the exchange was not stored"
+        out = cli("captures", "list", "--json", "--db", str(proxy.extra["db"]))
+        rows = [orjson.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        if rows:
+            break
+        time.sleep(0.1)
+    proxy.stop()
+    assert "client_disconnected" in rows[0]["flags"] and "upstream_error" not in rows[0]["flags"], rows[0]
+
+
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Path, second: int) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "120")
