@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.builders import tool
+from tests.support.builders import message_tool_call, tool
 from tests.support.procs import start_proxy, wait_capture
 
 pytestmark = pytest.mark.e2e
@@ -77,8 +77,7 @@ def _streamed_message(raw: Any) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
     if calls:
         message["tool_calls"] = [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for _, c in sorted(calls.items())
+            message_tool_call(c["arguments"], c["id"], c["name"]) for _, c in sorted(calls.items())
         ]
     return message
 
