@@ -365,6 +365,23 @@ def test_set_values_parse_as_json_when_they_can() -> None:
     ]
 
 
+def test_truth_1_replay_resends_the_header_bytes_as_captured(tmp_path: Path) -> None:
+    """The store keeps header values as text (`\\xNN` for a byte that isn't UTF-8, `\\\\` for a
+    backslash); a replay sends the bytes behind that text, not the escapes."""
+    server = RawServer(lambda request: SSE_OK)
+    try:
+        db = tmp_path / "c.db"
+        odd = "C:\\tmp a\udcff\udce9 é"  # a backslash, two bytes that aren't UTF-8, a UTF-8 é
+        headers = [("content-type", "application/json"), ("x-odd", odd), ("content-length", str(len(BODY)))]
+        source = store_source(db, server.url, headers=headers)
+        result = run_replay(source, "--db", str(db))
+    finally:
+        server.close()
+    assert result.exit_code == 0, result.output
+    (sent,) = server.requests
+    assert b"\r\nx-odd: C:\\tmp a\xff\xe9 \xc3\xa9\r\n" in sent.head, sent.head
+
+
 def test_json_output_is_one_object_per_run(tmp_path: Path) -> None:
     server = RawServer(lambda request: SSE_OK)
     try:
