@@ -27,7 +27,7 @@ import orjson
 from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.http_headers import HOP_BY_HOP
+from tapfix.proxy.http_headers import HOP_BY_HOP, head_bytes
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.response.flags import response_flags
@@ -217,7 +217,7 @@ def resend_headers(stored: Sequence[Sequence[str]], credential: tuple[str, str] 
             continue
         if lower in _NOT_RESENT or lower.startswith("x-tapfix-"):
             continue
-        out.append((name, value))
+        out.append((_as_received(name), _as_received(value)))
     out.append(("accept-encoding", "identity"))  # the bytes as the server produced them
     if credential is not None:
         header, key = credential
@@ -225,6 +225,15 @@ def resend_headers(stored: Sequence[Sequence[str]], credential: tuple[str, str] 
             header = "x-api-key" if had_secret in ("x-api-key", "api-key") else "authorization"
         out.append((header, key if header != "authorization" else f"Bearer {key}"))
     return out
+
+
+def _as_received(text: str) -> str:
+    """Stored head text (`\\xNN`, `\\\\`) back to mitmproxy's form: the bytes, surrogate-escaped."""
+    return head_bytes(text).decode("utf-8", "surrogateescape")
+
+
+def _wire(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in headers]
 
 
 def credential_from_env(name: str | None) -> tuple[str, str] | None:
@@ -262,7 +271,7 @@ async def send_one(client: httpx.AsyncClient, req: ReplayRequest, run: int, turn
     result = RunResult(run, turn, req)
     started = time.perf_counter()
     try:
-        async with client.stream(req.method, req.url, content=req.body, headers=req.headers) as response:
+        async with client.stream(req.method, req.url, content=req.body, headers=_wire(req.headers)) as response:
             result.first_byte = time.perf_counter() - started
             result.status = response.status_code
             result.content_type = response.headers.get("content-type", "")
