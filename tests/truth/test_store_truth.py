@@ -351,3 +351,18 @@ def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
     proc = start_proxy(tmp_path, mock.url, db=db)
     proc.stop()
     assert "choices" in _tables(db)
+
+
+def test_truth_2_store_path_with_uri_characters(tmp_path: Path) -> None:
+    """Readers open the store as a read-only `file:` URI: a `?`, `#` or `%` in a folder name is part of
+    the path, not the URI's query or fragment."""
+    db = tmp_path / "run?1 #2 %41" / "c.db"
+    writer = CaptureWriter(db)
+    ex = Exchange(method="POST", path=CHAT, request=b"{}", status=200, content_type="application/json")
+    writer.submit(ex)
+    writer.close()
+    conn = open_for_reading(db)
+    try:
+        assert [r["id"] for r in list_captures(conn)] == [ex.id]
+    finally:
+        conn.close()
