@@ -41,7 +41,7 @@ class RecordMalformed:
         message = flow.error.msg if flow.error else "malformed request"
         ex = Exchange(
             client_addr=_peer(flow.client_conn),
-            method=request.method,
+            method=request.data.method.decode("utf-8", "surrogateescape"),  # as sent: .method upper-cases
             path=request.path,
             url=request.pretty_url,
             user_agent=request.headers.get("user-agent", ""),

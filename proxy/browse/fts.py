@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
+from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
 
 log = logging.getLogger("tapfix.browse")
@@ -122,7 +123,7 @@ class SearchIndex:
         return conn
 
     def attach_uri(self) -> str:
-        return f"file:{self.path}?mode=ro"
+        return read_only_uri(self.path)
 
     def catch_up(self, limit: int | None = None, batch: int = 500, *, wait: bool = True) -> int:
         """Index up to `limit` new exchanges (all when None); returns how many were indexed.

@@ -55,12 +55,17 @@ def open_for_writing(path: Path | str) -> sqlite3.Connection:
     return conn
 
 
+def read_only_uri(path: Path | str) -> str:
+    """A `file:` URI with the path percent-encoded: a `?`, `#` or `%` in a folder name stays part of it."""
+    return Path(path).absolute().as_uri() + "?mode=ro"
+
+
 def open_for_reading(path: Path | str) -> sqlite3.Connection:
     """Read-only: never migrates, never takes the write lock."""
     path = Path(path)
     if not path.exists():
         raise StoreError(f"no capture database at {path} (run `tapfix run` or `tapfix demo` first, or pass --db)")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
