@@ -189,6 +189,9 @@ def test_disk_full_keeps_traffic_flowing_and_counts_failures(stack, tmp_path):
         assert writer["failures"] >= 1, writer
         assert "full" in writer["last_error"].lower() or "disk" in writer["last_error"].lower(), writer
         assert writer["written"] + writer["failures"] >= 1  # every exchange is either stored or counted
+        # Health counts what could not be stored per cause (issue 15): here the database's full disk.
+        assert sum(writer["failures_by_cause"].values()) == writer["failures"], writer
+        assert set(writer["failures_by_cause"]) <= {"disk_full", "io"}, writer
         assert (
             httpx.post(
                 f"{proxy.url}/v1/chat/completions",

@@ -56,12 +56,15 @@ class WriterStats:
     last_commit: float = field(default_factory=time.time)
     # Exchanges stored only as metadata and raw bytes (flag `capture_failed`), by the error's type.
     capture_failed: dict[str, int] = field(default_factory=dict)
+    # Exchanges not stored at all (`failures`), by cause: disk_full, locked, read_only, io, or the error's type.
+    lost: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self, depth: int) -> dict[str, Any]:
         return {
             "queue_depth": depth,
             "written": self.written,
             "failures": self.failures,
+            "failures_by_cause": dict(self.lost),
             "capture_failed": dict(self.capture_failed),
             "lock_retries": self.lock_retries,
             "last_error": self.last_error,
@@ -186,6 +189,8 @@ class CaptureWriter:
 
     def _lost(self, exchanges: list[Exchange], error: Exception) -> None:
         self.stats.failures += len(exchanges)
+        cause = _cause(error)
+        self.stats.lost[cause] = self.stats.lost.get(cause, 0) + len(exchanges)
         self.stats.last_error = _describe(error)
         log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
 
@@ -311,6 +316,24 @@ def _environmental(e: Exception) -> bool:
     return isinstance(e, sqlite3.OperationalError) and any(
         word in text for word in ("locked", "busy", "full", "disk i/o", "readonly", "read-only")
     )
+
+
+def _cause(e: Exception) -> str:
+    """A short name for why the database refused a write, for health's per-cause counts."""
+    text = str(e).lower()
+    if isinstance(e, sqlite3.OperationalError):
+        for cause, words in _CAUSES:
+            if any(word in text for word in words):
+                return cause
+    return type(e).__name__
+
+
+_CAUSES = (
+    ("disk_full", ("full", "too large")),
+    ("locked", ("locked", "busy")),
+    ("read_only", ("readonly", "read-only")),
+    ("io", ("disk i/o",)),
+)
 
 
 def _describe(e: Exception) -> str:
