@@ -31,7 +31,10 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
     c = capture
     lines = [
         f"capture {c['id']}  {c['started_at']}",
-        f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
+        f"  connection record: a request head that didn't parse; its first {c.get('request_size') or 0} bytes are"
+        " the request body (`captures export --request`)"
+        if "connection" in (c.get("tags") or [])
+        else f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
         f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})"
         f"   session: {c.get('session_id') or '-'}",
         f"  model: {c.get('model') or '-'}"

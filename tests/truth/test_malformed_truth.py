@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import open_for_reading
 
-from tests.support.procs import Proc
+from tests.support.procs import Proc, cli
 
 pytestmark = pytest.mark.e2e
 
@@ -129,6 +129,9 @@ def test_truth_10_malformed_request_line_is_a_connection_record(proxy: Proc) -> 
     received = send_raw(proxy, sent)
     capture = assert_connection_record(proxy, nonce, sent, received)
     assert "Bad HTTP request line" in capture["error"], capture["error"]
+    shown = cli("captures", "show", capture["id"], "--db", str(proxy.extra["db"]))
+    assert shown.returncode == 0, shown.stderr
+    assert b"connection record" in shown.stdout and b"Bad HTTP request line" in shown.stdout, shown.stdout
 
 
 def test_truth_10_malformed_long_garbage_keeps_its_first_4_kib(proxy: Proc) -> None:
