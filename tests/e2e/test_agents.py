@@ -99,8 +99,9 @@ def test_tool_round_trip(agent, stack, tmp_path):
     if agent == "opencode":  # plus the title request, sent beside turn 1; one session id throughout
         assert len(rows) == 3
         assert len({r["session_id"] for r in rows}) == 1 and rows[0]["session_id"].startswith("ses_")
-    else:
+    else:  # no session id sent: turn 2 continues turn 1's conversation and reply, so one session (issue 15)
         assert len(rows) == 2
+        assert len({r["session_id"] for r in rows}) == 1 and rows[0]["session_id"], rows
 
     (first, body1), (second, body2) = turns
     assert PROMPT in json.dumps(body1["messages"])
