@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from tapfix.proxy.cli.replay import replay
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import splice
-from tapfix.proxy.replay.client import parse_edits, resend_headers
+from tapfix.proxy.replay.client import resend_headers
+from tapfix.proxy.replay.edits import parse_edits
 from tapfix.proxy.store.reader import list_captures
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 

@@ -94,13 +94,8 @@ def replay(
       tapfix replay 01J9Z3 --times 5 --concurrency 5
       tapfix replay 01J9Z3 --set temperature=0 --upstream http://127.0.0.1:8001
     """
-    from tapfix.proxy.replay.client import (
-        ReplayError,
-        build_request,
-        check_reachable,
-        parse_edits,
-        session_capture_ids,
-    )
+    from tapfix.proxy.replay.client import ReplayError, build_request, check_reachable, session_capture_ids
+    from tapfix.proxy.replay.edits import parse_edits
     from tapfix.proxy.store.reader import CaptureNotFound
 
     if bool(capture_id) == bool(session_id):
