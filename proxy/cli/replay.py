@@ -94,8 +94,8 @@ def replay(
       tapfix replay 01J9Z3 --times 5 --concurrency 5
       tapfix replay 01J9Z3 --set temperature=0 --upstream http://127.0.0.1:8001
     """
-    from tapfix.proxy.replay.client import ReplayError, build_request, check_reachable, session_capture_ids
-    from tapfix.proxy.replay.edits import parse_edits
+    from tapfix.proxy.replay.client import build_request, check_reachable, session_capture_ids
+    from tapfix.proxy.replay.edits import ReplayError, parse_edits
     from tapfix.proxy.store.reader import CaptureNotFound
 
     if bool(capture_id) == bool(session_id):
@@ -119,7 +119,8 @@ def _credentials(
     key_env: str | None, config_path: Path | None, conn: Any, first_id: str, upstream: str | None
 ) -> tuple[tuple[str, str] | None, bool | str]:
     """From --key-env, else from the config's upstream serving that origin: (credential, verify)."""
-    from tapfix.proxy.replay.client import ReplayError, credential_from_env
+    from tapfix.proxy.replay.client import credential_from_env
+    from tapfix.proxy.replay.edits import ReplayError
 
     verify: bool | str = True
     if config_path is not None:
