@@ -84,6 +84,9 @@ async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> N
     raw_head.install()
     master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
     master.options.update(**mitm_options(settings, runtime))
+    termlog = master.addons.get("termlog")
+    if termlog is not None:  # tapfix's own lines have their handler (cli/run.py); mitmproxy's prints its own
+        termlog.logger.addFilter(_not_tapfix)
     chain = default_addons(runtime)
     master.addons.add(*chain)
     shutdown = next(addon for addon in chain if isinstance(addon, Shutdown))
@@ -102,6 +105,10 @@ async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> N
     if ready is not None:
         ready()
     await task
+
+
+def _not_tapfix(record: logging.LogRecord) -> bool:
+    return not (record.name == "tapfix" or record.name.startswith("tapfix."))
 
 
 async def _wait_listening(master: DumpMaster) -> list[Any]:
