@@ -10,6 +10,10 @@ recorder never sees them. Two kinds:
   peer, the first 4 KiB as the request body, mitmproxy's message and its 400.
 A request whose client went away before its body was complete is recorded the same way, flagged
 `client_disconnected` instead.
+
+With a token (a listen address beyond loopback) these records are written before anyone could be
+authenticated, so each peer gets a budget of them (`PEER_BUDGET` a minute); the rest are only counted
+(`malformed_unrecorded` in health), so a stranger can't fill the store with 4 KiB records.
 """
 
 from __future__ import annotations
@@ -27,11 +31,34 @@ from tapfix.proxy.exchange import Exchange
 
 FLAG = "malformed_request"
 TAG = "connection"
+PEER_BUDGET = 20  # records a minute per peer, with a token
+BUDGET_WINDOW_S = 60.0
+
+
+class PeerBudget:
+    """At most `limit` records per peer in any `window` seconds (a sliding log; peers are few)."""
+
+    def __init__(self, limit: int = PEER_BUDGET, window: float = BUDGET_WINDOW_S) -> None:
+        self.limit = limit
+        self.window = window
+        self._seen: dict[str, list[float]] = {}
+
+    def allow(self, peer: str, now: float) -> bool:
+        recent = [t for t in self._seen.get(peer, ()) if now - t < self.window]
+        if len(recent) >= self.limit:
+            self._seen[peer] = recent
+            return False
+        recent.append(now)
+        self._seen[peer] = recent
+        if len(self._seen) > 4096:  # forget idle peers
+            self._seen = {k: v for k, v in self._seen.items() if v and now - v[-1] < self.window}
+        return True
 
 
 class RecordMalformed:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.budget = PeerBudget()
 
     def error(self, flow: http.HTTPFlow) -> None:
         """A flow that errored before its `request` hook: mitmproxy refused the request itself."""
@@ -98,6 +125,9 @@ class RecordMalformed:
         ex.client_response = body
 
     def _submit(self, ex: Exchange) -> None:
+        if self.runtime.settings.token and not self.budget.allow(ex.client_addr, time.monotonic()):
+            self.runtime.malformed_unrecorded += 1
+            return
         ex.ended_at = time.perf_counter()
         self.runtime.exchanges_seen += 1
         self.runtime.submit(ex)

@@ -33,6 +33,7 @@ class Runtime:
     targets: dict[str, UpstreamTarget] = field(default_factory=dict)
     intercept_hosts: set[str] = field(default_factory=set)
     exchanges_seen: int = 0
+    malformed_unrecorded: int = 0  # malformed-request records over a peer's budget (with a token)
     started: float = field(default_factory=time.time)
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
@@ -69,6 +70,7 @@ class Runtime:
             "status": "ok",
             "uptime_s": round(time.time() - self.started, 1),
             "exchanges": self.exchanges_seen,
+            "malformed_unrecorded": self.malformed_unrecorded,
             "capture_writer": self.writer.health() if self.writer else None,
             "mode": self.settings.mode,
             "upstreams": {name: t.url for name, t in self.targets.items()},

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -232,3 +233,36 @@ def test_well_formed_traffic_between_the_malformed_is_stored_unflagged(proxy: Pr
     assert received.startswith(b"HTTP/1.1 200"), received[:200]
     with pytest.raises(AssertionError):
         find_record(proxy, nonce, timeout=1.0)
+
+
+def test_with_a_token_each_peer_has_a_budget_of_malformed_records(tmp_path: Path, mock) -> None:
+    """Malformed records are written before anyone can be authenticated: with a token, a peer gets
+    PEER_BUDGET of them a minute and the rest are counted in health, so a stranger can't fill the store."""
+    from tapfix.addons.malformed import PEER_BUDGET
+
+    from tests.support.procs import start_proxy
+
+    token = "s3cret-token-123"
+    proxy = start_proxy(tmp_path, mock.url, "--token", token)
+    try:
+        sent = PEER_BUDGET + 5
+        for _ in range(sent):
+            assert send_raw(proxy, b"NONSENSE-" + uuid.uuid4().hex.encode() + b"\r\n\r\n").startswith(b"HTTP/1.1 400")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            health = httpx.get(f"{proxy.url}/tapfix/health", headers={"authorization": f"Bearer {token}"}).json()
+            if (
+                health["malformed_unrecorded"] == sent - PEER_BUDGET
+                and health["capture_writer"]["written"] >= PEER_BUDGET
+            ):
+                break
+            time.sleep(0.1)
+        assert health["malformed_unrecorded"] == sent - PEER_BUDGET, health
+    finally:
+        proxy.stop()
+    conn = open_for_reading(proxy.extra["db"])
+    try:
+        (count,) = conn.execute("select count(*) from exchanges where tags like '%connection%'").fetchone()
+    finally:
+        conn.close()
+    assert count == PEER_BUDGET
