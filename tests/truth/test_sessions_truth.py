@@ -306,3 +306,43 @@ def test_truth_8_messages_sessions(proxy, stream):
         runs.append(ids)
     assert all(len(ids) == 2 for ids in runs), runs
     assert one_session(db, runs[0]) != one_session(db, runs[1])
+
+
+def test_truth_8_compressed_request_bodies_chain(tmp_path: Path) -> None:
+    """A client that gzips its request bodies (item 5) is still grouped: the session reads the body as
+    the policy did, decoded."""
+    import gzip
+
+    from tests.support.rawserver import RawServer
+
+    answer = json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "Hi there."}, "finish_reason": "stop"}
+            ],
+        }
+    ).encode()
+    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer)
+    server = RawServer(lambda request: [(0.0, reply)])
+    proxy = start_proxy(tmp_path, server.url)
+    try:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Say hi"}]
+        ids = []
+        for follow_up in ("And again", "Once more"):
+            body = gzip.compress(json.dumps({"model": "m", "messages": messages}).encode())
+            r = httpx.post(
+                f"{proxy.url}/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json", "content-encoding": "gzip"},
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+            ids.append(r.headers["x-tapfix-capture-id"])
+            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": follow_up}]
+        one_session(proxy.extra["db"], ids)
+    finally:
+        proxy.stop()
+        server.close()
