@@ -67,6 +67,7 @@ class Router:
         outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
         if outcome.surface is not None and flow.request.method == "POST":
             ex.note_request_json(outcome.parsed)
+        ex.decoded_request = outcome.decoded
         ex.changes.extend(outcome.changes)
         ex.flags.update(outcome.flags)
         if flow.request.method in ("GET", "HEAD") and not flow.request.raw_content:

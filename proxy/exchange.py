@@ -33,6 +33,7 @@ class Exchange:
     # A stream's bodies arrive as chunks; a plain body as one `bytes`.
     request: bytes = b""
     forwarded: bytes | None = None
+    decoded_request: bytes | None = None  # `request` decoded, when it came compressed
     request_headers: list[tuple[str, str]] = field(default_factory=list)
     forwarded_headers: list[tuple[str, str]] | None = None
     status: int | None = None
@@ -76,6 +77,10 @@ class Exchange:
         if self.response is not None:
             return self.response
         return b"".join(self.response_chunks)
+
+    def readable_request(self) -> bytes:
+        """What the client sent, as JSON text to read: decoded when it came compressed."""
+        return self.request if self.decoded_request is None else self.decoded_request
 
     def readable_chunks(self) -> list[bytes]:
         """The upstream's stream as text to assemble: decoded when it came compressed."""

@@ -45,6 +45,7 @@ class Outcome:
     model: str | None = None
     served_model: str | None = None
     parsed: Any = None  # the client's JSON (None when the body is not JSON)
+    decoded: bytes | None = None  # the client's body decoded, when it came compressed
     flags: set[str] = field(default_factory=set)
     surface: Surface | None = None  # None: not an inference path
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
@@ -112,6 +113,7 @@ class RequestPolicy:
             return self._apply(path, body, headers)  # flagged encoded_request_body, forwarded as it came
         plain = {k: v for k, v in headers.items() if k.lower() != "content-encoding"}
         outcome = self._apply(path, decoded, plain)
+        outcome.decoded = decoded
         if outcome.error is not None or outcome.body is decoded:
             outcome.body = body
             return outcome

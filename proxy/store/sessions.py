@@ -72,7 +72,7 @@ def explicit_key(ex: Exchange, spans: Spans) -> str | None:
             return value[:_ID_MAX]
     if ex.session_hint:
         return ex.session_hint
-    return _string(ex.request, spans, "prompt_cache_key")
+    return _string(ex.readable_request(), spans, "prompt_cache_key")
 
 
 def response_id(client: bytes) -> str | None:
@@ -103,9 +103,10 @@ class SessionTracker:
     def assign(self, conn: sqlite3.Connection, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
         """`reply` and `client`: the answer as the client received it, assembled and as bytes."""
         surface = surface_for(ex.path)
-        spans, items = _spans(ex.request, CONVERSATION_FIELDS)
+        body = ex.readable_request()
+        spans, items = _spans(body, CONVERSATION_FIELDS)
         answered = ex.status is not None and 200 <= ex.status < 300
-        conversation = self.parser.conversation(ex.request, spans, items, surface) if spans else None
+        conversation = self.parser.conversation(body, spans, items, surface) if spans else None
         # Replays and probes are copies, not turns an agent continues.
         own = not ex.session_hint and not ({"replay", "probe"} & ex.tags)
         chain = conversation.chained(reply_parts(reply)) if conversation and answered and own else None
@@ -113,7 +114,7 @@ class SessionTracker:
         key = explicit_key(ex, spans)
         if key:
             return SessionLink(key, chain, rid)
-        previous = _string(ex.request, spans, "previous_response_id")
+        previous = _string(body, spans, "previous_response_id")
         if previous:
             row = conn.execute(
                 "select session_id from exchanges where response_id = ? and session_id is not null"

@@ -230,7 +230,7 @@ class CaptureWriter:
         session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
-            flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.request)
+            flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())
         error = upstream_error(ex, assembled, client, upstream)  # the engine's own error object, as JSON
         if error is not None:
             flags.add("upstream_error")
