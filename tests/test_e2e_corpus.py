@@ -15,7 +15,6 @@ import pytest
 
 from tests.conftest import corpus_dir
 from tests.support.procs import start_mock, start_proxy, wait_capture
-from tests.test_toolcalls_corpus import STREAM_LACKS_INFO
 
 pytestmark = pytest.mark.e2e
 CASES = sorted(corpus_dir().glob("*.json"))
@@ -69,7 +68,7 @@ def _parsed(calls):
 def test_corpus_case_through_real_processes(stack, case_path):
     mock, proxy = stack
     case = json.loads(case_path.read_text())
-    scoring = "detect" if case_path.name in STREAM_LACKS_INFO else case["scoring"]
+    scoring = case["scoring"]
     expected = [(c["name"], c["arguments"]) for c in case["expected"]]
     if scoring == "passthrough":
         body = json.dumps(_body(case_path, case)).encode()

@@ -18,14 +18,6 @@ CORPUS = corpus_dir()
 CASES = sorted(CORPUS.glob("*.json"))
 assert len(CASES) >= 25, f"the corpus at {CORPUS} is incomplete"
 
-# Cases whose stream lacks what `expected` shows, so `repair` can only be scored as `detect`.
-# The llama-server error message in the report stops at `"oldText":` (the notes say the value is
-# reconstructed); a complete message is repaired in test_toolcalls_stage.py.
-STREAM_LACKS_INFO = {
-    "invalid_json__unescaped_quotes_in_json_valued_xml_parameter_llamacpp.json": (
-        "the raw text inside the upstream error is cut before oldText's value"
-    ),
-}
 TRANSIENT = re.compile(
     r"server[ _]error|unavailable|timeout|internal|overloaded|exhausted|terminated|try again|connection"
     r"|429|5\d\d",
@@ -43,10 +35,6 @@ def parsed_calls(view) -> list[tuple[str, object]]:
 
 def expected_calls(case: dict) -> list[tuple[str, object]]:
     return [(c["name"], c["arguments"]) for c in case["expected"]]
-
-
-def scoring(path: Path, case: dict) -> str:
-    return "detect" if path.name in STREAM_LACKS_INFO else case["scoring"]
 
 
 def run(case: dict, seed: int, policy: str = "error") -> tuple[bytes, bytes, ChatToolCallRepair]:
@@ -79,7 +67,7 @@ def test_case(path: Path, seed: int) -> None:
     case = load(path)
     data, out, stage = run(case, seed)
     view = client_view(out)
-    kind = scoring(path, case)
+    kind = case["scoring"]
     if kind == "passthrough":
         assert out == data
         assert stage.outcome == "untouched" and stage.changes == []
