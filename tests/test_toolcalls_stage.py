@@ -277,6 +277,9 @@ UNRECOVERABLE = [
         [call(0, "c1", "read", '{"path": "z"'), call(0, arguments={"path": "o"}), TOOL_FINISH],
     ),
     ("upstream cut the stream mid-call", [call(0, "c1", "write", '{"path": "a", "content": "b')]),
+    # The server's parser dropped the call (an inline one, say): a tool_calls finish with nothing in it
+    # would be a silent empty turn for the agent.
+    ("finish tool_calls with no call", [TOOL_FINISH]),
 ]
 
 
