@@ -409,6 +409,19 @@ def test_corpus_case_in_prefix_mode(path: Path, seed: int) -> None:
         assert calls_of(out) == expected
 
 
+def test_a_done_mid_stream_ends_the_stream_for_the_client() -> None:
+    """An upstream that sends `[DONE]` while a streamed call is still open, then more events (a duplicated
+    tail): the client stops reading at the first `[DONE]`, so the stage judges the call there and adds
+    nothing after it — an error event behind a `[DONE]` is one no client reads (hypothesis found it)."""
+    opening = [chunk({"role": "assistant", "content": ""}), call(0, "c1", "write", '{"path": "a", "content": "b')]
+    rest = [call(0, arguments='c"}'), chunk(finish_reason="tool_calls")]
+    data = sse(opening, done=True) + sse(rest, done=True)
+    out = run_stage(stage(), [data])
+    view = client_view(out)
+    assert view.done == 1 and view.after_done == 0, out
+    assert len(view.errors) == 1 and view.errors[0]["type"] == "server_error"  # the call was cut at [DONE]
+
+
 # -- hostile input never raises -----------------------------------------------------------------------
 @settings(deadline=None, max_examples=150)
 @given(valid_streams(), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"]))

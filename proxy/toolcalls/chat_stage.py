@@ -33,6 +33,8 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
 _EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
 
+EMPTY_TURN = "empty_tool_turn"  # a defect kind: finish_reason tool_calls with no call in the stream
+
 
 @dataclass(slots=True)
 class _Choice:
@@ -91,10 +93,14 @@ class ChatToolCallRepair:
     def feed(self, event: bytes) -> list[bytes]:
         if self._ended:
             return []
+        if self._done_sent:  # the client stopped reading at [DONE]: what follows goes by untouched, unjudged
+            return [event]
         if not self._holding and not self._streamed:
             if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
                 self._tail_open = not event.endswith(_EVENT_END)
+                if b"[DONE]" in event and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
+                    self._done_sent = True
                 return [event]
         out = self._keepalive()
         out += self._feed(event)
@@ -104,7 +110,7 @@ class ChatToolCallRepair:
         return out
 
     def flush(self) -> list[bytes]:
-        if self._ended or not (self._holding or self._streamed):
+        if self._ended or self._done_sent or not (self._holding or self._streamed):
             return []
         return self._finalize(end_of_stream=True)
 
@@ -155,6 +161,7 @@ class ChatToolCallRepair:
         self._seq += 1
         hold = self._holding
         resolved = False
+        empty_turn = False
         admitted = None
         if self.stream_valid_prefix and self._tools and not hold:
             admitted = admit_event(obj, self._gates, self._schemas, self._sent)
@@ -190,6 +197,10 @@ class ChatToolCallRepair:
             if isinstance(finish, str) and finish:
                 cs.finish = finish
                 hold = hold or self._streamed  # the streamed calls are judged at the finish
+                if finish == "tool_calls" and self._tools and not cs.needs_hold and not self._sent.get(ci):
+                    empty_turn = True  # the server's parser lost the call: never a silent empty turn
+        if empty_turn:
+            return self._fatal(Fatal("?", "finish_reason tool_calls, but the stream carried no tool call", EMPTY_TURN))
         if hold and admitted:  # only tool-call deltas, all provably fine: out at once
             for gate, pending in admitted:
                 gate.commit(pending)
@@ -313,6 +324,7 @@ class ChatToolCallRepair:
         self.outcome = "recovered_from_error"
         out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=True)
         self._reset_hold()
+        self._ended = True  # the stage ended the stream itself (its own [DONE]): nothing follows it
         self._done_sent = True
         return out + [format_event(b"[DONE]", self._out.nl)]
 
