@@ -194,24 +194,39 @@ class CaptureWriter:
         self.stats.last_error = _describe(error)
         log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
 
+    def _put_bodies(
+        self, ex: Exchange, upstream: bytes, client: bytes, family: str | None, *, always_response: bool = False
+    ) -> dict[str, int | None]:
+        """The four bodies' ids (None where a body is the same as the one before it, or not kept).
+        `family` deltas the request against its session's last one; a kept-in-part capture has none."""
+        bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
+        if not ex.store_bodies:
+            return bodies
+        bodies["req"] = self.bodies.put(ex.request, family)
+        if ex.forwarded is not None and ex.forwarded != ex.request:
+            bodies["fwd"] = self.bodies.put(ex.forwarded, family)
+        if always_response or ex.status is not None or upstream:
+            bodies["resp"] = self.bodies.put(upstream, level=1)
+        if client is not upstream and client != upstream:
+            bodies["client"] = self.bodies.put(client, level=1)
+        return bodies
+
+    def _insert_row(self, row: dict[str, Any]) -> None:
+        """The exchange's row, replacing an earlier one of the same id, and none of its old changes."""
+        columns = ", ".join(row)
+        marks = ", ".join("?" * len(row))
+        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
+        self.conn.execute("delete from changes where exchange_id = ?", (row["id"],))
+
     def _write_kept(self, ex: Exchange, error: Exception) -> None:
         """What is left of an exchange the writer could not store whole: its metadata, its raw bytes as
         bodies (no delta, no assembly, no session) and the error, flagged, so it is still listed."""
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
-        bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
-        if ex.store_bodies:
-            bodies["req"] = self.bodies.put(ex.request)
-            if ex.forwarded is not None and ex.forwarded != ex.request:
-                bodies["fwd"] = self.bodies.put(ex.forwarded)
-            bodies["resp"] = self.bodies.put(upstream, level=1)
-            if client != upstream:
-                bodies["client"] = self.bodies.put(client, level=1)
-        row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
-        columns = ", ".join(row)
-        marks = ", ".join("?" * len(row))
-        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
-        self.conn.execute("delete from changes where exchange_id = ?", (ex.id,))
+        bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
+        self._insert_row(
+            kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
+        )
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
@@ -234,15 +249,7 @@ class CaptureWriter:
         error = upstream_error(ex, assembled, client, upstream)  # the engine's own error object, as JSON
         if error is not None:
             flags.add("upstream_error")
-        bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
-        if ex.store_bodies:
-            bodies["req"] = self.bodies.put(ex.request, session_id)
-            if ex.forwarded is not None and ex.forwarded != ex.request:
-                bodies["fwd"] = self.bodies.put(ex.forwarded, session_id)
-            if ex.status is not None or upstream:
-                bodies["resp"] = self.bodies.put(upstream, level=1)
-            if client is not upstream and client != upstream:
-                bodies["client"] = self.bodies.put(client, level=1)
+        bodies = self._put_bodies(ex, upstream, client, session_id)
         usage = assembled.usage if isinstance(assembled.usage, dict) else {}
         row = {
             "id": ex.id,
@@ -290,10 +297,7 @@ class CaptureWriter:
             "chunk_count": len(ex.chunk_times),
             "chunk_timing": _pack_timing(ex.chunk_times, ex.response_chunks),
         }
-        columns = ", ".join(row)
-        marks = ", ".join("?" * len(row))
-        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
-        self.conn.execute("delete from changes where exchange_id = ?", (ex.id,))
+        self._insert_row(row)
         self.conn.executemany(
             "insert into changes (exchange_id, seq, stage, kind, path, before, after, reason)"
             " values (?, ?, ?, ?, ?, ?, ?, ?)",
