@@ -21,6 +21,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def response_head(port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw request bytes over one connection and read until the response head is complete
+    (or the server closes): for requests no HTTP client would send."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = sock.recv(65536)
+            if not data:
+                break
+            head += data
+    return head
+
+
 def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.procs import cli, free_port, start, start_mock, start_proxy, wait_capture
 from tests.support.rawserver import RawServer
+from tests.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -439,21 +440,14 @@ def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
 
 
 # -- item 10: the reasoning-field rename of non-streamed bodies ------------------------------------
-RENAME_CONFIG = """
-[reasoning_field]
-default = "keep"
-clients = {{ "opencode" = "reasoning_content" }}
-
-[upstreams.mock]
-base_url = "{url}"
-engine = "vllm"
-
-[models."tapfix-mock"]
-upstream = "mock"
-
+# The request-side suite's rename config, plus a model whose answers the mock compresses.
+RENAME_CONFIG = (
+    REQUEST_SIDE_RENAME_CONFIG
+    + """
 [models."gzip-plain"]
 upstream = "mock"
 """
+)
 
 
 @pytest.mark.e2e

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from tapfix.proxy.replay.export import curl_script, python_script
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import open_for_reading
 
-from tests.support.procs import wait_capture
+from tests.support.procs import response_head, wait_capture
 from tests.support.rawserver import RawServer
 
 pytestmark = pytest.mark.e2e
@@ -72,14 +71,7 @@ def well_formed_ids() -> list[str]:
 
 def _send(proxy, request: bytes) -> None:
     """Send one request and read its answer's head; the capture is found by its marker header."""
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT_S) as sock:
-        sock.sendall(request)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            data = sock.recv(65536)
-            if not data:
-                break
-            head += data
+    head = response_head(proxy.port, request, WAIT_S)
     assert head.startswith(b"HTTP/1.1 "), head[:200]
 
 

@@ -67,6 +67,23 @@ def _run_refused(*args: str) -> tuple[int, str]:
     return result.returncode, result.stderr.decode()
 
 
+def _retention_config(tmp_path: Path, port: int, retention: str) -> Path:
+    """A config whose upstream is never reached (the start is refused first), with this [retention] line."""
+    config = tmp_path / "tapfix.toml"
+    config.write_text(f"""
+listen = "127.0.0.1:{port}"
+[upstreams.local]
+base_url = "http://127.0.0.1:9/v1"
+engine = "vllm"
+[models.m]
+upstream = "local"
+upstream_model = "m"
+[retention]
+{retention}
+""")
+    return config
+
+
 def _counts(db: Path) -> dict[str, int]:
     conn = sqlite3.connect(db)
     try:
@@ -162,18 +179,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
         "--upstream", "http://127.0.0.1:9", *listen, "--db", str(tmp_path / "n.db"), "--max-size", "50K"
     )
     assert code != 0 and f"{floor} bytes" in err, err
-    config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-listen = "127.0.0.1:{port}"
-[upstreams.local]
-base_url = "http://127.0.0.1:9/v1"
-engine = "vllm"
-[models.m]
-upstream = "local"
-upstream_model = "m"
-[retention]
-max_size = "50K"
-""")
+    config = _retention_config(tmp_path, port, 'max_size = "50K"')
     code, err = _run_refused("--config", str(config), "--db", str(tmp_path / "n2.db"))
     assert code != 0 and f"{floor} bytes" in err, err
 
@@ -199,18 +205,7 @@ def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None
         "--upstream", "http://127.0.0.1:9", *listen, "--db", str(tmp_path / "n.db"), "--max-age", age
     )
     assert code == 2 and "--max-age" in err and "1 minute" in err, err
-    config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-listen = "127.0.0.1:{port}"
-[upstreams.local]
-base_url = "http://127.0.0.1:9/v1"
-engine = "vllm"
-[models.m]
-upstream = "local"
-upstream_model = "m"
-[retention]
-max_age = "{age}"
-""")
+    config = _retention_config(tmp_path, port, f'max_age = "{age}"')
     code, err = _run_refused("--config", str(config), "--db", str(tmp_path / "n2.db"))
     assert code != 0 and "max_age" in err and "1 minute" in err, err
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
 from tapfix.proxy.store.schema import migrations
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading, open_for_writing
 
-from tests.support.procs import TAPFIX, cli, free_port, start_proxy, wait_capture
+from tests.support.procs import TAPFIX, cli, free_port, response_head, start_proxy, wait_capture
 from tests.support.rawserver import RawServer
 
 CHAT = "/v1/chat/completions"
@@ -133,18 +132,6 @@ def test_truth_0_unstorable_exchange_kept_with_its_bytes(tmp_path: Path) -> None
 # --- item 1: a non-UTF-8 byte in a header value or in the path ------------------------------------
 
 
-def _raw_request(proxy, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
-        sock.sendall(request)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            data = sock.recv(65536)
-            if not data:
-                break
-            head += data
-    return head
-
-
 def _capture_id_of(head: bytes) -> str:
     for line in head.split(b"\r\n"):
         name, _, value = line.partition(b":")
@@ -159,8 +146,8 @@ def _stored_header(row: dict, name: str) -> str:
 
 @pytest.mark.e2e
 def test_truth_1_non_utf8_header_and_path(proxy) -> None:
-    head = _raw_request(
-        proxy,
+    head = response_head(
+        proxy.port,
         b"GET /v1/models?x=\xff\\ HTTP/1.1\r\nHost: tapfix\r\nX-Foo: \xe9\xff and \\ a backslash\r\n"
         b"X-Note: sk-abcdefghijklmnopqrstu\xff\r\nAuthorization: Bearer sk-\xfe\xff0123456789abcdef\r\n\r\n",
     )
@@ -193,8 +180,8 @@ def echo_server():
 def test_truth_1_export_round_trips_every_byte(proxy, echo_server, tmp_path: Path, as_format: str) -> None:
     path = b"/v1/bytes?all=" + PATH_BYTES
     value = b"<" + VALUE_BYTES + b">"
-    head = _raw_request(
-        proxy,
+    head = response_head(
+        proxy.port,
         b"POST " + path + b" HTTP/1.1\r\nHost: tapfix\r\nX-Every-Byte: " + value + b"\r\n"
         b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(BODY_BYTES) + BODY_BYTES,
     )
