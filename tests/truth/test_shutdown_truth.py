@@ -218,6 +218,17 @@ def test_truth_6_an_in_flight_stream_finishes_within_the_grace(mock: Proc, tmp_p
     assert row["error"] is None and not set(json.loads(row["flags"])) & (CUT_FLAGS | {"proxy_shutdown"})
 
 
+def cut_by_shutdown(proxy: Proc, capture_id: str, body: bytes) -> tuple[dict, dict]:
+    """The stream ended with the retryable error, tapfix exited 0, and the store holds exactly what the
+    client read, flagged proxy_shutdown; the error object and the capture's row."""
+    error = retryable_error(body)
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], capture_id)
+    assert client_response == body  # exactly what the client read, the error event included
+    assert "proxy_shutdown" in json.loads(row["flags"]), row["flags"]
+    return error, row
+
+
 def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock: Proc, tmp_path: Path) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
     client, capture_id = start_stream(proxy, "slow")
@@ -225,11 +236,8 @@ def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock:
     wait_stopped_listening(proxy)
     body = client.read_all()
     client.close()
-    error = retryable_error(body)
+    error, row = cut_by_shutdown(proxy, capture_id, body)
     assert error["tapfix"]["reason"] == "proxy_shutdown"
-    assert exit_code(proxy) == 0
-    row, client_response = stored(proxy.extra["db"], capture_id)
-    assert client_response == body  # exactly what the client read, the error event included
     flags = set(json.loads(row["flags"]))
     assert "proxy_shutdown" in flags and not flags & CUT_FLAGS, flags
     assert "shut" in (row["error"] or ""), row["error"]
@@ -306,10 +314,7 @@ def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Pa
     proxy.proc.send_signal(second)
     body = client.read_all()  # a 120 s grace outlives the 8 s stream: only the second signal cuts it
     client.close()
-    retryable_error(body)
-    assert exit_code(proxy) == 0
-    row, client_response = stored(proxy.extra["db"], capture_id)
-    assert client_response == body and "proxy_shutdown" in json.loads(row["flags"])
+    cut_by_shutdown(proxy, capture_id, body)
 
 
 def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: Proc, tmp_path: Path) -> None:
@@ -322,10 +327,7 @@ def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: Proc, tmp_path: Path
     proxy.proc.send_signal(signal.SIGTERM)
     body = client.read_all()
     client.close()
-    retryable_error(body)
-    assert exit_code(proxy) == 0
-    row, client_response = stored(proxy.extra["db"], capture_id)
-    assert client_response == body and "proxy_shutdown" in json.loads(row["flags"])
+    cut_by_shutdown(proxy, capture_id, body)
 
 
 def start_proxy_config(tmp_path: Path, config: Path) -> Proc:
