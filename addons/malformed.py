@@ -25,7 +25,7 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1
 from mitmproxy.proxy.layers.http import _http1
 from tapfix.addons.runner.raw_head import REJECTED_ATTR, RejectedHead
-from tapfix.addons.runner.runtime import META, Runtime
+from tapfix.addons.runner.runtime import META, Runtime, exchange_from_request, peer_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
 
@@ -64,20 +64,9 @@ class RecordMalformed:
         """A flow that errored before its `request` hook: mitmproxy refused the request itself."""
         if META in flow.metadata or flow.request is None or not self.runtime.intercepted(flow):
             return
-        request = flow.request
         message = flow.error.msg if flow.error else "malformed request"
-        ex = Exchange(
-            client_addr=_peer(flow.client_conn),
-            method=request.data.method.decode("utf-8", "surrogateescape"),  # as sent: .method upper-cases
-            path=request.path,
-            url=request.pretty_url,
-            user_agent=request.headers.get("user-agent", ""),
-            request=request.raw_content or b"",
-            request_headers=list(request.headers.items(multi=True)),  # as the recorder keeps them
-            store_bodies=self.runtime.settings.store_bodies,
-            error=message,
-        )
-        ex.started_at = request.timestamp_start or time.time()
+        ex = exchange_from_request(flow, self.runtime.settings.store_bodies)
+        ex.error = message
         ex.flags.add("client_disconnected" if "peer closed connection" in message else FLAG)
         self._answered(ex, self._sent(flow.client_conn, message))
         self._submit(ex)
@@ -89,7 +78,7 @@ class RecordMalformed:
             return
         setattr(client, REJECTED_ATTR, None)
         ex = Exchange(
-            client_addr=_peer(client),
+            client_addr=peer_of(client),
             request=rejected.data,
             store_bodies=self.runtime.settings.store_bodies,
             error=rejected.message,
@@ -131,7 +120,3 @@ class RecordMalformed:
         ex.ended_at = time.perf_counter()
         self.runtime.exchanges_seen += 1
         self.runtime.submit(ex)
-
-
-def _peer(conn: connection.Client) -> str:
-    return f"{conn.peername[0]}" if conn.peername else ""

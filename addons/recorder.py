@@ -8,7 +8,14 @@ import time
 
 import orjson
 from mitmproxy import http
-from tapfix.addons.runner.runtime import META, SHUTDOWN_FLAG, Runtime, ended_normally, exchange_of
+from tapfix.addons.runner.runtime import (
+    META,
+    SHUTDOWN_FLAG,
+    Runtime,
+    ended_normally,
+    exchange_from_request,
+    exchange_of,
+)
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.redact import redact_url
@@ -27,18 +34,8 @@ class RecordRequest:
         if not self.runtime.intercepted(flow) or flow.request.path.startswith("/tapfix/"):
             return
         request = flow.request
-        body = request.raw_content or b""
-        ex = Exchange(
-            client_addr=f"{flow.client_conn.peername[0]}" if flow.client_conn.peername else "",
-            method=request.data.method.decode("utf-8", "surrogateescape"),  # as sent: .method upper-cases
-            path=request.path,
-            url=request.pretty_url,
-            user_agent=request.headers.get("user-agent", ""),
-            request=body,
-            request_headers=_fields(request.headers),
-            store_bodies=self.runtime.settings.store_bodies,
-        )
-        ex.started_at = request.timestamp_start or time.time()
+        ex = exchange_from_request(flow, self.runtime.settings.store_bodies)
+        body = ex.request
         if self.runtime.policy is None and request.method == "POST" and body:
             # With a request policy, the router parses the body once and notes it instead.
             if is_inference(request.path):

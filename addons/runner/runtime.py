@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mitmproxy import http
+from mitmproxy import connection, http
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
@@ -91,3 +91,25 @@ def ended_normally(ex: Exchange) -> bool:
         sent = ex.client_response_chunks if ex.client_response_chunks is not None else ex.response_chunks
         verdict = ex.extra[_ENDED] = ends_stream(sent)
     return bool(verdict)
+
+
+def peer_of(conn: connection.Client) -> str:
+    return f"{conn.peername[0]}" if conn.peername else ""
+
+
+def exchange_from_request(flow: http.HTTPFlow, store_bodies: bool) -> Exchange:
+    """A new exchange holding the client's request as it arrived: the method as sent (`.method`
+    upper-cases), the path, every header with repeats and order kept, the exact body."""
+    request = flow.request
+    ex = Exchange(
+        client_addr=peer_of(flow.client_conn),
+        method=request.data.method.decode("utf-8", "surrogateescape"),
+        path=request.path,
+        url=request.pretty_url,
+        user_agent=request.headers.get("user-agent", ""),
+        request=request.raw_content or b"",
+        request_headers=list(request.headers.items(multi=True)),
+        store_bodies=store_bodies,
+    )
+    ex.started_at = request.timestamp_start or time.time()
+    return ex
