@@ -65,18 +65,16 @@ class StreamOwner:
         if "text/event-stream" not in response.headers.get("content-type", ""):
             return
         ex.content_type = response.headers.get("content-type", "")
-        stages = self.stages_for(ex) if response.status_code < 400 else []
         encoding = response.headers.get("content-encoding", "")
         decoder = None
+        readable = True
         if codings(encoding):
             try:
                 decoder = Decoder(encoding)
             except DecodeError as e:  # a coding tapfix can't undo: nothing reads the stream
-                ex.flags.add("undecodable_body")
-                ex.extra["undecodable"] = str(e)
-                ex.extra.pop("toolcalls", None)
-                ex.extra.pop("reasoning_rename", None)
-                stages = []
+                ex.mark_undecodable(str(e))
+                readable = False
+        stages = self.stages_for(ex) if response.status_code < 400 and readable else []
         if stages and "content-length" in response.headers:
             length = response.headers.pop("content-length")
             ex.changes.append(
@@ -143,8 +141,7 @@ class StreamOwner:
         try:
             ex.decoded_response = decode_whole(body, encoding)
         except DecodeError as e:
-            ex.flags.add("undecodable_body")
-            ex.extra["undecodable"] = str(e)
+            ex.mark_undecodable(str(e))
             return None
         return ex.decoded_response
 

@@ -78,6 +78,12 @@ class Exchange:
             return self.response
         return b"".join(self.response_chunks)
 
+    def mark_undecodable(self, reason: str) -> None:
+        """Its answer's Content-Encoding can't be undone: the bytes pass as they came, flagged, and the
+        reason is kept (a stream that already sent decoded text quotes it in its error)."""
+        self.flags.add("undecodable_body")
+        self.extra["undecodable"] = reason
+
     def readable_request(self) -> bytes:
         """What the client sent, as JSON text to read: decoded when it came compressed."""
         return self.request if self.decoded_request is None else self.decoded_request

@@ -119,8 +119,7 @@ class StreamPipeline:
 
     def _give_up(self, e: DecodeError) -> None:
         ex = self.exchange
-        ex.flags.add("undecodable_body")
-        ex.extra["undecodable"] = str(e)
+        ex.mark_undecodable(str(e))
         ex.decoded_chunks = None  # the record assembles the bytes as they came
         self.broken = self.splitter is not None and self.decoder is not None and self.decoder.total > 0
         self.decoder = None
