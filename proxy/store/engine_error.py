@@ -19,20 +19,27 @@ log = logging.getLogger("tapfix.store")
 TEXT_LIMIT = 4000  # an error page's text kept as the message (`captures export --response` has all of it)
 
 
-def upstream_error(ex: Exchange, assembled: Assembled, client: bytes, upstream: bytes) -> str | None:
-    """JSON text of the engine's error object, or None. `assembled` is what the client received."""
-    if ex.response_started_at is None or ex.status is None:
+def upstream_view(ex: Exchange, assembled: Assembled, client: bytes, upstream: bytes) -> Assembled | None:
+    """The upstream's answer assembled: `assembled` (what the client received) when nothing differed,
+    else the upstream's own bytes, decoded when they came compressed; None when they can't be read."""
+    if client is upstream or client == upstream:
+        return assembled
+    try:
+        path = ex.path.split("?", 1)[0]
+        if ex.response is None and ex.response_chunks and "event-stream" in ex.content_type:
+            return assemble_sse(ex.readable_chunks(), path)
+        return assemble(_decoded(ex, upstream), ex.content_type, path)
+    except Exception as e:  # noqa: BLE001 - a capture is never lost to its answer's shape
+        log.warning("assembling the upstream's answer failed: %s: %s", type(e).__name__, e)
+        return None
+
+
+def upstream_error(ex: Exchange, upstream_answer: Assembled | None, upstream: bytes) -> str | None:
+    """JSON text of the engine's error object, or None. `upstream_answer` is `upstream_view`'s."""
+    if ex.response_started_at is None or ex.status is None or upstream_answer is None:
         return None
     try:
-        if client is not upstream and client != upstream:
-            path = ex.path.split("?", 1)[0]
-            streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
-            assembled = (
-                assemble_sse(ex.readable_chunks(), path)
-                if streamed
-                else assemble(_decoded(ex, upstream), ex.content_type, path)
-            )
-        error = engine_error(assembled.error)
+        error = engine_error(upstream_answer.error)
         if error is None and ex.status >= 400:
             error = _error_page(ex, upstream)
         return None if error is None else orjson.dumps(error).decode()

@@ -26,7 +26,7 @@ from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.bodies import BodyWriter, read_body
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
-from tapfix.proxy.store.engine_error import upstream_error
+from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
@@ -232,21 +232,17 @@ class CaptureWriter:
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
         assembled = _assemble(ex, client)
+        upstream_answer = upstream_view(ex, assembled, client, upstream)  # one assembly for timing and error
         first_token_ms = None
-        if ex.response is None and ex.chunk_times:
-            timed = (
-                assembled
-                if client is upstream or client == upstream
-                else assemble_sse(ex.readable_chunks(), ex.path.split("?", 1)[0])
-            )
-            if timed.first_token_chunk is not None:
-                first_token_ms = ex.chunk_times[timed.first_token_chunk] * 1000
+        if ex.response is None and ex.chunk_times and upstream_answer is not None:
+            if upstream_answer.first_token_chunk is not None:
+                first_token_ms = ex.chunk_times[upstream_answer.first_token_chunk] * 1000
         link = self.sessions.assign(self.conn, ex, assembled, ex.readable(client))
         session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())
-        error = upstream_error(ex, assembled, client, upstream)  # the engine's own error object, as JSON
+        error = upstream_error(ex, upstream_answer, upstream)  # the engine's own error object, as JSON
         if error is not None:
             flags.add("upstream_error")
         bodies = self._put_bodies(ex, upstream, client, session_id)
