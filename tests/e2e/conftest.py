@@ -18,19 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.agents import AGENTS_DIR, INSTALL_SCRIPT
+from tests.support.ci import unavailable
 from tests.support.procs import Proc, cli, free_port, start, start_mock, start_proxy, wait_port
 
 INSTALL_TIMEOUT = 900
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _unavailable(reason: str):
-    if _in_ci():
-        pytest.fail(f"agent suite cannot run in CI: {reason}", pytrace=False)
-    pytest.skip(f"agent suite skipped: {reason} (set CI=1 to make this a failure)")
+def _unavailable(reason: str) -> None:
+    unavailable(f"agent suite: {reason}")
 
 
 @pytest.fixture(scope="session")
