@@ -1,0 +1,332 @@
+"""The table of truth: every defect class of a tool call, and what tapfix does with it per API surface.
+
+One home for the claim, the behaviour and the test. The defect generator (`tapfix.proxy.mock.mutations`)
+has one mutation per row, the property tests iterate over the rows and check the outcome the row
+states, and the README's repair section is rendered from the rows (`python -m
+tapfix.proxy.toolcalls.defects --readme`; a test fails when the README differs). A row whose outcome
+changes changes all three at once.
+
+Outcomes:
+- `repaired`: the client receives exactly the original calls (the change is recorded);
+- `detected`: the turn ends with the retryable error and no call is handed out;
+- `passed`: the stream goes out as sent (flagged where the row says so).
+
+`preserves` says whether the mutation keeps the information the original calls carry. Only a
+composition with a destroying mutation may end in the error, and never in a different call.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+Outcome = Literal["repaired", "detected", "passed"]
+Surface = Literal["chat", "responses", "messages"]
+SURFACES: Final[tuple[Surface, ...]] = ("chat", "responses", "messages")
+
+# Defect kinds as tapfix records them (change rows' `kind`, the capture's `defects`).
+WRONG_INDEX: Final = "wrong_index_or_id"
+DUPLICATED: Final = "duplicated_fragments"
+ARGS_AS_OBJECT: Final = "args_as_object"
+INVALID_JSON: Final = "invalid_json"
+SCHEMA_MISMATCH: Final = "schema_mismatch"
+FINISH_MISMATCH: Final = "finish_reason_mismatch"
+UNKNOWN_TOOL: Final = "unknown_tool"
+WRONG_NAME: Final = "wrong_tool_name"
+EMPTY_TURN: Final = "empty_tool_turn"
+MISSING_FRAGMENT: Final = "missing_fragment"
+MISSING_LAST_CHUNK: Final = "missing_last_chunk"
+AMBIGUOUS_ESCAPE: Final = "ambiguous_escape"
+
+
+@dataclass(frozen=True, slots=True)
+class DefectClass:
+    id: str  # the mutation's name in the generator, and the row's key
+    family: str  # the README groups rows by it
+    kind: str  # what tapfix records when it meets this class
+    preserves: bool
+    outcome: dict[Surface, Outcome]  # the surfaces where the class exists
+    claim: str  # one line for the README
+    notes: tuple[str, ...] = field(default=())
+
+
+def _all(outcome: Outcome) -> dict[Surface, Outcome]:
+    return {s: outcome for s in SURFACES}
+
+
+REPAIRED_ALL = _all("repaired")
+
+DEFECTS: Final[tuple[DefectClass, ...]] = (
+    # -- indexes and ids --------------------------------------------------------------------------------
+    DefectClass(
+        "index_offset",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        REPAIRED_ALL,
+        "calls numbered from 1 (or any offset) instead of 0: renumbered densely from 0",
+    ),
+    DefectClass(
+        "index_gap",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        REPAIRED_ALL,
+        "a gap in the call indexes: renumbered densely in order of first appearance",
+    ),
+    DefectClass(
+        "index_all_zero",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        {"chat": "repaired"},
+        "parallel calls all streamed on index 0: a delta with a new id and a name starts a new call",
+    ),
+    DefectClass(
+        "id_churn",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        {"chat": "repaired"},
+        "a fresh id on every argument delta of one call: the call's first id wins",
+    ),
+    DefectClass(
+        "id_missing", "indexes and ids", WRONG_INDEX, True, REPAIRED_ALL, "a call without an id: one is minted"
+    ),
+    DefectClass(
+        "id_duplicate",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        REPAIRED_ALL,
+        "two calls sharing an id: the later one gets a minted id",
+    ),
+    DefectClass(
+        "two_calls_one_delta",
+        "indexes and ids",
+        WRONG_INDEX,
+        True,
+        {"chat": "repaired"},
+        "two calls opened in one delta: kept apart (as sent, when already well formed)",
+    ),
+    # -- names ------------------------------------------------------------------------------------------
+    DefectClass(
+        "name_repeated",
+        "names",
+        DUPLICATED,
+        True,
+        REPAIRED_ALL,
+        "a name sent again on a later delta (`get_weatherget_weather`): the offered name",
+    ),
+    DefectClass(
+        "name_split",
+        "names",
+        WRONG_NAME,
+        True,
+        {"chat": "repaired"},
+        "a name streamed in pieces: joined (as sent, when already well formed)",
+    ),
+    DefectClass(
+        "name_case",
+        "names",
+        WRONG_NAME,
+        True,
+        REPAIRED_ALL,
+        "a name in another case or separator style of exactly one offered tool: the offered name",
+    ),
+    DefectClass(
+        "unknown_tool",
+        "names",
+        UNKNOWN_TOOL,
+        True,
+        _all("passed"),
+        "a name that matches no offered tool: passed through as sent, flagged `unknown_tool`",
+    ),
+    # -- duplicated fragments ---------------------------------------------------------------------------
+    DefectClass(
+        "resent_at_finish",
+        "duplicated fragments",
+        DUPLICATED,
+        True,
+        REPAIRED_ALL,
+        "the whole arguments resent at the finish (vLLM's final flush): sent once",
+    ),
+    DefectClass(
+        "fragment_duplicated",
+        "duplicated fragments",
+        DUPLICATED,
+        True,
+        REPAIRED_ALL,
+        "one fragment sent twice in a row (MTP / speculative decoding), when the copy breaks the JSON",
+    ),
+    DefectClass(
+        "objects_concatenated",
+        "duplicated fragments",
+        DUPLICATED,
+        True,
+        REPAIRED_ALL,
+        "the same arguments object twice, back to back: sent once",
+    ),
+    DefectClass(
+        "args_as_object",
+        "duplicated fragments",
+        ARGS_AS_OBJECT,
+        True,
+        {"chat": "repaired"},
+        "arguments sent as a JSON object instead of a string (Ollama, MiniMax): serialized",
+    ),
+    # -- escapes and JSON -------------------------------------------------------------------------------
+    DefectClass(
+        "path_backslashes",
+        "escapes",
+        INVALID_JSON,
+        True,
+        REPAIRED_ALL,
+        "Windows and UNC paths written with single backslashes, `\\t` `\\n` `\\b` inside them"
+        " included: read as literal backslashes",
+    ),
+    DefectClass(
+        "escaped_whitespace",
+        "escapes",
+        INVALID_JSON,
+        True,
+        REPAIRED_ALL,
+        "literal `\\n` / `\\t` between JSON tokens, outside any string: dropped",
+    ),
+    DefectClass(
+        "raw_control_characters",
+        "escapes",
+        INVALID_JSON,
+        True,
+        REPAIRED_ALL,
+        "raw newlines, tabs and other control characters inside strings: escaped",
+    ),
+    DefectClass(
+        "unescaped_quotes",
+        "escapes",
+        INVALID_JSON,
+        True,
+        REPAIRED_ALL,
+        "unescaped quotes inside a value whose end the structure makes unambiguous: escaped",
+    ),
+    # -- schema -----------------------------------------------------------------------------------------
+    DefectClass(
+        "scalar_as_string",
+        "schema",
+        SCHEMA_MISMATCH,
+        True,
+        REPAIRED_ALL,
+        "numbers and booleans sent as strings where the schema wants them typed: converted",
+    ),
+    DefectClass(
+        "container_as_string",
+        "schema",
+        SCHEMA_MISMATCH,
+        True,
+        REPAIRED_ALL,
+        "arrays and objects sent as JSON strings where the schema wants them: parsed",
+    ),
+    # -- finish reason ----------------------------------------------------------------------------------
+    DefectClass(
+        "finish_stop_with_calls",
+        "finish reason",
+        FINISH_MISMATCH,
+        True,
+        {"chat": "repaired", "messages": "repaired"},
+        "`stop` (Messages: `end_turn`) with calls: corrected to `tool_calls` (`tool_use`); a named"
+        " `tool_choice` keeps `stop`, as OpenAI and vLLM send it",
+    ),
+    DefectClass(
+        "finish_length_complete",
+        "finish reason",
+        FINISH_MISMATCH,
+        True,
+        {"chat": "repaired", "messages": "repaired"},
+        "`length` (`max_tokens`) with calls that are complete and fit the schema: kept, finish corrected",
+    ),
+    # -- information lost -------------------------------------------------------------------------------
+    DefectClass(
+        "fragment_dropped",
+        "information lost",
+        MISSING_FRAGMENT,
+        False,
+        _all("detected"),
+        "a fragment lost across a value's end: the call is never handed out",
+    ),
+    DefectClass(
+        "arguments_cut",
+        "information lost",
+        MISSING_LAST_CHUNK,
+        False,
+        _all("detected"),
+        "arguments cut short (by `max_tokens`, a lost last chunk, an upstream error)",
+    ),
+    DefectClass(
+        "required_missing",
+        "information lost",
+        MISSING_FRAGMENT,
+        False,
+        _all("detected"),
+        "a required argument never sent",
+    ),
+    DefectClass(
+        "empty_tool_turn",
+        "information lost",
+        EMPTY_TURN,
+        False,
+        {"chat": "detected", "messages": "detected"},
+        "a `tool_calls` (`tool_use`) finish with no call at all: never a silent empty turn",
+    ),
+)
+
+BY_ID: Final[dict[str, DefectClass]] = {d.id: d for d in DEFECTS}
+
+_WORDS: Final[dict[Outcome, str]] = {"repaired": "repaired", "detected": "retryable error", "passed": "as sent"}
+README_BEGIN: Final = "<!-- defect-table: generated by python -m tapfix.proxy.toolcalls.defects --readme -->"
+README_END: Final = "<!-- /defect-table -->"
+
+
+def render_markdown() -> str:
+    """The README's table: one row per defect class, one column per surface."""
+    lines = [
+        "| defect | chat | responses | messages |",
+        "| --- | --- | --- | --- |",
+    ]
+    family = ""
+    for d in DEFECTS:
+        if d.family != family:
+            family = d.family
+            lines.append(f"| **{family}** | | | |")
+        cells = [_WORDS[d.outcome[s]] if s in d.outcome else "—" for s in SURFACES]
+        lines.append(f"| {d.claim} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_block() -> str:
+    return f"{README_BEGIN}\n{render_markdown()}\n{README_END}"
+
+
+def replace_block(text: str) -> str:
+    """`text` with its generated block replaced by the current one (ValueError: the markers are missing)."""
+    start = text.index(README_BEGIN)
+    end = text.index(README_END, start) + len(README_END)
+    return text[:start] + readme_block() + text[end:]
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--readme"]:
+        path = argv[2] if len(argv) > 2 else "README.md"
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = replace_block(text)
+        if new != text:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+        return 0
+    print(render_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
