@@ -1,0 +1,172 @@
+"""CPU per chunk of this tree against an older commit's, side by side in one run.
+
+Why: a change to the repair or the capture path must not make every stream dearer, and only ratios
+measured in the same run mean anything on a shared machine. The baseline commit is checked out in a
+git worktree and served by a second tapfix process (its `tapfix` namespace put first on PYTHONPATH,
+same venv, same upstream); each round runs every row's 256- and 16-event blocks in a rotated order,
+per chunk = (cpu256 - cpu16) / 240 per round, and the table gives the median of the rounds.
+
+    bench/run --baseline 03aea2f            # 5 rounds
+    .venv/bin/python bench/versus.py --baseline REV [--rounds 5] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import load
+import procstat
+from runner import BIN, ROOT, Fleet, free_port, wait_port
+
+CHUNKS = (256, 16)
+REQUESTS = {256: 32, 16: 128}  # per row and round, 8 at a time, 1 ms between events
+LIMIT = 1.10  # the issue's bound: within 10% of the baseline
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    target: str  # "tapfix" (this tree) | "baseline"
+    tools: bool
+    kind: str  # content | tools (the upstream streams a tool call)
+
+
+KINDS = (("no tools", False, "content"), ("tools armed, no calls", True, "content"), ("tool call", True, "tools"))
+
+
+def rows() -> list[Row]:
+    return [
+        Row(f"{target}: {label}", target, tools, kind)
+        for target in ("tapfix", "baseline")
+        for label, tools, kind in KINDS
+    ]
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """A worktree of `rev` and a folder that makes `import tapfix` find it first."""
+    tree = work / "baseline"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True
+    )
+    pkg = work / "pkg" / "tapfix"
+    pkg.mkdir(parents=True)
+    for part in ("proxy", "addons", "schemas"):
+        if (tree / part).exists():
+            (pkg / part).symlink_to(tree / part)
+    return work / "pkg"
+
+
+def start_baseline(fleet: Fleet, pythonpath: Path, tapfix_args: list[str]) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(fleet.work / "config-baseline")}
+    env["PYTHONPATH"] = str(pythonpath)
+    port = free_port()
+    code = "import sys; from tapfix.proxy.cli import main; sys.argv[0] = 'tapfix'; main()"
+    argv = [str(BIN / "python"), "-c", code, "run", "--upstream", f"http://127.0.0.1:{fleet.ports['upstream']}"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--db", str(fleet.work / "baseline.db"), *tapfix_args]
+    log = open(fleet.work / "baseline.log", "wb")
+    fleet.procs["baseline"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=fleet.work)
+    fleet.ports["baseline"] = port
+    wait_port(port, fleet.procs["baseline"], "baseline tapfix")
+
+
+def check_baseline_is_other_code(fleet: Fleet, pythonpath: Path) -> str:
+    """Which file `tapfix` resolves to under the baseline's PYTHONPATH (so the run proves what it compared)."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    probe = "import tapfix.proxy.toolcalls as t; print(t.__file__)"
+    out = subprocess.run([str(BIN / "python"), "-c", probe], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def block(fleet: Fleet, row: Row, chunks: int) -> int:
+    """CPU ns of the row's proxy for one block of requests."""
+    pids = fleet.pids
+    body = load.request_body(2048, tools=row.tools)
+    procstat.wait_idle(pids)
+    before = procstat.snapshot(pids)
+    res = asyncio.run(
+        load.run_load(
+            "127.0.0.1",
+            fleet.ports[row.target],
+            concurrency=8,
+            requests=REQUESTS[chunks],
+            body=body,
+            headers=load.bench_headers(row.kind, chunks, 1.0),
+        )
+    )
+    procstat.wait_idle(pids)
+    after = procstat.snapshot(pids)
+    if res.errors:
+        raise SystemExit(f"{row.name}: {len(res.errors)} errors, first: {res.errors[0]}")
+    return after[row.target] - before[row.target]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", required=True, help="the commit to compare with (any git revision)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", a.baseline], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    work = Path(tempfile.mkdtemp(prefix="tapfix-versus-"))
+    fleet = Fleet(work, ["--engine", "vllm"])
+    table_rows = rows()
+    samples: dict[str, list[float]] = {r.name: [] for r in table_rows}
+    try:
+        pythonpath = baseline_tree(a.baseline, work)
+        fleet.start(which=("tapfix",))
+        start_baseline(fleet, pythonpath, ["--engine", "vllm"])
+        where = check_baseline_is_other_code(fleet, pythonpath)
+        print(f"baseline {rev} imports {where}", file=sys.stderr)
+        for row in table_rows:  # warm: lazily imported modules, upstream connections
+            for chunks in CHUNKS:
+                block(fleet, row, chunks)
+        for i in range(a.rounds):
+            order = table_rows[i % len(table_rows) :] + table_rows[: i % len(table_rows)]
+            for row in order:
+                long, short = (block(fleet, row, c) / REQUESTS[c] for c in CHUNKS)
+                samples[row.name].append((long - short) / (CHUNKS[0] - CHUNKS[1]) / 1000)
+            print(f"  round {i + 1}/{a.rounds}", file=sys.stderr)
+    finally:
+        base = fleet.procs.get("baseline")
+        if base is not None and base.poll() is None:
+            base.send_signal(signal.SIGINT)
+        fleet.stop()
+        if not a.keep:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")])
+            shutil.rmtree(work, ignore_errors=True)
+    medians = {name: statistics.median(v) for name, v in samples.items()}
+    print(f"\nCPU µs per chunk, median of {a.rounds} rounds (this tree vs {rev}, one run)\n")
+    print(f"| {'stream':<24} | {'this tree':>9} | {rev:>9} | {'ratio':>5} |")
+    print(f"| {'-' * 24} | {'-' * 8}: | {'-' * 8}: | {'-' * 4}: |")
+    failed = False
+    for label, _, _ in KINDS:
+        now, then = medians[f"tapfix: {label}"], medians[f"baseline: {label}"]
+        ratio = now / then
+        failed |= ratio > LIMIT
+        print(f"| {label:<24} | {now:>9.1f} | {then:>9.1f} | {ratio:>5.2f} |")
+    print()
+    for label, _, _ in KINDS:
+        now, then = medians[f"tapfix: {label}"], medians[f"baseline: {label}"]
+        verdict = "PASS" if now / then <= LIMIT else "MISS"
+        print(f"{verdict}  CPU/chunk, {label} ≤ {LIMIT:.2f}× {rev}: {now / then:.2f}×")
+    if a.json:
+        a.json.write_text(json.dumps({"baseline": rev, "samples_us": samples, "medians_us": medians}, indent=2))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
