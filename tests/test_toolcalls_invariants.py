@@ -12,7 +12,14 @@ from functools import partial
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.toolcalls import ChatToolCallRepair, assemble_tool_calls, repair_chat_completion
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.toolcalls import (
+    ChatToolCallRepair,
+    assemble_tool_calls,
+    body_repair_for,
+    repair_chat_completion,
+    stage_for,
+)
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 
 from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk, tool_call_delta
@@ -337,3 +344,20 @@ def test_any_increasing_indexes_reach_the_client_dense(paths, gaps, seed, prefix
         assert out == data and stage.changes == []
     else:
         assert tool_indexes(out) == list(range(len(paths))) and WRONG_INDEX in stage.defects
+
+
+# -- the request's tool_choice reaches the repair, on every surface's factory ---------------------------
+def test_tool_choice_is_recorded_from_the_request_and_passed_to_every_factory() -> None:
+    ex = Exchange()
+    ex.note_request_json({"model": "m", "tools": TOOLS, "tool_choice": NAMED})
+    assert ex.tool_choice == NAMED
+    data = sse([ROLE, call(0, "c1", "get_weather", '{"city": "Oslo"}'), finish("stop")])
+    stage = stage_for("chat", TOOLS, "error", "cap", tool_choice=ex.tool_choice)
+    assert run_stage(stage, [data]) == data and stage.outcome == "untouched"
+    for surface in ("responses", "messages"):
+        assert stage_for(surface, TOOLS, "error", "cap", tool_choice=NAMED) is not None
+        repair = body_repair_for(surface)
+        assert repair is not None and repair(b"{}", TOOLS, capture_id="c", policy="error", tool_choice=NAMED)
+    chat = body_repair_for("chat")
+    original = body([message_call("get_weather", '{"city": "Oslo"}')], "stop")
+    assert chat is not None and chat(original, TOOLS, capture_id="c", policy="error", tool_choice=NAMED)[0] == original

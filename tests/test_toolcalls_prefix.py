@@ -197,7 +197,6 @@ def test_crlf_pings_and_escapes_stream() -> None:
     "label,stream",
     [
         ("unknown tool name", [call(0, "c1", "reed", '{"path": "a"}')]),
-        ("index starts at 1", [call(1, "c1", "read", '{"path": "a"}')]),
         (
             "openers out of index order",
             [
@@ -221,6 +220,17 @@ def test_not_provably_fine_is_held_and_a_valid_end_is_still_byte_identical(label
     assert out == data and st_.outcome == "untouched"
     held = [outs for event, outs in record if is_fragment_event(event)]
     assert held[-1] == [], "from the first doubtful event on, the rest of the message is held"
+
+
+def test_an_opener_off_index_is_held_and_renumbered() -> None:
+    """A lone call on index 1 is not provably fine (the client would see a hole at 0): held, then
+    renumbered to 0 (issue 16: indexes are dense from 0)."""
+    data = sse([ROLE, call(1, "c1", "read", ""), call(1, arguments='{"path": "a"}'), FINISH])
+    st_ = stage()
+    out, record = feed_recorded(st_, [data])
+    assert all(outs == [] for event, outs in record if is_fragment_event(event))
+    assert client_view(out).chunks[1]["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
+    assert calls_of(out) == [("read", {"path": "a"})] and st_.outcome == "repaired"
 
 
 def test_an_opener_without_id_is_held_and_repaired_whole() -> None:
@@ -352,10 +362,14 @@ def test_error_after_a_cut_unterminated_event_is_still_readable(prefix_mode: boo
     assert_error_end(out, st_)
 
 
-def test_finish_length_after_a_streamed_complete_call_passes() -> None:
+def test_finish_length_after_a_streamed_complete_call_keeps_it_as_tool_calls() -> None:
+    """A complete, schema-valid call under `length` is kept and the finish says `tool_calls` (issue 16);
+    the streamed call's bytes are not touched, only the finish chunk."""
     data = sse([ROLE, call(0, "c1", "read", '{"path": "a"}'), chunk(finish_reason="length")])
     st_ = stage()
-    assert run_stage(st_, [data]) == data and st_.outcome == "untouched"
+    out = run_stage(st_, [data])
+    assert out == data.replace(b'"finish_reason":"length"', b'"finish_reason":"tool_calls"')
+    assert st_.outcome == "repaired" and [c.kind for c in st_.changes] == ["finish_reason_mismatch"]
 
 
 def test_fail_fast_and_passthrough_policies_after_a_streamed_prefix() -> None:
