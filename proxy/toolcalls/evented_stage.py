@@ -5,10 +5,17 @@ the rules are the chat stage's rules applied per call: hold the call's events un
 `repair_arguments` (strict JSON first, then the defect-class rules, then the schema), and release
 the held bytes verbatim when nothing was wrong. Only the verdict's *wire form* differs per surface,
 which the subclasses build.
+
+Beyond one held call, the stage checks the answer's structure on every response that offered tools
+(issue 16): indexes dense from 0 in order of first appearance (`DenseIndex`), one unique id per call,
+minted when missing or already used (`IdLedger`), and names matched to the offered tools
+(`names.match_name`; a name that matches none passes as sent, flagged `unknown_tool`). These surfaces
+have no `n > 1`: one answer per response, so there is no per-choice state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +27,9 @@ from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
 from tapfix.proxy.sse import comment
 from tapfix.proxy.toolcalls.arguments import repair_arguments
-from tapfix.proxy.toolcalls.plan import STAGE, Fatal, _repeated_name
+from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX
+from tapfix.proxy.toolcalls.names import match_name
+from tapfix.proxy.toolcalls.plan import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 POLICIES = ("error", "fail_fast", "passthrough")
@@ -46,12 +55,16 @@ class HeldCall:
     final: str | None = None  # the arguments a `.done` event or item repeats (Responses)
     closed: bool = False
     finish: str | None = None  # "length" when the item/message says it was cut
+    position: int = 0  # the dense index the client sees
+    out_id: str | None = None  # the id the client gets (the upstream's, or a minted one)
+    id_reason: str = ""  # why out_id differs from call_id
 
 
 @dataclass(slots=True)
 class Verdict:
     arguments: str | None = None  # None: untouched
     name: str | None = None
+    unknown_tool: bool = False  # the name matches no offered tool: passed as sent, flagged
     kinds: list[str] = field(default_factory=list)
     reason: str = ""
     fatal: Fatal | None = None
@@ -62,10 +75,12 @@ def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) 
     name = call.name
     verdict = Verdict()
     if name is not None and schemas and name not in schemas.schemas:
-        repeated = _repeated_name(name, schemas.names)
-        if repeated:
-            verdict.name, verdict.kinds = repeated, ["duplicated_fragments"]
-            name = repeated
+        match = match_name(name, schemas.names)
+        if match.kind == UNKNOWN_TOOL:
+            verdict.unknown_tool = True
+        elif match.kind is not None:
+            verdict.name, verdict.kinds = match.name, [match.kind]
+            name = match.name
     if name is None:
         if len(schemas.names) != 1:
             verdict.fatal = Fatal("?", "tool call has no name", "wrong_index_or_id")
@@ -98,6 +113,52 @@ def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) 
     if verdict.arguments is None and verdict.name is not None:
         verdict.arguments = text if call.frags else res.text
     return verdict
+
+
+def mint_id(prefix: str, seed: str, position: int) -> str:
+    """A stable id for a call that has none usable: derived from the capture id and the call's position
+    (the chat surface's rule, `plan._make_id`, with the surface's own prefix)."""
+    digest = hashlib.sha1(f"{seed}:0:{position}".encode()).hexdigest()[:24]
+    return f"{prefix}{digest}"
+
+
+class IdLedger:
+    """The ids already handed out in this answer: a call's own id when it has a fresh one, else a minted one."""
+
+    def __init__(self, prefix: str, seed: str) -> None:
+        self.prefix, self.seed = prefix, seed
+        self.used: set[str] = set()
+
+    def assign(self, given: Any, position: int) -> tuple[str, str]:
+        """(the id to send, why it differs from `given`, or "" when it doesn't)."""
+        if isinstance(given, str) and given and given not in self.used:
+            self.used.add(given)
+            return given, ""
+        reason = "the call had no id; one was minted" if not given else "the id was already used by an earlier call"
+        minted, k = mint_id(self.prefix, self.seed, position), 0
+        while minted in self.used:  # a clash with an upstream id: derive again, still stable
+            k += 1
+            minted = mint_id(self.prefix, f"{self.seed}#{k}", position)
+        self.used.add(minted)
+        return minted, reason
+
+
+class DenseIndex:
+    """Upstream indexes (or item ids) → 0..n-1 in order of first appearance; `shifted` once any differs."""
+
+    def __init__(self) -> None:
+        self.positions: dict[Any, int] = {}
+        self.shifted = False
+
+    def position(self, key: Any, given: Any) -> tuple[int, bool]:
+        """(the dense position of `key`, whether this is its first appearance with another index)."""
+        pos = self.positions.get(key)
+        if pos is not None:
+            return pos, False
+        pos = self.positions[key] = len(self.positions)
+        moved = given != pos
+        self.shifted = self.shifted or moved
+        return pos, moved
 
 
 def event_name(event: bytes) -> str | None:
@@ -191,6 +252,39 @@ class HoldingStage:
         if self.outcome == "untouched":
             self.outcome = "repaired"
 
+    def record(self, kind: str, where: str, before: Any, after: Any, reason: str) -> None:
+        """A structural repair (an index, an id, a finish): recorded; the stage's outcome becomes repaired."""
+        if kind not in self.defects:
+            self.defects.append(kind)
+        self.changes.append(Change(STAGE, kind, where, before, after, reason))
+        if self.outcome == "untouched":
+            self.outcome = "repaired"
+
+    def flag(self, name: str | None, where: str) -> None:
+        """A name no offered tool matches: it passes as sent (nothing is guessed), the change row says so."""
+        if UNKNOWN_TOOL not in self.defects:
+            self.defects.append(UNKNOWN_TOOL)
+        self.changes.append(unknown_tool_change(name, where))
+
+    def judge(self, verdict: Verdict, call: HeldCall, where: str) -> bool:
+        """Record what `decide` and the id check found for one call; True when its events must be rebuilt."""
+        if verdict.unknown_tool:
+            self.flag(call.name, where)
+        if verdict.arguments is None and call.out_id == call.call_id:
+            return False
+        if verdict.arguments is not None:  # None: only the id changes, the argument deltas go out as they came
+            self.note(verdict, call, where, verdict.arguments)
+        if call.out_id != call.call_id:
+            if verdict.arguments is not None:
+                self.changes[-1].after["id"] = call.out_id
+                self.changes[-1].reason += f"; {call.id_reason}"
+                if WRONG_INDEX not in self.defects:
+                    self.defects.append(WRONG_INDEX)
+            else:
+                before = {"name": call.name, "id": call.call_id}
+                self.record(WRONG_INDEX, where, before, {"name": call.name, "id": call.out_id}, call.id_reason)
+        return True
+
     def fatal(self, fatal: Fatal, upstream: bytes | None = None) -> list[bytes]:
         """Unrecoverable: by policy, the surface's error event (the held call never goes out)."""
         self.outcome = "unrecoverable"
@@ -242,6 +336,12 @@ def parse(event: bytes) -> dict[str, Any] | None:
 def fatal_change(fatal: Fatal, where: str) -> Change:
     """The change row of a call that can't be recovered (its arguments are never sent)."""
     return Change(STAGE, fatal.kind, where, {"name": fatal.name}, None, f"unrecoverable ({fatal.reason})")
+
+
+def unknown_tool_change(name: str | None, where: str) -> Change:
+    """The flag of a name no offered tool matches: before and after are the same, the name passes as sent."""
+    reason = "no offered tool has this name or a form of it; passed through as sent"
+    return Change(STAGE, UNKNOWN_TOOL, where, {"name": name}, {"name": name}, reason)
 
 
 def repair_change(

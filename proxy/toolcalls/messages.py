@@ -25,49 +25,88 @@ from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_stage import (
+    DenseIndex,
     HeldCall,
     HoldingStage,
+    IdLedger,
     as_dict,
     decide,
     fatal_change,
     normalize_tools,
     parse,
     repair_change,
+    unknown_tool_change,
 )
-from tapfix.proxy.toolcalls.plan import Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+
+_ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to tool_use when a tool_use went out
 
 
 class MessagesToolCallRepair(HoldingStage):
+    """Per call: hold, judge, release. Per message: content-block indexes dense from 0 in order of their
+    `content_block_start`, one unique id per tool_use block (minted when missing or used), and
+    `stop_reason: tool_use` if and only if a tool_use block went out. A closed call is held until the
+    next block starts or the message ends, so a `max_tokens` stop judges it as possibly cut."""
+
     path_prefix = "$.content"
 
     def __init__(
         self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
     ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
-        self.repaired: dict[int, tuple[str, str | None]] = {}
+        self.repaired: dict[int, tuple[str | None, str | None, str | None]] = {}  # index -> (arguments, name, id)
+        self.blocks = DenseIndex()
+        self.ids = IdLedger("toolu_", capture_id)
+        self.tool_use_sent = False
 
     def on_event(self, event: bytes) -> list[bytes]:
-        if not self.holding and b"tool_use" not in event:
-            return [event]
+        if (
+            not self.holding
+            and b"tool_use" not in event
+            and b"content_block_start" not in event
+            and b"message_delta" not in event
+        ):
+            return [self._renumber(event)] if self.blocks.shifted else [event]
         obj = parse(event)
         if obj is None:
             return self.hold(event)
         kind = obj.get("type")
         index = obj.get("index")
         block = as_dict(obj.get("content_block"))
-        if kind == "content_block_start" and block.get("type") == "tool_use" and isinstance(index, int):
-            self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
-            self.held.append(event)
-            return []
+        if kind == "content_block_start" and isinstance(index, int):
+            out = self._finalize() if self.holding and self._all_closed() else []
+            if self.ended:
+                return out
+            position = self._place(index)
+            if block.get("type") == "tool_use":
+                opened = self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
+                opened.position = position
+                opened.out_id, opened.id_reason = self.ids.assign(block.get("id"), position)
+                self.held.append(event)
+                return out
+            return out + self.hold(self._renumber(event, obj))
+        if kind == "message_delta":
+            delta = as_dict(obj.get("delta"))
+            stop = delta.get("stop_reason")
+            released: list[bytes] = []
+            if self.holding:  # the message ended with calls held: judge them on what arrived
+                for c in self.calls.values():
+                    c.closed = True
+                    c.finish = "length" if stop == "max_tokens" else c.finish
+                released = self._finalize()
+                if self.ended:
+                    return released
+            return released + self._stop_reason(event, obj, delta, stop)
         if not self.holding:
-            return [event]
+            return [self._renumber(event, obj)]
         call = self.calls.get(index) if isinstance(index, int) else None
         if kind == "content_block_delta" and call is not None:
-            delta = obj.get("delta")
-            if isinstance(delta, dict) and isinstance(delta.get("partial_json"), str):
-                call.frags.append(delta["partial_json"])
+            piece = as_dict(obj.get("delta")).get("partial_json")
+            if isinstance(piece, str):
+                call.frags.append(piece)
         elif kind == "content_block_stop" and call is not None:
             call.closed = True
         elif kind == "error":
@@ -78,57 +117,97 @@ class MessagesToolCallRepair(HoldingStage):
             return self.fatal(
                 Fatal(first.name or "?", cut_by_upstream_error(message), "missing_last_chunk"), upstream=event
             )
-        elif kind in ("message_delta", "message_stop"):
-            # The message ended with a block still open: judge it on what arrived.
-            stop = obj.get("delta", {}).get("stop_reason") if isinstance(obj.get("delta"), dict) else None
+        elif kind == "message_stop":
             for c in self.calls.values():
                 c.closed = True
-                c.finish = "length" if stop == "max_tokens" else c.finish
             out = self._finalize()
             return out if self.ended else out + [event]
         self.held.append(event)
-        if all(c.closed for c in self.calls.values()):
-            return self._finalize()
         return []
+
+    def flush(self) -> list[bytes]:
+        if not self.ended and self.holding and self._all_closed():  # the stream ended after the block's stop
+            return self._finalize()
+        return super().flush()
+
+    def _all_closed(self) -> bool:
+        return all(c.closed for c in self.calls.values())
+
+    def _place(self, index: int) -> int:
+        position, moved = self.blocks.position(index, index)
+        if moved:
+            reason = "content-block indexes not dense from 0 in order of the blocks; renumbered"
+            self.record(WRONG_INDEX, f"$.content[{position}]", {"index": index}, {"index": position}, reason)
+        return position
+
+    def _renumber(self, event: bytes, obj: dict[str, Any] | None = None) -> bytes:
+        """The event with its block's dense index (cheap when nothing was renumbered)."""
+        if not self.blocks.shifted or b'"index"' not in event:
+            return event
+        obj = obj if obj is not None else parse(event)
+        index = obj.get("index") if obj is not None else None
+        if obj is None or not isinstance(index, int):
+            return event
+        position = self.blocks.positions.get(index, index)
+        if position == index:
+            return event
+        return named_event(str(obj.get("type")), {**obj, "index": position}, self.nl)
+
+    def _stop_reason(self, event: bytes, obj: dict[str, Any], delta: dict[str, Any], stop: Any) -> list[bytes]:
+        """`stop_reason: tool_use` if and only if a tool_use block went out."""
+        if stop == "tool_use" and not self.tool_use_sent:
+            reason = "stop_reason tool_use, but the stream carried no tool_use block"
+            return self.fatal(Fatal("?", reason, EMPTY_TURN), upstream=event)
+        if stop in _ENDS_WITH_CALLS and self.tool_use_sent:
+            why = f"stop_reason {stop} with a tool_use block that went out (checked as cut when max_tokens)"
+            self.record(FINISH_MISMATCH, "$.delta.stop_reason", stop, "tool_use", why)
+            new = {**delta, "stop_reason": "tool_use", "stop_sequence": None}
+            return [named_event("message_delta", {**obj, "delta": new}, self.nl)]
+        return [event]
 
     def _finalize(self) -> list[bytes]:
         verdicts = {key: decide(call, self.schemas, empty_is_object=True) for key, call in self.calls.items()}
         fatal = next((v.fatal for v in verdicts.values() if v.fatal), None)
         if fatal is not None:
+            self.tool_use_sent = self.policy == "passthrough"  # passthrough: the held blocks go out as sent
             return self.fatal(fatal)
-        if all(v.arguments is None for v in verdicts.values()):
+        self.tool_use_sent = True
+        repaired: dict[int, tuple[str | None, str | None, str | None]] = {}
+        for key, verdict in verdicts.items():
+            call = self.calls[key]
+            if self.judge(verdict, call, f"$.content[{call.position}].input"):
+                repaired[key] = (verdict.arguments, verdict.name, call.out_id)
+        if not repaired and not self.blocks.shifted:
             released, self.held, self.calls = self.held, [], {}
             return released
-        repaired: dict[int, tuple[str, str | None]] = {}
-        for key, verdict in verdicts.items():
-            if verdict.arguments is not None:
-                self.note(verdict, self.calls[key], f"$.content[{key}].input", verdict.arguments)
-                repaired[key] = (verdict.arguments, verdict.name)
         self.repaired.update(repaired)
         out: list[bytes] = []
         sent: set[int] = set()
         for raw in self.held:
             obj = parse(raw)
             index = obj.get("index") if obj else None
-            if obj is None or index not in repaired:
-                out.append(raw)
+            if obj is None or not isinstance(index, int) or index not in repaired:
+                out.append(self._renumber(raw, obj))
                 continue
-            arguments, name = repaired[index]
+            arguments, name, tool_id = repaired[index]
+            position = self.blocks.positions.get(index, index)
             kind = obj.get("type")
             if kind == "content_block_start":
-                if name:
-                    obj = {**obj, "content_block": {**obj["content_block"], "name": name}}
-                    raw = named_event("content_block_start", obj, self.nl)
-                out.append(raw)
+                new_block = {**obj["content_block"], "id": tool_id, **({"name": name} if name else {})}
+                out.append(
+                    named_event("content_block_start", {**obj, "index": position, "content_block": new_block}, self.nl)
+                )
             elif kind == "content_block_delta":
-                if index not in sent:
+                if arguments is None:  # only the id or the index changed: the deltas go out as they came
+                    out.append(self._renumber(raw, obj))
+                elif index not in sent:
                     sent.add(index)
-                    out.append(self._delta(index, arguments))
+                    out.append(self._delta(position, arguments))
             elif kind == "content_block_stop":
-                if index not in sent:
+                if arguments is not None and index not in sent:
                     sent.add(index)
-                    out.append(self._delta(index, arguments))
-                out.append(raw)
+                    out.append(self._delta(position, arguments))
+                out.append(self._renumber(raw, obj))
             else:
                 out.append(raw)
         self.held, self.calls = [], {}
@@ -149,13 +228,22 @@ def repair_messages_body(
     body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `message`: (body, changes, outcome); unrecoverable → Anthropic's error body,
-    sent with status 502 (policy "error") or 422 ("fail_fast")."""
+    sent with status 502 (policy "error") or 422 ("fail_fast"). The stream's invariants: one unique id
+    per tool_use block, offered names (an unknown one flagged, unchanged), and `stop_reason: tool_use`
+    if and only if the content has a tool_use block (`max_tokens` checks each call as possibly cut)."""
     obj = json_object(body)
     if obj is None or obj.get("type") != "message" or not isinstance(obj.get("content"), list):
         return body, [], "untouched"
     schemas = ToolSchemas(normalize_tools(tools))
+    ids = IdLedger("toolu_", capture_id)
     changes: list[Change] = []
     content: list[Any] = []
+    stop = obj.get("stop_reason")
+    uses = [b for b in obj["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+    if stop == "tool_use" and not uses:
+        fatal = Fatal("?", "stop_reason tool_use, but the message has no tool_use block", EMPTY_TURN)
+        return _unrecoverable(body, fatal, "$.stop_reason", changes, policy, capture_id)
+    edited = False
     for position, block in enumerate(obj["content"]):
         if not isinstance(block, dict) or block.get("type") != "tool_use":
             content.append(block)
@@ -167,26 +255,52 @@ def repair_messages_body(
             block.get("name") or None,
             block.get("id"),
             [text],
-            finish="length" if obj.get("stop_reason") == "max_tokens" else None,
+            finish="length" if stop == "max_tokens" else None,
         )
+        tool_id, id_reason = ids.assign(call.call_id, position)
         verdict = decide(call, schemas, empty_is_object=True)
-        where = f"$.content[{position}].input"
+        where = f"$.content[{position}]"
         if verdict.fatal is not None:
-            changes.append(fatal_change(verdict.fatal, where))
-            if policy == "passthrough":
-                return body, changes, "unrecoverable"
-            return orjson.dumps(messages_tool_call_error(verdict.fatal, policy, capture_id)), changes, "unrecoverable"
-        if verdict.arguments is None and isinstance(value, dict):
-            content.append(block)
-            continue
-        arguments = verdict.arguments if verdict.arguments is not None else text
-        changes.append(
-            repair_change(verdict, where, block.get("name"), text, arguments, "invalid_json", "input sent as a string")
-        )
-        new = {**block, "input": json.loads(arguments)}
-        if verdict.name:
-            new["name"] = verdict.name
+            return _unrecoverable(body, verdict.fatal, f"{where}.input", changes, policy, capture_id)
+        if verdict.unknown_tool:
+            changes.append(unknown_tool_change(call.name, f"{where}.name"))
+        new = dict(block)
+        if verdict.arguments is not None or not isinstance(value, dict):
+            arguments = verdict.arguments if verdict.arguments is not None else text
+            changes.append(
+                repair_change(
+                    verdict,
+                    f"{where}.input",
+                    block.get("name"),
+                    text,
+                    arguments,
+                    "invalid_json",
+                    "input sent as a string",
+                )
+            )
+            new["input"] = json.loads(arguments)
+            if verdict.name:
+                new["name"] = verdict.name
+        if id_reason:
+            changes.append(Change(STAGE, WRONG_INDEX, f"{where}.id", {"id": call.call_id}, {"id": tool_id}, id_reason))
+            new["id"] = tool_id
+        edited = edited or new != block
         content.append(new)
-    if not changes:
-        return body, [], "untouched"
-    return orjson.dumps({**obj, "content": content}), changes, "repaired"
+    fixed: dict[str, Any] = {"content": content}
+    if uses and stop in _ENDS_WITH_CALLS:
+        why = f"stop_reason {stop} with tool_use blocks (checked as cut when max_tokens)"
+        changes.append(Change(STAGE, FINISH_MISMATCH, "$.stop_reason", stop, "tool_use", why))
+        fixed.update(stop_reason="tool_use", stop_sequence=None)
+        edited = True
+    if not edited:
+        return body, changes, "untouched"
+    return orjson.dumps({**obj, **fixed}), changes, "repaired"
+
+
+def _unrecoverable(
+    body: bytes, fatal: Fatal, where: str, changes: list[Change], policy: ToolRepairPolicy, capture_id: str
+) -> tuple[bytes, list[Change], str]:
+    changes.append(fatal_change(fatal, where))
+    if policy == "passthrough":
+        return body, changes, "unrecoverable"
+    return orjson.dumps(messages_tool_call_error(fatal, policy, capture_id)), changes, "unrecoverable"

@@ -17,6 +17,7 @@ event (what Codex reads; it retries a failed response). Retry words as in client
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -25,9 +26,13 @@ from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events, tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_stage import (
+    DenseIndex,
     HeldCall,
     HoldingStage,
+    IdLedger,
+    Verdict,
     as_dict,
     decide,
     event_name,
@@ -35,35 +40,58 @@ from tapfix.proxy.toolcalls.evented_stage import (
     normalize_tools,
     parse,
     repair_change,
+    unknown_tool_change,
 )
-from tapfix.proxy.toolcalls.plan import Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _TERMINAL = (b"response.completed", b"response.incomplete")
 
 
+@dataclass(slots=True)
+class SentCall:
+    """A function_call item as the client received it, next to what the upstream's events carried."""
+
+    position: int
+    item: dict[str, Any]  # the `.done` item that went out
+    upstream: dict[str, Any]  # id, call_id, name, arguments as the upstream's events had them
+
+
+def _call_fields(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: item.get(k) for k in ("id", "call_id", "name", "arguments")}
+
+
 class ResponsesToolCallRepair(HoldingStage):
+    """Per call: hold, judge, release. Per answer: output_index dense over the items in order of first
+    appearance, one unique call_id per function_call item (the `.added` one, minted when missing or used),
+    and the terminal `response.completed`/`.incomplete` object listing the calls the events carried."""
+
     path_prefix = "$.output"
 
     def __init__(
         self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
     ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
-        self.repaired: dict[str, tuple[str, str | None]] = {}  # item id -> (arguments, name)
+        self.repaired: dict[str, tuple[str | None, str | None, str | None]] = {}  # key -> (arguments, name, call_id)
         self.response: dict[str, Any] = {}  # the latest response envelope (for response.failed)
         self.done_items: list[Any] = []
+        self.sent: list[SentCall] = []
+        self.items = DenseIndex()
+        self.ids = IdLedger("call_", capture_id)
+        self.split_ids: dict[str, Any] = {}  # item -> the other call_id its `.done` carried than its `.added`
         self.seq = 0
 
     def on_event(self, event: bytes) -> list[bytes]:
         interesting = (
             self.holding
             or b"function_call" in event
-            or (self.repaired and any(t in event for t in _TERMINAL))
+            or b"output_item.added" in event
+            or any(t in event for t in _TERMINAL)
             or b"response.created" in event
         )
         if not interesting:
             self._track_seq(event)
-            return [event]
+            return [self._renumber(event)] if self.items.shifted else [event]
         obj = parse(event)
         if obj is None:
             return self.hold(event)
@@ -74,17 +102,22 @@ class ResponsesToolCallRepair(HoldingStage):
             self.response = obj["response"]
             return self.hold(event)
         item = as_dict(obj.get("item"))
-        if kind == "response.output_item.added" and item.get("type") == "function_call":
-            key = str(item.get("id") or f"#{obj.get('output_index')}")
-            self.calls[key] = HeldCall(key, item.get("name") or None, item.get("call_id") or None)
-            self.held.append(event)
-            return []
+        if kind == "response.output_item.added":
+            position = self._place(obj, item)
+            if item.get("type") == "function_call":
+                key = self._key(obj, item)
+                opened = self.calls[key] = HeldCall(key, item.get("name") or None, item.get("call_id") or None)
+                opened.position = position
+                opened.out_id, opened.id_reason = self.ids.assign(opened.call_id, position)
+                self.held.append(event)
+                return []
+            return self.hold(self._renumber(event, obj))
         if not self.holding:
-            if kind in ("response.completed", "response.incomplete") and self.repaired:
-                return [self._patch_terminal(event, obj)]
+            if kind in ("response.completed", "response.incomplete"):
+                return [self._terminal(event, obj)]
             if kind == "response.output_item.done":
                 self.done_items.append(item)
-            return [event]
+            return [self._renumber(event, obj)]
         call = self._call_for(obj, item)
         if kind == "response.function_call_arguments.delta" and call is not None:
             if isinstance(obj.get("delta"), str):
@@ -97,6 +130,8 @@ class ResponsesToolCallRepair(HoldingStage):
                 call.final = item["arguments"]
             if item.get("status") == "incomplete":
                 call.finish = "length"
+            if item.get("call_id") != call.out_id:  # one call_id per item: the `.added` one the client got
+                self.split_ids[call.key] = item.get("call_id")
             call.closed = True
         elif kind in ("error", "response.failed"):
             message = _message(obj)
@@ -113,7 +148,7 @@ class ResponsesToolCallRepair(HoldingStage):
             out = self._finalize()
             if self.ended:
                 return out
-            return out + [self._patch_terminal(event, obj) if self.repaired else event]
+            return out + [self._terminal(event, obj)]
         self.held.append(event)
         if all(c.closed for c in self.calls.values()):
             return self._finalize()
@@ -125,6 +160,43 @@ class ResponsesToolCallRepair(HoldingStage):
             digits = event[at + 18 : at + 30].lstrip().split(b",")[0].split(b"}")[0]
             if digits.isdigit():
                 self.seq = int(digits)
+
+    @staticmethod
+    def _key(obj: dict[str, Any], item: dict[str, Any]) -> str:
+        return str(item.get("id") or obj.get("item_id") or f"#{obj.get('output_index')}")
+
+    def _place(self, obj: dict[str, Any], item: dict[str, Any]) -> int:
+        """The item's dense output_index (first appearance), recorded when the upstream numbered it otherwise."""
+        given = obj.get("output_index")
+        position, moved = self.items.position(self._key(obj, item), given)
+        if moved:
+            reason = "output_index not dense from 0 in order of the items; renumbered"
+            self.record(
+                WRONG_INDEX, f"$.output[{position}]", {"output_index": given}, {"output_index": position}, reason
+            )
+        return position
+
+    def _renumber(self, event: bytes, obj: dict[str, Any] | None = None) -> bytes:
+        """The event with its item's dense output_index (cheap when nothing was renumbered)."""
+        if not self.items.shifted or b'"output_index"' not in event:
+            return event
+        obj = obj if obj is not None else parse(event)
+        if obj is None:
+            return event
+        renumbered = self._renumbered(obj)
+        if renumbered is obj:
+            return event
+        return named_event(str(obj.get("type") or event_name(event)), renumbered, self.nl)
+
+    def _renumbered(self, obj: dict[str, Any]) -> dict[str, Any]:
+        given = obj.get("output_index")
+        if not isinstance(given, int):
+            return obj
+        key = self._key(obj, as_dict(obj.get("item")))
+        position = self.items.positions.get(key)
+        if position is None:
+            position, _ = self.items.position(key, given)
+        return obj if position == given else {**obj, "output_index": position}
 
     def _call_for(self, obj: dict[str, Any], item: dict[str, Any]) -> HeldCall | None:
         key = obj.get("item_id") or item.get("id")
@@ -139,39 +211,70 @@ class ResponsesToolCallRepair(HoldingStage):
         verdicts = {key: decide(call, self.schemas) for key, call in self.calls.items()}
         fatal = next((v.fatal for v in verdicts.values() if v.fatal), None)
         if fatal is not None:
+            if self.policy == "passthrough":  # the held calls go out as sent: the terminal keeps them so
+                for call in self.calls.values():
+                    call.out_id = call.call_id
+                self._remember({key: Verdict() for key in self.calls})
             return self.fatal(fatal)
-        if all(v.arguments is None for v in verdicts.values()):
-            out, self.held, self.calls = self.held, [], {}
-            return out
+        rebuild = self.items.shifted
         for key, verdict in verdicts.items():
-            if verdict.arguments is not None:
-                call = self.calls[key]
-                self.note(verdict, call, f"$.output[?(@.id=='{key}')].arguments", verdict.arguments)
-                self.repaired[key] = (verdict.arguments, verdict.name)
-        out = self._rebuild(self.held)
+            call = self.calls[key]
+            where = f"$.output[?(@.id=='{key}')]"
+            rebuild_call = self.judge(verdict, call, f"{where}.arguments")
+            if key in self.split_ids:
+                reason = "the .done item carried another call_id than the .added one; the .added one kept"
+                after = {"call_id": call.out_id}
+                self.record(WRONG_INDEX, f"{where}.call_id", {"call_id": self.split_ids[key]}, after, reason)
+                rebuild_call = True
+            if rebuild_call:
+                self.repaired[key] = (verdict.arguments, verdict.name, call.out_id)
+                rebuild = True
+        out = self._rebuild(self.held) if rebuild else self.held
+        self._remember(verdicts)
         self.held, self.calls = [], {}
         return out
+
+    def _remember(self, verdicts: dict[str, Verdict]) -> None:
+        """What each released call looks like to the client, for the terminal object."""
+        for key, call in self.calls.items():
+            verdict = verdicts[key]
+            upstream_args = "".join(call.frags) if call.frags else (call.final or "")
+            upstream = {"id": key, "call_id": call.call_id, "name": call.name, "arguments": upstream_args}
+            item = {
+                "id": key,
+                "type": "function_call",
+                "call_id": call.out_id,
+                "name": verdict.name or call.name,
+                "arguments": verdict.arguments if verdict.arguments is not None else upstream_args,
+                "status": "completed",
+            }
+            self.sent.append(SentCall(call.position, item, upstream))
 
     def _rebuild(self, held: list[bytes]) -> list[bytes]:
         out: list[bytes] = []
         sent_delta: set[str] = set()
         for raw in held:
             obj = parse(raw)
-            kind = obj.get("type") if obj else None
-            key = obj.get("item_id") if obj else None
-            item = as_dict(obj.get("item")) if obj else {}
-            key = key or item.get("id")
-            if obj is None or key not in self.repaired:
+            if obj is None:
                 out.append(raw)
                 continue
-            arguments, name = self.repaired[key]
+            kind = str(obj.get("type") or event_name(raw))
+            item = as_dict(obj.get("item"))
+            key = obj.get("item_id") or item.get("id")
+            if key not in self.repaired:
+                out.append(self._renumber(raw, obj))
+                continue
+            obj = self._renumbered(obj)
+            arguments, name, call_id = self.repaired[key]
             if kind == "response.function_call_arguments.delta":
-                if key not in sent_delta:
+                if arguments is None:
+                    out.append(named_event(kind, obj, self.nl))
+                elif key not in sent_delta:
                     sent_delta.add(key)
                     out.append(named_event(kind, {**obj, "delta": arguments}, self.nl))
                 continue
             if kind == "response.function_call_arguments.done":
-                if key not in sent_delta:  # no delta came: the client still gets one
+                if arguments is not None and key not in sent_delta:  # no delta came: the client still gets one
                     sent_delta.add(key)
                     delta = {k: v for k, v in obj.items() if k not in ("arguments", "name")}
                     out.append(
@@ -181,38 +284,42 @@ class ResponsesToolCallRepair(HoldingStage):
                             self.nl,
                         )
                     )
-                obj = {**obj, "arguments": arguments}
+                if arguments is not None:
+                    obj = {**obj, "arguments": arguments}
                 if name and "name" in obj:
                     obj["name"] = name
                 out.append(named_event(kind, obj, self.nl))
                 continue
             if kind in ("response.output_item.added", "response.output_item.done"):
-                new_item = dict(item)
+                new_item = {**item, "call_id": call_id}
                 if name:
                     new_item["name"] = name
                 if kind.endswith(".done"):
-                    new_item["arguments"] = arguments
+                    if arguments is not None:
+                        new_item["arguments"] = arguments
                     self.done_items.append(new_item)
                 out.append(named_event(kind, {**obj, "item": new_item}, self.nl))
                 continue
-            out.append(raw)
+            out.append(named_event(kind, obj, self.nl))
         return out
 
-    def _patch_terminal(self, event: bytes, obj: dict[str, Any]) -> bytes:
+    def _terminal(self, event: bytes, obj: dict[str, Any]) -> bytes:
+        """The final object made to list the function calls the events carried (a client reading only it
+        runs the same calls): repaired, renamed or re-identified calls patched, a call it lacks inserted,
+        one the events never carried dropped. Agreement leaves the event's bytes as they came."""
         response = obj.get("response")
         if not isinstance(response, dict) or not isinstance(response.get("output"), list):
             return event
-        output = []
-        for item in response["output"]:
-            if isinstance(item, dict) and item.get("id") in self.repaired:
-                arguments, name = self.repaired[item["id"]]
-                item = {**item, "arguments": arguments, **({"name": name} if name else {})}
-            output.append(item)
+        output, disagreements = reconcile_output(response["output"], self.sent)
+        if output == response["output"]:
+            return event
+        for what in disagreements:
+            self.record(WRONG_INDEX, "$.response.output", what[0], what[1], what[2])
         kind = obj.get("type") or event_name(event) or "response.completed"
         return named_event(kind, {**obj, "response": {**response, "output": output}}, self.nl)
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
-        keep = [raw for raw in held if b"function_call" not in raw]
+        keep = [self._renumber(raw) for raw in held if b"function_call" not in raw]
         events = responses_tool_call_error_events(
             fatal,
             self.policy,
@@ -224,6 +331,42 @@ class ResponsesToolCallRepair(HoldingStage):
         )
         self.seq += len(events)
         return keep + events
+
+
+def reconcile_output(output: list[Any], sent: list[SentCall]) -> tuple[list[Any], list[tuple[Any, Any, str]]]:
+    """`output` with its function_call items replaced by the ones that went out (matched by item id,
+    else in order), and the disagreements with the upstream's own events (before, after, reason)."""
+    by_id = {s.item["id"]: s for s in sent}
+    unmatched = [s for s in sent]
+    matched: dict[int, SentCall] = {}
+    for k, item in enumerate(output):
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("id") in by_id:
+            s = by_id[item["id"]]
+            if s in unmatched:
+                matched[k] = s
+                unmatched.remove(s)
+    for k, item in enumerate(output):
+        if isinstance(item, dict) and item.get("type") == "function_call" and k not in matched and unmatched:
+            matched[k] = unmatched.pop(0)
+    disagreements: list[tuple[Any, Any, str]] = []
+    new: list[Any] = []
+    for k, item in enumerate(output):
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            new.append(item)
+            continue
+        match = matched.get(k)
+        if match is None:
+            disagreements.append((_call_fields(item), None, "a call the events never carried; dropped"))
+            continue
+        fields = _call_fields(item)
+        if fields != match.upstream:
+            reason = "the terminal object disagreed with the streamed events; the events' call kept"
+            disagreements.append((fields, _call_fields(match.item), reason))
+        new.append({**item, **{k2: v for k2, v in match.item.items() if k2 != "status"}})
+    for s in unmatched:
+        disagreements.append((None, _call_fields(s.item), "the terminal object lacked a streamed call; inserted"))
+        new.insert(min(s.position, len(new)), s.item)
+    return new, disagreements
 
 
 def _message(obj: dict[str, Any]) -> str:
@@ -239,13 +382,17 @@ def repair_responses_body(
     body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
-    error body to send with status 502 (policy "error") or 422 ("fail_fast")."""
+    error body to send with status 502 (policy "error") or 422 ("fail_fast"). The same invariants as the
+    stream: each function_call has one unique call_id (minted when missing or used), names are matched
+    to the offered tools (an unknown one is flagged, the body unchanged)."""
     obj = json_object(body)
     if obj is None or not isinstance(obj.get("output"), list):
         return body, [], "untouched"
     schemas = ToolSchemas(normalize_tools(tools))
+    ids = IdLedger("call_", capture_id)
     changes: list[Change] = []
     output: list[Any] = []
+    edited = False
     for position, item in enumerate(obj["output"]):
         if not isinstance(item, dict) or item.get("type") != "function_call":
             output.append(item)
@@ -259,19 +406,30 @@ def repair_responses_body(
             [text] if text else [],
             finish="length" if item.get("status") == "incomplete" else None,
         )
+        call_id, id_reason = ids.assign(call.call_id, position)
         verdict = decide(call, schemas)
-        where = f"$.output[{position}].arguments"
+        where = f"$.output[{position}]"
         if verdict.fatal is not None:
-            changes.append(fatal_change(verdict.fatal, where))
+            changes.append(fatal_change(verdict.fatal, f"{where}.arguments"))
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
             return tool_call_error_json(verdict.fatal, policy, capture_id), changes, "unrecoverable"
-        if verdict.arguments is None:
-            output.append(item)
-            continue
-        changes.append(repair_change(verdict, where, item.get("name"), text, verdict.arguments, "repair"))
-        renamed = {"name": verdict.name} if verdict.name else {}
-        output.append({**item, "arguments": verdict.arguments, **renamed})
-    if not changes:
-        return body, [], "untouched"
+        if verdict.unknown_tool:
+            changes.append(unknown_tool_change(call.name, f"{where}.name"))
+        new = dict(item)
+        if verdict.arguments is not None:
+            changes.append(
+                repair_change(verdict, f"{where}.arguments", item.get("name"), text, verdict.arguments, "repair")
+            )
+            new["arguments"] = verdict.arguments
+            if verdict.name:
+                new["name"] = verdict.name
+        if id_reason:
+            before, after = {"call_id": call.call_id}, {"call_id": call_id}
+            changes.append(Change(STAGE, WRONG_INDEX, f"{where}.call_id", before, after, id_reason))
+            new["call_id"] = call_id
+        edited = edited or new != item
+        output.append(new)
+    if not edited:
+        return body, changes, "untouched"
     return orjson.dumps({**obj, "output": output}), changes, "repaired"
