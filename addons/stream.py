@@ -36,7 +36,14 @@ class StreamOwner:
         policy = self.runtime.settings.tool_repair
         surface = surface_for(ex.path)
         if policy != "off" and ex.tools:
-            stage = stage_for(surface, ex.tools, policy, ex.id, self.runtime.settings.stream_valid_prefix)
+            stage = stage_for(
+                surface,
+                ex.tools,
+                policy,
+                ex.id,
+                self.runtime.settings.stream_valid_prefix,
+                tool_choice=ex.tool_choice,
+            )
             if stage is not None:
                 ex.extra["toolcalls"] = stage
                 stages.append(stage)
@@ -152,7 +159,9 @@ class StreamOwner:
         surface = surface_for(ex.path)
         repair = body_repair_for(surface) if policy != "off" and ex.tools else None
         if repair is not None:
-            repaired, changes, outcome = repair(out, ex.tools, capture_id=ex.id, policy=policy)
+            repaired, changes, outcome = repair(
+                out, ex.tools, capture_id=ex.id, policy=policy, tool_choice=ex.tool_choice
+            )
             ex.changes.extend(changes)
             if outcome and outcome != "untouched":
                 ex.flags.add(f"toolcall_{outcome}")

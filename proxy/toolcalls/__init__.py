@@ -3,7 +3,9 @@
 `ChatToolCallRepair`, `ResponsesToolCallRepair` and `MessagesToolCallRepair` are incremental
 `feed(event)/flush()` stages over whole raw SSE events (as `SSESplitter` yields them);
 `repair_chat_completion`, `repair_responses_body` and `repair_messages_body` apply the same rules to
-a non-streamed body. `stage_for(surface, ...)` / `body_repair_for(surface)` pick one by API surface.
+a non-streamed body. `stage_for(surface, ...)` / `body_repair_for(surface)` pick one by API surface;
+both take the request's `tool_choice` on every surface (a named one lets a Chat Completions call
+finish with `stop`; the other surfaces don't read it).
 """
 
 from __future__ import annotations
@@ -24,10 +26,24 @@ _STAGES: dict[Surface, Any] = {
     "responses": ResponsesToolCallRepair,
     "messages": MessagesToolCallRepair,
 }
-_BODIES: dict[Surface, Callable[..., tuple[bytes, list[Any], str]]] = {
+BodyRepair = Callable[..., tuple[bytes, list[Any], str]]
+
+
+def _ignoring_tool_choice(repair: BodyRepair) -> BodyRepair:
+    """A body repair that has no use for `tool_choice`, callable like the chat one."""
+
+    def call(
+        body: bytes, tools: list[Any] | None, *, tool_choice: Any = None, **kw: Any
+    ) -> tuple[bytes, list[Any], str]:
+        return repair(body, tools, **kw)
+
+    return call
+
+
+_BODIES: dict[Surface, BodyRepair] = {
     "chat": repair_chat_completion,
-    "responses": repair_responses_body,
-    "messages": repair_messages_body,
+    "responses": _ignoring_tool_choice(repair_responses_body),
+    "messages": _ignoring_tool_choice(repair_messages_body),
 }
 
 
@@ -37,21 +53,32 @@ def stage_for(
     policy: ToolRepairPolicy,
     capture_id: str,
     stream_valid_prefix: bool = False,
+    tool_choice: Any = None,
 ) -> Any | None:
     """The streaming repair stage of an API surface (None: the surface has none).
 
     `stream_valid_prefix` (Chat Completions only, off by default): forward tool-call fragments while
     they are provably fine instead of holding them; see `prefix.py` for what that gives up.
+    `tool_choice` (the request's; read by Chat Completions only): a named one lets its call finish
+    with `stop`, as OpenAI and vLLM send it.
     """
     cls = _STAGES.get(surface) if surface is not None else None
     if cls is None:
         return None
-    if cls is ChatToolCallRepair and stream_valid_prefix:
-        return cls(tools, policy=policy, capture_id=capture_id, stream_valid_prefix=True)
+    if cls is ChatToolCallRepair:
+        return cls(
+            tools,
+            policy=policy,
+            capture_id=capture_id,
+            stream_valid_prefix=stream_valid_prefix,
+            tool_choice=tool_choice,
+        )
     return cls(tools, policy=policy, capture_id=capture_id)
 
 
-def body_repair_for(surface: Surface | None) -> Callable[..., tuple[bytes, list[Any], str]] | None:
+def body_repair_for(surface: Surface | None) -> BodyRepair | None:
+    """The non-streamed repair of an API surface, called as `(body, tools, *, capture_id, policy,
+    tool_choice)` on every surface."""
     return _BODIES.get(surface) if surface is not None else None
 
 

@@ -2,9 +2,11 @@
 
 Spec clients key calls strictly by `index`; servers break that in known ways (every parallel call on
 index 0, ids and names repeated on a finish-time chunk, openers without id or name). The rules here
-are the ones that tell those apart from a valid interleaved stream: a *different* non-null id (or a
-different name after arguments started) on an index starts a new call; a repeated identical name or
-id is a duplicate, never appended.
+are the ones that tell those apart from a valid interleaved stream: a delta with a *different*
+non-null id **and** a name (or a different name after arguments started) starts a new call, even on
+an index already in use; a different id on a delta that carries only argument text is id churn (the
+same call, its first id wins); a repeated identical name or id is a duplicate, never appended.
+Indexes are kept as they arrived: whether they are dense is the plan's check (`plan.py`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ class Call:
     name: str | None = None
     frags: list[Any] = field(default_factory=list)  # str fragments, or objects sent as arguments
     kinds: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # what was found, in words, for the change's reason
     null_args: bool = False
     started_args: bool = False
     original: str | None = None  # the arguments as received, kept when a repair rewrites `frags`
     original_name: str | None = None
 
-    def note(self, kind: str) -> None:
+    def note(self, kind: str, reason: str | None = None) -> None:
         if kind not in self.kinds:
             self.kinds.append(kind)
+        if reason and reason not in self.reasons:
+            self.reasons.append(reason)
 
     def raw_arguments(self) -> str:
         if self.original is not None:
@@ -71,7 +76,7 @@ class CallAccumulator:
             index = None
             if call_id is not None and call_id in self._by_id:
                 cur: Call | None = self._by_id[call_id]
-            elif call_id is not None or not self.calls:
+            elif (call_id is not None and name is not None) or not self.calls:
                 cur = None
             else:
                 cur = self.calls[-1]
@@ -81,8 +86,12 @@ class CallAccumulator:
             noted = False
         if cur is not None:
             if call_id is not None and cur.id is not None and call_id != cur.id:
-                cur = None
-                noted = True
+                if name is not None:
+                    cur = None  # a new id with a name: another call (parallel calls all on index 0)
+                    noted = True
+                else:
+                    cur.note(WRONG_INDEX, "a new id on an argument delta (id churn): the call's first id kept")
+                    self._by_id.setdefault(call_id, cur)
             elif name is not None and cur.name is not None and name != cur.name and cur.started_args:
                 cur = None
                 noted = True

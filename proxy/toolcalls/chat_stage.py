@@ -6,6 +6,12 @@ goes out byte for byte: held events are released verbatim unless a rule found a 
 
 `stream_valid_prefix=True` forwards tool-call events at once while they are provably fine and holds
 only from the first one that is not; what happens then is decided in `prefix.py`.
+
+The structural invariants (dense indexes, one id per call, offered names, a finish_reason that matches
+the calls; `plan.py`) are checked once per message, when its held calls are judged, never per content
+event. With n > 1 every choice is accumulated and planned on its own (all state is keyed by the choice
+index): a broken choice is repaired while the others go out as they came. An unrecoverable choice ends
+the whole stream with the error event, since the error is not per choice on the wire.
 """
 
 from __future__ import annotations
@@ -23,17 +29,16 @@ from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import comment, event_data, format_event
 from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
 from tapfix.proxy.toolcalls.arguments import dumps
+from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item, Writer
-from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, plan_choice
+from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
 _EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
-
-EMPTY_TURN = "empty_tool_turn"  # a defect kind: finish_reason tool_calls with no call in the stream
 
 
 @dataclass(slots=True)
@@ -61,7 +66,9 @@ class ChatToolCallRepair:
         *,
         clock: Callable[[], float] = time.monotonic,
         keepalive_s: float = 10.0,
+        tool_choice: Any = None,
     ) -> None:
+        """`tool_choice`: the request's; a named one lets its call finish with `stop` (OpenAI, vLLM)."""
         if policy not in ("error", "fail_fast", "passthrough"):
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
@@ -72,6 +79,7 @@ class ChatToolCallRepair:
         self.defects: list[str] = []
         self.outcome = "untouched"
         self._schemas = ToolSchemas(tools)
+        self._named = named_tool(tool_choice)
         self._tools = bool(self._schemas)
         self._clock = clock
         self._keepalive_s = keepalive_s
@@ -321,8 +329,10 @@ class ChatToolCallRepair:
         if any(p.fatal for p in plans.values()) or self._continue_streamed(plans) is not None:
             return None
         self._note_upstream_error(message, "tool call recovered from the raw model text in the upstream error")
+        for plan in plans.values():
+            self.changes.extend(plan.changes)
         self.outcome = "recovered_from_error"
-        out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=True)
+        out = self._out.rebuild(self._held, plans, synthesize_finish=True)
         self._reset_hold()
         self._ended = True  # the stage ended the stream itself (its own [DONE]): nothing follows it
         self._done_sent = True
@@ -347,6 +357,7 @@ class ChatToolCallRepair:
                 f"{self._out.envelope.get('id', '')}:{self.capture_id}",
                 index_base=len(self._sent.get(ci, [])),
                 sent_ids=frozenset(self._sent.get(ci, [])),
+                named=self._named,
             )
         return plans
 
@@ -380,12 +391,14 @@ class ChatToolCallRepair:
                     f"tool-call deltas after the finish dropped ({fatal.reason})",
                 )
             )
-            out = self._out.rebuild(self._held, self.changes, {}, synthesize_finish=False, strip_all=True)
+            out = self._out.rebuild(self._held, {}, synthesize_finish=False, strip_all=True)
             self._reset_hold()
             return out
         if fatal is not None:
             return self._fatal(fatal)
         if all(p.untouched for p in plans.values()):
+            for plan in plans.values():
+                self.changes.extend(plan.changes)  # flags only (an unknown tool): the bytes stay
             self._remember_sent(None)
             return self._release_raw()
         fatal = self._continue_streamed(plans)
@@ -395,7 +408,7 @@ class ChatToolCallRepair:
             self.changes.extend(plan.changes)
         if self.outcome == "untouched":
             self.outcome = "repaired"
-        out = self._out.rebuild(self._held, self.changes, plans, synthesize_finish=end_of_stream)
+        out = self._out.rebuild(self._held, plans, synthesize_finish=end_of_stream)
         self._remember_sent(plans)
         self._reset_hold()
         return out
@@ -431,7 +444,7 @@ class ChatToolCallRepair:
             out = [note] + [item.raw for item in self._held] + ([upstream] if upstream else [])
             self._reset_hold()
             return out
-        out = self._out.rebuild(self._held, self.changes, {}, synthesize_finish=False, strip_all=True)
+        out = self._out.rebuild(self._held, {}, synthesize_finish=False, strip_all=True)
         tail_open = not out[-1].endswith(_EVENT_END) if out else self._tail_open
         if tail_open:
             out.append(self._out.nl * 2)  # end a cut event first, or the client reads the error as part of it

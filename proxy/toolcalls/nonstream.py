@@ -5,6 +5,12 @@ unrecoverable, the returned body is the JSON error object the streaming stage wo
 event (`{"error": {"type": "server_error", "code": 502, ...}}` under the default policy): the caller
 sends it with HTTP status 502, which every agent retries. Under "fail_fast" the body has no retry
 words (send it with a 4xx status, e.g. 422); under "passthrough" the original body is returned.
+
+The structural invariants of `plan.py` hold here too, per choice (n > 1: each choice is planned on its
+own, a fine one is kept as it came): dense calls with their own ids and offered names (an unknown name
+only flagged, the body unchanged), and a finish_reason that matches the calls: `tool_calls` with no
+call is the error body, `stop` or a complete `length` with calls becomes `tool_calls`, except `stop`
+with the call a named `tool_choice` forced.
 """
 
 from __future__ import annotations
@@ -16,15 +22,21 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
-from tapfix.proxy.toolcalls.output import finish_reason_change
-from tapfix.proxy.toolcalls.plan import STAGE, Part, plan_choice
+from tapfix.proxy.toolcalls.plan import STAGE, Part, named_tool, plan_choice
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
 def repair_chat_completion(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
+    body: bytes,
+    tools: list[Any] | None,
+    *,
+    capture_id: str = "",
+    policy: ToolRepairPolicy = "error",
+    tool_choice: Any = None,
 ) -> tuple[bytes, list[Change], str]:
-    """(body, changes, outcome) with outcome "untouched" | "repaired" | "unrecoverable"."""
+    """(body, changes, outcome) with outcome "untouched" | "repaired" | "unrecoverable".
+
+    An "untouched" body may still come with changes that only flag (an unknown tool name)."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -33,7 +45,9 @@ def repair_chat_completion(
     if not isinstance(choices, list):
         return body, [], "untouched"
     schemas = ToolSchemas(tools)
+    named = named_tool(tool_choice)
     changes: list[Change] = []
+    edited = False
     new_choices: list[Any] = []
     for position, ch in enumerate(choices):
         message = ch.get("message") if isinstance(ch, dict) else None
@@ -48,7 +62,8 @@ def repair_chat_completion(
             acc.add({**tc, "index": tc.get("index", i)} if isinstance(tc, dict) else tc)
         content = message.get("content")
         parts = [Part(0, content)] if isinstance(content, str) and content else []
-        if not acc.calls and not (schemas and parts):
+        finish = ch.get("finish_reason")
+        if not acc.calls and not (schemas and (parts or finish == "tool_calls")):
             new_choices.append(ch)
             continue
         plan = plan_choice(
@@ -56,11 +71,12 @@ def repair_chat_completion(
             [1] * len(acc.calls),
             parts,
             schemas,
-            ch.get("finish_reason"),
+            finish if isinstance(finish, str) else None,
             ci,
             True,
             f"{obj.get('id', '')}:{capture_id}",
             path_prefix="message",
+            named=named,
         )
         if plan.fatal is not None:
             changes.append(
@@ -76,10 +92,11 @@ def repair_chat_completion(
             if policy == "passthrough":
                 return body, changes, "unrecoverable"
             return tool_call_error_json(plan.fatal, policy, capture_id), changes, "unrecoverable"
+        changes.extend(plan.changes)
         if plan.untouched:
             new_choices.append(ch)
             continue
-        changes.extend(plan.changes)
+        edited = True
         message = dict(message)
         if not plan.structured_clean or plan.calls:
             message["tool_calls"] = [
@@ -90,10 +107,9 @@ def repair_chat_completion(
             text = plan.content_edits[0]
             message["content"] = text if text.strip() or not message.get("tool_calls") else None
         ch = {**ch, "message": message}
-        if message.get("tool_calls") and ch.get("finish_reason") == "stop":
-            ch["finish_reason"] = "tool_calls"
-            changes.append(finish_reason_change(ci))
+        if plan.finish_edit is not None:
+            ch["finish_reason"] = plan.finish_edit  # the plan recorded the change
         new_choices.append(ch)
-    if not changes:
-        return body, [], "untouched"
+    if not edited:
+        return body, changes, "untouched"
     return orjson.dumps({**obj, "choices": new_choices}), changes, "repaired"

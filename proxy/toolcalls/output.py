@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import format_event
-from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, OutCall
+from tapfix.proxy.toolcalls.plan import ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 
@@ -36,7 +35,6 @@ class Writer:
     def rebuild(
         self,
         held: list[Item],
-        changes: list[Change],
         plans: dict[int, ChoicePlan],
         synthesize_finish: bool,
         strip_all: bool = False,
@@ -71,12 +69,12 @@ class Writer:
                 if strip_all and finish:
                     ch["finish_reason"] = None
                     dirty = True
-                elif plan is not None and finish and plan.calls and ci not in inserted:
-                    before += self.call_events(ci, plan.calls)
-                    inserted.add(ci)
-                    if finish == "stop":
-                        ch["finish_reason"] = "tool_calls"
-                        changes.append(finish_reason_change(ci))
+                elif plan is not None and finish:
+                    if plan.calls and ci not in inserted:
+                        before += self.call_events(ci, plan.calls)
+                        inserted.add(ci)
+                    if plan.finish_edit is not None and finish != plan.finish_edit:
+                        ch["finish_reason"] = plan.finish_edit  # the plan recorded the change
                         dirty = True
                 if _empty(ch):
                     dirty = True
@@ -129,15 +127,3 @@ def _empty(ch: dict[str, Any]) -> bool:
         return False
     delta = ch.get("delta") or {}
     return not any(v not in (None, "", [], {}) for v in delta.values())
-
-
-def finish_reason_change(choice_index: int) -> Change:
-    """A message whose calls ended with finish_reason "stop" says "tool_calls", as clients expect."""
-    return Change(
-        STAGE,
-        "finish_reason",
-        f"$.choices[{choice_index}].finish_reason",
-        "stop",
-        "tool_calls",
-        "the message ends in tool calls",
-    )

@@ -2,7 +2,21 @@
 
 Shared by the streaming stage and the non-streamed repair, so both apply the same rules. The plan says
 which calls go out (with stable indexes 0..n-1, ids and names), which content is removed because it
-was leaked call syntax, and whether anything is unrecoverable.
+was leaked call syntax, which finish_reason the client gets, and whether anything is unrecoverable.
+
+The structural invariants are checked on every choice of every answer that offered tools, not only
+when a defect was noticed, each from its definition:
+- indexes are dense from 0 in order of first appearance (calls are listed in that order): any other
+  numbering is renumbered;
+- every call has its own id (a missing one or one another call already has is minted; id churn was
+  undone by the accumulator);
+- a name that is not offered becomes the offered one when it is a form of exactly one (`names.py`);
+  otherwise it passes as sent, flagged `unknown_tool` (a change is recorded, the bytes stay);
+- the finish_reason matches what the client receives: `tool_calls` with no call is the retryable error
+  (after the leak recovery had its chance), `stop` or `length` with calls becomes `tool_calls`
+  (`length` only once every call passed the cut check), except `stop` with the call a named
+  `tool_choice` forced, which OpenAI and vLLM send as is.
+With n > 1 each choice gets its own plan: a broken choice is repaired without touching the others.
 """
 
 from __future__ import annotations
@@ -10,13 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
+from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args, typed_xml_args
+from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 STAGE: Final = "toolcalls"
@@ -60,10 +76,11 @@ class ChoicePlan:
     changes: list[Change] = field(default_factory=list)
     defects: list[str] = field(default_factory=list)
     fatal: Fatal | None = None
+    finish_edit: str | None = None  # the finish_reason the client gets instead of the upstream's
 
     @property
     def untouched(self) -> bool:
-        return self.structured_clean and not self.content_edits and self.fatal is None
+        return self.structured_clean and not self.content_edits and self.fatal is None and self.finish_edit is None
 
     def defect(self, kind: str) -> None:
         if kind not in self.defects:
@@ -88,8 +105,10 @@ def plan_choice(
     path_prefix: str = "delta",
     index_base: int = 0,
     sent_ids: frozenset[str] = frozenset(),
+    named: str | None = None,
 ) -> ChoicePlan:
-    """`index_base`/`sent_ids`: calls this choice already sent (tool calls arriving after a finish)."""
+    """`index_base`/`sent_ids`: calls this choice already sent (tool calls arriving after a finish);
+    `named`: the tool a named `tool_choice` forces (`named_tool`), whose call may finish with `stop`."""
     plan = ChoicePlan()
     late = [c for c in calls if c.id is not None and c.id in sent_ids]
     for call in late:
@@ -112,19 +131,12 @@ def plan_choice(
     leaked = _leaks(calls, parts, consumed, schemas, at_start, plan, choice, path_prefix)
     if plan.fatal:
         return plan
-    seen_ids: set[str] = set()
-    for call in calls:
-        if call.id is not None and call.id in seen_ids:
-            call.note("wrong_index_or_id")  # results are matched to calls by id
-        seen_ids.add(call.id or "")
-        if call.name is not None and schemas and call.name not in schemas.schemas:
-            repeated = _repeated_name(call.name, schemas.names)
-            if repeated:
-                call.original_name = call.name
-                call.name = repeated
-                call.note("duplicated_fragments")
-        for kind in call.kinds:
-            plan.defect(kind)
+    if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:
+        plan.defect(EMPTY_TURN)  # the server's parser lost the call: never a silent empty turn
+        plan.fatal = Fatal("?", "finish_reason tool_calls, but the answer carried no tool call", EMPTY_TURN)
+        return plan
+    calls = _client_order(calls) if index_base == 0 else calls
+    _check_structure(calls, schemas, plan, choice, path_prefix, index_base)
     results: list[ArgResult] = []
     names: list[str] = []
     for call in calls:
@@ -149,6 +161,7 @@ def plan_choice(
             return plan
         results.append(res)
         names.append(name)
+    _check_finish(finish, names + [n for n, _ in leaked], named, plan, choice)
     clean = (
         not leaked
         and not late
@@ -177,7 +190,7 @@ def plan_choice(
                         "id": call.id,
                     },
                     {"name": name, "arguments": res.text, "id": call_id},
-                    "; ".join(res.fixes + [k for k in call.kinds if k not in res.kinds]) or kind,
+                    "; ".join(res.fixes + call.reasons + [k for k in call.kinds if k not in res.kinds]) or kind,
                 )
             )
         index += 1
@@ -186,6 +199,83 @@ def plan_choice(
         plan.calls.append(OutCall(index, call_id, name, text))
         index += 1
     return plan
+
+
+def named_tool(tool_choice: Any) -> str | None:
+    """The tool a request's `tool_choice` forces by name: Chat Completions'
+    `{"type": "function", "function": {"name": X}}` (or the Responses form `{"type": "function",
+    "name": X}`); None for "auto", "required", "none" or anything else."""
+    if not isinstance(tool_choice, dict) or tool_choice.get("type") not in (None, "function"):
+        return None
+    function = tool_choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else tool_choice.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _client_order(calls: list[Call]) -> list[Call]:
+    """Calls whose indexes already are 0..n-1 (interleaved openers included: a valid stream) in index
+    order, as a client keying by index lists them, so a repair elsewhere keeps every call at its index;
+    any other numbering stays in order of first appearance, which is how it is renumbered."""
+    indexes = [c.index for c in calls]
+    if indexes == list(range(len(calls))):
+        return calls
+    if all(isinstance(i, int) for i in indexes) and sorted(i for i in indexes if i is not None) == list(
+        range(len(calls))
+    ):
+        return sorted(calls, key=lambda c: c.index or 0)
+    return calls
+
+
+def _check_structure(
+    calls: list[Call], schemas: ToolSchemas, plan: ChoicePlan, choice: int, path_prefix: str, index_base: int
+) -> None:
+    """Indexes dense from 0, one id per call, offered names: noted on the calls (which makes them go out
+    rewritten), except an unknown name, which only is flagged."""
+    seen_ids: set[str] = set()
+    for k, call in enumerate(calls):
+        if call.id is not None and call.id in seen_ids:  # results are matched to calls by id
+            call.note(WRONG_INDEX, f"id {call.id!r} already used by an earlier call: a fresh one minted")
+        seen_ids.add(call.id or "")
+        if index_base == 0 and call.index is not None and call.index != k:
+            call.note(WRONG_INDEX, f"arrived on index {call.index}, not {k}: indexes are dense from 0")
+        if call.name is not None and schemas:
+            verdict = match_name(call.name, schemas.names)
+            if verdict.kind == UNKNOWN_TOOL:
+                plan.defect(UNKNOWN_TOOL)
+                plan.changes.append(
+                    Change(
+                        STAGE,
+                        UNKNOWN_TOOL,
+                        f"$.choices[{choice}].{path_prefix}.tool_calls[{index_base + k}].function.name",
+                        call.name,
+                        call.name,
+                        "not a form of exactly one offered tool; passed through as sent",
+                    )
+                )
+            elif verdict.kind is not None:
+                call.original_name = call.name
+                call.name = verdict.name
+                call.note(verdict.kind, f"name {call.original_name!r} is a form of the offered {verdict.name!r}")
+        for kind in call.kinds:
+            plan.defect(kind)
+
+
+def _check_finish(finish: str | None, names: list[str], named: str | None, plan: ChoicePlan, choice: int) -> None:
+    """A finish with calls says `tool_calls`: `stop` is corrected (unless it carries the call a named
+    tool_choice forced), `length` too, once every call passed the cut check (`repair_arguments`)."""
+    if not names or finish not in ("stop", "length"):
+        return
+    if finish == "stop" and named is not None and all(n == named for n in names):
+        return
+    if finish == "stop":
+        reason = "the message ends in tool calls"
+    else:
+        reason = "max_tokens reached after the calls were complete and fit the schema; the calls are kept"
+    plan.finish_edit = "tool_calls"
+    plan.defect(FINISH_MISMATCH)
+    plan.changes.append(
+        Change(STAGE, FINISH_MISMATCH, f"$.choices[{choice}].finish_reason", finish, "tool_calls", reason)
+    )
 
 
 def _repeated_name(name: str, offered: list[str]) -> str | None:
