@@ -361,3 +361,56 @@ def test_tool_choice_is_recorded_from_the_request_and_passed_to_every_factory() 
     chat = body_repair_for("chat")
     original = body([message_call("get_weather", '{"city": "Oslo"}')], "stop")
     assert chat is not None and chat(original, TOOLS, capture_id="c", policy="error", tool_choice=NAMED)[0] == original
+
+
+# -- a property: information-preserving structural defects, composed, give the client the original calls
+OFFERED = [tool("read_file"), tool("get_weather"), tool("list")]
+MUTATIONS = ("offset", "all_zero", "id_churn", "name_case", "name_prefix", "finish_stop", "finish_length")
+ARG_VALUES = st.one_of(st.integers(-5, 5), st.booleans(), st.text(alphabet='ab /é"\\', max_size=5))
+
+
+@settings(deadline=None, max_examples=120)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["read_file", "get_weather", "list"]),
+            st.dictionaries(st.sampled_from("xyz"), ARG_VALUES, max_size=3),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sets(st.sampled_from(MUTATIONS)),
+    st.integers(0, 2**16),
+    st.booleans(),
+)
+def test_preserving_structural_defects_compose_to_the_original_calls(calls, mutations, seed, prefix) -> None:
+    rng = random.Random(seed)
+    texts = [json.dumps(args) for _, args in calls]
+    split = [sorted(rng.sample(range(1, len(t)), min(len(t) - 1, rng.randint(0, 3)))) for t in texts]
+    frags = [[t[a:b] for a, b in zip([0, *c], [*c, len(t)], strict=True)] for t, c in zip(texts, split, strict=True)]
+
+    def stream_with(muts: set[str]) -> bytes:
+        stream = []
+        for k, (name, _) in enumerate(calls):
+            index = 0 if "all_zero" in muts else k + (2 if "offset" in muts else 0)
+            sent_name = name.upper() if "name_case" in muts else name
+            sent_name = "functions." + sent_name if "name_prefix" in muts else sent_name
+            stream.append(call(index, f"id{k}", sent_name, ""))
+            for j, frag in enumerate(frags[k]):
+                stream.append(call(index, f"id{k}-{j}" if "id_churn" in muts else None, None, frag))
+        reason = "stop" if "finish_stop" in muts else "length" if "finish_length" in muts else "tool_calls"
+        return sse([ROLE, *stream, finish(reason)])
+
+    data, clean = stream_with(mutations), stream_with(set())
+    stage = ChatToolCallRepair(OFFERED, capture_id="cap", stream_valid_prefix=prefix)
+    out = run_stage(stage, random_splits(data, rng))
+    view = client_view(out)
+    assert not view.errors
+    assert [(c["id"], c["name"], json.loads(c["arguments"])) for c in view.calls] == [
+        (f"id{k}", name, args) for k, (name, args) in enumerate(calls)
+    ]
+    assert sorted(set(tool_indexes(out))) == list(range(len(calls))) and view.finish_reasons == ["tool_calls"]
+    if data == clean:
+        assert out == data and stage.changes == []
+    else:
+        assert stage.outcome == "repaired" and stage.changes
