@@ -22,7 +22,14 @@ the message ends, the plan is computed as in the default mode over the whole mes
   the streamed text plus a remainder (same value, checked by parsing), only the remainder goes out, as
   a continuation delta on the streamed index; calls that were never streamed go out whole as usual;
 - otherwise (the repair changes what was streamed, a name/id fix, or finish_reason `length` with
-  anything to repair) the message ends with the policy's error event, like an unrecoverable call.
+  arguments to repair) the message ends with the policy's error event, like an unrecoverable call.
+  Under `length` only structural repairs go on (renumbered later calls, the finish itself): the plan
+  has already checked every call as possibly cut, and a repaired argument text there is not trusted.
+
+The gate admits only what no structural invariant of `plan.py` could rewrite: openers on the next
+index in order (a lone call on index 1, a gap, or a second call on index 0 is held and renumbered),
+a fresh id (id churn and shared ids are held), an offered name (an unknown one is held, then passes
+flagged), and no finish_reason (the plan decides it).
 
 The trade-off (clients.md §8): an error event after an opened tool-call delta is handled well by
 opencode and pi (they resend the turn) but omp does not resend: it keeps the partial call in its
@@ -40,6 +47,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
+from tapfix.proxy.toolcalls.defects import FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.jsonprefix import JsonPrefix
 from tapfix.proxy.toolcalls.plan import ChoicePlan, Fatal, OutCall
 from tapfix.proxy.toolcalls.schema import ToolSchemas
@@ -203,7 +211,7 @@ def continue_streamed(
         return None  # held tool-call deltas go out unchanged, after the streamed ones
     first = gate.calls[0].name
     kind = plan.defects[0] if plan.defects else "invalid_json"
-    if finish == "length":
+    if finish == "length" and any(k not in _STRUCTURAL for k in plan.defects):
         return Fatal(first, "arguments cut by max_tokens after part of the call was streamed", kind)
     for k, streamed in enumerate(gate.calls):
         out = plan.calls[k] if k < len(plan.calls) else None
@@ -218,6 +226,9 @@ def continue_streamed(
         plan.calls[k] = OutCall(out.index, out.id, out.name, rest, continued=True)
         _note(plan.changes, choice, out.index, len(sent))
     return None
+
+
+_STRUCTURAL = frozenset({WRONG_INDEX, FINISH_MISMATCH, UNKNOWN_TOOL})  # no argument text was repaired
 
 
 def remainder(sent: str, call: Call, repaired: str) -> str | None:
