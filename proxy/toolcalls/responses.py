@@ -86,7 +86,8 @@ class ResponsesToolCallRepair(HoldingStage):
             self.holding
             or b"function_call" in event
             or b"output_item.added" in event
-            or any(t in event for t in _TERMINAL)
+            or b"response.completed" in event
+            or b"response.incomplete" in event
             or b"response.created" in event
         )
         if not interesting:
