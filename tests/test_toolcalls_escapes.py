@@ -160,7 +160,7 @@ def test_a_quote_repair_never_swallows_the_next_member(text: str) -> None:
     [
         (['{"path": "a.t', 'xt", ', 'xt", ', '"content": "hi"}'], {"path": "a.txt", "content": "hi"}),
         (['{"command"', ': "ls', " -la", " -la", '"}'], None),  # valid as sent: never touched
-        (['{"command": "', '"', '"', 'ls"}'], {"command": "ls"}),
+        (['{"command": ', '"', '"', 'ls"}'], {"command": "ls"}),
         (['{"command": "ls"', "}", "}"], {"command": "ls"}),
         (['{"path": "a"', ", ", ", ", '"content": "b"}'], {"path": "a", "content": "b"}),
     ],
@@ -189,6 +189,9 @@ def corrupt(value: dict) -> str:
 @settings(deadline=None, max_examples=150)
 @given(prefixes, st.lists(names, min_size=1, max_size=5), st.sampled_from(["path", "command"]))
 def test_windows_paths_survive_unescaped_backslashes(prefix: str, parts: list[str], key: str) -> None:
+    # `\\\\name\\x` alone may be an escaped `\\name` and a control character (LaTeX's `\\section\\n`)
+    assume(not prefix.startswith("\\\\") or len(parts) >= 2)
+    assume(prefix.startswith("\\\\") or len(parts) > 1 or len(parts[0]) > 1)  # `if x:\n` is code
     path = prefix + "\\".join(parts)
     value = {"path": path, "content": "x"} if key == "path" else {"command": "dir " + path + " /s"}
     result = repair_arguments([corrupt(value)], "write" if key == "path" else "shell", TOOLS)

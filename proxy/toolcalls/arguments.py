@@ -8,12 +8,15 @@ unrecoverable instead of becoming `{}`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
+from tapfix.proxy.toolcalls.defects import AMBIGUOUS_ESCAPE, DUPLICATED, INVALID_JSON, MISSING_FRAGMENT
+from tapfix.proxy.toolcalls.escapes import EscapeReading, PathToken, read_escapes, with_literal
 from tapfix.proxy.toolcalls.jsonfix import MISSING, is_debris, loads_tolerant, strip_gemma_delimiters
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -41,6 +44,21 @@ class ArgResult:
             self.kinds.append(kind)
         if fix and fix not in self.fixes:
             self.fixes.append(fix)
+
+    def fail(self, reason: str, kind: str) -> None:
+        """Unrecoverable; `kind` goes first, since the first kind is what the error is recorded as."""
+        self.fatal = reason
+        if kind in self.kinds:
+            self.kinds.remove(kind)
+        self.kinds.insert(0, kind)
+
+    def adopt(self, other: ArgResult) -> None:
+        for kind in other.kinds:
+            self.note(kind)
+        for fix in other.fixes:
+            self.note(other.kinds[0] if other.kinds else INVALID_JSON, fix)
+        if other.fatal:
+            self.fail(other.fatal, other.kinds[0] if other.kinds else INVALID_JSON)
 
 
 def dumps(value: Any) -> str:
@@ -121,19 +139,123 @@ def _from_text(
 ) -> Any:
     if not text.strip():
         return MISSING
+    props = schemas.properties(name)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError:
         pass
+    else:
+        return _trusted(text, value, props, result)
     resent = _resent_whole(strings)
     if resent is not MISSING:
-        result.note("duplicated_fragments", "final chunk resent the whole arguments")
+        result.note(DUPLICATED, "final chunk resent the whole arguments")
         return resent
+    deduped = _without_repeated_fragments(strings, name, schemas)
+    if deduped is not None:
+        result.note(DUPLICATED, "fragment sent twice in a row")
+        return _trusted(deduped, json.loads(deduped), props, result)
+    reading = read_escapes(text, props, valid=False)
+    if not reading.ambiguous:
+        return _tolerant(_literal(text, reading.literal, result), props, finish, result)
+    return _either_reading(text, reading, name, schemas, finish, result)
+
+
+def _trusted(text: str, value: Any, props: dict[str, Any] | None, result: ArgResult) -> Any:
+    """Valid JSON stays as parsed, unless a path-shaped token has strong evidence of single backslashes."""
+    reading = read_escapes(text, props, valid=True)
+    if not reading.literal:
+        return value
+    scratch = ArgResult(text)
+    fixed = _literal(text, reading.literal, scratch)
+    try:
+        literal = json.loads(fixed)
+    except ValueError:
+        return value
+    result.adopt(scratch)
+    return literal
+
+
+def _literal(text: str, tokens: list[PathToken], result: ArgResult) -> str:
+    for token in tokens:
+        result.note(INVALID_JSON, "path-shaped token read with literal backslashes: " + token.shown(text))
+    return with_literal(text, tokens) if tokens else text
+
+
+def _either_reading(
+    text: str,
+    reading: EscapeReading,
+    name: str | None,
+    schemas: ToolSchemas,
+    finish: str | None,
+    result: ArgResult,
+) -> Any:
+    """Weak tokens the evidence doesn't decide: keep the only reading the schema accepts, else fail."""
     props = schemas.properties(name)
+    fitting: list[tuple[Any, ArgResult]] = []
+    for tokens in (reading.literal, reading.literal + reading.ambiguous):
+        scratch = ArgResult(text)
+        value = _tolerant(_literal(text, tokens, scratch), props, finish, scratch)
+        if not scratch.fatal and _fits(value, name, schemas):
+            fitting.append((value, scratch))
+    if len(fitting) == 1 or (len(fitting) == 2 and fitting[0][0] == fitting[1][0]):
+        value, scratch = fitting[-1]
+        result.adopt(scratch)
+        return value
+    keys = sorted({t.key or "?" for t in reading.ambiguous})
+    why = "both readings valid" if fitting else "neither reading valid"
+    result.fail("ambiguous escapes in " + ", ".join(repr(k) for k in keys) + ": " + why, AMBIGUOUS_ESCAPE)
+    return MISSING
+
+
+def _fits(value: Any, name: str | None, schemas: ToolSchemas) -> bool:
+    """A complete object that the tool's schema accepts (after the usual coercions)."""
+    if not isinstance(value, dict):
+        return False
+    fitted, _, missing = schemas.fit(name, value)
+    if missing:
+        return False
+    if name is None or name not in schemas.schemas:
+        return True
+    validator = schemas.validator(name)
+    try:
+        return validator is None or bool(validator.is_valid(fitted))
+    except Exception:  # noqa: BLE001 - a hostile schema must not break the stream
+        return True
+
+
+def _without_repeated_fragments(strings: list[str], name: str | None, schemas: ToolSchemas) -> str | None:
+    """MTP / speculative decoding sends a fragment twice in a row. Try dropping one copy of each such
+    pair (every combination, up to 4 pairs); the text is used when exactly one distinct value parses
+    strictly and fits the schema."""
+    pairs = [k for k in range(1, len(strings)) if strings[k] and strings[k] == strings[k - 1]]
+    if not pairs:
+        return None
+    if len(pairs) <= 4:
+        choices = [c for m in range(1, len(pairs) + 1) for c in itertools.combinations(pairs, m)]
+    else:
+        choices = [(k,) for k in pairs] + [tuple(pairs)]
+    found: dict[str, str] = {}
+    for drop in choices:
+        skip = set(drop)
+        candidate = "".join(f for k, f in enumerate(strings) if k not in skip)
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if _fits(value, name, schemas):
+            found.setdefault(json.dumps(value, sort_keys=True), candidate)
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, result: ArgResult) -> Any:
+    """The tolerant reader, for text that is not valid JSON."""
     text = _restore_prefix(text, props, result)
     parsed = loads_tolerant(text)
     if parsed.cut or (parsed.closed and finish == "length"):
         result.fatal = CUT
+        return MISSING
+    if parsed.lost:
+        result.fail("a string runs into the next member: its end was lost", MISSING_FRAGMENT)
         return MISSING
     if parsed.spliced:
         result.fatal = "a key repeats: fragments were spliced"
@@ -141,16 +263,16 @@ def _from_text(
     if parsed.bad or parsed.value is MISSING:
         return _last_resort(text, result)
     for fix in parsed.fixes:
-        result.note(_FIX_CLASS.get(fix, "invalid_json"), fix)
+        result.note(_FIX_CLASS.get(fix, INVALID_JSON), fix)
     value = parsed.value
     rest = parsed.rest
     if rest.strip():
         if is_debris(rest):
-            result.note("invalid_json", "trailing debris")
+            result.note(INVALID_JSON, "trailing debris")
         else:
             again = loads_tolerant(rest)
             if again.value == value and (not again.rest.strip() or is_debris(again.rest)):
-                result.note("duplicated_fragments", "arguments repeated")
+                result.note(DUPLICATED, "arguments repeated")
             else:
                 result.fatal = "two argument objects in one call"
                 return MISSING

@@ -32,6 +32,11 @@ _LITERALS: dict[str, Any] = {
     "False": False,
     "None": None,
 }
+_ESCAPED_WS = ("n", "t", "r")
+ESCAPED_WHITESPACE = "escaped whitespace between tokens dropped"
+# After `, ` inside a value: a quoted word and a colon start the next member, never more of the value.
+_NEXT_MEMBER = re.compile(r'[^"\\\s,:{}\[\]]+"(?:\s|\\[nrt])*:')
+_BARE_KEY = re.compile(r"[A-Za-z_$][\w$\-]*\s*[:=]")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
@@ -47,6 +52,10 @@ class _Spliced(_Bad):
     """A key repeats inside one object: fragments were duplicated or spliced together."""
 
 
+class _Lost(_Bad):
+    """A string runs into what can only be the next member (`"/tmp/fo, "mode": "w"`): its end was lost."""
+
+
 @dataclass(slots=True)
 class Parsed:
     value: Any = MISSING
@@ -54,6 +63,7 @@ class Parsed:
     cut: str | None = None  # what the text stopped inside of: "string", "number", "value", ...
     bad: bool = False
     spliced: bool = False
+    lost: bool = False  # a string's end was lost: reading on would swallow the next member
     closed: int = 0  # brackets closed at the end because they were missing
     ends_on_number: bool = False  # the last token is a number at the very end (maybe cut short)
     rest: str = ""  # text after the first complete top-level value
@@ -74,8 +84,14 @@ class _Reader:
 
     def skip(self) -> None:
         text, n, pos = self.text, self.n, self.pos
-        while pos < n and text[pos] in _WS:
-            pos += 1
+        while pos < n:
+            if text[pos] in _WS:
+                pos += 1
+            elif text[pos] == "\\" and text[pos + 1 : pos + 2] in _ESCAPED_WS:
+                self.fix(ESCAPED_WHITESPACE)  # `\n` written outside any string: whitespace noise
+                pos += 2
+            else:
+                break
         self.pos = pos
 
     def fix(self, kind: str) -> None:
@@ -203,18 +219,43 @@ class _Reader:
             after_value, after_comma = True, False
 
     def closes(self, k: int, ctx: str) -> bool:
-        """Whether a quote at k-1 ends the string: it must be followed by what can follow a string."""
-        text, n = self.text, self.n
-        while k < n and text[k] in _WS:
-            k += 1
-        if k >= n:
+        """Whether a quote at k-1 ends the string: it must be followed by what can follow a string.
+
+        In an object, a comma counts only when a member (or the object's end) follows it, so
+        `"he said "hi", then left"` stays one value."""
+        k = self._after_space(k)
+        if k >= self.n:
             return True
-        c = text[k]
+        c = self.text[k]
         if ctx == "key":
             return c == ":"
         if ctx == "top":
             return True
-        return c in ",}]"
+        if c != ",":
+            return c in "}]"
+        if ctx != "object":
+            return True
+        k = self._after_space(k + 1)
+        return k >= self.n or self.text[k] in "\"'}" or _BARE_KEY.match(self.text, k) is not None
+
+    def _after_space(self, k: int) -> int:
+        text, n = self.text, self.n
+        while k < n:
+            if text[k] in _WS:
+                k += 1
+            elif text[k] == "\\" and text[k + 1 : k + 2] in _ESCAPED_WS:
+                k += 2
+            else:
+                break
+        return k
+
+    def _starts_next_member(self, j: int) -> bool:
+        """Whether the quote at j opens a key right after a comma: the value before it lost its end."""
+        k = j - 1
+        text = self.text
+        while k >= 0 and text[k] in _WS:
+            k -= 1
+        return k >= 0 and text[k] == "," and _NEXT_MEMBER.match(text, j + 1) is not None
 
     def string(self, quote: str, ctx: str) -> str:
         text, n = self.text, self.n
@@ -233,6 +274,8 @@ class _Reader:
                 if self.closes(j + 1, ctx):
                     self.pos = j + 1
                     return "".join(parts)
+                if ctx != "key" and self._starts_next_member(j):
+                    raise _Lost(ctx)
                 self.fix("unescaped_quote")
                 parts.append(quote)
                 i = j + 1
@@ -346,6 +389,8 @@ def loads_tolerant(text: str) -> Parsed:
         return Parsed(fixes=reader.fixes, cut=str(cut), partial=reader.top)
     except _Spliced:
         return Parsed(fixes=reader.fixes, bad=True, spliced=True, partial=reader.top)
+    except _Lost:
+        return Parsed(fixes=reader.fixes, bad=True, lost=True, partial=reader.top)
     except (_Bad, RecursionError):
         return Parsed(fixes=reader.fixes, bad=True, partial=reader.top)
     if reader.closed:
@@ -359,7 +404,7 @@ def loads_tolerant(text: str) -> Parsed:
     )
 
 
-_DEBRIS_TAIL = re.compile(r'(?:\s|["\'`}\]]|</tool_call>|</function>|<\|tool_calls?_(?:section_)?end\|>)*')
+_DEBRIS_TAIL = re.compile(r'(?:\s|\\[nrt]|["\'`}\]]|</tool_call>|</function>|<\|tool_calls?_(?:section_)?end\|>)*')
 
 
 def is_debris(rest: str) -> bool:
