@@ -1,0 +1,121 @@
+"""The defect generator: one mutation per row of the table of truth (tapfix.proxy.toolcalls.defects).
+
+A mutation is a plain function `(rng, wire) -> wire | None` per API surface where its row has an
+outcome (None: the turn has nothing it applies to). It declares whether it preserves the calls'
+information, as its row does. Mutations compose: `compose` applies them in a fixed order of phases
+(values, escapes, fragments, the arguments' type, then the rendered stream: calls, names, indexes,
+ids, finish), so that each one acts on a well-defined form of the wire; a composition destroys
+information when any member does. The property tests and bench/repair_rates.py draw from the same
+functions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from tapfix.proxy.mock import mutations_stream as stream
+from tapfix.proxy.mock import mutations_text as text
+from tapfix.proxy.mock.mutations_wire import Surface, Wire, render
+from tapfix.proxy.toolcalls.defects import BY_ID, DEFECTS
+
+Mutate = Callable[[random.Random, Wire], "Wire | None"]
+ALL: Final[tuple[Surface, ...]] = ("chat", "responses", "messages")
+
+# In the order they are applied; phase >= RENDERED edits the rendered events.
+_ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
+    ("scalar_as_string", text.scalar_as_string),
+    ("container_as_string", text.container_as_string),
+    ("required_missing", text.required_missing),
+    ("path_backslashes", text.path_backslashes),
+    ("raw_control_characters", text.raw_control_characters),
+    ("unescaped_quotes", text.unescaped_quotes),
+    ("escaped_whitespace", text.escaped_whitespace),
+    ("fragment_duplicated", text.fragment_duplicated),
+    ("fragment_dropped", text.fragment_dropped),
+    ("arguments_cut", text.arguments_cut),
+    ("objects_concatenated", text.objects_concatenated),
+    ("resent_at_finish", text.resent_at_finish),
+    ("args_as_object", text.args_as_object),
+    ("two_calls_one_delta", stream.two_calls_one_delta),
+    ("unknown_tool", stream.unknown_tool),
+    ("name_case", stream.name_case),
+    ("name_split", stream.name_split),
+    ("name_repeated", stream.name_repeated),
+    ("index_gap", stream.index_gap),
+    ("index_all_zero", stream.index_all_zero),
+    ("index_offset", stream.index_offset),
+    ("id_duplicate", stream.id_duplicate),
+    ("id_churn", stream.id_churn),
+    ("id_missing", stream.id_missing),
+    ("finish_stop_with_calls", stream.finish_stop_with_calls),
+    ("finish_length_complete", stream.finish_length_complete),
+    ("empty_tool_turn", stream.empty_tool_turn),
+)
+RENDERED: Final = [name for name, _ in _ORDER].index("two_calls_one_delta")
+
+# Pairs that together leave a delta with two readings, or contradict each other (the later is skipped).
+EXCLUSIVE: Final[frozenset[frozenset[str]]] = frozenset(
+    frozenset(p)
+    for p in (
+        ("index_all_zero", "id_missing"),  # no id: a name on index 0 may start a call or repeat one
+        ("index_all_zero", "id_duplicate"),
+        ("index_all_zero", "two_calls_one_delta"),  # two open calls on index 0: whose arguments?
+        ("finish_stop_with_calls", "finish_length_complete"),
+        ("finish_stop_with_calls", "empty_tool_turn"),
+        ("finish_length_complete", "empty_tool_turn"),
+        ("finish_length_complete", "unknown_tool"),  # no schema says the call is complete
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    id: str
+    preserves: bool
+    order: int
+    apply: Mutate
+    surfaces: tuple[Surface, ...]
+
+
+def _build() -> dict[str, Mutation]:
+    functions = dict(_ORDER)
+    out: dict[str, Mutation] = {}
+    for row in DEFECTS:
+        fn = functions.get(row.id)
+        if fn is None:
+            continue
+        order = [name for name, _ in _ORDER].index(row.id)
+        out[row.id] = Mutation(row.id, row.preserves, order, fn, tuple(s for s in ALL if s in row.outcome))
+    return out
+
+
+MUTATIONS: Final[dict[str, Mutation]] = _build()
+UNMATCHED: Final = sorted(set(dict(_ORDER)) ^ set(BY_ID))  # empty when rows and mutations agree
+
+
+def for_surface(surface: Surface) -> list[Mutation]:
+    return [m for m in MUTATIONS.values() if surface in m.surfaces]
+
+
+def compose(rng: random.Random, wire: Wire, ids: Sequence[str]) -> Wire:
+    """`wire` with the mutations `ids` applied in phase order; those that don't apply are left out
+    (`wire.applied` lists the ones that did)."""
+    for mutation in sorted((MUTATIONS[i] for i in dict.fromkeys(ids)), key=lambda m: m.order):
+        if wire.surface not in mutation.surfaces:
+            continue
+        if any(frozenset((mutation.id, done)) in EXCLUSIVE for done in wire.applied):
+            continue
+        if mutation.order >= RENDERED:
+            render(wire, rng)
+        result = mutation.apply(rng, wire.copy())
+        if result is not None:
+            result.applied.append(mutation.id)
+            wire = result
+    return wire
+
+
+def preserves(ids: Sequence[str]) -> bool:
+    return all(MUTATIONS[i].preserves for i in ids)

@@ -1,0 +1,84 @@
+"""The defect model against the table of truth: every row of tapfix.proxy.toolcalls.defects has a
+mutation (and every mutation a row); each mutation alone gives the outcome its row states, on every
+surface the row covers; any composition of preserving mutations reaches the client as exactly the
+original calls, and one with a destroying mutation ends in the retryable error or exactly the
+original calls, never anything else. Valid turns come from the corpus's `expected` calls, the mock's
+schema-built arguments and a seeded generator (tapfix.proxy.mock.mutations_turns); the examples are
+drawn with a fixed seed and a bounded budget, the same functions bench/repair_rates.py draws from."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+from tapfix.proxy.mock.defect_run import Example, applicable_example, run_example
+from tapfix.proxy.mock.mutations import MUTATIONS, UNMATCHED, for_surface
+from tapfix.proxy.mock.mutations_turns import TurnSource, corpus_turns
+from tapfix.proxy.toolcalls.defects import DEFECTS, SURFACES
+
+from tests.conftest import corpus_dir
+
+SOURCE = TurnSource(corpus_turns(corpus_dir()))
+SEEDS = st.integers(0, 2**32 - 1)
+# No shrinking: the input is one seed, and the failure message carries the whole example.
+BUDGET = {
+    "derandomize": True,
+    "deadline": None,
+    "phases": (Phase.explicit, Phase.generate),
+    "suppress_health_check": (HealthCheck.filter_too_much, HealthCheck.too_slow),
+}
+EXPECTED = {"repaired": ("exact",), "passed": ("exact",), "detected": ("error",)}
+ROWS = [(s, d.id) for d in DEFECTS for s in SURFACES if s in d.outcome]
+
+
+def describe(ex: Example) -> str:
+    sent = ex.sent.decode(errors="replace")
+    return (
+        f"{ex.surface} {ex.applied} ({ex.source}): {ex.outcome} {ex.reason}\n"
+        f"fragments as sent: {ex.fragments!r}\n--- sent ---\n{sent[-4000:]}"
+    )
+
+
+def test_every_row_has_a_mutation_and_every_mutation_a_row() -> None:
+    assert UNMATCHED == []
+    for row in DEFECTS:
+        mutation = MUTATIONS[row.id]
+        assert mutation.preserves == row.preserves, row.id
+        assert mutation.surfaces == tuple(s for s in SURFACES if s in row.outcome), row.id
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+@settings(max_examples=60, **BUDGET)
+@given(seed=SEEDS)
+def test_a_valid_turn_passes_byte_for_byte(surface, seed) -> None:
+    rng = random.Random(seed)
+    ex = run_example(rng, surface, SOURCE.draw(rng), [])
+    assert ex.applied == []
+    assert ex.received == ex.sent, describe(ex)
+    assert ex.outcome == "exact", describe(ex)
+
+
+@pytest.mark.parametrize(("surface", "row"), ROWS, ids=[f"{s}-{r}" for s, r in ROWS])
+@settings(max_examples=20, **BUDGET)
+@given(seed=SEEDS)
+def test_each_defect_alone_gets_its_rows_outcome(surface, row, seed) -> None:
+    rng = random.Random(seed)
+    ex = applicable_example(rng, surface, SOURCE.draw, [row])
+    assume(ex is not None)
+    assert ex is not None
+    outcome = next(d.outcome[surface] for d in DEFECTS if d.id == row)
+    assert ex.outcome in EXPECTED[outcome], describe(ex)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("surface", SURFACES)
+@settings(max_examples=80, **BUDGET)
+@given(seed=SEEDS)
+def test_compositions_are_exact_or_the_error_never_wrong(surface, depth, seed) -> None:
+    rng = random.Random(seed)
+    ids = [m.id for m in rng.sample(for_surface(surface), depth)]
+    ex = run_example(rng, surface, SOURCE.draw(rng), ids)
+    assume(len(ex.applied) >= 2)
+    assert ex.acceptable, describe(ex)
