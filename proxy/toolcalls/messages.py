@@ -63,6 +63,8 @@ class MessagesToolCallRepair(HoldingStage):
         self.tool_use_sent = False
 
     def on_event(self, event: bytes) -> list[bytes]:
+        if not self.calls and event.startswith(b"event: content_block_delta"):  # the hot event: one prefix check
+            return [self._renumber(event)] if self.blocks.shifted else [event]
         if (
             not self.holding
             and b"tool_use" not in event

@@ -45,7 +45,12 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
-_TERMINAL = (b"response.completed", b"response.incomplete")
+# Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
+_TEXT_DELTAS = (
+    b"event: response.output_text.delta",
+    b"event: response.reasoning_text.delta",
+    b"event: response.reasoning_summary_text.delta",
+)
 
 
 @dataclass(slots=True)
@@ -82,6 +87,9 @@ class ResponsesToolCallRepair(HoldingStage):
         self.seq = 0
 
     def on_event(self, event: bytes) -> list[bytes]:
+        if not self.calls and event.startswith(_TEXT_DELTAS):  # the hot events: one prefix check
+            self._track_seq(event)
+            return [self._renumber(event)] if self.items.shifted else [event]
         interesting = (
             self.holding
             or b"function_call" in event
