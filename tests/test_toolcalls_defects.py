@@ -50,7 +50,7 @@ def test_every_row_has_a_mutation_and_every_mutation_a_row() -> None:
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-@settings(max_examples=60, **BUDGET)
+@settings(max_examples=100, **BUDGET)
 @given(seed=SEEDS)
 def test_a_valid_turn_passes_byte_for_byte(surface, seed) -> None:
     rng = random.Random(seed)
@@ -61,7 +61,7 @@ def test_a_valid_turn_passes_byte_for_byte(surface, seed) -> None:
 
 
 @pytest.mark.parametrize(("surface", "row"), ROWS, ids=[f"{s}-{r}" for s, r in ROWS])
-@settings(max_examples=20, **BUDGET)
+@settings(max_examples=30, **BUDGET)
 @given(seed=SEEDS)
 def test_each_defect_alone_gets_its_rows_outcome(surface, row, seed) -> None:
     rng = random.Random(seed)
@@ -74,7 +74,7 @@ def test_each_defect_alone_gets_its_rows_outcome(surface, row, seed) -> None:
 
 @pytest.mark.parametrize("depth", [2, 3])
 @pytest.mark.parametrize("surface", SURFACES)
-@settings(max_examples=80, **BUDGET)
+@settings(max_examples=150, **BUDGET)
 @given(seed=SEEDS)
 def test_compositions_are_exact_or_the_error_never_wrong(surface, depth, seed) -> None:
     rng = random.Random(seed)

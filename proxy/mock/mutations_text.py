@@ -303,14 +303,46 @@ def fragment_duplicated(rng: random.Random, wire: Wire) -> Wire | None:
 _DECODER = json.JSONDecoder()
 
 
+_LENIENT = json.JSONDecoder(strict=False)
+
+
+def _quotes_read_leniently(text: str) -> str:
+    """`text` with each quote inside a string escaped when what follows can't end the string: the
+    reading `unescaped_quotes` relies on."""
+    out: list[str] = []
+    i, inside = 0, False
+    while i < len(text):
+        ch = text[i]
+        if inside and ch == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        if ch == '"':
+            if inside:
+                rest = text[i + 1 :]
+                after = rest[_SKIP.match(rest).end() :]  # type: ignore[union-attr]
+                inside = after[:1] not in ("", ",", "}", "]", ":")
+                out.append('\\"' if inside else ch)
+            else:
+                inside = True
+                out.append(ch)
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def _complete_prefix(text: str) -> bool:
-    """`text` starts with a whole JSON value (maybe with junk after it, which a repair may drop as
-    stray characters): a drop that leaves this shape is not detectably destroying."""
-    try:
-        _DECODER.raw_decode(text.lstrip())
-    except ValueError:
-        return False
-    return True
+    """`text`, read strictly or as the preserving escape repairs read it (raw control characters,
+    unescaped quotes), starts with a whole JSON value (junk after it a repair may drop as stray
+    characters): a drop that leaves this shape is not detectably destroying."""
+    for candidate, decoder in ((text, _DECODER), (text, _LENIENT), (_quotes_read_leniently(text), _LENIENT)):
+        try:
+            decoder.raw_decode(candidate.lstrip())
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 def fragment_dropped(rng: random.Random, wire: Wire) -> Wire | None:
