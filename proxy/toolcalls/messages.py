@@ -1,8 +1,9 @@
 """Tool-call repair for the Anthropic Messages stream (`/v1/messages`, what Claude Code speaks).
 
 A call is a `tool_use` content block: `content_block_start` (id, name, `input: {}`) →
-`content_block_delta` with `input_json_delta.partial_json` × n → `content_block_stop`. The block's
-events (and anything interleaved, e.g. `ping`) are held until the stop; valid JSON that fits the
+`content_block_delta` with `input_json_delta.partial_json` × n → `content_block_stop`. From the first
+tool_use block on, every event (later blocks and `ping`s too) is held until the message ends
+(`message_delta`), so no call goes out in a turn that a later cut call ends with the error; valid JSON that fits the
 `input_schema` is released byte for byte. A block with no `partial_json` at all means `{}` (the
 SDKs read it so), so it is valid unless the schema requires something. A repaired call goes out as
 its start event, one `input_json_delta` with the repaired arguments, and its stop event.
@@ -48,8 +49,8 @@ _ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to t
 class MessagesToolCallRepair(HoldingStage):
     """Per call: hold, judge, release. Per message: content-block indexes dense from 0 in order of their
     `content_block_start`, one unique id per tool_use block (minted when missing or used), and
-    `stop_reason: tool_use` if and only if a tool_use block went out. A closed call is held until the
-    next block starts or the message ends, so a `max_tokens` stop judges it as possibly cut."""
+    `stop_reason: tool_use` if and only if a tool_use block went out. The calls are held until the
+    message ends, so a `max_tokens` stop judges them as possibly cut."""
 
     path_prefix = "$.content"
 
@@ -79,17 +80,14 @@ class MessagesToolCallRepair(HoldingStage):
         index = obj.get("index")
         block = as_dict(obj.get("content_block"))
         if kind == "content_block_start" and isinstance(index, int):
-            out = self._finalize() if self.holding and self._all_closed() else []
-            if self.ended:
-                return out
             position = self._place(index)
             if block.get("type") == "tool_use":
                 opened = self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
                 opened.position = position
                 opened.out_id, opened.id_reason = self.ids.assign(block.get("id"), position)
                 self.held.append(event)
-                return out
-            return out + self.hold(self._renumber(event, obj))
+                return []
+            return self.hold(self._renumber(event, obj))
         if kind == "message_delta":
             delta = as_dict(obj.get("delta"))
             stop = delta.get("stop_reason")

@@ -2,8 +2,9 @@
 
 A call is a `function_call` output item: `response.output_item.added` (name, call_id, empty
 arguments) → `response.function_call_arguments.delta` × n → `.done` (the whole arguments again) →
-`response.output_item.done` (the item with its arguments). From `.added` to `.output_item.done`
-every event is held; a call whose arguments are valid JSON that fits the schema is released byte
+`response.output_item.done` (the item with its arguments). From the first call's `.added` to the
+terminal `response.completed` every event is held (no call goes out in a turn that a later cut call
+ends with the error); a call whose arguments are valid JSON that fits the schema is released byte
 for byte. A repaired call goes out as the same events with one delta carrying the repaired
 arguments, the `.done` events rewritten to match, and the terminal `response.completed` patched so
 a client reading the final object sees the same call.
@@ -159,8 +160,6 @@ class ResponsesToolCallRepair(HoldingStage):
                 return out
             return out + [self._terminal(event, obj)]
         self.held.append(event)
-        if all(c.closed for c in self.calls.values()):
-            return self._finalize()
         return []
 
     def _track_seq(self, event: bytes) -> None:
