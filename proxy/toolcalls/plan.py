@@ -278,14 +278,6 @@ def _check_finish(finish: str | None, names: list[str], named: str | None, plan:
     )
 
 
-def _repeated_name(name: str, offered: list[str]) -> str | None:
-    """'get_weatherget_weather': a name appended once per repeated delta."""
-    for tool in offered:
-        if len(name) > len(tool) and len(name) % len(tool) == 0 and name == tool * (len(name) // len(tool)):
-            return tool
-    return None
-
-
 def _make_id(seed: str, choice: int, index: int) -> str:
     digest = hashlib.sha1(f"{seed}:{choice}:{index}".encode()).hexdigest()[:24]
     return f"call_{digest}"
