@@ -153,7 +153,7 @@ def _from_text(
     deduped = _without_repeated_fragments(strings, name, schemas)
     if deduped is not None:
         result.note(DUPLICATED, "fragment sent twice in a row")
-        return _trusted(deduped, json.loads(deduped), props, result)
+        return _trusted(deduped, _strict_repeats(deduped), props, result)
     reading = read_escapes(text, props, valid=False)
     if not reading.ambiguous:
         return _tolerant(_literal(text, reading.literal, result), props, finish, result)
@@ -238,13 +238,30 @@ def _without_repeated_fragments(strings: list[str], name: str | None, schemas: T
     for drop in choices:
         skip = set(drop)
         candidate = "".join(f for k, f in enumerate(strings) if k not in skip)
-        try:
-            value = json.loads(candidate)
-        except ValueError:
-            continue
-        if _fits(value, name, schemas):
+        value = _strict_repeats(candidate)
+        if value is not MISSING and _fits(value, name, schemas):
             found.setdefault(json.dumps(value, sort_keys=True), candidate)
     return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _strict_repeats(text: str) -> Any:
+    """The value of strictly valid JSON, or of the same object strictly written twice or more in a row."""
+    decoder = json.JSONDecoder()
+    values: list[Any] = []
+    pos, n = 0, len(text)
+    try:
+        while True:
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+            if pos >= n:
+                break
+            value, pos = decoder.raw_decode(text, pos)
+            values.append(value)
+    except ValueError:
+        return MISSING
+    if not values or any(v != values[0] for v in values[1:]):
+        return MISSING
+    return values[0]
 
 
 def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, result: ArgResult) -> Any:

@@ -13,6 +13,11 @@ same token, a property that is a path) or weak (plain names whose escapes all lo
 token whose separators are all single backslashes counts: `C:\\\\temp\\nnext` is a well-escaped path
 followed by a newline.
 
+Arguments that parse are trusted except where the shape alone says "path" (a drive, a UNC path with
+two names or more): a path property holding `"a\\nb"` holds a newline as far as anyone can tell, and a
+well-formed stream passes as sent. Where the text shows unescaped backslashes elsewhere, a path
+property and an invalid escape in the token count too.
+
 Cost: one regex (`GATE`) over the raw text decides whether anything needs a closer look; normal
 arguments stop there.
 """
@@ -38,6 +43,7 @@ _NAMES = re.compile(rf"{_NAME}+(?:\\{_NAME}+)+")
 _WRAP_HEAD = re.compile(r'(?:\\"|["\'(\[{<=])+')
 _WRAP_TAIL = re.compile(r'(?:\\"|["\')\]}>,;:])+$')
 _RUN = re.compile(r"\\+")
+_ESCAPE_LETTER_NAME = re.compile(r"\\[bfnrt](?=\\|$)")
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _INVALID_ESCAPE = re.compile(r'(?<!\\)(?:\\\\)*\\(?:[^"\\/bfnrtu]|u(?![0-9a-fA-F]{4}))')
 _RAW_CONTROL = re.compile(r"[\x00-\x1f]")
@@ -61,9 +67,9 @@ class PathToken:
     start: int  # span in the arguments text
     end: int
     literal: str  # the span with its literal backslashes doubled, ready to be spliced in
-    strong: bool  # enough evidence to read it literally even when the arguments parse as they are
+    strong: bool  # a drive, a UNC prefix, an invalid escape in the token, or a path property
     separators: int
-    unc_short: bool = False  # `\\\\host\\x`: too little of a UNC path to overrule valid JSON
+    overrules_json: bool  # strong even in arguments that parse: a drive, or a UNC path of 2+ names
 
     def shown(self, text: str) -> str:
         return text[self.start : self.end]
@@ -78,14 +84,14 @@ class EscapeReading:
 
 
 def read_escapes(text: str, props: dict[str, Any] | None, valid: bool) -> EscapeReading:
-    """Decide per token. Valid JSON is trusted unless the evidence is strong; in text that shows
+    """Decide per token. Valid JSON is trusted unless the token's shape is a drive or UNC path; in text that shows
     unescaped backslashes elsewhere, plain names with two or more separators (`src\\new\\table`) may
     be a path or lines of text: both readings are returned for the caller to try against the schema."""
     tokens = path_tokens(text, props)
     if not tokens:
         return EscapeReading([], [])
     if valid:
-        return EscapeReading([t for t in tokens if t.strong and not t.unc_short], [])
+        return EscapeReading([t for t in tokens if t.overrules_json], [])
     literal = [t for t in tokens if t.strong]
     weak = [t for t in tokens if not t.strong and t.separators >= 2]
     if weak and not unescaped_backslashes(text):
@@ -187,8 +193,10 @@ def _values(text: str) -> list[tuple[int, int, str | None]]:
 
 def _examine(token: str, offset: int, key: str | None, path_prop: bool) -> PathToken | None:
     m = _DRIVE.search(token) or _UNC.search(token)
+    if m is not None and m.re is _DRIVE and m.end() - m.start() < 5:
+        m = None  # `if x:\n` is code: a drive needs more than one letter after its backslash
     if m is not None:
-        a, b, strong = m.start(), m.end(), True
+        a, b, strong, shaped = m.start(), m.end(), True, True
         if b < len(token) and token[b] == '"':
             b -= _odd_tail(token[a:b])  # the backslash of a `\"` that ends the path is the quote's
         unc = m.re is _UNC
@@ -197,9 +205,9 @@ def _examine(token: str, offset: int, key: str | None, path_prop: bool) -> PathT
         a = head.end() if head else 0
         tail = _WRAP_TAIL.search(token, a)
         b = tail.start() if tail else len(token)
-        if _NAMES.fullmatch(token, a, b) is None:
-            return None
-        strong, unc = path_prop, False
+        if _NAMES.fullmatch(token, a, b) is None or _ESCAPE_LETTER_NAME.search(token, a, b):
+            return None  # `re\\n\\nPATTERN`: a name that is only an escape's letter is two escapes
+        strong, unc, shaped = path_prop, False, False
     region = token[a:b]
     runs = list(_RUN.finditer(region))
     if not runs:
@@ -214,22 +222,19 @@ def _examine(token: str, offset: int, key: str | None, path_prop: bool) -> PathT
         nxt = region[run.end() : run.end() + 1]
         if nxt in ("b", "f", "n", "r", "t"):
             control = True
-        elif nxt != "u" or _HEX4.match(region, run.end() + 1) is None:
+        elif nxt == "u" and _HEX4.match(region, run.end() + 1) is not None:
+            return None  # a real `\\uXXXX`: whoever wrote this token escaped it
+        else:
             invalid = True
-    if unc and len(runs[0].group()) != 2:
+    if unc and (len(runs[0].group()) != 2 or len(runs) < 2):
         return None  # `\\\\host\\` is a well-escaped UNC prefix (or not one at all)
     if not control and not unc:
         return None  # json's reading already keeps these backslashes
-    literal = _RUN.sub(lambda r: _literal_run(region, r), region)
-    short = unc and len(runs) < 3 and not path_prop
-    return PathToken(key, offset + a, offset + b, literal, strong or invalid or path_prop, len(runs), short)
-
-
-def _literal_run(region: str, run: re.Match[str]) -> str:
-    """A run of backslashes, doubled, except a single one that starts a real `\\uXXXX` escape."""
-    if len(run.group()) == 1 and region.startswith("u", run.end()) and _HEX4.match(region, run.end() + 1):
-        return run.group()
-    return run.group() * 2
+    literal = _RUN.sub(lambda r: r.group() * 2, region)
+    # In arguments that parse, the shape alone must say "path": `\\\\section\\n` is LaTeX and a newline,
+    # and a path property holding "a\\nb" holds a newline as far as anyone can tell.
+    overrules = shaped and (not unc or len(runs) >= 3)
+    return PathToken(key, offset + a, offset + b, literal, strong or invalid or path_prop, len(runs), overrules)
 
 
 def _odd_tail(region: str) -> int:

@@ -249,10 +249,19 @@ class _Reader:
                 break
         return k
 
+    def _after_key(self, j: int) -> bool:
+        """A quote inside a key followed by `,` or `}`: a key never holds those, its value was lost."""
+        k = self._after_space(j + 1)
+        return k < self.n and self.text[k] in ",}"
+
     def _starts_next_member(self, j: int) -> bool:
-        """Whether the quote at j opens a key right after a comma: the value before it lost its end."""
-        k = j - 1
+        """Whether the quote at j ends a key (`…h": "src`) or opens one right after a comma: either way
+        the value before it lost its end, and reading on would swallow a member."""
         text = self.text
+        k = self._after_space(j + 1)
+        if k < self.n and text[k] == ":":
+            return True
+        k = j - 1
         while k >= 0 and text[k] in _WS:
             k -= 1
         return k >= 0 and text[k] == "," and _NEXT_MEMBER.match(text, j + 1) is not None
@@ -274,7 +283,7 @@ class _Reader:
                 if self.closes(j + 1, ctx):
                     self.pos = j + 1
                     return "".join(parts)
-                if ctx != "key" and self._starts_next_member(j):
+                if self._starts_next_member(j) if ctx != "key" else self._after_key(j):
                     raise _Lost(ctx)
                 self.fix("unescaped_quote")
                 parts.append(quote)
