@@ -14,6 +14,7 @@ preserves the information: there only exact counts). Exits 1 when any example is
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -65,11 +66,27 @@ def show(ex: Example) -> None:
     print(f"    fragments as sent: {ex.fragments!r}"[:3000])
 
 
+def dump(ex: Example) -> dict[str, object]:
+    """A bad example as replayable JSON (tapfix.proxy.mock.defect_run.replay reads it)."""
+    return {
+        "surface": ex.surface,
+        "applied": ex.applied,
+        "source": ex.source,
+        "outcome": ex.outcome,
+        "reason": ex.reason,
+        "fragments": ex.fragments,
+        "tools": ex.tools,
+        "expected": ex.expected,
+        "sent": ex.sent.decode(),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--show", type=int, default=1, help="failing examples shown per class and surface")
+    parser.add_argument("--dump", type=Path, help="write every bad example here, one JSON object a line")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     source = TurnSource(corpus_turns(corpus_dir()))
@@ -113,6 +130,11 @@ def main(argv: list[str]) -> int:
         for key in sorted(failures, key=lambda k: (k[0].count("+"), k)):
             for ex in sorted(failures[key], key=lambda e: len(e.sent))[: args.show]:
                 show(ex)
+    if args.dump:
+        with args.dump.open("w", encoding="utf-8") as f:
+            for examples in failures.values():
+                for ex in sorted(examples, key=lambda e: len(e.sent)):
+                    f.write(json.dumps(dump(ex), ensure_ascii=False) + "\n")
     return 1 if total.counts["bad"] else 0
 
 

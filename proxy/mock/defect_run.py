@@ -205,6 +205,8 @@ class Example:
     sent: bytes
     received: bytes
     fragments: list[list[str]] = field(default_factory=list)  # each call's argument fragments as sent
+    tools: list[dict[str, Any]] = field(default_factory=list)  # as the surface's request offers them
+    expected: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments) the client must get
 
     @property
     def acceptable(self) -> bool:
@@ -215,12 +217,22 @@ def run_example(rng: random.Random, surface: Surface, turn: Turn, ids: list[str]
     """Mutate a valid turn with `ids` (those that apply), run the stage, judge the client's view."""
     wire = compose(rng, new_wire(surface, turn, rng), ids)
     sent = serialize(wire, rng)
-    received = run_stage(surface, surface_tools(turn, surface), sent)
+    tools = surface_tools(turn, surface)
+    received = run_stage(surface, tools, sent)
     expected = [(name, call.arguments) for name, call in zip(wire.expected_names, turn.calls, strict=True)]
     outcome, reason = judge(surface, expected, received)
     fragments = [list(c.frags or []) for c in wire.calls]
     kept = preserves(wire.applied)
-    return Example(surface, turn.source, wire.applied, kept, outcome, reason, sent, received, fragments)
+    return Example(
+        surface, turn.source, wire.applied, kept, outcome, reason, sent, received, fragments, tools, expected
+    )
+
+
+def replay(example: dict[str, Any]) -> tuple[Outcome, str]:
+    """Judge a dumped example (bench/repair_rates.py --dump) again against the current stage."""
+    surface = example["surface"]
+    received = run_stage(surface, example["tools"], example["sent"].encode())
+    return judge(surface, [(n, a) for n, a in example["expected"]], received)
 
 
 def applicable_example(

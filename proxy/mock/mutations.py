@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from tapfix.proxy.mock import mutations_frags as frags
 from tapfix.proxy.mock import mutations_stream as stream
 from tapfix.proxy.mock import mutations_text as text
 from tapfix.proxy.mock.mutations_wire import Surface, Wire, render
@@ -33,12 +34,12 @@ _ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
     ("raw_control_characters", text.raw_control_characters),
     ("unescaped_quotes", text.unescaped_quotes),
     ("escaped_whitespace", text.escaped_whitespace),
-    ("fragment_duplicated", text.fragment_duplicated),
-    ("fragment_dropped", text.fragment_dropped),
-    ("arguments_cut", text.arguments_cut),
-    ("objects_concatenated", text.objects_concatenated),
-    ("resent_at_finish", text.resent_at_finish),
-    ("args_as_object", text.args_as_object),
+    ("fragment_duplicated", frags.fragment_duplicated),
+    ("fragment_dropped", frags.fragment_dropped),
+    ("arguments_cut", frags.arguments_cut),
+    ("objects_concatenated", frags.objects_concatenated),
+    ("resent_at_finish", frags.resent_at_finish),
+    ("args_as_object", frags.args_as_object),
     ("two_calls_one_delta", stream.two_calls_one_delta),
     ("unknown_tool", stream.unknown_tool),
     ("name_case", stream.name_case),

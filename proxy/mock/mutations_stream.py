@@ -16,7 +16,7 @@ import string
 from typing import Any
 
 from tapfix.proxy.mock.mutations_text import SCHEMA_DEPENDENT
-from tapfix.proxy.mock.mutations_wire import TAG, Event, Wire, _chunk, tool_name
+from tapfix.proxy.mock.mutations_wire import TAG, Event, Wire, chat_chunk, tool_name
 
 
 # -- chat helpers ------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def name_split(rng: random.Random, wire: Wire) -> Wire | None:
     index = opening["index"]
     for n, piece in enumerate(pieces[1:]):
         entry = {"index": index, "function": {"name": piece}, TAG: (k, "name")}
-        wire.events.insert(i + 1 + n, Event(_chunk({"tool_calls": [entry]})))
+        wire.events.insert(i + 1 + n, Event(chat_chunk({"tool_calls": [entry]})))
     return wire
 
 

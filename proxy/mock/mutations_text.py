@@ -1,19 +1,19 @@
-"""Defect mutations of a call's arguments: values against the schema, escapes in the JSON text, and the
-fragments it is streamed in. Each is `(rng, wire) -> wire | None` (None: the turn has nothing the
-defect applies to) and edits the wire's calls before they are rendered.
+"""Defect mutations of a call's arguments: values against the schema, and escapes in the JSON text (the
+fragments it is streamed in: mutations_frags). Each is `(rng, wire) -> wire | None` (None: the turn
+has nothing the defect applies to) and edits the wire's calls before they are rendered.
 
 A preserving mutation is built so that the result still says the original arguments uniquely; where
 a definition would let two readings stand, the mutation declines (returns None) instead:
 - `path_backslashes` only touches a Windows or UNC path in a path-named property, with no whitespace,
-  no doubled or trailing backslash (past a UNC `\\\\`), no `\\u` + 4 hex digits and no `\\/`; and only
-  when the single-backslash text is not already valid JSON for a string without control characters;
+  no doubled or trailing backslash (past a UNC `\\\\`), no `\\u` + 4 hex digits and no `\\/`; and
+  only when the single-backslash text is not already valid JSON for a string without control
+  characters (then both readings would stand);
 - `unescaped_quotes` leaves a quote escaped when what follows it (spaces and escape noise skipped)
-  could end the string: `,` `}` `]` `:`;
-- `fragment_duplicated` doubles a fragment only when the copy breaks the JSON, and only when every
-  way of removing one of two equal neighbouring fragments that gives valid JSON gives the original;
-- each token is rewritten by at most one escape mutation.
-Destroying mutations destroy detectably: the result is never valid JSON (`fragment_dropped` also loses
-content characters, `arguments_cut` ends inside a value), or it lacks a required property.
+  could end the string: `,` `}` `]` `:`; keys are never touched;
+- `scalar_as_string` / `container_as_string` only touch a property whose schema type says, alone
+  (no `string`, no anyOf/enum), what the value was;
+- each string token is rewritten by at most one escape mutation.
+`required_missing` (destroying) removes a property the schema requires, so the loss is detectable.
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ from tapfix.proxy.mock.mutations_wire import (
     Sent,
     Token,
     Wire,
-    ensure_frags,
     ensure_tokens,
     schema_of,
-    split_text,
     strict_json,
 )
 
@@ -51,7 +49,7 @@ def same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _pick(rng: random.Random, items: list[Any]) -> list[Any]:
+def pick_some(rng: random.Random, items: list[Any]) -> list[Any]:
     """A non-empty random subset, in order."""
     count = rng.randint(1, len(items))
     chosen = set(rng.sample(range(len(items)), count))
@@ -116,7 +114,7 @@ def _stringify(wire: Wire, rng: random.Random, name: str, fits: Any, render: Any
         slots = [s for s in _slots(sent.value, schema_of(wire.turn, sent.name)) if fits(s[0][s[1]], s[2])]
         if not slots or (done and rng.random() < 0.5):
             continue
-        for obj, key, _ in reversed(_pick(rng, slots)):  # inner first: an outer copy includes it
+        for obj, key, _ in reversed(pick_some(rng, slots)):  # inner first: an outer copy includes it
             obj[key] = render(obj[key])
         sent.applied.add(name)
         done = True
@@ -190,7 +188,7 @@ def path_backslashes(rng: random.Random, wire: Wire) -> Wire | None:
     options = _value_strings(wire, _path_token)
     if not options:
         return None
-    for sent, tok in _pick(rng, options):
+    for sent, tok in pick_some(rng, options):
         tok.raw = '"' + tok.value + '"'
         tok.touched = "path_backslashes"
         sent.applied.add("path_backslashes")
@@ -204,7 +202,7 @@ def escaped_whitespace(rng: random.Random, wire: Wire) -> Wire | None:
     options = [s for s in wire.calls if s.frags is None and len(ensure_tokens(s)) > 1]
     if not options:
         return None
-    for sent in _pick(rng, options):
+    for sent in pick_some(rng, options):
         tokens = ensure_tokens(sent)
         for _ in range(rng.randint(1, 3)):
             at = rng.randrange(1, len(tokens))
@@ -217,7 +215,7 @@ def raw_control_characters(rng: random.Random, wire: Wire) -> Wire | None:
     options = _value_strings(wire, lambda t: any(c in t.value for c in "\n\t\r"))
     if not options:
         return None
-    for sent, tok in _pick(rng, options):
+    for sent, tok in pick_some(rng, options):
         raw_all = rng.random() < 0.5
         chars = [c if c in "\n\t\r" and (raw_all or rng.random() < 0.5) else _esc(c) for c in tok.value]
         if all(len(c) != 1 or c not in "\n\t\r" for c in chars):
@@ -228,7 +226,7 @@ def raw_control_characters(rng: random.Random, wire: Wire) -> Wire | None:
     return wire
 
 
-_SKIP = re.compile(r"(?:[ \t\r\n]|\\[ntr])*")
+SPACE_AND_NOISE = re.compile(r"(?:[ \t\r\n]|\\[ntr])*")
 
 
 def _unescape_quotes(text: str) -> str | None:
@@ -238,7 +236,7 @@ def _unescape_quotes(text: str) -> str | None:
         if ch != '"':
             continue
         rest = "".join(pieces[j + 1 :]) + '"'
-        after = rest[_SKIP.match(rest).end() :]  # type: ignore[union-attr]
+        after = rest[SPACE_AND_NOISE.match(rest).end() :]  # type: ignore[union-attr]
         if after[:1] not in (",", "}", "]", ":"):
             pieces[j] = '"'
             bare = True
@@ -251,177 +249,8 @@ def unescaped_quotes(rng: random.Random, wire: Wire) -> Wire | None:
     ]
     if not options:
         return None
-    for sent, tok, raw in _pick(rng, options):
+    for sent, tok, raw in pick_some(rng, options):
         tok.raw = raw
         tok.touched = "unescaped_quotes"
         sent.applied.add("unescaped_quotes")
-    return wire
-
-
-# -- fragments -------------------------------------------------------------------------------------
-def _spans(frags: list[str]) -> list[tuple[int, int]]:
-    out, pos = [], 0
-    for f in frags:
-        out.append((pos, pos + len(f)))
-        pos += len(f)
-    return out
-
-
-def _pristine(sent: Sent) -> bool:
-    return sent.frags is not None and "".join(sent.frags) == sent.whole
-
-
-def _unique_after_dedup(frags: list[str], original: Any) -> bool:
-    for j in range(len(frags) - 1):
-        if frags[j] == frags[j + 1]:
-            ok, value = strict_json("".join(frags[:j] + frags[j + 1 :]))
-            if ok and not same_value(value, original):
-                return False
-    return True
-
-
-def fragment_duplicated(rng: random.Random, wire: Wire) -> Wire | None:
-    options = []
-    for sent in wire.calls:
-        frags = ensure_frags(sent, rng)
-        ok, value = strict_json("".join(frags))
-        if ok and _pristine(sent):
-            options.append((sent, value))
-    rng.shuffle(options)
-    for sent, value in options:
-        frags = sent.frags or []
-        for _ in range(6):
-            i = rng.randrange(len(frags))
-            new = frags[: i + 1] + [frags[i]] + frags[i + 1 :]
-            if not strict_json("".join(new))[0] and _unique_after_dedup(new, value):
-                sent.frags = new
-                sent.applied.add("fragment_duplicated")
-                return wire
-    return None
-
-
-_DECODER = json.JSONDecoder()
-
-
-_LENIENT = json.JSONDecoder(strict=False)
-
-
-def _quotes_read_leniently(text: str) -> str:
-    """`text` with each quote inside a string escaped when what follows can't end the string: the
-    reading `unescaped_quotes` relies on."""
-    out: list[str] = []
-    i, inside = 0, False
-    while i < len(text):
-        ch = text[i]
-        if inside and ch == "\\":
-            out.append(text[i : i + 2])
-            i += 2
-            continue
-        if ch == '"':
-            if inside:
-                rest = text[i + 1 :]
-                after = rest[_SKIP.match(rest).end() :]  # type: ignore[union-attr]
-                inside = after[:1] not in ("", ",", "}", "]", ":")
-                out.append('\\"' if inside else ch)
-            else:
-                inside = True
-                out.append(ch)
-        else:
-            out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def _complete_prefix(text: str) -> bool:
-    """`text`, read strictly or as the preserving escape repairs read it (raw control characters,
-    unescaped quotes), starts with a whole JSON value (junk after it a repair may drop as stray
-    characters): a drop that leaves this shape is not detectably destroying."""
-    for candidate, decoder in ((text, _DECODER), (text, _LENIENT), (_quotes_read_leniently(text), _LENIENT)):
-        try:
-            decoder.raw_decode(candidate.lstrip())
-        except ValueError:
-            continue
-        return True
-    return False
-
-
-def fragment_dropped(rng: random.Random, wire: Wire) -> Wire | None:
-    options = []
-    for sent in wire.calls:
-        frags = ensure_frags(sent, rng)
-        if not _pristine(sent) or len(frags) < 2:
-            continue
-        for i, (a, b) in enumerate(_spans(frags)):
-            marks = sent.charmap[a:b]
-            structural = "c" in marks or any(sent.whole[p] in ",:" and sent.charmap[p] == "p" for p in range(a, b))
-            content = any(m in "skv" for m in marks)
-            rest = "".join(frags[:i] + frags[i + 1 :])
-            if structural and content and rest.strip() and not _complete_prefix(rest):
-                options.append((sent, i))
-    if not options:
-        return None
-    sent, i = rng.choice(options)
-    sent.frags = (sent.frags or [])[:i] + (sent.frags or [])[i + 1 :]
-    sent.applied.add("fragment_dropped")
-    return wire
-
-
-def arguments_cut(rng: random.Random, wire: Wire) -> Wire | None:
-    options = []
-    for sent in wire.calls:
-        ensure_frags(sent, rng)
-        if not _pristine(sent):
-            continue
-        m = sent.charmap
-        options += [
-            (sent, p) for p in range(1, len(m)) if (m[p - 1] in "os" and m[p] in "sc") or m[p - 1] + m[p] == "vv"
-        ]
-    if not options:
-        return None
-    sent, p = rng.choice(options)
-    kept = []
-    for f, (a, _) in zip(sent.frags or [], _spans(sent.frags or []), strict=True):
-        if a < p:
-            kept.append(f[: p - a])
-    sent.frags = kept
-    sent.applied.add("arguments_cut")
-    return wire
-
-
-def objects_concatenated(rng: random.Random, wire: Wire) -> Wire | None:
-    sent = rng.choice(wire.calls) if wire.calls else None
-    if sent is None:
-        return None
-    frags = ensure_frags(sent, rng)
-    text = "".join(frags)
-    if not text:
-        return None
-    sent.frags = split_text(text + text, rng) if _pristine(sent) else frags + frags
-    sent.applied.add("objects_concatenated")
-    return wire
-
-
-def resent_at_finish(rng: random.Random, wire: Wire) -> Wire | None:
-    sent = rng.choice(wire.calls) if wire.calls else None
-    if sent is None:
-        return None
-    frags = ensure_frags(sent, rng)
-    if not sent.whole:
-        return None
-    sent.frags = frags + [sent.whole]
-    sent.applied.add("resent_at_finish")
-    return wire
-
-
-def args_as_object(rng: random.Random, wire: Wire) -> Wire | None:
-    options = []
-    for sent in wire.calls:
-        ok, value = strict_json("".join(ensure_frags(sent, rng)))
-        if ok and isinstance(value, dict) and not sent.as_object:
-            options.append(sent)
-    if not options:
-        return None
-    for sent in _pick(rng, options):
-        sent.as_object = True
-        sent.applied.add("args_as_object")
     return wire

@@ -228,7 +228,7 @@ def strict_json(text: str) -> tuple[bool, Any]:
 
 
 # -- rendering ------------------------------------------------------------------------------------
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {
         "id": "chatcmpl-defects",
         "object": "chat.completion.chunk",
@@ -243,8 +243,8 @@ def _content_pieces(text: str, rng: random.Random) -> list[str]:
 
 
 def _render_chat(wire: Wire, rng: random.Random) -> list[Event]:
-    events = [Event(_chunk({"role": "assistant", "content": ""}))]
-    events += [Event(_chunk({"content": p})) for p in _content_pieces(wire.turn.content, rng)]
+    events = [Event(chat_chunk({"role": "assistant", "content": ""}))]
+    events += [Event(chat_chunk({"content": p})) for p in _content_pieces(wire.turn.content, rng)]
     for k, sent in enumerate(wire.calls):
         frags = ensure_frags(sent, rng)
         opening: dict[str, Any] = {
@@ -258,17 +258,17 @@ def _render_chat(wire: Wire, rng: random.Random) -> list[Event]:
             value = json.loads("".join(frags))
             if rng.random() < 0.5:
                 opening["function"]["arguments"] = value
-                events.append(Event(_chunk({"tool_calls": [opening]})))
+                events.append(Event(chat_chunk({"tool_calls": [opening]})))
                 continue
-            events.append(Event(_chunk({"tool_calls": [opening]})))
+            events.append(Event(chat_chunk({"tool_calls": [opening]})))
             entry = {"index": k, "function": {"arguments": value}, TAG: (k, "args")}
-            events.append(Event(_chunk({"tool_calls": [entry]})))
+            events.append(Event(chat_chunk({"tool_calls": [entry]})))
             continue
-        events.append(Event(_chunk({"tool_calls": [opening]})))
+        events.append(Event(chat_chunk({"tool_calls": [opening]})))
         for frag in frags:
             entry = {"index": k, "function": {"arguments": frag}, TAG: (k, "args")}
-            events.append(Event(_chunk({"tool_calls": [entry]})))
-    events.append(Event(_chunk({}, wire.finish)))
+            events.append(Event(chat_chunk({"tool_calls": [entry]})))
+    events.append(Event(chat_chunk({}, wire.finish)))
     events.append(Event(None))
     return events
 
