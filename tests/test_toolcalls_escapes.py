@@ -155,6 +155,7 @@ def test_unescaped_quotes_with_an_unambiguous_end(text: str, expected: dict) -> 
         '{"a": "x, "b": 1, "c": "y"}',
         '{"pattern": "src/apph": "src/app.py"}',  # a key's closing quote inside the value
         '{"pattern": "x", "pd", "options": {"c": 0}}',  # a key running into the next member
+        '{"items": ["a",}',  # the rest of the array and its `]` were lost
     ],
 )
 def test_a_quote_repair_never_swallows_the_next_member(text: str) -> None:

@@ -142,6 +142,8 @@ class _Reader:
             c = self.text[self.pos]
             if c == "}" or c == "]":
                 if c == "]":
+                    if after_comma:
+                        raise _Lost("object")  # `{"a": 1, ]`: a member and the `}` were lost
                     self.fix("mismatched_bracket")
                 if after_comma:
                     self.fix("trailing_comma")
@@ -202,6 +204,8 @@ class _Reader:
             c = self.text[self.pos]
             if c == "]" or c == "}":
                 if c == "}":
+                    if after_comma:
+                        raise _Lost("array")  # `["a", }`: the rest of the array and its `]` were lost
                     self.fix("mismatched_bracket")
                 if after_comma:
                     self.fix("trailing_comma")
