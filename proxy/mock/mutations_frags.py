@@ -188,10 +188,13 @@ def resent_at_finish(rng: random.Random, wire: Wire) -> Wire | None:
 
 
 def args_as_object(rng: random.Random, wire: Wire) -> Wire | None:
+    """The arguments as a JSON object: only where the text as sent still reads, strictly, as the
+    value meant (a path whose single backslashes happen to be valid escapes would go out as the
+    wrong object, its information lost)."""
     options = []
     for sent in wire.calls:
         ok, value = strict_json("".join(ensure_frags(sent, rng)))
-        if ok and isinstance(value, dict) and not sent.as_object:
+        if ok and isinstance(value, dict) and not sent.as_object and same_value(value, sent.value):
             options.append(sent)
     if not options:
         return None
