@@ -268,7 +268,9 @@ def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, resul
     """The tolerant reader, for text that is not valid JSON."""
     text = _restore_prefix(text, props, result)
     parsed = loads_tolerant(text)
-    if parsed.cut or (parsed.closed and finish == "length"):
+    if parsed.cut or (parsed.closed and (finish == "length" or parsed.ends_on_number)):
+        # A number with its closers missing may have been cut (`{"n": 4` of `{"n": 45}`): parsers trim
+        # trailing text, so only a closed string or literal proves the value ended.
         result.fatal = CUT
         return MISSING
     if parsed.lost:

@@ -384,8 +384,10 @@ class _Reader:
         end = s.start() if s else n
         if end >= n and ctx != "top":
             raise _Cut("value")
-        self.fix("bare_word")
         value = text[self.pos : end].strip()
+        if '"' in value:
+            raise _Lost(ctx)  # `{"path": set": 1, ...}`: a bare word never holds a quote; a string lost its start
+        self.fix("bare_word")
         self.pos = end
         return value
 
