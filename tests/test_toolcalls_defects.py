@@ -8,14 +8,19 @@ drawn with a fixed seed and a bounded budget, the same functions bench/repair_ra
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.mock.defect_run import Example, applicable_example, run_example
-from tapfix.proxy.mock.mutations import MUTATIONS, UNMATCHED, for_surface
+from tapfix.proxy.mock.mutations import MUTATIONS, UNMATCHED, compose, for_surface
+from tapfix.proxy.mock.mutations_frags import quotes_read_leniently
+from tapfix.proxy.mock.mutations_text import WINDOWS_PATH, same_value
 from tapfix.proxy.mock.mutations_turns import TurnSource, corpus_turns
+from tapfix.proxy.mock.mutations_wire import ensure_frags, new_wire
 from tapfix.proxy.toolcalls.defects import DEFECTS, SURFACES
 
 from tests.conftest import corpus_dir
@@ -82,3 +87,69 @@ def test_compositions_are_exact_or_the_error_never_wrong(surface, depth, seed) -
     ex = run_example(rng, surface, SOURCE.draw(rng), ids)
     assume(len(ex.applied) >= 2)
     assert ex.acceptable, describe(ex)
+
+
+def _drop_noise_between_tokens(text: str) -> str:
+    """The reading escaped_whitespace relies on: `\\n` `\\t` `\\r` pairs outside strings are noise."""
+    out, i, inside = [], 0, False
+    while i < len(text):
+        ch = text[i]
+        if inside and ch == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        if ch == '"':
+            inside = not inside
+        elif not inside and ch == "\\" and text[i + 1 : i + 2] in ("n", "t", "r"):
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
+
+
+def _paths_read_literally(text: str) -> str:
+    """The reading path_backslashes relies on: a string that is a Windows/UNC path and doesn't read
+    as JSON without control characters is its characters as written."""
+
+    def fix(m: re.Match[str]) -> str:
+        raw = m.group(1)
+        try:
+            decoded = json.loads(m.group())
+        except ValueError:
+            decoded = None
+        plausible = isinstance(decoded, str) and not any(ord(c) < 0x20 for c in decoded)
+        return json.dumps(raw) if WINDOWS_PATH.fullmatch(raw) and not plausible else m.group()
+
+    return _STRING.sub(fix, text)
+
+
+# A reference reading per escape mutation: what makes it information-preserving, checked on the
+# generator's own output (a mutation that lost information would fail here, not in the repair).
+REFERENCE_READINGS = {
+    "raw_control_characters": lambda text: json.loads(text, strict=False),
+    "unescaped_quotes": lambda text: json.loads(quotes_read_leniently(text)),
+    "escaped_whitespace": lambda text: json.loads(_drop_noise_between_tokens(text)),
+    "path_backslashes": lambda text: json.loads(_paths_read_literally(text)),
+    "resent_at_finish": None,  # the last fragment is the whole arguments
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(REFERENCE_READINGS))
+@settings(max_examples=60, **BUDGET)
+@given(seed=SEEDS)
+def test_preserving_mutations_keep_a_reading_that_gives_the_original(mutation, seed) -> None:
+    rng = random.Random(seed)
+    turn = SOURCE.draw(rng)
+    wire = compose(rng, new_wire("chat", turn, rng), [mutation])
+    assume(wire.applied == [mutation])
+    reading = REFERENCE_READINGS[mutation]
+    for sent, call in zip(wire.calls, turn.calls, strict=True):
+        frags = ensure_frags(sent, rng)
+        resent = reading is None and mutation in sent.applied
+        text = frags[-1] if resent else "".join(frags)
+        value = json.loads(text) if reading is None else reading(text)
+        assert same_value(value, call.arguments), (mutation, frags)

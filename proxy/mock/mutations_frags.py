@@ -65,7 +65,7 @@ def fragment_duplicated(rng: random.Random, wire: Wire) -> Wire | None:
 _LENIENT = json.JSONDecoder(strict=False)
 
 
-def _quotes_read_leniently(text: str) -> str:
+def quotes_read_leniently(text: str) -> str:
     """`text` with each quote inside a string escaped when what follows can't end the string: the
     reading `unescaped_quotes` relies on."""
     out: list[str] = []
@@ -103,7 +103,7 @@ def _readings(text: str) -> list[str]:
     """`text` as the preserving escape repairs may read it: as sent, invalid escapes as literal
     backslashes, and each of those with quotes that can't end a string read as inside it."""
     literal = _literal_backslashes(text)
-    return [text, literal, _quotes_read_leniently(text), _quotes_read_leniently(literal)]
+    return [text, literal, quotes_read_leniently(text), quotes_read_leniently(literal)]
 
 
 def _complete_prefix(text: str) -> bool:

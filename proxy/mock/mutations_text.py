@@ -169,14 +169,14 @@ def _esc(ch: str) -> str:
 
 _PATH_KEYS = {"path", "filepath", "file", "filename", "dir", "directory", "cwd", "workdir", "folder", "target"}
 _SEGMENT = r"[^\s\"\\/\x00-\x1f]+"
-_WINDOWS_PATH = re.compile(rf"(?:[A-Za-z]:\\|\\\\{_SEGMENT}\\){_SEGMENT}(?:\\{_SEGMENT})*")
+WINDOWS_PATH = re.compile(rf"(?:[A-Za-z]:\\|\\\\{_SEGMENT}\\){_SEGMENT}(?:\\{_SEGMENT})*")
 _UNICODE_ESCAPE = re.compile(r"\\u[0-9A-Fa-f]{4}")
 
 
 def _path_token(tok: Token) -> bool:
     key = (tok.key or "").lower().replace("_", "").replace("-", "")
     text = tok.value
-    if key not in _PATH_KEYS or not isinstance(text, str) or not _WINDOWS_PATH.fullmatch(text):
+    if key not in _PATH_KEYS or not isinstance(text, str) or not WINDOWS_PATH.fullmatch(text):
         return False
     if _UNICODE_ESCAPE.search(text):
         return False
