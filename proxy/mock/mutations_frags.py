@@ -5,8 +5,9 @@ Preserving ones keep a unique reading: `fragment_duplicated` doubles a fragment 
 breaks the JSON and every removal of one of two equal neighbouring fragments that gives valid JSON
 gives the original. Destroying ones destroy detectably: `fragment_dropped` loses a string's end or a
 `,` `:` together with content characters, and only where the rest does not still read as a whole
-value (strictly, or as the preserving escape repairs read it: raw control characters, invalid
-escapes as literal backslashes, quotes that can't end a string); `arguments_cut` ends inside a value.
+value (strictly, or as a tolerant repair reads it: raw control characters, invalid escapes as
+literal backslashes, trailing commas, quotes that can't end a string); `arguments_cut` ends inside
+a value.
 """
 
 from __future__ import annotations
@@ -99,16 +100,20 @@ def _literal_backslashes(text: str) -> str:
     return _ESCAPE.sub(lambda m: m.group() if m.group(1) in '"\\/bfnrtu' else "\\\\" + m.group(1), text)
 
 
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+
+
 def _readings(text: str) -> list[str]:
-    """`text` as the preserving escape repairs may read it: as sent, invalid escapes as literal
-    backslashes, and each of those with quotes that can't end a string read as inside it."""
+    """`text` as a tolerant repair may read it: as sent, invalid escapes as literal backslashes,
+    trailing commas dropped, and each of those with quotes that can't end a string read inside it."""
     literal = _literal_backslashes(text)
-    return [text, literal, quotes_read_leniently(text), quotes_read_leniently(literal)]
+    plain = [text, literal, _TRAILING_COMMA.sub(r"\1", text), _TRAILING_COMMA.sub(r"\1", literal)]
+    return plain + [quotes_read_leniently(t) for t in plain]
 
 
 def _complete_prefix(text: str) -> bool:
-    """`text`, read strictly or as the preserving escape repairs read it (raw control characters,
-    invalid escapes, unescaped quotes), starts with a whole JSON value (junk after it a repair may
+    """`text`, read strictly or as a tolerant repair reads it (raw control characters, invalid
+    escapes, trailing commas, unescaped quotes), starts with a whole JSON value (junk after it a repair may
     drop as stray characters): a drop that leaves this shape is not detectably destroying."""
     for candidate in _readings(text):
         try:
