@@ -153,3 +153,19 @@ def test_preserving_mutations_keep_a_reading_that_gives_the_original(mutation, s
         text = frags[-1] if resent else "".join(frags)
         value = json.loads(text) if reading is None else reading(text)
         assert same_value(value, call.arguments), (mutation, frags)
+
+
+# Mutations whose stream is still well formed by the Chat Completions spec (the rows' "as sent, when
+# already well formed"): invariant 1 says they pass byte for byte.
+SPEC_VALID = ("two_calls_one_delta", "name_split")
+
+
+@pytest.mark.parametrize("mutation", SPEC_VALID)
+@settings(max_examples=30, **BUDGET)
+@given(seed=SEEDS)
+def test_a_well_formed_stream_a_mutation_leaves_valid_passes_byte_for_byte(mutation, seed) -> None:
+    rng = random.Random(seed)
+    ex = applicable_example(rng, "chat", SOURCE.draw, [mutation])
+    assume(ex is not None)
+    assert ex is not None
+    assert ex.received == ex.sent, describe(ex)
