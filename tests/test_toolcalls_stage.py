@@ -486,3 +486,18 @@ def test_keepalive_while_holding() -> None:
     assert stage.feed(events[1]) == [b": tapfix: holding tool call\n\n"]
     now[0] = 12.0
     assert stage.feed(events[2]) == events[:3]
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["held", "stream_valid_prefix"])
+def test_a_stream_cut_inside_an_event_never_merges_the_repair_into_it(prefix: bool) -> None:
+    """The upstream dies after `data` (an unterminated event): what tapfix writes after it at the end
+    (a repaired call, its finish) must start a new event, or the client reads one garbage line and
+    the call is lost (found by the prefix property: a silent empty turn in both modes)."""
+    data = sse([ROLE, call(0, "c1", "read", '{"path": '), call(0, arguments='"a.py"'), STOP])
+    data = data[: data.rindex(b"data: ", 0, data.rindex(b"data: "))] + b"data"  # cut before the finish
+    stage = ChatToolCallRepair(TOOLS, capture_id="cap", stream_valid_prefix=prefix)
+    view = client_view(run_stage(stage, [data]))
+    if view.errors:
+        assert not view.calls
+    else:
+        assert [(c["name"], c["arguments"]) for c in view.calls] and all(json.loads(c["arguments"]) for c in view.calls)
