@@ -32,13 +32,12 @@ from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
-from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item, Writer
+from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item, Writer
 from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
-_EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
 
 
 @dataclass(slots=True)
@@ -106,7 +105,7 @@ class ChatToolCallRepair:
         if not self._holding and not self._streamed:
             if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
-                self._tail_open = not event.endswith(_EVENT_END)
+                self._tail_open = not event.endswith(EVENT_END)
                 if b"[DONE]" in event and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
                     self._done_sent = True
                 return [event]
@@ -114,13 +113,16 @@ class ChatToolCallRepair:
         out += self._feed(event)
         if out:
             self._last_out = self._clock()
-            self._tail_open = not out[-1].endswith(_EVENT_END)
+            self._tail_open = not out[-1].endswith(EVENT_END)
         return out
 
     def flush(self) -> list[bytes]:
         if self._ended or self._done_sent or not (self._holding or self._streamed):
             return []
-        return self._finalize(end_of_stream=True)
+        out = self._finalize(end_of_stream=True)
+        if out and self._tail_open and not out[0].startswith((b"\n", b"\r")):
+            out.insert(0, self._out.nl * 2)  # a cut event already went out: end it, or what follows merges
+        return out
 
     # -- intake --------------------------------------------------------------------------------
     def _interesting(self, event: bytes) -> bool:
@@ -445,7 +447,7 @@ class ChatToolCallRepair:
             self._reset_hold()
             return out
         out = self._out.rebuild(self._held, {}, synthesize_finish=False, strip_all=True)
-        tail_open = not out[-1].endswith(_EVENT_END) if out else self._tail_open
+        tail_open = not out[-1].endswith(EVENT_END) if out else self._tail_open
         if tail_open:
             out.append(self._out.nl * 2)  # end a cut event first, or the client reads the error as part of it
         out.append(tool_call_error_event(fatal, self.policy, self.capture_id, self._out.nl))

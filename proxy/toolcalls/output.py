@@ -16,6 +16,7 @@ from tapfix.proxy.sse import format_event
 from tapfix.proxy.toolcalls.plan import ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
+EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
 
 
 @dataclass(slots=True)
@@ -40,10 +41,11 @@ class Writer:
         strip_all: bool = False,
     ) -> list[bytes]:
         out: list[bytes] = []
+        cut: list[bytes] = []  # an event the stream ended inside: nothing may follow it, or it merges
         inserted: set[int] = set()
         for item in held:
             if item.obj is None:
-                out.append(item.raw)
+                (out if item.raw.endswith(EVENT_END) else cut).append(item.raw)
                 continue
             dirty = False
             before: list[bytes] = []
@@ -90,7 +92,7 @@ class Writer:
                 out += self.call_events(ci, plan.calls)
                 if synthesize_finish:
                     out.append(self.chunk(ci, {}, "tool_calls"))
-        return out
+        return out + cut
 
     def call_events(self, ci: int, calls: list[OutCall]) -> list[bytes]:
         """Whole calls; a continued call (prefix mode) only as its remaining arguments, if any."""
