@@ -414,3 +414,24 @@ def test_preserving_structural_defects_compose_to_the_original_calls(calls, muta
         assert out == data and stage.changes == []
     else:
         assert stage.outcome == "repaired" and stage.changes
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        (["get_wea", "ther"], ["get_weather"]),  # the rest of an offered name, after the arguments
+        (["Get_Wea", "ther"], ["get_weather"]),  # ... in another case
+        (["get_weather", "read"], ["get_weather", "read"]),  # two offered names: two calls on index 0
+    ],
+)
+def test_a_name_piece_after_the_arguments_continues_the_call_only_when_it_completes_an_offered_name(
+    pieces: list[str], expected: list[str]
+) -> None:
+    first = call(0, "c1", pieces[0], {"city": "Paris"})
+    second = chunk({"tool_calls": [{"index": 0, "function": {"name": pieces[1], "arguments": '{"path": "a"}'}}]})
+    if expected == ["get_weather"]:
+        second = chunk({"tool_calls": [{"index": 0, "function": {"name": pieces[1]}}]})
+    stage = ChatToolCallRepair(TOOLS, capture_id="cap")
+    view = client_view(run_stage(stage, [sse([ROLE, first, second, chunk(finish_reason="tool_calls")])]))
+    assert not view.errors
+    assert [c["name"] for c in view.calls] == expected
