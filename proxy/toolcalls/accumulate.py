@@ -11,8 +11,12 @@ Indexes are kept as they arrived: whether they are dense is the plan's check (`p
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
+
+from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
+from tapfix.proxy.toolcalls.names import match_name
 
 WRONG_INDEX = "wrong_index_or_id"
 
@@ -54,12 +58,13 @@ def _show(value: Any) -> str:
 class CallAccumulator:
     """One choice's calls, in the order they were opened."""
 
-    __slots__ = ("calls", "_by_index", "_by_id")
+    __slots__ = ("calls", "_by_index", "_by_id", "_offered")
 
-    def __init__(self) -> None:
+    def __init__(self, offered: Collection[str] = ()) -> None:
         self.calls: list[Call] = []
         self._by_index: dict[int, Call] = {}
         self._by_id: dict[str, Call] = {}
+        self._offered = offered  # the offered tool names: tell a name's second piece from another call
 
     def add(self, delta: Any) -> None:
         if not isinstance(delta, dict):
@@ -93,8 +98,9 @@ class CallAccumulator:
                     cur.note(WRONG_INDEX, "a new id on an argument delta (id churn): the call's first id kept")
                     self._by_id.setdefault(call_id, cur)
             elif name is not None and cur.name is not None and name != cur.name and cur.started_args:
-                cur = None
-                noted = True
+                if not (call_id is None and _names_one_tool(cur.name + name, self._offered, cur.name)):
+                    cur = None  # another call on the same index; only the rest of an offered name continues it
+                    noted = True
         if cur is None:
             cur = self._new(index)
             if noted:
@@ -131,6 +137,14 @@ class CallAccumulator:
         if index is not None:
             self._by_index[index] = call
         return call
+
+
+def _names_one_tool(joined: str, offered: Collection[str], head: str) -> bool:
+    """Whether a name's pieces say one offered tool together and not apart (`writeFi` + `le`)."""
+    if not offered:
+        return False
+    tools = list(offered)
+    return match_name(joined, tools).kind != UNKNOWN_TOOL and match_name(head, tools).kind == UNKNOWN_TOOL
 
 
 def assemble_tool_calls(events: list[dict[str, Any]], choice: int = 0) -> list[dict[str, Any]]:

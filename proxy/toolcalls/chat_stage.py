@@ -80,6 +80,7 @@ class ChatToolCallRepair:
         self._schemas = ToolSchemas(tools)
         self._named = named_tool(tool_choice)
         self._tools = bool(self._schemas)
+        self._offered = frozenset(self._schemas.names)
         self._clock = clock
         self._keepalive_s = keepalive_s
         self._last_out = clock()
@@ -123,6 +124,9 @@ class ChatToolCallRepair:
         if out and self._tail_open and not out[0].startswith((b"\n", b"\r")):
             out.insert(0, self._out.nl * 2)  # a cut event already went out: end it, or what follows merges
         return out
+
+    def _new_choice(self, at_start: bool) -> _Choice:
+        return _Choice(acc=CallAccumulator(self._offered), at_start=at_start)
 
     # -- intake --------------------------------------------------------------------------------
     def _interesting(self, event: bytes) -> bool:
@@ -181,7 +185,7 @@ class ChatToolCallRepair:
                 continue
             ci = ch.get("index", 0)
             ci = ci if isinstance(ci, int) else 0
-            cs = self._choices.setdefault(ci, _Choice(at_start=True))
+            cs = self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
             delta = ch.get("delta")
             delta = delta if isinstance(delta, dict) else {}
             tool_calls = delta.get("tool_calls")
@@ -272,7 +276,7 @@ class ChatToolCallRepair:
         self._gates = {}
         self._streamed = False
         for ci, cs in self._choices.items():
-            self._choices[ci] = _Choice(at_start=cs.at_start and not any(p.text.strip() for p in cs.parts))
+            self._choices[ci] = self._new_choice(cs.at_start and not any(p.text.strip() for p in cs.parts))
 
     # -- ends ----------------------------------------------------------------------------------
     def _on_done(self, event: bytes) -> list[bytes]:
@@ -309,7 +313,7 @@ class ChatToolCallRepair:
         if leak is None or not leak.confirmed:
             return None
         ci = min(self._choices) if self._choices else 0
-        cs = self._choices.setdefault(ci, _Choice())
+        cs = self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
         for name, raw in leak.calls:
             args = typed_xml_args(raw, self._schemas.properties(name)) if is_xml_args(raw) else raw
             last = cs.acc.calls[-1] if cs.acc.calls else None

@@ -56,7 +56,7 @@ def repair_chat_completion(
             continue
         ci = ch.get("index", position)
         ci = ci if isinstance(ci, int) else position
-        acc = CallAccumulator()
+        acc = CallAccumulator(schemas.schemas)
         tool_calls = message.get("tool_calls")
         for i, tc in enumerate(tool_calls if isinstance(tool_calls, list) else []):
             acc.add({**tc, "index": tc.get("index", i)} if isinstance(tc, dict) else tc)
