@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.mock.defect_run import Example, applicable_example, run_example
 from tapfix.proxy.mock.mutations import MUTATIONS, UNMATCHED, compose, for_surface
-from tapfix.proxy.mock.mutations_frags import quotes_read_leniently
+from tapfix.proxy.mock.mutations_frags import noise_dropped, quotes_read_leniently
 from tapfix.proxy.mock.mutations_text import WINDOWS_PATH, same_value
 from tapfix.proxy.mock.mutations_turns import TurnSource, corpus_turns
 from tapfix.proxy.mock.mutations_wire import ensure_frags, new_wire
@@ -89,25 +89,6 @@ def test_compositions_are_exact_or_the_error_never_wrong(surface, depth, seed) -
     assert ex.acceptable, describe(ex)
 
 
-def _drop_noise_between_tokens(text: str) -> str:
-    """The reading escaped_whitespace relies on: `\\n` `\\t` `\\r` pairs outside strings are noise."""
-    out, i, inside = [], 0, False
-    while i < len(text):
-        ch = text[i]
-        if inside and ch == "\\":
-            out.append(text[i : i + 2])
-            i += 2
-            continue
-        if ch == '"':
-            inside = not inside
-        elif not inside and ch == "\\" and text[i + 1 : i + 2] in ("n", "t", "r"):
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
 
 
@@ -132,7 +113,7 @@ def _paths_read_literally(text: str) -> str:
 REFERENCE_READINGS = {
     "raw_control_characters": lambda text: json.loads(text, strict=False),
     "unescaped_quotes": lambda text: json.loads(quotes_read_leniently(text)),
-    "escaped_whitespace": lambda text: json.loads(_drop_noise_between_tokens(text)),
+    "escaped_whitespace": lambda text: json.loads(noise_dropped(text)),
     "path_backslashes": lambda text: json.loads(_paths_read_literally(text)),
     "resent_at_finish": None,  # the last fragment is the whole arguments
 }

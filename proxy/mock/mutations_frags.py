@@ -6,8 +6,8 @@ breaks the JSON and every removal of one of two equal neighbouring fragments tha
 gives the original. Destroying ones destroy detectably: `fragment_dropped` loses a string's end or a
 `,` `:` together with content characters, and only where the rest does not still read as a whole
 value (strictly, or as a tolerant repair reads it: raw control characters, invalid escapes as
-literal backslashes, trailing commas, quotes that can't end a string); `arguments_cut` ends inside
-a value.
+literal backslashes, escape noise between tokens, trailing commas, quotes that can't end a string);
+`arguments_cut` ends inside a value.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 from tapfix.proxy.mock.mutations_text import SPACE_AND_NOISE, pick_some, same_value
@@ -103,18 +104,49 @@ def _literal_backslashes(text: str) -> str:
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 
 
+def noise_dropped(text: str) -> str:
+    """`text` without the `\\n` `\\t` `\\r` pairs outside strings (the reading escaped_whitespace
+    relies on)."""
+    out, i, inside = [], 0, False
+    while i < len(text):
+        ch = text[i]
+        if inside and ch == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        if ch == '"':
+            inside = not inside
+        elif not inside and ch == "\\" and text[i + 1 : i + 2] in ("n", "t", "r"):
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+_TOLERANT_READS: tuple[Callable[[str], str], ...] = (
+    _literal_backslashes,
+    noise_dropped,
+    lambda t: _TRAILING_COMMA.sub(r"\1", t),
+    quotes_read_leniently,
+)
+
+
 def _readings(text: str) -> list[str]:
-    """`text` as a tolerant repair may read it: as sent, invalid escapes as literal backslashes,
-    trailing commas dropped, and each of those with quotes that can't end a string read inside it."""
-    literal = _literal_backslashes(text)
-    plain = [text, literal, _TRAILING_COMMA.sub(r"\1", text), _TRAILING_COMMA.sub(r"\1", literal)]
-    return plain + [quotes_read_leniently(t) for t in plain]
+    """`text` as a tolerant repair may read it: every combination of invalid escapes read as literal
+    backslashes, escape noise between tokens dropped, trailing commas dropped, and quotes that can't
+    end a string read inside it (in that order)."""
+    out = [text]
+    for read in _TOLERANT_READS:
+        out += [read(t) for t in out]
+    return list(dict.fromkeys(out))
 
 
 def _complete_prefix(text: str) -> bool:
     """`text`, read strictly or as a tolerant repair reads it (raw control characters, invalid
-    escapes, trailing commas, unescaped quotes), starts with a whole JSON value (junk after it a repair may
-    drop as stray characters): a drop that leaves this shape is not detectably destroying."""
+    escapes, escape noise, trailing commas, unescaped quotes), starts with a whole JSON value (junk
+    after it a repair may drop as stray characters): a drop that leaves this shape is not detectably
+    destroying."""
     for candidate in _readings(text):
         try:
             _LENIENT.raw_decode(candidate.lstrip())
