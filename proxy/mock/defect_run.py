@@ -87,7 +87,7 @@ def _chat(data: bytes) -> Received:
                 indexes.append(entry.get("index"))
             if choice.get("finish_reason"):
                 got.finish = choice["finish_reason"]
-    got.calls = [{**c, "arguments": c["arguments"]} for c in assemble_tool_calls(chunks)]
+    got.calls = assemble_tool_calls(chunks)
     if done != 1:
         got.problems.append(f"{done} [DONE]")
     if not _dense(indexes):
