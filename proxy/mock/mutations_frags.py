@@ -6,8 +6,8 @@ breaks the JSON and every removal of one of two equal neighbouring fragments tha
 gives the original. Destroying ones destroy detectably: `fragment_dropped` loses a string's end or a
 `,` `:` together with content characters, and only where the rest does not still read as a whole
 value (strictly, or as a tolerant repair reads it: raw control characters, invalid escapes as
-literal backslashes, escape noise between tokens, trailing commas, quotes that can't end a string);
-`arguments_cut` ends inside a value.
+literal backslashes, escape noise between tokens, trailing commas, quotes that can't end a string,
+a lost opening `{"`); `arguments_cut` ends inside a value.
 """
 
 from __future__ import annotations
@@ -133,10 +133,12 @@ _TOLERANT_READS: tuple[Callable[[str], str], ...] = (
 
 
 def _readings(text: str) -> list[str]:
-    """`text` as a tolerant repair may read it: every combination of invalid escapes read as literal
-    backslashes, escape noise between tokens dropped, trailing commas dropped, and quotes that can't
-    end a string read inside it (in that order)."""
+    """`text` as a tolerant repair may read it: with a lost `{"` or `{` put back, and every
+    combination of invalid escapes read as literal backslashes, escape noise between tokens dropped,
+    trailing commas dropped, and quotes that can't end a string read inside it (in that order)."""
     out = [text]
+    if not text.lstrip().startswith("{"):  # a lost first chunk, as the corpus repairs it
+        out += ['{"' + text.lstrip(), "{" + text.lstrip()]
     for read in _TOLERANT_READS:
         out += [read(t) for t in out]
     return list(dict.fromkeys(out))
@@ -144,7 +146,7 @@ def _readings(text: str) -> list[str]:
 
 def _complete_prefix(text: str) -> bool:
     """`text`, read strictly or as a tolerant repair reads it (raw control characters, invalid
-    escapes, escape noise, trailing commas, unescaped quotes), starts with a whole JSON value (junk
+    escapes, escape noise, trailing commas, unescaped quotes, a lost opening), starts with a whole JSON value (junk
     after it a repair may drop as stray characters): a drop that leaves this shape is not detectably
     destroying."""
     for candidate in _readings(text):
