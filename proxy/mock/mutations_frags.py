@@ -124,11 +124,12 @@ def noise_dropped(text: str) -> str:
     return "".join(out)
 
 
-_TOLERANT_READS: tuple[Callable[[str], str], ...] = (
-    _literal_backslashes,
-    noise_dropped,
-    lambda t: _TRAILING_COMMA.sub(r"\1", t),
-    quotes_read_leniently,
+# Each reading, and a character without which it changes nothing (skipped then: this runs per drop).
+_TOLERANT_READS: tuple[tuple[Callable[[str], str], str], ...] = (
+    (_literal_backslashes, "\\"),
+    (noise_dropped, "\\"),
+    (lambda t: _TRAILING_COMMA.sub(r"\1", t), ","),
+    (quotes_read_leniently, '"'),
 )
 
 
@@ -139,16 +140,17 @@ def _readings(text: str) -> list[str]:
     out = [text]
     if not text.lstrip().startswith("{"):  # a lost first chunk, as the corpus repairs it
         out += ['{"' + text.lstrip(), "{" + text.lstrip()]
-    for read in _TOLERANT_READS:
-        out += [read(t) for t in out]
-    return list(dict.fromkeys(out))
+    for read, needs in _TOLERANT_READS:
+        if needs in text:
+            out = list(dict.fromkeys(out + [read(t) for t in out]))
+    return out
 
 
 def _complete_prefix(text: str) -> bool:
     """`text`, read strictly or as a tolerant repair reads it (raw control characters, invalid
-    escapes, escape noise, trailing commas, unescaped quotes, a lost opening), starts with a whole JSON value (junk
-    after it a repair may drop as stray characters): a drop that leaves this shape is not detectably
-    destroying."""
+    escapes, escape noise, trailing commas, unescaped quotes, a lost opening), starts with a whole
+    JSON value (junk after it a repair may drop as stray characters): a drop that leaves this shape
+    is not detectably destroying."""
     for candidate in _readings(text):
         try:
             _LENIENT.raw_decode(candidate.lstrip())

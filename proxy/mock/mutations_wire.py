@@ -18,6 +18,7 @@ that streamed the broken text would.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -102,13 +103,29 @@ class Wire:
         return Wire(
             self.surface,
             self.turn,
-            copy.deepcopy(self.calls),
+            [_copy_sent(c) for c in self.calls],
             self.finish,
-            copy.deepcopy(self.events),
+            None if self.events is None else [Event(json_copy(e.body), e.name, e.call) for e in self.events],
             list(self.expected_names),
             set(self.unknown),
             list(self.applied),
         )
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (dicts, lists, tuples, scalars): copy.deepcopy's memo costs
+    more than every mutation together."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value  # str, numbers, None, and the tag tuples (never edited in place)
+
+
+def _copy_sent(sent: Sent) -> Sent:
+    tokens = None if sent.tokens is None else [dataclasses.replace(t) for t in sent.tokens]
+    frags = None if sent.frags is None else list(sent.frags)
+    return dataclasses.replace(sent, value=json_copy(sent.value), tokens=tokens, frags=frags, applied=set(sent.applied))
 
 
 def tool_name(tool: dict[str, Any]) -> str:
@@ -137,7 +154,7 @@ def surface_tools(turn: Turn, surface: Surface) -> list[dict[str, Any]]:
 
 def new_wire(surface: Surface, turn: Turn, rng: random.Random) -> Wire:
     seps = rng.choice(((",", ":"), (", ", ": ")))
-    calls = [Sent(c.id, c.name, copy.deepcopy(c.arguments), seps) for c in turn.calls]
+    calls = [Sent(c.id, c.name, json_copy(c.arguments), seps) for c in turn.calls]
     return Wire(surface, turn, calls, expected_names=[c.name for c in turn.calls])
 
 
