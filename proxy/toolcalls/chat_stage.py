@@ -30,8 +30,9 @@ from tapfix.proxy.sse import comment, event_data, format_event
 from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
 from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
+from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
-from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args, typed_xml_args
+from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item, Writer
 from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed

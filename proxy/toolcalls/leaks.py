@@ -8,11 +8,11 @@ bare `{"name": ..., "arguments": ...}` as the whole message.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tapfix.proxy.toolcalls.formats.base import XmlArgs
 from tapfix.proxy.toolcalls.jsonfix import MISSING, loads_tolerant
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -183,34 +183,8 @@ def _xml(text: str, pos: int, calls: list[tuple[str, Any]], names: list[str]) ->
         if value.endswith("\n"):
             value = value[:-1]
         params[p.group(1).strip()] = value
-    calls.append((name, _XmlArgs(params)))
+    calls.append((name, XmlArgs(params)))
     return m.end()
-
-
-class _XmlArgs(dict[str, str]):
-    """Raw parameter text; typed later against the schema (a string stays a string)."""
-
-
-def typed_xml_args(args: dict[str, str], props: dict[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, raw in args.items():
-        schema = (props or {}).get(key)
-        types = schema.get("type") if isinstance(schema, dict) else None
-        types = [types] if isinstance(types, str) else list(types or [])
-        if types == ["string"] or (not types and props is not None and key in props):
-            out[key] = raw
-            continue
-        try:
-            out[key] = json.loads(raw)
-            continue
-        except ValueError:
-            pass
-        parsed = loads_tolerant(raw)
-        if parsed.value is not MISSING and not parsed.cut and not parsed.bad and not parsed.rest.strip():
-            out[key] = parsed.value
-        else:
-            out[key] = raw
-    return out
 
 
 def _mistral(text: str, pos: int, calls: list[tuple[str, Any]], names: list[str]) -> int:
@@ -258,4 +232,4 @@ def _kimi(text: str, pos: int, calls: list[tuple[str, Any]], names: list[str]) -
 
 
 def is_xml_args(args: Any) -> bool:
-    return isinstance(args, _XmlArgs)
+    return isinstance(args, XmlArgs)

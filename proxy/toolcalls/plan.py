@@ -30,8 +30,9 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
+from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
-from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args, typed_xml_args
+from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 

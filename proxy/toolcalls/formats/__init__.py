@@ -1,0 +1,61 @@
+"""The registry of tool-call formats: one module per format family in this package.
+
+Every module here is imported once and each `ToolFormat` subclass with a `name` is registered, so a new
+family is one new file. `armed(None)` gives every format, `armed("glm47")` only that one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, XmlArgs
+from tapfix.proxy.toolcalls.formats.registry import Formats, Found, UnknownFormat
+
+_SKIP = {"base", "registry"}
+
+
+def _discover() -> dict[str, ToolFormat]:
+    found: dict[str, ToolFormat] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name in _SKIP or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, ToolFormat) and value.__module__ == module.__name__:
+                if value.name:
+                    if value.name in found:
+                        raise RuntimeError(f"tool format {value.name!r} registered twice")
+                    found[value.name] = value()
+    return found
+
+
+REGISTRY: dict[str, ToolFormat] = _discover()
+_ALL = Formats(REGISTRY.values())
+
+
+def names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def armed(pinned: str | None = None) -> Formats:
+    """Every format, or only the pinned one (UnknownFormat names the registered ones)."""
+    if pinned is None:
+        return _ALL
+    if pinned not in REGISTRY:
+        raise UnknownFormat(f"unknown tool format {pinned!r}; registered: {', '.join(names())}")
+    return Formats([REGISTRY[pinned]])
+
+
+__all__ = [
+    "Formats",
+    "Found",
+    "Markup",
+    "RawCall",
+    "REGISTRY",
+    "ToolFormat",
+    "UnknownFormat",
+    "XmlArgs",
+    "armed",
+    "names",
+]

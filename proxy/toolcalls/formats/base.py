@@ -1,0 +1,153 @@
+"""What a tool-call format is: how its markup starts, how to tell it from formats sharing an opener,
+how to read calls back out of text, and how the model writes them (for vectors and the defect model).
+
+When a server runs without the right tool parser (or its parser gives up) the model's own markup
+arrives as text. Each format family is one small module in this package; `registry.py` collects them.
+A format reads markup only: whether a call is offered, inside a decoy (`<think>`, prose, a fence) or in
+the reasoning field is decided once, for every format, in `registry.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+# A call as the markup holds it: its name (None for a format that carries none) and its arguments,
+# as a dict (JSON or Python-literal markup), a JSON text, or `XmlArgs` (untyped parameter text the
+# offered tool's schema types later).
+RawCall = tuple[str | None, Any]
+
+
+class XmlArgs(dict[str, str]):
+    """Raw parameter text from XML-style markup; typed against the schema later (a string stays a string)."""
+
+
+@dataclass(slots=True)
+class Markup:
+    start: int  # where the format's markup starts in the text
+    end: int  # where it ends (what follows is ordinary text)
+    calls: list[RawCall] = field(default_factory=list)
+    closed: bool = True  # the format's end marker (or a whole value, for a format without one) was seen
+
+
+class ToolFormat:
+    """One format; subclasses set the class attributes and implement `parse` and `render`."""
+
+    name: ClassVar[str] = ""  # the registry key, also what `--tool-format` and `tool_format =` take
+    family: ClassVar[str] = ""  # the model family, as docs and the table of truth show it
+    openers: ClassVar[tuple[str, ...]] = ()  # literal text that starts this format's markup
+    anchored: ClassVar[bool] = False  # no marker (Llama 3 JSON, pythonic lists): only at the start of content
+    fence: ClassVar[bool] = False  # the call syntax is a fenced block (``` tool_code)
+
+    def claims(self, text: str, at: int) -> bool:
+        """Whether the markup at `at` (where one of `openers` matched) is this format's, when formats
+        share an opener (`<tool_call>` opens hermes, Qwen3-Coder XML and GLM alike): look at what follows."""
+        return True
+
+    def parse(self, text: str, at: int) -> Markup | None:
+        """The calls of the markup starting at `at`; None when the text there is not this format."""
+        raise NotImplementedError
+
+    def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        """The markup a model of this family writes for `calls` (as its chat template renders them)."""
+        raise NotImplementedError
+
+
+class Extractor:
+    """Incremental: fed with deltas, reads the markup again only when a delta may have completed it.
+
+    Formats are small and calls arrive whole at the end of a message, so re-reading the buffered text
+    when a delta carries a closing character is linear in practice; `closers` says which characters
+    can complete a call of the format (default: any of `>]}` and a newline)."""
+
+    closers: ClassVar[str] = ">]}\n|"
+
+    def __init__(self, fmt: ToolFormat, at: int = 0) -> None:
+        self.fmt = fmt
+        self.text = ""
+        self.at = at
+        self.markup: Markup | None = None
+
+    def feed(self, delta: str) -> Markup | None:
+        self.text += delta
+        if any(c in delta for c in self.closers):
+            self.markup = self.fmt.parse(self.text, self.at)
+        return self.markup
+
+    def finish(self) -> Markup | None:
+        self.markup = self.fmt.parse(self.text, self.at)
+        return self.markup
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def skip_ws(text: str, pos: int) -> int:
+    n = len(text)
+    while pos < n and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def json_value(text: str, pos: int) -> tuple[Any, int]:
+    """A JSON (or JSON-ish: Python literals, single quotes) value at `pos` and where it ends.
+
+    Strict first; the tolerant reader only for text that fails it, and never a value it had to cut or
+    close: markup is read as the model wrote it or not at all. ValueError when there is none."""
+    from tapfix.proxy.toolcalls.jsonfix import MISSING, loads_tolerant
+
+    pos = skip_ws(text, pos)
+    try:
+        value, end = _DECODER.raw_decode(text, pos)
+        return value, end
+    except ValueError:
+        pass
+    parsed = loads_tolerant(text[pos:])
+    if parsed.value is MISSING or parsed.cut or parsed.bad or parsed.closed:
+        raise ValueError("no JSON value")
+    return parsed.value, len(text) - len(parsed.rest)
+
+
+_DECODER = json.JSONDecoder()
+
+
+def named_call(item: Any) -> RawCall:
+    """`{"name": N, "arguments": A}` (or `parameters`, or nested under `function`) as a call."""
+    if not isinstance(item, dict):
+        raise ValueError("a call is an object")
+    fn = item["function"] if isinstance(item.get("function"), dict) else item
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a call has a name")
+    args = fn.get("arguments", fn.get("parameters", {}))
+    if args is None:
+        args = {}
+    return name, args
+
+
+def typed_xml_args(args: dict[str, str], props: dict[str, Any] | None) -> dict[str, Any]:
+    """XML parameter text typed by the offered tool's schema: a string property keeps its text as
+    written (code keeps its whitespace); anything else is read as JSON when it reads whole."""
+    from tapfix.proxy.toolcalls.jsonfix import MISSING, loads_tolerant
+
+    out: dict[str, Any] = {}
+    for key, raw in args.items():
+        schema = (props or {}).get(key)
+        types = schema.get("type") if isinstance(schema, dict) else None
+        types = [types] if isinstance(types, str) else list(types or [])
+        if types == ["string"] or (not types and props is not None and key in props):
+            out[key] = raw
+            continue
+        try:
+            out[key] = json.loads(raw)
+            continue
+        except ValueError:
+            pass
+        parsed = loads_tolerant(raw)
+        if parsed.value is not MISSING and not parsed.cut and not parsed.bad and not parsed.rest.strip():
+            out[key] = parsed.value
+        else:
+            out[key] = raw
+    return out

@@ -1,0 +1,136 @@
+"""Every registered tool-call format, and the rules that say when markup in text is a call.
+
+Formats register by being listed in `formats/__init__.py`; this module indexes their openers so one
+regex search finds where any of them may start, and applies the rules every format shares:
+
+- a call counts only when the request offered tools and its name is an offered tool (a format that
+  carries no name: exactly one tool was offered);
+- markup inside a closed `<think>…</think>` of the content, or inside inline code (`` `…` ``), is a decoy;
+- a fenced block is a call only for a format whose call syntax is a fence, opening with that format's
+  tag, and only when it is the last thing in the text;
+- markup in the reasoning field counts only when it comes last there (the caller checks that no content
+  or call follows in the turn);
+- prose that mentions markup stays prose: the markup must read completely as calls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat
+
+_THINK = re.compile(r"<think>.*?</think>", re.S)
+_INLINE_CODE = re.compile(r"`[^`\n]+`")
+ANCHOR_LIMIT = 4096  # bytes of content held at its start for a format without a marker
+
+
+class UnknownFormat(ValueError):
+    """A `tool_format` / `--tool-format` name that isn't registered; the message lists the names."""
+
+
+@dataclass(slots=True)
+class Found:
+    fmt: ToolFormat
+    markup: Markup
+    calls: list[tuple[str, Any]] = field(default_factory=list)  # offered names only, when confirmed
+    names: list[str | None] = field(default_factory=list)  # every name the markup held
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.calls) and len(self.calls) == len(self.markup.calls)
+
+
+class Formats:
+    """The armed formats (all, or one pinned) with their openers indexed for one search."""
+
+    def __init__(self, formats: Iterable[ToolFormat]) -> None:
+        self.formats = tuple(formats)
+        self.by_opener: dict[str, list[ToolFormat]] = {}
+        for fmt in self.formats:
+            for opener in fmt.openers:
+                self.by_opener.setdefault(opener, []).append(fmt)
+        openers = sorted(self.by_opener, key=len, reverse=True)
+        self.opener_re = re.compile("|".join(re.escape(o) for o in openers)) if openers else None
+        self.max_opener = max((len(o) for o in openers), default=0)
+        self.anchored = tuple(f for f in self.formats if f.anchored)
+        self.names = [f.name for f in self.formats]
+
+    # -- holding ------------------------------------------------------------------------------------
+    def may_start(self, tail: str) -> bool:
+        """Whether `tail` (the end of the text so far) may be the start of an opener."""
+        tail = tail[-self.max_opener :]
+        for opener in self.by_opener:
+            for k in range(min(len(opener) - 1, len(tail)), 0, -1):
+                if tail.endswith(opener[:k]):
+                    return True
+        return False
+
+    def has_opener(self, text: str) -> bool:
+        return self.opener_re is not None and self.opener_re.search(text) is not None
+
+    # -- finding ------------------------------------------------------------------------------------
+    def find(self, text: str, offered: list[str], at_start: bool = True) -> Found | None:
+        """The first markup in `text` that reads as calls, decoys left out."""
+        if not offered:
+            return None
+        decoys = [m.span() for m in _THINK.finditer(text)] + [m.span() for m in _INLINE_CODE.finditer(text)]
+        first: Found | None = None
+        for at, fmts in self._candidates(text, at_start):
+            if any(lo <= at < hi for lo, hi in decoys):
+                continue
+            for fmt in fmts:
+                if not fmt.claims(text, at):
+                    continue
+                try:
+                    markup = fmt.parse(text, at)
+                except (ValueError, IndexError, RecursionError):
+                    markup = None
+                if markup is None or not markup.calls:
+                    continue
+                if fmt.fence and text[markup.end :].strip():
+                    continue  # a fenced call is a call only as the last thing in the text
+                found = _judge(fmt, markup, offered)
+                if found.confirmed:
+                    return found
+                first = first or found
+        return first
+
+    def _candidates(self, text: str, at_start: bool) -> list[tuple[int, list[ToolFormat]]]:
+        out: list[tuple[int, list[ToolFormat]]] = []
+        if at_start and self.anchored:
+            lead = len(text) - len(text.lstrip())
+            out.append((lead, list(self.anchored)))
+        if self.opener_re is not None:
+            for m in self.opener_re.finditer(text):
+                out.append((m.start(), self.by_opener[m.group()]))
+        out.sort(key=lambda c: c[0])
+        return out
+
+
+def _judge(fmt: ToolFormat, markup: Markup, offered: list[str]) -> Found:
+    found = Found(fmt, markup)
+    for name, args in markup.calls:
+        found.names.append(name)
+        if name is None:
+            if len(offered) != 1:
+                return found
+            name = offered[0]
+        if name not in offered:
+            return found
+        found.calls.append((name, args))
+    return found
+
+
+def resolve(calls: list[RawCall], offered: list[str]) -> list[tuple[str, Any]] | None:
+    """The calls with their offered names, or None when one isn't offered."""
+    out = []
+    for name, args in calls:
+        if name is None and len(offered) == 1:
+            name = offered[0]
+        if name is None or name not in offered:
+            return None
+        out.append((name, args))
+    return out
