@@ -6,7 +6,8 @@ git worktree and served by a second tapfix process (its `tapfix` namespace put f
 same venv, same upstream); each round runs every row's 256- and 16-event blocks in a rotated order,
 per chunk = (cpu256 - cpu16) / 240 per round, and the table gives the median of the rounds.
 
-    bench/run --baseline 03aea2f            # 5 rounds
+    bench/run --baseline 03aea2f                 # this working tree vs 03aea2f, 5 rounds
+    bench/run --baseline 03aea2f --current HEAD  # a commit (in a worktree too) vs 03aea2f
     .venv/bin/python bench/versus.py --baseline REV [--rounds 5] [--json FILE]
 """
 
@@ -53,31 +54,32 @@ def rows() -> list[Row]:
     ]
 
 
-def baseline_tree(rev: str, work: Path) -> Path:
+def baseline_tree(rev: str, work: Path, label: str = "baseline") -> Path:
     """A worktree of `rev` and a folder that makes `import tapfix` find it first."""
-    tree = work / "baseline"
+    tree = work / label
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True
     )
-    pkg = work / "pkg" / "tapfix"
+    pkg = work / f"pkg-{label}" / "tapfix"
     pkg.mkdir(parents=True)
     for part in ("proxy", "addons", "schemas"):
         if (tree / part).exists():
             (pkg / part).symlink_to(tree / part)
-    return work / "pkg"
+    return work / f"pkg-{label}"
 
 
-def start_baseline(fleet: Fleet, pythonpath: Path, tapfix_args: list[str]) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(fleet.work / "config-baseline")}
+def start_baseline(fleet: Fleet, pythonpath: Path, tapfix_args: list[str], name: str = "baseline") -> None:
+    """A tapfix process whose `tapfix` package is the worktree's (PYTHONPATH first, same venv)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(fleet.work / f"config-{name}")}
     env["PYTHONPATH"] = str(pythonpath)
     port = free_port()
     code = "import sys; from tapfix.proxy.cli import main; sys.argv[0] = 'tapfix'; main()"
     argv = [str(BIN / "python"), "-c", code, "run", "--upstream", f"http://127.0.0.1:{fleet.ports['upstream']}"]
-    argv += ["--listen", f"127.0.0.1:{port}", "--db", str(fleet.work / "baseline.db"), *tapfix_args]
-    log = open(fleet.work / "baseline.log", "wb")
-    fleet.procs["baseline"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=fleet.work)
-    fleet.ports["baseline"] = port
-    wait_port(port, fleet.procs["baseline"], "baseline tapfix")
+    argv += ["--listen", f"127.0.0.1:{port}", "--db", str(fleet.work / f"{name}.db"), *tapfix_args]
+    log = open(fleet.work / f"{name}.log", "wb")
+    fleet.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=fleet.work)
+    fleet.ports[name] = port
+    wait_port(port, fleet.procs[name], f"{name} tapfix")
 
 
 def check_baseline_is_other_code(fleet: Fleet, pythonpath: Path) -> str:
@@ -114,6 +116,7 @@ def block(fleet: Fleet, row: Row, chunks: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="the commit to compare with (any git revision)")
+    ap.add_argument("--current", help="measure this commit instead of the working tree (also in a worktree)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true")
@@ -127,7 +130,11 @@ def main() -> None:
     samples: dict[str, list[float]] = {r.name: [] for r in table_rows}
     try:
         pythonpath = baseline_tree(a.baseline, work)
-        fleet.start(which=("tapfix",))
+        if a.current:
+            fleet.start(which=())
+            start_baseline(fleet, baseline_tree(a.current, work, "current"), ["--engine", "vllm"], name="tapfix")
+        else:
+            fleet.start(which=("tapfix",))
         start_baseline(fleet, pythonpath, ["--engine", "vllm"])
         where = check_baseline_is_other_code(fleet, pythonpath)
         print(f"baseline {rev} imports {where}", file=sys.stderr)
@@ -146,11 +153,14 @@ def main() -> None:
             base.send_signal(signal.SIGINT)
         fleet.stop()
         if not a.keep:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")])
+            for label in ("baseline", "current"):
+                if (work / label).exists():
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / label)])
             shutil.rmtree(work, ignore_errors=True)
     medians = {name: statistics.median(v) for name, v in samples.items()}
-    print(f"\nCPU µs per chunk, median of {a.rounds} rounds (this tree vs {rev}, one run)\n")
-    print(f"| {'stream':<24} | {'this tree':>9} | {rev:>9} | {'ratio':>5} |")
+    this = a.current or "this tree"
+    print(f"\nCPU µs per chunk, median of {a.rounds} rounds ({this} vs {rev}, one run)\n")
+    print(f"| {'stream':<24} | {this:>9} | {rev:>9} | {'ratio':>5} |")
     print(f"| {'-' * 24} | {'-' * 8}: | {'-' * 8}: | {'-' * 4}: |")
     failed = False
     for label, _, _ in KINDS:
