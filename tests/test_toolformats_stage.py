@@ -1,0 +1,316 @@
+"""The registry's formats through the Chat Completions repair (streamed with hostile splits, and the
+non-streamed body): the rules that say when markup is a call (docs/formats.md), each both ways;
+holding; the fast path's byte checks; pinning a format; the docs' table of the registered formats."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from tapfix.proxy.config.file import ConfigError, from_dict
+from tapfix.proxy.sse import SSESplitter
+from tapfix.proxy.toolcalls import ChatToolCallRepair, body_repair_for, stage_for
+from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, armed, registry
+
+from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.stage_io import client_view, run_stage
+
+READ = tool("read", {"path": {"type": "string"}}, ["path"])
+GREP = tool("grep", {"pattern": {"type": "string"}}, ["pattern"])
+TOOLS = [READ, GREP]
+DOCS = Path(__file__).parent.parent / "docs" / "formats.md"
+
+chunk = partial(chat_chunk, id="chatcmpl-f1")
+call = partial(tool_call_chunk, chunk_id="chatcmpl-f1")
+ROLE = chunk({"role": "assistant", "content": ""})
+STOP = chunk(finish_reason="stop")
+TOOL_FINISH = chunk(finish_reason="tool_calls")
+HERMES = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+READ_A = [("read", {"path": "a.py"})]
+
+
+def content(text: str) -> dict[str, Any]:
+    return chunk({"content": text})
+
+
+def reasoning(text: str, field: str = "reasoning_content") -> dict[str, Any]:
+    return chunk({field: text})
+
+
+def pieces(text: str, rng: random.Random) -> list[str]:
+    """`text` cut into deltas of 1 to 6 characters: every marker is split somewhere."""
+    out, pos = [], 0
+    while pos < len(text):
+        step = rng.randint(1, 6)
+        out.append(text[pos : pos + step])
+        pos += step
+    return out
+
+
+def run(stream: list[dict[str, Any]], seed: int = 0, tools: Any = TOOLS, **kw: Any) -> tuple[bytes, bytes, Any]:
+    data = sse(stream)
+    stage = ChatToolCallRepair(tools, capture_id="cap", **kw)
+    return data, run_stage(stage, random_splits(data, random.Random(seed))), stage
+
+
+def texts(text: str, seed: int, make=content) -> list[dict[str, Any]]:
+    return [make(t) for t in pieces(text, random.Random(seed))]
+
+
+def calls_of(out: bytes) -> list[tuple[str, Any]]:
+    return [(c["name"], json.loads(c["arguments"])) for c in client_view(out).calls]
+
+
+def reasoning_of(out: bytes, field: str = "reasoning_content") -> str:
+    view = client_view(out)
+    return "".join((ch.get("delta") or {}).get(field) or "" for c in view.chunks for ch in c.get("choices") or [])
+
+
+SEEDS = [0, 1, 2]
+
+
+# -- rule 1: offered tools, offered names --------------------------------------------------------------
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_naming_an_offered_tool_is_a_call(seed: int) -> None:
+    _, out, stage = run([ROLE, *texts("Reading it.\n" + HERMES, seed), STOP], seed)
+    assert calls_of(out) == READ_A and client_view(out).finish_reasons == ["tool_calls"]
+    assert client_view(out).content == "Reading it.\n" and "leaked_into_content" in stage.defects
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_naming_a_tool_not_offered_stays_text(seed: int) -> None:
+    text = HERMES.replace('"read"', '"delete_all"')
+    data, out, stage = run([ROLE, *texts(text, seed), STOP], seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_without_offered_tools_markup_is_text_and_nothing_is_held(seed: int) -> None:
+    data, out, _ = run([ROLE, *texts(HERMES, seed), STOP], seed, tools=None)
+    assert out == data
+    stage = ChatToolCallRepair(None)
+    for event in SSESplitter().feed(sse([ROLE, content("<tool_"), content("call>")])):
+        assert stage.feed(event) == [event]
+
+
+# -- rule 2: a closed <think> in content is a decoy ------------------------------------------------------
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_inside_a_closed_think_is_a_decoy(seed: int) -> None:
+    text = f"<think>I could write {HERMES} here, but no.</think>The answer is 4."
+    data, out, stage = run([ROLE, *texts(text, seed), STOP], seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_after_the_closed_think_is_a_call(seed: int) -> None:
+    text = f"<think>Let me read the file.</think>{HERMES}"
+    _, out, _ = run([ROLE, *texts(text, seed), STOP], seed)
+    assert calls_of(out) == READ_A and client_view(out).content == "<think>Let me read the file.</think>"
+
+
+# -- rule 3: the reasoning field --------------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+@pytest.mark.parametrize("finish", [STOP, TOOL_FINISH], ids=["stop", "tool_calls"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_last_in_the_reasoning_with_nothing_after_is_a_call(field: str, finish: dict, seed: int) -> None:
+    thought = "The user wants a.py. I'll read it.\n" + HERMES + "\n"
+    _, out, stage = run([ROLE, *texts(thought, seed, partial(reasoning, field=field)), finish], seed)
+    view = client_view(out)
+    assert calls_of(out) == READ_A and view.finish_reasons == ["tool_calls"] and not view.errors
+    assert reasoning_of(out, field) == thought  # the reasoning already went out, unchanged
+    assert "leaked_into_reasoning" in stage.defects
+    assert any(c.kind == "leaked_into_reasoning" and "reasoning" in c.path for c in stage.changes)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reasoning_markup_followed_by_content_is_a_decoy(seed: int) -> None:
+    stream = [ROLE, *texts("Maybe " + HERMES, seed, reasoning), *texts("No tool needed: it is 4.", seed), STOP]
+    data, out, stage = run(stream, seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reasoning_markup_followed_by_a_call_is_a_decoy(seed: int) -> None:
+    stream = [ROLE, *texts(HERMES, seed, reasoning), call(0, "c1", "grep", '{"pattern": "x"}'), TOOL_FINISH]
+    data, out, stage = run(stream, seed)
+    assert out == data and calls_of(out) == [("grep", {"pattern": "x"})]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reasoning_markup_that_is_not_last_is_a_decoy(seed: int) -> None:
+    stream = [ROLE, *texts(HERMES + "\nHmm, no, I already know the answer.", seed, reasoning), STOP]
+    data, out, stage = run(stream, seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+def test_reasoning_events_go_out_at_once() -> None:
+    """Nothing extra is held for reasoning: the decision waits for the finish."""
+    stage = ChatToolCallRepair(TOOLS)
+    events = SSESplitter().feed(sse([ROLE, *[reasoning(t) for t in pieces(HERMES, random.Random(3))]], done=False))
+    for event in events:
+        assert stage.feed(event) == [event]
+
+
+# -- rule 4: fences ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markup_in_a_fenced_block_of_a_format_without_fence_syntax_is_a_decoy(seed: int) -> None:
+    text = f"Here is how a call looks:\n```\n{HERMES}\n```\n"
+    data, out, stage = run([ROLE, *texts(text, seed), STOP], seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+FENCED = [f for f in REGISTRY.values() if f.fence]
+
+
+@pytest.mark.parametrize("fmt", FENCED, ids=[f.name for f in FENCED])
+def test_a_fence_format_is_a_call_only_last_in_the_turn(fmt: Any) -> None:
+    markup = fmt.render([("read", {"path": "a.py"})])
+    _, out, _ = run([ROLE, content("Let me look.\n" + markup), STOP], tool_format=fmt.name)
+    assert calls_of(out) == READ_A
+    data, out, _ = run([ROLE, content(markup + "\nThat is how you would call it."), STOP], tool_format=fmt.name)
+    assert out == data
+
+
+# -- rule 5: prose ------------------------------------------------------------------------------------------------
+PROSE = [
+    "To call a tool, wrap JSON in <tool_call> and </tool_call> tags.",
+    'Write `<tool_call>{"name": "read", "arguments": {"path": "a.py"}}</tool_call>` to read.',
+    "Use <tool_call> then a name, like <tool_call>read.",
+]
+
+
+@pytest.mark.parametrize("text", PROSE)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prose_mentioning_markup_stays_prose(text: str, seed: int) -> None:
+    data, out, stage = run([ROLE, *texts(text, seed), STOP], seed)
+    assert out == data and stage.outcome == "untouched"
+
+
+# -- holding ------------------------------------------------------------------------------------------------------
+def _feed_all(stage: ChatToolCallRepair, stream: list[dict[str, Any]]) -> list[list[bytes]]:
+    events = SSESplitter().feed(sse(stream, done=False))
+    return [stage.feed(e) for e in events]
+
+
+def test_only_text_that_may_start_a_marker_is_held() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    outs = _feed_all(stage, [ROLE, content("Sure."), content(" a < b"), content(" and x <"), content("= y")])
+    assert [len(o) for o in outs] == [1, 1, 1, 0, 2]  # only "x <" waited, one event
+
+
+def test_a_marker_split_across_events_is_held_until_it_is_clear() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    outs = _feed_all(stage, [ROLE, content("Hi. <tool"), content("_ca"), content("rpet> b")])
+    assert [len(o) for o in outs] == [1, 0, 0, 3]
+
+
+def test_markerless_formats_are_held_only_at_the_start_and_boundedly() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    body = "[" + "x" * (registry.ANCHOR_LIMIT + 100)
+    outs = _feed_all(stage, [ROLE, *[content(body[i : i + 50]) for i in range(0, len(body), 50)]])
+    released = sum(len(o) for o in outs)
+    assert released == len(outs)  # all out by the end,
+    first_out = next(k for k, o in enumerate(outs) if o and k > 0)
+    assert first_out * 50 <= registry.ANCHOR_LIMIT + 50  # and none held past the limit
+    stage = ChatToolCallRepair(TOOLS)
+    outs = _feed_all(stage, [ROLE, content("Sure."), content(' {"name": "read", "arg'), content("s")])
+    assert [len(o) for o in outs] == [1, 1, 1, 1]  # not at the start: nothing held
+
+
+def test_the_fast_path_checks_bytes_derived_from_every_registered_opener() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    _feed_all(stage, [ROLE, content("Plain text first.")])
+    assert not stage._interesting(sse([content("hello world, nothing to see")], done=False))
+    for fmt in REGISTRY.values():
+        for opener in fmt.openers:
+            event = sse([content("so " + opener)], done=False)
+            assert stage._interesting(event), (fmt.name, opener)
+            escaped = sse_ascii(content("so " + opener))
+            assert stage._interesting(escaped), (fmt.name, opener, "escaped")
+
+
+def sse_ascii(obj: dict[str, Any]) -> bytes:
+    """A server that escapes `<` and non-ASCII (Go's encoder, ensure_ascii)."""
+    text = json.dumps(obj, ensure_ascii=True).replace("<", "\\u003c").replace(">", "\\u003e")
+    return b"data: " + text.encode() + b"\n\n"
+
+
+# -- pinning ------------------------------------------------------------------------------------------------------
+def _other_format() -> str:
+    return next(n for n in sorted(REGISTRY) if n != "hermes" and not REGISTRY[n].anchored)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_pinned_format_is_the_only_one_armed(seed: int) -> None:
+    _, out, _ = run([ROLE, *texts(HERMES, seed), STOP], seed, tool_format="hermes")
+    assert calls_of(out) == READ_A
+    other = _other_format()
+    data, out, stage = run([ROLE, *texts(HERMES, seed), STOP], seed, tool_format=other)
+    assert out == data  # another registered format's markup passes through, flagged
+    flagged = [c for c in stage.changes if c.kind == "unpinned_tool_format"]
+    assert flagged and "hermes" in json.dumps(flagged[0].before) + flagged[0].reason
+    assert "unpinned_tool_format" in stage.defects
+
+
+def test_a_pinned_format_reads_its_own_markup() -> None:
+    other = REGISTRY[_other_format()]
+    markup = other.render([("read", {"path": "a.py"})])
+    _, out, _ = run([ROLE, content(markup), STOP], tool_format=other.name)
+    assert calls_of(out) == READ_A
+
+
+def test_an_unknown_format_is_refused_everywhere_with_the_registered_names() -> None:
+    with pytest.raises(UnknownFormat, match="hermes"):
+        ChatToolCallRepair(TOOLS, tool_format="nope")
+    with pytest.raises(UnknownFormat, match="hermes"):
+        stage_for("chat", TOOLS, "error", "cap", tool_format="nope")
+    config = {"upstreams": {"a": {"base_url": "http://x", "engine": "vllm"}}, "models": {"m": {"tool_format": "nope"}}}
+    with pytest.raises(ConfigError, match="hermes") as info:
+        from_dict(config)
+    assert "models.m.tool_format" in str(info.value)
+    config["models"]["m"]["tool_format"] = "hermes"
+    assert from_dict(config).models["m"].tool_format == "hermes"
+
+
+def test_tapfix_run_refuses_an_unknown_tool_format() -> None:
+    from tapfix.proxy.cli import main
+
+    result = CliRunner().invoke(main, ["run", "--upstream", "http://127.0.0.1:9", "--tool-format", "nope"])
+    assert result.exit_code == 2 and "--tool-format" in result.stderr and "hermes" in result.stderr
+
+
+def test_the_body_repair_pins_too() -> None:
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": HERMES}, "finish_reason": "stop"}],
+        }
+    ).encode()
+    repair = body_repair_for("chat")
+    assert repair is not None
+    out, _, outcome = repair(body, TOOLS)
+    assert outcome == "repaired" and json.loads(out)["choices"][0]["message"]["tool_calls"]
+    out, changes, outcome = repair(body, TOOLS, tool_format=_other_format())
+    assert out == body and any(c.kind == "unpinned_tool_format" for c in changes)
+
+
+# -- docs ---------------------------------------------------------------------------------------------------------
+def test_the_docs_table_lists_every_registered_format() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    table = registry.markdown_table(REGISTRY.values())
+    assert table in text, "docs/formats.md: regenerate the table (python -m tapfix.proxy.toolcalls.formats.registry)"
+    rows = [r for r in table.splitlines()[2:] if r.startswith("|")]
+    assert len(rows) == len(REGISTRY) and all(re.search(rf"`{re.escape(n)}`", table) for n in REGISTRY)
+    for rule in ("offered", "<think>", "reasoning", "fence", "prose", "ANCHOR_LIMIT", "tool_format"):
+        assert rule in text, rule
+
+
+def test_armed_pinned_holds_one_format() -> None:
+    assert armed("hermes").names == ["hermes"] and len(armed().names) == len(REGISTRY)
