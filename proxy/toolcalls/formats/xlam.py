@@ -18,7 +18,7 @@ _KEYS = {"name", "arguments", "id", "type"}
 def _calls(value: Any) -> list[RawCall]:
     if not isinstance(value, list) or not value:
         raise ValueError("xLAM calls are a JSON list")
-    calls = []
+    calls: list[RawCall] = []
     for item in value:
         if not isinstance(item, dict) or not {"name", "arguments"} <= set(item) or not set(item) <= _KEYS:
             raise ValueError("an xLAM call is {name, arguments}")
