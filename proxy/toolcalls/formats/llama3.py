@@ -22,6 +22,7 @@ PYTHON_TAG = "<|python_tag|>"
 END_TOKENS = ("<|eom_id|>", "<|eot_id|>")
 _CALL_KEYS = {"type", "name", "parameters", "arguments"}
 _BUILTIN = re.compile(r"([A-Za-z_]\w*)\s*\.\s*call\s*\(")
+_BUILTIN_PREFIX = re.compile(r"[A-Za-z_]\w*\s*(?:\.\s*(?:c(?:a(?:l(?:l\s*)?)?)?)?)?")  # `NAME.cal` still streaming
 
 
 def _llama_call(value: Any) -> RawCall:
@@ -98,6 +99,8 @@ class Llama3PythonTag(ToolFormat):
         if m is not None:
             end = bracket_end(text, m.end() - 1)
             return Markup(at, _strip_end(text, end), [_builtin_call(text[pos:end])])
+        if _BUILTIN_PREFIX.fullmatch(text, pos):
+            return None  # may still become NAME.call(…)
         # Anything else is code for the code interpreter, up to the end of the turn.
         ends = [i for i in (text.find(t, pos) for t in END_TOKENS) if i >= 0]
         stop = min(ends) if ends else len(text)
