@@ -1,0 +1,42 @@
+"""IBM Granite 3.x: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`, a JSON list and no end marker.
+
+Granite 3.0 writes the `<|tool_call|>` token; Granite 3.1-3.3 may write the plain string `<tool_call>`
+before the same list (vLLM's granite parser strips either). Granite 4.x writes hermes markup
+(`<tool_call>\n{...}\n</tool_call>`), read by formats/hermes.py: `<tool_call>` is claimed here only when a
+JSON list follows it, which hermes (an object), Qwen3-Coder (`<function=`) and GLM (a name) never do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_value, named_call, skip_ws
+
+TOKEN, STRING = "<|tool_call|>", "<tool_call>"
+
+
+class Granite(ToolFormat):
+    name = "granite"
+    family = "IBM Granite 3.x"
+    openers = (TOKEN, STRING)
+
+    def claims(self, text: str, at: int) -> bool:
+        return text.startswith("[", skip_ws(text, at + len(_opener(text, at))))
+
+    def parse(self, text: str, at: int) -> Markup | None:
+        opener = _opener(text, at)
+        pos = skip_ws(text, at + len(opener))
+        if not text.startswith("[", pos):
+            return None
+        items, end = json_value(text, pos)
+        if not isinstance(items, list):
+            return None
+        calls = [named_call(item) for item in items]
+        return Markup(at, end, calls) if calls else None
+
+    def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        return TOKEN + dumps([{"name": n, "arguments": a} for n, a in calls])
+
+
+def _opener(text: str, at: int) -> str:
+    return TOKEN if text.startswith(TOKEN, at) else STRING
