@@ -435,3 +435,13 @@ def test_a_name_piece_after_the_arguments_continues_the_call_only_when_it_comple
     view = client_view(run_stage(stage, [sse([ROLE, first, second, chunk(finish_reason="tool_calls")])]))
     assert not view.errors
     assert [c["name"] for c in view.calls] == expected
+
+
+def test_a_name_in_three_pieces_after_the_arguments_is_one_call() -> None:
+    todo = tool("todo", {"items": {"type": "array"}})
+    first = call(0, "c1", "to", {"items": []})
+    pieces = [chunk({"tool_calls": [{"index": 0, "function": {"name": p}}]}) for p in ("d", "o")]
+    stage = ChatToolCallRepair([todo, READ], capture_id="cap")
+    view = client_view(run_stage(stage, [sse([ROLE, first, *pieces, chunk(finish_reason="tool_calls")])]))
+    assert not view.errors
+    assert [c["name"] for c in view.calls] == ["todo"]
