@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
-from tapfix.proxy.toolcalls.names import match_name
+from tapfix.proxy.toolcalls.names import fold_name, match_name
 
 WRONG_INDEX = "wrong_index_or_id"
 
@@ -140,11 +140,17 @@ class CallAccumulator:
 
 
 def _names_one_tool(joined: str, offered: Collection[str], head: str) -> bool:
-    """Whether a name's pieces say one offered tool together and not apart (`writeFi` + `le`)."""
+    """Whether a name's pieces continue one offered tool's name (`to` + `d` + `o`, `writeFi` + `le`):
+    the head alone names no tool, and the pieces so far are a name, or the start of exactly one."""
     if not offered:
         return False
     tools = list(offered)
-    return match_name(joined, tools).kind != UNKNOWN_TOOL and match_name(head, tools).kind == UNKNOWN_TOOL
+    if match_name(head, tools).kind != UNKNOWN_TOOL:
+        return False
+    if match_name(joined, tools).kind != UNKNOWN_TOOL:
+        return True
+    start = fold_name(joined)
+    return sum(1 for t in tools if fold_name(t).startswith(start)) == 1
 
 
 def assemble_tool_calls(events: list[dict[str, Any]], choice: int = 0) -> list[dict[str, Any]]:

@@ -23,8 +23,9 @@ class NameVerdict:
     kind: str | None  # None: the name is offered as sent
 
 
-def _fold(name: str) -> str:
-    return _SEPARATORS.sub("", name).casefold()
+def fold_name(name: str) -> str:
+    """A name without case, separators and a namespace prefix: what two spellings of one tool share."""
+    return _SEPARATORS.sub("", _PREFIX.sub("", name)).casefold()
 
 
 def _repeated(name: str, tool: str) -> bool:
@@ -40,12 +41,12 @@ def match_name(name: str, offered: list[str]) -> NameVerdict:
     if len(repeated) == 1:
         return NameVerdict(repeated[0], DUPLICATED)
     candidates = {name, _PREFIX.sub("", name)}
-    folded = {_fold(c) for c in candidates}
-    same = [t for t in offered if _fold(t) in folded]
+    folded = {fold_name(c) for c in candidates}
+    same = [t for t in offered if fold_name(t) in folded]
     if len(same) == 1:
         return NameVerdict(same[0], WRONG_NAME)
-    fold_name = _fold(name)
-    repeated = [t for t in offered if _fold(t) and _repeated(fold_name, _fold(t))]
+    whole = fold_name(name)
+    repeated = [t for t in offered if fold_name(t) and _repeated(whole, fold_name(t))]
     if len(repeated) == 1:
         return NameVerdict(repeated[0], DUPLICATED)
     return NameVerdict(name, UNKNOWN_TOOL)
