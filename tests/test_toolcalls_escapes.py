@@ -140,8 +140,7 @@ def test_raw_control_characters_are_escaped() -> None:
     ("text", "expected"),
     [
         ('{"cmd": "echo "hi" now"}', {"cmd": 'echo "hi" now'}),
-        ('{"q": "he said "hi", then left"}', {"q": 'he said "hi", then left'}),
-        ('{"q": "a "b"", "r": 2}', {"q": 'a "b"', "r": 2}),
+        ('{"q": "he said "hi" twice, then left", "r": 1}', {"q": 'he said "hi" twice, then left', "r": 1}),
     ],
 )
 def test_unescaped_quotes_with_an_unambiguous_end(text: str, expected: dict) -> None:
@@ -156,6 +155,8 @@ def test_unescaped_quotes_with_an_unambiguous_end(text: str, expected: dict) -> 
         '{"pattern": "src/apph": "src/app.py"}',  # a key's closing quote inside the value
         '{"pattern": "x", "pd", "options": {"c": 0}}',  # a key running into the next member
         '{"items": ["a",}',  # the rest of the array and its `]` were lost
+        '{"q": "he said "hi", then left"}',  # also `"hi", "x": "then left"` with `"x": "` lost
+        '{"q": "a "b"", "r": 2}',  # a quote right after a quote: `, "x": ` may be lost between them
     ],
 )
 def test_a_quote_repair_never_swallows_the_next_member(text: str) -> None:

@@ -215,3 +215,29 @@ def test_a_duplicated_call_keeps_its_real_escapes(frags: list[str]) -> None:
     assert result.fatal is None, result.fatal
     assert json.loads(result.text) == {"path": "a.txt", "content": "line\ntwo\tend"}
     assert DUPLICATED in result.kinds
+
+
+# -- found by the defect generator after the rules above: a literal or a key with a piece lost ----------
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"items": ["a", "b",rue]}',  # `t` of `true` dropped
+        '{"items":ue]}',  # `["a", tr` dropped
+        '{"a": fse, "b": 1}',
+        '{"pattern": "x", "case_insensitivlse, "max_results": 1}',  # `e": fa` dropped inside a key
+    ],
+)
+def test_a_literal_or_key_with_a_piece_lost_fails_the_call(text: str) -> None:
+    _, kind = failed([text], None)
+    assert kind == MISSING_FRAGMENT
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": yes please}', {"a": "yes please"}),  # a bare word that is no broken literal
+        ('{"a": True, "b": None,}', {"a": True, "b": None}),
+    ],
+)
+def test_bare_words_and_python_literals_still_repair(text: str, expected: dict) -> None:
+    assert repaired([text], None) == expected

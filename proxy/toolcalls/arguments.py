@@ -15,9 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
-from tapfix.proxy.toolcalls.defects import AMBIGUOUS_ESCAPE, DUPLICATED, INVALID_JSON, MISSING_FRAGMENT
+from tapfix.proxy.toolcalls.defects import (
+    AMBIGUOUS_ESCAPE,
+    DUPLICATED,
+    INVALID_JSON,
+    MISSING_FRAGMENT,
+    MISSING_LAST_CHUNK,
+)
 from tapfix.proxy.toolcalls.escapes import EscapeReading, PathToken, read_escapes, with_literal
-from tapfix.proxy.toolcalls.jsonfix import MISSING, is_debris, loads_tolerant, strip_gemma_delimiters
+from tapfix.proxy.toolcalls.jsonfix import MISSING, Parsed, is_debris, loads_tolerant, strip_gemma_delimiters
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 CUT = "arguments cut off inside a value"
@@ -146,14 +152,31 @@ def _from_text(
         pass
     else:
         return _trusted(text, value, props, result)
-    resent = _resent_whole(strings)
-    if resent is not MISSING:
+    resent = _resent_whole(strings, props)
+    if resent is not None:
         result.note(DUPLICATED, "final chunk resent the whole arguments")
-        return resent
+        return _read(resent, name, schemas, finish, result)
     deduped = _without_repeated_fragments(strings, name, schemas)
     if deduped is not None:
         result.note(DUPLICATED, "fragment sent twice in a row")
-        return _trusted(deduped, _strict_repeats(deduped), props, result)
+        return _read(deduped, name, schemas, finish, result)
+    return _read(text, name, schemas, finish, result)
+
+
+def _read(text: str, name: str | None, schemas: ToolSchemas, finish: str | None, result: ArgResult) -> Any:
+    """The one reading of an arguments text, whether as received or the copy a duplicate removal chose: the
+    same escape evidence decides either way, so a copy's Windows path keeps its backslashes."""
+    props = schemas.properties(name)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        return _trusted(text, value, props, result)
+    repeated = _strict_repeats(text)
+    if repeated is not MISSING:
+        result.note(DUPLICATED, "arguments repeated")
+        return _trusted(text, repeated, props, result)
     reading = read_escapes(text, props, valid=False)
     if not reading.ambiguous:
         return _tolerant(_literal(text, reading.literal, result), props, finish, result)
@@ -166,10 +189,8 @@ def _trusted(text: str, value: Any, props: dict[str, Any] | None, result: ArgRes
     if not reading.literal:
         return value
     scratch = ArgResult(text)
-    fixed = _literal(text, reading.literal, scratch)
-    try:
-        literal = json.loads(fixed)
-    except ValueError:
+    literal = _strict_repeats(_literal(text, reading.literal, scratch))
+    if literal is MISSING:
         return value
     result.adopt(scratch)
     return literal
@@ -268,13 +289,11 @@ def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, resul
     """The tolerant reader, for text that is not valid JSON."""
     text = _restore_prefix(text, props, result)
     parsed = loads_tolerant(text)
-    if parsed.cut or (parsed.closed and (finish == "length" or parsed.ends_on_number)):
-        # A number with its closers missing may have been cut (`{"n": 4` of `{"n": 45}`): parsers trim
-        # trailing text, so only a closed string or literal proves the value ended.
-        result.fatal = CUT
+    if parsed.cut or (parsed.closed and not _only_the_last_brace_lost(parsed, props, finish)):
+        result.fail(CUT, MISSING_LAST_CHUNK)
         return MISSING
     if parsed.lost:
-        result.fail("a string runs into the next member: its end was lost", MISSING_FRAGMENT)
+        result.fail(parsed.lost_reason, MISSING_FRAGMENT)
         return MISSING
     if parsed.spliced:
         result.fatal = "a key repeats: fragments were spliced"
@@ -298,8 +317,21 @@ def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, resul
     return value
 
 
-def _resent_whole(strings: list[str]) -> Any:
-    """A later fragment that is a whole object by itself resends the arguments (vLLM hermes final delta)."""
+def _only_the_last_brace_lost(parsed: Parsed, props: dict[str, Any] | None, finish: str | None) -> bool:
+    """Whether missing closers at the end are only the top-level `}` a parser dropped, and nothing else could
+    have followed: the last value ended (a closed string, a literal or container; a number at the end may
+    be cut: `{"n": 4` of `{"n": 45}`), and every property the tool declares is there. Otherwise the text
+    is indistinguishable from arguments cut short, and completing them would hand out a different call."""
+    if parsed.closed != 1 or finish == "length" or parsed.ends_on_number or not props:
+        return False
+    return isinstance(parsed.value, dict) and all(key in parsed.value for key in props)
+
+
+def _resent_whole(strings: list[str], props: dict[str, Any] | None) -> str | None:
+    """A later fragment that is a whole object by itself resends the arguments (vLLM hermes final delta).
+
+    Returns the copy's text, for the caller to read like any other: it parses strictly, or once the
+    path-shaped tokens the evidence reads literally are (`C:\\Data\\new`), or with raw control characters."""
     tried = 0
     for k in range(len(strings) - 1, 0, -1):
         if not strings[k].lstrip().startswith("{"):
@@ -308,21 +340,29 @@ def _resent_whole(strings: list[str]) -> Any:
         if tried > 4:
             break
         suffix = "".join(strings[k:])
-        try:
-            value = json.loads(suffix)
-        except ValueError:
-            continue
+        value = _whole_copy(suffix, props)
         if not isinstance(value, dict):
             continue
         prefix = "".join(strings[:k])
         if not prefix.strip():
-            return MISSING
+            return None
         if suffix.startswith(prefix) or prefix == suffix:
-            return value
+            return suffix
         head = loads_tolerant(prefix)
         members = head.value if isinstance(head.value, dict) else head.partial
         if members is not None and set(members) <= set(value) and not _first_key_differs(prefix, value):
-            return value
+            return suffix
+    return None
+
+
+def _whole_copy(text: str, props: dict[str, Any] | None) -> Any:
+    """The value of a fragment that is one whole object as written: strict JSON, or strict once raw control
+    characters and the literal-backslash reading of path-shaped tokens are allowed (MISSING otherwise)."""
+    for candidate in (text, with_literal(text, read_escapes(text, props, valid=False).literal)):
+        try:
+            return json.loads(candidate, strict=False)
+        except ValueError:
+            continue
     return MISSING
 
 

@@ -52,8 +52,23 @@ class _Spliced(_Bad):
     """A key repeats inside one object: fragments were duplicated or spliced together."""
 
 
+LOST_STRING_END = "a string runs into the next member: its end was lost"
+LOST_QUOTE = "a quote that could end the string is followed by what could follow its end: a fragment was lost"
+LOST_COMMA = "a value runs into the next one without a comma: a fragment was lost"
+LOST_REST = "a container closes right after a comma: its rest was lost"
+LOST_LITERAL = "a bare word that is a literal with a piece missing: a fragment was lost"
+LOST_DIGITS = "a number stops after '.', 'e' or a sign: its digits were lost"
+
+
 class _Lost(_Bad):
-    """A string runs into what can only be the next member (`"/tmp/fo, "mode": "w"`): its end was lost."""
+    """Text that only a lost fragment explains (`"/tmp/fo, "mode": "w"`, `1 "b"`, `1."b"`); the message says which.
+
+    A repair may fill in only what the evidence proves: where a dropped fragment would leave the same
+    text, reading it as a defect of the writer would hand out a different call."""
+
+    def __init__(self, reason: str = LOST_STRING_END) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -63,7 +78,8 @@ class Parsed:
     cut: str | None = None  # what the text stopped inside of: "string", "number", "value", ...
     bad: bool = False
     spliced: bool = False
-    lost: bool = False  # a string's end was lost: reading on would swallow the next member
+    lost: bool = False  # a fragment was lost (a string's end, a comma, a number's digits): `lost_reason` says which
+    lost_reason: str = ""
     closed: int = 0  # brackets closed at the end because they were missing
     ends_on_number: bool = False  # the last token is a number at the very end (maybe cut short)
     rest: str = ""  # text after the first complete top-level value
@@ -143,7 +159,7 @@ class _Reader:
             if c == "}" or c == "]":
                 if c == "]":
                     if after_comma:
-                        raise _Lost("object")  # `{"a": 1, ]`: a member and the `}` were lost
+                        raise _Lost(LOST_REST)  # `{"a": 1, ]`: a member and the `}` were lost
                     self.fix("mismatched_bracket")
                 if after_comma:
                     self.fix("trailing_comma")
@@ -156,7 +172,7 @@ class _Reader:
                 after_value, after_comma = False, True
                 continue
             if after_value:
-                self.fix("missing_comma")
+                self.missing_separator(c)  # `{"a": 1 "b": 2}` is also `{"a": 15, "b": 2}` with `5,` dropped
             key = self.key()
             if key in result:
                 raise _Spliced(key)
@@ -205,7 +221,7 @@ class _Reader:
             if c == "]" or c == "}":
                 if c == "}":
                     if after_comma:
-                        raise _Lost("array")  # `["a", }`: the rest of the array and its `]` were lost
+                        raise _Lost(LOST_REST)  # `["a", }`: the rest of the array and its `]` were lost
                     self.fix("mismatched_bracket")
                 if after_comma:
                     self.fix("trailing_comma")
@@ -218,15 +234,25 @@ class _Reader:
                 after_value, after_comma = False, True
                 continue
             if after_value:
-                self.fix("missing_comma")
+                self.missing_separator(c)  # `[1 2]` is also `[1, 12]` with `, 1` dropped
             result.append(self.value("array", depth + 1))
             after_value, after_comma = True, False
+
+    @staticmethod
+    def missing_separator(c: str) -> None:
+        """A value followed by the start of another with no comma between: what a dropped fragment leaves
+        (`1 "b"` of `15, "b"`, `1ue` of `1, true`), never a writer's slip we could prove. Anything else
+        there (`1; "b"`) is not JSON at all and left to the last resort."""
+        if c in "\"'{[<+-." or c.isalnum() or c in "_$":
+            raise _Lost(LOST_COMMA)
+        raise _Bad("expected ','")
 
     def closes(self, k: int, ctx: str) -> bool:
         """Whether a quote at k-1 ends the string: it must be followed by what can follow a string.
 
-        In an object, a comma counts only when a member (or the object's end) follows it, so
-        `"he said "hi", then left"` stays one value."""
+        In an object, a comma counts only when a member (or the object's end) follows it; a quote
+        followed by a comma that starts no member is not an end, but not proof of an inner quote
+        either (`could_end`)."""
         k = self._after_space(k)
         if k >= self.n:
             return True
@@ -242,6 +268,15 @@ class _Reader:
         k = self._after_space(k + 1)
         return k >= self.n or self.text[k] in "\"'}" or _BARE_KEY.match(self.text, k) is not None
 
+    def could_end(self, k: int, quote: str) -> bool:
+        """Whether a quote at k-1 that `closes` rejected is followed by what follows a string's end in some
+        JSON: a separator, a closer, a colon or another quote. A dropped fragment leaves exactly that
+        (`"ls -la",README.md"` of `"ls -la","path":"README.md"`), so reading the quote as part of the
+        value would guess; only a letter, a digit or any other character that never follows a string's
+        end (`"echo "hi" now"`) shows the quote is inside it."""
+        k = self._after_space(k)
+        return k < self.n and (self.text[k] in ',}]:"' or self.text[k] == quote)
+
     def _after_space(self, k: int) -> int:
         text, n = self.text, self.n
         while k < n:
@@ -252,11 +287,6 @@ class _Reader:
             else:
                 break
         return k
-
-    def _after_key(self, j: int) -> bool:
-        """A quote inside a key followed by `,` or `}`: a key never holds those, its value was lost."""
-        k = self._after_space(j + 1)
-        return k < self.n and self.text[k] in ",}"
 
     def _starts_next_member(self, j: int) -> bool:
         """Whether the quote at j ends a key (`…h": "src`) or opens one right after a comma: either way
@@ -287,8 +317,11 @@ class _Reader:
                 if self.closes(j + 1, ctx):
                     self.pos = j + 1
                     return "".join(parts)
-                if self._starts_next_member(j) if ctx != "key" else self._after_key(j):
-                    raise _Lost(ctx)
+                if ctx == "key" or self._starts_next_member(j):
+                    # A key never holds a quote: `"case_insensitiv` + `lse, "max_results":` lost `e": fa`
+                    raise _Lost(LOST_STRING_END)
+                if self.could_end(j + 1, quote):
+                    raise _Lost(LOST_QUOTE)
                 self.fix("unescaped_quote")
                 parts.append(quote)
                 i = j + 1
@@ -351,6 +384,8 @@ class _Reader:
             raise _Bad("not a number")
         if end >= self.n and not _STRICT_NUMBER.fullmatch(token):
             raise _Cut("number")
+        if token[-1] in ".eE+-":
+            raise _Lost(LOST_DIGITS)  # `1."b"` or `1.,`: the digits after the point (and maybe more) were lost
         self.pos = end
         if end >= self.n:
             self.last_number_end = end
@@ -378,6 +413,8 @@ class _Reader:
             return _LITERALS[token]
         if m.end() >= n and any(lit.startswith(token) for lit in _LITERALS):
             raise _Cut("literal")
+        if _literal_with_a_piece_lost(token):
+            raise _Lost(LOST_LITERAL)  # `rue` of `true`, `fse` of `false`: a fragment of the literal was lost
         # A bare word: read it as a string up to the next delimiter of the context.
         stop = re.compile(r"[,}\]\n]") if ctx != "top" else re.compile(r"$")
         s = stop.search(text, self.pos)
@@ -386,10 +423,21 @@ class _Reader:
             raise _Cut("value")
         value = text[self.pos : end].strip()
         if '"' in value:
-            raise _Lost(ctx)  # `{"path": set": 1, ...}`: a bare word never holds a quote; a string lost its start
+            raise _Lost(
+                LOST_STRING_END
+            )  # `{"path": set": 1, ...}`: a bare word never holds a quote; a string lost its start
         self.fix("bare_word")
         self.pos = end
         return value
+
+
+def _literal_with_a_piece_lost(word: str) -> bool:
+    """Whether `word` is a literal with one contiguous piece removed (`rue`, `tr`, `fse`, `nul`)."""
+    return any(
+        len(word) < len(lit) and lit.startswith(word[:k]) and lit.endswith(word[k:])
+        for lit in _LITERALS
+        for k in range(len(word) + 1)
+    )
 
 
 def loads_tolerant(text: str) -> Parsed:
@@ -404,8 +452,8 @@ def loads_tolerant(text: str) -> Parsed:
         return Parsed(fixes=reader.fixes, cut=str(cut), partial=reader.top)
     except _Spliced:
         return Parsed(fixes=reader.fixes, bad=True, spliced=True, partial=reader.top)
-    except _Lost:
-        return Parsed(fixes=reader.fixes, bad=True, lost=True, partial=reader.top)
+    except _Lost as lost:
+        return Parsed(fixes=reader.fixes, bad=True, lost=True, lost_reason=lost.reason, partial=reader.top)
     except (_Bad, RecursionError):
         return Parsed(fixes=reader.fixes, bad=True, partial=reader.top)
     if reader.closed:
