@@ -19,6 +19,7 @@ from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dum
 ACTION, JSON_FENCE, FENCE = "Action:", "```json", "```"
 START, END = "<|START_ACTION|>", "<|END_ACTION|>"
 THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"
+END_OF_TURN = "<|END_OF_TURN_TOKEN|>"  # the template ends a turn of calls with it: a token, never text
 
 
 def _actions(value: Any) -> list[RawCall]:
@@ -81,7 +82,8 @@ class CommandA(ToolFormat):
         pos = skip_ws(text, pos)
         if not text.startswith(END, pos):
             return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
-        return Markup(at, pos + len(END), calls)
+        pos += len(END)
+        return Markup(at, pos + len(END_OF_TURN) if text.startswith(END_OF_TURN, pos) else pos, calls)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         items = [

@@ -13,6 +13,7 @@ from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_
 
 OPEN, CLOSE = "[unused11]", "[unused12]"
 THINK_OPEN, THINK_CLOSE = "[unused16]", "[unused17]"
+END_OF_TURN = "[unused10]"  # openPangu's end of turn: a token, never text
 
 
 class Pangu(ToolFormat):
@@ -30,7 +31,8 @@ class Pangu(ToolFormat):
         pos = skip_ws(text, pos)
         if not text.startswith(CLOSE, pos):
             return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
-        return Markup(at, pos + len(CLOSE), calls)
+        pos += len(CLOSE)
+        return Markup(at, pos + len(END_OF_TURN) if text.startswith(END_OF_TURN, pos) else pos, calls)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         return OPEN + dumps([{"name": n, "arguments": a} for n, a in calls]) + CLOSE
