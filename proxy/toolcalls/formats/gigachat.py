@@ -3,8 +3,9 @@
 GigaChat3-10B-A1.8B.jinja renders the call as its own `function call` role message after the
 assistant's: `<|message_sep|>\n\nfunction call<|role_sep|>\n{…}<|message_sep|>\n\n`; GigaChat 3.1
 (GigaChat3.1-10B-A1.8B.jinja) inside the assistant message: `<|function_call|>{…}<|message_sep|>\n\n`.
-Both render only the first of several calls, so one markup is one call. The separator before a
-`function call` role and the one after the call belong to the markup, not to the content.
+Both render only the first of several calls, so one markup is one call. The separator after the
+call belongs to the markup; the one before a `function call` role stays text (it was streamed before
+the role said a call follows).
 """
 
 from __future__ import annotations
@@ -31,17 +32,12 @@ class GigaChat(ToolFormat):
         if not isinstance(value, dict):
             raise ValueError("a GigaChat call is one object")
         calls = [named_call(value)]
-        start = at
-        if opener == ROLE:  # the assistant message's separator before the call's role
-            before = text[:at].rstrip(" \t\r\n")
-            if before.endswith(SEP):
-                start = len(before) - len(SEP)
         sep = skip_ws(text, pos)
         if text.startswith(SEP, sep):
-            return Markup(start, skip_ws(text, sep + len(SEP)), calls)
+            return Markup(at, skip_ws(text, sep + len(SEP)), calls)
         if sep >= len(text) or SEP.startswith(text[sep:]):
-            return Markup(start, len(text), calls, closed=False)  # ended on eos, or the separator is coming
-        return Markup(start, pos, calls)
+            return Markup(at, len(text), calls, closed=False)  # ended on eos, or the separator is coming
+        return Markup(at, pos, calls)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         if len(calls) != 1:
