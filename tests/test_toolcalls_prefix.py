@@ -246,8 +246,8 @@ def test_an_opener_without_id_is_held_and_repaired_whole() -> None:
 REMAINDERS = [
     (
         "closing brace missing",
-        [call(0, "c1", "read", ""), call(0, arguments='{"path": "a.py"'), FINISH],
-        [("read", {"path": "a.py"})],
+        [call(0, "c1", "write", ""), call(0, arguments='{"path": "a.py", "content": "x"'), FINISH],
+        [("write", {"path": "a.py", "content": "x"})],
         "}",
     ),
     (

@@ -150,14 +150,9 @@ REPAIRED = [
         [("write", {"path": "a", "content": "b"})],
     ),
     (
-        "missing last chunk after a closed string",
-        [call(0, "c1", "read", '{"path": "a.py"'), TOOL_FINISH],
-        [("read", {"path": "a.py"})],
-    ),
-    (
-        "missing last chunks of nested value",
-        [call(0, "c1", "grep", '{"pattern": "x", "globs": ["*.py"'), TOOL_FINISH],
-        [("grep", {"pattern": "x", "globs": ["*.py"]})],
+        "missing last chunk after a closed string, every declared property sent",
+        [call(0, "c1", "write", '{"path": "a.py", "content": "x"'), TOOL_FINISH],
+        [("write", {"path": "a.py", "content": "x"})],
     ),
     (
         "args as object in the opener",
@@ -265,6 +260,9 @@ UNRECOVERABLE = [
         [call(0, "c1", "write", '{"path": "a", "content": "hal'), chunk(finish_reason="length")],
     ),
     ("closed value but finish length", [call(0, "c1", "read", '{"path": "a.py"'), chunk(finish_reason="length")]),
+    # Closers are put back only when nothing more could have been sent (issue 16: never guess).
+    ("missing closer, an optional property unsent", [call(0, "c1", "read", '{"path": "a.py"'), TOOL_FINISH]),
+    ("missing closers of a nested value", [call(0, "c1", "grep", '{"pattern": "x", "globs": ["*.py"'), TOOL_FINISH]),
     ("cut number", [call(0, "c1", "read", '{"path": "a", "limit": 1.'), TOOL_FINISH]),
     ("required argument never sent", [call(0, "c1", "write", '{"path": "a"}'), TOOL_FINISH]),
     ("null arguments with required", [call(0, "c1", "read", None), TOOL_FINISH]),
@@ -498,6 +496,6 @@ def test_a_stream_cut_inside_an_event_never_merges_the_repair_into_it(prefix: bo
     stage = ChatToolCallRepair(TOOLS, capture_id="cap", stream_valid_prefix=prefix)
     view = client_view(run_stage(stage, [data]))
     if view.errors:
-        assert not view.calls
+        assert not view.calls or prefix  # prefix mode: what streamed before the error, which the SDK raises on
     else:
         assert [(c["name"], c["arguments"]) for c in view.calls] and all(json.loads(c["arguments"]) for c in view.calls)
