@@ -172,3 +172,10 @@ def test_a_format_reads_back_what_it_renders(name: str, calls, prose: str) -> No
     found = armed(name).find(text, offered)
     assert found is not None and found.confirmed, text
     assert _typed(found.calls, tools) == calls, text
+
+
+def test_an_alias_arms_the_formats_that_declare_it() -> None:
+    """Poolside's Laguna templates render GLM's markup byte for byte (the glm vectors hold renders of
+    all three): pinning `poolside` arms both GLM forms and nothing else."""
+    assert sorted(f.name for f in armed("poolside").formats) == ["glm45", "glm47"]
+    assert "poolside" in names()

@@ -34,14 +34,30 @@ REGISTRY: dict[str, ToolFormat] = _discover()
 _ALL = Formats(REGISTRY.values())
 
 
+def _aliases() -> dict[str, list[ToolFormat]]:
+    out: dict[str, list[ToolFormat]] = {}
+    for fmt in REGISTRY.values():
+        for alias in fmt.aliases:
+            if alias in REGISTRY:
+                raise RuntimeError(f"tool format alias {alias!r} is also a format's name")
+            out.setdefault(alias, []).append(fmt)
+    return out
+
+
+ALIASES: dict[str, list[ToolFormat]] = _aliases()
+
+
 def names() -> list[str]:
-    return sorted(REGISTRY)
+    """Every name `--tool-format` and `tool_format =` take: the formats' and their aliases."""
+    return sorted([*REGISTRY, *ALIASES])
 
 
 def armed(pinned: str | None = None) -> Formats:
-    """Every format, or only the pinned one (UnknownFormat names the registered ones)."""
+    """Every format, or only the pinned one(s) (UnknownFormat names the registered ones)."""
     if pinned is None:
         return _ALL
+    if pinned in ALIASES:
+        return Formats(ALIASES[pinned])
     if pinned not in REGISTRY:
         raise UnknownFormat(f"unknown tool format {pinned!r}; registered: {', '.join(names())}")
     return Formats([REGISTRY[pinned]])

@@ -36,6 +36,9 @@ class ToolFormat:
 
     name: ClassVar[str] = ""  # the registry key, also what `--tool-format` and `tool_format =` take
     family: ClassVar[str] = ""  # the model family, as docs and the table of truth show it
+    # Other names that pin this format: a family whose templates render another family's markup
+    # (Poolside's Laguna writes GLM's). Pinning an alias arms every format that declares it.
+    aliases: ClassVar[tuple[str, ...]] = ()
     openers: ClassVar[tuple[str, ...]] = ()  # literal text that starts this format's markup
     anchored: ClassVar[bool] = False  # no marker (Llama 3 JSON, pythonic lists): only at the start of content
     fence: ClassVar[bool] = False  # the call syntax is a fenced block (``` tool_code)

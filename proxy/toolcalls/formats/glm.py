@@ -55,7 +55,8 @@ def _read_call(text: str, pos: int) -> tuple[RawCall | None, int, bool]:
 
 class Glm45(ToolFormat):
     name = "glm45"
-    family = "GLM 4.5, GLM 4.6"
+    family = "GLM 4.5, GLM 4.6, Poolside Laguna XS"
+    aliases = ("poolside",)  # Laguna's templates render GLM's markup byte for byte (XS like 4.5, S like 4.7)
     openers = (OPEN,)
     newlines: ClassVar[bool] = True
 
@@ -97,5 +98,5 @@ class Glm45(ToolFormat):
 
 class Glm47(Glm45):
     name = "glm47"
-    family = "GLM 4.7"
+    family = "GLM 4.7, Poolside Laguna S"
     newlines = False
