@@ -237,7 +237,7 @@ def _unescape_quotes(text: str) -> str | None:
             continue
         rest = "".join(pieces[j + 1 :]) + '"'
         after = rest[SPACE_AND_NOISE.match(rest).end() :]  # type: ignore[union-attr]
-        if after[:1] not in (",", "}", "]", ":"):
+        if after[:1] not in (",", "}", "]", ":", '"'):  # a quote before these could end the string
             pieces[j] = '"'
             bare = True
     return '"' + "".join(pieces) + '"' if bare else None
