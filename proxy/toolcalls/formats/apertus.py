@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, json_value, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, inside, json_value, skip_ws
 
 OPEN, CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|inner_prefix|>", "<|inner_suffix|>"
@@ -22,8 +22,7 @@ class Apertus(ToolFormat):
     openers = (OPEN,)
 
     def claims(self, text: str, at: int) -> bool:
-        opened = text.rfind(THOUGHT_OPEN, 0, at)
-        return opened < 0 or text.find(THOUGHT_CLOSE, opened, at) >= 0
+        return not inside(text, at, THOUGHT_OPEN, THOUGHT_CLOSE)
 
     def parse(self, text: str, at: int) -> Markup | None:
         value, pos = json_value(text, at + len(OPEN))

@@ -87,6 +87,13 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def inside(text: str, at: int, opener: str, closer: str) -> bool:
+    """Whether `at` lies in an opened, not yet closed `opener…closer` span (a family's own thinking
+    or plan markers, whose markup is a decoy)."""
+    opened = text.rfind(opener, 0, at)
+    return opened >= 0 and text.find(closer, opened, at) < 0
+
+
 def skip_ws(text: str, pos: int) -> int:
     n = len(text)
     while pos < n and text[pos] in " \t\r\n":

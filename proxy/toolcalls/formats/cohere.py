@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, json_value, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, inside, json_value, skip_ws
 
 ACTION, JSON_FENCE, FENCE = "Action:", "```json", "```"
 START, END = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -73,8 +73,7 @@ class CommandA(ToolFormat):
     openers = (START,)
 
     def claims(self, text: str, at: int) -> bool:
-        opened = text.rfind(THINK_OPEN, 0, at)
-        return opened < 0 or text.find(THINK_CLOSE, opened, at) >= 0  # not inside the plan
+        return not inside(text, at, THINK_OPEN, THINK_CLOSE)  # not inside the plan
 
     def parse(self, text: str, at: int) -> Markup | None:
         value, pos = json_value(text, at + len(START))

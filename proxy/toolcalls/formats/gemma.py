@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, inside, skip_ws
 
 FENCE_OPEN, FENCE_CLOSE = "```tool_code", "```"
 _JSONISH = {"true": True, "false": False, "null": None}
@@ -129,7 +129,8 @@ class Gemma4(ToolFormat):
     openers = (G4_OPEN,)
 
     def claims(self, text: str, at: int) -> bool:
-        return text.startswith(G4_CALL, at + len(G4_OPEN)) and not _in_thought(text, at)
+        in_thought = inside(text, at, THOUGHT_OPEN, THOUGHT_CLOSE)  # Gemma 4's thinking channel
+        return text.startswith(G4_CALL, at + len(G4_OPEN)) and not in_thought
 
     def parse(self, text: str, at: int) -> Markup | None:
         calls: list[RawCall] = []
@@ -155,12 +156,6 @@ class Gemma4(ToolFormat):
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         return "".join(f"{G4_OPEN}{G4_CALL}{n}{_g4_value(a, top=True)}{G4_CLOSE}" for n, a in calls)
-
-
-def _in_thought(text: str, at: int) -> bool:
-    """Inside `<|channel>thought…<channel|>`: the model's thinking, written before its answer."""
-    opened = text.rfind(THOUGHT_OPEN, 0, at)
-    return opened >= 0 and text.find(THOUGHT_CLOSE, opened, at) < 0
 
 
 def _g4_object(text: str, pos: int) -> tuple[dict[str, Any], int]:

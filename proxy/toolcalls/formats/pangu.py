@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_value, named_call, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, inside, json_value, named_call, skip_ws
 
 OPEN, CLOSE = "[unused11]", "[unused12]"
 THINK_OPEN, THINK_CLOSE = "[unused16]", "[unused17]"
@@ -22,8 +22,7 @@ class Pangu(ToolFormat):
     openers = (OPEN,)
 
     def claims(self, text: str, at: int) -> bool:
-        opened = text.rfind(THINK_OPEN, 0, at)
-        return opened < 0 or text.find(THINK_CLOSE, opened, at) >= 0
+        return not inside(text, at, THINK_OPEN, THINK_CLOSE)
 
     def parse(self, text: str, at: int) -> Markup | None:
         value, pos = json_value(text, at + len(OPEN))
