@@ -20,6 +20,7 @@ from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.response.decoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
@@ -43,6 +44,7 @@ class StreamOwner:
                 ex.id,
                 self.runtime.settings.stream_valid_prefix,
                 tool_choice=ex.tool_choice,
+                tool_format=self.tool_format_for(ex),
             )
             if stage is not None:
                 ex.extra["toolcalls"] = stage
@@ -52,6 +54,17 @@ class StreamOwner:
             ex.extra["reasoning_rename"] = rename
             stages.append(rename)
         return stages
+
+    def tool_format_for(self, ex: Exchange) -> str | None:
+        """The pinned tool-call format: the routed model's `tool_format`, else `--tool-format` (quick
+        mode); None arms every registered format."""
+        policy = self.runtime.policy
+        if policy is not None and not policy.config.is_quick:
+            route = resolve(policy.config, ex.model)
+            settings = getattr(route, "settings", None)
+            if settings is not None and settings.tool_format is not None:
+                return str(settings.tool_format)
+        return self.runtime.settings.tool_format
 
     def rename_for(self, ex: Exchange, surface: Surface | None) -> ReasoningFieldRename | None:
         """The `[reasoning_field]` rename this client wants (chat deltas and messages), if any."""
@@ -160,7 +173,12 @@ class StreamOwner:
         repair = body_repair_for(surface) if policy != "off" and ex.tools else None
         if repair is not None:
             repaired, changes, outcome = repair(
-                out, ex.tools, capture_id=ex.id, policy=policy, tool_choice=ex.tool_choice
+                out,
+                ex.tools,
+                capture_id=ex.id,
+                policy=policy,
+                tool_choice=ex.tool_choice,
+                tool_format=self.tool_format_for(ex),
             )
             ex.changes.extend(changes)
             if outcome and outcome != "untouched":

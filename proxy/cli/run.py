@@ -93,6 +93,11 @@ def _setup_logging(verbose: bool) -> None:
     help="forward tool-call fragments at once while they are a valid JSON prefix, instead of holding "
     "each call until it is complete (lower latency; a defect found later can only fail the turn)",
 )
+@click.option(
+    "--tool-format",
+    metavar="NAME",
+    help="pin the tool-call format leaked markup is read in (quick mode; a name from docs/formats.md, e.g. glm47)",
+)
 @click.option("--no-bodies", is_flag=True, help="privacy: store metadata only, never bodies")
 @click.option(
     "--token",
@@ -130,6 +135,7 @@ def run(**kw: Any) -> None:
     if kw["config_path"]:
         _config_defaults(kw)
     _check_retention(kw)
+    _check_tool_format(kw.get("tool_format"))
     sys.exit(run_proxy(make_settings(kw)))
 
 
@@ -143,6 +149,18 @@ def _check_retention(kw: dict[str, Any]) -> None:
             check(kw.get(key))
         except ValueError as e:
             raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
+
+
+def _check_tool_format(name: str | None) -> None:
+    """An unknown `--tool-format` is a usage error that lists the registered names."""
+    if name is None:
+        return
+    from tapfix.proxy.toolcalls.formats import UnknownFormat, armed
+
+    try:
+        armed(name)
+    except UnknownFormat as e:
+        raise click.BadParameter(str(e), param_hint="'--tool-format'") from e
 
 
 def _config_defaults(kw: dict[str, Any]) -> None:
@@ -200,6 +218,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         tool_repair=kw.get("tool_repair", "error"),
         store_bodies=not kw.get("no_bodies", False),
         stream_valid_prefix=kw.get("stream_valid_prefix", False),
+        tool_format=kw.get("tool_format"),
         verbose=kw.get("verbose", False),
         token=kw.get("token") or None,
         max_age_s=kw.get("max_age"),

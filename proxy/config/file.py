@@ -70,6 +70,7 @@ class ModelConfig:
     generation_config: Path | None = None
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
     store_bodies: bool = True  # privacy: false = metadata only for this model's exchanges
+    tool_format: str | None = None  # the pinned tool-call format (toolcalls/formats); None: every one
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +220,12 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
                 f"{source}: {where}.reasoning.default_level: found {reasoning.default_level!r}, "
                 f"expected one of the accepted levels {', '.join(reasoning.levels)}"
             )
+        tool_format = m.get("tool_format")
+        if tool_format is not None and tool_format not in _tool_format_names():
+            problems.append(
+                f"{source}: {where}.tool_format: found {tool_format!r}, expected one of the registered tool-call "
+                f"formats: {', '.join(_tool_format_names())}"
+            )
         models[name] = ModelConfig(
             name=name,
             upstream=upstream,
@@ -228,6 +235,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             generation_config=gc_path,
             reasoning=reasoning,
             store_bodies=m.get("store_bodies", True),
+            tool_format=tool_format,
         )
     if problems:
         raise ConfigError("\n".join(problems), problems)
@@ -247,6 +255,12 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         shutdown_grace=data.get("shutdown_grace"),
         source=source,
     )
+
+
+def _tool_format_names() -> list[str]:
+    from tapfix.proxy.toolcalls.formats import names
+
+    return names()
 
 
 def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:

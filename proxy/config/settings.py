@@ -35,6 +35,7 @@ class Settings:
     upstream_key_env: str | None = None
     tool_repair: ToolRepairPolicy = "error"
     stream_valid_prefix: bool = False  # forward tool-call fragments while provably fine (see toolcalls/prefix.py)
+    tool_format: str | None = None  # quick mode's pinned tool-call format (`--tool-format`; docs/formats.md)
     store_bodies: bool = True
     verbose: bool = False
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)

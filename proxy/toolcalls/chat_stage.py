@@ -32,7 +32,15 @@ from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
-from tapfix.proxy.toolcalls.leaks import find_leak, hold_verdict, is_xml_args
+from tapfix.proxy.toolcalls.leaks import (
+    UNPINNED,
+    find_leak,
+    foreign_markup,
+    formats_for,
+    hold_verdict,
+    is_xml_args,
+    open_context,
+)
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item, Writer
 from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
@@ -50,10 +58,22 @@ class _Choice:
     leak: str = "none"  # "none" | "maybe" | "leak"
     at_start: bool = True  # no visible content yet: a bare JSON call could still be the whole message
     hold_at_start: bool = True
+    # The reasoning field from where it may hold markup (None: not watching), and the field's name;
+    # markup there is a call only when nothing visible follows it in the turn (decided at the finish).
+    reasoning: str | None = None
+    reasoning_field: str = "reasoning_content"
+    reasoning_due: bool = False  # the finish came with the reasoning's markup last: plan it
+    foreign: str | None = None  # a pinned stage: content that may hold another format's markup
+    context: str = ""  # an open <think> or fence in the content already sent (`leaks.open_context`)
+    context_tail: str = ""  # the end of that content when it may start a <think>, </think> or fence
 
     @property
     def needs_hold(self) -> bool:
-        return bool(self.acc.calls) or self.leak != "none"
+        return bool(self.acc.calls) or self.leak != "none" or self.reasoning_due
+
+    @property
+    def watching(self) -> bool:
+        return self.reasoning is not None or self.foreign is not None or bool(self.context_tail)
 
 
 class ChatToolCallRepair:
@@ -67,8 +87,11 @@ class ChatToolCallRepair:
         clock: Callable[[], float] = time.monotonic,
         keepalive_s: float = 10.0,
         tool_choice: Any = None,
+        tool_format: str | None = None,
     ) -> None:
-        """`tool_choice`: the request's; a named one lets its call finish with `stop` (OpenAI, vLLM)."""
+        """`tool_choice`: the request's; a named one lets its call finish with `stop` (OpenAI, vLLM).
+        `tool_format`: the one registered format armed (`formats/`); None arms every one. Markup of
+        another format then passes through, flagged `unpinned_tool_format`."""
         if policy not in ("error", "fail_fast", "passthrough"):
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
@@ -82,6 +105,11 @@ class ChatToolCallRepair:
         self._named = named_tool(tool_choice)
         self._tools = bool(self._schemas)
         self._offered = frozenset(self._schemas.names)
+        self._formats = formats_for(tool_format)
+        self._pinned = tool_format
+        seen = formats_for(None) if tool_format is not None else self._formats  # what the fast path looks for
+        self._fast_table, self._fast_multi = _fast_checks(seen.fast_bytes, seen.paired_bytes)
+        self._anchored = bool(self._formats.anchored)
         self._clock = clock
         self._keepalive_s = keepalive_s
         self._last_out = clock()
@@ -134,15 +162,20 @@ class ChatToolCallRepair:
         """Cheap byte checks: may this content event start leaked call syntax, or carry an error?
 
         Runs on every content event of a request that offered tools: a handful of C-speed scans,
-        no parse, no generator (this was the stage's largest per-event cost)."""
-        if b"<" in event or b"`" in event or b"\\u003" in event or b'"error"' in event:
+        no parse, no generator (this was the stage's largest per-event cost). The bytes come from the
+        registered openers (`Formats.fast_bytes`: the first punctuation of each, and its escapes);
+        `[` and `]` count only past the one of `"choices":[`."""
+        marked = event.translate(self._fast_table)  # one C pass: a single-byte mark is \0, `[` `]` are `[`
+        if b"\0" in marked or marked.count(b"[") > 2:
             return True
-        if event.count(b"[") > 1:
-            return True
+        for needle in self._fast_multi:
+            if needle in event:
+                return True
         if not self._choices:
             return True
-        for choice in self._choices.values():
-            if choice.at_start:
+        anchored = self._anchored
+        for c in self._choices.values():  # `watching`, inlined: this runs on every content event
+            if (c.at_start and anchored) or c.reasoning is not None or c.foreign is not None or c.context_tail:
                 return True
         return False
 
@@ -196,8 +229,12 @@ class ChatToolCallRepair:
                     cs.acc.add(tc)
                     cs.call_seqs.extend([self._seq] * (len(cs.acc.calls) - before))
                 hold = True
+            if self._tools:
+                self._watch_reasoning(cs, delta, bool(isinstance(tool_calls, list) and tool_calls))
             content = delta.get("content")
             if isinstance(content, str) and content:
+                if self._pinned is not None and self._tools:
+                    self._watch_foreign(cs, content)
                 cs.parts.append(Part(self._seq, content))
                 item.parts[ci] = len(cs.parts) - 1
                 hold = hold or self._streamed  # may continue or leak a streamed call
@@ -212,6 +249,10 @@ class ChatToolCallRepair:
             if isinstance(finish, str) and finish:
                 cs.finish = finish
                 hold = hold or self._streamed  # the streamed calls are judged at the finish
+                if cs.foreign is not None:
+                    self._flag_foreign(cs, ci)
+                if cs.reasoning is not None and not cs.acc.calls and not self._sent.get(ci):
+                    cs.reasoning_due = hold = True  # the reasoning's markup may be the turn's call
                 if finish == "tool_calls" and self._tools and not cs.needs_hold and not self._sent.get(ci):
                     empty_turn = True  # the server's parser lost the call: never a silent empty turn
         if empty_turn:
@@ -226,6 +267,7 @@ class ChatToolCallRepair:
                 cs = self._choices[ci]
                 if cs.parts[-1].text.strip():
                     cs.at_start = False
+                cs.context, cs.context_tail = open_context(cs.context, cs.context_tail, cs.parts[-1].text)
                 cs.parts.clear()
             return [event]
         if not self._holding:
@@ -252,10 +294,65 @@ class ChatToolCallRepair:
             if self._holding:
                 return "no"  # held for another reason; the whole text is searched at the end
             text, at_start = content, cs.at_start
-        verdict = hold_verdict(text, at_start, self._schemas)
+        verdict = hold_verdict(text, at_start, self._schemas, self._formats)
         if verdict != "no":
             cs.leak = verdict
         return verdict
+
+    def _watch_reasoning(self, cs: _Choice, delta: dict[str, Any], call: bool) -> None:
+        """Collect the reasoning field from where it may hold markup; anything visible after it (content,
+        a call) makes that markup a decoy. Nothing is held for it: the reasoning goes out at once."""
+        text = delta.get("reasoning_content")
+        field = "reasoning_content"
+        if not isinstance(text, str) or not text:
+            text, field = delta.get("reasoning"), "reasoning"
+        content = delta.get("content")
+        if call or (isinstance(content, str) and content.strip()):
+            cs.reasoning = None  # something visible follows: what the reasoning held was thinking
+            return
+        if not isinstance(text, str) or not text:
+            return
+        if cs.reasoning is None:
+            if self._formats.has_opener(text) or self._formats.may_start(text):
+                cs.reasoning, cs.reasoning_field = text, field
+            return
+        cs.reasoning += text
+        if not self._formats.has_opener(cs.reasoning) and not self._formats.may_start(cs.reasoning):
+            cs.reasoning = None
+
+    def _watch_foreign(self, cs: _Choice, content: str) -> None:
+        """A pinned stage: collect content that may hold another registered format's markup, to flag it
+        at the finish (the bytes pass as they came)."""
+        everyone = formats_for(None)
+        if cs.foreign is None:
+            head = content.lstrip()[:1]
+            if (
+                everyone.has_opener(content)
+                or everyone.may_start(content)
+                or (cs.at_start and head in everyone.anchor_heads)
+            ):
+                cs.foreign = content
+            return
+        cs.foreign += content
+
+    def _flag_foreign(self, cs: _Choice, ci: int) -> None:
+        text, cs.foreign = cs.foreign or "", None
+        leak = foreign_markup(text, self._schemas, cs.at_start, self._formats)
+        if leak is None:
+            return
+        others = [f for f in leak.formats if f not in self._formats.names]
+        if UNPINNED not in self.defects:
+            self.defects.append(UNPINNED)
+        self.changes.append(
+            Change(
+                STAGE,
+                UNPINNED,
+                f"$.choices[{ci}].delta.content",
+                {"format": others[0], "markup": text[leak.start : leak.end]},
+                None,
+                f"markup of the registered format {others[0]!r}, but {self._pinned!r} is pinned; passed through",
+            )
+        )
 
     def _hold_or_pass(self, item: Item) -> list[bytes]:
         if self._holding:
@@ -268,6 +365,8 @@ class ChatToolCallRepair:
         for cs in self._choices.values():
             if any(p.text.strip() for p in cs.parts):
                 cs.at_start = False
+            text = "".join(p.text for p in cs.parts)
+            cs.context, cs.context_tail = open_context(cs.context, cs.context_tail, text)
         self._reset_hold()
         return out
 
@@ -277,7 +376,11 @@ class ChatToolCallRepair:
         self._gates = {}
         self._streamed = False
         for ci, cs in self._choices.items():
-            self._choices[ci] = self._new_choice(cs.at_start and not any(p.text.strip() for p in cs.parts))
+            new = self._new_choice(cs.at_start and not any(p.text.strip() for p in cs.parts))
+            if cs.finish is None:  # the message goes on: keep watching its reasoning and content
+                new.reasoning, new.reasoning_field, new.foreign = cs.reasoning, cs.reasoning_field, cs.foreign
+                new.context, new.context_tail = cs.context, cs.context_tail
+            self._choices[ci] = new
 
     # -- ends ----------------------------------------------------------------------------------
     def _on_done(self, event: bytes) -> list[bytes]:
@@ -310,7 +413,7 @@ class ChatToolCallRepair:
         m = _PARSE_ERROR.search(message)
         if m is None:
             return None
-        leak = find_leak(message[m.end() :], self._schemas, at_start=True)
+        leak = find_leak(message[m.end() :], self._schemas, True, self._formats)
         if leak is None or not leak.confirmed:
             return None
         ci = min(self._choices) if self._choices else 0
@@ -351,7 +454,7 @@ class ChatToolCallRepair:
     def _plans(self) -> dict[int, ChoicePlan]:
         plans = {}
         for ci, cs in self._choices.items():
-            if not cs.acc.calls and not cs.parts:
+            if not cs.acc.calls and not cs.parts and not cs.reasoning_due:
                 continue
             plans[ci] = plan_choice(
                 cs.acc.calls,
@@ -365,6 +468,11 @@ class ChatToolCallRepair:
                 index_base=len(self._sent.get(ci, [])),
                 sent_ids=frozenset(self._sent.get(ci, [])),
                 named=self._named,
+                formats=self._formats,
+                reasoning=cs.reasoning if cs.reasoning_due else None,
+                reasoning_field=cs.reasoning_field,
+                flag_unpinned=False,  # the stage flags from what it watched (`_flag_foreign`)
+                context=cs.context,
             )
         return plans
 
@@ -461,6 +569,27 @@ class ChatToolCallRepair:
         self._ended = True
         self._done_sent = True
         return out
+
+
+def _fast_checks(singles: tuple[bytes, ...], paired: tuple[bytes, ...]) -> tuple[bytes, tuple[bytes, ...]]:
+    """The fast path's checks from `Formats.fast_bytes`: a translate table marking every single-byte one
+    as NUL (a JSON text never holds a raw NUL) and `[` `]` as `[` (the envelope's `"choices":[...]`
+    holds one of each), and the multi-byte needles, an escape `\\uXXXX` shortened to its first five
+    bytes (`\\u003c` and `\\u003C` are one search), plus `"error"`."""
+    table = bytearray(range(256))
+    table[0] = 1  # a NUL in the event (invalid JSON anyway) must not read as a mark
+    multi: list[bytes] = [b'"error"']
+    for needle in singles + paired:
+        if len(needle) == 1:
+            table[needle[0]] = ord("[") if needle in paired else 0
+    marks = {bytes([b]) for b in range(256) if table[b] in (0, ord("["))}
+    for needle in singles:
+        if len(needle) == 1 or any(bytes([b]) in marks for b in needle):
+            continue  # an event holding it whole holds a marked byte too
+        needle = needle[:5] if needle.startswith(b"\\u") else needle
+        if needle not in multi:
+            multi.append(needle)
+    return bytes(table), tuple(multi)
 
 
 def _incomplete(call: Call) -> bool:

@@ -30,9 +30,19 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
+from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
-from tapfix.proxy.toolcalls.leaks import find_leak, is_xml_args
+from tapfix.proxy.toolcalls.leaks import (
+    LEAKED_INTO_REASONING,
+    UNPINNED,
+    Leak,
+    find_leak,
+    find_reasoning_leak,
+    foreign_markup,
+    formats_for,
+    is_xml_args,
+)
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -107,10 +117,20 @@ def plan_choice(
     index_base: int = 0,
     sent_ids: frozenset[str] = frozenset(),
     named: str | None = None,
+    formats: Formats | None = None,
+    reasoning: str | None = None,
+    reasoning_field: str = "reasoning_content",
+    flag_unpinned: bool = True,
+    context: str = "",
 ) -> ChoicePlan:
     """`index_base`/`sent_ids`: calls this choice already sent (tool calls arriving after a finish);
-    `named`: the tool a named `tool_choice` forces (`named_tool`), whose call may finish with `stop`."""
+    `named`: the tool a named `tool_choice` forces (`named_tool`), whose call may finish with `stop`;
+    `formats`: the armed tool-call formats (None: every registered one); `reasoning`: the choice's
+    reasoning text, searched for a call only when nothing visible followed it (the caller says so by
+    passing it); `flag_unpinned`: with a pinned format, flag another format's markup in the content;
+    `context`: an open `<think>` or fence of the content sent before `parts` (`leaks.open_context`)."""
     plan = ChoicePlan()
+    formats = formats or formats_for(None)
     late = [c for c in calls if c.id is not None and c.id in sent_ids]
     for call in late:
         plan.defect("duplicated_fragments")
@@ -129,7 +149,11 @@ def plan_choice(
         keep = [k for k, c in enumerate(calls) if id(c) not in late_ids]
         calls, call_seqs = [calls[k] for k in keep], [call_seqs[k] for k in keep]
     consumed = _continuation(calls, call_seqs, parts, plan, choice)
-    leaked = _leaks(calls, parts, consumed, schemas, at_start, plan, choice, path_prefix)
+    leaked = _leaks(
+        calls, parts, consumed, schemas, at_start, plan, choice, path_prefix, formats, flag_unpinned, context
+    )
+    if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts):
+        leaked = _reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
     if plan.fatal:
         return plan
     if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:
@@ -331,6 +355,9 @@ def _leaks(
     plan: ChoicePlan,
     choice: int,
     path_prefix: str,
+    formats: Formats,
+    flag_unpinned: bool,
+    context: str,
 ) -> list[tuple[str, str]]:
     if not schemas:
         return []
@@ -338,24 +365,25 @@ def _leaks(
     full = "".join(parts[k].text for k in keep)
     if not full:
         return []
-    leak = find_leak(full, schemas, at_start)
+    leak = find_leak(full, schemas, at_start, formats, context)
+    if leak is None or not leak.confirmed:
+        if flag_unpinned and formats is not formats_for(None):
+            _flag_unpinned(full, schemas, at_start, formats, plan, choice, path_prefix)
     if leak is None:
         return []
     leaked: list[tuple[str, str]] = []
     if leak.confirmed:
-        for name, raw in leak.calls:
-            if is_xml_args(raw):
-                raw = typed_xml_args(raw, schemas.properties(name))
-            res = repair_arguments([raw if isinstance(raw, str) else dumps(raw)], name, schemas, None)
-            if res.fatal:
-                return []  # not a call we can stand behind: it stays content
-            leaked.append((name, res.text))
+        typed = _typed_calls(leak, schemas)
+        if typed is None:
+            return []  # not a call we can stand behind: it stays content
+        leaked = typed
         reason = "tool call written as text; turned into a tool_calls delta"
     elif calls and set(leak.names) <= {c.name for c in calls}:
         reason = "leaked start of a call that also arrived structured; dropped"
     else:
         return []
-    _cut_region(full, keep, parts, leak.start, leak.end, plan)
+    for start, end in leak.regions or [(leak.start, leak.end)]:
+        _cut_region(full, keep, parts, start, end, plan)
     plan.defect("leaked_into_content")
     plan.changes.append(
         Change(
@@ -368,6 +396,65 @@ def _leaks(
         )
     )
     return leaked
+
+
+def _typed_calls(leak: Leak, schemas: ToolSchemas) -> list[tuple[str, str]] | None:
+    """The leak's calls as argument JSON fit to the offered schemas; None when one doesn't check out."""
+    out: list[tuple[str, str]] = []
+    for name, raw in leak.calls:
+        if is_xml_args(raw):
+            raw = typed_xml_args(raw, schemas.properties(name))
+        res = repair_arguments([raw if isinstance(raw, str) else dumps(raw)], name, schemas, None)
+        if res.fatal:
+            return None
+        out.append((name, res.text))
+    return out
+
+
+def _reasoning_leak(
+    reasoning: str, schemas: ToolSchemas, formats: Formats, plan: ChoicePlan, choice: int, path: str
+) -> list[tuple[str, str]]:
+    """Markup last in the reasoning, nothing visible after it: a reasoning parser took the turn's call.
+    The calls go out as tool_calls before the finish; the reasoning already went out as it was."""
+    if not schemas:
+        return []
+    leak = find_reasoning_leak(reasoning, schemas, formats)
+    leaked = _typed_calls(leak, schemas) if leak is not None else None
+    if leak is None or not leaked:
+        return []
+    plan.defect(LEAKED_INTO_REASONING)
+    plan.changes.append(
+        Change(
+            STAGE,
+            LEAKED_INTO_REASONING,
+            f"$.choices[{choice}].{path}",
+            reasoning[leak.start : leak.end],
+            [{"name": n, "arguments": a} for n, a in leaked],
+            f"tool call ({leak.formats[0]} markup) last in the reasoning with nothing after it; added as "
+            "tool_calls before the finish (the reasoning, already sent, keeps the markup)",
+        )
+    )
+    return leaked
+
+
+def _flag_unpinned(
+    text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats, plan: ChoicePlan, choice: int, prefix: str
+) -> None:
+    leak = foreign_markup(text, schemas, at_start, pinned)
+    if leak is None:
+        return
+    other = next(f for f in leak.formats if f not in pinned.names)
+    plan.defect(UNPINNED)
+    plan.changes.append(
+        Change(
+            STAGE,
+            UNPINNED,
+            f"$.choices[{choice}].{prefix}.content",
+            {"format": other, "markup": text[leak.start : leak.end]},
+            None,
+            f"markup of the registered format {other!r}, but {', '.join(pinned.names)} is pinned; passed through",
+        )
+    )
 
 
 def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan) -> None:

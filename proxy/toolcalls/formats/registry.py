@@ -7,7 +7,8 @@ regex search finds where any of them may start, and applies the rules every form
   carries no name: exactly one tool was offered);
 - markup inside a closed `<think>…</think>` of the content, or inside inline code (`` `…` ``), is a decoy;
 - a fenced block is a call only for a format whose call syntax is a fence, opening with that format's
-  tag, and only when it is the last thing in the text;
+  tag, and only when it is the last thing in the text; another format's markup inside a fenced block
+  (```` ``` ````…```` ``` ````) is an example, a decoy;
 - markup in the reasoning field counts only when it comes last there (the caller checks that no content
   or call follows in the turn);
 - prose that mentions markup stays prose: the markup must read completely as calls.
@@ -24,6 +25,7 @@ from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat
 
 _THINK = re.compile(r"<think>.*?</think>", re.S)
 _INLINE_CODE = re.compile(r"`[^`\n]+`")
+_FENCED = re.compile(r"^[ \t]*```.*?(?:^[ \t]*```[ \t]*$|\Z)", re.S | re.M)
 ANCHOR_LIMIT = 4096  # bytes of content held at its start for a format without a marker
 
 
@@ -57,15 +59,21 @@ class Formats:
         self.max_opener = max((len(o) for o in openers), default=0)
         self.anchored = tuple(f for f in self.formats if f.anchored)
         self.names = [f.name for f in self.formats]
+        # The first character of a marker-less format's markup, from what the format renders.
+        self.anchor_heads = frozenset(_head(f) for f in self.anchored) - {""}
+        self.fast_bytes, self.paired_bytes = _fast_bytes(self.by_opener)
+        self.starts = frozenset(o[:k] for o in openers for k in range(_distinct_at(o) + 1, len(o)))
 
     # -- holding ------------------------------------------------------------------------------------
     def may_start(self, tail: str) -> bool:
-        """Whether `tail` (the end of the text so far) may be the start of an opener."""
-        tail = tail[-self.max_opener :]
-        for opener in self.by_opener:
-            for k in range(min(len(opener) - 1, len(tail)), 0, -1):
-                if tail.endswith(opener[:k]):
-                    return True
+        """Whether `tail` (the end of the text so far) may be the start of an opener.
+
+        Only a start that reaches the opener's first punctuation counts (`<`, ` to=`): a text ending in
+        a space or a word is not held for an opener that begins with one (the fast path could not see
+        that start either)."""
+        for k in range(min(self.max_opener - 1, len(tail)), 0, -1):
+            if tail[-k:] in self.starts:
+                return True
         return False
 
     def has_opener(self, text: str) -> bool:
@@ -77,11 +85,15 @@ class Formats:
         if not offered:
             return None
         decoys = [m.span() for m in _THINK.finditer(text)] + [m.span() for m in _INLINE_CODE.finditer(text)]
+        fenced = [m.span() for m in _FENCED.finditer(text)] if "```" in text else []
         first: Found | None = None
         for at, fmts in self._candidates(text, at_start):
             if any(lo <= at < hi for lo, hi in decoys):
                 continue
+            in_fence = any(lo < at < hi for lo, hi in fenced)  # a fence format opens at the fence itself
             for fmt in fmts:
+                if in_fence and not fmt.fence:
+                    continue
                 if not fmt.claims(text, at):
                     continue
                 try:
@@ -124,6 +136,62 @@ def _judge(fmt: ToolFormat, markup: Markup, offered: list[str]) -> Found:
     return found
 
 
+def _head(fmt: ToolFormat) -> str:
+    try:
+        text = fmt.render([("f", {})]).lstrip()
+    except (ValueError, NotImplementedError):
+        return ""
+    return text[:1]
+
+
+_ENVELOPE = ':,"{}'  # bytes every chunk's JSON holds: useless to the fast path (and "" when none)
+_ESCAPABLE = "<>&"  # characters a JSON encoder may write as \\u00XX (Go's, by default)
+
+
+def _distinct_at(opener: str) -> int:
+    """Where the opener's first punctuation is (what the fast path looks for); its length when none."""
+    return next((k for k, ch in enumerate(opener) if not ch.isalnum() and ch not in " _" + _ENVELOPE), len(opener))
+
+
+def _fast_bytes(by_opener: dict[str, list[ToolFormat]]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """What a content event must hold to possibly start an opener, for the stage's fast path.
+
+    An opener whose first character is punctuation contributes that byte (a split opener's first piece
+    holds it): `<`, `[`, `]`, a backtick, `>`..., with the escapes a server may write instead (`\\u003c`, a
+    non-ASCII character's `\\uXXXX`). `[` and `]` are in every chunk's `"choices":[...]`, so for them
+    the stage looks for a second one (`paired`). An opener that starts with a word or a space (` to=`,
+    `Action:`) contributes its text up to its first punctuation: the same starts are seen (a piece cut
+    before that punctuation already went out either way), without every `=` in prose taking the slow path."""
+    plain: set[bytes] = set()
+    paired: set[bytes] = set()
+    for opener in by_opener:
+        at = _distinct_at(opener)
+        if at > 0:
+            plain.add(opener[: at + 1].encode())
+            continue
+        c = opener[0]
+        if c in "[]":
+            paired.add(c.encode())
+            continue
+        plain.add(c.encode())
+        if c in _ESCAPABLE or not c.isascii():
+            plain.add(f"\\u{ord(c):04x}".encode())
+            plain.add(f"\\u{ord(c):04X}".encode())
+    return tuple(sorted(plain)), tuple(sorted(paired))
+
+
+def markdown_table(formats: Iterable[ToolFormat]) -> str:
+    """The table of docs/formats.md: one row per registered format."""
+    rows = ["| name | family | openers | marker-less | fence |", "| --- | --- | --- | --- | --- |"]
+    for fmt in sorted(formats, key=lambda f: f.name):
+        openers = ", ".join(f"`{o}`" for o in fmt.openers).replace("|", "\\|") or "(none)"
+        family = fmt.family.replace("|", "\\|")
+        rows.append(
+            f"| `{fmt.name}` | {family} | {openers} | {'yes' if fmt.anchored else ''} | {'yes' if fmt.fence else ''} |"
+        )
+    return "\n".join(rows)
+
+
 def resolve(calls: list[RawCall], offered: list[str]) -> list[tuple[str, Any]] | None:
     """The calls with their offered names, or None when one isn't offered."""
     out = []
@@ -134,3 +202,9 @@ def resolve(calls: list[RawCall], offered: list[str]) -> list[tuple[str, Any]] |
             return None
         out.append((name, args))
     return out
+
+
+if __name__ == "__main__":  # python -m tapfix.proxy.toolcalls.formats.registry: the docs table
+    from tapfix.proxy.toolcalls.formats import REGISTRY
+
+    print(markdown_table(REGISTRY.values()))
