@@ -38,6 +38,7 @@ EMPTY_TURN: Final = "empty_tool_turn"
 MISSING_FRAGMENT: Final = "missing_fragment"
 MISSING_LAST_CHUNK: Final = "missing_last_chunk"
 AMBIGUOUS_ESCAPE: Final = "ambiguous_escape"
+LEAKED: Final = "leaked_into_content"
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +278,16 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         False,
         {"chat": "detected", "messages": "detected"},
         "a `tool_calls` (`tool_use`) finish with no call at all: never a silent empty turn",
+    ),
+    # -- leaked markup (issue 17: the registry of formats, proxy/toolcalls/formats/) ----------------------
+    DefectClass(
+        "leaked_markup",
+        "leaked markup",
+        LEAKED,
+        True,
+        REPAIRED_ALL,
+        "a call written as the model's own markup in the text (any registered format, table below), or last"
+        " in the reasoning: turned back into a call",
     ),
 )
 
