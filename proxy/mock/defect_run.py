@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tapfix.proxy.mock.mutations import compose, preserves
+from tapfix.proxy.mock.mutations import Mutate, compose, preserves
+from tapfix.proxy.mock.mutations_leak import DecoyKind, decoy_wire, leak_of
 from tapfix.proxy.mock.mutations_text import same_value
 from tapfix.proxy.mock.mutations_wire import Surface, Turn, new_wire, serialize, surface_tools
 from tapfix.proxy.sse import SSESplitter, event_data
@@ -207,15 +208,19 @@ class Example:
     fragments: list[list[str]] = field(default_factory=list)  # each call's argument fragments as sent
     tools: list[dict[str, Any]] = field(default_factory=list)  # as the surface's request offers them
     expected: list[tuple[str, Any]] = field(default_factory=list)  # (name, arguments) the client must get
+    leak: str = ""  # the format and field the calls leaked into ("glm47:reasoning"), when they did
 
     @property
     def acceptable(self) -> bool:
         return self.outcome == "exact" if self.preserves else self.outcome != "wrong"
 
 
-def run_example(rng: random.Random, surface: Surface, turn: Turn, ids: list[str]) -> Example:
-    """Mutate a valid turn with `ids` (those that apply), run the stage, judge the client's view."""
-    wire = compose(rng, new_wire(surface, turn, rng), ids)
+def run_example(
+    rng: random.Random, surface: Surface, turn: Turn, ids: list[str], apply: dict[str, Mutate] | None = None
+) -> Example:
+    """Mutate a valid turn with `ids` (those that apply), run the stage, judge the client's view
+    (`apply`: mutations.compose's replacement functions)."""
+    wire = compose(rng, new_wire(surface, turn, rng), ids, apply)
     sent = serialize(wire, rng)
     tools = surface_tools(turn, surface)
     received = run_stage(surface, tools, sent)
@@ -223,9 +228,38 @@ def run_example(rng: random.Random, surface: Surface, turn: Turn, ids: list[str]
     outcome, reason = judge(surface, expected, received)
     fragments = [list(c.frags or []) for c in wire.calls]
     kept = preserves(wire.applied)
+    leak = leak_of(wire)
+    where = f"{leak.fmt}:{leak.where}" if leak else ""
     return Example(
-        surface, turn.source, wire.applied, kept, outcome, reason, sent, received, fragments, tools, expected
+        surface, turn.source, wire.applied, kept, outcome, reason, sent, received, fragments, tools, expected, where
     )
+
+
+@dataclass
+class Decoy:
+    """A decoy run: the markup where it is no call must reach the client byte for byte."""
+
+    surface: Surface
+    fmt: str
+    kind: DecoyKind
+    source: str
+    sent: bytes
+    received: bytes
+
+    @property
+    def unchanged(self) -> bool:
+        return self.received == self.sent
+
+
+def run_decoy(rng: random.Random, surface: Surface, turn: Turn, fmt: str, kind: DecoyKind) -> Decoy | None:
+    """Format `fmt`'s markup of the turn's calls as a decoy of `kind`, through the stage (None: the
+    format can't write it so)."""
+    wire = decoy_wire(rng, new_wire(surface, turn, rng), fmt, kind)
+    if wire is None:
+        return None
+    sent = serialize(wire, rng)
+    received = run_stage(surface, surface_tools(turn, surface), sent)
+    return Decoy(surface, fmt, kind, turn.source, sent, received)
 
 
 def replay(example: dict[str, Any]) -> tuple[Outcome, str]:

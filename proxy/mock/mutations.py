@@ -12,11 +12,12 @@ functions.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from tapfix.proxy.mock import mutations_frags as frags
+from tapfix.proxy.mock import mutations_leak as leak
 from tapfix.proxy.mock import mutations_stream as stream
 from tapfix.proxy.mock import mutations_text as text
 from tapfix.proxy.mock.mutations_wire import Surface, Wire, render
@@ -40,6 +41,7 @@ _ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
     ("objects_concatenated", frags.objects_concatenated),
     ("resent_at_finish", frags.resent_at_finish),
     ("args_as_object", frags.args_as_object),
+    ("leaked_markup", leak.leaked_markup),  # renders the text-only turn itself
     ("two_calls_one_delta", stream.two_calls_one_delta),
     ("unknown_tool", stream.unknown_tool),
     ("name_case", stream.name_case),
@@ -57,6 +59,10 @@ _ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
 )
 RENDERED: Final = [name for name, _ in _ORDER].index("two_calls_one_delta")
 
+# The leak writes the calls' values as a format's markup: it composes with the mutations of those
+# values (before it), not with those of the JSON text or of the structured wire, which it replaces.
+_LEAK_COMPOSES: Final = frozenset({"scalar_as_string", "container_as_string", "required_missing"})
+
 # Pairs that together leave a delta with two readings, or contradict each other (the later is skipped).
 EXCLUSIVE: Final[frozenset[frozenset[str]]] = frozenset(
     frozenset(p)
@@ -69,6 +75,8 @@ EXCLUSIVE: Final[frozenset[frozenset[str]]] = frozenset(
         ("finish_length_complete", "empty_tool_turn"),
         ("finish_length_complete", "unknown_tool"),  # no schema says the call is complete
     )
+) | frozenset(
+    frozenset(("leaked_markup", name)) for name, _ in _ORDER if name not in _LEAK_COMPOSES | {"leaked_markup"}
 )
 
 
@@ -84,12 +92,14 @@ class Mutation:
 def _build() -> dict[str, Mutation]:
     functions = dict(_ORDER)
     out: dict[str, Mutation] = {}
+    names = [name for name, _ in _ORDER]
     for row in DEFECTS:
         fn = functions.get(row.id)
         if fn is None:
             continue
-        order = [name for name, _ in _ORDER].index(row.id)
-        out[row.id] = Mutation(row.id, row.preserves, order, fn, tuple(s for s in ALL if s in row.outcome))
+        out[row.id] = Mutation(
+            row.id, row.preserves, names.index(row.id), fn, tuple(s for s in ALL if s in row.outcome)
+        )
     return out
 
 
@@ -101,9 +111,10 @@ def for_surface(surface: Surface) -> list[Mutation]:
     return [m for m in MUTATIONS.values() if surface in m.surfaces]
 
 
-def compose(rng: random.Random, wire: Wire, ids: Sequence[str]) -> Wire:
+def compose(rng: random.Random, wire: Wire, ids: Sequence[str], apply: Mapping[str, Mutate] | None = None) -> Wire:
     """`wire` with the mutations `ids` applied in phase order; those that don't apply are left out
-    (`wire.applied` lists the ones that did)."""
+    (`wire.applied` lists the ones that did). `apply` replaces a mutation's function (the leak
+    limited to some formats: mutations_leak.leak_into_text)."""
     for mutation in sorted((MUTATIONS[i] for i in dict.fromkeys(ids)), key=lambda m: m.order):
         if wire.surface not in mutation.surfaces:
             continue
@@ -111,7 +122,8 @@ def compose(rng: random.Random, wire: Wire, ids: Sequence[str]) -> Wire:
             continue
         if mutation.order >= RENDERED:
             render(wire, rng)
-        result = mutation.apply(rng, wire.copy())
+        fn = (apply or {}).get(mutation.id, mutation.apply)
+        result = fn(rng, wire.copy())
         if result is not None:
             result.applied.append(mutation.id)
             wire = result
