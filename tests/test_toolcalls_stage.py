@@ -499,3 +499,20 @@ def test_a_stream_cut_inside_an_event_never_merges_the_repair_into_it(prefix: bo
         assert not view.calls or prefix  # prefix mode: what streamed before the error, which the SDK raises on
     else:
         assert [(c["name"], c["arguments"]) for c in view.calls] and all(json.loads(c["arguments"]) for c in view.calls)
+
+
+def test_an_event_only_pythons_json_reads_is_judged_like_any_other() -> None:
+    """orjson refuses a lone surrogate escape (`\\ud800`) that Python's json, and so the SDKs, read:
+    the stage must read that fragment too, or a repair around it leaves it hanging off the call
+    (found by the prefix property: a fragment the stage never saw broke the streamed arguments)."""
+    lone = (
+        b'data: {"id":"chatcmpl-u1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+        b'"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\\ud800y\\"}"}}]},"finish_reason":null}]}\n\n'
+    )
+    head = sse([ROLE, call(1, "c1", "write", '{"path": "a", "content": "x')], done=False)
+    data = head + lone + sse([TOOL_FINISH])
+    view = client_view(run_stage(ChatToolCallRepair(TOOLS, capture_id="cap"), [data]))
+    assert not view.errors
+    assert [(c["name"], json.loads(c["arguments"])) for c in view.calls] == [
+        ("write", {"path": "a", "content": "x\ud800y"})
+    ]
