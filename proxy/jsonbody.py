@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
 
 
 def json_object(body: bytes) -> dict[str, Any] | None:
-    """The body as a dict, or None when it is not JSON or not an object."""
+    """The body as a dict, or None when it is not JSON or not an object.
+
+    orjson first (fast); what it refuses but Python's json reads (a lone surrogate escape such as
+    `\\ud800`, which orjson rejects) is read too: the SDKs on the other side use Python's json, so
+    tapfix must see every event they will see, or a fragment it never judged reaches them."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
     return obj if isinstance(obj, dict) else None

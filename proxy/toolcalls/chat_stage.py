@@ -26,6 +26,7 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
+from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import comment, event_data, format_event
 from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
 from tapfix.proxy.toolcalls.arguments import dumps
@@ -194,11 +195,8 @@ class ChatToolCallRepair:
             return self._hold_or_pass(Item(event, None))
         if data.strip() == b"[DONE]":
             return self._on_done(event)
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict):
+        obj = json_object(data)
+        if obj is None:
             return self._hold_or_pass(Item(event, None))
         if "error" in obj and "choices" not in obj:
             return self._on_error(event, obj)
