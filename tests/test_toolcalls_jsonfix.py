@@ -55,7 +55,6 @@ REPAIRS = [
     ('{"a": 1}\n</tool_call>', {"a": 1}),
     ('{"a": 1}{"a": 1}', {"a": 1}),
     ('{a: 1, b: "x"}', {"a": 1, "b": "x"}),
-    ('{"a": yes please}', {"a": "yes please"}),
     ('code": "uptime"}', {"code": "uptime"}),
     ('"code": "uptime"}', {"code": "uptime"}),
     ('{"c": "<|\\begin<|\\"|", "d": "<|\\"end<|\\"}', {"c": "begin", "d": "end"}),

@@ -235,9 +235,42 @@ def test_a_literal_or_key_with_a_piece_lost_fails_the_call(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('{"a": yes please}', {"a": "yes please"}),  # a bare word that is no broken literal
+        ("{a: yes please}", {"a": "yes please"}),  # bare keys, bare values: a writer who quotes nothing
         ('{"a": True, "b": None,}', {"a": True, "b": None}),
     ],
 )
 def test_bare_words_and_python_literals_still_repair(text: str, expected: dict) -> None:
     assert repaired([text], None) == expected
+
+
+# -- found by bench/repair_rates.py at 10^5 examples (the last `wrong` calls) --------------------------------
+# Each text is what a dropped fragment leaves; no reading may turn it into a call.
+DROPS = [
+    (['{"', 'path":".","recursive":t', "ull", "}"], "list"),  # `rue` dropped: `tull` is no string
+    (['{"path": ".", "recursive": tr', "1}"], "list"),  # `ue, "limit": ` dropped
+    (['{"items":true', "]}"], "list"),  # a `[` dropped: the `]` has no opener
+    (['{"items": [{', ', "st', 'atus": "x"}]}'], "list"),  # a member dropped between `{` and `,`
+    (['{"path": "a", "offset":', "0000}"], "read"),  # digits dropped: `120000` → `0000`
+    (['{"path": "a", "offset": .5}'], "read"),  # `0` dropped
+    (['{"tasks":', '此调优", "prio', 'rity": "medium"}'], None),  # a string's opening quote dropped
+    (['{"a": yes please}'], "shell"),  # quoted keys, a bare value: its quotes were lost
+]
+
+
+@pytest.mark.parametrize(("frags", "name"), DROPS)
+def test_what_a_dropped_fragment_leaves_is_never_a_call(frags: list[str], name: str | None) -> None:
+    result = repair_arguments(frags, name, TOOLS if name else NO_TOOLS)
+    assert result.fatal is not None, result.text
+
+
+@pytest.mark.parametrize(
+    ("frags", "expected"),
+    [
+        (['{"command": "ls"}{"command": "ls"}{"command": "ls"}'], {"command": "ls"}),  # three copies
+        (['{"command":\\t"ls"}{"command":\\t"ls"}', '{"command":\\t"ls"}'], {"command": "ls"}),
+    ],
+)
+def test_what_no_drop_can_leave_still_repairs(frags: list[str], expected: dict) -> None:
+    result = repair_arguments(frags, "shell", TOOLS)
+    assert result.fatal is None, result.fatal
+    assert json.loads(result.text) == expected

@@ -74,6 +74,10 @@ EXCLUSIVE: Final[frozenset[frozenset[str]]] = frozenset(
         ("finish_stop_with_calls", "empty_tool_turn"),
         ("finish_length_complete", "empty_tool_turn"),
         ("finish_length_complete", "unknown_tool"),  # no schema says the call is complete
+        # A cut (or a dropped tail) right after a bare quote inside a string leaves a string that reads as
+        # closed and a lost final `}`: the same text as the repairable parser bug, so undecidable.
+        ("unescaped_quotes", "arguments_cut"),
+        ("unescaped_quotes", "fragment_dropped"),
     )
 ) | frozenset(
     frozenset(("leaked_markup", name)) for name, _ in _ORDER if name not in _LEAK_COMPOSES | {"leaked_markup"}

@@ -1,9 +1,10 @@
 """Turning one call's accumulated argument fragments into a JSON string an agent can run, or a reason why not.
 
 The order matters: strict json.loads first (a valid call is never touched), then rules that explain
-a whole class of defects (a resent copy, a dropped `{"`, Python literals...), json-repair once as a
-last resort, and finally the schema: a required argument that never arrived makes the call
-unrecoverable instead of becoming `{}`.
+a whole class of defects (a resent copy, a dropped `{"`, Python literals...), and finally the schema:
+a required argument that never arrived makes the call unrecoverable instead of becoming `{}`. There is
+no last-resort guesser: text no rule explains fails the call (the retryable error), since a general
+JSON "repair" fills in what a dropped fragment took and hands out a different call.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import json_repair
 from tapfix.proxy.toolcalls.defects import (
     AMBIGUOUS_ESCAPE,
     DUPLICATED,
@@ -29,7 +29,6 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 CUT = "arguments cut off inside a value"
 _KEY_FIRST = re.compile(r'\s*([A-Za-z_$][\w$\-]*)"\s*:')
 _QUOTED_KEY_FIRST = re.compile(r'\s*"([^"\\]+)"\s*:')
-_LOSSY = re.compile(r"ignor|remov|miss|stray|skip|discard|drop|doubled|misplaced|unexpected", re.I)
 _FIX_CLASS = {"closed_brackets": "missing_last_chunk"}
 
 
@@ -299,7 +298,8 @@ def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, resul
         result.fatal = "a key repeats: fragments were spliced"
         return MISSING
     if parsed.bad or parsed.value is MISSING:
-        return _last_resort(text, result)
+        result.fatal = "arguments are not valid JSON"  # no reading of the defect classes explains the text
+        return MISSING
     for fix in parsed.fixes:
         result.note(_FIX_CLASS.get(fix, INVALID_JSON), fix)
     value = parsed.value
@@ -308,12 +308,13 @@ def _tolerant(text: str, props: dict[str, Any] | None, finish: str | None, resul
         if is_debris(rest):
             result.note(INVALID_JSON, "trailing debris")
         else:
-            again = loads_tolerant(rest)
-            if again.value == value and (not again.rest.strip() or is_debris(again.rest)):
-                result.note(DUPLICATED, "arguments repeated")
-            else:
-                result.fatal = "two argument objects in one call"
-                return MISSING
+            while rest.strip() and not is_debris(rest):  # the same object again, once or more
+                again = loads_tolerant(rest)
+                if again.value != value or again.cut or again.bad or again.closed:
+                    result.fatal = "two argument objects in one call"
+                    return MISSING
+                rest = again.rest
+            result.note(DUPLICATED, "arguments repeated")
     return value
 
 
@@ -324,6 +325,8 @@ def _only_the_last_brace_lost(parsed: Parsed, props: dict[str, Any] | None, fini
     is indistinguishable from arguments cut short, and completing them would hand out a different call."""
     if parsed.closed != 1 or finish == "length" or parsed.ends_on_number or not props:
         return False
+    if "unescaped_quote" in parsed.fixes:
+        return False  # the string that ends the text may have been cut right after a quote inside it
     return isinstance(parsed.value, dict) and all(key in parsed.value for key in props)
 
 
@@ -382,20 +385,3 @@ def _restore_prefix(text: str, props: dict[str, Any] | None, result: ArgResult) 
             result.note("missing_first_chunk", "restored " + prefix)
             return prefix + stripped
     return text
-
-
-def _last_resort(text: str, result: ArgResult) -> Any:
-    """json-repair, once per finished call; accepted only when it kept what the model wrote."""
-    try:
-        # With logging=True it returns (object, log); json-repair's annotations say so only in later releases.
-        outcome: Any = json_repair.repair_json(text, return_objects=True, logging=True)
-        repaired, log = outcome
-    except Exception:  # noqa: BLE001 - a third-party parser must not break the stream
-        repaired, log = None, []
-    # It also "repairs" by dropping or splicing what the model wrote: accept only additive fixes.
-    lossy = any(_LOSSY.search(str(entry.get("text", ""))) for entry in log if isinstance(entry, dict))
-    if isinstance(repaired, dict) and repaired and not lossy:
-        result.note("invalid_json", "json_repair")
-        return repaired
-    result.fatal = "arguments are not valid JSON"
-    return MISSING

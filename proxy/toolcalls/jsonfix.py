@@ -22,6 +22,7 @@ _DEBRIS = re.compile(r'<\|\\?"\|?>?|<\|\\(?!")')
 _GEMMA_DELIM = '<|"|>'
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _NUMBER_LOOSE = re.compile(r"[-+]?\d*\.?\d*(?:[eE][-+]?\d*)?")
+_SIGNED_NUMBER = re.compile(r"\+(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _STRICT_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _WORD = re.compile(r"[A-Za-z_$][\w$.\-]*")
 _LITERALS: dict[str, Any] = {
@@ -87,7 +88,7 @@ class Parsed:
 
 
 class _Reader:
-    __slots__ = ("text", "n", "pos", "fixes", "closed", "top", "last_number_end")
+    __slots__ = ("text", "n", "pos", "fixes", "closed", "top", "last_number_end", "quoted_keys")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -97,6 +98,7 @@ class _Reader:
         self.closed = 0
         self.top: dict[str, Any] | None = None
         self.last_number_end = -1
+        self.quoted_keys = False
 
     def skip(self) -> None:
         text, n, pos = self.text, self.n, self.pos
@@ -158,16 +160,16 @@ class _Reader:
             c = self.text[self.pos]
             if c == "}" or c == "]":
                 if c == "]":
-                    if after_comma:
-                        raise _Lost(LOST_REST)  # `{"a": 1, ]`: a member and the `}` were lost
-                    self.fix("mismatched_bracket")
+                    raise _Lost(LOST_REST)  # `{"a": 1]` or `{"a": 1, ]`: a `[` (or a member and the `}`) was lost
                 if after_comma:
                     self.fix("trailing_comma")
                 self.pos += 1
                 return result
-            if c == ",":
+            if c == "," or (c == ";" and after_value):
                 if not after_value:
-                    self.fix("extra_comma")
+                    raise _Lost(LOST_REST)  # `{, "b": 1}` / `[1, , 2]`: a member between the commas was lost
+                if c == ";":
+                    self.fix("semicolon_separator")  # a separator no drop can leave: Python-ish `a; b`
                 self.pos += 1
                 after_value, after_comma = False, True
                 continue
@@ -195,6 +197,7 @@ class _Reader:
         if c == '"' or c == "'":
             if c == "'":
                 self.fix("single_quotes")
+            self.quoted_keys = True
             return self.string(c, "key")
         m = _WORD.match(self.text, self.pos)
         if m is None:
@@ -220,16 +223,16 @@ class _Reader:
             c = self.text[self.pos]
             if c == "]" or c == "}":
                 if c == "}":
-                    if after_comma:
-                        raise _Lost(LOST_REST)  # `["a", }`: the rest of the array and its `]` were lost
-                    self.fix("mismatched_bracket")
+                    raise _Lost(LOST_REST)  # `["a"}` or `["a", }`: a `{` (or the rest of the array and `]`) was lost
                 if after_comma:
                     self.fix("trailing_comma")
                 self.pos += 1
                 return result
-            if c == ",":
+            if c == "," or (c == ";" and after_value):
                 if not after_value:
-                    self.fix("extra_comma")
+                    raise _Lost(LOST_REST)  # `{, "b": 1}` / `[1, , 2]`: a member between the commas was lost
+                if c == ";":
+                    self.fix("semicolon_separator")  # a separator no drop can leave: Python-ish `a; b`
                 self.pos += 1
                 after_value, after_comma = False, True
                 continue
@@ -394,6 +397,8 @@ class _Reader:
         strict = _NUMBER.fullmatch(token)
         if strict is None:
             raise _Bad("not a number")
+        if not _SIGNED_NUMBER.fullmatch(token):
+            raise _Lost(LOST_DIGITS)  # `0000` of `120000`, `.5` of `0.5`: only a leading `+` is no drop's doing
         self.fix("number_format")
         value = float(token)
         return int(value) if value.is_integer() and not any(c in token for c in ".eE") else value
@@ -413,7 +418,7 @@ class _Reader:
             return _LITERALS[token]
         if m.end() >= n and any(lit.startswith(token) for lit in _LITERALS):
             raise _Cut("literal")
-        if _literal_with_a_piece_lost(token):
+        if _literal_with_a_piece_lost(token) or _literal_run_on(token):
             raise _Lost(LOST_LITERAL)  # `rue` of `true`, `fse` of `false`: a fragment of the literal was lost
         # A bare word: read it as a string up to the next delimiter of the context.
         stop = re.compile(r"[,}\]\n]") if ctx != "top" else re.compile(r"$")
@@ -422,6 +427,8 @@ class _Reader:
         if end >= n and ctx != "top":
             raise _Cut("value")
         value = text[self.pos : end].strip()
+        if self.quoted_keys:
+            raise _Lost(LOST_STRING_END)  # a writer who quotes keys quotes strings: this one lost its quote
         if '"' in value:
             raise _Lost(
                 LOST_STRING_END
@@ -429,6 +436,12 @@ class _Reader:
         self.fix("bare_word")
         self.pos = end
         return value
+
+
+def _literal_run_on(word: str) -> bool:
+    """A word that starts like a literal and goes on (`trueull`, `tr1`, `nul0`): a literal with the
+    rest of the text spliced onto it after a drop; a bare string never needs to start so."""
+    return len(word) >= 2 and any(lit.startswith(word[:2]) for lit in _LITERALS) and word[:1] in "tfnTFN"
 
 
 def _literal_with_a_piece_lost(word: str) -> bool:
