@@ -385,12 +385,6 @@ LEAKS = [
         "\n",
         [("read", {"path": "r"})],
     ),
-    (
-        "fenced json",
-        ['```json\n{"name": "read", "parameters": {"path": "f"}}\n```'],
-        "",
-        [("read", {"path": "f"})],
-    ),
 ]
 
 
@@ -408,8 +402,11 @@ NOT_LEAKS = [
     ("unknown tool name", ['<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>']),
     ("arguments do not parse", ['<tool_call>{"name": "read", "arguments": {"path": </tool_call>']),
     ("plain json answer", ['{"name": "read", "arguments": "nope, a string"}']),
-    ("required argument missing", ['[TOOL_CALLS]write{"path": "a"}']),
     ("marker mentioned in prose", ["To call a tool, write [TOOL_CALLS] then the name."]),
+    # Issue 17's fence rule: a fenced block is a call only for a format whose call syntax is a fence,
+    # opening with that format's tag. A ```json fence around {"name", "parameters"} is no registered
+    # format's call syntax (llama3_json is bare JSON; xLAM's fence holds a list): it stays content.
+    ("fenced json", ['```json\n{"name": "read", "parameters": {"path": "f"}}\n```']),
 ]
 
 
@@ -417,6 +414,15 @@ NOT_LEAKS = [
 def test_text_that_is_not_a_confirmed_leak_stays_content(label: str, texts: list) -> None:
     data, out, stage = run([ROLE, *[content(t) for t in texts], STOP])
     assert out == data and stage.outcome == "untouched"
+
+
+def test_leaked_markup_lacking_a_required_argument_is_the_retryable_error() -> None:
+    """The format reads the markup and its name is offered: a call, one that lost information (`write`
+    requires `content`). Handing it out as text would lose the call silently: the retryable error."""
+    _, out, stage = run([ROLE, content('[TOOL_CALLS]write{"path": "a"}'), STOP])
+    view = client_view(out)
+    assert view.errors and not view.calls and stage.outcome == "unrecoverable"
+    assert "missing_fragment" in stage.defects and any(c.kind == "missing_fragment" for c in stage.changes)
 
 
 def test_leak_detection_is_off_without_tools() -> None:

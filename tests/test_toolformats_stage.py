@@ -316,3 +316,178 @@ def test_the_docs_table_lists_every_registered_format() -> None:
 
 def test_armed_pinned_holds_one_format() -> None:
     assert armed("hermes").names == ["hermes"] and len(armed().names) == len(REGISTRY)
+
+
+# -- word-led openers split before their first punctuation ------------------------------------------------
+def _word_led() -> list[tuple[Any, str, str]]:
+    """(format, opener, text) for every opener that starts with a word or a space (` to=functions.`,
+    `Action:`, `functools[`, `function call<|role_sep|>`): the format's rendered markup, from that opener
+    on when that alone reads as the call, else whole."""
+    out = []
+    for fmt in REGISTRY.values():
+        for opener in fmt.openers:
+            if not (opener[:1].isalnum() or opener[:1] == " "):
+                continue
+            markup = fmt.render(READ_A)
+            at = markup.find(opener)
+            for text in (markup[at:], markup) if at >= 0 else ():
+                found = armed(fmt.name).find("Let me check.\n" + text, ["read", "grep"], at_start=False)
+                if found is not None and found.confirmed:
+                    out.append((fmt, opener, text))
+                    break
+    return out
+
+
+WORD_LED = _word_led()
+
+
+def _cuts(opener: str) -> range:
+    """Where a delta may end inside the opener before its first punctuation (what a byte check of the
+    delta alone cannot see)."""
+    first = next((k for k, c in enumerate(opener) if not (c.isalnum() or c in " _")), len(opener))
+    return range(1, min(first, len(opener) - 1) + 1)
+
+
+def test_every_word_led_opener_is_tried() -> None:
+    assert {o for _, o, _ in WORD_LED} >= {" to=functions.", "Action:", "functools[", "function call<|role_sep|>"}
+
+
+@pytest.mark.parametrize(("fmt", "opener", "text"), WORD_LED, ids=[f"{f.name}-{o.strip()}" for f, o, _ in WORD_LED])
+@pytest.mark.parametrize("field", ["content", "reasoning_content"])
+def test_a_delta_ending_inside_a_word_led_opener_does_not_lose_the_call(
+    fmt: Any, opener: str, text: str, field: str
+) -> None:
+    prose = "Let me check.\n"
+    whole = prose + text
+    at = whole.find(opener, len(prose) - 1)
+    make = content if field == "content" else partial(reasoning, field=field)
+    for k in _cuts(opener):
+        cut = at + k
+        rest = pieces(whole[cut:], random.Random(k))
+        _, out, stage = run([ROLE, make(whole[:cut]), *[make(t) for t in rest], STOP], k)
+        view = client_view(out)
+        assert calls_of(out) == READ_A and not view.errors, (opener[:k], view.content, stage.changes)
+        assert view.finish_reasons == ["tool_calls"]
+
+
+def test_a_tail_that_may_start_a_word_led_opener_waits_one_delta_only() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    outs = _feed_all(stage, [ROLE, content("Plain text."), content(" It is functi"), content("onal, see.")])
+    assert [len(o) for o in outs] == [1, 1, 0, 2]  # "functi" may start `functools[`: held until "onal"
+    stage = ChatToolCallRepair(TOOLS)
+    outs = _feed_all(stage, [ROLE, content("Plain text."), content(" Actio"), content("n: none.")])
+    assert [len(o) for o in outs] == [1, 1, 0, 2]
+
+
+def test_the_fast_path_sees_a_delta_ending_inside_a_word_led_opener() -> None:
+    stage = ChatToolCallRepair(TOOLS)
+    _feed_all(stage, [ROLE, content("Plain text first.")])
+    for text in ("I call funct", "Now: Actio", "the commentary to", "x function ca"):
+        for make in (content, reasoning, partial(reasoning, field="reasoning")):
+            assert stage._interesting(sse([make(text)], done=False)), (text, make)
+    for text in ("hello world", "nothing to see.", 'a "quoted" word', "ends in a newline\n"):
+        assert not stage._interesting(sse([content(text)], done=False)), text
+
+
+# -- a <think> split across deltas ------------------------------------------------------------------------
+def test_markup_inside_a_think_split_across_deltas_stays_text() -> None:
+    mistral = ["<think", ">[TOOL", "_", "CA", "LLS", ']execute_bash_code[ARGS]{"code": "uptime"}</think>']
+    bash = tool("execute_bash_code", {"code": {"type": "string"}}, ["code"])
+    data, out, stage = run([ROLE, *[content(t) for t in mistral], TOOL_FINISH], tools=[bash])
+    assert client_view(out).content == "".join(mistral)
+    data, out, stage = run([ROLE, *[content(t) for t in mistral], STOP], tools=[bash])
+    assert out == data and stage.outcome == "untouched"
+
+
+THINKABLE = [f for f in REGISTRY.values() if not f.anchored]
+
+
+@pytest.mark.parametrize("fmt", THINKABLE, ids=[f.name for f in THINKABLE])
+def test_a_think_opened_in_an_earlier_delta_keeps_its_markup_a_decoy(fmt: Any) -> None:
+    text = "<think>" + fmt.render(READ_A) + "</think>\nNo call needed."
+    for k in range(1, len("<think>") + 1):
+        stream = [ROLE, content(text[:k]), *[content(t) for t in pieces(text[k:], random.Random(k))], STOP]
+        data, out, stage = run(stream, k)
+        assert out == data, (fmt.name, text[:k], client_view(out).content)
+
+
+# -- confirmed markup that lost a required argument -------------------------------------------------------
+def _lacking_required() -> list[tuple[Any, str]]:
+    out = []
+    for fmt in REGISTRY.values():
+        try:
+            markup = fmt.render([("read", {})])
+        except ValueError:
+            continue
+        found = armed(fmt.name).find(markup, ["read", "grep"], at_start=True)
+        if found is not None and found.confirmed:
+            out.append((fmt, markup))
+    return out
+
+
+LACKING = _lacking_required()
+
+
+@pytest.mark.parametrize(("fmt", "markup"), LACKING, ids=[f.name for f, _ in LACKING])
+def test_confirmed_markup_lacking_a_required_argument_is_the_retryable_error(fmt: Any, markup: str) -> None:
+    """The format reads it and names an offered tool, but `read` requires `path`: a call that lost
+    information. Passing it as text would drop the call silently; it is the retryable error."""
+    _, out, stage = run([ROLE, *texts(markup, 0), STOP], tool_format=fmt.name)
+    view = client_view(out)
+    assert view.errors and not view.calls and stage.outcome == "unrecoverable", view.content
+    assert any(c.kind == "missing_fragment" for c in stage.changes)
+    body = _body({"role": "assistant", "content": markup})
+    repair = body_repair_for("chat")
+    assert repair is not None
+    out_body, changes, outcome = repair(body, TOOLS, tool_format=fmt.name)
+    assert outcome == "unrecoverable" and "error" in json.loads(out_body)
+    assert any(c.kind == "missing_fragment" for c in changes)
+
+
+def test_every_format_that_can_say_an_empty_call_is_tried() -> None:
+    assert len(LACKING) >= len(REGISTRY) // 2
+
+
+# -- the non-streamed body: reasoning ------------------------------------------------------------------------
+def _body(message: dict[str, Any], finish: str = "stop") -> bytes:
+    choice = {"index": 0, "message": message, "finish_reason": finish}
+    return json.dumps({"id": "x", "object": "chat.completion", "choices": [choice]}).encode()
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+@pytest.mark.parametrize("blank", [None, ""])
+def test_the_body_recovers_markup_last_in_the_reasoning(field: str, blank: str | None) -> None:
+    thought = "The user wants a.py.\n" + HERMES + "\n"
+    body = _body({"role": "assistant", "content": blank, field: thought})
+    repair = body_repair_for("chat")
+    assert repair is not None
+    out, changes, outcome = repair(body, TOOLS)
+    choice = json.loads(out)["choices"][0]
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]]
+    assert outcome == "repaired" and calls == READ_A and choice["finish_reason"] == "tool_calls"
+    assert choice["message"][field] == thought
+    assert any(c.kind == "leaked_into_reasoning" and field in c.path for c in changes)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "content": "It is 4.", "reasoning_content": HERMES},
+        {"role": "assistant", "content": None, "reasoning_content": HERMES + "\nNo, I know it."},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": HERMES,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"pattern": "x"}'}}
+            ],
+        },
+    ],
+    ids=["content-after", "not-last", "a-call-after"],
+)
+def test_the_body_keeps_reasoning_decoys(message: dict[str, Any]) -> None:
+    body = _body(message, "tool_calls" if "tool_calls" in message else "stop")
+    repair = body_repair_for("chat")
+    assert repair is not None
+    out, _, outcome = repair(body, TOOLS)
+    assert out == body and outcome == "untouched"
