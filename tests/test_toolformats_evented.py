@@ -24,10 +24,10 @@ from tapfix.proxy.mock.surface_script import Part, Script
 from tapfix.proxy.toolcalls import (
     MessagesToolCallRepair,
     ResponsesToolCallRepair,
+    formats,
     repair_messages_body,
     repair_responses_body,
 )
-from tapfix.proxy.toolcalls import formats
 
 from tests.support.builders import sse_json as events
 from tests.test_toolcalls_invariants_evented import messages_view, responses_view
@@ -142,6 +142,28 @@ def expected(vector: dict[str, Any]) -> list[tuple[str, Any]]:
     return [(c["name"], c["arguments"]) for c in vector["calls"]]
 
 
+def lacks_required(vector: dict[str, Any]) -> bool:
+    """A vector whose markup reads as a call without an argument the tool requires: the markup is read,
+    but the call can't be sent (the retryable error, as for a structured call)."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in vector["tools"]}
+    return any(set(schemas[c["name"]].get("required") or []) - set(c["arguments"]) for c in vector["calls"])
+
+
+def same_calls(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> bool:
+    """The vector's calls are what `find` reads (the first markup); the stage reads every markup."""
+    return got[: len(want)] == want and (len(got) == len(want) or bool(want))
+
+
+def without_markup(text: str, stage: Any) -> str:
+    """The vector's text with each recovered markup (the changes' `before`, as the model wrote it) cut out."""
+    for change in stage.changes:
+        if change.kind == "leaked_into_content":
+            for markup in change.before if isinstance(change.before, list) else [change.before]:
+                assert isinstance(markup, str) and markup and markup in text
+                text = text.replace(markup, "", 1)
+    return text
+
+
 def leak_kinds(stage: Any) -> list[str]:
     return [c.kind for c in stage.changes]
 
@@ -153,15 +175,16 @@ def test_markup_in_text_becomes_calls_on_responses_split_anywhere(name: str, vec
     want = expected(vector)
     for pieces in splits(vector["text"], hash(name) & 0xFFFF):
         data, stage = run_r(text_script(pieces), tools)
+        if lacks_required(vector):
+            assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
+            continue
         got = r_calls(data)
-        assert got == want, (pieces, got)
+        assert same_calls(got, want), (pieces, got)
         text = r_text(data)
         if want:
             assert "leaked_into_content" in leak_kinds(stage)
             assert stage.outcome == "repaired"
-            markups = [c.before for c in stage.changes if c.kind == "leaked_into_content"]
-            assert all(isinstance(m, str) and m and m in vector["text"] for m in markups)
-            assert text.strip() in vector["text"]
+            assert text == without_markup(vector["text"], stage)
         else:
             assert text == vector["text"] and stage.changes == []
 
@@ -172,13 +195,16 @@ def test_markup_in_text_becomes_calls_on_messages_split_anywhere(name: str, vect
     want = expected(vector)
     for pieces in splits(vector["text"], hash(name) & 0xFFFF):
         data, stage = run_m(text_script(pieces), tools)
+        if lacks_required(vector):
+            assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
+            continue
         got, stop = m_calls(data)
-        assert got == want, (pieces, got)
+        assert same_calls(got, want), (pieces, got)
         text = m_text(data)
         if want:
             assert stop == "tool_use"
             assert "leaked_into_content" in leak_kinds(stage)
-            assert text.strip() in vector["text"]
+            assert text == without_markup(vector["text"], stage)
         else:
             assert stop == "end_turn"
             assert text == vector["text"] and stage.changes == []
@@ -188,13 +214,15 @@ def test_markup_in_text_becomes_calls_on_messages_split_anywhere(name: str, vect
 @pytest.mark.parametrize(("name", "vector"), VECTORS, ids=IDS)
 def test_markup_in_text_becomes_calls_in_bodies(name: str, vector: dict[str, Any]) -> None:
     want = expected(vector)
+    if lacks_required(vector):
+        pytest.skip("the call can't be sent (covered by the streamed tests)")
     s = text_script([vector["text"]])
     tools = r_tools(vector["tools"])
     body = responses_body(s, {"tools": tools}, "f" * 64, 1_760_000_000, "m", 10)
     out, changes, outcome = repair_responses_body(body, tools, capture_id="cap-17")
     obj = orjson.loads(out)
     calls = [(i["name"], json.loads(i["arguments"])) for i in obj["output"] if i["type"] == "function_call"]
-    assert calls == want
+    assert same_calls(calls, want)
     ids = [i["call_id"] for i in obj["output"] if i["type"] == "function_call"]
     assert len(set(ids)) == len(ids)
     if not want:
@@ -207,7 +235,7 @@ def test_markup_in_text_becomes_calls_in_bodies(name: str, vector: dict[str, Any
     out, changes, outcome = repair_messages_body(body, tools, capture_id="cap-17")
     obj = orjson.loads(out)
     calls = [(b["name"], b["input"]) for b in obj["content"] if b["type"] == "tool_use"]
-    assert calls == want
+    assert same_calls(calls, want)
     if not want:
         assert out == body and changes == [] and outcome == "untouched"
     else:
@@ -339,7 +367,7 @@ def test_a_recovered_call_whose_arguments_cannot_be_recovered_is_the_retryable_e
             },
         }
     ]
-    markup = '<tool_call>\n{"name": "write", "arguments": {"n": "many"}}\n</tool_call>'
+    markup = '<tool_call>\n{"name": "write", "arguments": {"m": 1}}\n</tool_call>'
     data, stage = run_r(text_script([markup]), r_tools(tool))
     assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
     data, stage = run_m(text_script([markup]), m_tools(tool))

@@ -260,6 +260,14 @@ class HoldingStage:
         if self.outcome == "untouched":
             self.outcome = "repaired"
 
+    def add(self, change: Change, flag: bool = False) -> None:
+        """A change row built elsewhere (a recovered leak; with `flag`, a flag that leaves the outcome)."""
+        if change.kind not in self.defects:
+            self.defects.append(change.kind)
+        self.changes.append(change)
+        if not flag and self.outcome == "untouched":
+            self.outcome = "repaired"
+
     def flag(self, name: str | None, where: str) -> None:
         """A name no offered tool matches: it passes as sent (nothing is guessed), the change row says so."""
         if UNKNOWN_TOOL not in self.defects:

@@ -27,10 +27,12 @@ from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, WRONG_INDEX
+from tapfix.proxy.toolcalls.evented_leaks import (
+    LeakDetector,
+)
 from tapfix.proxy.toolcalls.evented_stage import (
     DenseIndex,
     HeldCall,
-    HoldingStage,
     IdLedger,
     as_dict,
     decide,
@@ -40,13 +42,14 @@ from tapfix.proxy.toolcalls.evented_stage import (
     repair_change,
     unknown_tool_change,
 )
+from tapfix.proxy.toolcalls.messages_leaks import MessagesLeaks, leak_content
 from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to tool_use when a tool_use went out
 
 
-class MessagesToolCallRepair(HoldingStage):
+class MessagesToolCallRepair(MessagesLeaks):
     """Per call: hold, judge, release. Per message: content-block indexes dense from 0 in order of their
     `content_block_start`, one unique id per tool_use block (minted when missing or used), and
     `stop_reason: tool_use` if and only if a tool_use block went out. The calls are held until the
@@ -55,19 +58,36 @@ class MessagesToolCallRepair(HoldingStage):
     path_prefix = "$.content"
 
     def __init__(
-        self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
+        self,
+        tools: list[Any] | None,
+        policy: ToolRepairPolicy = "error",
+        capture_id: str = "",
+        *,
+        tool_format: str | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
+        self.init_leaks(tool_format)
         self.repaired: dict[int, tuple[str | None, str | None, str | None]] = {}  # index -> (arguments, name, id)
         self.blocks = DenseIndex()
         self.ids = IdLedger("toolu_", capture_id)
         self.tool_use_sent = False
 
     def on_event(self, event: bytes) -> list[bytes]:
+        if self.leaks.active and event.startswith(b"event: content_block_delta"):
+            text_out = self._text_delta(event)
+            if text_out is not None:
+                if self.blocks.shifted:
+                    text_out = [self._renumber(e) for e in text_out]
+                if self.holding:
+                    self.held += text_out
+                    return []
+                return text_out
         if not self.calls and event.startswith(b"event: content_block_delta"):  # the hot event: one prefix check
             return [self._renumber(event)] if self.blocks.shifted else [event]
         if (
             not self.holding
+            and not self.leaks.active
             and b"tool_use" not in event
             and b"content_block_start" not in event
             and b"message_delta" not in event
@@ -79,9 +99,17 @@ class MessagesToolCallRepair(HoldingStage):
         kind = obj.get("type")
         index = obj.get("index")
         block = as_dict(obj.get("content_block"))
+        if self.leaks.active:
+            leak_out = self._leak_event(kind, index, block, event, obj)
+            if leak_out is not None:
+                if self.holding and not self.ended:
+                    self.held += leak_out
+                    return []
+                return leak_out
         if kind == "content_block_start" and isinstance(index, int):
             position = self._place(index)
             if block.get("type") == "tool_use":
+                self.upstream_calls = True
                 opened = self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
                 opened.position = position
                 opened.out_id, opened.id_reason = self.ids.assign(block.get("id"), position)
@@ -91,7 +119,12 @@ class MessagesToolCallRepair(HoldingStage):
         if kind == "message_delta":
             delta = as_dict(obj.get("delta"))
             stop = delta.get("stop_reason")
-            released: list[bytes] = []
+            released: list[bytes] = self._end_turn() if self.leaks.active else []
+            if self.ended:
+                return released
+            if self.holding:
+                self.held += released
+                released = []
             if self.holding:  # the message ended with calls held: judge them on what arrived
                 for c in self.calls.values():
                     c.closed = True
@@ -134,7 +167,7 @@ class MessagesToolCallRepair(HoldingStage):
         return all(c.closed for c in self.calls.values())
 
     def _place(self, index: int) -> int:
-        position, moved = self.blocks.position(index, index)
+        position, moved = self.blocks.position(index, index + self.inserted)
         if moved:
             reason = "content-block indexes not dense from 0 in order of the blocks; renumbered"
             self.record(WRONG_INDEX, f"$.content[{position}]", {"index": index}, {"index": position}, reason)
@@ -159,8 +192,9 @@ class MessagesToolCallRepair(HoldingStage):
             reason = "stop_reason tool_use, but the stream carried no tool_use block"
             return self.fatal(Fatal("?", reason, EMPTY_TURN), upstream=event)
         if stop in _ENDS_WITH_CALLS and self.tool_use_sent:
-            why = f"stop_reason {stop} with a tool_use block that went out (checked as cut when max_tokens)"
-            self.record(FINISH_MISMATCH, "$.delta.stop_reason", stop, "tool_use", why)
+            if self.upstream_calls:  # recovered calls alone: their leaked_into_content row says why
+                why = f"stop_reason {stop} with a tool_use block that went out (checked as cut when max_tokens)"
+                self.record(FINISH_MISMATCH, "$.delta.stop_reason", stop, "tool_use", why)
             new = {**delta, "stop_reason": "tool_use", "stop_sequence": None}
             return [named_event("message_delta", {**obj, "delta": new}, self.nl)]
         return [event]
@@ -177,7 +211,7 @@ class MessagesToolCallRepair(HoldingStage):
             call = self.calls[key]
             if self.judge(verdict, call, f"$.content[{call.position}].input"):
                 repaired[key] = (verdict.arguments, verdict.name, call.out_id)
-        if not repaired and not self.blocks.shifted:
+        if not repaired and not self.blocks.shifted and not self.minted:
             released, self.held, self.calls = self.held, [], {}
             return released
         self.repaired.update(repaired)
@@ -186,6 +220,9 @@ class MessagesToolCallRepair(HoldingStage):
         for raw in self.held:
             obj = parse(raw)
             index = obj.get("index") if obj else None
+            if raw in self.minted:
+                out.append(raw)
+                continue
             if obj is None or not isinstance(index, int) or index not in repaired:
                 out.append(self._renumber(raw, obj))
                 continue
@@ -225,7 +262,12 @@ class MessagesToolCallRepair(HoldingStage):
 
 
 def repair_messages_body(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
+    body: bytes,
+    tools: list[Any] | None,
+    *,
+    capture_id: str = "",
+    policy: ToolRepairPolicy = "error",
+    tool_format: str | None = None,
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `message`: (body, changes, outcome); unrecoverable → Anthropic's error body,
     sent with status 502 (policy "error") or 422 ("fail_fast"). The stream's invariants: one unique id
@@ -239,12 +281,21 @@ def repair_messages_body(
     changes: list[Change] = []
     content: list[Any] = []
     stop = obj.get("stop_reason")
-    uses = [b for b in obj["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+    upstream_uses = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in obj["content"])
+    blocks, leak_fatal = leak_content(obj["content"], LeakDetector(schemas, tool_format), capture_id, changes)
+    if leak_fatal is not None:
+        return _unrecoverable(body, leak_fatal, "$.content", changes, policy, capture_id)
+    uses = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
     if stop == "tool_use" and not uses:
         fatal = Fatal("?", "stop_reason tool_use, but the message has no tool_use block", EMPTY_TURN)
         return _unrecoverable(body, fatal, "$.stop_reason", changes, policy, capture_id)
-    edited = False
-    for position, block in enumerate(obj["content"]):
+    edited = blocks is not obj["content"]
+    recovered = {id(b) for b in blocks} - {id(b) for b in obj["content"]}  # judged already, when read
+    for position, block in enumerate(blocks):
+        if id(block) in recovered and isinstance(block, dict) and block.get("type") == "tool_use":
+            ids.assign(block.get("id"), position)
+            content.append(block)
+            continue
         if not isinstance(block, dict) or block.get("type") != "tool_use":
             content.append(block)
             continue
@@ -288,8 +339,9 @@ def repair_messages_body(
         content.append(new)
     fixed: dict[str, Any] = {"content": content}
     if uses and stop in _ENDS_WITH_CALLS:
-        why = f"stop_reason {stop} with tool_use blocks (checked as cut when max_tokens)"
-        changes.append(Change(STAGE, FINISH_MISMATCH, "$.stop_reason", stop, "tool_use", why))
+        if upstream_uses:  # recovered calls alone: their leaked_into_content row says why
+            why = f"stop_reason {stop} with tool_use blocks (checked as cut when max_tokens)"
+            changes.append(Change(STAGE, FINISH_MISMATCH, "$.stop_reason", stop, "tool_use", why))
         fixed.update(stop_reason="tool_use", stop_sequence=None)
         edited = True
     if not edited:

@@ -18,7 +18,6 @@ event (what Codex reads; it retries a failed response). Retry words as in client
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -28,10 +27,12 @@ from tapfix.proxy.errors import responses_tool_call_error_events, tool_call_erro
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
+from tapfix.proxy.toolcalls.evented_leaks import (
+    LeakDetector,
+)
 from tapfix.proxy.toolcalls.evented_stage import (
     DenseIndex,
     HeldCall,
-    HoldingStage,
     IdLedger,
     Verdict,
     as_dict,
@@ -44,6 +45,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     unknown_tool_change,
 )
 from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, leak_output, patch_texts
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
@@ -54,20 +56,11 @@ _TEXT_DELTAS = (
 )
 
 
-@dataclass(slots=True)
-class SentCall:
-    """A function_call item as the client received it, next to what the upstream's events carried."""
-
-    position: int
-    item: dict[str, Any]  # the `.done` item that went out
-    upstream: dict[str, Any]  # id, call_id, name, arguments as the upstream's events had them
-
-
 def _call_fields(item: dict[str, Any]) -> dict[str, Any]:
     return {k: item.get(k) for k in ("id", "call_id", "name", "arguments")}
 
 
-class ResponsesToolCallRepair(HoldingStage):
+class ResponsesToolCallRepair(ResponsesLeaks):
     """Per call: hold, judge, release. Per answer: output_index dense over the items in order of first
     appearance, one unique call_id per function_call item (the `.added` one, minted when missing or used),
     and the terminal `response.completed`/`.incomplete` object listing the calls the events carried."""
@@ -75,9 +68,16 @@ class ResponsesToolCallRepair(HoldingStage):
     path_prefix = "$.output"
 
     def __init__(
-        self, tools: list[Any] | None, policy: ToolRepairPolicy = "error", capture_id: str = "", **kw: Any
+        self,
+        tools: list[Any] | None,
+        policy: ToolRepairPolicy = "error",
+        capture_id: str = "",
+        *,
+        tool_format: str | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(tools, policy, capture_id, **kw)
+        self.init_leaks(tool_format)
         self.repaired: dict[str, tuple[str | None, str | None, str | None]] = {}  # key -> (arguments, name, call_id)
         self.response: dict[str, Any] = {}  # the latest response envelope (for response.failed)
         self.done_items: list[Any] = []
@@ -88,11 +88,21 @@ class ResponsesToolCallRepair(HoldingStage):
         self.seq = 0
 
     def on_event(self, event: bytes) -> list[bytes]:
+        if event.startswith(_TEXT_DELTAS) and self.leaks.active:
+            self._track_seq(event)
+            out = self._text_delta(event)
+            if self.items.shifted:
+                out = [self._renumber(e) for e in out]
+            if self.holding:
+                self.held += out
+                return []
+            return out
         if not self.calls and event.startswith(_TEXT_DELTAS):  # the hot events: one prefix check
             self._track_seq(event)
             return [self._renumber(event)] if self.items.shifted else [event]
         interesting = (
-            self.holding
+            self.leaks.active
+            or self.holding
             or b"function_call" in event
             or b"output_item.added" in event
             or b"response.completed" in event
@@ -112,7 +122,27 @@ class ResponsesToolCallRepair(HoldingStage):
             self.response = obj["response"]
             return self.hold(event)
         item = as_dict(obj.get("item"))
+        leaked: list[bytes] = []
+        if self.leaks.active:
+            if kind in ("response.completed", "response.incomplete"):
+                leaked = self._end_turn()
+                if self.ended:
+                    return leaked
+                if self.holding:
+                    self.held += leaked
+                    leaked = []
+            else:
+                done = self._text_event(str(kind), obj, item, event)
+                if done is not None:
+                    if self.holding and not self.ended:
+                        self.held += done
+                        return []
+                    return done
         if kind == "response.output_item.added":
+            if item.get("type") == "function_call":
+                self.upstream_calls = True
+            elif item.get("type") == "message" and self.leaks.active:
+                self._open_text(self._key(obj, item))
             position = self._place(obj, item)
             if item.get("type") == "function_call":
                 key = self._key(obj, item)
@@ -124,7 +154,7 @@ class ResponsesToolCallRepair(HoldingStage):
             return self.hold(self._renumber(event, obj))
         if not self.holding:
             if kind in ("response.completed", "response.incomplete"):
-                return [self._terminal(event, obj)]
+                return leaked + [self._terminal(event, obj)]
             if kind == "response.output_item.done":
                 self.done_items.append(item)
             return [self._renumber(event, obj)]
@@ -176,7 +206,8 @@ class ResponsesToolCallRepair(HoldingStage):
     def _place(self, obj: dict[str, Any], item: dict[str, Any]) -> int:
         """The item's dense output_index (first appearance), recorded when the upstream numbered it otherwise."""
         given = obj.get("output_index")
-        position, moved = self.items.position(self._key(obj, item), given)
+        shifted = given + self.inserted if isinstance(given, int) and not isinstance(given, bool) else given
+        position, moved = self.items.position(self._key(obj, item), shifted)
         if moved:
             reason = "output_index not dense from 0 in order of the items; renumbered"
             self.record(
@@ -319,6 +350,7 @@ class ResponsesToolCallRepair(HoldingStage):
         if not isinstance(response, dict) or not isinstance(response.get("output"), list):
             return event
         output, disagreements = reconcile_output(response["output"], self.sent)
+        output = patch_texts(output, self.sent_texts)
         if output == response["output"]:
             return event
         for what in disagreements:
@@ -344,6 +376,8 @@ class ResponsesToolCallRepair(HoldingStage):
 def reconcile_output(output: list[Any], sent: list[SentCall]) -> tuple[list[Any], list[tuple[Any, Any, str]]]:
     """`output` with its function_call items replaced by the ones that went out (matched by item id,
     else in order), and the disagreements with the upstream's own events (before, after, reason)."""
+    recovered = [s for s in sent if s.recovered]
+    sent = [s for s in sent if not s.recovered]
     by_id = {s.item["id"]: s for s in sent}
     unmatched = [s for s in sent]
     matched: dict[int, SentCall] = {}
@@ -374,6 +408,8 @@ def reconcile_output(output: list[Any], sent: list[SentCall]) -> tuple[list[Any]
     for s in unmatched:
         disagreements.append((None, _call_fields(s.item), "the terminal object lacked a streamed call; inserted"))
         new.insert(min(s.position, len(new)), s.item)
+    for s in recovered:  # read out of text by tapfix: the upstream's object never had them (recorded already)
+        new.insert(min(s.position, len(new)), s.item)
     return new, disagreements
 
 
@@ -387,7 +423,12 @@ def _message(obj: dict[str, Any]) -> str:
 
 
 def repair_responses_body(
-    body: bytes, tools: list[Any] | None, *, capture_id: str = "", policy: ToolRepairPolicy = "error"
+    body: bytes,
+    tools: list[Any] | None,
+    *,
+    capture_id: str = "",
+    policy: ToolRepairPolicy = "error",
+    tool_format: str | None = None,
 ) -> tuple[bytes, list[Change], str]:
     """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
     error body to send with status 502 (policy "error") or 422 ("fail_fast"). The same invariants as the
@@ -399,9 +440,19 @@ def repair_responses_body(
     schemas = ToolSchemas(normalize_tools(tools))
     ids = IdLedger("call_", capture_id)
     changes: list[Change] = []
+    upstream_output, leak_fatal = leak_output(obj["output"], LeakDetector(schemas, tool_format), capture_id, changes)
+    if leak_fatal is not None:
+        if policy == "passthrough":
+            return body, changes, "unrecoverable"
+        return tool_call_error_json(leak_fatal, policy, capture_id), changes, "unrecoverable"
     output: list[Any] = []
-    edited = False
-    for position, item in enumerate(obj["output"]):
+    edited = upstream_output is not obj["output"]
+    recovered = {id(i) for i in upstream_output} - {id(i) for i in obj["output"]}  # judged already, when read
+    for position, item in enumerate(upstream_output):
+        if id(item) in recovered and isinstance(item, dict) and item.get("type") == "function_call":
+            ids.assign(item.get("call_id"), position)
+            output.append(item)
+            continue
         if not isinstance(item, dict) or item.get("type") != "function_call":
             output.append(item)
             continue
