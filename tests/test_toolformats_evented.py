@@ -370,6 +370,7 @@ def test_a_recovered_call_whose_arguments_cannot_be_recovered_is_the_retryable_e
     markup = '<tool_call>\n{"name": "write", "arguments": {"m": 1}}\n</tool_call>'
     data, stage = run_r(text_script([markup]), r_tools(tool))
     assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
+    assert "missing_fragment" in leak_kinds(stage)
     data, stage = run_m(text_script([markup]), m_tools(tool))
     assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
 

@@ -191,7 +191,9 @@ class LeakDetector:
                 frag = strict if isinstance(strict, dict) else frag
             res = repair_arguments([frag], name, self.schemas, None)
             if res.fatal:
-                out.fatal = Fatal(name, f"tool call written as text: {res.fatal}", (res.kinds or [LEAKED])[0])
+                kinds = [k for k in res.kinds if k != "args_as_object"]  # the object was the markup's own
+                kind = "missing_fragment" if res.fatal.startswith("required") else (kinds or [LEAKED])[0]
+                out.fatal = Fatal(name, f"tool call written as text: {res.fatal}", kind)  # as `decide` records it
                 return False
             out.calls.append((name, res.text))
         return True
