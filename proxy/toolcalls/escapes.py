@@ -195,6 +195,9 @@ def _examine(token: str, offset: int, key: str | None, path_prop: bool) -> PathT
     m = _DRIVE.search(token) or _UNC.search(token)
     if m is not None and m.re is _DRIVE and m.end() - m.start() < 5:
         m = None  # `if x:\n` is code: a drive needs more than one letter after its backslash
+    # `if x:\n\t\treturn`: a first name that is only an escape's letter may be code's escapes, so in
+    # arguments that parse the shape alone doesn't overrule json's reading (`C:\f\0` doesn't parse).
+    letter_first = m is not None and m.re is _DRIVE and _ESCAPE_LETTER_NAME.match(token, m.start() + 2, m.end())
     if m is not None:
         a, b, strong, shaped = m.start(), m.end(), True, True
         if b < len(token) and token[b] == '"':
@@ -233,7 +236,7 @@ def _examine(token: str, offset: int, key: str | None, path_prop: bool) -> PathT
     literal = _RUN.sub(lambda r: r.group() * 2, region)
     # In arguments that parse, the shape alone must say "path": `\\\\section\\n` is LaTeX and a newline,
     # and a path property holding "a\\nb" holds a newline as far as anyone can tell.
-    overrules = shaped and (not unc or len(runs) >= 3)
+    overrules = shaped and not letter_first and (not unc or len(runs) >= 3)
     return PathToken(key, offset + a, offset + b, literal, strong or invalid or path_prop, len(runs), overrules)
 
 
