@@ -375,7 +375,7 @@ def test_a_tail_that_may_start_a_word_led_opener_waits_one_delta_only() -> None:
     outs = _feed_all(stage, [ROLE, content("Plain text."), content(" It is functi"), content("onal, see.")])
     assert [len(o) for o in outs] == [1, 1, 0, 2]  # "functi" may start `functools[`: held until "onal"
     stage = ChatToolCallRepair(TOOLS)
-    outs = _feed_all(stage, [ROLE, content("Plain text."), content(" Actio"), content("n: none.")])
+    outs = _feed_all(stage, [ROLE, content("Plain text."), content(" Actio"), content("nable items.")])
     assert [len(o) for o in outs] == [1, 1, 0, 2]
 
 

@@ -22,26 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import comment, event_data, format_event
-from tapfix.proxy.toolcalls.accumulate import Call, CallAccumulator
-from tapfix.proxy.toolcalls.arguments import dumps
+from tapfix.proxy.toolcalls.accumulate import CallAccumulator
+from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak, carries_tool_call
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
-from tapfix.proxy.toolcalls.formats.base import typed_xml_args
-from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
-from tapfix.proxy.toolcalls.leaks import (
-    UNPINNED,
-    find_leak,
-    foreign_markup,
-    formats_for,
-    hold_verdict,
-    is_xml_args,
-    open_context,
-)
+from tapfix.proxy.toolcalls.leaks import UNPINNED, find_leak, formats_for, hold_verdict
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item, Writer
 from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
@@ -59,22 +48,12 @@ class _Choice:
     leak: str = "none"  # "none" | "maybe" | "leak"
     at_start: bool = True  # no visible content yet: a bare JSON call could still be the whole message
     hold_at_start: bool = True
-    # The reasoning field from where it may hold markup (None: not watching), and the field's name;
-    # markup there is a call only when nothing visible follows it in the turn (decided at the finish).
-    reasoning: str | None = None
-    reasoning_field: str = "reasoning_content"
+    watch: TextWatch = field(default_factory=TextWatch)  # leaked markup watched while text goes out
     reasoning_due: bool = False  # the finish came with the reasoning's markup last: plan it
-    foreign: str | None = None  # a pinned stage: content that may hold another format's markup
-    context: str = ""  # an open <think> or fence in the content already sent (`leaks.open_context`)
-    context_tail: str = ""  # the end of that content when it may start a <think>, </think> or fence
 
     @property
     def needs_hold(self) -> bool:
         return bool(self.acc.calls) or self.leak != "none" or self.reasoning_due
-
-    @property
-    def watching(self) -> bool:
-        return self.reasoning is not None or self.foreign is not None or bool(self.context_tail)
 
 
 class ChatToolCallRepair:
@@ -108,8 +87,8 @@ class ChatToolCallRepair:
         self._offered = frozenset(self._schemas.names)
         self._formats = formats_for(tool_format)
         self._pinned = tool_format
-        seen = formats_for(None) if tool_format is not None else self._formats  # what the fast path looks for
-        self._fast_table, self._fast_multi = _fast_checks(seen.fast_bytes, seen.paired_bytes)
+        # What the fast path looks for: every format when one is pinned (another's markup is flagged).
+        self._fast = FastPath(formats_for(None) if tool_format is not None else self._formats)
         self._anchored = bool(self._formats.anchored)
         self._clock = clock
         self._keepalive_s = keepalive_s
@@ -160,23 +139,14 @@ class ChatToolCallRepair:
 
     # -- intake --------------------------------------------------------------------------------
     def _interesting(self, event: bytes) -> bool:
-        """Cheap byte checks: may this content event start leaked call syntax, or carry an error?
-
-        Runs on every content event of a request that offered tools: a handful of C-speed scans,
-        no parse, no generator (this was the stage's largest per-event cost). The bytes come from the
-        registered openers (`Formats.fast_bytes`: the first punctuation of each, and its escapes);
-        `[` and `]` count only past the one of `"choices":[`."""
-        marked = event.translate(self._fast_table)  # one C pass: a single-byte mark is \0, `[` `]` are `[`
-        if b"\0" in marked or marked.count(b"[") > 2:
-            return True
-        for needle in self._fast_multi:
-            if needle in event:
-                return True
-        if not self._choices:
+        """Cheap checks: may this content event start leaked call syntax, or carry an error, or does a
+        choice watch its text? Runs on every content event of a request that offered tools: C-speed
+        byte scans (`chat_leaks.FastPath`), no parse, no generator."""
+        if self._fast.interesting(event) or not self._choices:
             return True
         anchored = self._anchored
-        for c in self._choices.values():  # `watching`, inlined: this runs on every content event
-            if (c.at_start and anchored) or c.reasoning is not None or c.foreign is not None or c.context_tail:
+        for c in self._choices.values():
+            if (c.at_start and anchored) or c.watch.active:
                 return True
         return False
 
@@ -203,6 +173,8 @@ class ChatToolCallRepair:
         if not self._out.envelope:
             self._out.envelope = {k: obj[k] for k in ENVELOPE_KEYS if k in obj}
             self._out.envelope.setdefault("object", "chat.completion.chunk")
+        if self._holding and self._tail_decided_by_call(obj):
+            return self._release_raw() + self._feed(event)
         item = Item(event, obj)
         self._seq += 1
         hold = self._holding
@@ -228,11 +200,11 @@ class ChatToolCallRepair:
                     cs.call_seqs.extend([self._seq] * (len(cs.acc.calls) - before))
                 hold = True
             if self._tools:
-                self._watch_reasoning(cs, delta, bool(isinstance(tool_calls, list) and tool_calls))
+                cs.watch.watch_reasoning(delta, bool(isinstance(tool_calls, list) and tool_calls), self._formats)
             content = delta.get("content")
             if isinstance(content, str) and content:
                 if self._pinned is not None and self._tools:
-                    self._watch_foreign(cs, content)
+                    cs.watch.watch_foreign(content, cs.at_start)
                 cs.parts.append(Part(self._seq, content))
                 item.parts[ci] = len(cs.parts) - 1
                 hold = hold or self._streamed  # may continue or leak a streamed call
@@ -247,9 +219,9 @@ class ChatToolCallRepair:
             if isinstance(finish, str) and finish:
                 cs.finish = finish
                 hold = hold or self._streamed  # the streamed calls are judged at the finish
-                if cs.foreign is not None:
+                if cs.watch.foreign is not None:
                     self._flag_foreign(cs, ci)
-                if cs.reasoning is not None and not cs.acc.calls and not self._sent.get(ci):
+                if cs.watch.reasoning is not None and not cs.acc.calls and not self._sent.get(ci):
                     cs.reasoning_due = hold = True  # the reasoning's markup may be the turn's call
                 if finish == "tool_calls" and self._tools and not cs.needs_hold and not self._sent.get(ci):
                     empty_turn = True  # the server's parser lost the call: never a silent empty turn
@@ -265,7 +237,7 @@ class ChatToolCallRepair:
                 cs = self._choices[ci]
                 if cs.parts[-1].text.strip():
                     cs.at_start = False
-                cs.context, cs.context_tail = open_context(cs.context, cs.context_tail, cs.parts[-1].text)
+                cs.watch.sent(cs.parts[-1].text)
                 cs.parts.clear()
             return [event]
         if not self._holding:
@@ -282,6 +254,14 @@ class ChatToolCallRepair:
             return self._finalize()
         return []
 
+    def _tail_decided_by_call(self, obj: dict[str, Any]) -> bool:
+        """Held text that only may start an opener, then a tool-call delta: markup doesn't go on across a
+        structured call, so the text is released before the call is judged (or streamed, in prefix mode)."""
+        holding = [c for c in self._choices.values() if c.needs_hold]
+        if not holding or any(c.leak != "maybe" or c.acc.calls or c.reasoning_due for c in holding):
+            return False
+        return carries_tool_call(obj)
+
     def _leak_verdict(self, cs: _Choice, content: str) -> str:
         if cs.leak == "leak":
             return "leak"
@@ -297,60 +277,12 @@ class ChatToolCallRepair:
             cs.leak = verdict
         return verdict
 
-    def _watch_reasoning(self, cs: _Choice, delta: dict[str, Any], call: bool) -> None:
-        """Collect the reasoning field from where it may hold markup; anything visible after it (content,
-        a call) makes that markup a decoy. Nothing is held for it: the reasoning goes out at once."""
-        text = delta.get("reasoning_content")
-        field = "reasoning_content"
-        if not isinstance(text, str) or not text:
-            text, field = delta.get("reasoning"), "reasoning"
-        content = delta.get("content")
-        if call or (isinstance(content, str) and content.strip()):
-            cs.reasoning = None  # something visible follows: what the reasoning held was thinking
-            return
-        if not isinstance(text, str) or not text:
-            return
-        if cs.reasoning is None:
-            if self._formats.has_opener(text) or self._formats.may_start(text):
-                cs.reasoning, cs.reasoning_field = text, field
-            return
-        cs.reasoning += text
-        if not self._formats.has_opener(cs.reasoning) and not self._formats.may_start(cs.reasoning):
-            cs.reasoning = None
-
-    def _watch_foreign(self, cs: _Choice, content: str) -> None:
-        """A pinned stage: collect content that may hold another registered format's markup, to flag it
-        at the finish (the bytes pass as they came)."""
-        everyone = formats_for(None)
-        if cs.foreign is None:
-            head = content.lstrip()[:1]
-            if (
-                everyone.has_opener(content)
-                or everyone.may_start(content)
-                or (cs.at_start and head in everyone.anchor_heads)
-            ):
-                cs.foreign = content
-            return
-        cs.foreign += content
-
     def _flag_foreign(self, cs: _Choice, ci: int) -> None:
-        text, cs.foreign = cs.foreign or "", None
-        leak = foreign_markup(text, self._schemas, cs.at_start, self._formats)
-        if leak is None:
-            return
-        others = [f for f in leak.formats if f not in self._formats.names]
-        if UNPINNED not in self.defects:
-            self.defects.append(UNPINNED)
-        self.changes.append(
-            Change(
-                STAGE,
-                UNPINNED,
-                f"$.choices[{ci}].delta.content",
-                {"format": others[0], "markup": text[leak.start : leak.end]},
-                None,
-                f"markup of the registered format {others[0]!r}, but {self._pinned!r} is pinned; passed through",
-            )
-        )
+        change = cs.watch.flag_foreign(ci, self._schemas, cs.at_start, self._formats, self._pinned)
+        if change is not None:
+            if UNPINNED not in self.defects:
+                self.defects.append(UNPINNED)
+            self.changes.append(change)
 
     def _hold_or_pass(self, item: Item) -> list[bytes]:
         if self._holding:
@@ -363,8 +295,6 @@ class ChatToolCallRepair:
         for cs in self._choices.values():
             if any(p.text.strip() for p in cs.parts):
                 cs.at_start = False
-            text = "".join(p.text for p in cs.parts)
-            cs.context, cs.context_tail = open_context(cs.context, cs.context_tail, text)
         self._reset_hold()
         return out
 
@@ -376,8 +306,8 @@ class ChatToolCallRepair:
         for ci, cs in self._choices.items():
             new = self._new_choice(cs.at_start and not any(p.text.strip() for p in cs.parts))
             if cs.finish is None:  # the message goes on: keep watching its reasoning and content
-                new.reasoning, new.reasoning_field, new.foreign = cs.reasoning, cs.reasoning_field, cs.foreign
-                new.context, new.context_tail = cs.context, cs.context_tail
+                cs.watch.sent("".join(p.text for p in cs.parts))  # what of the held text stays open
+                new.watch = cs.watch.carried()
             self._choices[ci] = new
 
     # -- ends ----------------------------------------------------------------------------------
@@ -416,22 +346,8 @@ class ChatToolCallRepair:
             return None
         ci = min(self._choices) if self._choices else 0
         cs = self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
-        for name, raw in leak.calls:
-            args = typed_xml_args(raw, self._schemas.properties(name)) if is_xml_args(raw) else raw
-            last = cs.acc.calls[-1] if cs.acc.calls else None
-            if last is not None and last.name == name and _incomplete(last):
-                head = loads_tolerant("".join(f for f in last.frags if isinstance(f, str)))
-                base = head.value if isinstance(head.value, dict) else (head.partial or {})
-                last.original = last.raw_arguments()
-                last.frags = [{**base, **args} if isinstance(args, dict) else args]
-                last.note("invalid_json")
-            else:
-                call = Call(index=None, name=name, frags=[args])
-                call.note("invalid_json")
-                cs.acc.calls.append(call)
-                cs.call_seqs.append(self._seq)
-        for call in cs.acc.calls:
-            call.frags = [dumps(f) if not isinstance(f, str) else f for f in call.frags]
+        added = calls_from_leak(leak, cs.acc.calls, self._schemas)
+        cs.call_seqs.extend([self._seq] * added)
         cs.finish = cs.finish or "tool_calls"
         plans = self._plans()
         if any(p.fatal for p in plans.values()) or self._continue_streamed(plans) is not None:
@@ -467,10 +383,10 @@ class ChatToolCallRepair:
                 sent_ids=frozenset(self._sent.get(ci, [])),
                 named=self._named,
                 formats=self._formats,
-                reasoning=cs.reasoning if cs.reasoning_due else None,
-                reasoning_field=cs.reasoning_field,
+                reasoning=cs.watch.reasoning if cs.reasoning_due else None,
+                reasoning_field=cs.watch.reasoning_field,
                 flag_unpinned=False,  # the stage flags from what it watched (`_flag_foreign`)
-                context=cs.context,
+                context=cs.watch.enclosing,
             )
         return plans
 
@@ -567,36 +483,6 @@ class ChatToolCallRepair:
         self._ended = True
         self._done_sent = True
         return out
-
-
-def _fast_checks(singles: tuple[bytes, ...], paired: tuple[bytes, ...]) -> tuple[bytes, tuple[bytes, ...]]:
-    """The fast path's checks from `Formats.fast_bytes`: a translate table marking every single-byte one
-    as NUL (a JSON text never holds a raw NUL) and `[` `]` as `[` (the envelope's `"choices":[...]`
-    holds one of each), and the multi-byte needles, an escape `\\uXXXX` shortened to its first five
-    bytes (`\\u003c` and `\\u003C` are one search), plus `"error"`."""
-    table = bytearray(range(256))
-    table[0] = 1  # a NUL in the event (invalid JSON anyway) must not read as a mark
-    multi: list[bytes] = [b'"error"']
-    for needle in singles + paired:
-        if len(needle) == 1:
-            table[needle[0]] = ord("[") if needle in paired else 0
-    marks = {bytes([b]) for b in range(256) if table[b] in (0, ord("["))}
-    for needle in singles:
-        if len(needle) == 1 or any(bytes([b]) in marks for b in needle):
-            continue  # an event holding it whole holds a marked byte too
-        needle = needle[:5] if needle.startswith(b"\\u") else needle
-        if needle not in multi:
-            multi.append(needle)
-    return bytes(table), tuple(multi)
-
-
-def _incomplete(call: Call) -> bool:
-    text = "".join(f for f in call.frags if isinstance(f, str))
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return True
-    return False
 
 
 def _error_message(obj: dict[str, Any]) -> str:

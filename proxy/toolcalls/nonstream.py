@@ -22,6 +22,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
+from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.plan import STAGE, Part, named_tool, plan_choice
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -33,10 +34,16 @@ def repair_chat_completion(
     capture_id: str = "",
     policy: ToolRepairPolicy = "error",
     tool_choice: Any = None,
+    tool_format: str | None = None,
 ) -> tuple[bytes, list[Change], str]:
     """(body, changes, outcome) with outcome "untouched" | "repaired" | "unrecoverable".
 
-    An "untouched" body may still come with changes that only flag (an unknown tool name)."""
+    An "untouched" body may still come with changes that only flag (an unknown tool name).
+    `tool_format`: the one registered format armed (UnknownFormat otherwise); another registered
+    format's markup then passes, flagged `unpinned_tool_format`. With the content blank and no
+    tool_calls, markup last in the reasoning (`reasoning_content` / `reasoning`) is the message's call,
+    by the stream's rule (the reasoning is kept as it came)."""
+    formats = formats_for(tool_format)
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -62,8 +69,9 @@ def repair_chat_completion(
             acc.add({**tc, "index": tc.get("index", i)} if isinstance(tc, dict) else tc)
         content = message.get("content")
         parts = [Part(0, content)] if isinstance(content, str) and content else []
+        field, reasoning = _reasoning(message) if not acc.calls and not (content or "").strip() else ("", None)
         finish = ch.get("finish_reason")
-        if not acc.calls and not (schemas and (parts or finish == "tool_calls")):
+        if not acc.calls and not (schemas and (parts or finish == "tool_calls" or reasoning)):
             new_choices.append(ch)
             continue
         plan = plan_choice(
@@ -77,6 +85,9 @@ def repair_chat_completion(
             f"{obj.get('id', '')}:{capture_id}",
             path_prefix="message",
             named=named,
+            formats=formats,
+            reasoning=reasoning,
+            reasoning_field=field or "reasoning_content",
         )
         if plan.fatal is not None:
             changes.append(
@@ -113,3 +124,12 @@ def repair_chat_completion(
     if not edited:
         return body, changes, "untouched"
     return orjson.dumps({**obj, "choices": new_choices}), changes, "repaired"
+
+
+def _reasoning(message: dict[str, Any]) -> tuple[str, str | None]:
+    """The message's reasoning field and text (vLLM's `reasoning_content`, newer servers' `reasoning`)."""
+    for field in ("reasoning_content", "reasoning"):
+        text = message.get(field)
+        if isinstance(text, str) and text.strip():
+            return field, text
+    return "", None

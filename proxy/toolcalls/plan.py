@@ -29,7 +29,7 @@ from typing import Any, Final
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
-from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
+from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, MISSING_FRAGMENT, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
@@ -373,9 +373,9 @@ def _leaks(
         return []
     leaked: list[tuple[str, str]] = []
     if leak.confirmed:
-        typed = _typed_calls(leak, schemas)
+        typed = _typed_calls(leak, schemas, plan)
         if typed is None:
-            return []  # not a call we can stand behind: it stays content
+            return []  # not a call we can stand behind: it stays content (or it lost information: fatal)
         leaked = typed
         reason = "tool call written as text; turned into a tool_calls delta"
     elif calls and set(leak.names) <= {c.name for c in calls}:
@@ -398,13 +398,22 @@ def _leaks(
     return leaked
 
 
-def _typed_calls(leak: Leak, schemas: ToolSchemas) -> list[tuple[str, str]] | None:
-    """The leak's calls as argument JSON fit to the offered schemas; None when one doesn't check out."""
+def _typed_calls(leak: Leak, schemas: ToolSchemas, plan: ChoicePlan) -> list[tuple[str, str]] | None:
+    """The leak's calls as argument JSON fit to the offered schemas; None when one doesn't check out.
+
+    Markup the format read, naming an offered tool, is a call: when it lacks a required argument the
+    call lost information, and passing it as text would drop it silently, so that is the plan's fatal
+    (`missing_fragment`, the table's `required_missing` row). Other arguments that don't read leave
+    the markup as text."""
     out: list[tuple[str, str]] = []
     for name, raw in leak.calls:
         if is_xml_args(raw):
             raw = typed_xml_args(raw, schemas.properties(name))
         res = repair_arguments([raw if isinstance(raw, str) else dumps(raw)], name, schemas, None)
+        if res.fatal and res.fatal.startswith("required"):
+            plan.defect(MISSING_FRAGMENT)
+            plan.fatal = Fatal(name, f"tool call written as {leak.formats[0]} markup: {res.fatal}", MISSING_FRAGMENT)
+            return None
         if res.fatal:
             return None
         out.append((name, res.text))
@@ -419,7 +428,7 @@ def _reasoning_leak(
     if not schemas:
         return []
     leak = find_reasoning_leak(reasoning, schemas, formats)
-    leaked = _typed_calls(leak, schemas) if leak is not None else None
+    leaked = _typed_calls(leak, schemas, plan) if leak is not None else None
     if leak is None or not leaked:
         return []
     plan.defect(LEAKED_INTO_REASONING)

@@ -62,18 +62,42 @@ class Formats:
         # The first character of a marker-less format's markup, from what the format renders.
         self.anchor_heads = frozenset(_head(f) for f in self.anchored) - {""}
         self.fast_bytes, self.paired_bytes = _fast_bytes(self.by_opener)
-        self.starts = frozenset(o[:k] for o in openers for k in range(_distinct_at(o) + 1, len(o)))
+        self.starts = frozenset(o[:k] for o in openers for k in range(1, len(o)))
+        self.start_ends = frozenset(s[-1] for s in self.starts)  # what a proper prefix can end with
+        # The starts of word-led openers before their first punctuation (`functi`, `Actio`, ` to`): the
+        # fast bytes can't see them, so the stage checks the end of a delta's text for them.
+        self.word_starts = frozenset(
+            o[:k].encode() for o in openers for k in range(1, min(_distinct_at(o), len(o) - 1) + 1)
+        )
+        self.word_ends = frozenset(s[-1] for s in self.word_starts)  # their last bytes: the one-byte first check
+        self.word_reach = max((len(s) for s in self.word_starts), default=0)
 
     # -- holding ------------------------------------------------------------------------------------
     def may_start(self, tail: str) -> bool:
-        """Whether `tail` (the end of the text so far) may be the start of an opener.
-
-        Only a start that reaches the opener's first punctuation counts (`<`, ` to=`): a text ending in
-        a space or a word is not held for an opener that begins with one (the fast path could not see
-        that start either)."""
+        """Whether `tail` (the end of the text so far) may be the start of a registered opener, any
+        proper prefix of one: `<tool_`, `[TOOL`, and word-led ones too (`functi`, `Actio`, ` to`), since a
+        piece sent before the opener completes can't be taken back and the call would be lost."""
+        if not tail or tail[-1] not in self.start_ends:
+            return False
         for k in range(min(self.max_opener - 1, len(tail)), 0, -1):
-            if tail[-k:] in self.starts:
+            start = tail[-k:]
+            if start in self.starts and not (k < len(tail) and _mid_word(tail[-k - 1], start)):
                 return True
+        return False
+
+    def ends_in_word_start(self, raw: bytes) -> bool:
+        """Whether the raw (JSON-escaped) end of a delta's text ends in the start of a word-led opener
+        before its first punctuation (`may_start`'s rule). Those characters are never escaped, so the
+        raw bytes tell; a letter before the start ends an escape (`\\nfunct`) when a backslash precedes it."""
+        if not raw or raw[-1] not in self.word_ends:
+            return False
+        for k in range(min(self.word_reach, len(raw)), 0, -1):
+            if raw[-k:] not in self.word_starts:
+                continue
+            before = raw[-k - 1] if k < len(raw) else 32
+            if before in _ASCII_WORD and raw[-k] in _ASCII_WORD and not (k + 1 < len(raw) and raw[-k - 2] == 92):
+                continue  # inside a word (`of`, `dysfunct`): an opener that is a word doesn't start there
+            return True
         return False
 
     def has_opener(self, text: str) -> bool:
@@ -120,6 +144,15 @@ class Formats:
                 out.append((m.start(), self.by_opener[m.group()]))
         out.sort(key=lambda c: c[0])
         return out
+
+
+_ASCII_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+
+def _mid_word(before: str, start: str) -> bool:
+    """An opener that starts with a letter (`functools[`, `Action:`) is a word: it doesn't start right
+    after an ASCII letter or digit (`of`, `dysfunct`). Text without spaces between words (CJK) may."""
+    return start[0].isascii() and start[0].isalnum() and before.isascii() and before.isalnum()
 
 
 def _judge(fmt: ToolFormat, markup: Markup, offered: list[str]) -> Found:
