@@ -307,7 +307,7 @@ def test_the_body_repair_pins_too() -> None:
 def test_the_docs_table_lists_every_registered_format() -> None:
     text = DOCS.read_text(encoding="utf-8")
     table = registry.markdown_table(REGISTRY.values())
-    assert table in text, "docs/formats.md: regenerate the table (python -m tapfix.proxy.toolcalls.formats.registry)"
+    assert table in text, "docs/formats.md: regenerate the table (python -m tapfix.proxy.toolcalls.formats)"
     rows = [r for r in table.splitlines()[2:] if r.startswith("|")]
     assert len(rows) == len(REGISTRY) and all(re.search(rf"`{re.escape(n)}`", table) for n in REGISTRY)
     for rule in ("offered", "<think>", "reasoning", "fence", "prose", "ANCHOR_LIMIT", "tool_format"):

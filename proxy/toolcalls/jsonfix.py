@@ -62,7 +62,7 @@ class Parsed:
 
 
 class _Reader(StringScanner):
-    __slots__ = ("text", "n", "pos", "fixes", "closed", "top", "last_number_end", "quoted_keys")
+    __slots__ = ("fixes", "closed", "top", "last_number_end", "quoted_keys")  # text, n, pos: StringScanner's
 
     def __init__(self, text: str) -> None:
         self.text = text

@@ -58,7 +58,7 @@ class _Lost(_Bad):
 class StringScanner:
     """Mixin of `jsonfix._Reader`: the methods that read and end strings."""
 
-    __slots__ = ()
+    __slots__ = ("text", "n", "pos")
     text: str
     n: int
     pos: int

@@ -12,7 +12,7 @@ import pkgutil
 from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, XmlArgs
 from tapfix.proxy.toolcalls.formats.registry import Formats, Found, UnknownFormat
 
-_SKIP = {"base", "registry"}
+_SKIP = {"base", "registry", "__main__"}
 
 
 def _discover() -> dict[str, ToolFormat]:

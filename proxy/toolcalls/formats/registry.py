@@ -235,9 +235,3 @@ def resolve(calls: list[RawCall], offered: list[str]) -> list[tuple[str, Any]] |
             return None
         out.append((name, args))
     return out
-
-
-if __name__ == "__main__":  # python -m tapfix.proxy.toolcalls.formats.registry: the docs table
-    from tapfix.proxy.toolcalls.formats import REGISTRY
-
-    print(markdown_table(REGISTRY.values()))
