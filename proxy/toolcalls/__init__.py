@@ -10,7 +10,6 @@ finish with `stop`; the other surfaces don't read it).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,6 @@ from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
-from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messages_body
 from tapfix.proxy.toolcalls.nonstream import repair_chat_completion
 from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair, repair_responses_body
@@ -32,33 +30,18 @@ BodyRepair = Callable[..., tuple[bytes, list[Any], str]]
 
 
 def _ignoring_tool_choice(repair: BodyRepair) -> BodyRepair:
-    """A body repair that has no use for `tool_choice` (nor yet `tool_format`), callable like the chat one."""
+    """A body repair that has no use for `tool_choice`, callable like the chat one."""
 
     def call(
-        body: bytes, tools: list[Any] | None, *, tool_choice: Any = None, tool_format: str | None = None, **kw: Any
+        body: bytes, tools: list[Any] | None, *, tool_choice: Any = None, **kw: Any
     ) -> tuple[bytes, list[Any], str]:
         return repair(body, tools, **kw)
 
     return call
 
 
-def _chat_body(
-    body: bytes, tools: list[Any] | None, *, tool_format: str | None = None, **kw: Any
-) -> tuple[bytes, list[Any], str]:
-    """The chat body repair; a pinned `tool_format` is checked (UnknownFormat) and passed on once the
-    body repair takes it (nonstream.py), until then every format stays armed for a body."""
-    if tool_format is None:
-        return repair_chat_completion(body, tools, **kw)
-    formats_for(tool_format)
-    if "tool_format" in _CHAT_BODY_PARAMS:
-        chat: BodyRepair = repair_chat_completion
-        return chat(body, tools, tool_format=tool_format, **kw)
-    return repair_chat_completion(body, tools, **kw)
-
-
-_CHAT_BODY_PARAMS = frozenset(inspect.signature(repair_chat_completion).parameters)
 _BODIES: dict[Surface, BodyRepair] = {
-    "chat": _chat_body,
+    "chat": repair_chat_completion,
     "responses": _ignoring_tool_choice(repair_responses_body),
     "messages": _ignoring_tool_choice(repair_messages_body),
 }
@@ -78,7 +61,7 @@ def stage_for(
     `stream_valid_prefix` (Chat Completions only, off by default): forward tool-call fragments while
     they are provably fine instead of holding them; see `prefix.py` for what that gives up.
     `tool_choice` (the request's; read by Chat Completions only): a named one lets its call finish
-    with `stop`, as OpenAI and vLLM send it. `tool_format` (Chat Completions; a registered name, see
+    with `stop`, as OpenAI and vLLM send it. `tool_format` (every surface; a registered name, see
     docs/formats.md): the one format leaked markup is read in; UnknownFormat for a name not registered.
     """
     cls = _STAGES.get(surface) if surface is not None else None
@@ -93,12 +76,12 @@ def stage_for(
             tool_choice=tool_choice,
             tool_format=tool_format,
         )
-    return cls(tools, policy=policy, capture_id=capture_id)
+    return cls(tools, policy=policy, capture_id=capture_id, tool_format=tool_format)
 
 
 def body_repair_for(surface: Surface | None) -> BodyRepair | None:
     """The non-streamed repair of an API surface, called as `(body, tools, *, capture_id, policy,
-    tool_choice)` on every surface."""
+    tool_choice, tool_format)` on every surface."""
     return _BODIES.get(surface) if surface is not None else None
 
 
