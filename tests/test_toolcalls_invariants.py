@@ -22,7 +22,15 @@ from tapfix.proxy.toolcalls import (
 )
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 
-from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk, tool_call_delta
+from tests.support.builders import (
+    chat_chunk,
+    message_tool_call,
+    random_splits,
+    sse,
+    tool,
+    tool_call_chunk,
+    tool_call_delta,
+)
 from tests.support.stage_io import client_view, run_stage
 
 WEATHER = tool("get_weather", {"city": {"type": "string"}}, ["city"])
@@ -222,7 +230,7 @@ def body(tool_calls: list | None, finish_reason: str = "tool_calls", content: st
 
 
 def message_call(name: str, arguments: str, id: str = "c1", **extra: object) -> dict:
-    return {"id": id, "type": "function", **extra, "function": {"name": name, "arguments": arguments}}
+    return {**message_tool_call(arguments, id=id, name=name), **extra}
 
 
 @pytest.mark.parametrize("tool_calls", [None, []])

@@ -21,6 +21,8 @@ from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, XmlArgs, arm
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
+from tests.support.builders import tool
+
 VECTORS = Path(__file__).parent / "vectors" / "toolformats"
 
 # Every family issue 17 names, with its older and newer forms: the registry's names must include these.
@@ -143,16 +145,11 @@ PROSE = st.sampled_from(["", "Let me check.\n", "好的，我来查一下。\n",
 
 
 def _tools_for(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    tools: dict[str, dict[str, Any]] = {}
+    props: dict[str, dict[str, Any]] = {}
     for name, args in calls:
-        props = tools.setdefault(name, {})
-        for key, value in args.items():
-            kind = {bool: "boolean", int: "integer", str: "string", list: "array"}[type(value)]
-            props[key] = {"type": kind}
-    return [
-        {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
-        for n, p in tools.items()
-    ]
+        kinds = {bool: "boolean", int: "integer", str: "string", list: "array"}
+        props.setdefault(name, {}).update({key: {"type": kinds[type(value)]} for key, value in args.items()})
+    return [tool(n, p) for n, p in props.items()]
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -18,7 +18,7 @@ from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ChatToolCallRepair, body_repair_for, stage_for
 from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, armed, registry
 
-from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.builders import chat_chunk, random_splits, sse, sse_event, tool, tool_call_chunk
 from tests.support.stage_io import client_view, run_stage
 
 READ = tool("read", {"path": {"type": "string"}}, ["path"])
@@ -239,8 +239,7 @@ def test_the_fast_path_checks_bytes_derived_from_every_registered_opener() -> No
 
 def sse_ascii(obj: dict[str, Any]) -> bytes:
     """A server that escapes `<` and non-ASCII (Go's encoder, ensure_ascii)."""
-    text = json.dumps(obj, ensure_ascii=True).replace("<", "\\u003c").replace(">", "\\u003e")
-    return b"data: " + text.encode() + b"\n\n"
+    return sse_event(obj, ensure_ascii=True).replace(b"<", b"\\u003c").replace(b">", b"\\u003e")
 
 
 # -- pinning ------------------------------------------------------------------------------------------------------

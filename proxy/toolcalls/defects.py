@@ -314,8 +314,27 @@ def render_markdown() -> str:
     return "\n".join(lines)
 
 
+def render_formats() -> str:
+    """The registry of tool-call formats as the table of truth states it: where a leaked call in each
+    format is recovered from, on every surface (tests/test_toolformats_evented.py, test_toolformats_stage.py
+    and the leak property tests/test_toolcalls_leak_defects.py check each claim)."""
+    from tapfix.proxy.toolcalls.formats import REGISTRY
+
+    lines = [
+        "| format | family | from content | from reasoning (last in the turn) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in sorted(REGISTRY):
+        fmt = REGISTRY[name]
+        where = "chat, responses, messages"
+        aliases = f" (also `{'`, `'.join(fmt.aliases)}`)" if fmt.aliases else ""
+        lines.append(f"| `{name}`{aliases} | {fmt.family} | {where} | {where} |")
+    return "\n".join(lines)
+
+
 def readme_block() -> str:
-    return f"{README_BEGIN}\n{render_markdown()}\n{README_END}"
+    formats = f"Tool-call formats recovered from text:\n\n{render_formats()}"
+    return f"{README_BEGIN}\n{render_markdown()}\n\n{formats}\n{README_END}"
 
 
 def replace_block(text: str) -> str:

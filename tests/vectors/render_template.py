@@ -24,6 +24,9 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+from tests.support.builders import message_tool_call  # noqa: E402
+
 
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
@@ -43,14 +46,7 @@ def assistant_text(template: str, calls: list[dict[str, Any]], tools: list[dict[
     """The assistant turn holding `calls`, as the template renders it."""
     tpl = environment().from_string(template)
     user = {"role": "user", "content": "Do it."}
-    tool_calls = [
-        {
-            "id": f"call_{k}",
-            "type": "function",
-            "function": {"name": c["name"], "arguments": c["arguments"]},
-        }
-        for k, c in enumerate(calls)
-    ]
+    tool_calls = [message_tool_call(c["arguments"], id=f"call_{k}", name=c["name"]) for k, c in enumerate(calls)]
     assistant = {"role": "assistant", "content": extra.pop("content", ""), "tool_calls": tool_calls}
     common = {"tools": tools, "bos_token": "", "eos_token": "", **extra}
     before = tpl.render(messages=[user], add_generation_prompt=True, **common)
