@@ -17,7 +17,6 @@ import pytest
 from tapfix.proxy.mock.messages import messages_body, messages_events
 from tapfix.proxy.mock.responses import responses_body, responses_events
 from tapfix.proxy.mock.surface_script import Part, Script
-from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import (
     MessagesToolCallRepair,
     ResponsesToolCallRepair,
@@ -28,6 +27,7 @@ from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_
 
 from tests.support.builders import random_splits
 from tests.support.builders import sse_json as events
+from tests.support.stage_io import run_stage
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WRITE = {
@@ -191,20 +191,15 @@ def test_responses_well_formed_is_byte_for_byte_split_anywhere() -> None:
     assert out == data and stage.changes == [] and stage.outcome == "untouched"
     for seed in range(5):
         stage = ResponsesToolCallRepair(R_TOOLS, capture_id="cap-16")
-        splitter = SSESplitter()
-        got: list[bytes] = []
-        for piece in random_splits(data, random.Random(seed)):
-            for event in splitter.feed(piece):
-                got += stage.feed(event)
-        for event in splitter.flush():
-            got += stage.feed(event)
-        assert b"".join(got + stage.flush()) == data
+        assert run_stage(stage, random_splits(data, random.Random(seed))) == data
 
 
-def _shift_output_index(mapping: Callable[[int], int]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _shift(key: str, mapping: Callable[[int], int]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """An event mutation renumbering `key` (Responses `output_index`, Messages block `index`)."""
+
     def fn(obj: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(obj.get("output_index"), int):
-            obj["output_index"] = mapping(obj["output_index"])
+        if isinstance(obj.get(key), int):
+            obj[key] = mapping(obj[key])
         return obj
 
     return fn
@@ -214,7 +209,7 @@ def _shift_output_index(mapping: Callable[[int], int]) -> Callable[[dict[str, An
     "mapping", [lambda i: i + 1, lambda i: i * 2, lambda i: i + (3 if i >= 2 else 0)], ids=["offset", "gap", "hole"]
 )
 def test_responses_output_index_is_dense(mapping: Callable[[int], int]) -> None:
-    out, stage = run_r(mutate(r_events(), _shift_output_index(mapping)))
+    out, stage = run_r(mutate(r_events(), _shift("output_index", mapping)))
     view = responses_view(out)
     assert parsed(view["calls"]) == EXPECTED and not view["errors"]
     assert WRONG_INDEX in stage.defects and WRONG_INDEX in kinds(stage)
@@ -324,7 +319,7 @@ def test_responses_terminal_object_disagreeing_with_the_events_is_made_to_agree(
 
 
 def test_responses_renumbered_and_minted_together_agree_everywhere() -> None:
-    evs = mutate(mutate(r_events(), _shift_output_index(lambda i: i + 7)), _drop_call_id(""))
+    evs = mutate(mutate(r_events(), _shift("output_index", lambda i: i + 7)), _drop_call_id(""))
     evs = mutate(evs, _rename("write", "Write"))
     view = responses_view(run_r(evs)[0])
     assert parsed(view["calls"]) == EXPECTED
@@ -385,30 +380,14 @@ def test_messages_well_formed_is_byte_for_byte_split_anywhere() -> None:
     data = b"".join(m_events())
     for seed in range(5):
         stage = MessagesToolCallRepair(M_TOOLS, capture_id="cap-16")
-        splitter = SSESplitter()
-        got: list[bytes] = []
-        for piece in random_splits(data, random.Random(seed)):
-            for event in splitter.feed(piece):
-                got += stage.feed(event)
-        for event in splitter.flush():
-            got += stage.feed(event)
-        assert b"".join(got + stage.flush()) == data
-
-
-def _shift_block(mapping: Callable[[int], int]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def fn(obj: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(obj.get("index"), int):
-            obj["index"] = mapping(obj["index"])
-        return obj
-
-    return fn
+        assert run_stage(stage, random_splits(data, random.Random(seed))) == data
 
 
 @pytest.mark.parametrize(
     "mapping", [lambda i: i + 1, lambda i: i * 2, lambda i: i + (5 if i >= 3 else 0)], ids=["offset", "gap", "hole"]
 )
 def test_messages_block_indexes_are_dense(mapping: Callable[[int], int]) -> None:
-    out, stage = run_m(mutate(m_events(), _shift_block(mapping)))
+    out, stage = run_m(mutate(m_events(), _shift("index", mapping)))
     view = messages_view(out)
     assert [(c["name"], c["input"]) for c in view["calls"]] == EXPECTED and not view["errors"]
     assert view["stop"] == "tool_use" and WRONG_INDEX in stage.defects
