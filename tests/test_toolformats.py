@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, XmlArgs, armed, names
-from tapfix.proxy.toolcalls.formats.base import typed_xml_args
+from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, armed, names
+from tapfix.proxy.toolcalls.formats.base import typed_calls
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
@@ -94,15 +94,7 @@ def test_an_unknown_format_names_the_registered_ones() -> None:
 
 
 def _typed(calls: list[tuple[str, Any]], tools: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    schemas = ToolSchemas(tools)
-    out = []
-    for name, args in calls:
-        if isinstance(args, XmlArgs):
-            args = typed_xml_args(args, schemas.properties(name))
-        elif isinstance(args, str):
-            args = json.loads(args)
-        out.append((name, args))
-    return out
+    return [(str(name), args) for name, args in typed_calls(list(calls), tools)]
 
 
 @pytest.mark.parametrize(("vid", "vector"), ALL_VECTORS, ids=[v for v, _ in ALL_VECTORS])

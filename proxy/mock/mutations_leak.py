@@ -24,7 +24,6 @@ offered. They must pass byte for byte.
 
 from __future__ import annotations
 
-import json
 import random
 import string
 from collections.abc import Callable, Sequence
@@ -49,10 +48,9 @@ from tapfix.proxy.mock.mutations_wire import (
 from tapfix.proxy.mock.responses import responses_events
 from tapfix.proxy.mock.surface_script import Part, Script
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
-from tapfix.proxy.toolcalls.formats import REGISTRY, ToolFormat, XmlArgs, armed
-from tapfix.proxy.toolcalls.formats.base import typed_xml_args
+from tapfix.proxy.toolcalls.formats import REGISTRY, ToolFormat, armed
+from tapfix.proxy.toolcalls.formats.base import typed_calls
 from tapfix.proxy.toolcalls.names import match_name
-from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 Where = Literal["content", "reasoning"]
 DecoyKind = Literal["think", "inline_code", "reasoning_then_content", "unoffered_name"]
@@ -100,15 +98,7 @@ def starts_with_opener(fmt: ToolFormat, markup: str) -> bool:
 
 def typed(calls: list[tuple[str, Any]], tools: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """Calls as a format reads them, with XML-style values typed by the offered schema and JSON text read."""
-    schemas = ToolSchemas(tools)
-    out = []
-    for name, args in calls:
-        if isinstance(args, XmlArgs):
-            args = typed_xml_args(args, schemas.properties(name))
-        elif isinstance(args, str):
-            args = json.loads(args)
-        out.append((name, args))
-    return out
+    return [(str(name), args) for name, args in typed_calls(list(calls), tools)]
 
 
 def carried(name: str, calls: list[tuple[str, dict[str, Any]]], tools: list[dict[str, Any]]) -> str | None:

@@ -161,3 +161,50 @@ def typed_xml_args(args: dict[str, str], props: dict[str, Any] | None) -> dict[s
         else:
             out[key] = raw
     return out
+
+
+def json_blocks(text: str, at: int, opener: str, closer: str) -> Markup | None:
+    """Calls written one JSON object per `opener…closer` block, back to back (InternLM's action blocks,
+    LongCat's tags); a last block still open at the end of the text is kept as not closed."""
+    calls = []
+    pos = end = at
+    while text.startswith(opener, pos):
+        value, pos = json_value(text, pos + len(opener))
+        calls.append(named_call(value))
+        pos = skip_ws(text, pos)
+        if not text.startswith(closer, pos):
+            return Markup(at, len(text), calls, closed=False) if closer.startswith(text[pos:]) else None
+        end = pos + len(closer)
+        pos = skip_ws(text, end)
+    return Markup(at, end, calls) if calls else None
+
+
+def typed_calls(calls: list[RawCall], tools: list[dict[str, Any]]) -> list[tuple[str | None, Any]]:
+    """Calls as a format read them, with XML-style values typed by the offered tool's schema and JSON
+    text parsed: what a call's arguments are, for comparing a reading with what was meant."""
+    from tapfix.proxy.toolcalls.schema import ToolSchemas
+
+    schemas = ToolSchemas(tools)
+    out: list[tuple[str | None, Any]] = []
+    for name, args in calls:
+        if isinstance(args, XmlArgs):
+            args = typed_xml_args(args, schemas.properties(name))
+        elif isinstance(args, str):
+            args = json.loads(args)
+        out.append((name, args))
+    return out
+
+
+def open_markup(at: int, text: str, calls: list[RawCall]) -> Markup | None:
+    """Markup the text ends inside of: what it read so far, not closed (None when it read no call)."""
+    return Markup(at, len(text), calls, closed=False) if calls else None
+
+
+def unframe(value: str) -> str:
+    """A value written on lines of its own (`>\nv\n</`): those two newlines are framing, not the value."""
+    return value[1:-1] if len(value) >= 2 and value[0] == "\n" and value[-1] == "\n" else value
+
+
+def frame(value: str) -> str:
+    """What `unframe` reads back as `value`: one that starts and ends with a newline gets the framing."""
+    return f"\n{value}\n" if unframe(value) != value else value

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, dumps, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, dumps, open_markup, skip_ws
 from tapfix.proxy.toolcalls.formats.jamba import inside_answer, json_list_calls
 
 SUFFIX = ":opensource"
@@ -71,7 +71,7 @@ def _hy3(text: str, at: int, suffix: str) -> Markup | None:
         pos += len(t.call_open)
         sep = text.find(t.sep, pos)
         if sep < 0:
-            return _cut(at, text, calls)
+            return open_markup(at, text, calls)
         name = text[pos:sep].strip()
         if not name or "<" in name or "\n" in name:
             return None
@@ -80,26 +80,22 @@ def _hy3(text: str, at: int, suffix: str) -> Markup | None:
         while text.startswith(t.key_open, pos):
             key_end = text.find(t.key_close, pos)
             if key_end < 0:
-                return _cut(at, text, calls)
+                return open_markup(at, text, calls)
             key = text[pos + len(t.key_open) : key_end].strip()
             pos = skip_ws(text, key_end + len(t.key_close))
             if not text.startswith(t.value_open, pos):
-                return _cut(at, text, calls) if t.value_open.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if t.value_open.startswith(text[pos:]) else None
             value_end = text.find(t.value_close, pos)
             if value_end < 0:
-                return _cut(at, text, calls)
+                return open_markup(at, text, calls)
             args[key] = text[pos + len(t.value_open) : value_end]
             pos = skip_ws(text, value_end + len(t.value_close))
         if not text.startswith(t.call_close, pos):
-            return _cut(at, text, calls) if t.call_close.startswith(text[pos:]) else None
+            return open_markup(at, text, calls) if t.call_close.startswith(text[pos:]) else None
         calls.append((name, args))
         pos = skip_ws(text, pos + len(t.call_close))
     if not calls:
         return None
     if text.startswith(t.calls_close, pos):
         return Markup(at, pos + len(t.calls_close), calls)
-    return _cut(at, text, calls) if t.calls_close.startswith(text[pos:]) else None
-
-
-def _cut(at: int, text: str, calls: list[tuple[str | None, Any]]) -> Markup | None:
-    return Markup(at, len(text), calls, closed=False) if calls else None
+    return open_markup(at, text, calls) if t.calls_close.startswith(text[pos:]) else None

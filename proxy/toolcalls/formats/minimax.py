@@ -23,9 +23,12 @@ from tapfix.proxy.toolcalls.formats.base import (
     ToolFormat,
     XmlArgs,
     dumps,
+    frame,
     json_value,
     named_call,
+    open_markup,
     skip_ws,
+    unframe,
 )
 
 M1_OPEN, M1_CLOSE = "<tool_calls>", "</tool_calls>"
@@ -76,18 +79,18 @@ class MinimaxM2(ToolFormat):
                 key, pos = _attr(text, pos + len('<parameter name="'))
                 end = text.find("</parameter>", pos)
                 if end < 0:
-                    return _cut(at, text, calls)
-                args[key] = _unframe(text[pos:end])
+                    return open_markup(at, text, calls)
+                args[key] = unframe(text[pos:end])
                 pos = skip_ws(text, end + len("</parameter>"))
             if not text.startswith("</invoke>", pos):
-                return _cut(at, text, calls) if _at_end(text, pos, "</invoke>") else None
+                return open_markup(at, text, calls) if _at_end(text, pos, "</invoke>") else None
             calls.append((name, args))
             pos = skip_ws(text, pos + len("</invoke>"))
         if not calls:
             return None
         if text.startswith(M2_CLOSE, pos):
             return Markup(at, pos + len(M2_CLOSE), calls)
-        return _cut(at, text, calls) if _at_end(text, pos, M2_CLOSE) else None
+        return open_markup(at, text, calls) if _at_end(text, pos, M2_CLOSE) else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         out = ["\n", M2_OPEN, "\n"]
@@ -116,7 +119,7 @@ class MinimaxM3(ToolFormat):
                 if text.startswith(NS + "</invoke>", pos):
                     break
                 if not text.startswith(NS + "<", pos) or text.startswith(NS + "</", pos):
-                    return _cut(at, text, calls) if _at_end(text, pos, NS + "</invoke>") else None
+                    return open_markup(at, text, calls) if _at_end(text, pos, NS + "</invoke>") else None
                 key, value, pos = _element(text, pos)
                 args[key] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             calls.append((name, args))
@@ -125,7 +128,7 @@ class MinimaxM3(ToolFormat):
             return None
         if text.startswith(M3_CLOSE, pos):
             return Markup(at, pos + len(M3_CLOSE), calls)
-        return _cut(at, text, calls) if _at_end(text, pos, M3_CLOSE) else None
+        return open_markup(at, text, calls) if _at_end(text, pos, M3_CLOSE) else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         out = [M3_OPEN, "\n"]
@@ -189,23 +192,9 @@ def _attr(text: str, pos: int) -> tuple[str, int]:
 
 
 def _scalar(value: Any) -> str:
-    return _frame(value) if isinstance(value, str) else dumps(value)
+    return frame(value) if isinstance(value, str) else dumps(value)
 
 
 def _at_end(text: str, pos: int, marker: str) -> bool:
     """The text stops at `pos` inside what may still become `marker` (a stream cut short)."""
     return marker.startswith(text[pos:])
-
-
-def _cut(at: int, text: str, calls: list[RawCall]) -> Markup | None:
-    return Markup(at, len(text), calls, closed=False) if calls else None
-
-
-def _unframe(value: str) -> str:
-    """A value written on lines of its own (`>\nv\n</`): those two newlines are framing, not the value."""
-    return value[1:-1] if len(value) >= 2 and value[0] == "\n" and value[-1] == "\n" else value
-
-
-def _frame(value: str) -> str:
-    """What `_unframe` reads back as `value`: one that starts and ends with a newline gets the framing."""
-    return f"\n{value}\n" if _unframe(value) != value else value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, frame, open_markup, skip_ws, unframe
 
 OPEN, CLOSE = "<seed:tool_call>", "</seed:tool_call>"
 FN_OPEN, FN_CLOSE = "<function=", "</function>"
@@ -28,7 +28,7 @@ class SeedOSS(ToolFormat):
         while text.startswith(OPEN, pos):
             pos = skip_ws(text, pos + len(OPEN))
             if not text.startswith(FN_OPEN, pos):
-                return _cut(at, text, calls) if FN_OPEN.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if FN_OPEN.startswith(text[pos:]) else None
             name, pos = _tag_name(text, pos + len(FN_OPEN))
             args = XmlArgs()
             pos = skip_ws(text, pos)
@@ -36,15 +36,15 @@ class SeedOSS(ToolFormat):
                 key, pos = _tag_name(text, pos + len(PARAM_OPEN))
                 value_end = text.find(PARAM_CLOSE, pos)
                 if value_end < 0:
-                    return _cut(at, text, calls)
-                args[key] = _unframe(text[pos:value_end])
+                    return open_markup(at, text, calls)
+                args[key] = unframe(text[pos:value_end])
                 pos = skip_ws(text, value_end + len(PARAM_CLOSE))
             if not text.startswith(FN_CLOSE, pos):
-                return _cut(at, text, calls) if FN_CLOSE.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if FN_CLOSE.startswith(text[pos:]) else None
             calls.append((name, args))
             pos = skip_ws(text, pos + len(FN_CLOSE))
             if not text.startswith(CLOSE, pos):
-                return _cut(at, text, calls) if CLOSE.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if CLOSE.startswith(text[pos:]) else None
             end = pos + len(CLOSE)
             pos = skip_ws(text, end)
         return Markup(at, end, calls) if calls else None
@@ -53,7 +53,7 @@ class SeedOSS(ToolFormat):
         blocks = []
         for name, args in calls:
             params = "".join(
-                f"{PARAM_OPEN}{k}>{_frame(v) if isinstance(v, str) else str(v)}{PARAM_CLOSE}\n" for k, v in args.items()
+                f"{PARAM_OPEN}{k}>{frame(v) if isinstance(v, str) else str(v)}{PARAM_CLOSE}\n" for k, v in args.items()
             )
             blocks.append(f"{OPEN}\n{FN_OPEN}{name}>\n{params}{FN_CLOSE}\n{CLOSE}")
         return "\n".join(blocks)
@@ -67,17 +67,3 @@ def _tag_name(text: str, pos: int) -> tuple[str, int]:
     if not name or "\n" in name or "<" in name:
         raise ValueError("not a tag name")
     return name, end + 1
-
-
-def _cut(at: int, text: str, calls: list[tuple[str | None, Any]]) -> Markup | None:
-    return Markup(at, len(text), calls, closed=False) if calls else None
-
-
-def _unframe(value: str) -> str:
-    """A value written on lines of its own (`>\nv\n</`): those two newlines are framing, not the value."""
-    return value[1:-1] if len(value) >= 2 and value[0] == "\n" and value[-1] == "\n" else value
-
-
-def _frame(value: str) -> str:
-    """What `_unframe` reads back as `value`: one that starts and ends with a newline gets the framing."""
-    return f"\n{value}\n" if _unframe(value) != value else value

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, dumps, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, dumps, frame, open_markup, skip_ws, unframe
 
 CALLS_BEGIN, CALLS_END = "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool_call_begin｜>", "<｜tool_call_end｜>", "<｜tool_sep｜>"
@@ -37,12 +37,12 @@ class Step3(ToolFormat):
             if not text.startswith(INVOKE, pos):
                 sep = text.find(SEP, pos)
                 if sep < 0:
-                    return _cut(at, text, calls)
+                    return open_markup(at, text, calls)
                 if text[pos:sep].strip() != "function":
                     return None
                 pos = skip_ws(text, sep + len(SEP))
             if not text.startswith(INVOKE, pos):
-                return _cut(at, text, calls) if INVOKE.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if INVOKE.startswith(text[pos:]) else None
             name, pos = _attr(text, pos + len(INVOKE))
             args = XmlArgs()
             pos = skip_ws(text, pos)
@@ -50,14 +50,14 @@ class Step3(ToolFormat):
                 key, pos = _attr(text, pos + len(PARAM))
                 value_end = text.find(PARAM_END, pos)
                 if value_end < 0:
-                    return _cut(at, text, calls)
-                args[key] = _unframe(text[pos:value_end])
+                    return open_markup(at, text, calls)
+                args[key] = unframe(text[pos:value_end])
                 pos = skip_ws(text, value_end + len(PARAM_END))
             if not text.startswith(INVOKE_END, pos):
-                return _cut(at, text, calls) if INVOKE_END.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if INVOKE_END.startswith(text[pos:]) else None
             pos = skip_ws(text, pos + len(INVOKE_END))
             if not text.startswith(CALL_END, pos):
-                return _cut(at, text, calls) if CALL_END.startswith(text[pos:]) else None
+                return open_markup(at, text, calls) if CALL_END.startswith(text[pos:]) else None
             calls.append((name, args))
             pos = skip_ws(text, pos + len(CALL_END))
             if text.startswith(SEP, pos):
@@ -66,14 +66,14 @@ class Step3(ToolFormat):
             return None
         if text.startswith(CALLS_END, pos):
             return Markup(at, pos + len(CALLS_END), calls)
-        return _cut(at, text, calls) if CALLS_END.startswith(text[pos:]) else None
+        return open_markup(at, text, calls) if CALLS_END.startswith(text[pos:]) else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         out = [CALLS_BEGIN]
         for name, args in calls:
             out.append(f'{CALL_BEGIN}function{SEP}{INVOKE}{name}">')
             for key, value in args.items():
-                out.append(f'{PARAM}{key}">{_frame(value) if isinstance(value, str) else dumps(value)}{PARAM_END}')
+                out.append(f'{PARAM}{key}">{frame(value) if isinstance(value, str) else dumps(value)}{PARAM_END}')
             out.append(f"{INVOKE_END}{CALL_END}")
         out.append(CALLS_END)
         return "".join(out)
@@ -84,17 +84,3 @@ def _attr(text: str, pos: int) -> tuple[str, int]:
     if end < 0 or "\n" in text[pos:end]:
         raise ValueError("a name attribute is cut")
     return text[pos:end], end + 2
-
-
-def _cut(at: int, text: str, calls: list[tuple[str | None, Any]]) -> Markup | None:
-    return Markup(at, len(text), calls, closed=False) if calls else None
-
-
-def _unframe(value: str) -> str:
-    """A value written on lines of its own (`>\nv\n</`): those two newlines are framing, not the value."""
-    return value[1:-1] if len(value) >= 2 and value[0] == "\n" and value[-1] == "\n" else value
-
-
-def _frame(value: str) -> str:
-    """What `_unframe` reads back as `value`: one that starts and ends with a newline gets the framing."""
-    return f"\n{value}\n" if _unframe(value) != value else value
