@@ -327,8 +327,11 @@ def render_formats() -> str:
     for name in sorted(REGISTRY):
         fmt = REGISTRY[name]
         where = "chat, responses, messages"
+        # A marker-less format reads only at the start of the content; in the reasoning it would follow
+        # the model's thoughts, where nothing marks it (and the leak property doesn't put it there).
+        reasoning = "—" if fmt.anchored else where
         aliases = f" (also `{'`, `'.join(fmt.aliases)}`)" if fmt.aliases else ""
-        lines.append(f"| `{name}`{aliases} | {fmt.family} | {where} | {where} |")
+        lines.append(f"| `{name}`{aliases} | {fmt.family} | {where} | {reasoning} |")
     return "\n".join(lines)
 
 
