@@ -145,12 +145,9 @@ def _from_text(
     if not text.strip():
         return MISSING
     props = schemas.properties(name)
-    try:
-        value = json.loads(text)
-    except ValueError:
-        pass
-    else:
-        return _trusted(text, value, props, result)
+    value = _strict(text, props, result)
+    if value is not MISSING:
+        return value
     resent = _resent_whole(strings, props)
     if resent is not None:
         result.note(DUPLICATED, "final chunk resent the whole arguments")
@@ -159,19 +156,28 @@ def _from_text(
     if deduped is not None:
         result.note(DUPLICATED, "fragment sent twice in a row")
         return _read(deduped, name, schemas, finish, result)
-    return _read(text, name, schemas, finish, result)
+    return _read_invalid(text, name, schemas, finish, result)
 
 
 def _read(text: str, name: str | None, schemas: ToolSchemas, finish: str | None, result: ArgResult) -> Any:
     """The one reading of an arguments text, whether as received or the copy a duplicate removal chose: the
     same escape evidence decides either way, so a copy's Windows path keeps its backslashes."""
-    props = schemas.properties(name)
+    value = _strict(text, schemas.properties(name), result)
+    return value if value is not MISSING else _read_invalid(text, name, schemas, finish, result)
+
+
+def _strict(text: str, props: dict[str, Any] | None, result: ArgResult) -> Any:
+    """The value of text that json.loads reads (MISSING otherwise), through the path evidence."""
     try:
         value = json.loads(text)
     except ValueError:
-        pass
-    else:
-        return _trusted(text, value, props, result)
+        return MISSING
+    return _trusted(text, value, props, result)
+
+
+def _read_invalid(text: str, name: str | None, schemas: ToolSchemas, finish: str | None, result: ArgResult) -> Any:
+    """A text json.loads refused: repeated objects, the escape readings, then the tolerant reader."""
+    props = schemas.properties(name)
     repeated = _strict_repeats(text)
     if repeated is not MISSING:
         result.note(DUPLICATED, "arguments repeated")
