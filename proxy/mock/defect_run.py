@@ -93,10 +93,7 @@ def _chat(data: bytes) -> Received:
         got.problems.append(f"{done} [DONE]")
     if not _dense(indexes):
         got.problems.append(f"indexes {list(dict.fromkeys(indexes))}")
-    if got.calls and got.finish != "tool_calls" and not got.errors:
-        got.problems.append(f"finish {got.finish!r} with calls")
-    if not got.calls and got.finish == "tool_calls":
-        got.problems.append("a tool_calls finish with no call")
+    _finish_agrees(got, "tool_calls")
     return got
 
 
@@ -162,11 +159,16 @@ def _messages(data: bytes) -> Received:
         got.calls.append({"id": block["id"], "name": block["name"], "arguments": text})
     if not _dense(started):
         got.problems.append(f"block indexes {started}")
-    if got.calls and got.finish != "tool_use" and not got.errors:
-        got.problems.append(f"stop_reason {got.finish!r} with tool_use blocks")
-    if not got.calls and got.finish == "tool_use":
-        got.problems.append("stop_reason tool_use with no tool_use block")
+    _finish_agrees(got, "tool_use")
     return got
+
+
+def _finish_agrees(got: Received, calls_finish: str) -> None:
+    """The finish (chat `finish_reason`, Messages `stop_reason`) says calls if and only if calls went out."""
+    if got.calls and got.finish != calls_finish and not got.errors:
+        got.problems.append(f"finish {got.finish!r} with calls")
+    if not got.calls and got.finish == calls_finish:
+        got.problems.append(f"a {calls_finish} finish with no call")
 
 
 READERS = {"chat": _chat, "responses": _responses, "messages": _messages}
