@@ -90,6 +90,7 @@ def models_quick(answer: Answer, model: str | None, explicit: bool) -> Verdict:
 # --- completion -------------------------------------------------------------------------------
 
 COMPLETION_PROMPT = "What is the capital of France? Answer in one short sentence."
+COMPLETION_EXPECT, COMPLETION_LABEL = r"\bparis\b", "Paris"  # what the answer must say, and how a failure names it
 
 
 async def completion(ctx: Ctx) -> Verdict:
@@ -97,7 +98,9 @@ async def completion(ctx: Ctx) -> Verdict:
     if not answer.ok:
         return Verdict("fail", answer.error_text())
     msg = answer.message()
-    problem = judge_text(msg.content, msg.reasoning, msg.finish_reason, ctx.max_tokens, r"\bparis\b", "Paris")
+    problem = judge_text(
+        msg.content, msg.reasoning, msg.finish_reason, ctx.max_tokens, COMPLETION_EXPECT, COMPLETION_LABEL
+    )
     if problem:
         return Verdict("fail", problem)
     return Verdict("pass", f"{quote(visible(msg.content), 70)} (finish_reason {msg.finish_reason})")
@@ -106,6 +109,7 @@ async def completion(ctx: Ctx) -> Verdict:
 # --- streaming --------------------------------------------------------------------------------
 
 STREAM_PROMPT = "Count from 1 to 20, separated by commas."
+STREAM_EXPECT, STREAM_LABEL = r"\b20\b", "20"
 
 
 async def streaming(ctx: Ctx) -> Verdict:
@@ -128,7 +132,7 @@ async def streaming(ctx: Ctx) -> Verdict:
     problems = scan.problems()
     if not problems:  # well-formed: is what it carried an answer?
         msg = answer.message()
-        problem = judge_text(msg.content, msg.reasoning, msg.finish_reason, ctx.max_tokens, r"\b20\b", "20")
+        problem = judge_text(msg.content, msg.reasoning, msg.finish_reason, ctx.max_tokens, STREAM_EXPECT, STREAM_LABEL)
         problems = [problem] if problem else []
     if problems:
         return Verdict("fail", "; ".join(problems), data)
