@@ -177,6 +177,10 @@ async def tools(ctx: Ctx) -> Verdict:
         if not answer.ok:
             results[mode] = answer.error_text()
             continue
+        error = scan_stream(answer.chunks, answer.times).error if answer.stream else None
+        if error is not None:  # an error event mid-stream (llama.cpp's grammar failures end a 200 this way)
+            results[mode] = f"the stream carried an error: {error}"
+            continue
         msg = answer.message()
         results[mode] = judge_tool_call(
             msg.tool_calls, msg.content, msg.finish_reason, TOOL_NAME, TOOL["function"]["parameters"]
@@ -275,7 +279,7 @@ async def long_context(ctx: Ctx) -> Verdict:
     answer = await ctx.client.post(CHAT, _chat(ctx, text), "long_context")
     where = f"depth {ctx.needle_depth:g} of ~{ctx.needle_tokens} tokens"
     if not answer.ok:
-        return Verdict("fail", f"{where}: {answer.error_text()}")
+        return Verdict("fail", f"{where}: {answer.error_text()}{_overflow(answer)}")
     msg = answer.message()
     usage = msg.usage if isinstance(msg.usage, dict) else {}
     prompt_tokens = usage.get("prompt_tokens")
@@ -288,6 +292,19 @@ async def long_context(ctx: Ctx) -> Verdict:
     if needle.recalled(content, secret):
         return Verdict("pass", f"passphrase recalled at {where}{counted}", data)
     return Verdict("fail", f"the passphrase planted at {where} was not recalled{counted}: {quote(content, 80)}", data)
+
+
+def _overflow(answer: Answer) -> str:
+    """The error's kind and counts when the server says the prompt overflowed its context:
+    llama.cpp's `exceed_context_size_error` carries `n_prompt_tokens` and `n_ctx` beside its message,
+    and the kind is what a user searches for (the message's wording changes between versions)."""
+    obj = answer.json()
+    err = obj.get("error") if isinstance(obj, dict) else None
+    kind = err.get("type") if isinstance(err, dict) else None
+    if not isinstance(kind, str) or "context" not in kind:
+        return ""
+    counts = [f"{k} {err[k]}" for k in ("n_prompt_tokens", "n_ctx") if isinstance(err.get(k), int)]
+    return f" ({kind}{': ' + ', '.join(counts) if counts else ''})"
 
 
 # --- sampling ---------------------------------------------------------------------------------
