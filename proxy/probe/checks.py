@@ -300,7 +300,9 @@ def _overflow(answer: Answer) -> str:
     and the kind is what a user searches for (the message's wording changes between versions)."""
     obj = answer.json()
     err = obj.get("error") if isinstance(obj, dict) else None
-    kind = err.get("type") if isinstance(err, dict) else None
+    if not isinstance(err, dict):
+        return ""
+    kind = err.get("type")
     if not isinstance(kind, str) or "context" not in kind:
         return ""
     counts = [f"{k} {err[k]}" for k in ("n_prompt_tokens", "n_ctx") if isinstance(err.get(k), int)]
