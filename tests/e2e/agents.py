@@ -133,6 +133,9 @@ class Sandbox:
         self.root = root / name
         self.home = self.root / "home"
         self.work = self.root / "work"
+        # The agents' temp files stay in the sandbox too: opencode 1.18.33 (a Bun executable) extracts a
+        # 5.5 MB native library into $TMPDIR on every start and never removes it.
+        self.tmp = self.root / "tmp"
         for d in (
             self.home,
             self.work,
@@ -140,17 +143,19 @@ class Sandbox:
             self.home / ".local" / "share",
             self.home / ".cache",
             self.home / ".local" / "state",
+            self.tmp,
         ):
             d.mkdir(parents=True, exist_ok=True)
         # opencode wants a project (a git work tree); omp is happy either way.
         subprocess.run(["git", "init", "-q", str(self.work)], check=True, timeout=30)
 
     def env(self, extra: dict | None = None) -> dict:
-        keep = {k: os.environ[k] for k in ("LANG", "LC_ALL", "TERM", "TMPDIR") if k in os.environ}
+        keep = {k: os.environ[k] for k in ("LANG", "LC_ALL", "TERM") if k in os.environ}
         env = {
             **keep,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             "HOME": str(self.home),
+            "TMPDIR": str(self.tmp),
             "USERPROFILE": str(self.home),
             "XDG_CONFIG_HOME": str(self.home / ".config"),
             "XDG_DATA_HOME": str(self.home / ".local" / "share"),
@@ -240,11 +245,14 @@ def start_opencode(
     model: str = MODEL,
     reasoning: bool = False,
     variant: str | None = None,
+    config: dict | None = None,
 ) -> AgentProcess:
+    """`config`: extra top-level keys of opencode.json (e.g. `tools` switches)."""
     check_port(base_url)
     cfg_dir = sandbox.home / ".config" / "opencode"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    (cfg_dir / "opencode.json").write_text(json.dumps(opencode_config(base_url, model, reasoning=reasoning), indent=2))
+    settings = {**opencode_config(base_url, model, reasoning=reasoning), **(config or {})}
+    (cfg_dir / "opencode.json").write_text(json.dumps(settings, indent=2))
     argv = [str(BIN / "opencode"), "run", "--print-logs", "-m", f"custom/{model}"]
     if variant:
         argv += ["--variant", variant]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e import conftest as agent_fixtures
-from tests.e2e.agents import BIN, OPENCODE_ENV, AgentProcess, Sandbox, check_port, opencode_config
+from tests.e2e.agents import Sandbox, start_opencode
 from tests.e2e.conftest import Store
 from tests.realengine import tiny_model
 from tests.realengine.engine import ROOT, LlamaServer
@@ -38,21 +38,6 @@ RUN_TIMEOUT = 120  # seconds; a run takes ~10 s on 2 cores
 PROMPT = "Create hello.txt"
 ONLY_WRITE_AND_READ = {"*": False, "write": True, "read": True}  # opencode's `tools` switches
 OPENCODE_DIRS = (".config/opencode", ".local/share/opencode", ".cache/opencode", ".local/state/opencode")
-
-
-def start_opencode_with(sandbox: Sandbox, base_url: str, prompt: str, **config: object) -> AgentProcess:
-    """tests/e2e/agents.start_opencode with extra keys in opencode.json, and the agent's temp files kept
-    in the sandbox too: opencode 1.18.33 (a Bun executable) extracts a 5.5 MB native library into
-    $TMPDIR on every start and never removes it, and Sandbox.env passes the caller's TMPDIR through."""
-    check_port(base_url)
-    cfg_dir = sandbox.home / ".config" / "opencode"
-    cfg_dir.mkdir(parents=True, exist_ok=True)
-    (cfg_dir / "opencode.json").write_text(json.dumps({**opencode_config(base_url), **config}, indent=2))
-    tmp = sandbox.root / "tmp"
-    tmp.mkdir(exist_ok=True)
-    model = opencode_config(base_url)["model"]
-    argv = [str(BIN / "opencode"), "run", "--print-logs", "-m", model, prompt]
-    return AgentProcess("opencode", argv, sandbox, sandbox.env({**OPENCODE_ENV, "TMPDIR": str(tmp)}))
 
 
 def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
@@ -152,7 +137,7 @@ def test_opencode_writes_a_file_through_tapfix_in_front_of_llama_server(
     sandbox = Sandbox(tmp_path, "opencode")
     checkout_before, outside_before = checkout_state(), outside_state()
 
-    run = start_opencode_with(sandbox, f"{proxy.url}/v1", PROMPT, tools=ONLY_WRITE_AND_READ).wait(RUN_TIMEOUT)
+    run = start_opencode(sandbox, f"{proxy.url}/v1", PROMPT, config={"tools": ONLY_WRITE_AND_READ}).wait(RUN_TIMEOUT)
 
     checkout_after, outside_after = checkout_state(), outside_state()
     proxy.stop()  # its writer has committed every capture once it exited
@@ -215,4 +200,4 @@ def test_opencode_writes_a_file_through_tapfix_in_front_of_llama_server(
         outside_before, []
     )
     assert tree(sandbox.home / ".local" / "share" / "opencode"), "opencode kept no state in the sandbox's home"
-    assert tree(sandbox.root / "tmp"), "opencode made no temp file in the sandbox's TMPDIR: where did they go?"
+    assert tree(sandbox.tmp), "opencode made no temp file in the sandbox's TMPDIR: where did they go?"
