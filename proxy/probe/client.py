@@ -178,7 +178,14 @@ class ProbeClient:
         ex.mark = start
         try:
             request = self._http.build_request(method, self.url(path), content=sent or None, headers=headers)
-            response = await self._http.send(request, stream=True)
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.RemoteProtocolError:
+                # A kept-alive connection the server closed as we reused it (llama-server closes one
+                # after a stream that ended in an error event): it never saw the request, so send it
+                # once more, on a new connection; a second failure is the server's.
+                start = ex.mark = time.perf_counter()
+                response = await self._http.send(request, stream=True)
             try:
                 ex.response_started_at = time.perf_counter()
                 answer.status = response.status_code
