@@ -26,20 +26,6 @@ from tests.support.procs import Proc, cli, free_port, start, wait_capture
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
 CHAT = "/v1/chat/completions"
-# The schema lists the arguments in the order the model writes them: llama.cpp's tool-call grammar
-# keeps the schema's property order and would refuse the model's call in any other.
-WRITE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": tm.CALL_NAME,
-        "description": "write a file",
-        "parameters": {
-            "type": "object",
-            "properties": {name: {"type": "string"} for name in tm.CALL_ARGUMENTS},
-            "required": list(tm.CALL_ARGUMENTS),
-        },
-    },
-}
 
 
 @dataclass
@@ -95,7 +81,7 @@ def captured(llama_proxy: Proc) -> dict[str, str]:
         "plain": {"messages": [{"role": "user", "content": "Say hello"}], "stream": False},
         "tool": {
             "messages": [{"role": "user", "content": "Write hello.txt"}],
-            "tools": [WRITE_TOOL],
+            "tools": [tm.WRITE_TOOL],
             "stream": True,
             "stream_options": {"include_usage": True},
         },

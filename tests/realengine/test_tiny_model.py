@@ -70,41 +70,10 @@ def test_pieces_spell_the_strings():
     assert len(set(vocab.stored)) == len(vocab), "every token's text is unique"
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": tm.CALL_NAME,
-            "description": "Write a file",
-            "parameters": {
-                "type": "object",
-                "properties": {"content": {"type": "string"}, "filePath": {"type": "string"}},
-                "required": ["content", "filePath"],
-            },
-        },
-    }
-]
 CONVERSATIONS = {
     "plain": {"messages": [{"role": "user", "content": "hi"}]},
-    "tools": {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS},
-    "tool_result": {
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": tm.CALL_NAME, "arguments": json.dumps(tm.CALL_ARGUMENTS)},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "Wrote file successfully."},
-        ],
-        "tools": TOOLS,
-    },
+    "tools": {"messages": [{"role": "user", "content": "hi"}], "tools": [tm.WRITE_TOOL]},
+    "tool_result": {"messages": tm.after_the_call(), "tools": [tm.WRITE_TOOL]},
 }
 
 

@@ -39,6 +39,33 @@ CALL_ARGUMENTS = {"content": "Hello from the tiny model.", "filePath": "hello.tx
 ANSWER = "Hello from the tiny model."
 REASONING = "The user wants a greeting. I will answer."
 CONTEXT_LENGTH = 65536
+# The tool the model calls, as a client offers it. The schema lists the arguments in the order the model
+# writes them: llama.cpp's tool-call grammar keeps the schema's property order and refuses any other.
+WRITE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": CALL_NAME,
+        "description": "Write a file",
+        "parameters": {
+            "type": "object",
+            "properties": {name: {"type": "string"} for name in CALL_ARGUMENTS},
+            "required": list(CALL_ARGUMENTS),
+        },
+    },
+}
+TOOL_RESULT = "Wrote file successfully."
+
+
+def after_the_call(question: str = "hi", call_id: str = "call_1") -> list[dict]:
+    """A conversation in which the model's call has run: the question, the call, its result."""
+    call = {"id": call_id, "type": "function", "function": {"name": CALL_NAME, "arguments": json.dumps(CALL_ARGUMENTS)}}
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": TOOL_RESULT},
+    ]
+
+
 # The model as write_model writes it with the Qwen2.5 template of llama-cpp-python 0.3.36.
 MODEL_SHA256 = "78e02f5489224c0d7e21fb01054f3ae8628df876139fca8e6988868744f9d0c0"
 
