@@ -1,0 +1,131 @@
+"""The Host header in reverse mode: the capture keeps the one the client sent, the upstream gets its own.
+
+A capture is read as "what the client sent": a record whose Host (and `url`) names the upstream says the
+client talked to the upstream directly, which it never did. The upstream still needs its own name in Host
+(virtual hosts, engines behind a gateway), whichever way tapfix chose it: the single `--upstream`, a routed
+model's upstream, or a path tapfix forwards without recording.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.support.procs import free_port, response_head, start, start_proxy, wait_capture
+from tests.support.rawserver import RawServer
+
+pytestmark = pytest.mark.e2e
+OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+
+
+@pytest.fixture
+def upstreams():
+    servers = [RawServer(lambda _: [(0.0, OK)]) for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.close()
+
+
+def _post(port: int, host: str, path: str = "/v1/chat/completions", model: str = "m") -> str:
+    """A raw request with a Host of the test's choosing (a name for the proxy no client library would
+    derive from its address); returns the capture id from the response head ("" if none)."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = response_head(
+        port,
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body,
+    )
+    assert head.startswith(b"HTTP/1.1 200"), head
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"x-tapfix-capture-id":
+            return value.strip().decode()
+    return ""
+
+
+def _recorded_hosts(row: dict) -> list[str]:
+    return [value for name, value in json.loads(row["request_headers"]) if name.lower() == "host"]
+
+
+def _hostport(server: RawServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def test_single_upstream_records_the_clients_host_and_sends_the_upstreams(tmp_path, upstreams):
+    upstream = upstreams[0]
+    proxy = start_proxy(tmp_path, f"{upstream.url}/v1")
+    client_host = f"localhost:{proxy.port}"
+    try:
+        row = wait_capture(proxy.extra["db"], _post(proxy.port, client_host))
+        assert _recorded_hosts(row) == [client_host]
+        assert row["url"] == f"http://{client_host}/v1/chat/completions"
+        assert row["upstream_url"] == f"{upstream.url}/v1/chat/completions"
+        assert upstream.requests[-1].header("host") == _hostport(upstream)
+
+        assert _post(proxy.port, client_host, "/tapfix/not-a-route") == ""  # forwarded, not recorded
+        assert upstream.requests[-1].path == "/tapfix/not-a-route"
+        assert upstream.requests[-1].header("host") == _hostport(upstream)
+    finally:
+        proxy.stop()
+
+
+ROUTES = """
+[upstreams.first]
+base_url = "{first}"
+engine = "vllm"
+
+[upstreams.second]
+base_url = "{second}/v1"
+engine = "vllm"
+
+[models.a]
+upstream = "first"
+
+[models.b]
+upstream = "second"
+"""
+
+
+def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
+    first, second = upstreams
+    config = tmp_path / "tapfix.toml"
+    config.write_text(ROUTES.format(first=first.url, second=second.url))
+    port = free_port()
+    db = tmp_path / "routed.db"
+    proxy = start(
+        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)], port, tmp_path / "p.log"
+    )
+    client_host = f"localhost:{port}"
+    try:
+        for model, server in (("b", second), ("a", first)):
+            row = wait_capture(db, _post(port, client_host, model=model))
+            assert _recorded_hosts(row) == [client_host]
+            assert row["url"] == f"http://{client_host}/v1/chat/completions"
+            assert row["upstream_url"].startswith(server.url + "/")
+            assert server.requests[-1].header("host") == _hostport(server)
+        assert len(first.requests) == len(second.requests) == 1
+    finally:
+        proxy.stop()
+
+
+def test_regular_mode_passes_the_clients_host_and_records_it(tmp_path, upstreams):
+    upstream = upstreams[0]
+    port = free_port()
+    db = tmp_path / "regular.db"
+    proxy = start(
+        ["run", "--mode", "regular", "--intercept", "127.0.0.1", "--listen", f"127.0.0.1:{port}", "--db", str(db)],
+        port,
+        tmp_path / "p.log",
+    )
+    try:
+        with httpx.Client(proxy=f"http://127.0.0.1:{port}") as client:
+            response = client.post(f"{upstream.url}/v1/chat/completions", json={"model": "m", "messages": []})
+        row = wait_capture(db, response.headers["x-tapfix-capture-id"])
+        assert _recorded_hosts(row) == [_hostport(upstream)]
+        assert row["url"] == row["upstream_url"] == f"{upstream.url}/v1/chat/completions"
+        assert upstream.requests[-1].header("host") == _hostport(upstream)
+    finally:
+        proxy.stop()
