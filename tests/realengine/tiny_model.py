@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.support.builders import message_tool_call, tool
+
 CALL_NAME = "write"
 CALL_ARGUMENTS = {"content": "Hello from the tiny model.", "filePath": "hello.txt"}
 ANSWER = "Hello from the tiny model."
@@ -41,24 +43,15 @@ REASONING = "The user wants a greeting. I will answer."
 CONTEXT_LENGTH = 65536
 # The tool the model calls, as a client offers it. The schema lists the arguments in the order the model
 # writes them: llama.cpp's tool-call grammar keeps the schema's property order and refuses any other.
-WRITE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": CALL_NAME,
-        "description": "Write a file",
-        "parameters": {
-            "type": "object",
-            "properties": {name: {"type": "string"} for name in CALL_ARGUMENTS},
-            "required": list(CALL_ARGUMENTS),
-        },
-    },
-}
+WRITE_TOOL = tool(
+    CALL_NAME, {name: {"type": "string"} for name in CALL_ARGUMENTS}, list(CALL_ARGUMENTS), description="Write a file"
+)
 TOOL_RESULT = "Wrote file successfully."
 
 
 def after_the_call(question: str = "hi", call_id: str = "call_1") -> list[dict]:
     """A conversation in which the model's call has run: the question, the call, its result."""
-    call = {"id": call_id, "type": "function", "function": {"name": CALL_NAME, "arguments": json.dumps(CALL_ARGUMENTS)}}
+    call = message_tool_call(json.dumps(CALL_ARGUMENTS), call_id, CALL_NAME)
     return [
         {"role": "user", "content": question},
         {"role": "assistant", "content": "", "tool_calls": [call]},
