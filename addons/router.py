@@ -8,6 +8,8 @@ import logging
 
 import orjson
 from mitmproxy import http
+from mitmproxy.net.http import url
+from mitmproxy.proxy import server_hooks
 from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
@@ -28,7 +30,8 @@ class Router:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
-        if ex is None:
+        if ex is None:  # not recorded (a /tapfix/ path), forwarded as mitmproxy's mode points it
+            self._name_the_upstream(flow)
             return
         target = self.runtime.default_target
         if self.runtime.policy is not None:
@@ -41,6 +44,7 @@ class Router:
             self._strip_encoding(flow)
             return
         self._point_at(flow, target)
+        self._name_the_upstream(flow)
         ex.upstream_url = f"{target.origin}{flow.request.path}"
         ex.extra["target"] = target.name
         self._strip_encoding(flow)
@@ -93,6 +97,21 @@ class Router:
         ex = exchange_of(flow)
         if ex is not None and "target" in ex.extra and flow.response and flow.server_conn.timestamp_start:
             self.runtime.saw_upstream(ex.extra["target"])
+
+    def _name_the_upstream(self, flow: http.HTTPFlow) -> None:
+        """Reverse mode keeps the client's Host for the record (`keep_host_header`, runner/master.py);
+        what goes upstream names the upstream it goes to, as mitmproxy would have: `host[:port]`,
+        the scheme's default port left out. Regular mode: the client's Host already names it."""
+        if self.runtime.settings.mode == "reverse":
+            request = flow.request
+            request.host_header = url.hostport(request.scheme, request.host, request.port)
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """TLS to the upstream names the upstream (SNI), never the name a TLS client gave tapfix:
+        with `keep_host_header` mitmproxy would take that one for the mode's own upstream."""
+        server = data.server
+        if self.runtime.settings.mode == "reverse" and server.sni is not None and server.address:
+            server.sni = server.address[0]
 
     @staticmethod
     def _point_at(flow: http.HTTPFlow, target: UpstreamTarget) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.procs import free_port, response_head, start, start_proxy, wait_capture
 from tests.support.rawserver import RawServer
+from tests.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an https upstream with its own CA
 
 pytestmark = pytest.mark.e2e
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
@@ -106,7 +107,9 @@ def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
             assert row["url"] == f"http://{client_host}/v1/chat/completions"
             assert row["upstream_url"].startswith(server.url + "/")
             assert server.requests[-1].header("host") == _hostport(server)
-        assert len(first.requests) == len(second.requests) == 1
+            assert all(r.header("host") == _hostport(server) for r in server.requests)
+        posts = [[r for r in server.requests if r.head.startswith(b"POST ")] for server in (first, second)]
+        assert [len(p) for p in posts] == [1, 1]  # besides tapfix's own GET /v1/models at startup
     finally:
         proxy.stop()
 
@@ -127,5 +130,21 @@ def test_regular_mode_passes_the_clients_host_and_records_it(tmp_path, upstreams
         assert _recorded_hosts(row) == [_hostport(upstream)]
         assert row["url"] == row["upstream_url"] == f"{upstream.url}/v1/chat/completions"
         assert upstream.requests[-1].header("host") == _hostport(upstream)
+    finally:
+        proxy.stop()
+
+
+def test_tls_upstream_is_named_by_its_own_address_not_the_clients_sni(tmp_path, tls_upstream):  # noqa: F811
+    """A client speaking TLS to tapfix gives its own server name; the upstream's certificate is checked
+    against the upstream's name, as before tapfix kept the client's Host."""
+    url, cert = tls_upstream
+    proxy = start_proxy(tmp_path, url, "--upstream-ca", str(cert), env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
+    try:
+        with httpx.Client(verify=False) as client:  # tapfix's own certificate: mitmproxy's CA in tmp_path
+            response = client.post(f"https://localhost:{proxy.port}/v1/chat/completions", json={"model": "tls-model"})
+        assert response.json() == {"echo": "tls-model"}
+        row = wait_capture(proxy.extra["db"], response.headers["x-tapfix-capture-id"])
+        assert row["url"] == f"https://localhost:{proxy.port}/v1/chat/completions"
+        assert row["upstream_url"] == f"{url}/v1/chat/completions"
     finally:
         proxy.stop()

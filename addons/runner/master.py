@@ -65,6 +65,9 @@ def mitm_options(settings: Settings, runtime: Runtime) -> dict[str, Any]:
         ssl_insecure=settings.insecure,
         termlog_verbosity="warn",
         tcp_timeout=settings.idle_timeout,
+        # Reverse mode: the capture keeps the Host the client sent (mitmproxy would put the upstream's
+        # there before any hook); the router names the upstream in what it forwards. Regular mode: no-op.
+        keep_host_header=settings.mode == "reverse",
     )
     if settings.upstream_ca:
         opts["ssl_verify_upstream_trusted_ca"] = str(settings.upstream_ca)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import connection, http
+from mitmproxy.proxy.mode_specs import ReverseMode
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
@@ -105,7 +106,7 @@ def exchange_from_request(flow: http.HTTPFlow, store_bodies: bool) -> Exchange:
         client_addr=peer_of(flow.client_conn),
         method=request.data.method.decode("utf-8", "surrogateescape"),
         path=request.path,
-        url=request.pretty_url,
+        url=client_url(flow),
         user_agent=request.headers.get("user-agent", ""),
         request=request.raw_content or b"",
         request_headers=list(request.headers.items(multi=True)),
@@ -113,3 +114,22 @@ def exchange_from_request(flow: http.HTTPFlow, store_bodies: bool) -> Exchange:
     )
     ex.started_at = request.timestamp_start or time.time()
     return ex
+
+
+def client_url(flow: http.HTTPFlow) -> str:
+    """The URL the client asked for. In regular mode it named it itself; in reverse mode the request's
+    scheme, host and port are the upstream's from the start (mitmproxy fills them in from the mode),
+    so the client's are whether it spoke TLS to tapfix and the Host it sent (kept: `keep_host_header`),
+    else the address it connected to."""
+    request = flow.request
+    client = flow.client_conn
+    if not isinstance(client.proxy_mode, ReverseMode):
+        return request.pretty_url
+    scheme = "https" if client.tls_established else "http"
+    authority = request.host_header or (_hostport(client.sockname) if client.sockname else request.host)
+    return f"{scheme}://{authority}{request.path if request.path != '*' else ''}"
+
+
+def _hostport(address: tuple[str, int]) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
