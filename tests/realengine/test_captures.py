@@ -21,20 +21,7 @@ from tests.support.procs import Proc, cli, wait_capture
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
 GREETING = [{"role": "user", "content": "Say hello"}]
-# The schema lists the arguments in the order the model writes them: llama.cpp's grammar for a tool
-# call keeps the schema's property order, and the model's call would be refused in any other.
-WRITE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": tiny_model.CALL_NAME,
-        "description": "write a file",
-        "parameters": {
-            "type": "object",
-            "properties": {name: {"type": "string"} for name in tiny_model.CALL_ARGUMENTS},
-            "required": list(tiny_model.CALL_ARGUMENTS),
-        },
-    },
-}
+WRITE_TOOL = tiny_model.WRITE_TOOL
 # Far past the -c 2048 of the fixtures' servers: llama-server answers 400 exceed_context_size_error.
 OVERFLOW = [{"role": "user", "content": "hello " * 3000}]
 

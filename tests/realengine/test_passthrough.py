@@ -13,7 +13,6 @@ the client's with exactly the recorded changes applied.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.conftest import Store
 from tests.realengine import tiny_model as tm
 from tests.realengine.engine import LlamaServer
 from tests.realengine.relay import Exchange, Relay
@@ -30,35 +30,9 @@ from tests.support.procs import Proc, wait_capture
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
 CHAT = "/v1/chat/completions"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": tm.CALL_NAME,
-            "description": "Write a file",
-            "parameters": {
-                "type": "object",
-                "properties": {name: {"type": "string"} for name in tm.CALL_ARGUMENTS},
-                "required": sorted(tm.CALL_ARGUMENTS),
-            },
-        },
-    }
-]
+TOOLS = [tm.WRITE_TOOL]
 HI = [{"role": "user", "content": "hi"}]
-AFTER_THE_CALL = HI + [
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": tm.CALL_NAME, "arguments": json.dumps(tm.CALL_ARGUMENTS)},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": "Wrote file successfully."},
-]
+AFTER_THE_CALL = tm.after_the_call()
 TOO_LONG = [{"role": "user", "content": "hi " * 3000}]  # far past the `llama` fixture's context
 
 # name -> (request body, what the server's answer must show for the case to test what it says)
@@ -163,25 +137,9 @@ def assert_the_case_is_what_it_says(expect: str, status: int, body: bytes, strea
 
 
 def recorded_changes(db: Path, capture_id: str) -> list[dict[str, Any]]:
-    """The capture's change rows, read as tests/e2e/conftest.py's Store does (the writer commits the
-    exchange and its changes in one transaction, so a committed exchange has all of them)."""
+    """The capture's change rows (the writer commits an exchange and its changes in one transaction)."""
     wait_capture(db, capture_id)
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        rows = conn.execute(
-            "select stage, kind, path, before, after from changes where exchange_id = ? order by seq", (capture_id,)
-        ).fetchall()
-    finally:
-        conn.close()
-    return [
-        {
-            **dict(r),
-            "before": json.loads(r["before"]) if r["before"] else None,
-            "after": json.loads(r["after"]) if r["after"] else None,
-        }
-        for r in rows
-    ]
+    return Store(db).changes(capture_id)
 
 
 # --- the comparison ----------------------------------------------------------------------------------
