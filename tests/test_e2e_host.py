@@ -14,19 +14,16 @@ import httpx
 import pytest
 
 from tests.support.procs import free_port, response_head, start, start_proxy, wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.rawserver import RawServer, json_upstreams
 from tests.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an https upstream with its own CA
 
 pytestmark = pytest.mark.e2e
-OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
 @pytest.fixture
 def upstreams():
-    servers = [RawServer(lambda _: [(0.0, OK)]) for _ in range(2)]
-    yield servers
-    for server in servers:
-        server.close()
+    with json_upstreams(2) as servers:
+        yield servers
 
 
 def _post(port: int, host: str, path: str = "/v1/chat/completions", model: str = "m") -> str:

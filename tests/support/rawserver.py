@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 Script = list[tuple[float, bytes]]  # (seconds to wait first, bytes to write); b"<RESET>" aborts the socket
@@ -97,3 +98,18 @@ class RawServer:
         self._loop.call_soon_threadsafe(self._server.close)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+@contextmanager
+def json_upstreams(count: int) -> Iterator[list[RawServer]]:
+    """`count` upstreams that record each request and answer every one `200 {}`: for tests about what
+    reaches an upstream, not about its answer."""
+    servers = [RawServer(lambda _: [(0.0, JSON_OK)]) for _ in range(count)]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.close()

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.support.procs import cli, free_port, start, start_mock, start_proxy, wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.rawserver import RawServer, json_upstreams
 from tests.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
 
 if sys.version_info >= (3, 14):
@@ -308,15 +308,12 @@ def test_truth_5_decoding_stops_at_a_size_limit():
 
 
 # -- requests ------------------------------------------------------------------------------------
-OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
 @pytest.fixture
 def upstreams():
-    servers = [RawServer(lambda _: [(0.0, OK)]) for _ in range(2)]
-    yield servers
-    for server in servers:
-        server.close()
+    with json_upstreams(2) as servers:
+        yield servers
 
 
 def _run(tmp_path, *args):
