@@ -9,6 +9,7 @@ model's upstream, or a path tapfix forwards without recording.
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import pytest
@@ -20,10 +21,29 @@ from tests.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an http
 pytestmark = pytest.mark.e2e
 
 
+def _ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture
-def upstreams():
-    with json_upstreams(2) as servers:
+def upstreams(request):
+    """Two recording upstreams on the loopback address the test names (`indirect` parametrize), else 127.0.0.1."""
+    host = getattr(request, "param", "127.0.0.1")
+    if ":" in host and not _ipv6_loopback():
+        pytest.skip("this machine has no IPv6 loopback (::1) to run an upstream on")
+    with json_upstreams(2, host) as servers:
         yield servers
+
+
+# An IPv6 upstream is named in brackets wherever tapfix writes host:port (Host, url, upstream_url).
+LOOPBACKS = pytest.mark.parametrize("upstreams", ["127.0.0.1", "::1"], indirect=True, ids=["ipv4", "ipv6"])
 
 
 def _post(port: int, host: str, path: str = "/v1/chat/completions", model: str = "m") -> str:
@@ -49,9 +69,10 @@ def _recorded_hosts(row: dict) -> list[str]:
 
 
 def _hostport(server: RawServer) -> str:
-    return f"127.0.0.1:{server.port}"
+    return server.hostport
 
 
+@LOOPBACKS
 def test_single_upstream_records_the_clients_host_and_sends_the_upstreams(tmp_path, upstreams):
     upstream = upstreams[0]
     proxy = start_proxy(tmp_path, f"{upstream.url}/v1")
@@ -87,6 +108,7 @@ upstream = "second"
 """
 
 
+@LOOPBACKS
 def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
     first, second = upstreams
     config = tmp_path / "tapfix.toml"

@@ -53,6 +53,7 @@ class RawServer:
     respond: Callable[[RawRequest], Script]
     requests: list[RawRequest] = field(default_factory=list)
     port: int = 0
+    host: str = "127.0.0.1"  # "::1" for an IPv6 upstream
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -63,11 +64,16 @@ class RawServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.hostport}"
+
+    @property
+    def hostport(self) -> str:
+        """`host:port` as a URL or a Host header names it: an IPv6 literal in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, self.host, 0))
         self.port = server.sockets[0].getsockname()[1]
         self._server = server
         self._ready.set()
@@ -104,10 +110,10 @@ JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length:
 
 
 @contextmanager
-def json_upstreams(count: int) -> Iterator[list[RawServer]]:
+def json_upstreams(count: int, host: str = "127.0.0.1") -> Iterator[list[RawServer]]:
     """`count` upstreams that record each request and answer every one `200 {}`: for tests about what
     reaches an upstream, not about its answer."""
-    servers = [RawServer(lambda _: [(0.0, JSON_OK)]) for _ in range(count)]
+    servers = [RawServer(lambda _: [(0.0, JSON_OK)], host=host) for _ in range(count)]
     try:
         yield servers
     finally:
