@@ -63,7 +63,7 @@ def upstream_unreachable(message: str) -> bytes:
 
 # -- a tool call tapfix can't recover ------------------------------------------------------------
 class Unrecoverable(Protocol):
-    """What the error needs of a defect (`tapfix.proxy.toolcalls.plan.Fatal`)."""
+    """What the error needs of a defect (`tapfix.proxy.toolcalls.plan_types.Fatal`)."""
 
     @property
     def kind(self) -> str: ...

@@ -23,7 +23,7 @@ from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import UNPINNED, Leak, foreign_markup, formats_for, is_xml_args, open_context
-from tapfix.proxy.toolcalls.plan import STAGE
+from tapfix.proxy.toolcalls.plan_types import STAGE
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _TEXT_KEYS = (b'content":', b'"reasoning":')  # `content":` also ends `"reasoning_content":`

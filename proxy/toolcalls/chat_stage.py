@@ -32,7 +32,8 @@ from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_le
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, find_leak, formats_for, hold_verdict
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item, Writer
-from tapfix.proxy.toolcalls.plan import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error, named_tool, plan_choice
+from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
+from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error
 from tapfix.proxy.toolcalls.prefix import PrefixGate, admit_event, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 

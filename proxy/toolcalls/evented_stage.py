@@ -29,7 +29,7 @@ from tapfix.proxy.sse import comment
 from tapfix.proxy.toolcalls.arguments import repair_arguments
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.names import match_name
-from tapfix.proxy.toolcalls.plan import STAGE, Fatal
+from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 POLICIES = ("error", "fail_fast", "passthrough")

@@ -43,7 +43,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     unknown_tool_change,
 )
 from tapfix.proxy.toolcalls.messages_leaks import MessagesLeaks, leak_content
-from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 _ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to tool_use when a tool_use went out

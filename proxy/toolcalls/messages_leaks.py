@@ -22,7 +22,7 @@ from tapfix.proxy.toolcalls.evented_leaks import (
     unpinned_change,
 )
 from tapfix.proxy.toolcalls.evented_stage import DenseIndex, HoldingStage, IdLedger, as_dict, mint_id, parse
-from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.plan_types import Fatal
 
 
 class MessagesLeaks(HoldingStage):

@@ -23,7 +23,8 @@ from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.leaks import formats_for
-from tapfix.proxy.toolcalls.plan import STAGE, Part, named_tool, plan_choice
+from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
+from tapfix.proxy.toolcalls.plan_types import STAGE, Part
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 

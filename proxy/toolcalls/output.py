@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.sse import format_event
-from tapfix.proxy.toolcalls.plan import ChoicePlan, OutCall
+from tapfix.proxy.toolcalls.plan_types import ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
 EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event

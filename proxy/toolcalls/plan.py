@@ -17,91 +17,27 @@ when a defect was noticed, each from its definition:
   (`length` only once every call passed the cut check), except `stop` with the call a named
   `tool_choice` forced, which OpenAI and vLLM send as is.
 With n > 1 each choice gets its own plan: a broken choice is repaired without touching the others.
+
+Text that is really a call (a continuation of the open call's arguments, markup in the content or
+last in the reasoning) is read by `plan_content.py` first; the records a plan is made of are in
+`plan_types.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
-from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, dumps, repair_arguments
-from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, MISSING_FRAGMENT, UNKNOWN_TOOL, WRONG_INDEX
+from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, repair_arguments
+from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.formats import Formats
-from tapfix.proxy.toolcalls.formats.base import typed_xml_args
-from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
-from tapfix.proxy.toolcalls.leaks import (
-    LEAKED_INTO_REASONING,
-    UNPINNED,
-    Leak,
-    find_leak,
-    find_reasoning_leak,
-    foreign_markup,
-    formats_for,
-    is_xml_args,
-)
+from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.names import match_name
+from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, reasoning_leak
+from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, OutCall, Part
 from tapfix.proxy.toolcalls.schema import ToolSchemas
-
-STAGE: Final = "toolcalls"
-
-
-@dataclass(slots=True)
-class OutCall:
-    index: int
-    id: str
-    name: str
-    arguments: str
-    continued: bool = False  # prefix mode: only the rest of arguments the client already partly has
-
-
-@dataclass(slots=True)
-class Fatal:
-    name: str
-    reason: str
-    kind: str
-
-
-QUOTE_LIMIT = 200  # of the engine's message, in the error an agent reads (the store keeps all of it)
-
-
-def cut_by_upstream_error(message: str) -> str:
-    """The reason of a call an engine's error event cut short: the engine's words, quoted, so the
-    agent (and its user) read what really happened, not a guess at a broken connection."""
-    message = " ".join(message.split())
-    if len(message) > QUOTE_LIMIT:
-        message = message[:QUOTE_LIMIT] + "…"
-    if not message:
-        return "the upstream ended the stream with an error before the call was complete"
-    return f"the upstream ended the stream with an error before the call was complete: {message}"
-
-
-@dataclass(slots=True)
-class ChoicePlan:
-    calls: list[OutCall] = field(default_factory=list)
-    structured_clean: bool = True  # upstream tool-call deltas may go out as they came
-    content_edits: dict[int, str] = field(default_factory=dict)  # content part -> new text
-    changes: list[Change] = field(default_factory=list)
-    defects: list[str] = field(default_factory=list)
-    fatal: Fatal | None = None
-    finish_edit: str | None = None  # the finish_reason the client gets instead of the upstream's
-
-    @property
-    def untouched(self) -> bool:
-        return self.structured_clean and not self.content_edits and self.fatal is None and self.finish_edit is None
-
-    def defect(self, kind: str) -> None:
-        if kind not in self.defects:
-            self.defects.append(kind)
-
-
-@dataclass(slots=True)
-class Part:
-    seq: int  # position of its event in the stream, to compare with Call.seq
-    text: str
 
 
 def plan_choice(
@@ -148,12 +84,12 @@ def plan_choice(
         late_ids = {id(c) for c in late}
         keep = [k for k, c in enumerate(calls) if id(c) not in late_ids]
         calls, call_seqs = [calls[k] for k in keep], [call_seqs[k] for k in keep]
-    consumed = _continuation(calls, call_seqs, parts, plan, choice)
-    leaked = _leaks(
+    consumed = content_continuation(calls, call_seqs, parts, plan, choice)
+    leaked = content_leaks(
         calls, parts, consumed, schemas, at_start, plan, choice, path_prefix, formats, flag_unpinned, context
     )
     if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts):
-        leaked = _reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+        leaked = reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
     if plan.fatal:
         return plan
     if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:
@@ -306,175 +242,3 @@ def _check_finish(finish: str | None, names: list[str], named: str | None, plan:
 def _make_id(seed: str, choice: int, index: int) -> str:
     digest = hashlib.sha1(f"{seed}:{choice}:{index}".encode()).hexdigest()[:24]
     return f"call_{digest}"
-
-
-def _continuation(calls: list[Call], seqs: list[int], parts: list[Part], plan: ChoicePlan, choice: int) -> set[int]:
-    """Content that continues an open call's arguments (a parser cut at a literal `</tool_call>`)."""
-    if not calls or not parts:
-        return set()
-    last = calls[-1]
-    after = [k for k, p in enumerate(parts) if p.seq > seqs[-1]]
-    if not after or not last.frags or not all(isinstance(f, str) for f in last.frags):
-        return set()
-    base = "".join(last.frags)
-    try:
-        json.loads(base)
-        return set()
-    except ValueError:
-        pass
-    merged = base + "".join(parts[k].text for k in after)
-    parsed = loads_tolerant(merged)
-    if not isinstance(parsed.value, dict) or parsed.cut or parsed.bad or parsed.closed or not is_debris(parsed.rest):
-        return set()
-    end = len(merged) - len(parsed.rest)
-    last.original = base
-    last.frags = [merged[:end]]
-    last.note("leaked_into_content")
-    for k in after:
-        plan.content_edits[k] = ""
-    plan.defect("leaked_into_content")
-    plan.changes.append(
-        Change(
-            STAGE,
-            "leaked_into_content",
-            f"$.choices[{choice}].delta.content",
-            "".join(parts[k].text for k in after),
-            "",
-            "content continued the open call's arguments; moved back into the call",
-        )
-    )
-    return set(after)
-
-
-def _leaks(
-    calls: list[Call],
-    parts: list[Part],
-    consumed: set[int],
-    schemas: ToolSchemas,
-    at_start: bool,
-    plan: ChoicePlan,
-    choice: int,
-    path_prefix: str,
-    formats: Formats,
-    flag_unpinned: bool,
-    context: str,
-) -> list[tuple[str, str]]:
-    if not schemas:
-        return []
-    keep = [k for k in range(len(parts)) if k not in consumed]
-    full = "".join(parts[k].text for k in keep)
-    if not full:
-        return []
-    leak = find_leak(full, schemas, at_start, formats, context)
-    if leak is None or not leak.confirmed:
-        if flag_unpinned and formats is not formats_for(None):
-            _flag_unpinned(full, schemas, at_start, formats, plan, choice, path_prefix)
-    if leak is None:
-        return []
-    leaked: list[tuple[str, str]] = []
-    if leak.confirmed:
-        typed = _typed_calls(leak, schemas, plan)
-        if typed is None:
-            return []  # not a call we can stand behind: it stays content (or it lost information: fatal)
-        leaked = typed
-        reason = "tool call written as text; turned into a tool_calls delta"
-    elif calls and set(leak.names) <= {c.name for c in calls}:
-        reason = "leaked start of a call that also arrived structured; dropped"
-    else:
-        return []
-    for start, end in leak.regions or [(leak.start, leak.end)]:
-        _cut_region(full, keep, parts, start, end, plan)
-    plan.defect("leaked_into_content")
-    plan.changes.append(
-        Change(
-            STAGE,
-            "leaked_into_content",
-            f"$.choices[{choice}].{path_prefix}.content",
-            full[leak.start : leak.end],
-            [{"name": n, "arguments": a} for n, a in leaked] or None,
-            reason,
-        )
-    )
-    return leaked
-
-
-def _typed_calls(leak: Leak, schemas: ToolSchemas, plan: ChoicePlan) -> list[tuple[str, str]] | None:
-    """The leak's calls as argument JSON fit to the offered schemas; None when one doesn't check out.
-
-    Markup the format read, naming an offered tool, is a call: when it lacks a required argument the
-    call lost information, and passing it as text would drop it silently, so that is the plan's fatal
-    (`missing_fragment`, the table's `required_missing` row). Other arguments that don't read leave
-    the markup as text."""
-    out: list[tuple[str, str]] = []
-    for name, raw in leak.calls:
-        if is_xml_args(raw):
-            raw = typed_xml_args(raw, schemas.properties(name))
-        res = repair_arguments([raw if isinstance(raw, str) else dumps(raw)], name, schemas, None)
-        if res.fatal and res.fatal.startswith("required"):
-            plan.defect(MISSING_FRAGMENT)
-            plan.fatal = Fatal(name, f"tool call written as {leak.formats[0]} markup: {res.fatal}", MISSING_FRAGMENT)
-            return None
-        if res.fatal:
-            return None
-        out.append((name, res.text))
-    return out
-
-
-def _reasoning_leak(
-    reasoning: str, schemas: ToolSchemas, formats: Formats, plan: ChoicePlan, choice: int, path: str
-) -> list[tuple[str, str]]:
-    """Markup last in the reasoning, nothing visible after it: a reasoning parser took the turn's call.
-    The calls go out as tool_calls before the finish; the reasoning already went out as it was."""
-    if not schemas:
-        return []
-    leak = find_reasoning_leak(reasoning, schemas, formats)
-    leaked = _typed_calls(leak, schemas, plan) if leak is not None else None
-    if leak is None or not leaked:
-        return []
-    plan.defect(LEAKED_INTO_REASONING)
-    plan.changes.append(
-        Change(
-            STAGE,
-            LEAKED_INTO_REASONING,
-            f"$.choices[{choice}].{path}",
-            reasoning[leak.start : leak.end],
-            [{"name": n, "arguments": a} for n, a in leaked],
-            f"tool call ({leak.formats[0]} markup) last in the reasoning with nothing after it; added as "
-            "tool_calls before the finish (the reasoning, already sent, keeps the markup)",
-        )
-    )
-    return leaked
-
-
-def _flag_unpinned(
-    text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats, plan: ChoicePlan, choice: int, prefix: str
-) -> None:
-    leak = foreign_markup(text, schemas, at_start, pinned)
-    if leak is None:
-        return
-    other = next(f for f in leak.formats if f not in pinned.names)
-    plan.defect(UNPINNED)
-    plan.changes.append(
-        Change(
-            STAGE,
-            UNPINNED,
-            f"$.choices[{choice}].{prefix}.content",
-            {"format": other, "markup": text[leak.start : leak.end]},
-            None,
-            f"markup of the registered format {other!r}, but {', '.join(pinned.names)} is pinned; passed through",
-        )
-    )
-
-
-def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan) -> None:
-    offset = 0
-    for k in keep:
-        text = parts[k].text
-        lo, hi = offset, offset + len(text)
-        offset = hi
-        if hi <= start or lo >= end:
-            continue
-        new = text[: max(0, start - lo)] + text[max(0, end - lo) :] if lo < start or hi > end else ""
-        if lo >= start and hi <= end:
-            new = ""
-        plan.content_edits[k] = new

@@ -49,7 +49,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.defects import FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.jsonprefix import JsonPrefix
-from tapfix.proxy.toolcalls.plan import ChoicePlan, Fatal, OutCall
+from tapfix.proxy.toolcalls.plan_types import ChoicePlan, Fatal, OutCall
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 

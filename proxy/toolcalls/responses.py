@@ -44,7 +44,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     repair_change,
     unknown_tool_change,
 )
-from tapfix.proxy.toolcalls.plan import STAGE, Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, leak_output, patch_texts
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 

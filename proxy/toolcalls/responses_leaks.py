@@ -25,7 +25,7 @@ from tapfix.proxy.toolcalls.evented_leaks import (
     unpinned_change,
 )
 from tapfix.proxy.toolcalls.evented_stage import DenseIndex, HoldingStage, IdLedger, as_dict, mint_id, parse
-from tapfix.proxy.toolcalls.plan import Fatal
+from tapfix.proxy.toolcalls.plan_types import Fatal
 
 # The events that end a message item's text, in order.
 _TEXT_ENDS = ("response.output_text.done", "response.content_part.done", "response.output_item.done")
