@@ -8,13 +8,12 @@ import logging
 
 import orjson
 from mitmproxy import http
-from mitmproxy.net.http import url
 from mitmproxy.proxy import server_hooks
 from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.routing import models_listing
@@ -101,10 +100,11 @@ class Router:
     def _name_the_upstream(self, flow: http.HTTPFlow) -> None:
         """Reverse mode keeps the client's Host for the record (`keep_host_header`, runner/master.py);
         what goes upstream names the upstream it goes to, as mitmproxy would have: `host[:port]`,
-        the scheme's default port left out. Regular mode: the client's Host already names it."""
+        the scheme's default port left out, an IPv6 address in brackets (mitmproxy's `hostport` leaves
+        them out: `::1:8080`). Regular mode: the client's Host already names it."""
         if self.runtime.settings.mode == "reverse":
             request = flow.request
-            request.host_header = url.hostport(request.scheme, request.host, request.port)
+            request.host_header = authority(request.host, request.port, request.scheme)
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """TLS to the upstream names the upstream (SNI), never the name a TLS client gave tapfix:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import connection, http
+from mitmproxy.net.http import url
 from mitmproxy.proxy.mode_specs import ReverseMode
 from tapfix.proxy.config.settings import Settings
-from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.sse import ends_stream
 from tapfix.proxy.store.writer import CaptureWriter
@@ -124,12 +125,19 @@ def client_url(flow: http.HTTPFlow) -> str:
     request = flow.request
     client = flow.client_conn
     if not isinstance(client.proxy_mode, ReverseMode):
-        return request.pretty_url
+        return request_url(request)
     scheme = "https" if client.tls_established else "http"
-    authority = request.host_header or (_hostport(client.sockname) if client.sockname else request.host)
-    return f"{scheme}://{authority}{request.path if request.path != '*' else ''}"
+    named = request.host_header or (authority(*client.sockname[:2]) if client.sockname else authority(request.host))
+    return f"{scheme}://{named}{request.path if request.path != '*' else ''}"
 
 
-def _hostport(address: tuple[str, int]) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def request_url(request: http.Request) -> str:
+    """mitmproxy's `pretty_url` (the Host header preferred to the address), with an IPv6 host in
+    brackets: mitmproxy writes `http://::1:8080/v1`, which no URL parser reads back."""
+    if request.first_line_format == "authority":
+        return request.authority
+    host, port = request.host, request.port
+    if request.host_header:
+        named_host, named_port = url.parse_authority(request.host_header, check=False)
+        host, port = named_host, named_port or url.default_port(request.scheme) or 443
+    return f"{request.scheme}://{authority(host, port, request.scheme)}{request.path if request.path != '*' else ''}"

@@ -1,4 +1,9 @@
-"""Where a request goes: an upstream's root URL, and joining the client's path onto it."""
+"""Where a request goes: an upstream's root URL, and joining the client's path onto it.
+
+`host` is the bare name or address (what a socket connects to: `::1`); wherever it is written into a
+URL or a Host header it goes through `authority`, which brackets an IPv6 literal (`[::1]:8080`, RFC 3986
+§3.2.2): `::1:8080` is no address at all, and an upstream behind a virtual host would not know itself.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,18 @@ from urllib.parse import urlsplit
 
 class UpstreamURLError(ValueError):
     pass
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def authority(host: str, port: int | None = None, scheme: str | None = None) -> str:
+    """`host[:port]` as a URL or a Host header writes it: an IPv6 literal in brackets, the port left
+    out when it is the scheme's default (given a scheme) or not given."""
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    if port is None or (scheme is not None and DEFAULT_PORTS.get(scheme) == port):
+        return shown
+    return f"{shown}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +42,10 @@ class UpstreamTarget:
         if parts.scheme not in ("http", "https"):
             raise UpstreamURLError(f"upstream URL {url!r} must start with http:// or https://")
         if not parts.hostname:
+            if parts.netloc.count(":") > 1:
+                raise UpstreamURLError(
+                    f"upstream URL {url!r}: write an IPv6 address in brackets, e.g. http://[::1]:8080"
+                )
             raise UpstreamURLError(f"upstream URL {url!r} has no host")
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -45,7 +66,10 @@ class UpstreamTarget:
         return joined + (sep + query if sep else "")
 
     @property
+    def authority(self) -> str:
+        """What the upstream's Host header says: `host[:port]`, the scheme's default port left out."""
+        return authority(self.host, self.port, self.scheme)
+
+    @property
     def origin(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        port = "" if self.port == default else f":{self.port}"
-        return f"{self.scheme}://{self.host}{port}"
+        return f"{self.scheme}://{self.authority}"
