@@ -120,8 +120,25 @@ def test_tls_upstream(tmp_path, tls_upstream, trust):
         response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "tls-model"})
         if trust == "none":
             assert response.status_code == 502  # an unverifiable certificate is refused, not ignored
+            _assert_tls_refusal_is_tapfix_json(response, url, tmp_path / "t.db")
         else:
             assert response.json() == {"echo": "tls-model"}
         ssl.create_default_context()  # the test's own trust store is untouched
     finally:
         proxy.stop()
+
+
+def _assert_tls_refusal_is_tapfix_json(response: httpx.Response, url: str, db) -> None:
+    """The agent reads tapfix's JSON error, as for an upstream refusing TCP (a 502 it retries), never
+    mitmproxy's HTML page; the message names the upstream and why its certificate was refused, and the
+    capture keeps the refusal and what the client was told."""
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["type"] == "upstream_unreachable"
+    assert error["message"].startswith(f"upstream {url} unreachable: ")
+    assert "certificate" in error["message"].lower()
+    row = wait_capture(db, response.headers["x-tapfix-capture-id"])
+    assert row["status"] == 502 and "upstream_unreachable" in json.loads(row["flags"])
+    assert "certificate" in row["error"].lower()
+    exported = cli("captures", "export", row["id"], "--db", str(db), "--client-response")
+    assert json.loads(exported.stdout) == response.json()
