@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, create_app
+from tapfix.proxy.sse import SSESplitter, event_data
 
-from tests.support.builders import sse_json, tool
+from tests.support.builders import tool
 
 WRITE = tool(
     "write",
@@ -28,6 +29,13 @@ TEXT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": L
 CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 BOTH_FLAGS = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
 BREAK_FIRST = {"rules": [{"when": {"attempt": 1, "has_tools": True}, "do": "break_tool_call"}]}
+
+
+def payloads(raw: bytes) -> list[Any]:
+    """Every event's parsed data, `[DONE]` left out."""
+    splitter = SSESplitter()
+    events = splitter.feed(raw) + splitter.flush()
+    return [json.loads(data) for event in events if (data := event_data(event)) and data != b"[DONE]"]
 
 
 def make(tmp_path: Path, scenario: dict[str, Any] | None = None) -> TestClient:
@@ -54,7 +62,7 @@ def chat_message(c: TestClient, body: dict[str, Any]) -> tuple[dict[str, Any], s
 def chat_stream(c: TestClient, body: dict[str, Any]) -> list[dict[str, Any]]:
     r = c.post("/v1/chat/completions", json={**body, "stream": True})
     assert r.status_code == 200, r.text
-    return [o for o in sse_json(r.content) if isinstance(o, dict) and o.get("choices")]
+    return [o for o in payloads(r.content) if isinstance(o, dict) and o.get("choices")]
 
 
 def streamed(chunks: list[dict[str, Any]], key: str) -> str:
@@ -257,12 +265,12 @@ def call_of(path: str, raw: bytes, stream: bool) -> tuple[str, str]:
     """(finish in chat words, the call's argument text) of one answer on any surface."""
     if path == "/v1/chat/completions":
         if stream:
-            chunks = [o for o in sse_json(raw) if isinstance(o, dict) and o.get("choices")]
+            chunks = [o for o in payloads(raw) if isinstance(o, dict) and o.get("choices")]
             return chunks[-1]["choices"][0]["finish_reason"], streamed_args(chunks)
         choice = json.loads(raw)["choices"][0]
         return choice["finish_reason"], choice["message"]["tool_calls"][0]["function"]["arguments"]
     if path == "/v1/responses":
-        events = [o for o in sse_json(raw) if isinstance(o, dict)] if stream else []
+        events = [o for o in payloads(raw) if isinstance(o, dict)] if stream else []
         response = events[-1]["response"] if stream else json.loads(raw)
         if stream:
             args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
@@ -270,7 +278,7 @@ def call_of(path: str, raw: bytes, stream: bool) -> tuple[str, str]:
             args = next(i["arguments"] for i in response["output"] if i["type"] == "function_call")
         return ("length" if response["status"] == "incomplete" else "tool_calls"), args
     if stream:
-        events = [o for o in sse_json(raw) if isinstance(o, dict)]
+        events = [o for o in payloads(raw) if isinstance(o, dict)]
         deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
         args = "".join(d["partial_json"] for d in deltas if d["type"] == "input_json_delta")
         stop = next(e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta")

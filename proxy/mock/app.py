@@ -31,6 +31,7 @@ from tapfix.proxy.mock.chat import (
     stream_events,
     usage_object,
 )
+from tapfix.proxy.mock.continuation import PLAIN, Continuation, ContinuationError, continuation_of, conversation_key
 from tapfix.proxy.mock.jsonish import arr, obj
 from tapfix.proxy.mock.messages import messages_body, messages_error, messages_events
 from tapfix.proxy.mock.options import DEFAULT_MODEL, MockOptions, RecordedResponse
@@ -79,11 +80,11 @@ class MockState:
         ids = list(base or [DEFAULT_MODEL])
         return ids + [name for name in self.cases if name not in ids]
 
-    def count(self, digest: str) -> tuple[int, int]:
-        """(nth generation request, attempt number of this exact body)."""
+    def count(self, conversation: str) -> tuple[int, int]:
+        """(nth generation request, attempt number of this conversation: see `conversation_key`)."""
         self.nth += 1
-        attempt = self.attempts.pop(digest, 0) + 1
-        self.attempts[digest] = attempt
+        attempt = self.attempts.pop(conversation, 0) + 1
+        self.attempts[conversation] = attempt
         if len(self.attempts) > _ATTEMPT_MEMORY:
             self.attempts.popitem(last=False)
         return self.nth, attempt
@@ -178,21 +179,33 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
         return _json(400, error_body("The request body must be a JSON object", 400))
     if chat and not isinstance(req.get("messages"), list):
         return _json(400, error_body("Field required: messages", 400, param="messages"))
+    try:
+        cont = continuation_of(req) if chat else PLAIN
+    except ContinuationError as e:
+        return _json(400, error_body(str(e), 400))
     ids = Ids.of(body)
-    nth, attempt = state.count(ids.digest)
-    role = last_role(req, "chat" if chat else "completions")
+    nth, attempt = state.count(conversation_key(req, "chat" if chat else "completions"))
+    role = last_role(cont.script_request(req), "chat" if chat else "completions")  # a prefix is the reply
     rule = _match(state, request.url.path, req, nth, attempt, role)
     requested = req.get("model") if isinstance(req.get("model"), str) else None
     if state.scenario and state.scenario.strict_models and requested not in state.models:
         return _json(404, error_body(f"The model `{requested}` does not exist.", 404, param="model"))
-    plan = _respond(state, req, rule, ids, chat, requested or state.models[0])
+    plan = _respond(state, req, rule, ids, chat, requested or state.models[0], cont)
     params = rule.params if rule else {}
     delay_ms = float(params.get("ms", 0) if rule and rule.do == "delay_ms" else params.get("delay_ms", 0))
     plan.before_headers = delay_ms / 1000
     return _compressed(plan, params)
 
 
-def _respond(state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids, chat: bool, model: str) -> Plan:
+def _respond(
+    state: MockState,
+    req: dict[str, Any],
+    rule: Rule | None,
+    ids: Ids,
+    chat: bool,
+    model: str,
+    cont: Continuation = PLAIN,
+) -> Plan:
     if rule is not None and rule.do == "http_error":
         return _http_error(rule)
     if rule is not None and rule.do == "garbage":
@@ -212,7 +225,7 @@ def _respond(state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids,
     if not chat:
         req = {**req, "messages": [{"role": "user", "content": _prompt_of(req.get("prompt"))}]}
         req.pop("tools", None)
-    reply = make_reply(req, rule, ids).tokenize(max_tokens_of(req))
+    reply = make_reply(req, rule, ids, cont).tokenize(max_tokens_of(req))
     if rule is not None and rule.do == "break_tool_call":
         reply = break_pieces(reply, str(rule.params.get("mode", "truncate")))
     prompt_tokens = max(1, len(orjson.dumps(req.get("messages"))) // 4)
@@ -220,9 +233,9 @@ def _respond(state: MockState, req: dict[str, Any], rule: Rule | None, ids: Ids,
     include_usage = bool(options.get("include_usage"))
     if chat and builder is not None:
         if stream:
-            events = stream_events(reply, builder, prompt_tokens, include_usage)
+            events = stream_events(reply, builder, prompt_tokens, include_usage, cont.role, cont.echo)
         else:
-            data = reply_body(reply, ids.chat_id, ids.created, model, prompt_tokens)
+            data = reply_body(reply, ids.chat_id, ids.created, model, prompt_tokens, cont.role, cont.echo)
     else:
         usage = usage_object(prompt_tokens, reply.completion_tokens)
         if stream:
@@ -257,7 +270,7 @@ async def _generate_surface(state: MockState, request: Request, surface: Evented
     chat = (chat_from_responses if surface == "responses" else chat_from_messages)(req)
     chat["stream"] = bool(req.get("stream"))
     ids = Ids.of(body)
-    nth, attempt = state.count(ids.digest)
+    nth, attempt = state.count(conversation_key(req, surface))
     rule = _match(state, request.url.path, chat, nth, attempt, last_role(req, surface))
     given = req.get("model")
     model = given if isinstance(given, str) else state.models[0]

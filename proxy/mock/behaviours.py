@@ -13,6 +13,7 @@ from typing import Any
 
 from tapfix.proxy.mock.agent_script import Knobs, respond
 from tapfix.proxy.mock.chat import ChunkBuilder, Reply, dumps
+from tapfix.proxy.mock.continuation import PLAIN, Continuation, continue_reply
 from tapfix.proxy.mock.degenerate import degenerate_reply
 from tapfix.proxy.mock.scenario import Rule
 from tapfix.proxy.mock.wire import Op, Reset, Send, Sleep, insert_after_sends, split_body
@@ -60,10 +61,12 @@ def max_tokens_of(req: dict[str, Any]) -> int | None:
     return None
 
 
-def make_reply(req: dict[str, Any], rule: Rule | None, ids: Ids) -> Reply:
-    """The words of the answer (not yet cut to max_tokens)."""
+def make_reply(req: dict[str, Any], rule: Rule | None, ids: Ids, cont: Continuation = PLAIN) -> Reply:
+    """The words of the answer (not yet cut to max_tokens); a continuation gets what follows its text,
+    and a rule damages that (a regeneration by continuation can be broken too)."""
     do = rule.do if rule else "answer"
-    reply = respond(req, ids.tool_call_id, _KNOB_BEHAVIOURS.get(do, Knobs()))
+    script_req = cont.script_request(req)
+    reply = continue_reply(respond(script_req, ids.tool_call_id, _KNOB_BEHAVIOURS.get(do, Knobs())), cont)
     if rule is None:
         return reply
     if do == "degenerate":

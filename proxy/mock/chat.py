@@ -115,10 +115,18 @@ class ChunkBuilder:
         self._head = b"data: " + head
         self._delta_open = self._head + b'[{"index":0,"delta":'
 
-    def role(self) -> bytes:
+    def role(self, role: str = "assistant") -> bytes:
+        """The first chunk; `role` is vLLM's get_chat_request_role (the last message's role when the
+        request sets `add_generation_prompt: false`)."""
         return self._delta_open + (
-            b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
+            b'{"role":'
+            + dumps(role)
+            + b',"content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
         )
+
+    def echo(self, text: str) -> bytes:
+        """vLLM's `echo` chunk: a choice built without token_ids, so `exclude_unset` leaves it out."""
+        return self._delta_open + dumps({"content": text}) + b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def delta(self, delta: dict[str, object]) -> bytes:
         return self._delta_open + dumps(delta) + b',"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
@@ -160,9 +168,16 @@ class ChunkBuilder:
         return self._head + b'[],"usage":' + dumps(usage) + b"}\n\n"
 
 
-def stream_events(reply: Reply, builder: ChunkBuilder, prompt_tokens: int, include_usage: bool) -> list[bytes]:
-    """The whole stream of a tokenized reply, `[DONE]` included."""
-    events = [builder.role()]
+def stream_events(
+    reply: Reply,
+    builder: ChunkBuilder,
+    prompt_tokens: int,
+    include_usage: bool,
+    role: str = "assistant",
+    echo: str = "",
+) -> list[bytes]:
+    """The whole stream of a tokenized reply, `[DONE]` included (`echo` right after the role chunk)."""
+    events = [builder.role(role)] + ([builder.echo(echo)] if echo else [])
     events += [builder.reasoning(p) for p in reply.reasoning_pieces]
     events += [builder.content(p) for p in reply.content_pieces]
     for index, (call, frags) in enumerate(zip(reply.tool_calls, reply.arg_pieces, strict=True)):
@@ -217,10 +232,12 @@ def chat_completion(
     }
 
 
-def reply_message(content: str | None, reasoning: str | None, tool_calls: list[dict[str, object]]) -> dict[str, object]:
+def reply_message(
+    content: str | None, reasoning: str | None, tool_calls: list[dict[str, object]], role: str = "assistant"
+) -> dict[str, object]:
     """vLLM's ChatMessage: `tool_calls` is dropped when empty, `reasoning` comes last."""
     message: dict[str, object] = {
-        "role": "assistant",
+        "role": role,
         "content": content,
         "refusal": None,
         "annotations": None,
@@ -233,13 +250,23 @@ def reply_message(content: str | None, reasoning: str | None, tool_calls: list[d
     return message
 
 
-def reply_body(reply: Reply, completion_id: str, created: int, model: str, prompt_tokens: int) -> bytes:
+def reply_body(
+    reply: Reply,
+    completion_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    role: str = "assistant",
+    echo: str = "",
+) -> bytes:
     calls: list[dict[str, object]] = [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in reply.tool_calls
     ]
     content = reply.content if (reply.content or not calls) else None
-    message = reply_message(content, reply.reasoning or None, calls)
+    if echo:  # vLLM: last_msg_content + (message.content or "")
+        content = echo + (content or "")
+    message = reply_message(content, reply.reasoning or None, calls, role)
     finish = "tool_calls" if calls and reply.finish_reason == "stop" else reply.finish_reason
     usage = usage_object(prompt_tokens, reply.completion_tokens)
     return dumps(chat_completion(completion_id, created, model, message, finish, usage))

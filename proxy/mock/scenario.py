@@ -69,7 +69,7 @@ class RequestFacts:
     """What rules can test about one request."""
 
     nth: int  # 1-based count of generation requests in this process
-    attempt: int  # 1-based count of requests with this exact body
+    attempt: int  # 1-based count of requests in this conversation (continuation.conversation_key)
     path: str
     model: str | None
     has_tools: bool
