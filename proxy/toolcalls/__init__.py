@@ -19,7 +19,8 @@ from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messages_body
 from tapfix.proxy.toolcalls.nonstream import repair_chat_completion
-from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair, repair_responses_body
+from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair
+from tapfix.proxy.toolcalls.responses_body import repair_responses_body
 
 _STAGES: dict[Surface, Any] = {
     "chat": ChatToolCallRepair,

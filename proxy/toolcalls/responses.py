@@ -13,23 +13,19 @@ Unrecoverable (policy "error"): the held call is dropped and the stream ends wit
 — whose data also carries an `error` object, which is what makes the openai SDK raise `APIError`
 (`_streaming.py` raises on any event whose data has a truthy `error`) — then a `response.failed`
 event (what Codex reads; it retries a failed response). Retry words as in clients.md §8.
+
+The terminal object's reconciliation is `responses_terminal.py`; a non-streamed body is repaired by
+`responses_body.py`, with the same judging.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
-from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
-from tapfix.proxy.errors import responses_tool_call_error_events, tool_call_error_json
-from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.errors import responses_tool_call_error_events
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
-from tapfix.proxy.toolcalls.evented_leaks import (
-    LeakDetector,
-)
 from tapfix.proxy.toolcalls.evented_stage import (
     DenseIndex,
     HeldCall,
@@ -38,15 +34,11 @@ from tapfix.proxy.toolcalls.evented_stage import (
     as_dict,
     decide,
     event_name,
-    fatal_change,
-    normalize_tools,
     parse,
-    repair_change,
-    unknown_tool_change,
 )
-from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, cut_by_upstream_error
-from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, leak_output, patch_texts
-from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
+from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, patch_texts
+from tapfix.proxy.toolcalls.responses_terminal import reconcile_output
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
 _TEXT_DELTAS = (
@@ -54,10 +46,6 @@ _TEXT_DELTAS = (
     b"event: response.reasoning_text.delta",
     b"event: response.reasoning_summary_text.delta",
 )
-
-
-def _call_fields(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: item.get(k) for k in ("id", "call_id", "name", "arguments")}
 
 
 class ResponsesToolCallRepair(ResponsesLeaks):
@@ -373,46 +361,6 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         return keep + events
 
 
-def reconcile_output(output: list[Any], sent: list[SentCall]) -> tuple[list[Any], list[tuple[Any, Any, str]]]:
-    """`output` with its function_call items replaced by the ones that went out (matched by item id,
-    else in order), and the disagreements with the upstream's own events (before, after, reason)."""
-    recovered = [s for s in sent if s.recovered]
-    sent = [s for s in sent if not s.recovered]
-    by_id = {s.item["id"]: s for s in sent}
-    unmatched = [s for s in sent]
-    matched: dict[int, SentCall] = {}
-    for k, item in enumerate(output):
-        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("id") in by_id:
-            s = by_id[item["id"]]
-            if s in unmatched:
-                matched[k] = s
-                unmatched.remove(s)
-    for k, item in enumerate(output):
-        if isinstance(item, dict) and item.get("type") == "function_call" and k not in matched and unmatched:
-            matched[k] = unmatched.pop(0)
-    disagreements: list[tuple[Any, Any, str]] = []
-    new: list[Any] = []
-    for k, item in enumerate(output):
-        if not isinstance(item, dict) or item.get("type") != "function_call":
-            new.append(item)
-            continue
-        match = matched.get(k)
-        if match is None:
-            disagreements.append((_call_fields(item), None, "a call the events never carried; dropped"))
-            continue
-        fields = _call_fields(item)
-        if fields != match.upstream:
-            reason = "the terminal object disagreed with the streamed events; the events' call kept"
-            disagreements.append((fields, _call_fields(match.item), reason))
-        new.append({**item, **{k2: v for k2, v in match.item.items() if k2 != "status"}})
-    for s in unmatched:
-        disagreements.append((None, _call_fields(s.item), "the terminal object lacked a streamed call; inserted"))
-        new.insert(min(s.position, len(new)), s.item)
-    for s in recovered:  # read out of text by tapfix: the upstream's object never had them (recorded already)
-        new.insert(min(s.position, len(new)), s.item)
-    return new, disagreements
-
-
 def _message(obj: dict[str, Any]) -> str:
     error = obj.get("error")
     if not isinstance(error, dict) and isinstance(obj.get("response"), dict):
@@ -420,75 +368,3 @@ def _message(obj: dict[str, Any]) -> str:
     if isinstance(error, dict) and isinstance(message := error.get("message"), str):
         return message
     return str(obj.get("message") or "")
-
-
-def repair_responses_body(
-    body: bytes,
-    tools: list[Any] | None,
-    *,
-    capture_id: str = "",
-    policy: ToolRepairPolicy = "error",
-    tool_format: str | None = None,
-) -> tuple[bytes, list[Change], str]:
-    """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
-    error body to send with status 502 (policy "error") or 422 ("fail_fast"). The same invariants as the
-    stream: each function_call has one unique call_id (minted when missing or used), names are matched
-    to the offered tools (an unknown one is flagged, the body unchanged)."""
-    obj = json_object(body)
-    if obj is None or not isinstance(obj.get("output"), list):
-        return body, [], "untouched"
-    schemas = ToolSchemas(normalize_tools(tools))
-    ids = IdLedger("call_", capture_id)
-    changes: list[Change] = []
-    upstream_output, leak_fatal = leak_output(obj["output"], LeakDetector(schemas, tool_format), capture_id, changes)
-    if leak_fatal is not None:
-        if policy == "passthrough":
-            return body, changes, "unrecoverable"
-        return tool_call_error_json(leak_fatal, policy, capture_id), changes, "unrecoverable"
-    output: list[Any] = []
-    edited = upstream_output is not obj["output"]
-    recovered = {id(i) for i in upstream_output} - {id(i) for i in obj["output"]}  # judged already, when read
-    for position, item in enumerate(upstream_output):
-        if id(item) in recovered and isinstance(item, dict) and item.get("type") == "function_call":
-            ids.assign(item.get("call_id"), position)
-            output.append(item)
-            continue
-        if not isinstance(item, dict) or item.get("type") != "function_call":
-            output.append(item)
-            continue
-        args = item.get("arguments")
-        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        call = HeldCall(
-            item.get("id"),
-            item.get("name") or None,
-            item.get("call_id"),
-            [text] if text else [],
-            finish="length" if item.get("status") == "incomplete" else None,
-        )
-        call_id, id_reason = ids.assign(call.call_id, position)
-        verdict = decide(call, schemas)
-        where = f"$.output[{position}]"
-        if verdict.fatal is not None:
-            changes.append(fatal_change(verdict.fatal, f"{where}.arguments"))
-            if policy == "passthrough":
-                return body, changes, "unrecoverable"
-            return tool_call_error_json(verdict.fatal, policy, capture_id), changes, "unrecoverable"
-        if verdict.unknown_tool:
-            changes.append(unknown_tool_change(call.name, f"{where}.name"))
-        new = dict(item)
-        if verdict.arguments is not None:
-            changes.append(
-                repair_change(verdict, f"{where}.arguments", item.get("name"), text, verdict.arguments, "repair")
-            )
-            new["arguments"] = verdict.arguments
-            if verdict.name:
-                new["name"] = verdict.name
-        if id_reason:
-            before, after = {"call_id": call.call_id}, {"call_id": call_id}
-            changes.append(Change(STAGE, WRONG_INDEX, f"{where}.call_id", before, after, id_reason))
-            new["call_id"] = call_id
-        edited = edited or new != item
-        output.append(new)
-    if not edited:
-        return body, changes, "untouched"
-    return orjson.dumps({**obj, "output": output}), changes, "repaired"

@@ -1,0 +1,104 @@
+"""Tool-call repair of a non-streamed Responses body (`/v1/responses` with `stream: false`).
+
+The same rules as the stream (`responses.py`), applied to the `output` list at once: leaked markup in
+the message items is read first (`responses_leaks.leak_output`), then each function_call item is
+judged (`evented_stage.decide`) and given its one unique call_id. Apart from the stream stage because
+it shares none of its event bookkeeping, only the judging it imports.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.errors import tool_call_error_json
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.toolcalls.defects import WRONG_INDEX
+from tapfix.proxy.toolcalls.evented_leaks import LeakDetector
+from tapfix.proxy.toolcalls.evented_stage import (
+    HeldCall,
+    IdLedger,
+    decide,
+    fatal_change,
+    normalize_tools,
+    repair_change,
+    unknown_tool_change,
+)
+from tapfix.proxy.toolcalls.plan_types import STAGE
+from tapfix.proxy.toolcalls.responses_leaks import leak_output
+from tapfix.proxy.toolcalls.schema import ToolSchemas
+
+
+def repair_responses_body(
+    body: bytes,
+    tools: list[Any] | None,
+    *,
+    capture_id: str = "",
+    policy: ToolRepairPolicy = "error",
+    tool_format: str | None = None,
+) -> tuple[bytes, list[Change], str]:
+    """A non-streamed `response` object: (body, changes, outcome); an unrecoverable call gives the
+    error body to send with status 502 (policy "error") or 422 ("fail_fast"). The same invariants as the
+    stream: each function_call has one unique call_id (minted when missing or used), names are matched
+    to the offered tools (an unknown one is flagged, the body unchanged)."""
+    obj = json_object(body)
+    if obj is None or not isinstance(obj.get("output"), list):
+        return body, [], "untouched"
+    schemas = ToolSchemas(normalize_tools(tools))
+    ids = IdLedger("call_", capture_id)
+    changes: list[Change] = []
+    upstream_output, leak_fatal = leak_output(obj["output"], LeakDetector(schemas, tool_format), capture_id, changes)
+    if leak_fatal is not None:
+        if policy == "passthrough":
+            return body, changes, "unrecoverable"
+        return tool_call_error_json(leak_fatal, policy, capture_id), changes, "unrecoverable"
+    output: list[Any] = []
+    edited = upstream_output is not obj["output"]
+    recovered = {id(i) for i in upstream_output} - {id(i) for i in obj["output"]}  # judged already, when read
+    for position, item in enumerate(upstream_output):
+        if id(item) in recovered and isinstance(item, dict) and item.get("type") == "function_call":
+            ids.assign(item.get("call_id"), position)
+            output.append(item)
+            continue
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            output.append(item)
+            continue
+        args = item.get("arguments")
+        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        call = HeldCall(
+            item.get("id"),
+            item.get("name") or None,
+            item.get("call_id"),
+            [text] if text else [],
+            finish="length" if item.get("status") == "incomplete" else None,
+        )
+        call_id, id_reason = ids.assign(call.call_id, position)
+        verdict = decide(call, schemas)
+        where = f"$.output[{position}]"
+        if verdict.fatal is not None:
+            changes.append(fatal_change(verdict.fatal, f"{where}.arguments"))
+            if policy == "passthrough":
+                return body, changes, "unrecoverable"
+            return tool_call_error_json(verdict.fatal, policy, capture_id), changes, "unrecoverable"
+        if verdict.unknown_tool:
+            changes.append(unknown_tool_change(call.name, f"{where}.name"))
+        new = dict(item)
+        if verdict.arguments is not None:
+            changes.append(
+                repair_change(verdict, f"{where}.arguments", item.get("name"), text, verdict.arguments, "repair")
+            )
+            new["arguments"] = verdict.arguments
+            if verdict.name:
+                new["name"] = verdict.name
+        if id_reason:
+            before, after = {"call_id": call.call_id}, {"call_id": call_id}
+            changes.append(Change(STAGE, WRONG_INDEX, f"{where}.call_id", before, after, id_reason))
+            new["call_id"] = call_id
+        edited = edited or new != item
+        output.append(new)
+    if not edited:
+        return body, changes, "untouched"
+    return orjson.dumps({**obj, "output": output}), changes, "repaired"
