@@ -1,16 +1,20 @@
 """Router: picks the upstream for each request, applies the request policy (model aliases, sampling
 defaults, reasoning dialect), and answers locally when forwarding can't work (unknown model,
-upstream down) with JSON errors agents understand — never mitmproxy's HTML 502."""
+upstream down, its TLS certificate refused) with JSON errors agents understand — never mitmproxy's
+HTML 502."""
 
 from __future__ import annotations
 
 import logging
 
 import orjson
+from mitmproxy import flow as mitm_flow
 from mitmproxy import http
+from mitmproxy.net.http import http1
 from mitmproxy.proxy import server_hooks
 from tapfix.addons.runner.http import json_response
-from tapfix.addons.runner.runtime import Runtime, exchange_of
+from tapfix.addons.runner.reset_tail import REPLY_ATTR
+from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
@@ -52,6 +56,39 @@ class Router:
             ex.flags.add("upstream_unreachable")
             ex.error = f"upstream {target.url} unreachable: {why}"
             flow.response = json_response(502, upstream_unreachable(ex.error), ex.id)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """The upstream connection could not be opened after all: TCP accepted (`unreachable` said yes)
+        but TLS failed (a certificate tapfix can't verify), or the upstream went away in between.
+        mitmproxy would answer its HTML 502; the client gets the JSON 502 of an unreachable upstream
+        instead (agents retry it, clients.md §8), sent by reset_tail in place of that page."""
+        if flow.response is not None or flow.error is None or flow.server_conn.timestamp_tcp_setup is not None:
+            return  # a head went out, or the connection was open: the error is the stream's (addons/stream.py)
+        message = flow.error.msg
+        ex = exchange_of(flow)
+        if message == mitm_flow.Error.KILLED_MESSAGE or "client" in message.lower():
+            return  # ended on purpose (the shutdown grace answers itself), or nobody is left to tell
+        if getattr(flow.client_conn, REPLY_ATTR, None) or (ex is not None and SHUTDOWN_FLAG in ex.flags):
+            return
+        if ex is None and self.runtime.settings.mode != "reverse":
+            return  # regular mode, a host tapfix doesn't record: mitmproxy's own answer, as for any proxy
+        target = self.runtime.targets.get(ex.extra.get("target", "")) if ex is not None else None
+        upstream = target.url if target is not None else self._origin_of(flow.request)
+        error = f"upstream {upstream} unreachable: {message}"
+        body = upstream_unreachable(error)
+        setattr(
+            flow.client_conn,
+            REPLY_ATTR,
+            http1.assemble_response(json_response(502, body, ex.id if ex else None, {"connection": "close"})),
+        )
+        if ex is not None:
+            ex.flags.add("upstream_unreachable")
+            ex.error = error
+            ex.status, ex.client_response = 502, body
+
+    @staticmethod
+    def _origin_of(request: http.Request) -> str:
+        return f"{request.scheme}://{authority(request.host, request.port, request.scheme)}"
 
     def _answered_locally(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         policy = self.runtime.policy
