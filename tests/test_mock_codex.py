@@ -18,8 +18,9 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, create_app
 from tapfix.proxy.mock.agent_script import respond
+from tapfix.proxy.mock.prompt_intent import analyze, create_command
+from tapfix.proxy.mock.schema_args import build_arguments
 from tapfix.proxy.mock.surface_script import chat_from_responses
-from tapfix.proxy.mock.toolargs import analyze, build_arguments, create_command
 
 from tests.support.builders import sse_json as events
 
