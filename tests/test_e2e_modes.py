@@ -139,6 +139,7 @@ def _assert_tls_refusal_is_tapfix_json(response: httpx.Response, url: str, db) -
     assert "certificate" in error["message"].lower()
     row = wait_capture(db, response.headers["x-tapfix-capture-id"])
     assert row["status"] == 502 and "upstream_unreachable" in json.loads(row["flags"])
-    assert "certificate" in row["error"].lower()
+    assert "upstream_error" not in json.loads(row["flags"]), "one failure, one flag: the router named it"
+    assert row["error"] == error["message"], "the capture records what the client was told"
     exported = cli("captures", "export", row["id"], "--db", str(db), "--client-response")
     assert json.loads(exported.stdout) == response.json()
