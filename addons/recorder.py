@@ -15,6 +15,7 @@ from tapfix.addons.runner.runtime import (
     ended_normally,
     exchange_from_request,
     exchange_of,
+    request_url,
 )
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
@@ -66,6 +67,8 @@ class RecordExchange:
             ex.error = f"tapfix shut down before the exchange ended ({message})"
         elif ended_normally(ex):
             pass  # the client had the stream's end: closing after it is no disconnect, and no error
+        elif "upstream_unreachable" in ex.flags:
+            pass  # the router answered it (addons/router.py): its error is what the client was told
         else:
             ex.error = message
             if "client" in message.lower():
@@ -84,7 +87,7 @@ class RecordExchange:
         forwarded_headers = _fields(request.headers)
         if forwarded_headers != ex.request_headers:
             ex.forwarded_headers = forwarded_headers
-        ex.upstream_url = request.pretty_url if ex.upstream_url == "" else ex.upstream_url
+        ex.upstream_url = request_url(request) if ex.upstream_url == "" else ex.upstream_url
         response = flow.response
         if response is not None:
             ex.status = response.status_code if ex.status is None else ex.status  # set: what tapfix sent instead
