@@ -1,0 +1,138 @@
+"""Regeneration attempts in the store (issue 19): each attempt is an exchange of its own, `attempt_of`
+its client-facing capture, `attempt` 2...N+1; written through the real `CaptureWriter`, read back by the
+CLI's reader, on new stores and on stores an older tapfix made."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from tapfix.proxy.changes import Change
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.store.reader import list_captures, load_capture
+from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+
+from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
+
+UNRECOVERABLE = Change("toolcalls", "unrecoverable", "$.choices[0].tool_calls[0]", None, None, "arguments cut")
+
+
+def exchange(**kw: object) -> Exchange:
+    """A streamed chat exchange; `cut=True` answers with a tool call whose arguments stop short."""
+    cut = kw.pop("cut", False)
+    if cut:
+        events = [tool_call_chunk(0, "c1", "read", '{"pa'), chat_chunk(finish_reason="tool_calls")]
+    else:
+        events = [chat_chunk({"content": "hi"}), chat_chunk(finish_reason="stop")]
+    base: dict[str, object] = dict(
+        method="POST",
+        path="/v1/chat/completions",
+        request=b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}',
+        model="m",
+        status=200,
+        content_type="text/event-stream",
+        stream=True,
+        response_chunks=sse_events(events),
+        chunk_times=[0.01, 0.02, 0.03],
+    )
+    base.update(kw)
+    return Exchange(**base)  # type: ignore[arg-type]
+
+
+def regenerated(parent_id: str | None = None, attempts: int = 1) -> list[Exchange]:
+    """A client-facing exchange flagged `regenerated`, and its attempts 2...attempts+1 (the last fine)."""
+    parent = exchange(cut=True, flags={"regenerated"}, **({"id": parent_id} if parent_id else {}))
+    made = [
+        exchange(
+            attempt_of=parent.id,
+            attempt=n,
+            cut=n < attempts + 1,
+            request=b'{"model":"m","stream":true,"seed":%d,"messages":[{"role":"user","content":"go"}]}' % n,
+            changes=[Change("toolcalls", "regenerate", "$", None, n, f"regenerate attempt {n}: arguments cut")],
+        )
+        for n in range(2, attempts + 2)
+    ]
+    return [*made, parent]  # the attempts end (and are written) before the client-facing exchange
+
+
+def write(path: Path, exchanges: list[Exchange]) -> None:
+    writer = CaptureWriter(path)
+    for ex in exchanges:
+        writer.submit(ex)
+    writer.close()
+
+
+def test_attempt_columns_round_trip(tmp_path: Path) -> None:
+    *attempts, parent = regenerated(attempts=2)
+    write(tmp_path / "a.db", [*attempts, parent])
+    conn = open_for_reading(tmp_path / "a.db")
+    shown = load_capture(conn, parent.id)
+    assert (shown["attempt_of"], shown["attempt"]) == (None, 1)
+    for ex in attempts:
+        row = load_capture(conn, ex.id)
+        assert (row["attempt_of"], row["attempt"]) == (parent.id, ex.attempt)
+        assert [(c["stage"], c["reason"]) for c in row["change_rows"]] == [
+            ("toolcalls", f"regenerate attempt {ex.attempt}: arguments cut")
+        ]
+
+
+def test_an_attempt_is_not_a_session_turn(tmp_path: Path) -> None:
+    """Its reply is not what the client received: a later turn must continue the parent, and the
+    session's turns (and a session replay) must not hold the attempts."""
+    headers = [("x-session-id", "ses_1")]
+    *attempts, parent = regenerated(attempts=1)
+    for ex in (*attempts, parent):
+        ex.request_headers = headers
+    write(tmp_path / "s.db", [*attempts, parent])
+    conn = open_for_reading(tmp_path / "s.db")
+    assert load_capture(conn, parent.id)["session_id"] == "ses_1"
+    row = load_capture(conn, attempts[0].id)
+    assert row["session_id"] is None and row["chain_hash"] is None
+    assert conn.execute("select exchanges from sessions where id = 'ses_1'").fetchone()[0] == 1
+
+
+def test_a_kept_in_part_attempt_keeps_its_parent(tmp_path: Path) -> None:
+    """An attempt the writer can't store whole (`capture_failed`) still says whose attempt it is."""
+    parent_id = "01jattemptparent000000000"
+    attempt = exchange(attempt_of=parent_id, attempt=2)
+    writer = CaptureWriter(tmp_path / "k.db")
+    writer._write_one = lambda ex: (_ for _ in ()).throw(ValueError("boom"))  # type: ignore[method-assign]
+    writer.submit(attempt)
+    writer.close()
+    row = load_capture(open_for_reading(tmp_path / "k.db"), attempt.id)
+    assert "capture_failed" in row["flags"]
+    assert (row["attempt_of"], row["attempt"]) == (parent_id, 2)
+
+
+def _as_before_attempts(path: Path) -> None:
+    """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it."""
+    conn = sqlite3.connect(path)
+    conn.execute("drop index idx_exchanges_attempt_of")
+    conn.execute("alter table exchanges drop column attempt_of")
+    conn.execute("alter table exchanges drop column attempt")
+    conn.execute("delete from _sqlite_migrations where name = 'm004_attempts'")
+    conn.commit()
+    conn.close()
+
+
+def test_an_older_store_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    old = exchange()
+    write(db, [old])
+    _as_before_attempts(db)
+    columns = {r[1] for r in sqlite3.connect(db).execute("pragma table_info(exchanges)")}
+    assert "attempt_of" not in columns
+    # a reader reads the older store as it is (it never migrates)
+    assert [(r["id"], r["attempt_of"], r["attempt"]) for r in list_captures(open_for_reading(db))] == [
+        (old.id, None, 1)
+    ]
+    *attempts, parent = regenerated(attempts=1)
+    write(db, [*attempts, parent])  # a writer migrates it
+    conn = open_for_reading(db)
+    kept = load_capture(conn, old.id)
+    assert (kept["attempt_of"], kept["attempt"], kept["content"]) == (None, 1, "hi")
+    assert load_capture(conn, attempts[0].id)["attempt_of"] == parent.id
+    plan = " ".join(
+        str(r[-1]) for r in conn.execute("explain query plan select id from exchanges where attempt_of = ?", ("x",))
+    )
+    assert "idx_exchanges_attempt_of" in plan
