@@ -58,6 +58,11 @@ class Exchange:
     tags: set[str] = field(default_factory=set)
     session_hint: str | None = None
     source_id: str | None = None  # the capture this one replays
+    # A regeneration attempt (issue 19) is an exchange of its own: `attempt_of` is the id of the
+    # client-facing capture it was made for (the one in `x-tapfix-capture-id`), `attempt` its number.
+    # 1 is the client-facing exchange itself (`attempt_of` None); attempts are 2...N+1.
+    attempt_of: str | None = None
+    attempt: int = 1
     store_bodies: bool = True
     mark: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,8 +1,8 @@
 """The capture database schema, as ordered named migrations. A shipped migration is never edited.
 
 Plain tables with readable column names, so `sqlite-utils` and Datasette work out of the box:
-`exchanges` (one row per request), `changes` (what tapfix changed), `bodies` (exact bytes, stored
-as deltas), `sessions` (agent runs), and the view `exchange_view`.
+`exchanges` (one row per request, regeneration attempts included), `changes` (what tapfix changed),
+`bodies` (exact bytes, stored as deltas), `sessions` (agent runs), and the view `exchange_view`.
 """
 
 from __future__ import annotations
@@ -153,5 +153,18 @@ def m003_sessions_from_data(db: Database) -> None:
         "create index idx_exchanges_chain_hash on exchanges (chain_hash) where chain_hash is not null",
         "create index idx_exchanges_response_id on exchanges (response_id) where response_id is not null",
         "create index idx_sessions_wants on sessions (wants) where wants is not null",
+    ):
+        db.execute(statement)
+
+
+@migrations()
+def m004_attempts(db: Database) -> None:
+    """Regeneration attempts (issue 19): each attempt tapfix makes upstream after an unrecoverable tool
+    call is an exchange of its own, pointing at the client-facing capture it was made for. Existing
+    rows are client-facing exchanges: `attempt_of` null, `attempt` 1."""
+    for statement in (
+        "alter table exchanges add column attempt_of text",  # the client-facing capture's id
+        "alter table exchanges add column attempt integer not null default 1",  # 1 = client-facing; 2...N+1
+        "create index idx_exchanges_attempt_of on exchanges (attempt_of) where attempt_of is not null",
     ):
         db.execute(statement)

@@ -30,7 +30,7 @@ from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
-from tapfix.proxy.store.sessions import SessionTracker
+from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix.store")
@@ -224,9 +224,8 @@ class CaptureWriter:
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
-        self._insert_row(
-            kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
-        )
+        row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
+        self._insert_row(row | _attempt_columns(ex))
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
@@ -237,7 +236,12 @@ class CaptureWriter:
         if ex.response is None and ex.chunk_times and upstream_answer is not None:
             if upstream_answer.first_token_chunk is not None:
                 first_token_ms = ex.chunk_times[upstream_answer.first_token_chunk] * 1000
-        link = self.sessions.assign(self.conn, ex, assembled, ex.readable(client))
+        # An attempt's reply is not what the client received: it is no turn of a session (a later turn
+        # continues its client-facing capture), so it gets no session and nothing to be continued by.
+        if ex.attempt_of is not None:
+            link = SessionLink(None)
+        else:
+            link = self.sessions.assign(self.conn, ex, assembled, ex.readable(client))
         session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
@@ -269,6 +273,7 @@ class CaptureWriter:
             "chain_hash": link.chain_hash,
             "response_id": link.response_id,
             "source_id": ex.source_id,
+            **_attempt_columns(ex),
             "tags": _json(sorted(ex.tags)),
             "flags": _json(sorted(flags)),
             "changes_count": len(ex.changes),
@@ -303,7 +308,12 @@ class CaptureWriter:
             ],
         )
         write_choices(self.conn, ex.id, assembled, ex.store_bodies)
-        self.sessions.record(self.conn, link, ex)
+        self.sessions.record(self.conn, link, ex)  # no session, nothing recorded
+
+
+def _attempt_columns(ex: Exchange) -> dict[str, Any]:
+    """Which attempt the exchange is: the client-facing one (1, no parent), or a regeneration 2...N+1."""
+    return {"attempt_of": ex.attempt_of, "attempt": ex.attempt if ex.attempt_of is not None else 1}
 
 
 def _locked(e: Exception) -> bool:
