@@ -7,7 +7,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import orjson
+from click.testing import CliRunner
 from tapfix.proxy.changes import Change
+from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.reader import list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
@@ -136,3 +139,59 @@ def test_an_older_store_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> 
         str(r[-1]) for r in conn.execute("explain query plan select id from exchanges where attempt_of = ?", ("x",))
     )
     assert "idx_exchanges_attempt_of" in plan
+
+
+def test_list_groups_attempts_under_their_parent(tmp_path: Path) -> None:
+    """Newest client request first, each followed by its attempts in order; `limit` counts client
+    requests, so a parent never loses its attempts to the limit."""
+    first = exchange()
+    *attempts, parent = regenerated(attempts=2)
+    last = exchange()
+    write(tmp_path / "l.db", [first, *attempts, parent, last])
+    conn = open_for_reading(tmp_path / "l.db")
+    listed = [(r["id"], r["attempt_of"], r["attempt"]) for r in list_captures(conn, limit=0)]
+    assert listed == [
+        (last.id, None, 1),
+        (parent.id, None, 1),
+        (attempts[0].id, parent.id, 2),
+        (attempts[1].id, parent.id, 3),
+        (first.id, None, 1),
+    ]
+    assert [r["id"] for r in list_captures(conn, limit=2)] == [last.id, parent.id, attempts[0].id, attempts[1].id]
+    assert [r["id"] for r in list_captures(conn, flag="regenerated")] == [parent.id, *(a.id for a in attempts)]
+
+
+def test_filters_match_the_client_request(tmp_path: Path) -> None:
+    """An attempt comes with its parent whatever the filter (it has no session of its own); an
+    attempt whose parent isn't stored (lost, purged, or not written yet) is listed on its own."""
+    *attempts, parent = regenerated(attempts=1)
+    for ex in (*attempts, parent):
+        ex.request_headers = [("x-session-id", "ses_1")]
+    orphan = exchange(attempt_of="01jmissingparent000000000", attempt=2)
+    write(tmp_path / "f.db", [*attempts, parent, orphan])
+    conn = open_for_reading(tmp_path / "f.db")
+    assert [r["id"] for r in list_captures(conn, session="ses_1")] == [parent.id, attempts[0].id]
+    assert [r["id"] for r in list_captures(conn, limit=0)] == [orphan.id, parent.id, attempts[0].id]
+    # the filters match client requests: a flag only an attempt carries lists neither it nor its parent
+    fine = exchange(flags={"regenerated"})
+    broken = exchange(attempt_of=fine.id, attempt=2, cut=True)
+    write(tmp_path / "f.db", [broken, fine])
+    assert "invalid_tool_call" in load_capture(conn, broken.id)["flags"]
+    assert [r["id"] for r in list_captures(conn, flag="invalid_tool_call", limit=0)] == [parent.id, attempts[0].id]
+
+
+def test_captures_list_cli_marks_attempts(tmp_path: Path) -> None:
+    *attempts, parent = regenerated(attempts=1)
+    write(tmp_path / "c.db", [*attempts, parent])
+    text = CliRunner().invoke(main, ["captures", "list", "--db", str(tmp_path / "c.db"), "--flag", "regenerated"])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert lines[1].startswith(parent.id)
+    assert lines[2].lstrip().startswith(f"↳2 {attempts[0].id}")
+    as_json = CliRunner().invoke(main, ["captures", "list", "--db", str(tmp_path / "c.db"), "--json"])
+    rows = [orjson.loads(line) for line in as_json.output.splitlines()]
+    assert [(r["id"], r["attempt_of"], r["attempt"]) for r in rows] == [
+        (parent.id, None, 1),
+        (attempts[0].id, parent.id, 2),
+    ]
+    assert "regenerated" in rows[0]["flags"] and rows[0]["changes"] == 0
