@@ -10,6 +10,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import orjson
@@ -40,13 +41,17 @@ def captures() -> None:
 @db_option()
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
-@click.option("--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length)")
+@click.option("--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length, regenerated)")
 @click.option("--tag", metavar="T", help="only exchanges with this tag (probe, replay)")
 @click.option("--session", metavar="SID", help="only this agent session")
 def captures_list(
     db: StoreLocator, limit: int, as_json: bool, flag: str | None, tag: str | None, session: str | None
 ) -> None:
     """Captured exchanges, newest first.
+
+    Regeneration attempts follow the client request they were made for, marked `↳N`
+    (attempt N); --limit and the filters count client requests. In --json every row has `attempt_of`
+    (the parent's id, null for a client request) and `attempt` (1 for a client request, 2...N+1).
 
     \b
     Example:
@@ -65,7 +70,16 @@ def captures_list(
         return
     from tapfix.proxy.cli.render import captures_table
 
-    click.echo(captures_table(rows, _empty_list(conn, flag, tag, session) if not rows else ""))
+    click.echo(
+        captures_table([_marked(row) for row in rows], _empty_list(conn, flag, tag, session) if not rows else "")
+    )
+
+
+def _marked(row: dict[str, Any]) -> dict[str, Any]:
+    """An attempt listed under its parent reads `  ↳2 ID`: the attempt number, then its own id."""
+    if row.get("attempt_of") is None:
+        return row
+    return {**row, "id": f"  ↳{row['attempt']} {row['id']}"}
 
 
 def _empty_list(conn: sqlite3.Connection, flag: str | None, tag: str | None, session: str | None) -> str:

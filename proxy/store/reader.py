@@ -18,6 +18,18 @@ LIST_COLUMNS = (
     "id, started_at, method, path, model, status, user_agent, stream, changes_count, flags, tags, "
     "first_token_ms, duration_ms, finish_reason, error, session_id, source_id"
 )
+# A store from before migration m004 (a reader never migrates) has no attempts: every row is client-facing.
+_NO_ATTEMPTS = "null as attempt_of, 1 as attempt"
+
+
+def has_attempts(conn: sqlite3.Connection) -> bool:
+    """Whether the store has the attempt columns (migration m004): readers read older stores as they are."""
+    return any(row[1] == "attempt_of" for row in conn.execute("pragma table_info(exchanges)"))
+
+
+def attempt_columns(conn: sqlite3.Connection, table: str = "exchanges") -> str:
+    """`attempt_of, attempt` for a select list, on any store."""
+    return f"{table}.attempt_of, {table}.attempt" if has_attempts(conn) else _NO_ATTEMPTS
 
 
 def list_captures(
@@ -28,7 +40,17 @@ def list_captures(
     tag: str | None = None,
     session: str | None = None,
 ) -> list[dict[str, Any]]:
+    """Client requests newest first, each followed by its regeneration attempts (issue 19) in order.
+
+    The filters and `limit` are about client requests: an attempt is listed under its parent, whatever
+    it carries itself (it has no session; its flags say what went wrong upstream, and the parent
+    carries `regenerated`). An attempt whose parent isn't in the store is listed on its own."""
+    attempts = has_attempts(conn)
     where, args = [], []
+    if attempts:
+        where.append(
+            "(attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of))"
+        )
     if flag:
         where.append("exists (select 1 from json_each(exchanges.flags) where value = ?)")
         args.append(flag)
@@ -38,13 +60,36 @@ def list_captures(
     if session:
         where.append("session_id = ?")
         args.append(session)
-    sql = f"select {LIST_COLUMNS} from exchanges"
+    sql = f"select {LIST_COLUMNS}, {attempt_columns(conn)} from exchanges"
     if where:
         sql += " where " + " and ".join(where)
     sql += " order by id desc"
     if limit > 0:
         sql += f" limit {int(limit)}"
-    return [_decode(dict(row)) for row in conn.execute(sql, args)]
+    rows = [_decode(dict(row)) for row in conn.execute(sql, args)]
+    if not attempts or not rows:
+        return rows
+    return _with_attempts(conn, rows)
+
+
+def _with_attempts(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each listed client request followed by its attempts (one query per 500 parents)."""
+    ids = [row["id"] for row in rows if row["attempt_of"] is None]
+    children: dict[str, list[dict[str, Any]]] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        for row in conn.execute(
+            f"select {LIST_COLUMNS}, attempt_of, attempt from exchanges"
+            f" where attempt_of in ({','.join('?' * len(part))}) order by attempt_of, attempt, id",
+            part,
+        ):
+            child = _decode(dict(row))
+            children.setdefault(child["attempt_of"], []).append(child)
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        out.append(row)
+        out.extend(children.get(row["id"], ()) if row["attempt_of"] is None else ())
+    return out
 
 
 def known_flags(conn: sqlite3.Connection) -> list[str]:
