@@ -7,6 +7,7 @@ import re
 import sqlite3
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.detail import export_available
 
 from tests.test_browse_fixtures import OPENCODE, SDK, Built, build_db
+from tests.test_store_attempts import as_before_attempts, regenerated
+from tests.test_store_attempts import exchange as attempt_exchange
+from tests.test_store_attempts import write as write_exchanges
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +355,72 @@ def test_aggregates_are_served_stale_while_a_thread_refreshes(built: Built) -> N
     while store.cached("k", 60.0, compute) != 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert store.cached("k", 60.0, compute) == 2
+
+
+# -- regeneration attempts (issue 19) ------------------------------------------------------------------
+@dataclass
+class Regenerated:
+    path: Path
+    plain: str
+    parent: str
+    attempts: list[str]  # attempt 2, attempt 3
+
+
+@pytest.fixture(scope="module")
+def regen(tmp_path_factory: pytest.TempPathFactory) -> Regenerated:
+    """A plain request, and one the proxy regenerated twice (attempt 2 broken again, attempt 3 fine)."""
+    path = tmp_path_factory.mktemp("regen") / "captures.db"
+    plain = attempt_exchange()
+    *attempts, parent = regenerated(attempts=2)
+    write_exchanges(path, [plain, *attempts, parent])
+    return Regenerated(path, plain.id, parent.id, [a.id for a in attempts])
+
+
+@pytest.fixture(scope="module")
+def regen_client(regen: Regenerated) -> Iterator[TestClient]:
+    with TestClient(create_app(regen.path, background_index=False), base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def test_list_filters_on_regenerated_and_marks_attempts(regen_client: TestClient, regen: Regenerated) -> None:
+    assert ids_on(regen_client.get("/?flag=regenerated").text) == [regen.parent]
+    page = regen_client.get("/").text
+    assert '<option value="regenerated">regenerated (1)</option>' in page
+    for n, attempt in enumerate(regen.attempts, start=2):
+        assert re.search(rf'{attempt}</a> <a class="tag" href="/exchange/{regen.parent}"[^>]*>attempt {n}</a>', page)
+
+
+def test_parent_page_shows_its_attempts(regen_client: TestClient, regen: Regenerated) -> None:
+    page = regen_client.get(f"/exchange/{regen.parent}").text
+    section = page[page.index("<h2>regeneration attempts (2)</h2>") :]
+    section = section[: section.index("</section>")]
+    assert ids_on(section) == regen.attempts
+    for n in (2, 3):
+        assert f"<td>{n}</td>" in section and f"regenerate attempt {n}: arguments cut" in section
+    assert "invalid_tool_call" in section  # attempt 2 broke again
+    plain = regen_client.get(f"/exchange/{regen.plain}").text
+    assert "regeneration attempts" not in plain
+
+
+def test_attempt_page_links_back_to_its_parent(regen_client: TestClient, regen: Regenerated) -> None:
+    page = regen_client.get(f"/exchange/{regen.attempts[0]}").text
+    assert f'<dt>attempt</dt><dd>2, regenerated for <a href="/exchange/{regen.parent}">{regen.parent}</a>' in page
+    assert "regeneration attempts" not in page
+
+
+def test_stats_count_one_client_request_per_parent(regen_client: TestClient) -> None:
+    page = regen_client.get("/stats").text
+    assert "<p>2 requests" in page and "2 regeneration attempts" in page
+    assert re.search(r'<td class="num">2</td><td class="num">', page)  # the client/model row: 2 requests
+
+
+def test_an_older_store_browses_without_attempts(tmp_path: Path) -> None:
+    """A store from before migration m004 (the browser never migrates): every page still works."""
+    path = tmp_path / "old.db"
+    old = attempt_exchange()
+    write_exchanges(path, [old])
+    as_before_attempts(path)
+    with TestClient(create_app(path, background_index=False), base_url="http://127.0.0.1") as c:
+        assert ids_on(c.get("/").text) == [old.id]
+        assert c.get(f"/exchange/{old.id}").status_code == 200
+        assert "<p>1 requests" in c.get("/stats").text

@@ -4,6 +4,7 @@ CLI's reader, on new stores and on stores an older tapfix made."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
 
-UNRECOVERABLE = Change("toolcalls", "unrecoverable", "$.choices[0].tool_calls[0]", None, None, "arguments cut")
+_made = itertools.count()
 
 
 def exchange(**kw: object) -> Exchange:
@@ -28,6 +29,7 @@ def exchange(**kw: object) -> Exchange:
     else:
         events = [chat_chunk({"content": "hi"}), chat_chunk(finish_reason="stop")]
     base: dict[str, object] = dict(
+        id=f"01t{next(_made):013d}",  # increasing: new capture ids made in one millisecond need not be
         method="POST",
         path="/v1/chat/completions",
         request=b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}',
@@ -107,7 +109,7 @@ def test_a_kept_in_part_attempt_keeps_its_parent(tmp_path: Path) -> None:
     assert (row["attempt_of"], row["attempt"]) == (parent_id, 2)
 
 
-def _as_before_attempts(path: Path) -> None:
+def as_before_attempts(path: Path) -> None:
     """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it."""
     conn = sqlite3.connect(path)
     conn.execute("drop index idx_exchanges_attempt_of")
@@ -122,7 +124,7 @@ def test_an_older_store_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> 
     db = tmp_path / "old.db"
     old = exchange()
     write(db, [old])
-    _as_before_attempts(db)
+    as_before_attempts(db)
     columns = {r[1] for r in sqlite3.connect(db).execute("pragma table_info(exchanges)")}
     assert "attempt_of" not in columns
     # a reader reads the older store as it is (it never migrates)
