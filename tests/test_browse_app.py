@@ -424,3 +424,9 @@ def test_an_older_store_browses_without_attempts(tmp_path: Path) -> None:
         assert ids_on(c.get("/").text) == [old.id]
         assert c.get(f"/exchange/{old.id}").status_code == 200
         assert "<p>1 requests" in c.get("/stats").text
+
+
+def test_stats_count_the_attempts_of_the_requests_they_filter(regen_client: TestClient) -> None:
+    assert "<p>1 requests" in regen_client.get("/stats?flag=regenerated").text
+    assert "2 regeneration attempts" in regen_client.get("/stats?flag=regenerated").text
+    assert "regeneration attempt" not in regen_client.get("/stats?flag=no_such_flag").text

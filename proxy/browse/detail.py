@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from tapfix.proxy.browse.queries import replays_of, session_neighbours
+from tapfix.proxy.browse.queries import attempts_of, replays_of, session_neighbours
 from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import StoreError, unpack_timing
@@ -114,6 +114,7 @@ class Detail:
     downloads: list[tuple[str, str, int]] = field(default_factory=list)  # (which, label, size)
     bundle: bool = False
     replays: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # regeneration attempts made for it
     previous: str | None = None
     next: str | None = None
 
@@ -176,6 +177,7 @@ def load_detail(conn: sqlite3.Connection, capture_id: str) -> Detail:
         d.timeline = timeline_svg(points, d.timing)
     d.bundle = export_available() and capture.get("request_body_id") is not None
     d.replays = replays_of(conn, capture["id"])
+    d.attempts = attempts_of(conn, capture["id"])
     d.previous, d.next = session_neighbours(conn, capture)
     capture.pop("chunk_timing", None)
     return d

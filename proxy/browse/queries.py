@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 
 import orjson
 from tapfix.proxy.browse.fts import SearchIndex, to_match
+from tapfix.proxy.store.reader import attempt_columns, has_attempts
 from tapfix.proxy.store.writer import open_for_reading
 
 T = TypeVar("T")
@@ -31,6 +32,7 @@ LIST_COLUMNS = (
     " e.session_id, e.source_id, e.prompt_tokens, e.completion_tokens,"
     " substr(e.content, 1, 160) as content_start"
 )
+CHANGE_REASONS_LIMIT = 20  # why an attempt was made, per attempt: its tool-call change rows
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -212,6 +214,7 @@ def list_exchanges(
 ) -> Page:
     conn = store.conn()
     where, args = f.where(now)
+    columns = f"{LIST_COLUMNS}, {attempt_columns(conn, 'e')}"
     searched = bool(f.q and store.index is not None and to_match(f.q))
     key = "d.rowid" if searched else "e.rowid"
     if before or after:
@@ -221,7 +224,7 @@ def list_exchanges(
             args.append(rid)
     if searched:
         sql = (
-            f"select {LIST_COLUMNS}, snippet(doc, -1, char(2), char(3), '…', 16) as snippet"
+            f"select {columns}, snippet(doc, -1, char(2), char(3), '…', 16) as snippet"
             " from fts.doc d join exchanges e on e.rowid = d.rowid where doc match ?"
         )
         args.insert(0, to_match(f.q))
@@ -232,7 +235,7 @@ def list_exchanges(
     else:  # rowids first: index-only when the filters are on indexed columns, then one page of rows
         inner = "select e.rowid from exchanges e" + (" where " + " and ".join(where) if where else "")
         sql = (
-            f"select {LIST_COLUMNS} from exchanges e where e.rowid in ({inner} order by e.rowid {direction}"
+            f"select {columns} from exchanges e where e.rowid in ({inner} order by e.rowid {direction}"
             f" limit ?) order by e.rowid {direction}"
         )
     rows = [decode_row(r) for r in conn.execute(sql, [*args, limit + 1])]
@@ -288,6 +291,31 @@ def replays_of(conn: sqlite3.Connection, capture_id: str) -> list[dict[str, Any]
             (capture_id,),
         )
     ]
+
+
+def attempts_of(conn: sqlite3.Connection, capture_id: str) -> list[dict[str, Any]]:
+    """The regeneration attempts made for a client-facing capture, in order, each with why it was made
+    (the reasons of its tool-call change rows)."""
+    if not has_attempts(conn):
+        return []
+    rows = [
+        decode_row(r)
+        for r in conn.execute(
+            "select id, attempt, started_at, status, duration_ms, first_token_ms, finish_reason, flags,"
+            " changes_count, error from exchanges where attempt_of = ? order by attempt, rowid limit 200",
+            (capture_id,),
+        )
+    ]
+    for row in rows:
+        row["reasons"] = [
+            str(r[0])
+            for r in conn.execute(
+                "select reason from changes where exchange_id = ? and stage = 'toolcalls'"
+                " and reason is not null and reason != '' group by reason order by min(seq) limit ?",
+                (row["id"], CHANGE_REASONS_LIMIT),
+            )
+        ]
+    return rows
 
 
 def session_neighbours(conn: sqlite3.Connection, capture: Mapping[str, Any]) -> tuple[str | None, str | None]:

@@ -5,6 +5,10 @@ time), and the search sidecar's facts (derived from the request body by the inde
 captures written before the flag existed, or by a proxy without a sampling policy, lack the flag.
 Decode rate is completion tokens per second after the first token; when the server reported no
 usage it falls back to chunks per second (most engines send one token per chunk).
+
+Every number counts client requests: a regeneration attempt (an exchange with `attempt_of`) is one
+more upstream request for the same client request, counted apart in `attempts` only, so a request
+tapfix regenerated counts once, as its client-facing capture.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.browse.queries import Filters, Store
+from tapfix.proxy.store.reader import has_attempts
 
 
 @dataclass
 class Stats:
-    total: int = 0
+    total: int = 0  # client requests: a regeneration attempt is counted in `attempts`, not here
+    attempts: int = 0  # regeneration attempts tapfix made upstream for those requests (issue 19)
     first: str | None = None
     last: str | None = None
     by_client_model: list[dict[str, Any]] = field(default_factory=list)
@@ -55,9 +61,16 @@ def _pct(ordered: list[float], p: float) -> float:
 def compute_stats(store: Store, f: Filters) -> Stats:
     conn = store.conn()
     where, args = f.where()
+    s = Stats()
+    if has_attempts(conn):
+        where = [*where, "e.attempt_of is null"]  # every number is about client requests
+        s.attempts = conn.execute(
+            "select count(*) from exchanges a where a.attempt_of in"
+            f" (select e.id from exchanges e where {' and '.join(where)})",
+            args,
+        ).fetchone()[0]
     cond = " where " + " and ".join(where) if where else ""
     also = " and " + " and ".join(where) if where else ""
-    s = Stats()
     s.total, s.first, s.last = conn.execute(
         f"select count(*), min(started_at), max(started_at) from exchanges e{cond}", args
     ).fetchone()

@@ -47,7 +47,7 @@ LIST = """{% extends "base" %}
 <table class="captures"><thead><tr><th>started (UTC)</th><th>id</th><th>client</th><th>model</th><th>path</th><th>status</th>
 <th>TTFT</th><th>total</th><th>tokens</th><th>changes</th><th>flags</th><th>{% if page.searched %}match{% else %}answer{% endif %}</th></tr></thead><tbody>
 {% for r in page.rows %}<tr class="{% if r.status is none or r.status >= 400 or r.error %}bad{% endif %}">
-<td class="nowrap">{{ r.started_at|when }}</td><td><a class="id" href="/exchange/{{ r.id }}">{{ r.id }}</a>{% if r.source_id %} <span class="tag" title="replay of {{ r.source_id }}">replay</span>{% endif %}</td>
+<td class="nowrap">{{ r.started_at|when }}</td><td><a class="id" href="/exchange/{{ r.id }}">{{ r.id }}</a>{% if r.source_id %} <span class="tag" title="replay of {{ r.source_id }}">replay</span>{% endif %}{% if r.attempt_of %} <a class="tag" href="/exchange/{{ r.attempt_of }}" title="regeneration attempt {{ r.attempt }} for {{ r.attempt_of }}">attempt {{ r.attempt }}</a>{% endif %}</td>
 <td class="clip" title="{{ r.user_agent or '' }}">{{ r.user_agent|client }}</td><td>{{ r.model or '-' }}</td><td>{{ r.method }} {{ r.path }}</td>
 <td>{{ r.status or '-' }}{% if r.stream %} <span class="muted">sse</span>{% endif %}</td>
 <td class="num">{{ r.first_token_ms|ms }}</td><td class="num">{{ r.duration_ms|ms }}</td>
@@ -80,7 +80,13 @@ EXCHANGE = """{% extends "base" %}
 {% if c.session_id %}<dt>session</dt><dd><a href="/session/{{ c.session_id|urlencode }}">{{ c.session_id }}</a>
 {% if d.previous %} · <a href="/exchange/{{ d.previous }}">previous turn</a>{% endif %}{% if d.next %} · <a href="/exchange/{{ d.next }}">next turn</a>{% endif %}</dd>{% endif %}
 {% if c.source_id %}<dt>replay of</dt><dd><a href="/exchange/{{ c.source_id }}">{{ c.source_id }}</a></dd>{% endif %}
+{% if c.attempt_of %}<dt>attempt</dt><dd>{{ c.attempt }}, regenerated for <a href="/exchange/{{ c.attempt_of }}">{{ c.attempt_of }}</a> <span class="muted">(the client-facing capture: what the client sent and received)</span></dd>{% endif %}
 </dl>
+{% if d.attempts %}<section><h2>regeneration attempts ({{ d.attempts|length }})</h2>
+<p class="muted">tapfix asked the upstream again after an unrecoverable tool call; this capture holds what the client sent and received.</p>
+<table class="attempts"><thead><tr><th>id</th><th>attempt</th><th>started</th><th>status</th><th>finish</th><th>TTFT</th><th>total</th><th>flags</th><th>why</th></tr></thead><tbody>
+{% for a in d.attempts %}<tr class="{% if a.status is none or a.status >= 400 or a.error %}bad{% endif %}"><td><a class="id" href="/exchange/{{ a.id }}">{{ a.id }}</a></td><td>{{ a.attempt }}</td><td>{{ a.started_at|when }}</td><td>{{ a.status or '-' }}</td><td>{{ a.finish_reason or '-' }}</td><td class="num">{{ a.first_token_ms|ms }}</td><td class="num">{{ a.duration_ms|ms }}</td><td>{% for fl in a.flags %}<span class="flag">{{ fl }}</span> {% endfor %}</td><td>{% for why in a.reasons %}{{ why }}{% if not loop.last %}; {% endif %}{% endfor %}{% if a.error %} <span class="error">{{ a.error }}</span>{% endif %}</td></tr>{% endfor %}
+</tbody></table></section>{% endif %}
 <section class="actions"><h2>replay and download</h2>
 <p><input id="replay-cmd" class="cmd" readonly value="{{ replay_cmd }}" size="{{ replay_cmd|length + 2 }}"> <button type="button" data-copy="replay-cmd">copy</button></p>
 <ul class="downloads">{% for which, label, size in d.downloads %}<li><a href="/exchange/{{ c.id }}/body/{{ which }}" download>{{ label }}</a>{% if size >= 0 %} <span class="muted">{{ size }} bytes</span>{% endif %}</li>{% endfor %}
@@ -179,7 +185,7 @@ STATS = """{% extends "base" %}
 <input name="since" value="{{ f.since }}" placeholder="since: 24h, 7d"><input name="until" value="{{ f.until }}" placeholder="until">
 <button type="submit">filter</button></form>
 {% if error %}<p class="error">{{ error }}</p>{% endif %}
-<p>{{ s.total }} requests{% if s.first %}, {{ s.first|when }} – {{ s.last|when }}{% endif %}.</p>
+<p>{{ s.total }} requests{% if s.first %}, {{ s.first|when }} – {{ s.last|when }}{% endif %}.{% if s.attempts %} tapfix made <a href="/?flag=regenerated">{{ s.attempts }} regeneration attempt{{ '' if s.attempts == 1 else 's' }}</a> for them (not counted as requests).{% endif %}</p>
 <div class="charts">{{ ttft_svg|safe }}{{ rate_svg|safe }}</div>
 <table class="summary"><thead><tr><th></th><th>n</th><th>p50</th><th>p90</th><th>p99</th></tr></thead><tbody>
 {% for name, unit, sm in (("TTFT", "ms", s.ttft_summary), ("decode rate", "tokens/s", s.rate_summary)) %}
