@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from tapfix.proxy.changes import Change
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.replay.client import build_request, session_capture_ids
 from tapfix.proxy.store.reader import list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
@@ -197,3 +198,18 @@ def test_captures_list_cli_marks_attempts(tmp_path: Path) -> None:
         (attempts[0].id, parent.id, 2),
     ]
     assert "regenerated" in rows[0]["flags"] and rows[0]["changes"] == 0
+
+
+def test_replay_resends_the_one_capture_asked_for(tmp_path: Path) -> None:
+    """`tapfix replay PARENT` resends what the client sent (the first attempt alone, no attempt folded
+    in); `tapfix replay ATTEMPT` resends that attempt's body; a session replay holds no attempt."""
+    *attempts, parent = regenerated(attempts=2)
+    for ex in (*attempts, parent):
+        ex.request_headers = [("x-session-id", "ses_1")]
+        ex.upstream_url = "http://127.0.0.1:8000/v1/chat/completions"
+    write(tmp_path / "r.db", [*attempts, parent])
+    conn = open_for_reading(tmp_path / "r.db")
+    assert build_request(conn, parent.id).body == parent.request
+    for ex in attempts:
+        assert build_request(conn, ex.id).body == ex.request != parent.request
+    assert session_capture_ids(conn, "ses_1") == [parent.id]
