@@ -29,6 +29,8 @@ from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, Part, cu
 from tapfix.proxy.toolcalls.prefix import PrefixGate, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
+TOOL_CALLS = "$.choices[0].delta.tool_calls"  # where a Chat Completions call lives in a chunk
+
 _PARSE_ERROR = re.compile(r"Failed to parse input at pos \d+:\s?")
 
 
@@ -227,16 +229,7 @@ class ChatJudge:
         fatal = next((p.fatal for p in plans.values() if p.fatal), None)
         if fatal is not None and any(self._sent.get(ci) for ci, p in plans.items() if p.fatal):
             # Calls after the message already finished with calls: stray deltas, not a turn to fail.
-            self.changes.append(
-                Change(
-                    STAGE,
-                    fatal.kind,
-                    "$.choices[0].delta.tool_calls",
-                    {"name": fatal.name},
-                    None,
-                    f"tool-call deltas after the finish dropped ({fatal.reason})",
-                )
-            )
+            self.changes.append(fatal.change(TOOL_CALLS, f"tool-call deltas after the finish dropped ({fatal.reason})"))
             out = self._out.rebuild(self._held, {}, synthesize_finish=False, strip_all=True)
             self._reset_hold()
             return out
@@ -274,17 +267,8 @@ class ChatJudge:
         self.outcome = "unrecoverable"
         if fatal.kind not in self.defects:
             self.defects.append(fatal.kind)
-        self.changes.append(
-            Change(
-                STAGE,
-                fatal.kind,
-                "$.choices[0].delta.tool_calls",
-                {"name": fatal.name},
-                None,
-                f"unrecoverable ({fatal.reason}); policy {self.policy}"
-                + ("; part of the call was already streamed" if self._streamed else ""),
-            )
-        )
+        streamed = "; part of the call was already streamed" if self._streamed else ""
+        self.changes.append(fatal.change(TOOL_CALLS, f"unrecoverable ({fatal.reason}); policy {self.policy}{streamed}"))
         if self.policy == "passthrough":
             note = comment(passthrough_note(fatal), self._out.nl)
             out = [note] + [item.raw for item in self._held] + ([upstream] if upstream else [])

@@ -298,16 +298,7 @@ class HoldingStage:
         self.outcome = "unrecoverable"
         if fatal.kind not in self.defects:
             self.defects.append(fatal.kind)
-        self.changes.append(
-            Change(
-                STAGE,
-                fatal.kind,
-                self.path_prefix,
-                {"name": fatal.name},
-                None,
-                f"unrecoverable ({fatal.reason}); policy {self.policy}",
-            )
-        )
+        self.changes.append(fatal.change(self.path_prefix, f"unrecoverable ({fatal.reason}); policy {self.policy}"))
         held, self.held, self.calls = self.held, [], {}
         if self.policy == "passthrough":
             return [comment(passthrough_note(fatal), self.nl), *held] + ([upstream] if upstream else [])

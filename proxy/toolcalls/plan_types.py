@@ -30,6 +30,10 @@ class Fatal:
     reason: str
     kind: str
 
+    def change(self, path: str, reason: str) -> Change:
+        """The record of this call not going out as sent (dropped, or replaced by the error)."""
+        return Change(STAGE, self.kind, path, {"name": self.name}, None, reason)
+
 
 QUOTE_LIMIT = 200  # of the engine's message, in the error an agent reads (the store keeps all of it)
 
