@@ -10,6 +10,8 @@ from pathlib import Path
 
 import orjson
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tapfix.proxy.changes import Change
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
@@ -213,3 +215,32 @@ def test_replay_resends_the_one_capture_asked_for(tmp_path: Path) -> None:
     for ex in attempts:
         assert build_request(conn, ex.id).body == ex.request != parent.request
     assert session_capture_ids(conn, "ses_1") == [parent.id]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=6),
+    orphans=st.integers(min_value=0, max_value=2),
+    limit=st.integers(min_value=0, max_value=8),
+)
+def test_listing_shape_holds_for_any_mix(tmp_path_factory, shape: list[int], orphans: int, limit: int) -> None:
+    """Any mix of client requests (each with 0-3 attempts) and orphan attempts: with `limit=0` every
+    exchange is listed exactly once; top-level rows are newest first and at most `limit`; each attempt
+    directly follows its parent or its parent's previous attempt, in attempt order."""
+    exchanges: list[Exchange] = []
+    for n in shape:
+        exchanges += regenerated(attempts=n) if n else [exchange()]
+    exchanges += [exchange(attempt_of=f"01jgone{i:09d}", attempt=2) for i in range(orphans)]
+    path = tmp_path_factory.mktemp("mix") / "m.db"
+    write(path, exchanges)
+    conn = open_for_reading(path)
+    everything = list_captures(conn, limit=0)
+    assert sorted(r["id"] for r in everything) == sorted(ex.id for ex in exchanges)
+    rows = list_captures(conn, limit=limit)
+    stored = {ex.id for ex in exchanges}
+    top = [r["id"] for r in rows if r["attempt_of"] is None or r["attempt_of"] not in stored]
+    assert top == sorted(top, reverse=True) and (limit == 0 or len(top) <= limit)
+    for before, row in itertools.pairwise(rows):
+        if row["attempt_of"] in stored:
+            assert row["attempt_of"] in (before["id"], before["attempt_of"])
+            assert row["attempt"] == (before["attempt"] + 1 if before["attempt_of"] == row["attempt_of"] else 2)
