@@ -5,9 +5,11 @@ CLI's reader, on new stores and on stores an older tapfix made."""
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 from pathlib import Path
 
+import jsonschema
 import orjson
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -244,3 +246,17 @@ def test_listing_shape_holds_for_any_mix(tmp_path_factory, shape: list[int], orp
         if row["attempt_of"] in stored:
             assert row["attempt_of"] in (before["id"], before["attempt_of"])
             assert row["attempt"] == (before["attempt"] + 1 if before["attempt_of"] == row["attempt_of"] else 2)
+
+
+def test_captures_show_json_names_the_attempt_and_its_parent(tmp_path: Path) -> None:
+    schema = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "capture.schema.json").read_text())
+    attempt, parent = regenerated(attempts=1)
+    write(tmp_path / "c.db", [attempt, parent])
+    for ex, want in ((parent, (None, 1)), (attempt, (parent.id, 2))):
+        shown = CliRunner().invoke(main, ["captures", "show", ex.id, "--db", str(tmp_path / "c.db"), "--json"])
+        assert shown.exit_code == 0, shown.output
+        obj = json.loads(shown.output)
+        jsonschema.validate(obj, schema)
+        assert (obj["attempt_of"], obj["attempt"]) == want
+    text = CliRunner().invoke(main, ["captures", "show", attempt.id, "--db", str(tmp_path / "c.db")]).output
+    assert f"attempt 2 of: {parent.id}" in text
