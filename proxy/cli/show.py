@@ -52,6 +52,8 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         lines += _error_lines(c)
     if c.get("source_id"):
         lines.append(f"  replay of: {c['source_id']}")
+    if c.get("attempt_of"):
+        lines.append(f"  attempt {c.get('attempt')} of: {c['attempt_of']}")
     lines.append("")
     lines.append(f"changes ({len(c['change_rows'])}):")
     for ch in c["change_rows"]:
@@ -186,6 +188,8 @@ _METADATA = (
     "user_agent",
     "session_id",
     "source_id",
+    "attempt_of",
+    "attempt",
     "model",
     "served_model",
     "status",
