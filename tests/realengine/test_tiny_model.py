@@ -63,6 +63,15 @@ def test_a_prompt_the_tables_do_not_cover_degenerates_instead_of_stopping():
     assert not stopped and tm.ANSWER not in text
 
 
+@pytest.mark.parametrize("pieces", range(1, len(tm.ANSWER_PIECES)))
+def test_a_prefill_of_the_answer_is_continued_to_the_end(pieces):
+    """An assistant prefill (what a continuation sends) carries on as the model would have: the pieces
+    are what BPE reaches, so a prefix cut where the pre-tokenizer cuts tokenizes into them."""
+    prefix = "".join(tm.ANSWER_PIECES[:pieces])
+    text, stopped = tm.generate(USER + ASSISTANT + prefix)
+    assert (prefix + text, stopped) == (tm.ANSWER, True)
+
+
 def test_pieces_spell_the_strings():
     assert "".join(tm.ANSWER_PIECES) == tm.ANSWER
     assert "".join(tm.REASONING_PIECES) == tm.REASONING
@@ -72,6 +81,10 @@ def test_pieces_spell_the_strings():
 
 CONVERSATIONS = {
     "plain": {"messages": [{"role": "user", "content": "hi"}]},
+    "prefill": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello from"}]},
+    "prefill_mid_sentence": {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "I say Hello from the"}]
+    },
     "tools": {"messages": [{"role": "user", "content": "hi"}], "tools": [tm.WRITE_TOOL]},
     "tool_result": {"messages": tm.after_the_call(), "tools": [tm.WRITE_TOOL]},
 }
@@ -80,6 +93,8 @@ CONVERSATIONS = {
 def _server_agrees_with_numpy(url: str, conversation: dict) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         prompt = client.post("/apply-template", json=conversation).json()["prompt"]
+        tokens = client.post("/tokenize", json={"content": prompt, "add_special": False, "parse_special": True})
+        assert tokens.json()["tokens"] == tm.Vocab().tokenize(prompt), "numpy tokenizes as llama.cpp does"
         done = client.post(
             "/completion", json={"prompt": prompt, "temperature": 0, "n_predict": 64, "cache_prompt": False}
         ).json()
@@ -102,3 +117,26 @@ def test_llama_server_agrees_with_the_numpy_forward_pass(llama, name):
 )
 def test_llama_server_with_the_reasoning_template_agrees_with_numpy(llama_reasoning, kwargs):
     _server_agrees_with_numpy(llama_reasoning.url, {**CONVERSATIONS["plain"], **kwargs})
+
+
+@pytest.mark.e2e
+@pytest.mark.realengine
+@pytest.mark.parametrize("stream", [False, True])
+def test_llama_server_continues_an_assistant_prefix(llama, stream):
+    """llama.cpp's explicit continuation (docs/regenerate.md): the stream leaves the prefix out, the
+    whole message keeps it; either way the model carries on from "Hello from" as it would have."""
+    body = {
+        **CONVERSATIONS["prefill"],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "temperature": 0,
+        "stream": stream,
+    }
+    with httpx.Client(base_url=llama.url, timeout=30) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    if stream:
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert "Hello from" + content == tm.ANSWER
+    else:
+        assert response.json()["choices"][0]["message"]["content"] == tm.ANSWER

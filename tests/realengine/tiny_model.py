@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ from tests.support.builders import message_tool_call, tool
 CALL_NAME = "write"
 CALL_ARGUMENTS = {"content": "Hello from the tiny model.", "filePath": "hello.txt"}
 ANSWER = "Hello from the tiny model."
-REASONING = "The user wants a greeting. I will answer."
+REASONING = "The user wants a greeting, so I answer:"
 CONTEXT_LENGTH = 65536
 # The tool the model calls, as a client offers it. The schema lists the arguments in the order the model
 # writes them: llama.cpp's tool-call grammar keeps the schema's property order and refuses any other.
@@ -60,7 +61,7 @@ def after_the_call(question: str = "hi", call_id: str = "call_1") -> list[dict]:
 
 
 # The model as write_model writes it with the Qwen2.5 template of llama-cpp-python 0.3.36.
-MODEL_SHA256 = "78e02f5489224c0d7e21fb01054f3ae8628df876139fca8e6988868744f9d0c0"
+MODEL_SHA256 = "c49e0bb7c7f52f87d7c61c4b8f36cca192c435e7feb1575aa6768476c51ef276"
 
 SPECIALS = {
     "<|endoftext|>": "control",
@@ -83,8 +84,11 @@ CALL_PIECES = [
     CALL_ARGUMENTS["filePath"],
     '"}}\n',
 ]
-ANSWER_PIECES = ["Hello", " from", " the", " tiny", " model."]
-REASONING_PIECES = ["The user", " wants a greeting.", " I will answer."]
+# The answer and the reasoning are cut where llama.cpp's qwen2 pre-tokenizer cuts them, and the merges reach
+# each piece, so a prefix of them (an assistant prefill: "Hello from") tokenizes into the model's own pieces
+# and it continues from there (" the tiny model.") as it would have.
+ANSWER_PIECES = ["Hello", " from", " the", " tiny", " model", "."]
+REASONING_PIECES = ["The", " user", " wants", " a", " greeting", ",", " so", " I", " answer", ":"]
 MARKERS = ["<tools>", "<tool_response>", "<think>", "</think>"]  # one attention head each
 NEWLINE = "\n"
 END = "<|im_end|>"
@@ -119,19 +123,31 @@ def encode_piece(text: str) -> str:
 
 
 class Vocab:
-    """Token texts as the model emits them (plain text), in id order."""
+    """Token texts as the model emits them (plain text), in id order, and the BPE that reaches them."""
 
     def __init__(self) -> None:
         self.texts: list[str] = [bytes([b]).decode("latin-1") for b in range(256)]
         self.stored: list[str] = list(BYTES)
         self.kinds: list[str] = ["normal"] * 256
-        self.merges = ["Ġ Ġ"]  # llama.cpp refuses a BPE vocabulary without merges; this one is inert here
-        self._add("  ", "ĠĠ", "normal")
+        self.merges: list[str] = []
+        self._merge("Ġ", "Ġ")  # two spaces: llama.cpp refuses a BPE vocabulary without merges
         for text, kind in SPECIALS.items():
             self._add(text, text, kind)
-        for text in [*CALL_PIECES, *ANSWER_PIECES, *REASONING_PIECES]:
+        for text in CALL_PIECES:  # emitted whole, never reached from text (the client never sends them)
             self._add(text, encode_piece(text), "normal")
-        self.ids = {text: i for i, text in enumerate(self.texts) if i >= 256 or text == NEWLINE}
+        for text in [*ANSWER_PIECES, *REASONING_PIECES]:
+            stored = encode_piece(text)
+            for end in range(2, len(stored) + 1):  # left to right: H+e, He+l, Hel+l, Hell+o
+                self._merge(stored[: end - 1], stored[end - 1])
+        self.ids = {text: i for i, text in enumerate(self.texts)}
+        self._by_stored = {stored: i for i, stored in enumerate(self.stored)}
+        self._ranks = {tuple(m.split(" ")): rank for rank, m in enumerate(self.merges)}
+
+    def _merge(self, left: str, right: str) -> None:
+        if f"{left} {right}" not in self.merges:
+            self.merges.append(f"{left} {right}")
+        if left + right not in self.stored:
+            self._add(bytes(BYTES.index(c) for c in left + right).decode(), left + right, "normal")
 
     def _add(self, text: str, stored: str, kind: str) -> None:
         assert stored not in self.stored, f"duplicate token {text!r}"
@@ -143,19 +159,33 @@ class Vocab:
         return len(self.texts)
 
     def tokenize(self, prompt: str) -> list[int]:
-        """Specials first, then one token per byte: the tokenization that matters for this model
-        (the only merge joins two spaces, which no decision reads)."""
+        """Specials first, then qwen2's pre-tokenizer and byte-level BPE, as llama.cpp does it."""
         out: list[int] = []
-        i = 0
-        while i < len(prompt):
-            special = next((s for s in SPECIALS if prompt.startswith(s, i)), None)
-            if special:
-                out.append(self.ids[special])
-                i += len(special)
+        for part in re.split("(" + "|".join(re.escape(s) for s in SPECIALS) + ")", prompt):
+            if part in SPECIALS:
+                out.append(self.ids[part])
                 continue
-            out.extend(prompt[i].encode())
-            i += 1
+            for word in PRE_TOKEN.findall(part):
+                out.extend(self._by_stored[symbol] for symbol in self._bpe(encode_piece(word)))
         return out
+
+    def _bpe(self, word: str) -> list[str]:
+        symbols = list(word)
+        while len(symbols) > 1:
+            pairs = [(self._ranks.get((a, b)), i) for i, (a, b) in enumerate(zip(symbols, symbols[1:], strict=False))]
+            ranked = [(rank, i) for rank, i in pairs if rank is not None]
+            if not ranked:
+                break
+            _, i = min(ranked)
+            symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+        return symbols
+
+
+# llama.cpp's qwen2 pre-tokenizer: \p{L} written [^\W\d_], \p{N} \d, [^\s\p{L}\p{N}] (?:[^\s\w]|_).
+PRE_TOKEN = re.compile(
+    r"'(?:[sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD])|(?:[^\r\n\w]|_)?[^\W\d_]+|\d"
+    r"| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 class Layout:
