@@ -104,6 +104,10 @@ class ChatJudge:
         self._gates: dict[int, PrefixGate] = {}  # prefix mode: what this message streamed
         self._streamed = False  # prefix mode: this message has forwarded tool-call events
         self._tail_open = False  # the last bytes out were a cut, unterminated event
+        # Issue 19: with `defer_fatal` (a relayed stream, addons/relay.py), an unrecoverable message's error event and [DONE] are kept
+        # here instead of sent, so the pipeline can ask for another attempt first (or send them after all).
+        self.defer_fatal = False
+        self.deferred: list[bytes] = []
 
     # -- hold ----------------------------------------------------------------------------------
     def _new_choice(self, at_start: bool) -> ChoiceState:
@@ -278,8 +282,12 @@ class ChatJudge:
         tail_open = not out[-1].endswith(EVENT_END) if out else self._tail_open
         if tail_open:
             out.append(self._out.nl * 2)  # end a cut event first, or the client reads the error as part of it
-        out.append(tool_call_error_event(fatal, self.policy, self.capture_id, self._out.nl))
-        out.append(format_event(b"[DONE]", self._out.nl))
+        tail = [tool_call_error_event(fatal, self.policy, self.capture_id, self._out.nl)]
+        tail.append(format_event(b"[DONE]", self._out.nl))
+        if self.defer_fatal:
+            self.deferred = tail
+        else:
+            out += tail
         self._held = []
         self._ended = True
         self._done_sent = True
