@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
+
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view, run_stage
 

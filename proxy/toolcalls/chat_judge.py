@@ -104,8 +104,9 @@ class ChatJudge:
         self._gates: dict[int, PrefixGate] = {}  # prefix mode: what this message streamed
         self._streamed = False  # prefix mode: this message has forwarded tool-call events
         self._tail_open = False  # the last bytes out were a cut, unterminated event
-        # Issue 19: with `defer_fatal` (a relayed stream, addons/relay.py), an unrecoverable message's error event and [DONE] are kept
-        # here instead of sent, so the pipeline can ask for another attempt first (or send them after all).
+        # Issue 19: with `defer_fatal` (a relayed stream, addons/relay.py), an unrecoverable message's
+        # error event and [DONE] are kept here instead of sent, so the pipeline can ask for another
+        # attempt first (or send them after all).
         self.defer_fatal = False
         self.deferred: list[bytes] = []
 
