@@ -15,7 +15,7 @@ stages off; after, the stream ends with a retryable error event (what follows ca
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
@@ -23,6 +23,9 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.decoding import DecodeError, Decoder
 from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.surfaces import surface_for
+
+if TYPE_CHECKING:
+    from tapfix.proxy.regenerate.splice import AttemptSplice
 
 
 class Stage(Protocol):
@@ -32,7 +35,17 @@ class Stage(Protocol):
 
 
 class StreamPipeline:
-    __slots__ = ("exchange", "stages", "splitter", "finished", "decoder", "broken", "passes_encoded", "_clock")
+    __slots__ = (
+        "exchange",
+        "stages",
+        "splitter",
+        "finished",
+        "decoder",
+        "broken",
+        "passes_encoded",
+        "_clock",
+        "splice",
+    )
 
     def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
         self.exchange = exchange
@@ -44,6 +57,7 @@ class StreamPipeline:
         # The client reads the upstream's compressed bytes: nothing tapfix writes may join them.
         self.passes_encoded = decoder is not None and not stages
         self._clock = time.perf_counter
+        self.splice: AttemptSplice | None = None  # a relayed stream's (issue 19, proxy/regenerate/splice.py)
         if stages:
             exchange.client_response_chunks = []
         if decoder is not None:
@@ -78,6 +92,46 @@ class StreamPipeline:
         return self._run(events, final)
 
     def _run(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
+        splice = self.splice
+        if splice is not None:
+            return self._run_spliced(splice, events, final)
+        return self._through(events, final)
+
+    def _run_spliced(self, splice: AttemptSplice, events: list[bytes], final: bool) -> list[bytes]:
+        """A relayed stream: split at the attempt-end marker (never forwarded); the attempt's stages are
+        flushed there and the splice decides what comes next (and may swap in the next attempt's stages).
+        The marker is a whole event: the relay starts it on an event boundary, the splitter keeps it whole
+        across reads."""
+        marker = splice.marker
+        out: list[bytes] = []
+        start = 0
+        for i, event in enumerate(events):
+            if event == marker:
+                sent = self._through(events[start:i], True)
+                out += [sent] if isinstance(sent, bytes) else sent
+                assert self.exchange.client_response_chunks is not None
+                now, stages = splice.attempt_end(self.stages, self.exchange.client_response_chunks)
+                if now:
+                    data = b"".join(now)
+                    self.exchange.client_response_chunks.append(data)
+                    out.append(data)
+                if stages is not None:
+                    self.stages = stages
+                start = i + 1
+        sent = self._through(events[start:], final)
+        out += [sent] if isinstance(sent, bytes) else sent
+        if final:  # the relay ended without a marker (an attempt failed or timed out): a deferred error goes out
+            for stage in self.stages:
+                deferred: list[bytes] | None = getattr(stage, "deferred", None)
+                if deferred:
+                    data = b"".join(deferred)
+                    setattr(stage, "deferred", [])  # noqa: B010 (a tool-call stage's, not the Protocol's)
+                    assert self.exchange.client_response_chunks is not None
+                    self.exchange.client_response_chunks.append(data)
+                    out.append(data)
+        return out
+
+    def _through(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
         ex = self.exchange
         for stage in self.stages:
             if len(events) == 1:  # the usual case: one whole event per read

@@ -1,0 +1,296 @@
+"""The regeneration relay (issue 19): one streamed client response that may carry several upstream attempts.
+
+mitmproxy streams only bytes that arrive from the server connection (docs/regenerate.md, "Where a new
+attempt can plug in"), so the router points a regenerable request at this relay: a loopback HTTP/1.1
+server on mitmproxy's own event loop. It forwards to the real upstream with httpx and streams the bytes
+back unchanged; at the upstream's end it writes the session's attempt-end marker (proxy/regenerate/wire.py)
+and waits for the pipeline's decision, made synchronously as mitmproxy hands it the marker
+(proxy/regenerate/splice.py): `end()` ends the response, `next_attempt(body, timeout_s)` sends another
+upstream request whose bytes join the same response. `: keep-alive` comments go out while the next
+attempt's bytes are awaited. When mitmproxy drops the connection (the client left) the pending upstream
+request is cancelled. The relay only runs with `--regenerate` above 0: the default path never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+import httpx
+from mitmproxy import http
+from tapfix.proxy.regenerate import wire
+from tapfix.proxy.regenerate.eligibility import Ticket
+
+log = logging.getLogger("tapfix")
+
+
+@dataclass
+class Attempt:
+    """One upstream request the relay made: what went up and what came back, for its own record."""
+
+    number: int
+    body: bytes
+    headers_sent: list[tuple[str, str]] = field(default_factory=list)
+    status: int | None = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # perf_counter at each chunk
+    started_at: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+    ended: float | None = None
+    error: str | None = None
+
+
+class RelaySession:
+    """One client request routed through the relay. The pipeline calls `end` / `next_attempt` (plain
+    methods on the loop's thread); the relay's handler awaits the decision."""
+
+    def __init__(self, origin: str, keepalive_s: float) -> None:
+        self.origin = origin
+        self.marker = wire.new_marker()
+        self.keepalive_s = keepalive_s
+        self.attempts: list[Attempt] = []
+        self.tickets: list[Ticket] = []  # admission slots of the attempts in flight, released at the end
+        self._decision: asyncio.Future[tuple[bytes, float] | None] | None = None
+        self._timeout_s: float | None = None
+        self.closed = False
+        # Set by the stream owner at the response's headers: does a pipeline read the marker? Until it
+        # says so the relay writes none (a flow without a splice would wait for a decision forever).
+        self.spliced: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def declare(self, spliced: bool) -> None:
+        if not self.spliced.done():
+            self.spliced.set_result(spliced)
+
+    def _arm(self) -> asyncio.Future[tuple[bytes, float] | None]:
+        self._decision = asyncio.get_running_loop().create_future()
+        return self._decision
+
+    def _decide(self, value: tuple[bytes, float] | None) -> None:
+        if self._decision is None or self._decision.done():
+            raise RuntimeError("no attempt is waiting for a decision")
+        self._decision.set_result(value)
+
+    def end(self) -> None:
+        self._decide(None)
+
+    def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None:
+        if ticket is not None:
+            self.tickets.append(ticket)
+        self._decide((body, timeout_s))
+
+    def release(self) -> None:
+        for ticket in self.tickets:
+            ticket.release()
+        self.tickets = []
+
+
+class Relay:
+    """The mitmproxy addon: the loopback server, started in `running`, closed in `done`."""
+
+    def __init__(self, keepalive_s: float = 5.0, verify: bool | str = True, connect_timeout: float = 10.0) -> None:
+        self.keepalive_s = keepalive_s
+        self.sessions: dict[str, RelaySession] = {}
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._verify = verify
+        self._connect_timeout = connect_timeout
+
+    async def running(self) -> None:
+        if self._server is not None:
+            return
+        # No read timeout: the upstream's own pace (long thinking) is not the relay's to cut; the
+        # regeneration budget bounds the later attempts.
+        timeout = httpx.Timeout(None, connect=self._connect_timeout)
+        self._client = httpx.AsyncClient(timeout=timeout, verify=self._verify)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("regenerate relay on 127.0.0.1:%d", self.port)
+
+    async def done(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def open(self, origin: str) -> tuple[str, RelaySession]:
+        token = secrets.token_hex(12)
+        session = RelaySession(origin, self.keepalive_s)
+        self.sessions[token] = session
+        return token, session
+
+    # -- the flow's side: the session token never reaches the record -------------------------------
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self._forget(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._forget(flow)
+
+    def _forget(self, flow: http.HTTPFlow) -> None:
+        token = flow.request.headers.pop(wire.SESSION_HEADER, None)
+        if token is not None:
+            self.sessions.pop(token, None)  # never served (the connection failed): nothing waits on it
+
+    # -- the HTTP/1.1 server side (mitmproxy is the only client) ------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # mitmproxy reuses the server connection for the client connection's next request
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path, headers = wire.parse_head(head)
+                body = await _read_body(reader, headers)
+                token = wire.header(headers, wire.SESSION_HEADER)
+                session = self.sessions.pop(token, None) if token else None
+                if session is None:
+                    writer.write(wire.BAD_GATEWAY)
+                    await writer.drain()
+                    continue
+                try:
+                    await self._relay(session, method, path, wire.forwardable(headers), body, writer)
+                finally:
+                    session.release()
+                    session.closed = True
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
+        assert self._client is not None
+        request = self._client.build_request(method, url, headers=headers, content=body)
+        return await self._client.send(request, stream=True)
+
+    async def _relay(
+        self,
+        session: RelaySession,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        url = session.origin + path
+        attempt = Attempt(1, body, headers)
+        session.attempts.append(attempt)
+        try:
+            response = await self._send(method, url, headers, body)
+        except httpx.HTTPError as e:
+            attempt.error, attempt.ended = str(e) or type(e).__name__, time.perf_counter()
+            writer.write(wire.BAD_GATEWAY)
+            await writer.drain()
+            return
+        _note(attempt, response)
+        writer.write(wire.response_head(response.status_code, response.reason_phrase, response.headers.multi_items()))
+        splice = response.status_code == 200 and "text/event-stream" in response.headers.get("content-type", "")
+        deadline: float | None = None
+        try:
+            while True:
+                last = await self._pump(response, attempt, writer, deadline)
+                if not splice or not await session.spliced:
+                    break
+                decision = session._arm()
+                writer.write(wire.chunk(wire.marker_after(last, session.marker)))
+                await writer.drain()
+                plan = await _keepalive_until(decision, writer, session.keepalive_s, None)
+                if plan is None:
+                    break
+                body_next, timeout_s = plan
+                deadline = asyncio.get_running_loop().time() + timeout_s
+                attempt = Attempt(len(session.attempts) + 1, body_next, headers)
+                session.attempts.append(attempt)
+                try:
+                    response = await _keepalive_until(
+                        self._send(method, url, headers, body_next), writer, session.keepalive_s, deadline
+                    )
+                except (httpx.HTTPError, TimeoutError) as e:
+                    attempt.error, attempt.ended = _why(e), time.perf_counter()
+                    break  # the pipeline sees the end with no marker: its deferred error event goes out
+                _note(attempt, response)
+                if response.status_code != 200:
+                    attempt.chunks.append(await response.aread())
+                    attempt.times.append(time.perf_counter())
+                    attempt.ended = time.perf_counter()
+                    attempt.error = f"the upstream answered {response.status_code}"
+                    break
+            writer.write(wire.LAST_CHUNK)
+            await writer.drain()
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    async def _pump(
+        response: httpx.Response, attempt: Attempt, writer: asyncio.StreamWriter, deadline: float | None
+    ) -> bytes:
+        last = b""
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for data in response.aiter_raw():
+                    attempt.chunks.append(data)
+                    attempt.times.append(time.perf_counter())
+                    writer.write(wire.chunk(data))
+                    await writer.drain()
+                    last = data
+        except (httpx.HTTPError, OSError, TimeoutError) as e:
+            if isinstance(e, ConnectionError) and writer.is_closing():
+                raise  # mitmproxy dropped the connection: the client left
+            attempt.error = _why(e)
+        attempt.ended = time.perf_counter()
+        await response.aclose()
+        return last
+
+
+def _note(attempt: Attempt, response: httpx.Response) -> None:
+    attempt.status, attempt.headers = response.status_code, list(response.headers.multi_items())
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, TimeoutError):
+        return "the regeneration budget ran out during the attempt"
+    return str(e) or type(e).__name__
+
+
+async def _keepalive_until[T](
+    waitable: Awaitable[T], writer: asyncio.StreamWriter, every_s: float, deadline: float | None
+) -> T:
+    """Await `waitable`, a keep-alive comment to the client every `every_s` meanwhile; TimeoutError at
+    `deadline` (loop time). Any failure, or mitmproxy closing the connection, cancels what was awaited."""
+    task = asyncio.ensure_future(waitable)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            wait = every_s if deadline is None else max(0.0, min(every_s, deadline - loop.time()))
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                return task.result()
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError
+            writer.write(wire.chunk(wire.KEEPALIVE))
+            await writer.drain()
+    except BaseException:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]]) -> bytes:
+    length = wire.header(headers, "content-length")
+    if length is not None:
+        return await reader.readexactly(int(length))
+    if "chunked" in (wire.header(headers, "transfer-encoding") or "").lower():
+        parts: list[bytes] = []
+        while True:
+            size = wire.chunk_size(await reader.readuntil(b"\r\n"))
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return b"".join(parts)
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+    return b""

@@ -1,0 +1,109 @@
+"""The records of a relayed request (issue 19): the client-facing exchange and one exchange per later attempt.
+
+The client-facing exchange keeps attempt 1's upstream bytes (what the relay got, without its markers and
+keep-alives) and the client's bytes, and is flagged `regenerated` when a later attempt was made. Each
+later attempt is an exchange of its own: `attempt_of` the client-facing id, `attempt` 2...N+1, its own
+request body, upstream headers and bytes, and change rows saying why it was made. An attempt that was
+considered and not made (`deterministic`, a spent budget, an admission refusal) is a `skip` row on the
+client-facing exchange, since nothing went upstream for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.ids import new_capture_id
+from tapfix.proxy.regenerate.splice import AttemptSplice, RelayHandle
+
+REGENERATED = "regenerated"
+
+
+class AttemptLike(Protocol):
+    number: int
+    body: bytes
+    headers_sent: list[tuple[str, str]]
+    status: int | None
+    headers: list[tuple[str, str]]
+    chunks: list[bytes]
+    times: list[float]
+    started_at: float
+    started: float
+    ended: float | None
+    error: str | None
+
+
+class SessionLike(Protocol):
+    @property
+    def attempts(self) -> Sequence[AttemptLike]: ...
+
+
+class RelayedSession(RelayHandle, SessionLike, Protocol):
+    """What the stream owner needs of addons/relay.py's RelaySession (addons don't import each other)."""
+
+    def declare(self, spliced: bool) -> None: ...
+
+
+def attempt_records(ex: Exchange, session: SessionLike, splice: AttemptSplice | None) -> list[Exchange]:
+    """Fix up `ex` (the client-facing exchange) and return the later attempts' exchanges, to be recorded
+    after it."""
+    attempts = list(session.attempts)
+    if attempts:
+        first = attempts[0]
+        ex.response_chunks = list(first.chunks)
+        ex.chunk_times = [t - ex.mark for t in first.times]
+    decisions = splice.decisions if splice is not None else []
+    for skipped in decisions:
+        if not skipped.made:
+            ex.changes.extend(skipped.changes)
+    if len(attempts) < 2:
+        return []
+    ex.flags.add(REGENERATED)
+    made = {d.attempt: d for d in decisions if d.made}
+    stages = splice.stage_history if splice is not None else []
+    out = []
+    for attempt in attempts[1:]:
+        decision = made.get(attempt.number)
+        changes = list(decision.changes) if decision is not None else []
+        stage = stages[attempt.number - 1] if len(stages) >= attempt.number else None
+        flags: set[str] = set()
+        if stage is not None:
+            changes.extend(stage.changes)
+            if stage.outcome != "untouched":
+                flags.add(f"toolcall_{stage.outcome}")
+        if attempt.error is not None:
+            flags.add("upstream_error")
+        out.append(
+            replace(
+                ex,
+                id=new_capture_id(),
+                started_at=attempt.started_at,
+                request=attempt.body,
+                forwarded=None,
+                decoded_request=None,
+                request_headers=list(attempt.headers_sent),
+                forwarded_headers=None,
+                status=attempt.status,
+                response_headers=list(attempt.headers),
+                response_started_at=attempt.times[0] if attempt.times else None,
+                response_chunks=list(attempt.chunks),
+                chunk_times=[t - attempt.started for t in attempt.times],
+                client_response_chunks=None,
+                response=None,
+                client_response=None,
+                decoded_chunks=None,
+                decoded_response=None,
+                ended_at=attempt.ended,
+                error=attempt.error,
+                changes=changes,
+                flags=flags,
+                tags=set(),
+                attempt_of=ex.id,
+                attempt=attempt.number,
+                mark=attempt.started,
+                extra={},
+            )
+        )
+    return out

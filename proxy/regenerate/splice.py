@@ -1,0 +1,238 @@
+"""The pipeline's side of a relayed stream that may carry several upstream attempts (issue 19).
+
+The relay (addons/relay.py) writes an attempt-end marker at each upstream end. `AttemptSplice.attempt_end`
+runs there, synchronously inside the stream callable, after the pipeline flushed the attempt's stages:
+if the tool-call stage deferred an unrecoverable verdict (`defer_fatal`) and the rules allow another
+attempt (eligibility.should_regenerate, the upstream's Admission, continuation.next_attempt), the relay
+is handed the next attempt's body and the pipeline gets fresh stages led by a `Seam`, so the new
+attempt's chunks continue what the client has; otherwise the relay is told to end and the deferred
+error event goes out, as it would have without regeneration. Every decision is kept in `decisions`
+for the records: why each attempt was made, or why none was. No mitmproxy import: the relay handle is
+a Protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, next_attempt
+from tapfix.proxy.regenerate.echo import PrefixEcho
+from tapfix.proxy.regenerate.eligibility import Admission, Refused, RegenerateSettings, Ticket, should_regenerate
+from tapfix.proxy.sse import SSESplitter, event_data, format_event
+
+
+class RelayHandle(Protocol):
+    marker: bytes
+
+    def end(self) -> None: ...
+
+    def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None: ...
+
+
+@dataclass
+class Decision:
+    """What happened at one attempt's end: `attempt` is the number of the attempt asked for (2...N+1);
+    `made` whether it was sent; `changes` say why it looks as it does, or why it wasn't made."""
+
+    attempt: int
+    made: bool
+    reason: str
+    detail: str
+    changes: list[Change] = field(default_factory=list)
+
+
+class Seam:
+    """First stage of attempt 2+: drops the new attempt's role-only opening chunk (the client has one),
+    gives its chunks the first attempt's id, so the client reads one completion, and strips a leading
+    copy of a continuation prefix the engine repeats (echo.PrefixEcho)."""
+
+    def __init__(self, first_id: str | None, prefix: dict[str, str] | None = None) -> None:
+        self.first_id = first_id.encode() if first_id else None
+        self.new_id: bytes | None = None
+        self.opened = False
+        self.echo = PrefixEcho(prefix or {})
+        self._stripping = bool(prefix)
+
+    def feed(self, event: bytes) -> list[bytes]:
+        data = event_data(event)
+        if data is None or data.strip() == b"[DONE]":
+            return [event]
+        obj: dict[str, Any] | None = None
+        if self.new_id is None or not self.opened or self._stripping:
+            obj = json_object(data)
+        if self.new_id is None and obj is not None and isinstance(obj.get("id"), str):
+            self.new_id = obj["id"].encode()
+        if not self.opened:
+            self.opened = True
+            if _role_only(obj):
+                return []
+        if self._stripping and obj is not None:
+            stripped = self._strip(obj)
+            if stripped is not None:
+                return [stripped] if stripped else []
+        if self.first_id is not None and self.new_id is not None and self.new_id != self.first_id:
+            event = event.replace(b'"id":"' + self.new_id + b'"', b'"id":"' + self.first_id + b'"', 1)
+        return [event]
+
+    def _strip(self, obj: dict[str, Any]) -> bytes | None:
+        """The event with a repeated prefix taken out of its delta (b"": nothing left), None: as it came."""
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            return None
+        delta = choices[0].get("delta")
+        if not isinstance(delta, dict):
+            return None
+        changed = False
+        for key, name in (("content", "content"), ("reasoning_content", "reasoning"), ("reasoning", "reasoning")):
+            text = delta.get(key)
+            if isinstance(text, str) and text:
+                kept = self.echo.feed(name, text)
+                if kept != text:
+                    delta[key], changed = kept, True
+        if set(delta) - {"content", "reasoning_content", "reasoning", "role"}:
+            self._stripping = False  # a tool call or a finish: the prefix is over
+        if not changed:
+            return None
+        if (
+            not any(delta.get(k) for k in ("content", "reasoning_content", "reasoning"))
+            and choices[0].get("finish_reason") is None
+            and set(delta) <= {"content", "reasoning_content", "reasoning", "role"}
+        ):
+            return b""
+        if self.first_id is not None:
+            obj["id"] = self.first_id.decode()
+        return format_event(orjson.dumps(obj), b"\n")
+
+    def flush(self) -> list[bytes]:
+        return []
+
+
+def _role_only(obj: dict[str, Any] | None) -> bool:
+    choices = obj.get("choices") if obj else None
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    return (
+        isinstance(delta, dict)
+        and set(delta) <= {"role", "content"}
+        and not delta.get("content")
+        and choices[0].get("finish_reason") is None
+    )
+
+
+def received_from(client_chunks: Sequence[bytes]) -> Received:
+    """What the client got for choice 0 (content, reasoning, whether a tool-call byte), from the
+    client-bound bytes. Runs once per attempt end, never per chunk."""
+    splitter = SSESplitter()
+    content: list[str] = []
+    reasoning: list[str] = []
+    tool_call = False
+    for event in splitter.feed(b"".join(client_chunks)) + splitter.flush():
+        data = event_data(event)
+        obj = json_object(data) if data is not None else None
+        for choice in (obj or {}).get("choices") or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            text = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(text, str):
+                reasoning.append(text)
+            tool_call = tool_call or bool(delta.get("tool_calls"))
+    return Received("".join(content), "".join(reasoning), tool_call)
+
+
+class AttemptSplice:
+    def __init__(
+        self,
+        relay: RelayHandle,
+        request: dict[str, Any],
+        make_stages: Callable[[], list[Any]],
+        settings: RegenerateSettings,
+        policy: ToolRepairPolicy,
+        engine: str | None = None,
+        admission: Admission | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.relay = relay
+        self.marker = relay.marker
+        self.request = request
+        self.make_stages = make_stages
+        self.settings = settings
+        self.policy = policy
+        self.engine = engine
+        self.admission = admission
+        self.clock = clock
+        self.attempts_made = 0
+        self.budget_started: float | None = None
+        self.stage_history: list[Any] = []  # every attempt's tool-call stage, for the record
+        self.decisions: list[Decision] = []
+
+    def attempt_end(self, stages: list[Any], client_chunks: Sequence[bytes]) -> tuple[list[bytes], list[Any] | None]:
+        """(bytes to send now, the next attempt's stages or None). Called once per attempt end."""
+        stage = next((s for s in stages if hasattr(s, "deferred")), None)
+        if stage is not None:
+            self.stage_history.append(stage)
+        deferred = list(stage.deferred) if stage is not None else []
+        if stage is None or not deferred:
+            self.relay.end()
+            return [], None
+        number = self.attempts_made + 2
+        received = received_from(client_chunks)
+        now = self.clock()
+        verdict = should_regenerate(
+            self.settings,
+            outcome=stage.outcome,
+            defects=stage.defects,
+            policy=self.policy,
+            tool_call_sent=received.tool_call_sent or bool(getattr(stage, "_streamed", False)),
+            stream_valid_prefix=bool(getattr(stage, "stream_valid_prefix", False)),
+            client_connected=True,  # a client that left closed the relay's connection: no marker came
+            n=_n(self.request),
+            attempts_made=self.attempts_made,
+            budget_started=self.budget_started,
+            now=now,
+        )
+        if not verdict.go:
+            return self._no(stage, number, str(verdict.no), verdict.detail)
+        plan = next_attempt(self.request, "chat", self.engine, received, attempt=number)
+        if not isinstance(plan, NextAttempt):
+            return self._no(stage, number, plan.reason, plan.detail)
+        ticket: Ticket | None = None
+        if self.admission is not None:
+            admitted = self.admission.try_admit()
+            if isinstance(admitted, Refused):
+                return self._no(stage, number, admitted.reason, admitted.detail)
+            ticket = admitted
+        if self.budget_started is None:
+            self.budget_started = now
+        self.attempts_made += 1
+        stage.deferred = []
+        why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
+        self.decisions.append(Decision(number, True, plan.how, plan.reason, [why, *plan.changes]))
+        self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, ticket)
+        envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
+        first_id = envelope.get("id") if isinstance(envelope.get("id"), str) else None
+        return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages()]
+
+    def _no(self, stage: Any, number: int, reason: str, detail: str) -> tuple[list[bytes], None]:
+        """No further attempt: the deferred error event goes out now (and only now)."""
+        deferred: list[bytes] = list(stage.deferred)
+        stage.deferred = []
+        change = Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)
+        self.decisions.append(Decision(number, False, reason, detail, [change]))
+        self.relay.end()
+        return deferred, None
+
+
+def _n(request: dict[str, Any]) -> int:
+    n = request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) else 1

@@ -1,0 +1,184 @@
+"""Issue 19's pure splice: the relay's framing (proxy/regenerate/wire.py) and the pipeline splitting a
+relayed stream at the attempt-end marker (proxy/regenerate/splice.py), with a fake relay handle."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.regenerate import wire
+from tapfix.proxy.regenerate.eligibility import Admission, AdmissionSettings, RegenerateSettings, Ticket
+from tapfix.proxy.regenerate.splice import AttemptSplice, received_from
+from tapfix.proxy.response.pipeline import StreamPipeline
+from tapfix.proxy.sse import SSESplitter
+from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
+
+from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.stage_io import client_view
+
+TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
+ROLE = chat_chunk({"role": "assistant", "content": ""}, id="first")
+
+
+def broken(id: str = "first") -> bytes:
+    return sse(
+        [
+            chat_chunk({"role": "assistant", "content": ""}, id=id),
+            tool_call_chunk(0, "c1", "read", '{"pa', chunk_id=id),
+            chat_chunk({}, "length", id=id),
+        ]
+    )
+
+
+def healthy(id: str = "second") -> bytes:
+    return sse(
+        [
+            chat_chunk({"role": "assistant", "content": ""}, id=id),
+            tool_call_chunk(0, "c2", "read", '{"path": "a.txt"}', chunk_id=id),
+            chat_chunk({}, "tool_calls", id=id),
+        ]
+    )
+
+
+class FakeRelay:
+    def __init__(self) -> None:
+        self.marker = wire.new_marker()
+        self.bodies: list[dict[str, Any]] = []
+        self.timeouts: list[float] = []
+        self.ended = 0
+
+    def end(self) -> None:
+        self.ended += 1
+
+    def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None:
+        self.bodies.append(json.loads(body))
+        self.timeouts.append(timeout_s)
+        if ticket is not None:
+            ticket.release()
+
+
+def relayed(
+    attempts: list[bytes],
+    request: dict[str, Any] | None = None,
+    settings: RegenerateSettings | None = None,
+    admission: Admission | None = None,
+    seed: int = 0,
+) -> tuple[bytes, FakeRelay, AttemptSplice]:
+    """Run the attempts' bytes, each followed by the relay's marker, through a spliced pipeline, cut at
+    random places (the marker too)."""
+    relay = FakeRelay()
+    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
+
+    def stages() -> list[Any]:
+        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
+        stage.defer_fatal = True
+        return [stage]
+
+    pipeline = StreamPipeline(ex, stages())
+    body = request or {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
+    pipeline.splice = splice = AttemptSplice(
+        relay, body, stages, settings or RegenerateSettings(1), "error", admission=admission
+    )
+    wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
+    out = []
+    for piece in random_splits(wire_bytes, random.Random(seed)):
+        got = pipeline(piece)
+        out += [got] if isinstance(got, bytes) else got
+    got = pipeline(b"")
+    out += [got] if isinstance(got, bytes) else got
+    return b"".join(out), relay, splice
+
+
+@given(st.integers(0, 10_000))
+def test_a_broken_first_attempt_then_a_healthy_one_is_one_completion(seed: int) -> None:
+    data, relay, splice = relayed([broken(), healthy()], seed=seed)
+    assert relay.marker not in data
+    view = client_view(data)
+    assert view.errors == [] and view.done == 1
+    assert [c["name"] for c in view.calls] == ["read"]
+    assert {c["id"] for c in view.chunks} == {"first"}, "the second attempt's chunks carry the first id"
+    assert sum(1 for c in view.chunks for ch in c["choices"] if ch["delta"].get("role")) == 1
+    assert len(relay.bodies) == 1 and isinstance(relay.bodies[0]["seed"], int)
+    assert [d.made for d in splice.decisions] == [True]
+
+
+@given(st.integers(0, 10_000))
+def test_every_attempt_broken_ends_with_one_error_event(seed: int) -> None:
+    data, relay, splice = relayed([broken(), broken("second")], seed=seed)
+    view = client_view(data)
+    assert len(view.errors) == 1 and view.done == 1 and view.calls == []
+    assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh_seed"), (False, "attempts_spent")]
+
+
+def test_a_deterministic_request_is_skipped_and_says_so() -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    data, relay, splice = relayed([broken()], request=request)
+    assert relay.bodies == [] and len(client_view(data).errors) == 1
+    assert [(d.made, d.reason) for d in splice.decisions] == [(False, "deterministic")]
+    assert splice.decisions[0].changes[0].after == "deterministic"
+
+
+def test_an_admission_refusal_is_recorded() -> None:
+    admission = Admission(AdmissionSettings(1, 1))
+    held = admission.try_admit()
+    assert isinstance(held, Ticket)
+    data, relay, splice = relayed([broken()], admission=admission)
+    assert relay.bodies == [] and len(client_view(data).errors) == 1
+    assert [(d.made, d.reason) for d in splice.decisions] == [(False, "concurrency")]
+
+
+def test_the_attempt_gets_what_is_left_of_the_budget() -> None:
+    _, relay, _ = relayed([broken(), healthy()], settings=RegenerateSettings(1, 7.5))
+    assert relay.timeouts and 0 < relay.timeouts[0] <= 7.5
+
+
+def test_a_healthy_first_attempt_ends_the_relay() -> None:
+    data, relay, splice = relayed([healthy("first")])
+    assert relay.ended == 1 and relay.bodies == [] and splice.decisions == []
+    assert len(client_view(data).calls) == 1
+
+
+def test_received_from_reads_content_reasoning_and_a_sent_call() -> None:
+    data = sse([chat_chunk({"content": "He"}), chat_chunk({"reasoning_content": "r"}), chat_chunk({"content": "y"})])
+    assert received_from([data]) == received_from([data[:7], data[7:]])
+    got = received_from([data])
+    assert (got.content, got.reasoning, got.tool_call_sent) == ("Hey", "r", False)
+    assert received_from([sse([tool_call_chunk(0, "c", "read", "{")])]).tool_call_sent
+
+
+@given(st.binary(max_size=60).filter(lambda b: b"\r" not in b), st.integers(0, 10_000))
+def test_the_marker_is_one_whole_event_wherever_the_upstream_stopped(last: bytes, seed: int) -> None:
+    marker = wire.new_marker()
+    data = b"data: x\n\n" + last + wire.marker_after(last, marker)
+    splitter = SSESplitter()
+    events = []
+    for piece in random_splits(data, random.Random(seed)):
+        events += splitter.feed(piece)
+    events += splitter.flush()
+    assert events.count(marker) == 1 and events[-1] == marker
+
+
+@given(st.binary(max_size=200))
+def test_chunks_frame_their_bytes(data: bytes) -> None:
+    framed = wire.chunk(data)
+    if not data:
+        assert framed == b""
+        return
+    size, _, rest = framed.partition(b"\r\n")
+    assert wire.chunk_size(size) == len(data) and rest == data + b"\r\n"
+
+
+def test_a_request_head_parses_and_the_relay_headers_stay_home() -> None:
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: up:8000\r\nx-tapfix-relay: t\r\nAuthorization: Bearer k\r\n\r\n"
+    )
+    method, path, headers = wire.parse_head(head)
+    assert (method, path) == ("POST", "/v1/chat/completions")
+    assert wire.header(headers, "x-tapfix-relay") == "t"
+    assert wire.forwardable(headers) == [("Authorization", "Bearer k")]
+    out = wire.response_head(200, "OK", [("content-type", "text/event-stream"), ("content-length", "9")])
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length" not in out and out.endswith(b"chunked\r\n\r\n")
