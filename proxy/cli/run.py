@@ -116,6 +116,25 @@ def _setup_logging(verbose: bool) -> None:
     metavar="SECONDS",
     help="on SIGTERM, let in-flight streams finish this long, then end them with a retryable error (0: at once)",
 )
+@click.option(
+    "--regenerate",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    callback=lambda _ctx, _param, value: _checked("--regenerate", "check_attempts", value),
+    help="when a streamed Chat Completions tool call can't be saved, ask the upstream again up to N times "
+    "before the client sees an error (0: off; the default becomes 1 once the agents' runs cover it)",
+)
+@click.option(
+    "--regenerate-budget",
+    type=float,
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    callback=lambda _ctx, _param, value: _checked("--regenerate-budget", "check_budget", value),
+    help="the time all regeneration attempts of one request may take together",
+)
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
 @click.option("-v", "--verbose", is_flag=True)
 @deprecated_alias("--upstream-key-env", "--key-env", "key_env")
@@ -149,6 +168,16 @@ def _check_retention(kw: dict[str, Any]) -> None:
             check(kw.get(key))
         except ValueError as e:
             raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
+
+
+def _checked(option: str, check: str, value: Any) -> Any:
+    """A regeneration setting range-checked by proxy/regenerate/eligibility (a bad one is exit 2)."""
+    from tapfix.proxy.regenerate import eligibility
+
+    try:
+        return getattr(eligibility, check)(value, option)
+    except eligibility.SettingError as e:
+        raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
 
 
 def _check_tool_format(name: str | None) -> None:
@@ -190,6 +219,13 @@ def _config_defaults(kw: dict[str, Any]) -> None:
         kw["tool_repair"] = mode
     if (config.tool_repair or {}).get("stream_valid_prefix"):
         kw["stream_valid_prefix"] = True
+    for key, check in (("regenerate", "check_attempts"), ("regenerate_budget", "check_budget")):
+        value = getattr(config, key)
+        if value is not None and from_file(key):
+            try:
+                kw[key] = _checked(key, check, value)
+            except click.BadParameter as e:
+                raise UserError(f"{kw['config_path']}: {e.message}") from e
     if config.shutdown_grace is not None and from_file("shutdown_grace"):
         kw["shutdown_grace"] = config.shutdown_grace
 
@@ -224,6 +260,8 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         max_age_s=kw.get("max_age"),
         max_db_bytes=kw.get("max_size"),
         shutdown_grace=kw.get("shutdown_grace", 5.0),
+        regenerate=kw.get("regenerate", 0),
+        regenerate_budget=kw.get("regenerate_budget", 60.0),
     )
 
 

@@ -103,6 +103,9 @@ class Config:
     security: Mapping[str, Any] = field(default_factory=dict)
     retention: Mapping[str, Any] = field(default_factory=dict)
     shutdown_grace: float | None = None  # seconds; `tapfix run --shutdown-grace` wins
+    regenerate: int | None = None  # issue 19; `tapfix run --regenerate` wins
+    regenerate_budget: float | None = None
+    regenerate_admission: Mapping[str, Any] = field(default_factory=dict)  # upstream → AdmissionSettings
     source: str | None = None  # the file it came from
     quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
 
@@ -237,6 +240,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             store_bodies=m.get("store_bodies", True),
             tool_format=tool_format,
         )
+    admission = _regeneration(data, source, problems)
     if problems:
         raise ConfigError("\n".join(problems), problems)
     rf = data.get("reasoning_field", {})
@@ -253,8 +257,37 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         security=dict(data.get("security", {})),
         retention=dict(data.get("retention", {})),
         shutdown_grace=data.get("shutdown_grace"),
+        regenerate=data.get("regenerate"),
+        regenerate_budget=data.get("regenerate_budget"),
+        regenerate_admission=admission,
         source=source,
     )
+
+
+def _regeneration(data: Mapping[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
+    """Range-check `regenerate`, `regenerate_budget` and each `[upstreams.X] regenerate_concurrency` /
+    `regenerate_per_minute` (issue 19); the upstreams' AdmissionSettings, by upstream name."""
+    from tapfix.proxy.regenerate import eligibility as el
+
+    for key, check in (("regenerate", el.check_attempts), ("regenerate_budget", el.check_budget)):
+        if key in data:
+            try:
+                check(data[key], key)
+            except el.SettingError as e:
+                problems.append(f"{source}: {e}")
+    out: dict[str, Any] = {}
+    for name, u in data["upstreams"].items():
+        if "regenerate_concurrency" not in u and "regenerate_per_minute" not in u:
+            continue
+        where = f"upstreams.{_key(name)}"
+        try:
+            concurrency = el.check_concurrency(u.get("regenerate_concurrency", 2), f"{where}.regenerate_concurrency")
+            per_minute = el.check_per_minute(u.get("regenerate_per_minute", 30), f"{where}.regenerate_per_minute")
+        except el.SettingError as e:
+            problems.append(f"{source}: {e}")
+            continue
+        out[name] = el.AdmissionSettings(concurrency, per_minute)
+    return out
 
 
 def _tool_format_names() -> list[str]:

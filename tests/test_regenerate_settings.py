@@ -1,0 +1,60 @@
+"""Issue 19's settings: `tapfix run --regenerate N` / `--regenerate-budget SECONDS` and their config keys,
+range-checked by proxy/regenerate/eligibility (a bad flag is exit 2, a bad config key names the file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from tapfix.proxy.cli import main
+from tapfix.proxy.cli.run import make_settings
+from tapfix.proxy.config.file import ConfigError, load
+from tapfix.proxy.regenerate.eligibility import AdmissionSettings
+from tapfix.proxy.store.locator import StoreLocator
+
+MINIMAL = """
+{top}
+[upstreams.gpu0]
+base_url = "http://127.0.0.1:8000/v1"
+engine = "vllm"
+{upstream}
+
+[models.qwen]
+"""
+
+
+def config(tmp_path: Path, top: str = "", upstream: str = "") -> Path:
+    file = tmp_path / "tapfix.toml"
+    file.write_text(MINIMAL.format(top=top, upstream=upstream))
+    return file
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--regenerate", "-1"], ["--regenerate", "11"], ["--regenerate-budget", "0"], ["--regenerate-budget", "nan"]],
+)
+def test_a_bad_regenerate_flag_is_a_usage_error(args: list[str]) -> None:
+    result = CliRunner().invoke(main, ["run", "--upstream", "http://127.0.0.1:9", *args])
+    assert result.exit_code == 2, result.output
+    assert f"'{args[0]}'" in result.stderr and "Traceback" not in result.output
+
+
+def test_regeneration_is_off_by_default() -> None:
+    settings = make_settings({"listen": ("127.0.0.1", 8080), "db": StoreLocator.resolve()})
+    assert (settings.regenerate, settings.regenerate_budget) == (0, 60.0)
+
+
+def test_the_help_says_the_default_is_off_for_now() -> None:
+    result = CliRunner().invoke(main, ["run", "--help"])
+    assert "--regenerate N" in result.output and "--regenerate-budget" in result.output
+
+
+def test_config_keys_are_read_and_range_checked(tmp_path: Path) -> None:
+    c = load(config(tmp_path, "regenerate = 2\nregenerate_budget = 30", "regenerate_concurrency = 4"))
+    assert (c.regenerate, c.regenerate_budget) == (2, 30)
+    assert c.regenerate_admission == {"gpu0": AdmissionSettings(4, 30)}
+    with pytest.raises(ConfigError, match="regenerate"):
+        load(config(tmp_path, "regenerate = 99"))
+    with pytest.raises(ConfigError, match="regenerate_per_minute"):
+        load(config(tmp_path, upstream="regenerate_per_minute = 0"))
