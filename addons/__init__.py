@@ -11,6 +11,8 @@ from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
 from tapfix.addons.stream import StreamOwner
 
+KEEPALIVE_S = 5.0  # a `: keep-alive` comment this often while the client waits for a later attempt
+
 
 def default_addons(runtime: Runtime) -> list[object]:
     """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), stream, recorder;
@@ -25,6 +27,14 @@ def default_addons(runtime: Runtime) -> list[object]:
         RecordExchange(runtime),
         RecordMalformed(runtime),
     ]
+    if runtime.settings.regenerate > 0:  # issue 19: only then does any flow go through the relay
+        from tapfix.addons.relay import Relay
+
+        verify: bool | str = not runtime.settings.insecure
+        if runtime.settings.upstream_ca is not None and verify:
+            verify = str(runtime.settings.upstream_ca)
+        runtime.relay = Relay(KEEPALIVE_S, verify, runtime.settings.connect_timeout)
+        chain.insert(chain.index(next(a for a in chain if isinstance(a, Router))), runtime.relay)
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))
     return chain

@@ -96,6 +96,8 @@ class RecordExchange:
             if not response.stream and ex.response is None and not ex.response_chunks:
                 ex.response = response.raw_content or b""
         self.runtime.submit(ex)
+        for attempt in ex.extra.pop("attempt_records", ()):  # issue 19: each later attempt, after its parent
+            self.runtime.submit(attempt)
         if self.runtime.settings.verbose:  # one line per exchange costs ~0.1 ms: only when asked
             took = (ex.ended_at - ex.mark) * 1000
             log.info(

@@ -12,6 +12,7 @@ whole body after the stages ran (a stage changed it).
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
@@ -20,12 +21,22 @@ from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.regenerate.records import RelayedSession, attempt_records
+from tapfix.proxy.regenerate.splice import AttemptSplice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.response.decoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.surfaces import Surface, is_inference, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
+from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
+
+
+def relayed_session(ex: Exchange) -> RelayedSession | None:
+    """The relay session the router opened for this exchange (addons/relay.py's RelaySession), if any."""
+    session = ex.extra.get("relay_session")
+    return cast("RelayedSession", session) if session is not None else None
 
 
 class StreamOwner:
@@ -109,7 +120,41 @@ class StreamOwner:
             )
         if stages and decoder is not None:
             self._drop_encoding(ex, response, "the stages read the stream decoded, so the client gets it decoded")
-        response.stream = StreamPipeline(ex, stages, decoder)
+        response.stream = pipeline = StreamPipeline(ex, stages, decoder)
+        self._splice(flow, ex, pipeline)
+
+    def _splice(self, flow: http.HTTPFlow, ex: Exchange, pipeline: StreamPipeline) -> None:
+        """A relayed stream (issue 19) whose tool-call stage can defer its verdict gets a splice; any other
+        relayed stream tells the relay to write no marker."""
+        session = relayed_session(ex)
+        if session is None:
+            return
+        stage = ex.extra.get("toolcalls")
+        if not isinstance(stage, ChatToolCallRepair) or pipeline.splitter is None:
+            session.declare(False)
+            return
+        stage.defer_fatal = True
+
+        def make_stages() -> list[Stage]:
+            stages = self.stages_for(ex)
+            for s in stages:
+                if isinstance(s, ChatToolCallRepair):
+                    s.defer_fatal = True
+            return stages
+
+        request = json_object(flow.request.raw_content or b"") or {}
+        target = ex.extra.get("target")
+        pipeline.splice = AttemptSplice(
+            session,
+            request,
+            make_stages,
+            self.runtime.regenerate_settings(ex.model),
+            self.runtime.settings.tool_repair,
+            engine=self.runtime.engine_of(target),
+            admission=self.runtime.admissions.for_upstream(target) if isinstance(target, str) else None,
+        )
+        ex.extra["splice"] = pipeline.splice
+        session.declare(True)
 
     @staticmethod
     def _drop_encoding(ex: Exchange, response: http.Response, reason: str) -> None:
@@ -120,6 +165,18 @@ class StreamOwner:
     def collect(ex: Exchange) -> None:
         """The stages' own records (repairs, renames) join the exchange's changes once, at the end."""
         stage = ex.extra.pop("toolcalls", None)
+        splice = ex.extra.pop("splice", None)
+        if isinstance(splice, AttemptSplice):  # earlier attempts' stages' records come first
+            for earlier in splice.stage_history:
+                if earlier is not stage:
+                    ex.changes.extend(earlier.changes)
+        session = relayed_session(ex)
+        ex.extra.pop("relay_session", None)
+        if session is not None:
+            session.declare(False)
+            records = attempt_records(ex, session, splice if isinstance(splice, AttemptSplice) else None)
+            if records:
+                ex.extra["attempt_records"] = records
         if stage is not None:
             ex.changes.extend(stage.changes)
             if stage.outcome != "untouched":

@@ -49,6 +49,11 @@ def build_runtime(
         default = next(iter(all_targets.values()))
     runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy, targets=all_targets)
     runtime.intercept_hosts = set(settings.intercept) or {t.host for t in all_targets.values()}
+    config = getattr(policy, "config", None)
+    if config is not None and config.regenerate_admission:
+        from tapfix.proxy.regenerate.eligibility import Admissions
+
+        runtime.admissions = Admissions(dict(config.regenerate_admission))
     return runtime
 
 

@@ -14,6 +14,7 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.regenerate.eligibility import Admissions, RegenerateSettings
 from tapfix.proxy.sse import ends_stream
 from tapfix.proxy.store.writer import CaptureWriter
 
@@ -37,6 +38,8 @@ class Runtime:
     exchanges_seen: int = 0
     malformed_unrecorded: int = 0  # malformed-request records over a peer's budget (with a token)
     started: float = field(default_factory=time.time)
+    relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
+    admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:
@@ -59,6 +62,17 @@ class Runtime:
         writer.close()
         self._reachable_until[target.name] = now + REACHABLE_FOR_S
         return None
+
+    def regenerate_settings(self, model: str | None = None) -> RegenerateSettings:
+        """The regeneration rules for a request to `model` (`--regenerate`, `--regenerate-budget`)."""
+        return RegenerateSettings(self.settings.regenerate, self.settings.regenerate_budget)
+
+    def engine_of(self, target_name: object) -> str | None:
+        """The engine dialect of an upstream (continuation and seeds depend on it); None: unknown."""
+        config = getattr(self.policy, "config", None)
+        upstream = config.upstreams.get(target_name) if config is not None and isinstance(target_name, str) else None
+        engine = getattr(upstream, "engine", None) if upstream is not None else self.settings.engine
+        return engine if isinstance(engine, str) else None
 
     def saw_upstream(self, target_name: str) -> None:
         self._reachable_until[target_name] = time.monotonic() + REACHABLE_FOR_S

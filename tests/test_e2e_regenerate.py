@@ -1,0 +1,168 @@
+"""Issue 19 end to end: `tapfix run --regenerate 1` in front of `tapfix mock`, the OpenAI SDK streaming
+with `max_retries=0`. A tool call broken on the first attempt reaches the client whole, from the
+second attempt, in the same response; the captures hold the client-facing exchange and attempt 2."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.builders import tool
+from tests.support.procs import Proc, start_mock, start_proxy, wait_capture
+from tests.support.stage_io import client_view
+
+pytestmark = pytest.mark.e2e
+
+WRITE = tool(
+    "write",
+    {"content": {"type": "string"}, "filePath": {"type": "string"}},
+    ["content", "filePath"],
+    description="Write a file",
+)
+ALWAYS_BROKEN = {"rules": [{"when": {"has_tools": True}, "do": "break_tool_call", "mode": "truncate"}]}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
+    scenario, *args = request.param
+    if isinstance(scenario, dict):
+        path = tmp_path / "scenario.json"
+        path.write_text(json.dumps(scenario))
+        scenario = str(path)
+    mock = start_mock(tmp_path, "--scenario", scenario)
+    proxy = start_proxy(tmp_path, mock.url, *args)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        mock.stop()
+
+
+def messages(text: str = "Create a file hello.txt containing a greeting") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def rows(db: Path, parent: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The parent and its attempts, once the writer committed `count` of them."""
+    wait_capture(db, parent)
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        conn.row_factory = sqlite3.Row
+        try:
+            found = [
+                dict(r)
+                for r in conn.execute(
+                    "select * from exchanges where id = ? or attempt_of = ? order by attempt", (parent, parent)
+                )
+            ]
+            for row in found:
+                row["changes"] = [
+                    dict(c)
+                    for c in conn.execute("select * from changes where exchange_id = ? order by seq", (row["id"],))
+                ]
+        finally:
+            conn.close()
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def all_exchanges(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("select count(*) from exchanges").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def raw_stream(proxy: Proc, body: dict[str, Any]) -> tuple[str, bytes]:
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        data = b"".join(r.iter_raw())
+        return r.headers["x-tapfix-capture-id"], data
+
+
+@pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
+def test_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -> None:
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
+    raw = client.chat.completions.with_raw_response.create(
+        model="m",
+        messages=messages(),
+        tools=[WRITE],
+        stream=True,  # type: ignore[list-item]
+    )
+    capture_id = raw.headers["x-tapfix-capture-id"]
+    calls: dict[int, dict[str, str]] = {}
+    ids = set()
+    for chunk in raw.parse():
+        ids.add(chunk.id)
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                got = calls.setdefault(call.index, {"name": "", "arguments": ""})
+                if call.function and call.function.name:
+                    got["name"] += call.function.name
+                if call.function and call.function.arguments:
+                    got["arguments"] += call.function.arguments
+    assert len(calls) == 1 and calls[0]["name"] == "write"
+    assert set(json.loads(calls[0]["arguments"])) >= {"content", "filePath"}
+    assert len(ids) == 1, "one completion id across both attempts"
+    found = rows(stack.extra["db"], capture_id, 2)
+    assert [(r["attempt"], r["attempt_of"]) for r in found] == [(1, None), (2, capture_id)]
+    parent, second = found
+    assert "regenerated" in json.loads(parent["flags"])
+    assert all_exchanges(stack.extra["db"]) == 2, "the mock was asked twice, each ask one exchange"
+    assert any(c["kind"] == "regenerate" for c in second["changes"]), second["changes"]
+
+
+@pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
+def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None:
+    capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
+    assert b"tapfix-attempt-end" not in data
+    view = client_view(data)
+    assert view.errors == [] and view.done == 1 and len(view.calls) == 1
+    roles = [c for c in view.chunks for ch in c["choices"] if (ch.get("delta") or {}).get("role")]
+    assert len(roles) == 1
+    found = rows(stack.extra["db"], capture_id, 2)
+    headers = json.loads(found[0]["forwarded_headers"] or "[]") if "forwarded_headers" in found[0] else []
+    assert not any(k.lower() == "x-tapfix-relay" for k, _ in headers)
+
+
+@pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)
+def test_every_attempt_broken_ends_with_todays_error_event(stack: Proc) -> None:
+    capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
+    view = client_view(data)
+    assert view.calls == [] and len(view.errors) == 1 and view.done == 1
+    assert view.errors[0]["tapfix"]["reason"] == "tool_call_unrecoverable"
+    found = rows(stack.extra["db"], capture_id, 2)
+    assert [r["attempt"] for r in found] == [1, 2]
+    skips = [c for c in found[0]["changes"] if c["kind"] == "skip"]
+    assert skips and json.loads(skips[0]["after"]) == "attempts_spent"
+
+
+@pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
+def test_a_deterministic_request_is_not_regenerated_without_continuation(stack: Proc) -> None:
+    body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True, "temperature": 0}
+    capture_id, data = raw_stream(stack, body)
+    view = client_view(data)
+    assert view.calls == [] and len(view.errors) == 1
+    found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)
+    assert [r["attempt"] for r in found] == [1]
+    skips = [c for c in found[0]["changes"] if c["kind"] == "skip"]
+    assert skips and json.loads(skips[0]["after"]) == "deterministic", found[0]["changes"]
+
+
+@pytest.mark.parametrize("stack", [("break_args_first_attempt",)], indirect=True)
+def test_regenerate_0_the_default_is_todays_error(stack: Proc) -> None:
+    capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
+    view = client_view(data)
+    assert view.calls == [] and len(view.errors) == 1
+    found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)
+    assert [r["attempt"] for r in found] == [1] and "regenerated" not in json.loads(found[0]["flags"])
