@@ -39,6 +39,7 @@ def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
         scenario = str(path)
     mock = start_mock(tmp_path, "--scenario", scenario)
     proxy = start_proxy(tmp_path, mock.url, *args)
+    proxy.extra["upstream_authority"] = mock.url.split("://", 1)[1]
     try:
         yield proxy
     finally:
@@ -131,8 +132,10 @@ def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None
     roles = [c for c in view.chunks for ch in c["choices"] if (ch.get("delta") or {}).get("role")]
     assert len(roles) == 1
     found = rows(stack.extra["db"], capture_id, 2)
-    headers = json.loads(found[0]["forwarded_headers"] or "[]") if "forwarded_headers" in found[0] else []
-    assert not any(k.lower() == "x-tapfix-relay" for k, _ in headers)
+    forwarded = json.loads(found[0]["forwarded_headers"] or found[0]["request_headers"])
+    assert not any(k.lower() == "x-tapfix-relay" for k, _ in forwarded)
+    assert stack.extra["upstream_authority"] in [v for k, v in forwarded if k.lower() == "host"]
+    assert not any(k.lower() in ("x-tapfix-relay", "host") for k, _ in json.loads(found[1]["request_headers"]))
 
 
 @pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)
