@@ -27,6 +27,7 @@ from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.eligibility import Ticket
 
 log = logging.getLogger("tapfix")
+CLOSE_CHECK_S = 0.2  # how often a wait looks whether mitmproxy closed the connection (the client left)
 
 
 @dataclass
@@ -153,7 +154,7 @@ class Relay:
                     await writer.drain()
                     continue
                 try:
-                    await self._relay(session, method, path, wire.forwardable(headers), body, writer)
+                    await self._relay(session, method, path, wire.forwardable(headers), body, reader, writer)
                 finally:
                     session.release()
                     session.closed = True
@@ -174,6 +175,7 @@ class Relay:
         path: str,
         headers: list[tuple[str, str]],
         body: bytes,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         url = session.origin + path
@@ -198,7 +200,7 @@ class Relay:
                 decision = session._arm()
                 writer.write(wire.chunk(wire.marker_after(last, session.marker)))
                 await writer.drain()
-                plan = await _keepalive_until(decision, writer, session.keepalive_s, None)
+                plan = await _keepalive_until(decision, reader, writer, session.keepalive_s, None)
                 if plan is None:
                     break
                 body_next, timeout_s = plan
@@ -207,7 +209,7 @@ class Relay:
                 session.attempts.append(attempt)
                 try:
                     response = await _keepalive_until(
-                        self._send(method, url, headers, body_next), writer, session.keepalive_s, deadline
+                        self._send(method, url, headers, body_next), reader, writer, session.keepalive_s, deadline
                     )
                 except (httpx.HTTPError, TimeoutError) as e:
                     attempt.error, attempt.ended = _why(e), time.perf_counter()
@@ -257,22 +259,36 @@ def _why(e: BaseException) -> str:
 
 
 async def _keepalive_until[T](
-    waitable: Awaitable[T], writer: asyncio.StreamWriter, every_s: float, deadline: float | None
+    waitable: Awaitable[T],
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    every_s: float,
+    deadline: float | None,
 ) -> T:
     """Await `waitable`, a keep-alive comment to the client every `every_s` meanwhile; TimeoutError at
-    `deadline` (loop time). Any failure, or mitmproxy closing the connection, cancels what was awaited."""
+    `deadline` (loop time). Any failure, or mitmproxy closing the connection, cancels what was awaited.
+    The close is seen on the reader (end of stream) within `CLOSE_CHECK_S`: a write to a closed socket
+    can still succeed once, so waiting for a keep-alive to fail would let the upstream run on for seconds."""
     task = asyncio.ensure_future(waitable)
     loop = asyncio.get_running_loop()
+    next_keepalive = loop.time() + every_s
     try:
         while True:
-            wait = every_s if deadline is None else max(0.0, min(every_s, deadline - loop.time()))
+            now = loop.time()
+            wait = min(CLOSE_CHECK_S, max(0.0, next_keepalive - now))
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - now))
             done, _ = await asyncio.wait({task}, timeout=wait)
             if done:
                 return task.result()
+            if reader.at_eof():
+                raise ConnectionResetError("mitmproxy closed the connection: the client left")
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError
-            writer.write(wire.chunk(wire.KEEPALIVE))
-            await writer.drain()
+            if loop.time() >= next_keepalive:
+                writer.write(wire.chunk(wire.KEEPALIVE))
+                await writer.drain()
+                next_keepalive = loop.time() + every_s
     except BaseException:
         task.cancel()
         with contextlib.suppress(BaseException):
