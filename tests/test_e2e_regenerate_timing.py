@@ -8,7 +8,6 @@ The relay's keep-alive interval is fixed (addons.KEEPALIVE_S, 5 s), so attempt 2
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from tapfix.addons import KEEPALIVE_S
 from tests.support.builders import tool
 from tests.support.procs import Proc, start_mock, start_proxy, wait_capture
 from tests.support.stage_io import client_view
+from tests.test_e2e_regenerate import rows
 
 pytestmark = pytest.mark.e2e
 
@@ -66,27 +66,6 @@ def tool_body(model: str = SLOW_MODEL, text: str = "Create a file hello.txt cont
 
 def plain_body() -> dict[str, Any]:
     return {"model": "other", "messages": [{"role": "user", "content": "What is 6 * 7?"}]}
-
-
-def exchange_rows(db: Path, parent: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The parent and its attempts, once the writer committed `count` of them."""
-    wait_capture(db, parent)
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        conn.row_factory = sqlite3.Row
-        try:
-            found = [
-                dict(r)
-                for r in conn.execute(
-                    "select * from exchanges where id = ? or attempt_of = ? order by attempt", (parent, parent)
-                )
-            ]
-        finally:
-            conn.close()
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 def connections_to(port: int) -> set[str]:
@@ -177,7 +156,7 @@ def test_a_client_leaving_during_attempt_2_is_recorded_and_tapfix_keeps_serving(
     assert len(connections_to(mock.port)) == 1, "attempt 2's request is open at the mock"
     assert_served(proxy)
 
-    found = exchange_rows(proxy.extra["db"], capture_id, 2)
+    found = rows(proxy.extra["db"], capture_id, 2)
     assert [(r["attempt"], r["attempt_of"]) for r in found] == [(1, None), (2, capture_id)]
     parent, second = found
     assert {"client_disconnected", "regenerated"} <= set(json.loads(parent["flags"])), parent["flags"]
