@@ -19,76 +19,15 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 
 import httpx
 from mitmproxy import http
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.regenerate import wire
-from tapfix.proxy.regenerate.eligibility import Ticket
+from tapfix.proxy.regenerate.session import Attempt, RelaySession
 
 log = logging.getLogger("tapfix")
 CLOSE_CHECK_S = 0.2  # how often a wait looks whether mitmproxy closed the connection (the client left)
-
-
-@dataclass
-class Attempt:
-    """One upstream request the relay made: what went up and what came back, for its own record."""
-
-    number: int
-    body: bytes
-    headers_sent: list[tuple[str, str]] = field(default_factory=list)
-    status: int | None = None
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    chunks: list[bytes] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)  # perf_counter at each chunk
-    started_at: float = field(default_factory=time.time)
-    started: float = field(default_factory=time.perf_counter)
-    ended: float | None = None
-    error: str | None = None
-
-
-class RelaySession:
-    """One client request routed through the relay. The pipeline calls `end` / `next_attempt` (plain
-    methods on the loop's thread); the relay's handler awaits the decision."""
-
-    def __init__(self, origin: str, keepalive_s: float) -> None:
-        self.origin = origin
-        self.marker = wire.new_marker()
-        self.keepalive_s = keepalive_s
-        self.attempts: list[Attempt] = []
-        self.tickets: list[Ticket] = []  # admission slots of the attempts in flight, released at the end
-        self._decision: asyncio.Future[tuple[bytes, float] | None] | None = None
-        self._timeout_s: float | None = None
-        self.closed = False
-        # Set by the stream owner at the response's headers: does a pipeline read the marker? Until it
-        # says so the relay writes none (a flow without a splice would wait for a decision forever).
-        self.spliced: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-
-    def declare(self, spliced: bool) -> None:
-        if not self.spliced.done():
-            self.spliced.set_result(spliced)
-
-    def _arm(self) -> asyncio.Future[tuple[bytes, float] | None]:
-        self._decision = asyncio.get_running_loop().create_future()
-        return self._decision
-
-    def _decide(self, value: tuple[bytes, float] | None) -> None:
-        if self._decision is None or self._decision.done():
-            raise RuntimeError("no attempt is waiting for a decision")
-        self._decision.set_result(value)
-
-    def end(self) -> None:
-        self._decide(None)
-
-    def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None:
-        if ticket is not None:
-            self.tickets.append(ticket)
-        self._decide((body, timeout_s))
-
-    def release(self) -> None:
-        for ticket in self.tickets:
-            ticket.release()
-        self.tickets = []
 
 
 class Relay:
