@@ -18,19 +18,12 @@ import httpx
 import pytest
 from tapfix.addons import KEEPALIVE_S
 
-from tests.support.builders import tool
 from tests.support.procs import Proc, start_mock, start_proxy, wait_capture
 from tests.support.stage_io import client_view
-from tests.test_e2e_regenerate import rows
+from tests.test_e2e_regenerate import WRITE, rows
 
 pytestmark = pytest.mark.e2e
 
-WRITE = tool(
-    "write",
-    {"content": {"type": "string"}, "filePath": {"type": "string"}},
-    ["content", "filePath"],
-    description="Write a file",
-)
 SLOW_MODEL = "m"  # only this model's tool conversations are broken, then slow; any other is healthy
 
 

@@ -13,8 +13,7 @@ import json
 import random
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings
 from tapfix.proxy.mock.defect_run import Decoy, Example, run_decoy, run_example
 from tapfix.proxy.mock.mutations import MUTATIONS, compose
 from tapfix.proxy.mock.mutations_leak import (
@@ -25,21 +24,13 @@ from tapfix.proxy.mock.mutations_leak import (
     leak_of,
     narrowed,
 )
-from tapfix.proxy.mock.mutations_turns import Turn, TurnSource, corpus_turns
+from tapfix.proxy.mock.mutations_turns import Turn
 from tapfix.proxy.mock.mutations_wire import new_wire
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.toolcalls.defects import SURFACES
 
-from tests.conftest import corpus_dir
+from tests.test_toolcalls_defects import BUDGET, SEEDS, SOURCE  # one corpus read, one budget
 
-SOURCE = TurnSource(corpus_turns(corpus_dir()))
-SEEDS = st.integers(0, 2**32 - 1)
-BUDGET = {
-    "derandomize": True,
-    "deadline": None,
-    "phases": (Phase.explicit, Phase.generate),
-    "suppress_health_check": (HealthCheck.filter_too_much, HealthCheck.too_slow),
-}
 CASES = [(s, f) for s in SURFACES for f in FORMATS]
 IDS = [f"{s}-{f}" for s, f in CASES]
 TRIES = 40
