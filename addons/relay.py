@@ -123,7 +123,7 @@ class Relay:
         try:
             response = await self._send(method, url, headers, body)
         except httpx.HTTPError as e:
-            attempt.error, attempt.ended = str(e) or type(e).__name__, time.perf_counter()
+            attempt.error, attempt.ended = _why(e), time.perf_counter()
             writer.write(wire.BAD_GATEWAY)
             await writer.drain()
             return
