@@ -169,3 +169,14 @@ def test_regenerate_0_the_default_is_todays_error(stack: Proc) -> None:
     assert view.calls == [] and len(view.errors) == 1
     found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)
     assert [r["attempt"] for r in found] == [1] and "regenerated" not in json.loads(found[0]["flags"])
+
+
+@pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
+def test_a_request_for_two_choices_is_not_regenerated(stack: Proc) -> None:
+    """A regenerated choice can't be asked for alone: `n: 2` goes straight to the upstream, as today."""
+    body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True, "n": 2}
+    capture_id, data = raw_stream(stack, body)
+    assert client_view(data).errors, "the broken call ends in today's error event"
+    found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)
+    assert [r["attempt"] for r in found] == [1] and "regenerated" not in json.loads(found[0]["flags"])
+    assert not [c for c in found[0]["changes"] if c["kind"] in ("skip", "regenerate")], "never relayed"
