@@ -20,21 +20,11 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.wire import SESSION_HEADER
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
-
-
-def _one_choice(body: bytes) -> bool:
-    """`n` absent or 1 (a regenerated choice can't be asked for alone); read only when `"n"` is in the body."""
-    if b'"n"' not in body:
-        return True
-    parsed = json_object(body)
-    n = parsed.get("n") if parsed is not None else None
-    return n is None or n == 1
 
 
 class Router:
@@ -83,8 +73,8 @@ class Router:
             return
         if surface_for(ex.path) != "chat" or self.runtime.regenerate_settings(ex.model).attempts == 0:
             return
-        if not _one_choice(flow.request.raw_content or b""):
-            return
+        if ex.choices_asked not in (None, 1):
+            return  # a regenerated choice can't be asked for alone
         token, session = relay.open(target.origin)
         ex.extra["relay_session"] = session
         request = flow.request

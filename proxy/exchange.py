@@ -29,6 +29,7 @@ class Exchange:
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None  # the request's, as sent (a named one lets a chat call finish with "stop")
+    choices_asked: Any = None  # the request's `n`, as sent (None: absent); only one choice can be regenerated
     # The four bodies, named as the store names them: what the client sent, what went upstream (only
     # when it differs), what the upstream answered, what the client received (only when it differs).
     # A stream's bodies arrive as chunks; a plain body as one `bytes`.
@@ -68,8 +69,8 @@ class Exchange:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def note_request_json(self, parsed: object) -> None:
-        """What the recorder and the stream stages need from a request body: model, stream, tools,
-        tool_choice."""
+        """What the recorder, the router and the stream stages need from a request body: model, stream,
+        tools, tool_choice, n."""
         if not isinstance(parsed, dict):
             self.flags.add("malformed_request_body")
             return
@@ -79,6 +80,7 @@ class Exchange:
         tools = parsed.get("tools")
         self.tools = tools if isinstance(tools, list) and tools else None
         self.tool_choice = parsed.get("tool_choice")
+        self.choices_asked = parsed.get("n")
 
     def response_body(self) -> bytes:
         """What the upstream answered, whole."""
