@@ -100,6 +100,7 @@ class ChatJudge:
         self._seq = 0
         self._ended = False
         self._done_sent = False
+        self._dropped_after_done = False
         self._sent: dict[int, list[str]] = {}  # ids of the calls each choice has sent
         self._gates: dict[int, PrefixGate] = {}  # prefix mode: what this message streamed
         self._streamed = False  # prefix mode: this message has forwarded tool-call events

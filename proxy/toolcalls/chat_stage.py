@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
@@ -28,7 +29,7 @@ from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item
-from tapfix.proxy.toolcalls.plan_types import Fatal, Part
+from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
 
 
@@ -39,8 +40,8 @@ class ChatToolCallRepair(ChatJudge):
     def feed(self, event: bytes) -> list[bytes]:
         if self._ended:
             return []
-        if self._done_sent:  # the client stopped reading at [DONE]: what follows goes by untouched, unjudged
-            return [event]
+        if self._done_sent:
+            return self._after_done(event)
         if not self._holding and not self._streamed:
             if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
@@ -54,6 +55,19 @@ class ChatToolCallRepair(ChatJudge):
             self._last_out = self._clock()
             self._tail_open = not out[-1].endswith(EVENT_END)
         return out
+
+    def _after_done(self, event: bytes) -> list[bytes]:
+        """The stream ended at [DONE]. Some clients stop reading there, others (the AI SDK) go on parsing:
+        a data event past it would reach the latter unjudged, a call's fragment joining a call it already
+        holds. So data goes no further, recorded once; comments and blank lines still pass."""
+        if event_data(event) is None:
+            return [event]
+        if not self._dropped_after_done:
+            self._dropped_after_done = True
+            self.changes.append(
+                Change(STAGE, "after_done", "$", None, None, "data after [DONE] dropped: the stream had ended")
+            )
+        return []
 
     def flush(self) -> list[bytes]:
         if self._ended or self._done_sent or not (self._holding or self._streamed):
