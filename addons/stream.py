@@ -133,13 +133,14 @@ class StreamOwner:
         if not isinstance(stage, ChatToolCallRepair) or pipeline.splitter is None:
             session.declare(False)
             return
-        stage.defer_fatal = True
+        settings = self.runtime.regenerate_settings(ex.model)
+        stage.defer_fatal, stage.defer_unknown_tool = True, settings.unknown_tool
 
         def make_stages() -> list[Stage]:
             stages = self.stages_for(ex)
             for s in stages:
                 if isinstance(s, ChatToolCallRepair):
-                    s.defer_fatal = True
+                    s.defer_fatal, s.defer_unknown_tool = True, settings.unknown_tool
             return stages
 
         request = json_object(flow.request.raw_content or b"") or {}
@@ -148,7 +149,7 @@ class StreamOwner:
             session,
             request,
             make_stages,
-            self.runtime.regenerate_settings(ex.model),
+            settings,
             self.runtime.settings.tool_repair,
             engine=self.runtime.engine_of(target),
             admission=self.runtime.admissions.for_upstream(target) if isinstance(target, str) else None,

@@ -15,6 +15,7 @@ from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.regenerate.eligibility import Admissions, RegenerateSettings
+from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.sse import ends_stream
 from tapfix.proxy.store.writer import CaptureWriter
 
@@ -64,8 +65,17 @@ class Runtime:
         return None
 
     def regenerate_settings(self, model: str | None = None) -> RegenerateSettings:
-        """The regeneration rules for a request to `model` (`--regenerate`, `--regenerate-budget`)."""
-        return RegenerateSettings(self.settings.regenerate, self.settings.regenerate_budget)
+        """The regeneration rules for a request to `model`: the routed model's own `regenerate` and
+        `regenerate_unknown_tool` where its config sets them, else the global ones (flags, config)."""
+        attempts, unknown_tool = self.settings.regenerate, self.settings.regenerate_unknown_tool
+        config = getattr(self.policy, "config", None)
+        if config is not None and not config.is_quick:
+            own = getattr(resolve(config, model), "settings", None)
+            if own is not None and own.regenerate is not None:
+                attempts = own.regenerate
+            if own is not None and own.regenerate_unknown_tool is not None:
+                unknown_tool = own.regenerate_unknown_tool
+        return RegenerateSettings(attempts, self.settings.regenerate_budget, unknown_tool)
 
     def engine_of(self, target_name: object) -> str | None:
         """The engine dialect of an upstream (continuation and seeds depend on it); None: unknown."""

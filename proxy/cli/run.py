@@ -135,6 +135,11 @@ def _setup_logging(verbose: bool) -> None:
     callback=lambda _ctx, _param, value: _checked("--regenerate-budget", "check_budget", value),
     help="the time all regeneration attempts of one request may take together",
 )
+@click.option(
+    "--regenerate-unknown-tool",
+    is_flag=True,
+    help="also regenerate when a call names a tool the request didn't offer (otherwise it passes, flagged)",
+)
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
 @click.option("-v", "--verbose", is_flag=True)
 @deprecated_alias("--upstream-key-env", "--key-env", "key_env")
@@ -226,6 +231,8 @@ def _config_defaults(kw: dict[str, Any]) -> None:
                 kw[key] = _checked(key, check, value)
             except click.BadParameter as e:
                 raise UserError(f"{kw['config_path']}: {e.message}") from e
+    if config.regenerate_unknown_tool is not None and from_file("regenerate_unknown_tool"):
+        kw["regenerate_unknown_tool"] = config.regenerate_unknown_tool
     if config.shutdown_grace is not None and from_file("shutdown_grace"):
         kw["shutdown_grace"] = config.shutdown_grace
 
@@ -262,6 +269,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         shutdown_grace=kw.get("shutdown_grace", 5.0),
         regenerate=kw.get("regenerate", 0),
         regenerate_budget=kw.get("regenerate_budget", 60.0),
+        regenerate_unknown_tool=kw.get("regenerate_unknown_tool", False),
     )
 
 

@@ -71,6 +71,8 @@ class ModelConfig:
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
     store_bodies: bool = True  # privacy: false = metadata only for this model's exchanges
     tool_format: str | None = None  # the pinned tool-call format (toolcalls/formats); None: every one
+    regenerate: int | None = None  # issue 19: this model's extra attempts; None: the global setting
+    regenerate_unknown_tool: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,7 @@ class Config:
     shutdown_grace: float | None = None  # seconds; `tapfix run --shutdown-grace` wins
     regenerate: int | None = None  # issue 19; `tapfix run --regenerate` wins
     regenerate_budget: float | None = None
+    regenerate_unknown_tool: bool | None = None
     regenerate_admission: Mapping[str, Any] = field(default_factory=dict)  # upstream → AdmissionSettings
     source: str | None = None  # the file it came from
     quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
@@ -239,6 +242,8 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             reasoning=reasoning,
             store_bodies=m.get("store_bodies", True),
             tool_format=tool_format,
+            regenerate=_model_attempts(m.get("regenerate"), f"{source}: {where}.regenerate", problems),
+            regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
         )
     admission = _regeneration(data, source, problems)
     if problems:
@@ -259,6 +264,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         shutdown_grace=data.get("shutdown_grace"),
         regenerate=data.get("regenerate"),
         regenerate_budget=data.get("regenerate_budget"),
+        regenerate_unknown_tool=data.get("regenerate_unknown_tool"),
         regenerate_admission=admission,
         source=source,
     )
@@ -288,6 +294,19 @@ def _regeneration(data: Mapping[str, Any], source: str, problems: list[str]) -> 
             continue
         out[name] = el.AdmissionSettings(concurrency, per_minute)
     return out
+
+
+def _model_attempts(value: Any, where: str, problems: list[str]) -> int | None:
+    """A model's own `regenerate`, range-checked like the global one; None when it has none."""
+    from tapfix.proxy.regenerate import eligibility as el
+
+    if value is None:
+        return None
+    try:
+        return el.check_attempts(value, where)
+    except el.SettingError as e:
+        problems.append(str(e))
+        return None
 
 
 def _tool_format_names() -> list[str]:

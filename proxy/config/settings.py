@@ -45,5 +45,6 @@ class Settings:
     # until the agents' end-to-end runs land) and their time budget; proxy/regenerate/eligibility.py.
     regenerate: int = 0
     regenerate_budget: float = 60.0
+    regenerate_unknown_tool: bool = False  # also regenerate a call to a tool that wasn't offered
     shutdown_grace: float = 5.0  # seconds in-flight exchanges get after SIGTERM (addons/shutdown.py); 0: none
     extra: dict[str, Any] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak
+from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
 from tapfix.proxy.toolcalls.leaks import find_leak, formats_for
 from tapfix.proxy.toolcalls.output import EVENT_END, Item, Writer
 from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
@@ -110,6 +111,9 @@ class ChatJudge:
         # attempt first (or send them after all).
         self.defer_fatal = False
         self.deferred: list[bytes] = []
+        # ... and with `regenerate_unknown_tool`, a message calling a tool that wasn't offered is kept
+        # the same way, as it would go out, so another attempt can replace it.
+        self.defer_unknown_tool = False
 
     # -- hold ----------------------------------------------------------------------------------
     def _new_choice(self, at_start: bool) -> ChoiceState:
@@ -245,7 +249,7 @@ class ChatJudge:
             for plan in plans.values():
                 self.changes.extend(plan.changes)  # flags only (an unknown tool): the bytes stay
             self._remember_sent(None)
-            return self._release_raw()
+            return self._deferred_if_unknown(plans, self._release_raw())
         fatal = self._continue_streamed(plans)
         if fatal is not None:
             return self._fatal(fatal)
@@ -256,7 +260,22 @@ class ChatJudge:
         out = self._out.rebuild(self._held, plans, synthesize_finish=end_of_stream)
         self._remember_sent(plans)
         self._reset_hold()
-        return out
+        return self._deferred_if_unknown(plans, out)
+
+    def _deferred_if_unknown(self, plans: dict[int, ChoicePlan], out: list[bytes]) -> list[bytes]:
+        """Under `defer_unknown_tool`, a message calling a tool that wasn't offered ends the stream here:
+        the bytes it would send (and [DONE]) wait in `deferred` for the pipeline's decision. What the
+        upstream sends after it (a usage chunk) is dropped with the rest of the attempt."""
+        if not (self.defer_fatal and self.defer_unknown_tool) or self._streamed:
+            return out
+        if not any(UNKNOWN_TOOL in p.defects for p in plans.values()):
+            return out
+        if out and not out[-1].endswith(EVENT_END):
+            out.append(self._out.nl * 2)
+        self.deferred = [*out, format_event(b"[DONE]", self._out.nl)]
+        self._ended = True
+        self._done_sent = True
+        return []
 
     def _continue_streamed(self, plans: dict[int, ChoicePlan]) -> Fatal | None:
         """Prefix mode: make repaired plans continue what was streamed, or say why they can't."""
