@@ -27,6 +27,10 @@ if not AGENTS_DIR.is_absolute():
 BIN = AGENTS_DIR / "node_modules" / ".bin"
 
 API_KEY = "sk-tapfix-e2e-not-a-secret"
+AGENTS = ["opencode", "omp"]  # the Chat Completions agents (Codex speaks only Responses)
+PROMPT = "Create hello.txt containing a greeting"
+GREETING = "Hello, world!\n"  # what the mock's write call puts in a greeting file (docs/mock.md)
+RUN_TIMEOUT = 90  # seconds; a healthy run takes 2-4 s, one with a retried turn up to ~10 s (opencode)
 MODEL = "fake-model"  # an id neither agent special-cases (clients.md §2): no sampling params, no qwen forms
 
 # Keep opencode offline and quiet (clients.md "How to run each one headless").
@@ -300,6 +304,23 @@ STARTERS = {"opencode": start_opencode, "omp": start_omp, "codex": start_codex}
 
 def run_agent(agent: str, sandbox: Sandbox, base_url: str, prompt: str, *, timeout: float = 90, **kw) -> AgentRun:
     return STARTERS[agent](sandbox, base_url, prompt, **kw).wait(timeout)
+
+
+def turn_requests(stack, rows=None) -> list[tuple[dict, dict]]:
+    """(row, client request body) for the requests that carry tools: the agent's turns. opencode's title
+    request (no tools) is left out."""
+    out = []
+    for row in rows if rows is not None else stack.store.rows():
+        body = stack.store.json_body(row["id"])
+        if body.get("tools"):
+            out.append((row, body))
+    return out
+
+
+def check_run(run, stack, *, ok: bool = True) -> None:
+    assert not run.timed_out, f"agent hit the timeout\n{run.describe()}\n{stack.describe()}"
+    if ok:
+        assert run.returncode == 0, f"{run.describe()}\n{stack.describe()}"
 
 
 class FileWatcher:

@@ -19,35 +19,26 @@ import pytest
 
 from tests.conftest import corpus_dir
 from tests.e2e.agents import (
+    AGENTS,
+    GREETING,
     MODEL,
+    PROMPT,
+    RUN_TIMEOUT,
     FileWatcher,
     Sandbox,
+    check_run,
     port_open,
     run_agent,
     start_omp,
     start_opencode,
+    turn_requests,
 )
 from tests.support.procs import free_port
 
 pytestmark = [pytest.mark.agents, pytest.mark.e2e]
 
-AGENTS = ["opencode", "omp"]
 USER_AGENT = {"opencode": "opencode/1.18.33 ", "omp": "omp/18.2.3"}
-PROMPT = "Create hello.txt containing a greeting"
-GREETING = "Hello, world!\n"  # what the mock's write call puts in a greeting file (docs/mock.md)
-RUN_TIMEOUT = 90  # seconds; a healthy run takes 2-4 s, one with a retried turn up to ~10 s (opencode)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def turn_requests(stack, rows=None) -> list[tuple[dict, dict]]:
-    """(row, client request body) for the requests that carry tools: the agent's turns. opencode's title
-    request (no tools) is left out."""
-    out = []
-    for row in rows if rows is not None else stack.store.rows():
-        body = stack.store.json_body(row["id"])
-        if body.get("tools"):
-            out.append((row, body))
-    return out
 
 
 def streamed_tool_args(sse: bytes) -> dict[int, str]:
@@ -70,12 +61,6 @@ def sse_errors(sse: bytes) -> list[dict]:
         for line in sse.splitlines()
         if line.startswith(b"data: {") and b'"error"' in line and "error" in json.loads(line[6:])
     ]
-
-
-def check_run(run, stack, *, ok: bool = True) -> None:
-    assert not run.timed_out, f"agent hit the timeout\n{run.describe()}\n{stack.describe()}"
-    if ok:
-        assert run.returncode == 0, f"{run.describe()}\n{stack.describe()}"
 
 
 # ---- 1. a plain tool round trip -----------------------------------------------------------------------
@@ -302,7 +287,7 @@ def test_repairable_tool_call(agent, case, stack, tmp_path):
 @pytest.mark.parametrize("agent", AGENTS)
 @pytest.mark.parametrize("scenario", ["fail_first_attempt_unrecoverable", "break_args_first_attempt"])
 def test_unrecoverable_first_attempt_is_retried(agent, scenario, stack, tmp_path):
-    s = stack(mock_args=["--scenario", scenario])
+    s = stack(mock_args=["--scenario", scenario], proxy_args=["--regenerate", "0"])
     sandbox = Sandbox(tmp_path, agent)
     with FileWatcher(sandbox.work / "hello.txt") as watch:
         run = run_agent(agent, sandbox, s.base_url, PROMPT, timeout=RUN_TIMEOUT)
