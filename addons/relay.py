@@ -25,6 +25,7 @@ from mitmproxy import http
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import Attempt, RelaySession
+from tapfix.proxy.response.decoding import codings
 
 log = logging.getLogger("tapfix")
 CLOSE_CHECK_S = 0.2  # how often a wait looks whether mitmproxy closed the connection (the client left)
@@ -129,7 +130,13 @@ class Relay:
             return
         _note(attempt, response)
         writer.write(wire.response_head(response.status_code, response.reason_phrase, response.headers.multi_items()))
-        splice = response.status_code == 200 and "text/event-stream" in response.headers.get("content-type", "")
+        # A compressed stream can't carry a plain marker after it (the pipeline decodes what it reads):
+        # it goes through whole, as one attempt.
+        splice = (
+            response.status_code == 200
+            and "text/event-stream" in response.headers.get("content-type", "")
+            and not codings(response.headers.get("content-encoding", ""))
+        )
         deadline: float | None = None
         try:
             while True:

@@ -130,8 +130,8 @@ class StreamOwner:
         if session is None:
             return
         stage = ex.extra.get("toolcalls")
-        if not isinstance(stage, ChatToolCallRepair) or pipeline.splitter is None:
-            session.declare(False)
+        if not isinstance(stage, ChatToolCallRepair) or pipeline.splitter is None or pipeline.decoder is not None:
+            session.declare(False)  # a compressed stream is one attempt (addons/relay.py writes no marker)
             return
         settings = self.runtime.regenerate_settings(ex.model)
         stage.defer_fatal, stage.defer_unknown_tool = True, settings.unknown_tool

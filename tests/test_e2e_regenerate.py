@@ -162,8 +162,8 @@ def test_a_deterministic_request_is_not_regenerated_without_continuation(stack: 
     assert skips and json.loads(skips[0]["after"]) == "deterministic", found[0]["changes"]
 
 
-@pytest.mark.parametrize("stack", [("break_args_first_attempt",)], indirect=True)
-def test_regenerate_0_the_default_is_todays_error(stack: Proc) -> None:
+@pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "0")], indirect=True)
+def test_regenerate_0_is_todays_error(stack: Proc) -> None:
     capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
     view = client_view(data)
     assert view.calls == [] and len(view.errors) == 1

@@ -40,14 +40,15 @@ def test_a_bad_regenerate_flag_is_a_usage_error(args: list[str]) -> None:
     assert f"'{args[0]}'" in result.stderr and "Traceback" not in result.output
 
 
-def test_regeneration_is_off_by_default() -> None:
+def test_one_extra_attempt_is_the_default() -> None:
     settings = make_settings({"listen": ("127.0.0.1", 8080), "db": StoreLocator.resolve()})
-    assert (settings.regenerate, settings.regenerate_budget) == (0, 60.0)
+    assert (settings.regenerate, settings.regenerate_budget, settings.regenerate_unknown_tool) == (1, 60.0, False)
 
 
-def test_the_help_says_the_default_is_off_for_now() -> None:
+def test_the_help_names_the_settings_and_the_default() -> None:
     result = CliRunner().invoke(main, ["run", "--help"])
     assert "--regenerate N" in result.output and "--regenerate-budget" in result.output
+    assert "[default: 1]" in " ".join(result.output.split()), result.output
 
 
 def test_config_keys_are_read_and_range_checked(tmp_path: Path) -> None:

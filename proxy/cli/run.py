@@ -119,12 +119,12 @@ def _setup_logging(verbose: bool) -> None:
 @click.option(
     "--regenerate",
     type=int,
-    default=0,
+    default=1,
     show_default=True,
     metavar="N",
     callback=lambda _ctx, _param, value: _checked("--regenerate", "check_attempts", value),
-    help="when a streamed Chat Completions tool call can't be saved, ask the upstream again up to N times "
-    "before the client sees an error (0: off; the default becomes 1 once the agents' runs cover it)",
+    help="when a tool call can't be saved, ask the upstream again up to N times before the client sees an "
+    "error (0: off)",
 )
 @click.option(
     "--regenerate-budget",
@@ -267,7 +267,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         max_age_s=kw.get("max_age"),
         max_db_bytes=kw.get("max_size"),
         shutdown_grace=kw.get("shutdown_grace", 5.0),
-        regenerate=kw.get("regenerate", 0),
+        regenerate=kw.get("regenerate", 1),
         regenerate_budget=kw.get("regenerate_budget", 60.0),
         regenerate_unknown_tool=kw.get("regenerate_unknown_tool", False),
     )

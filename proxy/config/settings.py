@@ -41,9 +41,9 @@ class Settings:
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)
     max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/store/retention.py)
     max_db_bytes: int | None = None
-    # Issue 19: extra upstream attempts for an unrecoverable streamed tool call (0: off, the default
-    # until the agents' end-to-end runs land) and their time budget; proxy/regenerate/eligibility.py.
-    regenerate: int = 0
+    # Issue 19: extra upstream attempts for a tool call that can't be saved (0: off) and their time
+    # budget; proxy/regenerate/eligibility.py.
+    regenerate: int = 1
     regenerate_budget: float = 60.0
     regenerate_unknown_tool: bool = False  # also regenerate a call to a tool that wasn't offered
     shutdown_grace: float = 5.0  # seconds in-flight exchanges get after SIGTERM (addons/shutdown.py); 0: none
