@@ -6,6 +6,9 @@ the client-facing capture and each attempt, and counts one client request."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from tapfix.proxy.browse.stats import compute_stats
 from tests.support.builders import tool
 from tests.support.procs import Proc, cli, start_mock, start_proxy
 from tests.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, messages, rows
+from tests.test_e2e_regenerate_timing import plain_body, slow_second_attempt
 
 pytestmark = pytest.mark.e2e
 
@@ -60,8 +64,9 @@ def chat_body(**extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages(), "tools": [WRITE], **extra}
 
 
-def regenerated_once(db: Path, capture_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The parent and its attempt 2, checked for what every surface records the same way."""
+def regenerated_once(db: Path, capture_id: str, others: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parent and its attempt 2, checked for what every surface records the same way; `others`:
+    the other clients' exchanges in the store."""
     found = rows(db, capture_id, 2)
     assert [(r["attempt"], r["attempt_of"]) for r in found] == [(1, None), (2, capture_id)]
     parent, second = found
@@ -69,7 +74,7 @@ def regenerated_once(db: Path, capture_id: str) -> tuple[dict[str, Any], dict[st
     assert second["status"] == 200 and "regenerated" not in json.loads(second["flags"])
     why = [c for c in second["changes"] if c["kind"] == "regenerate"]
     assert len(why) == 1 and json.loads(why[0]["before"]) == "unrecoverable", second["changes"]
-    assert all_exchanges(db) == 2, "the mock was asked twice, each ask one exchange"
+    assert all_exchanges(db) == 2 + others, "the mock was asked twice, each ask one exchange"
     return parent, second
 
 
@@ -207,3 +212,61 @@ def test_captures_list_and_stats_count_one_client_request(stack: Proc) -> None:
     assert got[0]["id"] == capture_id
     stats = compute_stats(Store(db), Filters())
     assert (stats.total, stats.attempts) == (1, 1)
+
+
+# -- timing: a slow attempt 2 holds no other client, and a client that leaves lets go of it ----------
+SLOW_S = 4.0
+
+
+@pytest.mark.parametrize("stack", [(slow_second_attempt(SLOW_S), "--regenerate", "1")], indirect=True)
+def test_a_slow_attempt_2_holds_no_other_client(stack: Proc) -> None:
+    got: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: got.append(post(stack, "/v1/chat/completions", chat_body())))
+    t0 = time.monotonic()
+    waiting.start()
+    try:
+        time.sleep(1.0)  # attempt 1 answered, attempt 2 awaited
+        other = httpx.post(stack.url + "/v1/chat/completions", json=plain_body(), timeout=5)
+        assert other.status_code == 200 and time.monotonic() - t0 < SLOW_S, "served while attempt 2 was awaited"
+    finally:
+        waiting.join(30)
+    (r,) = got
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
+    assert time.monotonic() - t0 >= SLOW_S
+    regenerated_once(stack.extra["db"], r.headers["x-tapfix-capture-id"], others=1)
+
+
+LEAVE_S = 1.5  # the client's read timeout: it hangs up while attempt 2 is awaited
+
+
+@pytest.mark.parametrize("stack", [(slow_second_attempt(3 * SLOW_S), "--regenerate", "1")], indirect=True)
+def test_a_client_leaving_during_attempt_2_cancels_it(stack: Proc) -> None:
+    """The pending attempt is cancelled within the 0.2 s close check, not when the mock would answer
+    (12 s later); the mock did get it (asked again, the conversation is on its third attempt: 418)."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            stack.url + "/v1/chat/completions", json=chat_body(stream=False), timeout=httpx.Timeout(30, read=LEAVE_S)
+        )
+    db = stack.extra["db"]
+    deadline = time.monotonic() + 10
+    while True:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else None
+        try:
+            parent = conn.execute("select id from exchanges where attempt_of is null").fetchone() if conn else None
+        except sqlite3.OperationalError:
+            parent = None
+        finally:
+            if conn is not None:
+                conn.close()
+        if parent is not None:
+            break
+        assert time.monotonic() < deadline, "the client-facing capture was never written"
+        time.sleep(0.05)
+    found = rows(db, parent[0], 2)
+    assert [(r["attempt"], r["status"]) for r in found] == [(1, 502), (2, None)]
+    assert "client disconnected" in found[1]["error"]
+    assert found[1]["duration_ms"] < (LEAVE_S + 1.5) * 1000, "cancelled when the client left"
+    skips = [json.loads(c["after"]) for c in found[0]["changes"] if c["kind"] == "skip"]
+    assert skips == ["client_gone"]
+    again = post(stack, "/v1/chat/completions", chat_body())
+    assert again.status_code == 418, "the mock saw attempt 2 (this is the conversation's third ask)"
