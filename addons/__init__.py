@@ -35,6 +35,10 @@ def default_addons(runtime: Runtime) -> list[object]:
             verify = str(runtime.settings.upstream_ca)
         runtime.relay = Relay(KEEPALIVE_S, verify, runtime.settings.connect_timeout)
         chain.insert(chain.index(next(a for a in chain if isinstance(a, Router))), runtime.relay)
+        # A non-streamed answer's new attempt: after the stream owner's body repair, before the recorder.
+        from tapfix.addons.regenerate_body import RegenerateBody
+
+        chain.insert(chain.index(next(a for a in chain if isinstance(a, StreamOwner))) + 1, RegenerateBody(runtime))
     if runtime.settings.token:  # beyond loopback: the token check comes first, before health too
         chain.insert(0, TokenAuth(runtime, runtime.settings.token))
     return chain

@@ -9,6 +9,7 @@ and waits for the pipeline's decision, made synchronously as mitmproxy hands it 
 upstream request whose bytes join the same response. `: keep-alive` comments go out while the next
 attempt's bytes are awaited. When mitmproxy drops the connection (the client left) the pending upstream
 request is cancelled. The relay only runs with `--regenerate` above 0: the default path never sees it.
+A non-streamed regeneration needs no relay server, only its upstream client: `fetch_whole`.
 """
 
 from __future__ import annotations
@@ -107,6 +108,24 @@ class Relay:
         assert self._client is not None
         request = self._client.build_request(method, url, headers=headers, content=body)
         return await self._client.send(request, stream=True)
+
+    async def fetch_whole(self, attempt: Attempt, method: str, url: str, timeout_s: float) -> None:
+        """One whole-body upstream request (a non-streamed regeneration, addons/regenerate_body.py) with
+        the relay's client (its TLS settings and connect timeout), recorded on `attempt`: status, headers,
+        the raw bytes, or the error. `timeout_s` bounds it all (the regeneration budget left)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._send(method, url, attempt.headers_sent, attempt.body)
+                try:
+                    _note(attempt, response)
+                    async for data in response.aiter_raw():
+                        attempt.chunks.append(data)
+                        attempt.times.append(time.perf_counter())
+                finally:
+                    await response.aclose()
+        except (httpx.HTTPError, OSError, TimeoutError) as e:
+            attempt.error = _why(e)
+        attempt.ended = time.perf_counter()
 
     async def _relay(
         self,

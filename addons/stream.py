@@ -24,6 +24,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.records import RelayedSession, attempt_records
 from tapfix.proxy.regenerate.splice import AttemptSplice
+from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.response.decoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
@@ -224,13 +225,31 @@ class StreamOwner:
         return ex.decoded_response
 
     def _body_stages(self, ex: Exchange, response: http.Response, body: bytes) -> bytes | None:
-        """Tool-call repair, then the reasoning-field rename, on a whole body; None when nothing changed."""
+        """Tool-call repair, then the reasoning-field rename, on a whole body; None when nothing changed.
+        With regeneration on, the outcome and the way to run the same stages on another attempt's body
+        are left for addons/regenerate_body.py (issue 19), which runs after this addon."""
+        result = self.body_outcome(ex, body)
+        ex.changes.extend(result.changes)
+        if result.outcome and result.outcome != "untouched":
+            ex.flags.add(f"toolcall_{result.outcome}")
+        if result.failed:
+            # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
+            response.status_code = 422 if self.runtime.settings.tool_repair == "fail_fast" else 502
+        if result.outcome and self.runtime.relay is not None:
+            ex.extra[WHOLE_BODY] = (result, lambda later: self.body_outcome(ex, later))
+        return None if result.body is body else result.body
+
+    def body_outcome(self, ex: Exchange, body: bytes) -> BodyOutcome:
+        """A whole body through the stages, recording nothing on `ex`: the first attempt's and any later's."""
         out = body
+        changes: list[Change] = []
+        outcome = ""
+        failed = False
         policy = self.runtime.settings.tool_repair
         surface = surface_for(ex.path)
         repair = body_repair_for(surface) if policy != "off" and ex.tools else None
         if repair is not None:
-            repaired, changes, outcome = repair(
+            repaired, repair_changes, outcome = repair(
                 out,
                 ex.tools,
                 capture_id=ex.id,
@@ -238,20 +257,16 @@ class StreamOwner:
                 tool_choice=ex.tool_choice,
                 tool_format=self.tool_format_for(ex),
             )
-            ex.changes.extend(changes)
-            if outcome and outcome != "untouched":
-                ex.flags.add(f"toolcall_{outcome}")
+            changes.extend(repair_changes)
             if repaired is not out and repaired != out:
                 out = repaired
-                if outcome == "unrecoverable":
-                    # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
-                    response.status_code = 422 if policy == "fail_fast" else 502
+                failed = outcome == "unrecoverable"
         rename = self.rename_for(ex, surface)
         if rename is not None:
             out, change = rename.rename_body(out)
             if change is not None:
-                ex.changes.append(change)
-        return None if out is body else out
+                changes.append(change)
+        return BodyOutcome(out, changes, outcome or "", failed)
 
     def error(self, flow: http.HTTPFlow) -> None:
         """Upstream reset mid-stream, or the shutdown grace ended it: flush what the stages hold, then an

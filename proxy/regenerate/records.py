@@ -6,17 +6,20 @@ later attempt is an exchange of its own: `attempt_of` the client-facing id, `att
 request body, upstream headers and bytes, and change rows saying why it was made. An attempt that was
 considered and not made (`deterministic`, a spent budget, an admission refusal) is a `skip` row on the
 client-facing exchange, since nothing went upstream for it.
+
+A non-streamed answer (whole_body.py) is recorded the same way, its bodies whole: the client-facing
+exchange already holds attempt 1's body, and each later attempt's body is its `response`, not chunks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
-from tapfix.proxy.regenerate.splice import AttemptSplice, RelayHandle
+from tapfix.proxy.regenerate.splice import Decision, RelayHandle
 
 REGENERATED = "regenerated"
 
@@ -40,17 +43,29 @@ class SessionLike(Protocol):
     def attempts(self) -> Sequence[AttemptLike]: ...
 
 
+class DecisionsLike(Protocol):
+    """What was decided at each attempt's end and each attempt's tool-call records (splice.AttemptSplice,
+    whole_body.WholeBodyRegeneration): `stage_history[k]` belongs to attempt k+1."""
+
+    @property
+    def decisions(self) -> Sequence[Decision]: ...
+
+    @property
+    def stage_history(self) -> Sequence[Any]: ...
+
+
 class RelayedSession(RelayHandle, SessionLike, Protocol):
     """What the stream owner needs of addons/relay.py's RelaySession (addons don't import each other)."""
 
     def declare(self, spliced: bool) -> None: ...
 
 
-def attempt_records(ex: Exchange, session: SessionLike, splice: AttemptSplice | None) -> list[Exchange]:
+def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | None) -> list[Exchange]:
     """Fix up `ex` (the client-facing exchange) and return the later attempts' exchanges, to be recorded
     after it."""
     attempts = list(session.attempts)
-    if attempts:
+    whole = ex.response is not None  # a non-streamed answer: bodies, not chunks
+    if attempts and not whole:
         first = attempts[0]
         ex.response_chunks = list(first.chunks)
         ex.chunk_times = [t - ex.mark for t in first.times]
@@ -88,10 +103,10 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: AttemptSplice | 
                 status=attempt.status,
                 response_headers=list(attempt.headers),
                 response_started_at=attempt.times[0] if attempt.times else None,
-                response_chunks=list(attempt.chunks),
-                chunk_times=[t - attempt.started for t in attempt.times],
+                response_chunks=[] if whole else list(attempt.chunks),
+                chunk_times=[] if whole else [t - attempt.started for t in attempt.times],
                 client_response_chunks=None,
-                response=None,
+                response=b"".join(attempt.chunks) if whole else None,
                 client_response=None,
                 decoded_chunks=None,
                 decoded_response=None,

@@ -1,0 +1,191 @@
+"""Regenerating a non-streamed answer (issue 19): the decisions, without the sending.
+
+A whole body is held until mitmproxy's `response` hook, and nothing of it has reached the client, so a
+new attempt is a plain second upstream request made there (addons/regenerate_body.py). That makes it
+simpler than a stream: no splice, no seam, no prefix. The client has received nothing, so a new attempt
+never continues anything (`Received()` empty: `continuation.next_attempt` starts again from scratch, with
+a fresh seed where the surface and engine take one, and skips a deterministic request as
+`deterministic`). The same rules as the stream decide (eligibility.should_regenerate, the upstream's
+`Admission`); the records are the stream's (records.attempt_records), so this class keeps `attempts`,
+`decisions` and `stage_history` the way the relay session and the splice do.
+
+The addon's loop: `first` is attempt 1's body through the stages (tool-call repair, reasoning rename);
+`plan()` gives the next attempt to send (None: no more, the reason recorded); the addon sends it and
+hands the answer to `judge()`, which runs the stages on it and returns what the client gets when it is
+good. When no attempt is good the client gets attempt 1's answer, exactly as without regeneration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
+from tapfix.proxy.regenerate.eligibility import (
+    Admission,
+    Refused,
+    RegenerateSettings,
+    Ticket,
+    should_regenerate,
+    trigger_for,
+)
+from tapfix.proxy.regenerate.session import Attempt
+from tapfix.proxy.regenerate.splice import Decision
+from tapfix.proxy.surfaces import Surface
+
+
+@dataclass(frozen=True, slots=True)
+class BodyOutcome:
+    """One whole body through the response stages: what the client would get (`body`, the upstream's
+    own object when nothing changed), the stages' records, the tool-call repair's outcome
+    ("untouched" / "repaired" / "unrecoverable", "" when no repair ran), and whether the body is now the
+    unrecoverable call's error object (sent with 502, or 422 under fail_fast)."""
+
+    body: bytes
+    changes: list[Change]
+    outcome: str
+    failed: bool = False
+
+    @property
+    def defects(self) -> set[str]:
+        return {c.kind for c in self.changes}
+
+
+BodyStages = Callable[[bytes], BodyOutcome]
+# The `Exchange.extra` key under which the stream owner leaves `(attempt 1's BodyOutcome, BodyStages)`.
+WHOLE_BODY: Final = "whole_body"
+
+
+@dataclass(frozen=True, slots=True)
+class StageRecord:
+    """An attempt's tool-call records, as records.attempt_records reads a stream stage's."""
+
+    changes: list[Change] = field(default_factory=list)
+    outcome: str = "untouched"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """The next attempt to send: `attempt` (already in `attempts`) to fill in, within `timeout_s`."""
+
+    attempt: Attempt
+    timeout_s: float
+    ticket: Ticket | None
+
+
+def needs_another(first: BodyOutcome, settings: RegenerateSettings, policy: ToolRepairPolicy) -> bool:
+    """Whether regeneration applies to this answer at all: on (`regenerate` above 0), under `--tool-repair
+    error` or `fail_fast`, and attempt 1's body calls for another attempt. Otherwise nothing is recorded,
+    as for a stream that never went through the relay."""
+    if settings.attempts == 0 or policy not in ("error", "fail_fast"):
+        return False
+    return trigger_for(first.outcome, first.defects, settings.unknown_tool) is not None
+
+
+class WholeBodyRegeneration:
+    def __init__(
+        self,
+        request: Mapping[str, Any],
+        surface: Surface,
+        first: BodyOutcome,
+        settings: RegenerateSettings,
+        policy: ToolRepairPolicy,
+        *,
+        engine: str | None = None,
+        admission: Admission | None = None,
+        headers: list[tuple[str, str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        seed: SeedSource = system_seed,
+    ) -> None:
+        self.request = request
+        self.surface = surface
+        self.settings = settings
+        self.policy = policy
+        self.engine = engine
+        self.admission = admission
+        self.headers = list(headers or [])
+        self.clock = clock
+        self.seed = seed
+        self.attempts: list[Attempt] = [Attempt(1, b"")]  # attempt 1 is the client-facing exchange itself
+        self.decisions: list[Decision] = []
+        self.stage_history: list[StageRecord] = [StageRecord(first.changes, first.outcome or "untouched")]
+        self.budget_started: float | None = None
+        self._judged = first  # the last attempt that answered: what the next one answers
+
+    @property
+    def attempts_made(self) -> int:
+        return len(self.attempts) - 1
+
+    def plan(self, client_connected: bool = True) -> Send | None:
+        """The next attempt, or None: none is called for, or the rules refuse one (recorded as a skip)."""
+        number = self.attempts_made + 2
+        now = self.clock()
+        verdict = should_regenerate(
+            self.settings,
+            outcome=self._judged.outcome,
+            defects=self._judged.defects,
+            policy=self.policy,
+            tool_call_sent=False,  # nothing of a held body reached the client
+            stream_valid_prefix=False,
+            client_connected=client_connected,
+            n=_n(self.request),
+            attempts_made=self.attempts_made,
+            budget_started=self.budget_started,
+            now=now,
+        )
+        if verdict.trigger is None:
+            return None  # nothing to regenerate: nothing to record either
+        if not verdict.go:
+            self._skip(number, str(verdict.no), verdict.detail)
+            return None
+        plan = next_attempt(self.request, self.surface, self.engine, Received(), attempt=number, seed=self.seed)
+        if not isinstance(plan, NextAttempt):
+            self._skip(number, plan.reason, plan.detail)
+            return None
+        ticket: Ticket | None = None
+        if self.admission is not None:
+            admitted = self.admission.try_admit()
+            if isinstance(admitted, Refused):
+                self._skip(number, admitted.reason, admitted.detail)
+                return None
+            ticket = admitted
+        if self.budget_started is None:
+            self.budget_started = now
+        why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
+        self.decisions.append(Decision(number, True, plan.how, plan.reason, [why, *plan.changes]))
+        attempt = Attempt(number, orjson.dumps(plan.body), self.headers)
+        self.attempts.append(attempt)
+        return Send(attempt, verdict.remaining_s, ticket)
+
+    def judge(self, attempt: Attempt, body: bytes | None, stages: BodyStages) -> BodyOutcome | None:
+        """The attempt's answer (`body` decoded; None when there is none to read) through `stages`:
+        what the client gets when it is good, else None (the next `plan()` decides what follows)."""
+        if attempt.error is None and attempt.status != 200:
+            attempt.error = f"the upstream answered {attempt.status}"
+        if attempt.error is not None or body is None:
+            self.stage_history.append(StageRecord())  # its record says why (the status, the error)
+            return None
+        result = stages(body)
+        self.stage_history.append(StageRecord(result.changes, result.outcome or "untouched"))
+        self._judged = result
+        if trigger_for(result.outcome, result.defects, self.settings.unknown_tool) is not None:
+            return None
+        return result
+
+    def later_changes(self) -> list[Change]:
+        """The later attempts' stage records, for the client-facing exchange (as a stream's are)."""
+        return [c for record in self.stage_history[1:] for c in record.changes]
+
+    def _skip(self, number: int, reason: str, detail: str) -> None:
+        change = Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)
+        self.decisions.append(Decision(number, False, reason, detail, [change]))
+
+
+def _n(request: Mapping[str, Any]) -> int:
+    n = request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) else 1
