@@ -15,8 +15,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.e2e.agents import FileWatcher, Sandbox, run_agent
-from tests.e2e.test_agents import GREETING, PROMPT, RUN_TIMEOUT, check_run
+from tests.e2e.agents import GREETING, PROMPT, RUN_TIMEOUT, FileWatcher, Sandbox, check_run, run_agent
 
 pytestmark = [pytest.mark.agents, pytest.mark.e2e]
 
