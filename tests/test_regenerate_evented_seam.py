@@ -283,3 +283,29 @@ def test_text_of_a_type_the_client_lacks_goes_out_and_a_clashing_id_is_renamed()
     assert [i["type"] for i in view.items] == ["reasoning", "message", "function_call"]
     assert view.items[1]["id"] == f"{reasoning_id}_2" and view.received.content == "Sure."
     assert view.response_id is not None and view.response_id != "resp_second"
+
+
+def test_on_chat_too_a_later_attempt_that_brings_nothing_gives_the_first_ones_error() -> None:
+    from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
+
+    from tests.support.stage_io import client_view as chat_view
+    from tests.test_regenerate_splice import TOOLS, broken
+
+    relay = FakeRelay()
+    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
+
+    def stages() -> list[Any]:
+        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
+        stage.defer_fatal = True
+        return [stage]
+
+    pipeline = StreamPipeline(ex, stages())
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
+    pipeline.splice = AttemptSplice(relay, body, stages, RegenerateSettings(1), "error")
+    first = broken()
+    out = pipeline(first + wire.marker_after(first, relay.marker))
+    out = [out] if isinstance(out, bytes) else out
+    assert len(relay.bodies) == 1  # attempt 2 asked for; its request fails: the relay just ends
+    tail = pipeline(b"")
+    view = chat_view(b"".join([*out, *([tail] if isinstance(tail, bytes) else tail)]))
+    assert len(view.errors) == 1 and view.done == 1 and view.calls == []
