@@ -25,6 +25,7 @@ from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
+RELAYED = ("chat", "responses", "messages")  # the surfaces whose streams a later attempt can join
 
 
 class Router:
@@ -63,15 +64,15 @@ class Router:
 
     def _through_relay(self, flow: http.HTTPFlow, ex: Exchange, target: UpstreamTarget) -> None:
         """Issue 19: a request that may be regenerated goes through the relay (addons/relay.py), so a later
-        attempt can join its streamed response: a streamed Chat Completions POST with tools, one choice,
-        under `--tool-repair error` or `fail_fast`, with `--regenerate` above 0. Every other request goes
-        straight to the upstream, as without regeneration."""
+        attempt can join its streamed response: a streamed Chat Completions, Responses or Messages POST
+        with tools, one choice, under `--tool-repair error` or `fail_fast`, with `--regenerate` above 0.
+        Every other request goes straight to the upstream, as without regeneration."""
         relay = self.runtime.relay
         if relay is None or relay.port is None or not (ex.stream and ex.tools) or flow.request.method != "POST":
             return
         if self.runtime.settings.tool_repair not in ("error", "fail_fast"):
             return
-        if surface_for(ex.path) != "chat" or self.runtime.regenerate_settings(ex.model).attempts == 0:
+        if surface_for(ex.path) not in RELAYED or self.runtime.regenerate_settings(ex.model).attempts == 0:
             return
         if ex.choices_asked not in (None, 1):
             return  # a regenerated choice can't be asked for alone

@@ -32,6 +32,7 @@ from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.surfaces import Surface, is_inference, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
+from tapfix.proxy.toolcalls.evented_stage import HoldingStage
 
 
 def relayed_session(ex: Exchange) -> RelayedSession | None:
@@ -131,17 +132,27 @@ class StreamOwner:
         if session is None:
             return
         stage = ex.extra.get("toolcalls")
-        if not isinstance(stage, ChatToolCallRepair) or pipeline.splitter is None or pipeline.decoder is not None:
+        if (
+            not isinstance(stage, ChatToolCallRepair | HoldingStage)
+            or pipeline.splitter is None
+            or pipeline.decoder is not None
+        ):
             session.declare(False)  # a compressed stream is one attempt (addons/relay.py writes no marker)
             return
         settings = self.runtime.regenerate_settings(ex.model)
-        stage.defer_fatal, stage.defer_unknown_tool = True, settings.unknown_tool
+
+        def arm(s: object) -> None:
+            if isinstance(s, ChatToolCallRepair | HoldingStage):
+                s.defer_fatal = True
+            if isinstance(s, ChatToolCallRepair):  # the evented stages don't hold an unknown tool back
+                s.defer_unknown_tool = settings.unknown_tool
+
+        arm(stage)
 
         def make_stages() -> list[Stage]:
             stages = self.stages_for(ex)
             for s in stages:
-                if isinstance(s, ChatToolCallRepair):
-                    s.defer_fatal, s.defer_unknown_tool = True, settings.unknown_tool
+                arm(s)
             return stages
 
         request = json_object(flow.request.raw_content or b"") or {}
@@ -154,6 +165,7 @@ class StreamOwner:
             self.runtime.settings.tool_repair,
             engine=self.runtime.engine_of(target),
             admission=self.runtime.admissions.for_upstream(target) if isinstance(target, str) else None,
+            surface=surface_for(ex.path) or "chat",
         )
         ex.extra["splice"] = pipeline.splice
         session.declare(True)

@@ -25,7 +25,9 @@ from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, next_attempt
 from tapfix.proxy.regenerate.echo import PrefixEcho
 from tapfix.proxy.regenerate.eligibility import Admission, Refused, RegenerateSettings, Ticket, should_regenerate
+from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
+from tapfix.proxy.surfaces import Surface
 
 
 class RelayHandle(Protocol):
@@ -113,6 +115,11 @@ class Seam:
     def flush(self) -> list[bytes]:
         return []
 
+    @property
+    def seen(self) -> bool:
+        """An event of this attempt reached the seam."""
+        return self.opened
+
 
 def _role_only(obj: dict[str, Any] | None) -> bool:
     choices = obj.get("choices") if obj else None
@@ -161,8 +168,12 @@ class AttemptSplice:
         engine: str | None = None,
         admission: Admission | None = None,
         clock: Callable[[], float] = time.monotonic,
+        surface: Surface = "chat",
     ) -> None:
+        """`surface`: chat gets a `Seam` ahead of each later attempt's stages; Responses and Messages an
+        `evented_seam.EventedSeam` after them (the attempt's tool-call stage reads it as a stream of its own)."""
         self.relay = relay
+        self.surface = surface
         self.marker = relay.marker
         self.request = request
         self.make_stages = make_stages
@@ -175,6 +186,9 @@ class AttemptSplice:
         self.budget_started: float | None = None
         self.stage_history: list[Any] = []  # every attempt's tool-call stage, for the record
         self.decisions: list[Decision] = []
+        # The error events of the attempt being retried: what the client gets if the next attempt
+        # brings no event at all (its request failed, or it answered with no body).
+        self.fallback: list[bytes] = []
 
     def attempt_end(self, stages: list[Any], client_chunks: Sequence[bytes]) -> tuple[list[bytes], list[Any] | None]:
         """(bytes to send now, the next attempt's stages or None). Called once per attempt end."""
@@ -184,9 +198,11 @@ class AttemptSplice:
         deferred = list(stage.deferred) if stage is not None else []
         if stage is None or not deferred:
             self.relay.end()
-            return [], None
+            return self._unanswered(stages), None
+        self.fallback = []
         number = self.attempts_made + 2
-        received = received_from(client_chunks)
+        view = client_view(self.surface, client_chunks) if self.surface != "chat" else None
+        received = view.received if view is not None else received_from(client_chunks)
         now = self.clock()
         verdict = should_regenerate(
             self.settings,
@@ -202,15 +218,15 @@ class AttemptSplice:
             now=now,
         )
         if not verdict.go:
-            return self._no(stage, number, str(verdict.no), verdict.detail)
-        plan = next_attempt(self.request, "chat", self.engine, received, attempt=number)
+            return self._no(stage, stages, number, str(verdict.no), verdict.detail)
+        plan = next_attempt(self.request, self.surface, self.engine, received, attempt=number)
         if not isinstance(plan, NextAttempt):
-            return self._no(stage, number, plan.reason, plan.detail)
+            return self._no(stage, stages, number, plan.reason, plan.detail)
         ticket: Ticket | None = None
         if self.admission is not None:
             admitted = self.admission.try_admit()
             if isinstance(admitted, Refused):
-                return self._no(stage, number, admitted.reason, admitted.detail)
+                return self._no(stage, stages, number, admitted.reason, admitted.detail)
             ticket = admitted
         if self.budget_started is None:
             self.budget_started = now
@@ -218,19 +234,45 @@ class AttemptSplice:
         stage.deferred = []
         why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
         self.decisions.append(Decision(number, True, plan.how, plan.reason, [why, *plan.changes]))
+        self.fallback = _remapped(stages, deferred)
         self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, ticket)
+        if view is not None:
+            return [], [*self.make_stages(), view.seam(number)]
         envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
         first_id = envelope.get("id") if isinstance(envelope.get("id"), str) else None
         return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages()]
 
-    def _no(self, stage: Any, number: int, reason: str, detail: str) -> tuple[list[bytes], None]:
+    def _no(self, stage: Any, stages: list[Any], number: int, reason: str, detail: str) -> tuple[list[bytes], None]:
         """No further attempt: the deferred error event goes out now (and only now)."""
-        deferred: list[bytes] = list(stage.deferred)
+        deferred = _remapped(stages, list(stage.deferred))
         stage.deferred = []
         change = Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)
         self.decisions.append(Decision(number, False, reason, detail, [change]))
         self.relay.end()
         return deferred, None
+
+    def at_end(self, stages: list[Any]) -> list[bytes]:
+        """The relay ended without a marker (a later attempt's request failed or timed out): a deferred
+        error event goes out, or, when the attempt brought nothing, the one of the attempt it replaced."""
+        for stage in stages:
+            deferred: list[bytes] | None = getattr(stage, "deferred", None)
+            if deferred:
+                setattr(stage, "deferred", [])  # noqa: B010 (a tool-call stage's, not every stage's)
+                return _remapped(stages, deferred)
+        return self._unanswered(stages)
+
+    def _unanswered(self, stages: list[Any]) -> list[bytes]:
+        seam = next((s for s in stages if isinstance(s, Seam | EventedSeam)), None)
+        if seam is None or seam.seen or not self.fallback:
+            return []
+        out, self.fallback = self.fallback, []
+        return out
+
+
+def _remapped(stages: list[Any], events: list[bytes]) -> list[bytes]:
+    """Events a tool-call stage kept back, numbered like the attempt's others (Responses, Messages)."""
+    seam = next((s for s in stages if isinstance(s, EventedSeam)), None)
+    return seam.remap(events) if seam is not None else events
 
 
 def _n(request: dict[str, Any]) -> int:

@@ -121,14 +121,12 @@ class StreamPipeline:
         sent = self._through(events[start:], final)
         out += [sent] if isinstance(sent, bytes) else sent
         if final:  # the relay ended without a marker (an attempt failed or timed out): a deferred error goes out
-            for stage in self.stages:
-                deferred: list[bytes] | None = getattr(stage, "deferred", None)
-                if deferred:
-                    data = b"".join(deferred)
-                    setattr(stage, "deferred", [])  # noqa: B010 (a tool-call stage's, not the Protocol's)
-                    assert self.exchange.client_response_chunks is not None
-                    self.exchange.client_response_chunks.append(data)
-                    out.append(data)
+            tail = splice.at_end(self.stages)
+            if tail:
+                data = b"".join(tail)
+                assert self.exchange.client_response_chunks is not None
+                self.exchange.client_response_chunks.append(data)
+                out.append(data)
         return out
 
     def _through(self, events: list[bytes], final: bool) -> bytes | list[bytes]:

@@ -198,6 +198,11 @@ class HoldingStage:
         self.held: list[bytes] = []
         self.calls: dict[Any, HeldCall] = {}
         self.ended = False
+        # Issue 19: with `defer_fatal` (a relayed stream, addons/relay.py), an unrecoverable call's error
+        # events are kept here instead of sent (what the client may still get of the answer goes out), so
+        # the pipeline can ask for another attempt first, or send them after all.
+        self.defer_fatal = False
+        self.deferred: list[bytes] = []
 
     @property
     def holding(self) -> bool:
@@ -303,9 +308,14 @@ class HoldingStage:
         if self.policy == "passthrough":
             return [comment(passthrough_note(fatal), self.nl), *held] + ([upstream] if upstream else [])
         self.ended = True
-        return self.error_events(fatal, held)
+        kept, tail = self.error_events(fatal, held)
+        if self.defer_fatal:
+            self.deferred = tail
+            return kept
+        return kept + tail
 
-    def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:  # pragma: no cover
+    def error_events(self, fatal: Fatal, held: list[bytes]) -> tuple[list[bytes], list[bytes]]:  # pragma: no cover
+        """(the held events the client still gets, the surface's error events that end the stream)."""
         raise NotImplementedError
 
     def note_upstream_error(self, message: str) -> None:

@@ -255,10 +255,10 @@ class MessagesToolCallRepair(MessagesLeaks):
         body = {"type": "content_block_delta", "index": index, "delta": delta}
         return named_event("content_block_delta", body, self.nl)
 
-    def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
+    def error_events(self, fatal: Fatal, held: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         keep = [raw for raw in held if parse(raw) is None or (parse(raw) or {}).get("type") == "ping"]
         error = messages_tool_call_error(fatal, self.policy, self.capture_id)
-        return keep + [named_event("error", error, self.nl)]
+        return keep, [named_event("error", error, self.nl)]
 
 
 def repair_messages_body(

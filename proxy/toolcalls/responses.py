@@ -346,7 +346,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         kind = obj.get("type") or event_name(event) or "response.completed"
         return named_event(kind, {**obj, "response": {**response, "output": output}}, self.nl)
 
-    def error_events(self, fatal: Fatal, held: list[bytes]) -> list[bytes]:
+    def error_events(self, fatal: Fatal, held: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         keep = [self._renumber(raw) for raw in held if b"function_call" not in raw]
         events = responses_tool_call_error_events(
             fatal,
@@ -358,7 +358,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             newline=self.nl,
         )
         self.seq += len(events)
-        return keep + events
+        return keep, events
 
 
 def _message(obj: dict[str, Any]) -> str:
