@@ -8,7 +8,10 @@ writer thread stores captures after the load), never from wall time.
 
 Rows: direct (client → upstream), plain mitmproxy (`mitmdump --mode reverse` + bench/mitm_stream.py),
 tapfix with no `tools` (capture only), tapfix with `tools` in the request (repair armed; the stream
-has no tool calls), tapfix with a streamed tool call. All three processes run for the whole run.
+has no tool calls), tapfix with a streamed tool call. tapfix runs `--regenerate 1`, so a request with
+`tools` goes through the regeneration relay (addons/relay.py); a second tapfix with `--regenerate 0`
+serves the same two `tools` rows on the direct path, so the relay's cost is a ratio of the same run,
+with its spread over the rounds. All four processes run for the whole run.
 
 CPU per chunk and fixed CPU per request come from a two-point fit over paced (1 ms) streams of 256
 and 16 events: per_chunk = (cpu256 - cpu16) / 240, fixed = cpu16 - 16 * per_chunk. Paced so that
@@ -29,10 +32,12 @@ import shutil
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,19 +53,28 @@ MB = 1 << 20
 @dataclass(frozen=True)
 class Row:
     name: str
-    target: str  # upstream | mitm | tapfix
+    target: str  # upstream | mitm | tapfix (--regenerate 1) | tapfix0 (--regenerate 0)
     tools: bool
     kind: str  # content | tools
+    phases: tuple[str, ...] = ()  # () = every phase
 
 
+# The --regenerate 0 twins run where the relay's cost shows: CPU (the fit), one stream's TTFT, 32 paced
+# streams' TTFT; not the 8-stream bursts and throughput, to keep the run short.
+TWIN_PHASES = ("ttft1", "paced32", "cpu256", "cpu16")
 ROWS = [
     Row("direct", "upstream", True, "content"),
     Row("plain mitmproxy", "mitm", True, "content"),
     Row("tapfix, no tools (capture only)", "tapfix", False, "content"),
     Row("tapfix, tools armed, no calls", "tapfix", True, "content"),
+    Row("tapfix --regenerate 0, tools armed, no calls", "tapfix0", True, "content", TWIN_PHASES),
     Row("tapfix, tool call in stream", "tapfix", True, "tools"),
+    Row("tapfix --regenerate 0, tool call in stream", "tapfix0", True, "tools", TWIN_PHASES),
 ]
-ARMED, CALLS, MITM = ROWS[3].name, ROWS[4].name, ROWS[1].name
+MITM, ARMED, ARMED0, CALLS, CALLS0 = (ROWS[i].name for i in (1, 3, 4, 5, 6))
+# (label, the --regenerate 1 row, the --regenerate 0 row): the relay's cost, same requests, same rounds
+PAIRS = (("armed, no calls", ARMED, ARMED0), ("tool call", CALLS, CALLS0))
+PROCESSES = ("upstream", "mitm", "tapfix", "tapfix0")
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ class Cell:
     cpu_ns: int = 0
     upstream_ns: int = 0
     requests: int = 0
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (proxy CPU ns, requests) of each round
 
 
 def free_port() -> int:
@@ -124,8 +139,9 @@ class Fleet:
         self.ports: dict[str, int] = {}
         self.db = work / "bench.db"
         self.tapfix_args = tapfix_args
+        self.sent: dict[str, int] = {}  # requests per row, warm-up included (the relay check counts them)
 
-    def start(self, which: tuple[str, ...] = ("mitm", "tapfix")) -> None:
+    def start(self, which: tuple[str, ...] = ("mitm", "tapfix", "tapfix0")) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(self.work / "config")}
         up = free_port()
         self._spawn(
@@ -134,24 +150,24 @@ class Fleet:
         origin = f"http://127.0.0.1:{up}"
         if "mitm" in which:
             self._spawn_mitm(origin, env)
-        if "tapfix" in which:
-            port = free_port()
-            self._spawn(
-                "tapfix",
-                [
-                    str(BIN / "tapfix"),
-                    "run",
-                    "--upstream",
-                    origin,
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--db",
-                    str(self.db),
-                    *self.tapfix_args,
-                ],
-                port,
-                env,
-            )
+        for name in ("tapfix", "tapfix0"):
+            if name in which:
+                port = free_port()
+                self._spawn(name, self.tapfix_argv(name, origin, port), port, env)
+
+    def tapfix_argv(self, name: str, origin: str, port: int) -> list[str]:
+        """`tapfix run` for a row's process: tapfix0 is the same command with `--regenerate 0` last
+        (click keeps an option's last value), so the two differ only in the relay."""
+        argv = [str(BIN / "tapfix"), "run", "--upstream", origin, "--listen", f"127.0.0.1:{port}"]
+        argv += ["--db", str(self.db_of(name)), *self.tapfix_args]
+        return argv + ["--regenerate", "0"] if name == "tapfix0" else argv
+
+    def db_of(self, name: str) -> Path:
+        return self.db if name == "tapfix" else self.work / f"{name}.db"
+
+    def upstream_stats(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['upstream']}/stats", timeout=10) as r:
+            return json.loads(r.read())
 
     def _spawn_mitm(self, origin: str, env: dict) -> None:
         port = free_port()
@@ -184,10 +200,9 @@ class Fleet:
         return {name: p.pid for name, p in self.procs.items()}
 
     def stop(self) -> None:
-        for name in ("tapfix", "mitm", "upstream"):
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGINT if name == "tapfix" else signal.SIGTERM)
+        for name, p in reversed(self.procs.items()):
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT if name.startswith("tapfix") or name == "baseline" else signal.SIGTERM)
         for p in self.procs.values():
             try:
                 p.wait(20)
@@ -198,6 +213,7 @@ class Fleet:
 async def run_block(fleet: Fleet, row: Row, phase: Phase, n: int, body: bytes) -> Result:
     stream_s = phase.chunks * (phase.delay_ms + 0.3) / 1000  # 0.3 ms: the sleep's own overshoot
     stagger = stream_s / phase.concurrency if phase.steady else 0.0
+    fleet.sent[row.name] = fleet.sent.get(row.name, 0) + n
     return await load.run_load(
         "127.0.0.1",
         fleet.ports[row.target],
@@ -209,9 +225,13 @@ async def run_block(fleet: Fleet, row: Row, phase: Phase, n: int, body: bytes) -
     )
 
 
+def rows_of(phase: Phase) -> list[Row]:
+    return [r for r in ROWS if (not phase.rows or r.name in phase.rows) and (not r.phases or phase.name in r.phases)]
+
+
 def run_phase(fleet: Fleet, phase: Phase, quick: bool, rounds: int) -> dict[str, Cell]:
     rounds = max(1, phase.rounds // 2) if quick and phase.rounds else (phase.rounds or rounds)
-    rows = [r for r in ROWS if not phase.rows or r.name in phase.rows]
+    rows = rows_of(phase)
     total = phase.quick if quick else phase.requests
     per_round = [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
     bodies = {t: load.request_body(phase.body, tools=t) for t in (True, False)}
@@ -231,6 +251,7 @@ def run_phase(fleet: Fleet, phase: Phase, quick: bool, rounds: int) -> dict[str,
             cell.upstream_ns += after["upstream"] - before["upstream"]
             if row.target != "upstream":
                 cell.cpu_ns += after[row.target] - before[row.target]
+                cell.rounds.append((after[row.target] - before[row.target], n))
             if res.errors:
                 print(f"  {phase.name}/{row.name}: {len(res.errors)} errors, first: {res.errors[0]}", file=sys.stderr)
     return cells
@@ -252,6 +273,8 @@ def ms(x: float) -> str:
 def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[list[list[str]], dict]:
     """Rows of the printed table and the numbers the targets are checked against."""
     direct = ROWS[0].name
+    # RSS peak only for the processes that served the 1 MB phase (the others never saw such bodies)
+    memory_targets = {r.target for r in ROWS for p in PHASES if p.body == MB and r.name in p.rows}
     nums: dict[str, dict] = {}
     out = [
         [
@@ -269,6 +292,9 @@ def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[lis
         n: dict = {}
         cells = []
         for ph in ("ttft1", "ttft8", "paced32"):
+            if row.name not in results[ph]:
+                cells.append("-")
+                continue
             c, d = results[ph][row.name].res, results[ph][direct].res
             if row.name == direct:
                 cells.append(f"({ms(pct(d.ttft, 50))}/{ms(pct(d.ttft, 99))} abs)")
@@ -276,26 +302,83 @@ def table(results: dict[str, dict[str, Cell]], hwm: dict[str, int]) -> tuple[lis
             p50, p99 = pct(c.ttft, 50) - pct(d.ttft, 50), pct(c.ttft, 99) - pct(d.ttft, 99)
             n[ph] = (p50 * 1000, p99 * 1000)
             cells.append(f"{ms(p50)}/{ms(p99)}")
-        b, bd = results["burst"][row.name].res, results["burst"][direct].res
-        bm = results["burst"][MITM].res
-        ratio = (b.events / b.wall) / (bd.events / bd.wall)
-        vs_mitm = (b.events / b.wall) / (bm.events / bm.wall)
-        cells.append(f"{ratio:.2f} ({vs_mitm:.2f}× mitm)" if row.target == "tapfix" else f"{ratio:.2f}")
+        if row.name in results["burst"]:
+            b, bd = results["burst"][row.name].res, results["burst"][direct].res
+            bm = results["burst"][MITM].res
+            ratio = (b.events / b.wall) / (bd.events / bd.wall)
+            vs_mitm = (b.events / b.wall) / (bm.events / bm.wall)
+            cells.append(f"{ratio:.2f} ({vs_mitm:.2f}× mitm)" if row.target == "tapfix" else f"{ratio:.2f}")
+        else:
+            cells.append("-")
         long, short = results["cpu256"][row.name], results["cpu16"][row.name]
         key = "upstream_ns" if row.target == "upstream" else "cpu_ns"
-        c256, c16 = getattr(long, key) / long.requests, getattr(short, key) / short.requests
-        per_chunk = (c256 - c16) / (256 - 16)
-        fixed = c16 - 16 * per_chunk
+        per_chunk, fixed = fit(getattr(long, key) / long.requests, getattr(short, key) / short.requests)
         n.update(per_chunk_us=per_chunk / 1000, fixed_ms=fixed / 1e6)
         tag = " (upstream)" if row.target == "upstream" else ""
         cells += [
             f"{per_chunk / 1000:.1f}{tag}",
             f"{fixed / 1e6:.2f}{tag}",
-            f"{hwm[row.target] / 1024:.0f}" if row.target != "upstream" else "-",
+            f"{hwm[row.target] / 1024:.0f}" if row.target in memory_targets else "-",
         ]
         nums[row.name] = n
         out.append([row.name, *cells])
     return out, nums
+
+
+def fit(cpu256: float, cpu16: float) -> tuple[float, float]:
+    """(per chunk, fixed per request) from the CPU of one request of 256 events and one of 16."""
+    per_chunk = (cpu256 - cpu16) / (256 - 16)
+    return per_chunk, cpu16 - 16 * per_chunk
+
+
+def per_round(results: dict[str, dict[str, Cell]], row: str) -> list[tuple[float, float]]:
+    """Each round's own (per chunk, fixed) fit, round i of cpu256 with round i of cpu16."""
+    long, short = results["cpu256"][row].rounds, results["cpu16"][row].rounds
+    return [fit(a / na, b / nb) for (a, na), (b, nb) in zip(long, short, strict=False)]
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """min–max and the standard deviation of the per-round values (one round: no spread)."""
+    if len(values) < 2:
+        return f"{values[0]:{fmt}} (1 round)" if values else "-"
+    return f"{min(values):{fmt}}–{max(values):{fmt}} sd {statistics.stdev(values):{fmt}}"
+
+
+def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict) -> tuple[list[str], dict]:
+    """--regenerate 1 vs 0 on the same `tools` requests in the same rounds: the pooled ratios, then each
+    round's own fit, whose spread says how far one run's ratio can be trusted on this machine."""
+    pooled, rounds, raw = [], [], {}
+    for label, on, off in PAIRS:
+        a, b = nums[on], nums[off]
+        chunk_us, fixed_ms = (a["per_chunk_us"], b["per_chunk_us"]), (a["fixed_ms"], b["fixed_ms"])
+        pooled.append(
+            f"CPU/chunk {chunk_us[0] / chunk_us[1]:.2f}×, fixed CPU/request {fixed_ms[0] / fixed_ms[1]:.2f}× "
+            f"({label}: {chunk_us[0]:.1f} vs {chunk_us[1]:.1f} µs, {fixed_ms[0]:.2f} vs {fixed_ms[1]:.2f} ms)"
+        )
+        r1, r0 = per_round(results, on), per_round(results, off)
+        chunk = [x[0] / y[0] for x, y in zip(r1, r0, strict=True)]
+        fixed = [x[1] / y[1] for x, y in zip(r1, r0, strict=True)]
+        rounds.append(
+            f"      {label}, {len(chunk)} rounds: CPU/chunk ratio {spread(chunk, '.2f')}, "
+            f"fixed ratio {spread(fixed, '.2f')}; "
+            f"µs/chunk 1: {spread([x[0] / 1000 for x in r1], '.1f')}, 0: {spread([y[0] / 1000 for y in r0], '.1f')}; "
+            f"ms/request 1: {spread([x[1] / 1e6 for x in r1], '.2f')}, 0: {spread([y[1] / 1e6 for y in r0], '.2f')}"
+        )
+        raw[label] = {"per_chunk_ratio": chunk, "fixed_ratio": fixed, "regenerate1": r1, "regenerate0": r0}
+    head = "INFO  regenerate 1 vs 0: " + "; ".join(pooled)
+    return [head, "      per round (each round's own two-point fit: min–max, sd):", *rounds], raw
+
+
+def relay_check(fleet: Fleet) -> str:
+    """The --regenerate 1 rows with `tools` must reach the upstream through the relay, the others not."""
+    relayed = fleet.upstream_stats()["relayed"]
+    want = sum(fleet.sent.get(r.name, 0) for r in ROWS if r.target == "tapfix" and r.tools)
+    off = sum(fleet.sent.get(r.name, 0) for r in ROWS if r.target == "tapfix0")
+    verdict = "OK  " if relayed == want else "WARN"
+    return (
+        f"{verdict}  relay: the upstream got {relayed} requests through tapfix's regeneration relay; "
+        f"the --regenerate 1 rows with tools sent {want}, the --regenerate 0 rows {off} (direct path)"
+    )
 
 
 def check_targets(nums: dict, hwm: dict[str, int]) -> list[str]:
@@ -373,7 +456,8 @@ def main() -> None:
     a = ap.parse_args()
     rounds = a.rounds or (2 if a.quick else 4)
     work = Path(tempfile.mkdtemp(prefix="tapfix-bench-"))
-    fleet = Fleet(work, a.tapfix_arg if a.tapfix_arg is not None else ["--engine", "vllm"])
+    # --regenerate 1 spelled out (the default on main, but the rows are labelled by it); tapfix0 adds 0 last
+    fleet = Fleet(work, ["--regenerate", "1", *(a.tapfix_arg if a.tapfix_arg is not None else ["--engine", "vllm"])])
     t0 = time.monotonic()
     print(
         f"tapfix bench {'--quick ' if a.quick else ''}{datetime.datetime.now().isoformat(timespec='seconds')}; "
@@ -410,13 +494,19 @@ def main() -> None:
             f"(bench/upstream.py; idle CPU ms/s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()) + ")"
         )
         print(f"tapfix: {chunk_reads(fleet.db)}")
+        print(f"tapfix --regenerate 0: {chunk_reads(fleet.db_of('tapfix0'))}")
+        print(relay_check(fleet))
         print(
             f"wall time {elapsed:.0f}s; phases x rounds: {len(PHASES)} x {rounds}; noise: other processes used "
             f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
             f"{open('/proc/loadavg').read().split()[0]}"
         )
+        regen, regen_rounds = regenerate_lines(results, nums)
+        for line in regen:
+            print(line)
         if a.json:
-            a.json.write_text(json.dumps({"nums": nums, "hwm_kb": hwm, "table": rows}, indent=2))
+            out = {"nums": nums, "hwm_kb": hwm, "table": rows, "regenerate_rounds": regen_rounds}
+            a.json.write_text(json.dumps(out, indent=2))
     finally:
         fleet.stop()
         size = sum(f.stat().st_size for f in work.glob("bench.db*"))

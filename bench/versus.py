@@ -6,6 +6,11 @@ git worktree and served by a second tapfix process (its `tapfix` namespace put f
 same venv, same upstream); each round runs every row's 256- and 16-event blocks in a rotated order,
 per chunk = (cpu256 - cpu16) / 240 per round, and the table gives the median of the rounds.
 
+Both processes get the same `--regenerate` (a request with `tools` goes through the regeneration relay
+at 1 and straight to the upstream at 0): by default 1 when both commits know the flag, else 0 for the
+side that knows it and nothing for the one that predates it (5daa0b8; an older `tapfix run` rejects the
+flag, and has no relay: the direct path, like 0). `--regenerate N` chooses; N > 0 needs both to know it.
+
     bench/run --baseline 03aea2f                 # this working tree vs 03aea2f, 5 rounds
     bench/run --baseline 03aea2f --current HEAD  # a commit (in a worktree too) vs 03aea2f
     .venv/bin/python bench/versus.py --baseline REV [--rounds 5] [--json FILE]
@@ -17,8 +22,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -90,6 +95,30 @@ def check_baseline_is_other_code(fleet: Fleet, pythonpath: Path) -> str:
     return out.stdout.strip()
 
 
+def knows_regenerate(pythonpath: Path | None) -> bool:
+    """Whether that tree's `tapfix run` has `--regenerate` (None: this venv's own tapfix, the working tree)."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath is not None else dict(os.environ)
+    code = "import sys; from tapfix.proxy.cli import main; sys.argv[0] = 'tapfix'; main()"
+    out = subprocess.run(
+        [str(BIN / "python"), "-c", code, "run", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"`tapfix run --help` failed under PYTHONPATH={pythonpath}: {out.stderr[-2000:]}")
+    return re.search(r"--regenerate(?![-\w])", out.stdout) is not None
+
+
+def regenerate_args(wanted: int | None, current: bool, baseline: bool) -> tuple[list[str], list[str], str]:
+    """(this side's args, the baseline's args, what the table says) for a like-for-like `--regenerate`."""
+    if wanted is None:
+        wanted = 1 if current and baseline else 0
+    if wanted > 0 and not (current and baseline):
+        old = "the baseline" if not baseline else "the current commit"
+        raise SystemExit(f"--regenerate {wanted}: {old} predates the flag (no relay); only 0 compares like for like")
+    flag = ["--regenerate", str(wanted)]
+    said = f"--regenerate {wanted}" + ("" if current and baseline else " (the side without the flag: its direct path)")
+    return (flag if current else []), (flag if baseline else []), said
+
+
 def block(fleet: Fleet, row: Row, chunks: int) -> int:
     """CPU ns of the row's proxy for one block of requests."""
     pids = fleet.pids
@@ -118,6 +147,9 @@ def main() -> None:
     ap.add_argument("--baseline", required=True, help="the commit to compare with (any git revision)")
     ap.add_argument("--current", help="measure this commit instead of the working tree (also in a worktree)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--regenerate", type=int, help="both sides' --regenerate (default: 1 if both commits know it, else 0)"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
@@ -130,12 +162,16 @@ def main() -> None:
     samples: dict[str, list[float]] = {r.name: [] for r in table_rows}
     try:
         pythonpath = baseline_tree(a.baseline, work)
-        if a.current:
+        current = baseline_tree(a.current, work, "current") if a.current else None
+        mine, theirs, said = regenerate_args(a.regenerate, knows_regenerate(current), knows_regenerate(pythonpath))
+        print(f"both sides: {said}", file=sys.stderr)
+        if current is not None:
             fleet.start(which=())
-            start_baseline(fleet, baseline_tree(a.current, work, "current"), ["--engine", "vllm"], name="tapfix")
+            start_baseline(fleet, current, ["--engine", "vllm", *mine], name="tapfix")
         else:
+            fleet.tapfix_args += mine
             fleet.start(which=("tapfix",))
-        start_baseline(fleet, pythonpath, ["--engine", "vllm"])
+        start_baseline(fleet, pythonpath, ["--engine", "vllm", *theirs])
         where = check_baseline_is_other_code(fleet, pythonpath)
         print(f"baseline {rev} imports {where}", file=sys.stderr)
         for row in table_rows:  # warm: lazily imported modules, upstream connections
@@ -148,10 +184,7 @@ def main() -> None:
                 samples[row.name].append((long - short) / (CHUNKS[0] - CHUNKS[1]) / 1000)
             print(f"  round {i + 1}/{a.rounds}", file=sys.stderr)
     finally:
-        base = fleet.procs.get("baseline")
-        if base is not None and base.poll() is None:
-            base.send_signal(signal.SIGINT)
-        fleet.stop()
+        fleet.stop()  # every process, the baseline too (SIGINT: tapfix stores what it holds)
         if not a.keep:
             for label in ("baseline", "current"):
                 if (work / label).exists():
@@ -159,7 +192,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     medians = {name: statistics.median(v) for name, v in samples.items()}
     this = a.current or "this tree"
-    print(f"\nCPU µs per chunk, median of {a.rounds} rounds ({this} vs {rev}, one run)\n")
+    print(f"\nCPU µs per chunk, median of {a.rounds} rounds ({this} vs {rev}, one run; {said})\n")
     print(f"| {'stream':<24} | {this:>9} | {rev:>9} | {'ratio':>5} |")
     print(f"| {'-' * 24} | {'-' * 8}: | {'-' * 8}: | {'-' * 4}: |")
     failed = False
@@ -174,7 +207,8 @@ def main() -> None:
         verdict = "PASS" if now / then <= LIMIT else "MISS"
         print(f"{verdict}  CPU/chunk, {label} ≤ {LIMIT:.2f}× {rev}: {now / then:.2f}×")
     if a.json:
-        a.json.write_text(json.dumps({"baseline": rev, "samples_us": samples, "medians_us": medians}, indent=2))
+        out = {"baseline": rev, "regenerate": said, "samples_us": samples, "medians_us": medians}
+        a.json.write_text(json.dumps(out, indent=2))
     sys.exit(1 if failed else 0)
 
 
