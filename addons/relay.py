@@ -157,9 +157,11 @@ class Relay:
             and not codings(response.headers.get("content-encoding", ""))
         )
         deadline: float | None = None
+        cut = False  # the upstream broke off the last attempt streamed: mitmproxy must see a reset too
         try:
             while True:
                 last = await self._pump(response, attempt, writer, deadline)
+                cut = attempt.error is not None
                 if not splice or not await session.spliced:
                     break
                 decision = session._arm()
@@ -178,6 +180,7 @@ class Relay:
                     )
                 except (httpx.HTTPError, TimeoutError) as e:
                     attempt.error, attempt.ended = _why(e), time.perf_counter()
+                    cut = False
                     break  # the pipeline sees the end with no marker: its deferred error event goes out
                 _note(attempt, response)
                 if response.status_code != 200:
@@ -185,7 +188,13 @@ class Relay:
                     attempt.times.append(time.perf_counter())
                     attempt.ended = time.perf_counter()
                     attempt.error = f"the upstream answered {response.status_code}"
+                    cut = False
                     break
+            if cut:
+                # As the upstream did: no last chunk, so mitmproxy's error hook ends the client's stream
+                # with the retryable error event a direct reset gets (addons/stream.py, `error`).
+                writer.transport.abort()
+                return
             writer.write(wire.LAST_CHUNK)
             await writer.drain()
         finally:
@@ -203,7 +212,7 @@ class Relay:
                     attempt.times.append(time.perf_counter())
                     writer.write(wire.chunk(data))
                     await writer.drain()
-                    last = data
+                    last = (last + data)[-4:]  # the stream's tail, wherever the reads fell
         except (httpx.HTTPError, OSError, TimeoutError) as e:
             if isinstance(e, ConnectionError) and writer.is_closing():
                 raise  # mitmproxy dropped the connection: the client left

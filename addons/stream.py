@@ -287,9 +287,13 @@ class StreamOwner:
         response = flow.response
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return
-        if ended_normally(ex) or (flow.error and "client" in flow.error.msg.lower()):
+        if flow.error and "client" in flow.error.msg.lower():
             self.collect(ex)
-            return  # the stream's end already went out, or nobody is left to tell
+            return  # nobody is left to tell
+        if ended_normally(ex):
+            setattr(flow.client_conn, TAIL_ATTR, b"")  # nothing is added, but the body ends cleanly
+            self.collect(ex)
+            return
         pipeline = response.stream
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)

@@ -34,7 +34,8 @@ def install() -> None:
         setattr(self.conn, TAIL_ATTR, None)
         response = self.response
         if response is not None and "chunked" in response.headers.get("transfer-encoding", "").lower():
-            yield commands.SendData(self.conn, b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+            data = b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b""  # an empty chunk would end it early
+            yield commands.SendData(self.conn, data + b"0\r\n\r\n")
         else:
             yield commands.SendData(self.conn, tail)
         yield from original(self, event)
@@ -49,7 +50,7 @@ def install() -> None:
         if isinstance(event, ResponseProtocolError) and self.conn.state & ConnectionState.CAN_WRITE:
             if self.response is not None:
                 tail = getattr(self.conn, TAIL_ATTR, None)
-                if tail:
+                if tail is not None:  # b"": the stream's end already went out, only the body's end is due
                     return send_tail_first(self, event, tail)
             elif reply := getattr(self.conn, REPLY_ATTR, None):
                 return send_reply(self, reply)
