@@ -94,6 +94,7 @@ class StreamOwner:
         if ex is None or response is None:
             return
         ex.response_started_at = time.perf_counter()
+        ex.upstream_status = response.status_code
         response.headers["x-tapfix-capture-id"] = ex.id
         if "text/event-stream" not in response.headers.get("content-type", ""):
             return

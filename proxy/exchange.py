@@ -38,7 +38,8 @@ class Exchange:
     decoded_request: bytes | None = None  # `request` decoded, when it came compressed
     request_headers: list[tuple[str, str]] = field(default_factory=list)
     forwarded_headers: list[tuple[str, str]] | None = None
-    status: int | None = None
+    status: int | None = None  # what the client got (tapfix may answer 502 for a 200 it couldn't repair)
+    upstream_status: int | None = None  # what the upstream answered, when it answered
     response_headers: list[tuple[str, str]] = field(default_factory=list)
     content_type: str = ""
     response_started_at: float | None = None

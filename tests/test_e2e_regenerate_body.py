@@ -137,6 +137,8 @@ def test_regenerate_0_is_todays_502(stack: Proc) -> None:
     found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)
     assert [r["attempt"] for r in found] == [1] and "regenerated" not in json.loads(found[0]["flags"])
     assert not [c for c in found[0]["changes"] if c["kind"] in ("skip", "regenerate")]
+    # The 502 is tapfix's: the engine answered 200 with a broken call, which is no engine error.
+    assert "upstream_error" not in json.loads(found[0]["flags"]) and found[0]["error"] is None
 
 
 def _error_shape(r: httpx.Response) -> tuple[int, Any, Any, Any]:

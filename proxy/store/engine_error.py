@@ -40,7 +40,8 @@ def upstream_error(ex: Exchange, upstream_answer: Assembled | None, upstream: by
         return None
     try:
         error = engine_error(upstream_answer.error)
-        if error is None and ex.status >= 400:
+        status = ex.upstream_status if ex.upstream_status is not None else ex.status
+        if error is None and status >= 400:  # the engine's status: a 502 tapfix sent is no engine error
             error = _error_page(ex, upstream)
         return None if error is None else orjson.dumps(error).decode()
     except Exception as e:  # noqa: BLE001 - a capture is never lost to its error's shape
