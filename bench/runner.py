@@ -60,8 +60,8 @@ class Row:
 
 
 # The --regenerate 0 twins run where the relay's cost shows: CPU (the fit), one stream's TTFT, 32 paced
-# streams' TTFT; not the 8-stream bursts and throughput, to keep the run short.
-TWIN_PHASES = ("ttft1", "paced32", "cpu256", "cpu16")
+# streams' TTFT, RSS with 1 MB bodies; not the 8-stream bursts and throughput, to keep the run short.
+TWIN_PHASES = ("ttft1", "paced32", "cpu256", "cpu16", "mem32x1MB")
 ROWS = [
     Row("direct", "upstream", True, "content"),
     Row("plain mitmproxy", "mitm", True, "content"),
@@ -98,7 +98,7 @@ PHASES = [
     Phase("cpu256", 8, 256, 1, 128, 24),
     Phase("cpu16", 8, 16, 1, 512, 96),
     Phase("burst", 8, 256, 0, 160, 32),
-    Phase("mem32x1MB", 32, 256, 5, 96, 32, body=MB, rows=(MITM, ARMED), rounds=1, steady=True),
+    Phase("mem32x1MB", 32, 256, 5, 96, 32, body=MB, rows=(MITM, ARMED, ARMED0), rounds=1, steady=True),
 ]
 
 
@@ -344,7 +344,7 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{min(values):{fmt}}–{max(values):{fmt}} sd {statistics.stdev(values):{fmt}}"
 
 
-def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict) -> tuple[list[str], dict]:
+def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict, hwm: dict[str, int]) -> tuple[list[str], dict]:
     """--regenerate 1 vs 0 on the same `tools` requests in the same rounds: the pooled ratios, then each
     round's own fit, whose spread says how far one run's ratio can be trusted on this machine."""
     pooled, rounds, raw = [], [], {}
@@ -365,7 +365,8 @@ def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict) -> tuple[l
             f"ms/request 1: {spread([x[1] / 1e6 for x in r1], '.2f')}, 0: {spread([y[1] / 1e6 for y in r0], '.2f')}"
         )
         raw[label] = {"per_chunk_ratio": chunk, "fixed_ratio": fixed, "regenerate1": r1, "regenerate0": r0}
-    head = "INFO  regenerate 1 vs 0: " + "; ".join(pooled)
+    rss = f"RSS peak (32 streams × 1 MB bodies) {hwm['tapfix'] / 1024:.0f} vs {hwm['tapfix0'] / 1024:.0f} MB"
+    head = "INFO  regenerate 1 vs 0: " + "; ".join([*pooled, rss])
     return [head, "      per round (each round's own two-point fit: min–max, sd):", *rounds], raw
 
 
@@ -501,7 +502,7 @@ def main() -> None:
             f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
             f"{open('/proc/loadavg').read().split()[0]}"
         )
-        regen, regen_rounds = regenerate_lines(results, nums)
+        regen, regen_rounds = regenerate_lines(results, nums, hwm)
         for line in regen:
             print(line)
         if a.json:

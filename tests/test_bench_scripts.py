@@ -81,6 +81,8 @@ def test_every_relayed_tools_row_has_a_regenerate_0_twin_in_every_cpu_phase() ->
     for phase in cpu:
         ran = {r.name for r in runner.rows_of(phase)}
         assert ran >= {name for _, on, off in runner.PAIRS for name in (on, off)} | {runner.MITM}, phase.name
+    memory = [p for p in runner.PHASES if p.body == runner.MB]
+    assert [{r.name for r in runner.rows_of(p)} for p in memory] == [{runner.MITM, runner.ARMED, runner.ARMED0}]
 
 
 def test_the_twin_is_the_same_tapfix_command_with_regenerate_0_last(tmp_path: Path) -> None:
@@ -119,9 +121,10 @@ def test_the_regenerate_line_gives_the_pooled_ratios_and_each_rounds_spread() ->
         long, short = results["cpu256"][row], results["cpu16"][row]
         per_chunk, fixed = runner.fit(long.cpu_ns / long.requests, short.cpu_ns / short.requests)
         nums[row] = {"per_chunk_us": per_chunk / 1000, "fixed_ms": fixed / 1e6}
-    lines, raw = runner.regenerate_lines(results, nums)
+    lines, raw = runner.regenerate_lines(results, nums, {"tapfix": 300 * 1024, "tapfix0": 200 * 1024})
     assert lines[0].startswith("INFO  regenerate 1 vs 0: CPU/chunk 1.15×, fixed CPU/request 1.50× (armed, no calls")
     assert "CPU/chunk 1.00×, fixed CPU/request 2.00× (tool call: 40.0 vs 40.0 µs, 4.00 vs 2.00 ms)" in lines[0]
+    assert lines[0].endswith("; RSS peak (32 streams × 1 MB bodies) 300 vs 200 MB")
     armed = next(line for line in lines if "armed, no calls, 2 rounds" in line)
     assert "CPU/chunk ratio 1.10–1.20 sd 0.07" in armed and "fixed ratio 1.50–1.50 sd 0.00" in armed
     assert "µs/chunk 1: 60.0–66.0" in armed and "0: 50.0–60.0" in armed
