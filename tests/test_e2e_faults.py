@@ -276,3 +276,27 @@ def test_reset_inside_a_held_tool_call_ends_with_one_error_event(raw, proxy_for)
     assert b'"tool_calls"' not in received
     assert received.count(b'"error"') == 1 and received.count(b"data: [DONE]") == 1
     assert received.rstrip().endswith(b"data: [DONE]")
+
+
+@pytest.mark.parametrize("regenerate", ["0", "1"], ids=["direct", "relayed"])
+def test_reset_inside_a_held_tool_call_event_sends_no_piece_of_it(raw, proxy_for, regenerate):
+    """A reset lands anywhere, often inside an event: the cut event is part of the call being discarded,
+    so it never reaches the client (it would read it as broken JSON, not as the retryable error). Relayed
+    (--regenerate 1) every attempt is cut the same way, so the last one's error goes out."""
+    opener = (
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+        b'"function":{"name":"write","arguments":"{\\"path\\": \\"a."}}]}}]}\n\n'
+    )
+    cut = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"tx'
+    script = sse_response([CHUNK % b"text first", opener, cut])[:-1]
+    server = raw(lambda _: [*script, (0.2, b"<RESET>")])
+    proxy = proxy_for(server.url, "--regenerate", regenerate)
+    body = {"model": "m", "stream": True, "messages": [], "tools": TOOLS}
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
+        received = b"".join(response.iter_raw())
+    assert received.startswith(CHUNK % b"text first") and b'"tool_calls"' not in received
+    events = [e for e in received.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and len(events) == 3, events
+    error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert error["type"] == "server_error" and error["tapfix"]["reason"] == "tool_call_unrecoverable"
+    assert len(server.requests) == 1 + int(regenerate)
