@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.support.builders import tool
-from tests.support.procs import Proc, start_mock, start_proxy, wait_capture
+from tests.support.procs import Proc, mock_and_proxy, wait_capture
 from tests.support.stage_io import client_view
 
 pytestmark = pytest.mark.e2e
@@ -32,19 +32,9 @@ ALWAYS_BROKEN = {"rules": [{"when": {"has_tools": True}, "do": "break_tool_call"
 
 @pytest.fixture
 def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
-    scenario, *args = request.param
-    if isinstance(scenario, dict):
-        path = tmp_path / "scenario.json"
-        path.write_text(json.dumps(scenario))
-        scenario = str(path)
-    mock = start_mock(tmp_path, "--scenario", scenario)
-    proxy = start_proxy(tmp_path, mock.url, *args)
-    proxy.extra["upstream_authority"] = mock.url.split("://", 1)[1]
-    try:
+    with mock_and_proxy(tmp_path, *request.param) as (mock, proxy):
+        proxy.extra["upstream_authority"] = mock.url.split("://", 1)[1]
         yield proxy
-    finally:
-        proxy.stop()
-        mock.stop()
 
 
 def messages(text: str = "Create a file hello.txt containing a greeting") -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from tapfix.proxy.browse.queries import Filters, Store
 from tapfix.proxy.browse.stats import compute_stats
 
 from tests.support.builders import tool
-from tests.support.procs import Proc, cli, start_mock, start_proxy
+from tests.support.procs import Proc, cli, mock_and_proxy, start_proxy
 from tests.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, messages, rows
 from tests.test_e2e_regenerate_timing import plain_body, slow_second_attempt
 
@@ -41,19 +41,9 @@ PROMPT = "Create a file hello.txt containing a greeting"
 
 @pytest.fixture
 def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
-    scenario, *args = request.param
-    if isinstance(scenario, dict):
-        path = tmp_path / "scenario.json"
-        path.write_text(json.dumps(scenario))
-        scenario = str(path)
-    mock = start_mock(tmp_path, "--scenario", scenario)
-    proxy = start_proxy(tmp_path, mock.url, *args)
-    proxy.extra["upstream"] = mock.url
-    try:
+    with mock_and_proxy(tmp_path, *request.param) as (mock, proxy):
+        proxy.extra["upstream"] = mock.url
         yield proxy
-    finally:
-        proxy.stop()
-        mock.stop()
 
 
 def post(proxy: Proc, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -25,7 +25,7 @@ from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import stage_for
 from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
-from tests.support.builders import random_splits
+from tests.support.builders import named_event, random_splits
 from tests.test_mock_attempts import SURFACE_BODIES
 from tests.test_regenerate_splice import FakeRelay
 
@@ -241,10 +241,6 @@ def test_a_deterministic_request_is_skipped(path: str) -> None:
 # ---- the seam's rules on hand-made views -------------------------------------------------------------
 
 
-def ev(obj: dict[str, Any]) -> bytes:
-    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
-
-
 def spoken_attempt(clash: str) -> bytes:
     """A Responses attempt that says something, then calls write; its message reuses the id `clash`."""
     response = {"id": "resp_second", "object": "response", "status": "in_progress", "output": []}
@@ -268,7 +264,7 @@ def spoken_attempt(clash: str) -> bytes:
             "response": {**response, "status": "completed", "output": [message_done, call_done]},
         },
     ]
-    return b"".join(ev({**o, "sequence_number": n}) for n, o in enumerate(objs))
+    return b"".join(named_event({**o, "sequence_number": n}) for n, o in enumerate(objs))
 
 
 def test_text_of_a_type_the_client_lacks_goes_out_and_a_clashing_id_is_renamed() -> None:

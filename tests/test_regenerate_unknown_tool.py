@@ -33,7 +33,7 @@ def calling(name: str, id: str) -> bytes:
             chat_chunk({"role": "assistant", "content": ""}, id=id),
             tool_call_chunk(0, f"c-{id}", name, '{"path": "a.txt"}', chunk_id=id),
             chat_chunk({}, "tool_calls", id=id),
-            {"id": id, "object": "chat.completion.chunk", "choices": [], "usage": {"total_tokens": 9}},
+            {**chat_chunk(id=id), "choices": [], "usage": {"total_tokens": 9}},
         ]
     )
 

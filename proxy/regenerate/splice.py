@@ -26,6 +26,7 @@ from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, n
 from tapfix.proxy.regenerate.echo import PrefixEcho
 from tapfix.proxy.regenerate.eligibility import Admission, Refused, RegenerateSettings, Ticket, should_regenerate
 from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
+from tapfix.proxy.regenerate.repeat import RepeatDrop, repeat_changes, repeated_kinds
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
 from tapfix.proxy.surfaces import Surface
 
@@ -233,14 +234,18 @@ class AttemptSplice:
         self.attempts_made += 1
         stage.deferred = []
         why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
-        self.decisions.append(Decision(number, True, plan.how, plan.reason, [why, *plan.changes]))
+        # A chat attempt from scratch doesn't say again what the client read (repeat.py); a continuation
+        # carries on from it, and Responses/Messages have their seam's own rule.
+        repeats = repeated_kinds(received) if view is None and plan.how != "continuation" else ()
+        changes = [why, *plan.changes, *repeat_changes(repeats, number)]
+        self.decisions.append(Decision(number, True, plan.how, plan.reason, changes))
         self.fallback = _remapped(stages, deferred)
         self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, ticket)
         if view is not None:
             return [], [*self.make_stages(), view.seam(number)]
         envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
         first_id = envelope.get("id") if isinstance(envelope.get("id"), str) else None
-        return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages()]
+        return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages(), RepeatDrop(repeats)]
 
     def _no(self, stage: Any, stages: list[Any], number: int, reason: str, detail: str) -> tuple[list[bytes], None]:
         """No further attempt: the deferred error event goes out now (and only now)."""

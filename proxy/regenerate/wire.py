@@ -42,8 +42,12 @@ def new_marker() -> bytes:
 def marker_after(last: bytes, marker: bytes) -> bytes:
     """The marker as the next bytes after `last` (the upstream's final read): a blank line first when
     the upstream stopped inside an event, so the marker is an event of its own."""
-    ends_event = not last or last.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
-    return marker if ends_event else b"\n\n" + marker
+    if not last or last.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")):
+        return marker
+    for line_end in (b"\r\n", b"\n", b"\r"):  # a line ended: one more line end makes the blank line
+        if last.endswith(line_end):
+            return line_end + marker
+    return b"\n\n" + marker
 
 
 def chunk(data: bytes) -> bytes:

@@ -131,6 +131,11 @@ def sse_event(
     return b"data: " + payload + end + end
 
 
+def named_event(obj: dict[str, Any]) -> bytes:
+    """A Responses/Messages event: `event: <its type>` then `data: <json>` and a blank line."""
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
+
+
 def sse_events(objects: Iterable[dict[str, Any] | bytes], *, done: bool = True, newline: str = "\n") -> list[bytes]:
     """One event per object (see `sse_event`), then `data: [DONE]` unless `done=False`."""
     events = [sse_event(obj, newline=newline) for obj in objects]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,3 +137,22 @@ def cli(*args: str, env: dict | None = None, input: bytes | None = None) -> subp
     return subprocess.run(
         TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})}, input=input, timeout=60
     )
+
+
+@contextmanager
+def mock_and_proxy(tmp: Path, scenario: str | dict, *proxy_args: str) -> Iterator[tuple[Proc, Proc]]:
+    """`tapfix mock --scenario` (a name, a file, or a dict written to one) and `tapfix run` in front of it,
+    both stopped at the end."""
+    if isinstance(scenario, dict):
+        path = tmp / "scenario.json"
+        path.write_text(json.dumps(scenario))
+        scenario = str(path)
+    mock = start_mock(tmp, "--scenario", scenario)
+    try:
+        proxy = start_proxy(tmp, mock.url, *proxy_args)
+        try:
+            yield mock, proxy
+        finally:
+            proxy.stop()
+    finally:
+        mock.stop()
