@@ -10,10 +10,12 @@ code (`--nonblocking`: it never pauses the process, so timing is not distorted),
     .venv/bin/pip install py-spy      # profiling only; not a project dependency
     bench/profile.py --kind content --tools --seconds 20
     bench/profile.py --chunks 16 --seconds 15           # fixed per-request costs dominate
+    bench/profile.py --chunks 16 --compare-regenerate   # the relay's cost: --regenerate 1 minus 0
 
 Prints CPU per thread, the top functions by self time and tapfix's frames by inclusive time, in µs
 per request (each thread's samples scaled by its CPU from /proc); with --compare, plain mitmproxy
-under the same load and the per-function difference.
+under the same load and the per-function difference; with --compare-regenerate, tapfix at
+`--regenerate 1` (a request with `tools` goes through the relay) against `--regenerate 0` (direct).
 """
 
 from __future__ import annotations
@@ -172,6 +174,11 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--compare", action="store_true", help="also profile plain mitmproxy; print the difference")
+    ap.add_argument(
+        "--compare-regenerate",
+        action="store_true",
+        help="tapfix --regenerate 1 against a second tapfix at --regenerate 0 (the relay's cost)",
+    )
     ap.add_argument("--out", type=Path, help="keep the raw stacks in this folder (flamegraph input)")
     a = ap.parse_args()
     spy = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
@@ -180,18 +187,20 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tapfix-prof-"))
     out = a.out or work
     out.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(work, ["--engine", "vllm"])
-    targets = ("mitm", "tapfix") if a.compare else ("tapfix",)
+    fleet = Fleet(work, ["--engine", "vllm", *(["--regenerate", "1"] if a.compare_regenerate else [])])
+    other = "tapfix0" if a.compare_regenerate else "mitm" if a.compare else None
+    targets = ("tapfix",) if other is None else (other, "tapfix")
     try:
         fleet.start(which=targets)
         runs = {t: record(spy, fleet, t, a, out / f"{t}.stacks") for t in targets}
     finally:
         fleet.stop()
     costs = {t: report(t, runs[t], a) for t in targets}
-    if a.compare:
-        keys = set(costs["tapfix"]) | set(costs["mitm"])
-        diff = sorted(((costs["tapfix"].get(k, 0) - costs["mitm"].get(k, 0), k) for k in keys), reverse=True)
-        print(f"\n=== tapfix minus mitmproxy, self time µs/request (top {a.top} increases):")
+    if other is not None:
+        keys = set(costs["tapfix"]) | set(costs[other])
+        diff = sorted(((costs["tapfix"].get(k, 0) - costs[other].get(k, 0), k) for k in keys), reverse=True)
+        what = "tapfix --regenerate 1 minus 0" if other == "tapfix0" else "tapfix minus mitmproxy"
+        print(f"\n=== {what}, self time µs/request (top {a.top} increases):")
         for d, k in diff[: a.top]:
             print(f"  {d:+7.1f}  {k}")
     if not a.out:
