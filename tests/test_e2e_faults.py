@@ -291,12 +291,14 @@ def test_reset_inside_a_held_tool_call_event_sends_no_piece_of_it(raw, proxy_for
     script = sse_response([CHUNK % b"text first", opener, cut])[:-1]
     server = raw(lambda _: [*script, (0.2, b"<RESET>")])
     proxy = proxy_for(server.url, "--regenerate", regenerate)
-    body = {"model": "m", "stream": True, "messages": [], "tools": TOOLS}
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
     with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
         received = b"".join(response.iter_raw())
     assert received.startswith(CHUNK % b"text first") and b'"tool_calls"' not in received
     events = [e for e in received.split(b"\n\n") if e]
-    assert events[-1] == b"data: [DONE]" and len(events) == 3, events
-    error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert events[-1] == b"data: [DONE]"
+    data = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]  # every event parses
+    assert data[0]["choices"][0]["delta"]["content"] == "text first"
+    error = data[-1]["error"]
     assert error["type"] == "server_error" and error["tapfix"]["reason"] == "tool_call_unrecoverable"
     assert len(server.requests) == 1 + int(regenerate)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from tapfix.proxy.sse import format_event
+from tapfix.proxy.sse import event_data, format_event
 from tapfix.proxy.toolcalls.plan_types import ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
@@ -45,6 +45,10 @@ class Writer:
         inserted: set[int] = set()
         for item in held:
             if item.obj is None:
+                if strip_all and event_data(item.raw) is not None:
+                    # Data that isn't JSON in a discarded message: mostly the event a reset cut inside a
+                    # call. The client would read it as broken JSON instead of the error that follows.
+                    continue
                 (out if item.raw.endswith(EVENT_END) else cut).append(item.raw)
                 continue
             dirty = False

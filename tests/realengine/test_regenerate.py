@@ -109,7 +109,7 @@ def sdk_stream(proxy: Proc, **extra: Any) -> Read:
 
 def fields(body: bytes) -> dict[str, Any]:
     """An SSE chat body's id(s), text per field and calls, assembled from its complete events."""
-    view = client_view(body)
+    view = client_view(body[: body.rfind(b"\n\n") + 2])  # a cut event at the end is no event
     out: dict[str, Any] = {"ids": set(), "content": "", "reasoning": "", "calls": {}, "errors": view.errors}
     for chunk in view.chunks:
         out["ids"].add(chunk.get("id"))
