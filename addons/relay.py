@@ -38,6 +38,7 @@ class Relay:
     def __init__(self, keepalive_s: float = 5.0, verify: bool | str = True, connect_timeout: float = 10.0) -> None:
         self.keepalive_s = keepalive_s
         self.sessions: dict[str, RelaySession] = {}
+        self.opened = 0  # requests routed through the relay since start (`/tapfix/health`)
         self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._client: httpx.AsyncClient | None = None
@@ -51,6 +52,9 @@ class Relay:
         # regeneration budget bounds the later attempts.
         timeout = httpx.Timeout(None, connect=self._connect_timeout)
         self._client = httpx.AsyncClient(timeout=timeout, verify=self._verify)
+        # The upstream gets the headers mitmproxy forwarded and no others: httpx's defaults (an
+        # accept-encoding the router stripped, its user-agent) would change what the record says was sent.
+        self._client.headers.clear()  # (assigning `headers` would put the defaults back)
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("regenerate relay on 127.0.0.1:%d", self.port)
@@ -67,6 +71,7 @@ class Relay:
         token = secrets.token_hex(12)
         session = RelaySession(origin, self.keepalive_s)
         self.sessions[token] = session
+        self.opened += 1
         return token, session
 
     # -- the flow's side: the session token never reaches the record -------------------------------

@@ -165,6 +165,11 @@ class Fleet:
     def db_of(self, name: str) -> Path:
         return self.db if name == "tapfix" else self.work / f"{name}.db"
 
+    def relayed(self, name: str) -> int:
+        """Requests tapfix process `name` routed through its regeneration relay (`/tapfix/health`)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/tapfix/health", timeout=10) as r:
+            return int(json.loads(r.read()).get("relayed_requests", 0))
+
     def upstream_stats(self) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['upstream']}/stats", timeout=10) as r:
             return json.loads(r.read())
@@ -372,13 +377,13 @@ def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict, hwm: dict[
 
 def relay_check(fleet: Fleet) -> str:
     """The --regenerate 1 rows with `tools` must reach the upstream through the relay, the others not."""
-    relayed = fleet.upstream_stats()["relayed"]
+    relayed, relayed0 = fleet.relayed("tapfix"), fleet.relayed("tapfix0")
     want = sum(fleet.sent.get(r.name, 0) for r in ROWS if r.target == "tapfix" and r.tools)
     off = sum(fleet.sent.get(r.name, 0) for r in ROWS if r.target == "tapfix0")
-    verdict = "OK  " if relayed == want else "WARN"
+    verdict = "OK  " if relayed == want and relayed0 == 0 else "WARN"
     return (
-        f"{verdict}  relay: the upstream got {relayed} requests through tapfix's regeneration relay; "
-        f"the --regenerate 1 rows with tools sent {want}, the --regenerate 0 rows {off} (direct path)"
+        f"{verdict}  relay: tapfix routed {relayed} requests through its regeneration relay, the --regenerate 0 "
+        f"twin {relayed0}; the --regenerate 1 rows with tools sent {want}, the --regenerate 0 rows {off}"
     )
 
 

@@ -100,6 +100,7 @@ class Runtime:
             "capture_writer": self.writer.health() if self.writer else None,
             "mode": self.settings.mode,
             "upstreams": {name: t.url for name, t in self.targets.items()},
+            "relayed_requests": getattr(self.relay, "opened", 0),  # issue 19: through the regeneration relay
         }
 
 
