@@ -11,9 +11,11 @@ the whole body the server sent (read on to its end even past a cut) and the body
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import struct
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -108,6 +110,21 @@ def _header(headers: list[tuple[str, str]], name: str) -> str:
     return ", ".join(v for k, v in headers if k.lower() == name.lower())
 
 
+def _reset(sock: socket.socket, timeout: float = 5.0) -> None:
+    """End the connection with a TCP reset once the peer has every byte written so far: a close with
+    SO_LINGER 0 drops what is still in the send queue, and a reset can overtake what the peer hasn't
+    read yet, so the cut would land earlier than the test meant (then before the call, at random)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        unacked = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        if unacked == 0:
+            break
+        time.sleep(0.005)
+    time.sleep(0.2)  # the peer reads what it has before the reset arrives
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # a reset, not a FIN: the client reads ECONNRESET
+
+
 class FaultRelay:
     """Listens on a free loopback port and forwards each connection to `upstream_port`, cutting one answer."""
 
@@ -119,6 +136,7 @@ class FaultRelay:
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._passed: list[Passed] = []
+        self.errors: list[str] = []  # what broke a connection besides the cut (the client leaving included)
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, name="fault-relay-accept", daemon=True).start()
 
@@ -166,8 +184,9 @@ class FaultRelay:
             from_client = _Reader(client)
             while self._exchange(client, from_client):
                 pass
-        except OSError:
-            pass
+        except OSError as e:
+            with self._lock:
+                self.errors.append(f"{type(e).__name__}: {e}")
         finally:
             client.close()
 
@@ -234,8 +253,7 @@ class FaultRelay:
                     delivered += part
                 cut_done = True
                 if self.cut.reset:
-                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    client.close()  # a reset, not a FIN: the client reads ECONNRESET
+                    _reset(client)
                 else:
                     client.sendall(b"0\r\n\r\n")
         elif length := _header(response_headers, "content-length"):

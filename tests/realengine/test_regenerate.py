@@ -155,7 +155,8 @@ def check_regenerated(relay: FaultRelay, proxy: Proc, read: Read) -> tuple[Store
     attempt 1's id and no error, and the store holds the parent and attempt 2. Returns the store, the
     two exchanges that crossed the fault relay's chat route as parsed bodies, and attempt 2's row."""
     first, second = relay.chat(2)[:2]
-    assert (first.cut, second.cut) == (True, False) and len(relay.chat(2)) == 2
+    assert (first.cut, second.cut) == (True, False) and len(relay.chat(2)) == 2 and not relay.errors
+    assert len(first.delivered) == relay.cut.at(first.upstream), "the cut is where the test put it"
     sent_1, delivered_1, sent_2 = fields(first.upstream), fields(first.delivered), fields(second.upstream)
     assert calls_of(sent_1["calls"]) == the_models_call(), "llama-server sent the whole call; the relay cut it"
     assert delivered_1["calls"] and delivered_1["calls"] != sent_1["calls"], "tapfix got part of the call"
@@ -176,6 +177,7 @@ def check_regenerated(relay: FaultRelay, proxy: Proc, read: Read) -> tuple[Store
     assert b"tapfix-attempt-end" not in client_bytes and b": keep-alive" not in client_bytes
     roles = [ch for c in view.chunks for ch in c["choices"] if (ch.get("delta") or {}).get("role")]
     assert len(roles) == 1, "one opening role chunk"
+    assert store.body(read.capture_id, "response") == first.delivered, "tapfix read attempt 1 up to the cut"
     # The store's attempt 2 body is the one llama-server received, byte for byte.
     assert store.body(attempt_2["id"], "request") == second.request.body
     return store, first.json, second.json, attempt_2
@@ -250,4 +252,5 @@ def test_regenerate_0_gives_todays_retryable_error_event(llama, cut_in_front, cu
     assert [e["type"] for e in view.errors] == ["server_error"]
     assert not [ch for chunk in view.chunks for ch in chunk["choices"] if (ch.get("delta") or {}).get("tool_calls")]
     (passed,) = relay.chat(1)
-    assert passed.cut, "the engine was asked once, and that answer was cut"
+    assert passed.cut and not relay.errors, "the engine was asked once, and that answer was cut"
+    assert store.body(read.capture_id, "response") == passed.delivered == passed.upstream[: cut.at(passed.upstream)]
