@@ -306,8 +306,8 @@ def test_reset_inside_a_held_tool_call_event_sends_no_piece_of_it(raw, proxy_for
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not fixed: the cut event goes out (direct path: at the final flush; relayed, with tools and "
-    "--regenerate 1: completed by the line end before the relay's marker) and the reset's error event follows it",
+    reason="not fixed: the cut event goes out (direct path: as it arrived, or at the final flush; relayed, with "
+    "tools and --regenerate 1: completed by the line end before the relay's marker) and the reset's error follows",
 )
 @pytest.mark.parametrize("regenerate", ["0", "1"], ids=["regenerate-0", "regenerate-1"])
 @pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
