@@ -21,19 +21,12 @@ import pytest
 from tapfix.proxy.browse.queries import Filters, Store
 from tapfix.proxy.browse.stats import compute_stats
 
-from tests.support.builders import tool
 from tests.support.procs import Proc, cli, mock_and_proxy, start_proxy
-from tests.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, messages, rows
+from tests.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, rows
 from tests.test_e2e_regenerate_timing import plain_body, slow_second_attempt
 
 pytestmark = pytest.mark.e2e
 
-WRITE = tool(
-    "write",
-    {"content": {"type": "string"}, "filePath": {"type": "string"}},
-    ["content", "filePath"],
-    description="Write a file",
-)
 RESPONSES_WRITE = {"type": "function", "name": "write", "parameters": WRITE["function"]["parameters"]}
 MESSAGES_WRITE = {"name": "write", "description": "Write a file", "input_schema": WRITE["function"]["parameters"]}
 PROMPT = "Create a file hello.txt containing a greeting"

@@ -282,22 +282,10 @@ def test_text_of_a_type_the_client_lacks_goes_out_and_a_clashing_id_is_renamed()
 
 
 def test_on_chat_too_a_later_attempt_that_brings_nothing_gives_the_first_ones_error() -> None:
-    from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
-
     from tests.support.stage_io import client_view as chat_view
-    from tests.test_regenerate_splice import TOOLS, broken
+    from tests.test_regenerate_splice import broken, chat_pipeline
 
-    relay = FakeRelay()
-    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
-
-    def stages() -> list[Any]:
-        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
-        stage.defer_fatal = True
-        return [stage]
-
-    pipeline = StreamPipeline(ex, stages())
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
-    pipeline.splice = AttemptSplice(relay, body, stages, RegenerateSettings(1), "error")
+    pipeline, relay, _ = chat_pipeline()
     first = broken()
     out = pipeline(first + wire.marker_after(first, relay.marker))
     out = [out] if isinstance(out, bytes) else out

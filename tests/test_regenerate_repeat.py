@@ -3,21 +3,15 @@ kind the client already read is not repeated and its tool calls go out; a contin
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.regenerate import wire
-from tapfix.proxy.regenerate.eligibility import RegenerateSettings
 from tapfix.proxy.regenerate.splice import AttemptSplice
-from tapfix.proxy.response.pipeline import StreamPipeline
-from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
-from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
-from tests.test_regenerate_splice import FakeRelay
+from tests.test_regenerate_splice import FakeRelay, relayed
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 
@@ -37,23 +31,7 @@ def attempt(id: str, text: str, arguments: str, reasoning: str = "") -> bytes:
 
 
 def run(attempts: list[bytes], engine: str | None, seed: int) -> tuple[bytes, FakeRelay, AttemptSplice]:
-    relay = FakeRelay()
-    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
-
-    def stages() -> list[Any]:
-        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
-        stage.defer_fatal = True
-        return [stage]
-
-    pipeline = StreamPipeline(ex, stages())
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
-    pipeline.splice = splice = AttemptSplice(relay, body, stages, RegenerateSettings(1), "error", engine=engine)
-    out: list[bytes] = []
-    data = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
-    for piece in [*random_splits(data, random.Random(seed)), b""]:
-        got = pipeline(piece)
-        out += [got] if isinstance(got, bytes) else got
-    return b"".join(out), relay, splice
+    return relayed(attempts, seed=seed, engine=engine)
 
 
 def reasoning_of(view: Any) -> str:

@@ -61,28 +61,39 @@ class FakeRelay:
             ticket.release()
 
 
+def chat_pipeline(
+    request: dict[str, Any] | None = None,
+    settings: RegenerateSettings | None = None,
+    admission: Admission | None = None,
+    engine: str | None = None,
+) -> tuple[StreamPipeline, FakeRelay, AttemptSplice]:
+    """A relayed chat stream's pipeline as addons/stream.py wires it, on a fake relay."""
+    relay = FakeRelay()
+    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
+    settings = settings or RegenerateSettings(1)
+
+    def stages() -> list[Any]:
+        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
+        stage.defer_fatal, stage.defer_unknown_tool = True, settings.unknown_tool
+        return [stage]
+
+    pipeline = StreamPipeline(ex, stages())
+    body = request or {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
+    pipeline.splice = splice = AttemptSplice(relay, body, stages, settings, "error", engine=engine, admission=admission)
+    return pipeline, relay, splice
+
+
 def relayed(
     attempts: list[bytes],
     request: dict[str, Any] | None = None,
     settings: RegenerateSettings | None = None,
     admission: Admission | None = None,
     seed: int = 0,
+    engine: str | None = None,
 ) -> tuple[bytes, FakeRelay, AttemptSplice]:
     """Run the attempts' bytes, each followed by the relay's marker, through a spliced pipeline, cut at
     random places (the marker too)."""
-    relay = FakeRelay()
-    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
-
-    def stages() -> list[Any]:
-        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
-        stage.defer_fatal = True
-        return [stage]
-
-    pipeline = StreamPipeline(ex, stages())
-    body = request or {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
-    pipeline.splice = splice = AttemptSplice(
-        relay, body, stages, settings or RegenerateSettings(1), "error", admission=admission
-    )
+    pipeline, relay, splice = chat_pipeline(request, settings, admission, engine)
     wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
     out = []
     for piece in random_splits(wire_bytes, random.Random(seed)):

@@ -4,25 +4,19 @@ model's own settings win over the global ones for that model."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli import main
 from tapfix.proxy.config.file import ConfigError, load
-from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.eligibility import RegenerateSettings
 from tapfix.proxy.regenerate.splice import AttemptSplice
-from tapfix.proxy.response.pipeline import StreamPipeline
-from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
 from tests.addons.flows import runtime
-from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
-from tests.test_regenerate_splice import FakeRelay
+from tests.test_regenerate_splice import relayed
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 
@@ -38,29 +32,14 @@ def calling(name: str, id: str) -> bytes:
     )
 
 
-def relayed(attempts: list[bytes], settings: RegenerateSettings, seed: int = 0) -> tuple[bytes, AttemptSplice]:
-    relay = FakeRelay()
-    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
-
-    def stages() -> list[Any]:
-        stage = ChatToolCallRepair(TOOLS, capture_id=ex.id)
-        stage.defer_fatal, stage.defer_unknown_tool = True, settings.unknown_tool
-        return [stage]
-
-    pipeline = StreamPipeline(ex, stages())
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
-    pipeline.splice = splice = AttemptSplice(relay, body, stages, settings, "error")
-    wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
-    out: list[bytes] = []
-    for piece in [*random_splits(wire_bytes, random.Random(seed)), b""]:
-        got = pipeline(piece)
-        out += [got] if isinstance(got, bytes) else got
-    return b"".join(out), splice
+def run(attempts: list[bytes], settings: RegenerateSettings, seed: int = 0) -> tuple[bytes, AttemptSplice]:
+    data, _, splice = relayed(attempts, settings=settings, seed=seed)
+    return data, splice
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_an_unknown_tool_is_regenerated_when_asked(seed: int) -> None:
-    data, splice = relayed(
+    data, splice = run(
         [calling("delete_everything", "first"), calling("read", "second")],
         RegenerateSettings(1, unknown_tool=True),
         seed,
@@ -71,7 +50,7 @@ def test_an_unknown_tool_is_regenerated_when_asked(seed: int) -> None:
 
 
 def test_without_the_setting_an_unknown_tool_passes_as_sent() -> None:
-    data, splice = relayed([calling("delete_everything", "first")], RegenerateSettings(1))
+    data, splice = run([calling("delete_everything", "first")], RegenerateSettings(1))
     view = client_view(data)
     assert [c["name"] for c in view.calls] == ["delete_everything"] and view.done == 1
     assert splice.decisions == [] and any(c.get("usage") for c in view.chunks)
@@ -80,7 +59,7 @@ def test_without_the_setting_an_unknown_tool_passes_as_sent() -> None:
 @pytest.mark.parametrize("seed", range(10))
 def test_when_every_attempt_names_an_unknown_tool_the_last_passes_as_sent(seed: int) -> None:
     attempts = [calling("delete_everything", "first"), calling("rm_rf", "second")]
-    data, splice = relayed(attempts, RegenerateSettings(1, unknown_tool=True), seed)
+    data, splice = run(attempts, RegenerateSettings(1, unknown_tool=True), seed)
     view = client_view(data)
     assert [c["name"] for c in view.calls] == ["rm_rf"] and view.errors == [] and view.done == 1
     assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh_seed"), (False, "attempts_spent")]
