@@ -24,8 +24,6 @@ same newline, so attempt 2 is the call alone.
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +36,9 @@ from tests.e2e.conftest import Store
 from tests.realengine import tiny_model as tm
 from tests.realengine.engine import LlamaServer
 from tests.realengine.fault_relay import Cut, FaultRelay
-from tests.support.procs import Proc, wait_capture
+from tests.support.procs import Proc
 from tests.support.stage_io import client_view
+from tests.test_e2e_regenerate import all_exchanges, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -125,21 +124,10 @@ def fields(body: bytes) -> dict[str, Any]:
 
 
 def attempts(db: Path, parent: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The client-facing exchange and its attempts, once `count` of them are committed."""
-    wait_capture(db, parent)
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        conn.row_factory = sqlite3.Row
-        try:
-            query = "select * from exchanges where id = ? or attempt_of = ? order by attempt"
-            found = [dict(r) for r in conn.execute(query, (parent, parent))]
-            total = conn.execute("select count(*) from exchanges").fetchone()[0]
-        finally:
-            conn.close()
-        if len(found) >= count or time.monotonic() > deadline:
-            assert total == len(found), "every exchange in the store belongs to this one client request"
-            return found
+    """The client-facing exchange and its attempts, once `count` of them are committed; nothing else is stored."""
+    found = rows(db, parent, count, timeout)
+    assert all_exchanges(db) == len(found), "every exchange in the store belongs to this one client request"
+    return found
 
 
 def the_models_call() -> list[tuple[str, dict[str, Any]]]:
