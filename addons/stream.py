@@ -144,9 +144,7 @@ class StreamOwner:
 
         def arm(s: object) -> None:
             if isinstance(s, ChatToolCallRepair | HoldingStage):
-                s.defer_fatal = True
-            if isinstance(s, ChatToolCallRepair):  # the evented stages don't hold an unknown tool back
-                s.defer_unknown_tool = settings.unknown_tool
+                s.defer_fatal, s.defer_unknown_tool = True, settings.unknown_tool
 
         arm(stage)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tempfile
 from typing import Any
 
@@ -62,15 +63,15 @@ def relayed(path: str, attempts: list[bytes], body: dict[str, Any], seed: int, *
     tools = body["tools"]
     ex = Exchange(path=path, stream=True, tools=tools)
     surface = SURFACE[path]
+    settings_ = kw.pop("settings", RegenerateSettings(1))
 
     def stages() -> list[Any]:
         stage = stage_for(surface, tools, "error", ex.id, False)
         assert stage is not None
-        stage.defer_fatal = True
+        stage.defer_fatal, stage.defer_unknown_tool = True, settings_.unknown_tool
         return [stage]
 
     pipeline = StreamPipeline(ex, stages())
-    settings_ = kw.pop("settings", RegenerateSettings(1))
     pipeline.splice = splice = AttemptSplice(relay, body, stages, settings_, "error", surface=surface)
     unmarked_last = kw.pop("unmarked_last", False)
     pieces = [a + wire.marker_after(a, relay.marker) for a in attempts]
@@ -293,3 +294,31 @@ def test_on_chat_too_a_later_attempt_that_brings_nothing_gives_the_first_ones_er
     tail = pipeline(b"")
     view = chat_view(b"".join([*out, *([tail] if isinstance(tail, bytes) else tail)]))
     assert len(view.errors) == 1 and view.done == 1 and view.calls == []
+
+
+def naming(data: bytes, name: bytes) -> bytes:
+    return re.sub(rb'"name": ?"write"', b'"name": "' + name + b'"', data)
+
+
+@pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_with_unknown_tool_on_a_call_to_a_tool_not_offered_is_regenerated(path: str, seed: int) -> None:
+    body = body_for(path, False)
+    fine = answers(path, body)[1]
+    unknown = RegenerateSettings(1, unknown_tool=True)
+    data, splice = relayed(path, [naming(fine, b"delete_all"), fine], body, seed, settings=unknown)
+    assert [c["name"] for c in VALID[path](data)] == ["write"]
+    assert [(d.made, d.changes[0].before) for d in splice.decisions] == [(True, "unknown_tool")]
+
+
+@pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
+def test_unknown_tool_off_or_spent_the_call_goes_out_as_sent(path: str) -> None:
+    body = body_for(path, False)
+    fine = answers(path, body)[1]
+    data, splice = relayed(path, [naming(fine, b"delete_all")], body, 0)
+    assert [c["name"] for c in VALID[path](data)] == ["delete_all"] and splice.decisions == []
+    both = [naming(fine, b"delete_all"), naming(fine, b"rm_rf")]
+    data, splice = relayed(path, both, body, 0, settings=RegenerateSettings(1, unknown_tool=True))
+    assert [c["name"] for c in VALID[path](data)] == ["rm_rf"]
+    assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh"), (False, "attempts_spent")]

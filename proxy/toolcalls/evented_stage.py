@@ -203,6 +203,10 @@ class HoldingStage:
         # the pipeline can ask for another attempt first, or send them after all.
         self.defer_fatal = False
         self.deferred: list[bytes] = []
+        # ... and with `regenerate_unknown_tool`, from a call to a tool that wasn't offered on, what the
+        # client would get (that call, as sent, and the rest of the stream) waits there the same way.
+        self.defer_unknown_tool = False
+        self._deferring = False
 
     @property
     def holding(self) -> bool:
@@ -219,6 +223,9 @@ class HoldingStage:
         if self.holding and self._clock() - self._last_out >= self._keepalive_s:
             out.append(comment("tapfix: holding tool call", self.nl))
         out += self.on_event(event)
+        if self._deferring:
+            self.deferred += out
+            return []
         if out:
             self._last_out = self._clock()
         return out
@@ -278,6 +285,8 @@ class HoldingStage:
         if UNKNOWN_TOOL not in self.defects:
             self.defects.append(UNKNOWN_TOOL)
         self.changes.append(unknown_tool_change(name, where))
+        if self.defer_fatal and self.defer_unknown_tool:
+            self._deferring = True
 
     def judge(self, verdict: Verdict, call: HeldCall, where: str) -> bool:
         """Record what `decide` and the id check found for one call; True when its events must be rebuilt."""
@@ -309,6 +318,9 @@ class HoldingStage:
             return [comment(passthrough_note(fatal), self.nl), *held] + ([upstream] if upstream else [])
         self.ended = True
         kept, tail = self.error_events(fatal, held)
+        if self._deferring:  # an unknown tool's call came first: everything since waits, in order
+            self.deferred += kept + tail
+            return []
         if self.defer_fatal:
             self.deferred = tail
             return kept
