@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tests.realengine.relay import Message
+from tests.realengine.relay import Message, close_all
 
 _BUFFER = 65536
 
@@ -270,13 +270,4 @@ class FaultRelay:
     def close(self) -> None:
         with self._lock:
             sockets = list(self._sockets)
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-        for sock in sockets:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        close_all(self._listener, sockets)

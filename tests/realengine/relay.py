@@ -223,13 +223,18 @@ class Relay:
         with self._lock:
             self._closing = True
             sockets = list(self._sockets)
+        close_all(self._listener, sockets)
+
+
+def close_all(listener: socket.socket, sockets: list[socket.socket]) -> None:
+    """Stop a listener blocked in accept() (shutdown wakes it) and close every connection it served."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
+    for sock in sockets:
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+            sock.close()
         except OSError:
             pass
-        self._listener.close()
-        for sock in sockets:
-            try:
-                sock.close()
-            except OSError:
-                pass
