@@ -27,6 +27,7 @@ from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import Attempt, RelaySession
 from tapfix.proxy.response.decoding import codings
+from tapfix.proxy.sse import last_event_end
 
 log = logging.getLogger("tapfix")
 CLOSE_CHECK_S = 0.2  # how often a wait looks whether mitmproxy closed the connection (the client left)
@@ -165,7 +166,7 @@ class Relay:
         cut = False  # the upstream broke off the last attempt streamed: mitmproxy must see a reset too
         try:
             while True:
-                last = await self._pump(response, attempt, writer, deadline)
+                last = await self._pump(response, attempt, writer, deadline, whole_events=splice)
                 cut = attempt.error is not None
                 if not splice or not await session.spliced:
                     break
@@ -207,21 +208,38 @@ class Relay:
 
     @staticmethod
     async def _pump(
-        response: httpx.Response, attempt: Attempt, writer: asyncio.StreamWriter, deadline: float | None
+        response: httpx.Response,
+        attempt: Attempt,
+        writer: asyncio.StreamWriter,
+        deadline: float | None,
+        whole_events: bool = False,
     ) -> bytes:
-        last = b""
+        """Forward the upstream's bytes (recorded on `attempt` as they came); the stream's last 4 bytes sent.
+        With `whole_events` (an SSE stream), bytes after the last whole event wait for the rest of it: when
+        the upstream breaks off inside an event, that piece is never sent (the client would read broken
+        JSON before the retryable error), though the record keeps it."""
+        last = pending = b""
         try:
             async with asyncio.timeout_at(deadline):
                 async for data in response.aiter_raw():
                     attempt.chunks.append(data)
                     attempt.times.append(time.perf_counter())
-                    writer.write(wire.chunk(data))
-                    await writer.drain()
-                    last = (last + data)[-4:]  # the stream's tail, wherever the reads fell
+                    if whole_events:
+                        data = pending + data
+                        end = last_event_end(data)
+                        data, pending = data[:end], data[end:]
+                    if data:
+                        writer.write(wire.chunk(data))
+                        await writer.drain()
+                        last = (last + data)[-4:]  # the stream's tail, wherever the reads fell
         except (httpx.HTTPError, OSError, TimeoutError) as e:
             if isinstance(e, ConnectionError) and writer.is_closing():
                 raise  # mitmproxy dropped the connection: the client left
             attempt.error = _why(e)
+        if pending and attempt.error is None:  # a clean end: what is left goes too, as it came
+            writer.write(wire.chunk(pending))
+            await writer.drain()
+            last = (last + pending)[-4:]
         attempt.ended = time.perf_counter()
         await response.aclose()
         return last

@@ -294,6 +294,7 @@ class StreamOwner:
             self.collect(ex)
             return
         pipeline = response.stream
+        pipeline.cut = True
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)
         if pipeline.passes_encoded:  # the client reads compressed bytes: a plain event would corrupt them

@@ -130,7 +130,13 @@ def comment(text: str, newline: bytes = b"\n") -> bytes:
 # end with `data: [DONE]`, Responses with `response.completed`, Messages with `message_stop`.
 _TERMINAL_LINE = re.compile(rb"^(?:data: ?\[DONE\]|event: ?(?:response\.completed|message_stop))[ \t]*\r?$", re.M)
 _TERMINAL_TYPE = re.compile(rb'^data: ?\{"type": ?"(?:response\.completed|message_stop)"', re.M)
-_EVENT_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
+# How a blank line can end an event (`\r\n\r\n` ends with `\n\r\n`): for `endswith` and `rfind`.
+EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")
+
+
+def last_event_end(data: bytes) -> int:
+    """Where the bytes after the last whole event start (0: no event ended in `data`)."""
+    return max(data.rfind(end) + len(end) if end in data else 0 for end in EVENT_END)
 
 
 def ends_stream(sent: list[bytes], limit: int = 1 << 24) -> bool:
@@ -141,9 +147,9 @@ def ends_stream(sent: list[bytes], limit: int = 1 << 24) -> bool:
     for chunk in reversed(sent):
         tail = chunk + tail
         body = tail.rstrip()
-        if any(end in body for end in _EVENT_END) or len(tail) > limit:
+        if any(end in body for end in EVENT_END) or len(tail) > limit:
             break
     body = tail.rstrip()
-    start = max(body.rfind(end) + len(end) if end in body else 0 for end in _EVENT_END)
+    start = last_event_end(body)
     last = body[start:]
     return bool(_TERMINAL_LINE.search(last) or _TERMINAL_TYPE.search(last))

@@ -21,7 +21,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.decoding import DecodeError, Decoder
-from tapfix.proxy.sse import SSESplitter
+from tapfix.proxy.sse import EVENT_END, SSESplitter
 from tapfix.proxy.surfaces import surface_for
 
 if TYPE_CHECKING:
@@ -32,6 +32,11 @@ class Stage(Protocol):
     def feed(self, event: bytes) -> list[bytes]: ...
 
     def flush(self) -> list[bytes]: ...
+
+
+CUT_REASON = (
+    "an event the upstream's reset cut short is not sent: the client reads the retryable error after the last whole one"
+)
 
 
 class StreamPipeline:
@@ -45,6 +50,7 @@ class StreamPipeline:
         "passes_encoded",
         "_clock",
         "splice",
+        "cut",
     )
 
     def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
@@ -58,6 +64,7 @@ class StreamPipeline:
         self.passes_encoded = decoder is not None and not stages
         self._clock = time.perf_counter
         self.splice: AttemptSplice | None = None  # a relayed stream's (issue 19, proxy/regenerate/splice.py)
+        self.cut = False  # set by the error hook: the upstream broke off, an unfinished event is no event
         if stages:
             exchange.client_response_chunks = []
         if decoder is not None:
@@ -88,6 +95,11 @@ class StreamPipeline:
             if tail is None:
                 return self._undecodable()
             events = self.splitter.feed(tail) + self.splitter.flush() if tail else self.splitter.flush()
+            if self.cut and events and not events[-1].endswith(EVENT_END):
+                # The reset landed inside this event: sent, the client would read broken JSON, not the
+                # retryable error that follows. The record keeps its bytes (response_chunks).
+                events.pop()
+                ex.changes.append(Change("stream", "drop", "$.events[-1]", None, None, CUT_REASON))
             final = True
         return self._run(events, final)
 

@@ -19,12 +19,12 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
-from tapfix.proxy.sse import comment, format_event
+from tapfix.proxy.sse import EVENT_END, comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
 from tapfix.proxy.toolcalls.leaks import find_leak, formats_for
-from tapfix.proxy.toolcalls.output import EVENT_END, Item, Writer
+from tapfix.proxy.toolcalls.output import Item, Writer
 from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
 from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error
 from tapfix.proxy.toolcalls.prefix import PrefixGate, continue_streamed

@@ -23,12 +23,12 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.sse import comment, event_data
+from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
 from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict
-from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, EVENT_END, Item
+from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
 

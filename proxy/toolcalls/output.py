@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from tapfix.proxy.sse import event_data, format_event
+from tapfix.proxy.sse import EVENT_END, event_data, format_event
 from tapfix.proxy.toolcalls.plan_types import ChoicePlan, OutCall
 
 ENVELOPE_KEYS = ("id", "object", "created", "model", "system_fingerprint")
-EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")  # how a blank line can end an event
 
 
 @dataclass(slots=True)
