@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -251,6 +251,12 @@ class Admissions:
             admission = Admission(self._settings.get(name), self._clock)
             self._by_upstream[name] = admission
         return admission
+
+
+def choices_asked(request: Mapping[str, Any]) -> int:
+    """The request's `n` for the "one choice" rule: 1 when absent or not a whole number."""
+    n = request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) else 1
 
 
 def _whole(value: Any) -> bool:

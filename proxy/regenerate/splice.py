@@ -14,7 +14,7 @@ a Protocol.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,9 +22,17 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, next_attempt
+from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
 from tapfix.proxy.regenerate.echo import PrefixEcho
-from tapfix.proxy.regenerate.eligibility import Admission, Refused, RegenerateSettings, Ticket, should_regenerate
+from tapfix.proxy.regenerate.eligibility import (
+    Admission,
+    Refused,
+    RegenerateSettings,
+    Ticket,
+    Verdict,
+    choices_asked,
+    should_regenerate,
+)
 from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
 from tapfix.proxy.regenerate.repeat import RepeatDrop, repeat_changes, repeated_kinds
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
@@ -49,6 +57,50 @@ class Decision:
     reason: str
     detail: str
     changes: list[Change] = field(default_factory=list)
+
+
+def skipped(number: int, reason: str, detail: str) -> Decision:
+    """Attempt `number` not made: a `skip` row whose `after` is the reason."""
+    return Decision(number, False, reason, detail, [Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)])
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The next attempt may go: its body (continuation rules), the upstream's slot, the row saying why."""
+
+    plan: NextAttempt
+    ticket: Ticket | None
+    why: Change
+
+    def decision(self, number: int, more: Sequence[Change] = ()) -> Decision:
+        return Decision(number, True, self.plan.how, self.plan.reason, [self.why, *self.plan.changes, *more])
+
+
+def admit_next(
+    verdict: Verdict,
+    number: int,
+    request: Mapping[str, Any],
+    surface: Surface,
+    engine: str | None,
+    received: Received,
+    admission: Admission | None,
+    seed: SeedSource = system_seed,
+) -> Admitted | Decision:
+    """What follows `should_regenerate` on every path (a stream's splice, a whole body): the next body,
+    then the upstream's admission; or the skip, whichever refused first."""
+    if not verdict.go:
+        return skipped(number, str(verdict.no), verdict.detail)
+    plan = next_attempt(request, surface, engine, received, attempt=number, seed=seed)
+    if not isinstance(plan, NextAttempt):
+        return skipped(number, plan.reason, plan.detail)
+    ticket: Ticket | None = None
+    if admission is not None:
+        admitted = admission.try_admit()
+        if isinstance(admitted, Refused):
+            return skipped(number, admitted.reason, admitted.detail)
+        ticket = admitted
+    why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
+    return Admitted(plan, ticket, why)
 
 
 class Seam:
@@ -213,46 +265,36 @@ class AttemptSplice:
             tool_call_sent=received.tool_call_sent or bool(getattr(stage, "_streamed", False)),
             stream_valid_prefix=bool(getattr(stage, "stream_valid_prefix", False)),
             client_connected=True,  # a client that left closed the relay's connection: no marker came
-            n=_n(self.request),
+            n=choices_asked(self.request),
             attempts_made=self.attempts_made,
             budget_started=self.budget_started,
             now=now,
         )
-        if not verdict.go:
-            return self._no(stage, stages, number, str(verdict.no), verdict.detail)
-        plan = next_attempt(self.request, self.surface, self.engine, received, attempt=number)
-        if not isinstance(plan, NextAttempt):
-            return self._no(stage, stages, number, plan.reason, plan.detail)
-        ticket: Ticket | None = None
-        if self.admission is not None:
-            admitted = self.admission.try_admit()
-            if isinstance(admitted, Refused):
-                return self._no(stage, stages, number, admitted.reason, admitted.detail)
-            ticket = admitted
+        step = admit_next(verdict, number, self.request, self.surface, self.engine, received, self.admission)
+        if isinstance(step, Decision):
+            return self._no(stage, stages, step)
+        plan = step.plan
         if self.budget_started is None:
             self.budget_started = now
         self.attempts_made += 1
         stage.deferred = []
-        why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
         # A chat attempt from scratch doesn't say again what the client read (repeat.py); a continuation
         # carries on from it, and Responses/Messages have their seam's own rule.
         repeats = repeated_kinds(received) if view is None and plan.how != "continuation" else ()
-        changes = [why, *plan.changes, *repeat_changes(repeats, number)]
-        self.decisions.append(Decision(number, True, plan.how, plan.reason, changes))
+        self.decisions.append(step.decision(number, repeat_changes(repeats, number)))
         self.fallback = _remapped(stages, deferred)
-        self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, ticket)
+        self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, step.ticket)
         if view is not None:
             return [], [*self.make_stages(), view.seam(number)]
         envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
         first_id = envelope.get("id") if isinstance(envelope.get("id"), str) else None
         return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages(), RepeatDrop(repeats)]
 
-    def _no(self, stage: Any, stages: list[Any], number: int, reason: str, detail: str) -> tuple[list[bytes], None]:
+    def _no(self, stage: Any, stages: list[Any], skip: Decision) -> tuple[list[bytes], None]:
         """No further attempt: the deferred error event goes out now (and only now)."""
         deferred = _remapped(stages, list(stage.deferred))
         stage.deferred = []
-        change = Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)
-        self.decisions.append(Decision(number, False, reason, detail, [change]))
+        self.decisions.append(skip)
         self.relay.end()
         return deferred, None
 
@@ -278,8 +320,3 @@ def _remapped(stages: list[Any], events: list[bytes]) -> list[bytes]:
     """Events a tool-call stage kept back, numbered like the attempt's others (Responses, Messages)."""
     seam = next((s for s in stages if isinstance(s, EventedSeam)), None)
     return seam.remap(events) if seam is not None else events
-
-
-def _n(request: dict[str, Any]) -> int:
-    n = request.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) else 1

@@ -25,17 +25,17 @@ from typing import Any, Final
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
-from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
+from tapfix.proxy.regenerate.continuation import Received, SeedSource, system_seed
 from tapfix.proxy.regenerate.eligibility import (
     Admission,
-    Refused,
     RegenerateSettings,
     Ticket,
+    choices_asked,
     should_regenerate,
     trigger_for,
 )
 from tapfix.proxy.regenerate.session import Attempt
-from tapfix.proxy.regenerate.splice import Decision
+from tapfix.proxy.regenerate.splice import Decision, admit_next
 from tapfix.proxy.surfaces import Surface
 
 
@@ -133,34 +133,25 @@ class WholeBodyRegeneration:
             tool_call_sent=False,  # nothing of a held body reached the client
             stream_valid_prefix=False,
             client_connected=client_connected,
-            n=_n(self.request),
+            n=choices_asked(self.request),
             attempts_made=self.attempts_made,
             budget_started=self.budget_started,
             now=now,
         )
         if verdict.trigger is None:
             return None  # nothing to regenerate: nothing to record either
-        if not verdict.go:
-            self._skip(number, str(verdict.no), verdict.detail)
+        step = admit_next(
+            verdict, number, self.request, self.surface, self.engine, Received(), self.admission, self.seed
+        )
+        if isinstance(step, Decision):
+            self.decisions.append(step)
             return None
-        plan = next_attempt(self.request, self.surface, self.engine, Received(), attempt=number, seed=self.seed)
-        if not isinstance(plan, NextAttempt):
-            self._skip(number, plan.reason, plan.detail)
-            return None
-        ticket: Ticket | None = None
-        if self.admission is not None:
-            admitted = self.admission.try_admit()
-            if isinstance(admitted, Refused):
-                self._skip(number, admitted.reason, admitted.detail)
-                return None
-            ticket = admitted
         if self.budget_started is None:
             self.budget_started = now
-        why = Change(STAGE, "regenerate", f"attempt[{number}]", verdict.trigger, plan.how, verdict.detail)
-        self.decisions.append(Decision(number, True, plan.how, plan.reason, [why, *plan.changes]))
-        attempt = Attempt(number, orjson.dumps(plan.body), self.headers)
+        self.decisions.append(step.decision(number))
+        attempt = Attempt(number, orjson.dumps(step.plan.body), self.headers)
         self.attempts.append(attempt)
-        return Send(attempt, verdict.remaining_s, ticket)
+        return Send(attempt, verdict.remaining_s, step.ticket)
 
     def judge(self, attempt: Attempt, body: bytes | None, stages: BodyStages) -> BodyOutcome | None:
         """The attempt's answer (`body` decoded; None when there is none to read) through `stages`:
@@ -180,12 +171,3 @@ class WholeBodyRegeneration:
     def later_changes(self) -> list[Change]:
         """The later attempts' stage records, for the client-facing exchange (as a stream's are)."""
         return [c for record in self.stage_history[1:] for c in record.changes]
-
-    def _skip(self, number: int, reason: str, detail: str) -> None:
-        change = Change(STAGE, "skip", f"attempt[{number}]", None, reason, detail)
-        self.decisions.append(Decision(number, False, reason, detail, [change]))
-
-
-def _n(request: Mapping[str, Any]) -> int:
-    n = request.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) else 1
