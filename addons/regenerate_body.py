@@ -30,8 +30,6 @@ from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome, WholeBod
 from tapfix.proxy.response.decoding import DecodeError, codings, decode_whole
 from tapfix.proxy.surfaces import surface_for
 
-CLOSE_CHECK_S = 0.2  # how often a pending attempt looks whether the client left
-
 
 class RegenerateBody:
     def __init__(self, runtime: Runtime) -> None:
@@ -109,11 +107,11 @@ def _readable(attempt: Attempt) -> bytes | None:
 
 
 async def _while_connected(fetch: Awaitable[None], flow: http.HTTPFlow, attempt: Attempt) -> None:
-    """Await the attempt; cancel it when the client leaves (checked every `CLOSE_CHECK_S`)."""
+    """Await the attempt; cancel it when the client leaves (checked every `wire.CLOSE_CHECK_S`)."""
     task = asyncio.ensure_future(fetch)
     try:
         while not task.done():
-            await asyncio.wait({task}, timeout=CLOSE_CHECK_S)
+            await asyncio.wait({task}, timeout=wire.CLOSE_CHECK_S)
             if not task.done() and not flow.client_conn.connected:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -30,7 +30,6 @@ from tapfix.proxy.response.decoding import codings
 from tapfix.proxy.sse import last_event_end
 
 log = logging.getLogger("tapfix")
-CLOSE_CHECK_S = 0.2  # how often a wait looks whether mitmproxy closed the connection (the client left)
 
 
 class Relay:
@@ -264,7 +263,7 @@ async def _keepalive_until[T](
 ) -> T:
     """Await `waitable`, a keep-alive comment to the client every `every_s` meanwhile; TimeoutError at
     `deadline` (loop time). Any failure, or mitmproxy closing the connection, cancels what was awaited.
-    The close is seen on the reader (end of stream) within `CLOSE_CHECK_S`: a write to a closed socket
+    The close is seen on the reader (end of stream) within `wire.CLOSE_CHECK_S`: a write to a closed socket
     can still succeed once, so waiting for a keep-alive to fail would let the upstream run on for seconds."""
     task = asyncio.ensure_future(waitable)
     loop = asyncio.get_running_loop()
@@ -272,7 +271,7 @@ async def _keepalive_until[T](
     try:
         while True:
             now = loop.time()
-            wait = min(CLOSE_CHECK_S, max(0.0, next_keepalive - now))
+            wait = min(wire.CLOSE_CHECK_S, max(0.0, next_keepalive - now))
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - now))
             done, _ = await asyncio.wait({task}, timeout=wait)

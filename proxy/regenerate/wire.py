@@ -32,6 +32,9 @@ HOP_BY_HOP: Final = frozenset(
 KEEPALIVE: Final = b": keep-alive\n\n"
 BAD_GATEWAY: Final = b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n"
 LAST_CHUNK: Final = b"0\r\n\r\n"
+# How often a pending attempt looks whether the client left (streamed: mitmproxy closed the relay's
+# connection; whole body: the client connection), so a cancelled attempt stops within it.
+CLOSE_CHECK_S: Final = 0.2
 
 
 def new_marker() -> bytes:
