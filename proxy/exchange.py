@@ -66,6 +66,11 @@ class Exchange:
     attempt_of: str | None = None
     attempt: int = 1
     store_bodies: bool = True
+    # W3C trace context (issue 20): the trace this exchange belongs to (the client's `traceparent`, or
+    # tapfix's own when export is on), tapfix's span in it, and the client's span (its parent), as hex.
+    trace_id: str | None = None
+    span_id: str | None = None
+    parent_span_id: str | None = None
     mark: float = field(default_factory=time.perf_counter)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -41,6 +41,7 @@ class Runtime:
     started: float = field(default_factory=time.time)
     relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
+    telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
@@ -44,6 +44,23 @@ def _iso(ts: float) -> str:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+@dataclass(slots=True)
+class Written:
+    """What the writer's observers get for each exchange, once its transaction committed (or once it is
+    lost): telemetry (issue 20) reads the stored row and the assembled answer instead of assembling again.
+
+    `outcome`: "stored" (row and assembled answer), "kept" (row of a `capture_failed` exchange, no
+    assembly), "lost" (nothing stored: no row)."""
+
+    exchange: Exchange
+    row: dict[str, Any] | None
+    assembled: Assembled | None
+    outcome: Literal["stored", "kept", "lost"]
+
+
+Observer = Callable[[Written], None]
 
 
 @dataclass
@@ -83,6 +100,10 @@ class CaptureWriter:
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
+        # Called on this thread after each commit, one `Written` per exchange: each must only hand it on
+        # (enqueue), never block. Add them before traffic starts.
+        self.observers: list[Observer] = []
+        self._pending: list[Written] = []  # this transaction's, told to the observers after its commit
         self._thread = threading.Thread(target=self._run, name="tapfix-writer", daemon=True)
         self._thread.start()
 
@@ -173,8 +194,10 @@ class CaptureWriter:
                 self.conn.execute("commit")
                 self.stats.written += len(exchanges)
                 self.stats.last_commit = time.time()
+                self._tell(self._pending)
                 return None
             except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
+                self._pending = []
                 try:
                     self.conn.execute("rollback")
                 except sqlite3.Error:
@@ -193,6 +216,16 @@ class CaptureWriter:
         self.stats.lost[cause] = self.stats.lost.get(cause, 0) + len(exchanges)
         self.stats.last_error = _describe(error)
         log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
+        self._tell([Written(ex, None, None, "lost") for ex in exchanges])
+
+    def _tell(self, written: list[Written]) -> None:
+        self._pending = []
+        for observer in self.observers:
+            for item in written:
+                try:
+                    observer(item)
+                except Exception:  # noqa: BLE001 - an observer's bug must never stop the store
+                    log.exception("capture observer failed for %s", item.exchange.id)
 
     def _put_bodies(
         self, ex: Exchange, upstream: bytes, client: bytes, family: str | None, *, always_response: bool = False
@@ -225,7 +258,9 @@ class CaptureWriter:
         client = ex.client_response_body(upstream)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
         row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
-        self._insert_row(row | _attempt_columns(ex))
+        row |= _attempt_columns(ex)
+        self._insert_row(row)
+        self._pending.append(Written(ex, row, None, "kept"))
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
@@ -309,6 +344,7 @@ class CaptureWriter:
         )
         write_choices(self.conn, ex.id, assembled, ex.store_bodies)
         self.sessions.record(self.conn, link, ex)  # no session, nothing recorded
+        self._pending.append(Written(ex, row, assembled, "stored"))
 
 
 def _attempt_columns(ex: Exchange) -> dict[str, Any]:
