@@ -54,7 +54,26 @@ def build_runtime(
         from tapfix.proxy.regenerate.eligibility import Admissions
 
         runtime.admissions = Admissions(dict(config.regenerate_admission))
+    install_telemetry(runtime)
     return runtime
+
+
+def install_telemetry(runtime: Runtime) -> None:
+    """Issue 20: the Prometheus recorder always (`/tapfix/metrics`), fed by one writer observer that
+    builds each exchange's `Turn` once for every sink."""
+    from tapfix.proxy.telemetry.metrics import Labeller, PrometheusRecorder
+    from tapfix.proxy.telemetry.observe import TurnFanout
+    from tapfix.proxy.telemetry.turn import TurnContext
+
+    writer = runtime.writer
+    labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
+    runtime.metrics = PrometheusRecorder(labeller, lambda: float(writer.health()["queue_depth"]) if writer else 0.0)
+    if writer is None:
+        return
+    fanout = TurnFanout(TurnContext(engine_of=runtime.engine_of))
+    fanout.add(runtime.metrics)
+    writer.observers.append(fanout)
+    runtime.fanout = fanout
 
 
 def mitm_options(settings: Settings, runtime: Runtime) -> dict[str, Any]:
@@ -156,6 +175,8 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
     finally:
         if runtime.writer is not None:
             runtime.writer.close()
+            if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
+                runtime.fanout.close()
             health = runtime.writer.health()
             if health["failures"]:
                 print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)

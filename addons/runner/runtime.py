@@ -42,6 +42,8 @@ class Runtime:
     relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
+    metrics: Any = None  # issue 20: the Prometheus recorder /tapfix/metrics serves (telemetry.metrics)
+    fanout: Any = None  # issue 20: the writer's telemetry observer (telemetry.observe.TurnFanout)
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:
@@ -102,6 +104,7 @@ class Runtime:
             "mode": self.settings.mode,
             "upstreams": {name: t.url for name, t in self.targets.items()},
             "relayed_requests": getattr(self.relay, "opened", 0),  # issue 19: through the regeneration relay
+            "telemetry": self.fanout.health() if self.fanout is not None else None,  # issue 20
         }
 
 
