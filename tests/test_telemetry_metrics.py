@@ -102,7 +102,7 @@ def test_both_sinks_hold_the_same_numbers_under_their_own_names(tmp_path: Path, 
     prometheus = PrometheusRecorder(labeller, lambda: 7.0)
     otel = OtelMetrics(labeller, lambda: 7.0, reader)
     fanout = _traffic(tmp_path, [prometheus, otel])
-    assert fanout.health()["fanout"] == {"turns": 4, "turn_errors": 0, "sink_errors": {}}
+    assert fanout.health() == {"turns": 4, "turn_errors": 0, "sink_errors": {}}
 
     points: dict[str, list[Any]] = {}
     for resource_metrics in reader.get_metrics_data().resource_metrics:
@@ -149,7 +149,7 @@ def test_a_sink_that_raises_is_counted_logged_once_and_spares_the_others(
     prometheus = PrometheusRecorder(Labeller(), lambda: 0.0)
     with caplog.at_level(logging.ERROR, "tapfix.telemetry"):
         fanout = _traffic(tmp_path, [broken, prometheus])
-    assert fanout.health()["fanout"]["sink_errors"] == {"broken": 4}
+    assert fanout.health()["sink_errors"] == {"broken": 4}
     assert len([r for r in caplog.records if r.name == "tapfix.telemetry"]) == 1
     assert _prometheus(prometheus)["tapfix_requests_total"] == 4
 

@@ -60,20 +60,36 @@ def build_runtime(
 
 def install_telemetry(runtime: Runtime) -> None:
     """Issue 20: the Prometheus recorder always (`/tapfix/metrics`), fed by one writer observer that
-    builds each exchange's `Turn` once for every sink."""
+    builds each exchange's `Turn` once for every sink; with OTLP export on, the OTel metrics too."""
     from tapfix.proxy.telemetry.metrics import Labeller, PrometheusRecorder
     from tapfix.proxy.telemetry.observe import TurnFanout
     from tapfix.proxy.telemetry.turn import TurnContext
 
     writer = runtime.writer
+
+    def queue_depth() -> float:
+        return float(writer.health()["queue_depth"]) if writer is not None else 0.0
+
     labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
-    runtime.metrics = PrometheusRecorder(labeller, lambda: float(writer.health()["queue_depth"]) if writer else 0.0)
+    runtime.metrics = PrometheusRecorder(labeller, queue_depth)
     if writer is None:
         return
-    fanout = TurnFanout(TurnContext(engine_of=runtime.engine_of))
+    export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
+    context = TurnContext(engine_of=runtime.engine_of, capture_content=export is not None and export.captures_content)
+    fanout = runtime.fanout = TurnFanout(context)
     fanout.add(runtime.metrics)
+    runtime.telemetry_health["fanout"] = fanout.health
+    if export is not None:
+        from tapfix.addons.runner.setup import StartupError
+
+        try:
+            from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+        except ImportError as e:
+            raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
+        meters = OtelMetrics.exporting(labeller, queue_depth, export)
+        fanout.add(meters, close=meters.shutdown)
+        runtime.telemetry_health["otlp_metrics"] = meters.health
     writer.observers.append(fanout)
-    runtime.fanout = fanout
 
 
 def mitm_options(settings: Settings, runtime: Runtime) -> dict[str, Any]:

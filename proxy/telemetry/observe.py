@@ -37,22 +37,12 @@ class TurnFanout:
         self.turns = 0
         self.turn_errors = 0  # exchanges no Turn could be built for (then no sink saw them)
         self.sink_errors: dict[str, int] = {}
-        self._parts: dict[str, Callable[[], dict[str, Any]]] = {}  # a sink's own counters, by health key
         self._closers: list[Callable[[], None]] = []
         self._logged: set[str] = set()
 
-    def add(
-        self,
-        sink: Sink,
-        *,
-        key: str | None = None,
-        health: Callable[[], dict[str, Any]] | None = None,
-        close: Callable[[], None] | None = None,
-    ) -> None:
-        """A sink, with its counters for `/tapfix/health` ("telemetry" -> `key`) and what flushes it at exit."""
+    def add(self, sink: Sink, *, close: Callable[[], None] | None = None) -> None:
+        """A sink, and what flushes it at exit (`close`, after the writer drained)."""
         self.sinks.append(sink)
-        if health is not None:
-            self._parts[key or sink_name(sink)] = health
         if close is not None:
             self._closers.append(close)
 
@@ -78,8 +68,7 @@ class TurnFanout:
             log.exception("%s; later failures are only counted (/tapfix/health)", message)
 
     def health(self) -> dict[str, Any]:
-        own = {"turns": self.turns, "turn_errors": self.turn_errors, "sink_errors": dict(self.sink_errors)}
-        return {"fanout": own} | {key: part() for key, part in self._parts.items()}
+        return {"turns": self.turns, "turn_errors": self.turn_errors, "sink_errors": dict(self.sink_errors)}
 
     def close(self) -> None:
         """After the writer drained (its last observers ran): each sink flushes what it still holds."""

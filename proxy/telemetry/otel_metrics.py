@@ -110,22 +110,24 @@ class CountingExporter(MetricExporter):
 
 
 def otlp_exporter(export: ExportConfig) -> CountingExporter:
-    """The OTLP metric exporter `export` names: http/protobuf at `metrics_endpoint`, or gRPC."""
+    """The OTLP metric exporter `export` names: http/protobuf at its metrics URL, or gRPC; with the
+    metrics' own protocol, headers and timeout where OTEL_EXPORTER_OTLP_METRICS_* set them."""
+    signal = export.signal("metrics")
     inner: MetricExporter
-    if export.protocol == "grpc":
+    if signal.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
         inner = GrpcExporter(
-            endpoint=export.metrics_endpoint,
-            insecure=export.metrics_endpoint.startswith("http://"),
-            headers=dict(export.headers),
-            timeout=export.timeout_s,
+            endpoint=signal.endpoint,
+            insecure=signal.endpoint.startswith("http://"),
+            headers=dict(signal.headers),
+            timeout=signal.timeout_s,
         )
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-        inner = HttpExporter(endpoint=export.metrics_endpoint, headers=dict(export.headers), timeout=export.timeout_s)
-    return CountingExporter(inner, export.metrics_endpoint)
+        inner = HttpExporter(endpoint=signal.endpoint, headers=dict(signal.headers), timeout=signal.timeout_s)
+    return CountingExporter(inner, signal.endpoint)
 
 
 class OtelMetrics:
@@ -137,10 +139,11 @@ class OtelMetrics:
         queue_depth: Callable[[], float],
         reader: MetricReader,
         exporter: CountingExporter | None = None,
+        resource: Resource | None = None,
     ) -> None:
         self.labeller = labeller
         self.exporter = exporter
-        resource = Resource.create({"service.name": "tapfix"})  # OTEL_SERVICE_NAME / _RESOURCE_ATTRIBUTES win
+        resource = resource or Resource.create({"service.name": "tapfix"})
         self.provider = MeterProvider(metric_readers=[reader], resource=resource)
         meter = self.provider.get_meter(sc.INSTRUMENTATION_SCOPE, schema_url=sc.SCHEMA_URL)
 
@@ -162,8 +165,9 @@ class OtelMetrics:
     def exporting(cls, labeller: Labeller, queue_depth: Callable[[], float], export: ExportConfig) -> OtelMetrics:
         """Exporting over OTLP every OTEL_METRIC_EXPORT_INTERVAL ms (the SDK reads it)."""
         exporter = otlp_exporter(export)
-        reader = PeriodicExportingMetricReader(exporter, export_timeout_millis=export.timeout_s * 1000)
-        return cls(labeller, queue_depth, reader, exporter)
+        reader = PeriodicExportingMetricReader(exporter, export_timeout_millis=export.signal("metrics").timeout_s * 1000)
+        resource = Resource.create(export.resource_attributes | {"service.name": export.service_name})
+        return cls(labeller, queue_depth, reader, exporter, resource)
 
     def __call__(self, turn: Turn) -> None:
         for inst, value, labels in observations(turn, self.labeller):
