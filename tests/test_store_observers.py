@@ -36,7 +36,9 @@ class Seen:
         self.told.append((ex.id, written.outcome, written.row is not None, written.assembled is not None))
         conn = open_for_reading(self.db)  # another connection sees only committed rows
         try:
-            self.committed[ex.id] = conn.execute("select 1 from exchanges where id = ?", (ex.id,)).fetchone() is not None
+            self.committed[ex.id] = (
+                conn.execute("select 1 from exchanges where id = ?", (ex.id,)).fetchone() is not None
+            )
         finally:
             conn.close()
 

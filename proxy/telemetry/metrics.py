@@ -257,7 +257,8 @@ class PrometheusRecorder:
     def __init__(self, labeller: Labeller, queue_depth: Callable[[], float]) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-        disable_created_metrics()  # a `_created` series beside every counter doubles a scrape for nothing
+        # A `_created` series beside every counter and histogram would double a scrape for nothing.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.labeller = labeller
         self.registry = CollectorRegistry(auto_describe=True)
         self._metrics: dict[Instrument, Any] = {}
@@ -268,7 +269,9 @@ class PrometheusRecorder:
                 self._metrics[inst] = Counter(inst.prometheus_name, inst.description, names, **common)
             elif inst.kind == "histogram":
                 buckets = inst.buckets or Histogram.DEFAULT_BUCKETS
-                self._metrics[inst] = Histogram(inst.prometheus_name, inst.description, names, buckets=buckets, **common)
+                self._metrics[inst] = Histogram(
+                    inst.prometheus_name, inst.description, names, buckets=buckets, **common
+                )
             else:
                 gauge = Gauge(inst.prometheus_name, inst.description, names, **common)
                 gauge.set_function(queue_depth)  # read when scraped, never pushed

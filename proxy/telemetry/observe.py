@@ -60,7 +60,9 @@ class TurnFanout:
             except Exception:  # noqa: BLE001 - one sink's bug must not starve the others
                 name = sink_name(sink)
                 self.sink_errors[name] = self.sink_errors.get(name, 0) + 1
-                self._log_once(name, f"telemetry sink {name} failed on capture {turn.capture_id} (counted, not retried)")
+                self._log_once(
+                    name, f"telemetry sink {name} failed on capture {turn.capture_id} (counted, not retried)"
+                )
 
     def _log_once(self, key: str, message: str) -> None:
         if key not in self._logged:

@@ -165,7 +165,9 @@ class OtelMetrics:
     def exporting(cls, labeller: Labeller, queue_depth: Callable[[], float], export: ExportConfig) -> OtelMetrics:
         """Exporting over OTLP every OTEL_METRIC_EXPORT_INTERVAL ms (the SDK reads it)."""
         exporter = otlp_exporter(export)
-        reader = PeriodicExportingMetricReader(exporter, export_timeout_millis=export.signal("metrics").timeout_s * 1000)
+        reader = PeriodicExportingMetricReader(
+            exporter, export_timeout_millis=export.signal("metrics").timeout_s * 1000
+        )
         resource = Resource.create(export.resource_attributes | {"service.name": export.service_name})
         return cls(labeller, queue_depth, reader, exporter, resource)
 
