@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import queue
 import time
 
 import pytest
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.writer import CaptureWriter, Written
+from tapfix.proxy.store.writer import Written
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.turn import Turn, TurnContext, turn_from
 
 from tests.support.builders import chat_chunk, named_event, sse_events
+from tests.support.turns import WrittenBy
+from tests.support.turns import exchange as _exchange
 
 ENGINES = {"local": "vllm"}
 CONTEXT = TurnContext(engine_of=ENGINES.get)
@@ -21,28 +22,9 @@ CONTEXT = TurnContext(engine_of=ENGINES.get)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A real writer; `write(ex)` returns the `Written` its observer got after the commit."""
-    writer = CaptureWriter(tmp_path_factory.mktemp("turns") / "c.db")
-    told: queue.Queue[Written] = queue.Queue()
-    writer.observers.append(told.put)
-
-    def write(ex: Exchange) -> Written:
-        writer.submit(ex)
-        return told.get(timeout=10)
-
-    yield write
-    writer.close()
-
-
-def _exchange(path: str, request: dict, **kw) -> Exchange:
-    ex = Exchange(method="POST", path=path, url=f"http://127.0.0.1:8080{path}", request=json.dumps(request).encode())
-    ex.upstream_url = f"http://10.0.0.5:8000{path}"
-    ex.extra["target"] = "local"
-    ex.note_request_json(request)
-    for key, value in kw.items():
-        setattr(ex, key, value)
-    ex.ended_at = ex.mark + 0.5
-    return ex
+    written = WrittenBy(tmp_path_factory.mktemp("turns") / "c.db")
+    yield written.write
+    written.close()
 
 
 def _turn(store, ex: Exchange, context: TurnContext = CONTEXT) -> Turn:

@@ -196,6 +196,8 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
             health = runtime.writer.health()
             if health["failures"]:
                 print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)
+        if runtime.telemetry is not None:  # after the writer: its last exchanges' spans are queued by now
+            runtime.telemetry.close()
     return 0
 
 
@@ -216,7 +218,26 @@ def prepare(settings: Settings) -> Runtime:
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
     writer = StoreLocator(settings.db).writer(retention=retention)  # an unusable path: one-line StoreError
-    return build_runtime(settings, policy=policy, targets=targets, writer=writer)
+    runtime = build_runtime(settings, policy=policy, targets=targets, writer=writer)
+    start_export(runtime)
+    return runtime
+
+
+def start_export(runtime: Runtime) -> None:
+    """With OTLP export on: the span exporter as `runtime.telemetry`, fed one Turn per written exchange."""
+    from tapfix.addons.runner.setup import StartupError
+
+    cfg = runtime.settings.export
+    if cfg is None or runtime.writer is None:
+        return
+    try:
+        from tapfix.proxy.telemetry.export import SpanExport
+    except ImportError as e:
+        raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
+    export = SpanExport(cfg)
+    runtime.fanout.add(export.submit)  # the writer's one observer builds each Turn once (install_telemetry)
+    runtime.telemetry = export
+    runtime.telemetry_health["spans"] = export.health
 
 
 def check_exposure(settings: Settings) -> None:

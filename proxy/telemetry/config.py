@@ -59,7 +59,7 @@ class ExportConfig:
     content: ContentMode
     browse_url: str | None
     metrics: SignalConfig | None = None  # None: the same protocol, headers and timeout as traces
-    service_name: str = DEFAULT_SERVICE_NAME
+    service_name: str = DEFAULT_SERVICE_NAME  # OTEL_SERVICE_NAME, else the resource's service.name, else tapfix
     resource_attributes: dict[str, str] = field(default_factory=dict)
 
     def signal(self, name: Signal) -> SignalConfig:
@@ -98,6 +98,7 @@ def export_config(otlp: str | None, env: Mapping[str, str], browse_url: str | No
     browse = _checked_url("--browse-url", browse_url).rstrip("/") if browse_url else None
     signals = {s: _signal(env, s, otlp if otlp else base, explicit[s] if not otlp else None) for s in explicit}
     traces, metrics = signals["traces"], signals["metrics"]
+    resource = _pairs("OTEL_RESOURCE_ATTRIBUTES", env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     same = (metrics.protocol, metrics.headers, metrics.timeout_s) == (traces.protocol, traces.headers, traces.timeout_s)
     return ExportConfig(
         traces_endpoint=traces.endpoint,
@@ -108,8 +109,8 @@ def export_config(otlp: str | None, env: Mapping[str, str], browse_url: str | No
         content=content,
         browse_url=browse,
         metrics=None if same else metrics,
-        service_name=env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME,
-        resource_attributes=_pairs("OTEL_RESOURCE_ATTRIBUTES", env.get("OTEL_RESOURCE_ATTRIBUTES", "")),
+        service_name=env.get("OTEL_SERVICE_NAME", "").strip() or resource.get("service.name") or DEFAULT_SERVICE_NAME,
+        resource_attributes=resource,
     )
 
 
