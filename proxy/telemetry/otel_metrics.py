@@ -38,7 +38,8 @@ _GRPC_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
 
 
 class _Swallow(logging.Filter):
-    """Drops the exporter's per-failure lines (about metrics) and keeps the last as the reason."""
+    """Drops every line of the exporter's logger (the spans' export silences them too) and keeps the
+    last one about metrics as the reason a metrics export failed."""
 
     def __init__(self, only_metrics: bool) -> None:
         super().__init__()
@@ -47,9 +48,8 @@ class _Swallow(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self.only_metrics and "metrics" not in message:
-            return True
-        self.last = message[:300]
+        if not self.only_metrics or "metrics" in message:
+            self.last = message[:300]
         return False
 
 
@@ -68,7 +68,9 @@ class CountingExporter(MetricExporter):
         self.last_error: str | None = None
         self._filters = [(_HTTP_LOGGER, _Swallow(only_metrics=False)), (_GRPC_LOGGER, _Swallow(only_metrics=True))]
         for name, swallow in self._filters:
-            logging.getLogger(name).addFilter(swallow)
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.WARNING)  # reach the filter even where a parent logger is silenced
+            logger.addFilter(swallow)
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         try:
@@ -168,8 +170,9 @@ class OtelMetrics:
         reader = PeriodicExportingMetricReader(
             exporter, export_timeout_millis=export.signal("metrics").timeout_s * 1000
         )
-        resource = Resource.create(export.resource_attributes | {"service.name": export.service_name})
-        return cls(labeller, queue_depth, reader, exporter, resource)
+        from tapfix.proxy.telemetry.spans import resource_of
+
+        return cls(labeller, queue_depth, reader, exporter, resource_of(export))
 
     def __call__(self, turn: Turn) -> None:
         for inst, value, labels in observations(turn, self.labeller):
