@@ -50,8 +50,7 @@ def _exchange(model: str, *, stream: bool = True, **kw: Any) -> Exchange:
             [
                 chat_chunk({"role": "assistant", "content": "a"}),
                 chat_chunk({"content": "b"}),
-                chat_chunk({}, finish_reason="stop"),
-                {"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": usage},
+                chat_chunk({}, finish_reason="stop", usage=usage),
             ]
         )
         ex.chunk_times = [0.1, 0.15, 0.25, 0.3, 0.31][: len(ex.response_chunks)]
@@ -130,8 +129,8 @@ def test_both_sinks_hold_the_same_numbers_under_their_own_names(tmp_path: Path, 
     attributes = dict(tokens["input"].attributes)
     assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m" and attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
     assert attributes[sc.GEN_AI_OPERATION_NAME] == "chat" and attributes[sc.TAPFIX_UPSTREAM] == "local"
-    # Three streams of five chunks: four intervals each; the non-streamed answer has none.
-    assert sum(d.count for d in points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]) == 12
+    # Three streams of four chunks (three and [DONE]): three intervals each; the non-streamed answer none.
+    assert sum(d.count for d in points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]) == 9
     assert sum(d.count for d in points[sc.METRIC_TIME_TO_FIRST_CHUNK]) == 3
     (repairs,) = points[sc.METRIC_REPAIRS]
     assert (repairs.value, repairs.attributes[sc.TAPFIX_REPAIR_KIND]) == (1, "invalid_json")
