@@ -67,6 +67,17 @@ METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_c
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
+# tapfix's own metrics (Prometheus: dots become underscores, counters end in `_total`).
+METRIC_REQUESTS: Final = "tapfix.requests"
+METRIC_REPAIRS: Final = "tapfix.repairs"
+METRIC_UNRECOVERABLE_CALLS: Final = "tapfix.unrecoverable_calls"
+METRIC_REGENERATIONS: Final = "tapfix.regenerations"
+METRIC_CAPTURE_FAILURES: Final = "tapfix.capture.failures"
+METRIC_WRITER_QUEUE_DEPTH: Final = "tapfix.writer.queue_depth"
+# Their attributes besides the span's (tapfix.upstream, tapfix.surface, tapfix.capture.outcome).
+TAPFIX_STATUS_CLASS: Final = "tapfix.http.status_class"  # 2xx..5xx, none
+TAPFIX_REPAIR_KIND: Final = "tapfix.repair.kind"
+TAPFIX_ATTEMPT_OUTCOME: Final = "tapfix.attempt.outcome"  # a regeneration: ok, unrecoverable, error
 
 # --- tapfix's own span attributes ---------------------------------------------------------------
 TAPFIX_CAPTURE_ID: Final = "tapfix.capture.id"
