@@ -1,0 +1,1 @@
+"""Telemetry (issue 20): trace context, OpenTelemetry GenAI spans and metrics, Prometheus; no mitmproxy here."""
