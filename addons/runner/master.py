@@ -60,7 +60,8 @@ def build_runtime(
 
 def install_telemetry(runtime: Runtime) -> None:
     """Issue 20: the Prometheus recorder always (`/tapfix/metrics`), fed by one writer observer that
-    builds each exchange's `Turn` once for every sink; with OTLP export on, the OTel metrics too."""
+    builds each exchange's `Turn` once for every sink; with OTLP export on, the OTel metrics and the
+    span exporter too (`runtime.telemetry`)."""
     from tapfix.proxy.telemetry.metrics import Labeller, PrometheusRecorder
     from tapfix.proxy.telemetry.observe import TurnFanout
     from tapfix.proxy.telemetry.turn import TurnContext
@@ -83,12 +84,16 @@ def install_telemetry(runtime: Runtime) -> None:
         from tapfix.addons.runner.setup import StartupError
 
         try:
+            from tapfix.proxy.telemetry.export import SpanExport
             from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
         except ImportError as e:
             raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
         meters = OtelMetrics.exporting(labeller, queue_depth, export)
         fanout.add(meters, close=meters.shutdown)
         runtime.telemetry_health["otlp_metrics"] = meters.health
+        spans = runtime.telemetry = SpanExport(export)
+        fanout.add(spans.submit, close=spans.close)
+        runtime.telemetry_health["spans"] = spans.health
     writer.observers.append(fanout)
 
 
@@ -196,8 +201,6 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
             health = runtime.writer.health()
             if health["failures"]:
                 print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)
-        if runtime.telemetry is not None:  # after the writer: its last exchanges' spans are queued by now
-            runtime.telemetry.close()
     return 0
 
 
@@ -218,26 +221,7 @@ def prepare(settings: Settings) -> Runtime:
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
     writer = StoreLocator(settings.db).writer(retention=retention)  # an unusable path: one-line StoreError
-    runtime = build_runtime(settings, policy=policy, targets=targets, writer=writer)
-    start_export(runtime)
-    return runtime
-
-
-def start_export(runtime: Runtime) -> None:
-    """With OTLP export on: the span exporter as `runtime.telemetry`, fed one Turn per written exchange."""
-    from tapfix.addons.runner.setup import StartupError
-
-    cfg = runtime.settings.export
-    if cfg is None or runtime.writer is None:
-        return
-    try:
-        from tapfix.proxy.telemetry.export import SpanExport
-    except ImportError as e:
-        raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
-    export = SpanExport(cfg)
-    runtime.fanout.add(export.submit)  # the writer's one observer builds each Turn once (install_telemetry)
-    runtime.telemetry = export
-    runtime.telemetry_health["spans"] = export.health
+    return build_runtime(settings, policy=policy, targets=targets, writer=writer)
 
 
 def check_exposure(settings: Settings) -> None:

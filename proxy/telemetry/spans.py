@@ -55,7 +55,7 @@ def span_of(turn: Turn, cfg: ExportConfig, resource: Resource, instrumentation: 
     start = int(turn.started_at * 1e9)
     end = start + int((turn.duration_s or 0.0) * 1e9)
     content = cfg.captures_content and turn.store_bodies
-    events = [_change_event(c, start if c.stage in _REQUEST_STAGES else end, content) for c in turn.changes]
+    events = [_change_event(c, start if _on_request(c) else end, content) for c in turn.changes]
     attributes = attributes_of(turn, cfg)
     if turn.content is not None and turn.store_bodies:
         messages = _content_attributes(turn)
@@ -77,6 +77,10 @@ def span_of(turn: Turn, cfg: ExportConfig, resource: Resource, instrumentation: 
         end_time=end,
         instrumentation_scope=instrumentation,
     )
+
+
+def _on_request(change: Change) -> bool:
+    return change.stage in _REQUEST_STAGES or change.path.startswith("headers.")
 
 
 def span_name(turn: Turn) -> str:
