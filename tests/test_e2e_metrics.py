@@ -47,13 +47,16 @@ def total(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
 
 
 def scrape_until(proxy: Proc, requests: int, timeout: float = 15.0) -> dict[str, list[Any]]:
-    """The writer commits within a second: scrape until it has told the recorder of every exchange."""
+    """The writer commits within a second: scrape once it has told the recorder of every exchange it
+    wrote, and of at least `requests` (a regeneration's attempts are exchanges of their own)."""
     deadline = time.monotonic() + timeout
-    while True:
-        samples = scrape(proxy)
-        if total(samples, "tapfix_requests_total") >= requests or time.monotonic() > deadline:
-            return samples
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{proxy.url}/tapfix/health").json()
+        writer, turns = health["capture_writer"], health["telemetry"]["fanout"]["turns"]
+        if writer["queue_depth"] == 0 and turns == writer["written"] + writer["failures"] >= requests:
+            break
         time.sleep(0.2)
+    return scrape(proxy)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,8 @@ def stack(tmp_path_factory) -> Iterator[tuple[Proc, Proc]]:
         "rules": [
             {"when": {"model": "repair-me"}, "do": "serve_case", "case": str(corpus_dir() / REPAIR_CASE)},
             {"when": {"model": "fail-me"}, "do": "http_error", "status": 500},
+            {"when": {"model": "regen-me", "attempt": 1}, "do": "break_tool_call", "mode": "truncate"},
+            {"when": {"model": "never-whole"}, "do": "break_tool_call", "mode": "truncate"},
         ]
     }
     with mock_and_proxy(tmp, scenario) as (mock, proxy):
@@ -88,7 +93,11 @@ def test_a_scrape_counts_requests_tokens_and_repairs_and_bounds_the_model_label(
     assert "true" in "".join(calls) and "True" not in "".join(calls)  # the client got the repaired call
     with pytest.raises(openai.InternalServerError):
         client.chat.completions.create(model="fail-me", messages=PROMPT)
-    samples = scrape_until(proxy, 6)
+    regenerated = client.chat.completions.create(model="regen-me", messages=PROMPT, tools=[LIST_DIR])
+    assert regenerated.choices[0].message.tool_calls  # the second attempt's whole call
+    with pytest.raises(openai.APIStatusError):  # every attempt cut: tapfix answers its verdict (502)
+        client.chat.completions.create(model="never-whole", messages=PROMPT, tools=[LIST_DIR])
+    samples = scrape_until(proxy, 8)
 
     assert total(samples, "tapfix_requests_total", model="m-a", status_class="2xx", surface="chat") == 3
     assert total(samples, "tapfix_requests_total", model="m-b", status_class="2xx") == 1
@@ -108,6 +117,11 @@ def test_a_scrape_counts_requests_tokens_and_repairs_and_bounds_the_model_label(
     conn = sqlite3.connect(f"file:{proxy.extra['db']}?mode=ro", uri=True)
     try:
         chunk_counts = [n for (n,) in conn.execute("select chunk_count from exchanges where model = 'm-a'")]
+        rows = conn.execute("select count(*) from exchanges").fetchone()[0]
+        attempts = conn.execute("select count(*) from exchanges where attempt >= 2").fetchone()[0]
+        unrecoverable = conn.execute(
+            "select count(*) from exchanges where flags like '%toolcall_unrecoverable%'"
+        ).fetchone()[0]
         kinds = conn.execute(
             "select c.kind, count(*) from changes c join exchanges e on e.id = c.exchange_id"
             " where e.model = 'repair-me' and c.stage = 'toolcalls' group by c.kind"
@@ -119,26 +133,31 @@ def test_a_scrape_counts_requests_tokens_and_repairs_and_bounds_the_model_label(
     assert kinds, "the corpus case must be repaired"
     for kind, count in kinds:
         assert total(samples, "tapfix_repairs_total", model="repair-me", kind=kind) == count
-    assert total(samples, "tapfix_repairs_total") == sum(count for _, count in kinds)
-    assert total(samples, "tapfix_unrecoverable_calls_total") == 0
+    assert total(samples, "tapfix_requests_total") == rows
+    # The first attempt's call was cut (unrecoverable); tapfix asked again, and the client got the second.
+    assert total(samples, "tapfix_regenerations_total", model="regen-me", outcome="ok") >= 1
+    assert total(samples, "tapfix_regenerations_total", model="never-whole", outcome="unrecoverable") >= 1
+    assert total(samples, "tapfix_regenerations_total") == attempts
+    # What reached a client unrecoverable (a call regenerated whole is flagged `regenerated` instead).
+    assert total(samples, "tapfix_unrecoverable_calls_total", model="never-whole") == unrecoverable >= 1
     assert total(samples, "tapfix_capture_failures_total") == 0
     assert samples["tapfix_writer_queue_depth"][0].value == 0
 
     # Quick mode: the first 50 distinct model names keep their label, every later one is `other`.
-    seen = {"m-a", "m-b", "repair-me", "fail-me"}
+    seen = {"m-a", "m-b", "repair-me", "fail-me", "regen-me", "never-whole"}
     fillers = [f"filler-{i}" for i in range(LABEL_LIMIT - len(seen))]
     for model in fillers:
         client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4)
-    scrape_until(proxy, 6 + len(fillers))  # the 50 names are taken before the next ones arrive
+    scrape_until(proxy, rows + len(fillers))  # the 50 names are taken before the next ones arrive
     for model in ("one-too-many", "two-too-many"):
         client.chat.completions.create(model=model, messages=PROMPT, max_tokens=4)
-    samples = scrape_until(proxy, 6 + len(fillers) + 2)
+    samples = scrape_until(proxy, rows + len(fillers) + 2)
     models = {s.labels["model"] for s in samples["tapfix_requests_total"]}
     assert models == seen | set(fillers) | {"other"} and len(models) == LABEL_LIMIT + 1
     assert total(samples, "tapfix_requests_total", model="other") == 2
 
     health = httpx.get(f"{proxy.url}/tapfix/health").json()["telemetry"]
-    assert health["fanout"]["turns"] == 6 + len(fillers) + 2 and health["fanout"]["sink_errors"] == {}
+    assert health["fanout"]["turns"] == rows + len(fillers) + 2 and health["fanout"]["sink_errors"] == {}
 
 
 def test_openmetrics_when_the_scraper_asks(stack) -> None:
