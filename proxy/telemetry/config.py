@@ -92,12 +92,13 @@ def export_config(otlp: str | None, env: Mapping[str, str], browse_url: str | No
     if base is None:
         generic = _var(env, "ENDPOINT")
         base = _checked_url(_PREFIX + "ENDPOINT", generic) if generic else None
-    explicit = {s: _var(env, f"{s.upper()}_ENDPOINT") for s in ("traces", "metrics")}
+    signals: tuple[Signal, ...] = ("traces", "metrics")
+    # --otlp wins over every endpoint variable; without it a per-signal one wins over the base.
+    explicit = {s: None if otlp else _var(env, f"{s.upper()}_ENDPOINT") for s in signals}
     if base is None and not any(explicit.values()):
         return None
     browse = _checked_url("--browse-url", browse_url).rstrip("/") if browse_url else None
-    signals = {s: _signal(env, s, otlp if otlp else base, explicit[s] if not otlp else None) for s in explicit}
-    traces, metrics = signals["traces"], signals["metrics"]
+    traces, metrics = (_signal(env, s, base, explicit[s]) for s in signals)
     resource = _pairs("OTEL_RESOURCE_ATTRIBUTES", env.get("OTEL_RESOURCE_ATTRIBUTES", ""))
     same = (metrics.protocol, metrics.headers, metrics.timeout_s) == (traces.protocol, traces.headers, traces.timeout_s)
     return ExportConfig(

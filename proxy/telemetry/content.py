@@ -75,7 +75,8 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
     parts = _parts(m.get("content"))
     for call in m.get("tool_calls") or []:
         if isinstance(call, dict):
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = call.get("function")
+            fn = function if isinstance(function, dict) else {}
             parts.append(
                 {"type": "tool_call", "id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
             )
