@@ -123,6 +123,10 @@ def test_both_sinks_hold_the_same_numbers_under_their_own_names(tmp_path: Path, 
             assert sum(d.sum for d in points[inst.name]) == pytest.approx(prom[p + "_sum"]), inst.name
             assert all(tuple(d.explicit_bounds) == inst.buckets for d in points[inst.name]), inst.name
     assert [d.value for d in points[sc.METRIC_WRITER_QUEUE_DEPTH]] == [7.0] == [prom["tapfix_writer_queue_depth"]]
+    by_name = {i.name: i for i in CATALOGUE}
+    for name, data in points.items():  # each point carries exactly its instrument's labels (all known here)
+        labels = {label.attribute for label in by_name[name].labels} - {sc.ERROR_TYPE}  # no error here
+        assert all(set(d.attributes) == labels for d in data), name
 
     tokens = {d.attributes[sc.GEN_AI_TOKEN_TYPE]: d for d in points[sc.METRIC_TOKEN_USAGE]}
     assert (tokens["input"].count, tokens["input"].sum, tokens["output"].sum) == (4, 44, 12)

@@ -16,7 +16,7 @@ exchange's commit: the event loop never records a metric, and a per-chunk histog
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -215,39 +215,45 @@ class Labeller:
         }
 
 
-Observation = tuple[Instrument, float, dict[Label, str | None]]
+# An instrument, the values one exchange adds to it (one, or one per chunk), and their labels.
+Observation = tuple[Instrument, Sequence[float], dict[Label, str | None]]
 
 
 def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
     """What one finished exchange adds to each instrument: the single recipe both sinks follow."""
     if turn.outcome in ("kept", "lost"):
-        yield CAPTURE_FAILURES, 1, {OUTCOME: turn.outcome}
+        yield CAPTURE_FAILURES, (1,), {OUTCOME: turn.outcome}
     base = labeller.base(turn)
-    yield REQUESTS, 1, base
+    yield REQUESTS, (1,), base
     for kind, count in sorted(turn.repairs.items()):
-        yield REPAIRS, count, base | {KIND: labeller.value(KIND, kind)}
+        yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
     if turn.unrecoverable:
-        yield UNRECOVERABLE, 1, base
+        yield UNRECOVERABLE, (1,), base
     if turn.attempt >= 2:
         outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
-        yield REGENERATIONS, 1, base | {ATTEMPT_OUTCOME: outcome}
+        yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}
     if not turn.is_genai:  # not an inference (or embeddings) call: no GenAI metrics
         return
     for token_type, tokens in ((sc.TOKEN_TYPE_INPUT, turn.input_tokens), (sc.TOKEN_TYPE_OUTPUT, turn.output_tokens)):
         if tokens is not None:
-            yield TOKEN_USAGE, tokens, base | {TOKEN_TYPE: token_type}
+            yield TOKEN_USAGE, (tokens,), base | {TOKEN_TYPE: token_type}
     if turn.duration_s is not None:
-        yield OPERATION_DURATION, turn.duration_s, base | {ERROR_TYPE: labeller.value(ERROR_TYPE, turn.error_type)}
+        error = labeller.value(ERROR_TYPE, turn.error_type)
+        yield OPERATION_DURATION, (turn.duration_s,), base | {ERROR_TYPE: error}
     if turn.stream and turn.time_to_first_chunk_s is not None:
-        yield TIME_TO_FIRST_CHUNK, turn.time_to_first_chunk_s, base
-    if turn.stream:
-        for interval in turn.chunk_intervals_s:
-            yield TIME_PER_OUTPUT_CHUNK, interval, base
+        yield TIME_TO_FIRST_CHUNK, (turn.time_to_first_chunk_s,), base
+    if turn.stream and turn.chunk_intervals_s:
+        yield TIME_PER_OUTPUT_CHUNK, turn.chunk_intervals_s, base
 
 
 def label_values(instrument: Instrument, labels: Mapping[Label, str | None]) -> list[str]:
-    """Prometheus wants every label: an unknown value is the empty string."""
+    """Prometheus wants every label of the instrument: an unknown value is the empty string."""
     return [labels.get(label) or "" for label in instrument.labels]
+
+
+def attributes(instrument: Instrument, labels: Mapping[Label, str | None]) -> dict[str, str]:
+    """OTLP: the instrument's labels under their attribute names; an unknown value is left out."""
+    return {label.attribute: value for label in instrument.labels if (value := labels.get(label)) is not None}
 
 
 class PrometheusRecorder:
@@ -278,12 +284,11 @@ class PrometheusRecorder:
                 self._metrics[inst] = gauge
 
     def __call__(self, turn: Turn) -> None:
-        for inst, value, labels in observations(turn, self.labeller):
+        for inst, values, labels in observations(turn, self.labeller):
             metric = self._metrics[inst].labels(*label_values(inst, labels)) if inst.labels else self._metrics[inst]
-            if inst.kind == "counter":
-                metric.inc(value)
-            else:
-                metric.observe(value)
+            record = metric.inc if inst.kind == "counter" else metric.observe
+            for value in values:
+                record(value)
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """The text format (or OpenMetrics, when the scraper asks for it) and its content type."""

@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.config import ExportConfig
-from tapfix.proxy.telemetry.metrics import CATALOGUE, Instrument, Labeller, observations
+from tapfix.proxy.telemetry.metrics import CATALOGUE, Instrument, Labeller, attributes, observations
 from tapfix.proxy.telemetry.turn import Turn
 
 log = logging.getLogger("tapfix.telemetry")
@@ -175,12 +175,11 @@ class OtelMetrics:
         return cls(labeller, queue_depth, reader, exporter, resource_of(export))
 
     def __call__(self, turn: Turn) -> None:
-        for inst, value, labels in observations(turn, self.labeller):
-            attributes = {label.attribute: v for label, v in labels.items() if v is not None}
-            if inst.kind == "counter":
-                self._instruments[inst].add(value, attributes)
-            else:
-                self._instruments[inst].record(value, attributes)
+        for inst, values, labels in observations(turn, self.labeller):
+            instrument, named = self._instruments[inst], attributes(inst, labels)
+            record = instrument.add if inst.kind == "counter" else instrument.record
+            for value in values:
+                record(value, named)
 
     def shutdown(self) -> None:
         """Collect and export what is left, then stop the reader's thread (at exit, after the writer)."""
