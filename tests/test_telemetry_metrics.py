@@ -173,3 +173,36 @@ def test_config_mode_labels_only_the_served_names_and_quick_mode_the_first_fifty
     names = [f"model-{i}" for i in range(60)]
     labels = [quick.value(MODEL, n) for n in names + names[:3]]
     assert labels == names[:50] + [OTHER] * 10 + names[:3]
+
+
+def test_capture_failures_are_counted_by_outcome(tmp_path: Path) -> None:
+    """An exchange kept in part (`capture_failed`) and one lost (the disk full) are still requests."""
+    import sqlite3
+
+    writer = CaptureWriter(tmp_path / "f.db")
+    prometheus = PrometheusRecorder(Labeller(), lambda: 0.0)
+    fanout = TurnFanout(CONTEXT)
+    fanout.add(prometheus)
+    writer.observers.append(fanout)
+    kept, lost = _exchange("m"), _exchange("m")
+    errors = {kept.id: ValueError("content the writer can't store"), lost.id: sqlite3.OperationalError("disk is full")}
+    write_one = writer._write_one
+
+    def failing(ex: Exchange) -> None:
+        if ex.id in errors:
+            raise errors[ex.id]
+        write_one(ex)
+
+    writer._write_one = failing  # type: ignore[method-assign]
+    for ex in (kept, _exchange("m"), lost):
+        writer.submit(ex)
+    writer.close()
+    samples: dict[tuple[str, str | None], float] = {}
+    for family in text_string_to_metric_families(prometheus.exposition()[0].decode()):
+        for s in family.samples:
+            key = (s.name, s.labels.get("outcome"))
+            samples[key] = samples.get(key, 0.0) + s.value
+    assert samples[("tapfix_capture_failures_total", "kept")] == 1
+    assert samples[("tapfix_capture_failures_total", "lost")] == 1
+    assert samples[("tapfix_requests_total", None)] == 3
+    assert fanout.health() == {"turns": 3, "turn_errors": 0, "sink_errors": {}}
