@@ -59,7 +59,7 @@ def stack(tmp_path_factory):
     }
     proxy = start_proxy(tmp, mock.url, "--engine", "vllm", "--otlp", phoenix.url, "--browse-url", BROWSE, env=env)
     try:
-        yield phoenix, proxy
+        yield phoenix, proxy, mock, tmp
     finally:
         proxy.stop()
         mock.stop()
@@ -95,11 +95,11 @@ def _traffic(proxy) -> dict[str, str]:
     return ids
 
 
-def _wait_spans(phoenix, ids: dict[str, str], timeout: float = 30.0) -> dict[str, dict]:
+def _wait_spans(phoenix, ids: dict[str, str], project: str = PROJECT, timeout: float = 30.0) -> dict[str, dict]:
     wanted = set(ids.values())
     deadline = time.monotonic() + timeout
     while True:
-        spans = {s["attributes"].get("tapfix.capture.id"): s for s in phoenix.spans(PROJECT)}
+        spans = {s["attributes"].get("tapfix.capture.id"): s for s in phoenix.spans(project)}
         if wanted <= spans.keys() or time.monotonic() > deadline:
             assert wanted <= spans.keys(), (sorted(spans), phoenix.log_path.read_text(errors="replace")[-2000:])
             return {name: spans[capture_id] for name, capture_id in ids.items()}
@@ -113,7 +113,7 @@ def _forwarded_traceparent(proxy, capture_id: str) -> str:
 
 
 def test_each_exchange_is_a_genai_span_in_phoenix(stack):
-    phoenix, proxy = stack
+    phoenix, proxy, _, _ = stack
     ids = _traffic(proxy)
     spans = _wait_spans(phoenix, ids)
 
@@ -159,3 +159,25 @@ def test_each_exchange_is_a_genai_span_in_phoenix(stack):
     health = httpx.get(f"{proxy.url}/tapfix/health", timeout=10).json()["telemetry"]["spans"]
     assert health["exported"] >= 4 and health["failed"] == 0 and health["dropped"] == 0
     assert f"spans to {phoenix.url}/v1/traces (http/protobuf, content SPAN_ONLY)" in proxy.log()  # the banner
+
+
+def test_spans_go_over_grpc_too(stack):
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the same span through Phoenix's OTLP/gRPC port."""
+    phoenix, _, mock, tmp = stack
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_RESOURCE_ATTRIBUTES": "openinference.project.name=tapfix-grpc"}
+    grpc_url = f"http://127.0.0.1:{phoenix.grpc_port}"
+    proxy = start_proxy(tmp, mock.url, "--otlp", grpc_url, db=tmp / "grpc.db", env=env)
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="qwen", messages=[{"role": "user", "content": "hi"}]
+        )
+        raw.parse()
+        capture_id = raw.headers["x-tapfix-capture-id"]
+        span = _wait_spans(phoenix, {"grpc": capture_id}, project="tapfix-grpc")["grpc"]
+        assert span["name"] == "chat qwen" and span["attributes"]["gen_ai.operation.name"] == "chat"
+        content = ("gen_ai.input", "gen_ai.output", "llm.input_messages", "llm.output_messages")
+        assert not [k for k in span["attributes"] if k.startswith(content)]  # NO_CONTENT by default
+        assert f"spans to {grpc_url} (grpc, content NO_CONTENT)" in proxy.log()
+    finally:
+        proxy.stop()
