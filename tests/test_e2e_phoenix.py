@@ -2,8 +2,9 @@
 
 Phoenix (scripts/install-phoenix, its own venv) receives OTLP/HTTP on its port and serves what it
 stored through `GET /v1/projects/{project}/spans`; the project comes from the resource attribute
-`openinference.project.name`. Four exchanges (plain, streamed under an agent's `traceparent`, a
-streamed tool call tapfix repairs, an upstream 500) must arrive as four GenAI spans with the names,
+`openinference.project.name`. Six exchanges (plain, streamed under an agent's `traceparent`, a
+streamed tool call tapfix repairs, an upstream 500, a reset stream, a tool call no attempt could save)
+must arrive as GenAI spans with the names,
 attributes, parents, events and status the conventions and tapfix promise, and the upstream must have
 been sent tapfix's own span as its parent.
 """
@@ -42,6 +43,8 @@ TOOLS = [
 SCENARIO = {
     "rules": [
         {"when": {"model": "broken"}, "do": "http_error", "status": 500},
+        {"when": {"model": "cut"}, "do": "reset_mid_stream", "after_chunks": 2},
+        {"when": {"model": "hopeless"}, "do": "break_tool_call", "mode": "truncate"},
         {"when": {"has_tools": True}, "do": "break_tool_call", "mode": "unclosed"},
     ]
 }
@@ -59,7 +62,7 @@ def stack(tmp_path_factory):
     }
     proxy = start_proxy(tmp, mock.url, "--engine", "vllm", "--otlp", phoenix.url, "--browse-url", BROWSE, env=env)
     try:
-        yield phoenix, proxy
+        yield phoenix, proxy, mock, tmp
     finally:
         proxy.stop()
         mock.stop()
@@ -67,7 +70,7 @@ def stack(tmp_path_factory):
 
 
 def _traffic(proxy) -> dict[str, str]:
-    """The four exchanges; their capture ids by name."""
+    """The six exchanges; their capture ids by name."""
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
     chat = client.chat.completions
     ids = {}
@@ -92,14 +95,22 @@ def _traffic(proxy) -> dict[str, str]:
     with pytest.raises(openai.InternalServerError) as failed:
         chat.create(model="broken", messages=messages)
     ids["failed"] = failed.value.response.headers["x-tapfix-capture-id"]
+    raw = chat.with_raw_response.create(model="cut", messages=messages, stream=True)
+    with pytest.raises(openai.APIError):
+        list(raw.parse())
+    ids["reset"] = raw.headers["x-tapfix-capture-id"]
+    raw = chat.with_raw_response.create(model="hopeless", messages=prompt, tools=TOOLS, stream=True)
+    with pytest.raises(openai.APIError):  # truncated on every attempt: unrecoverable, after one regeneration
+        list(raw.parse())
+    ids["unrecoverable"] = raw.headers["x-tapfix-capture-id"]
     return ids
 
 
-def _wait_spans(phoenix, ids: dict[str, str], timeout: float = 30.0) -> dict[str, dict]:
+def _wait_spans(phoenix, ids: dict[str, str], project: str = PROJECT, timeout: float = 30.0) -> dict[str, dict]:
     wanted = set(ids.values())
     deadline = time.monotonic() + timeout
     while True:
-        spans = {s["attributes"].get("tapfix.capture.id"): s for s in phoenix.spans(PROJECT)}
+        spans = {s["attributes"].get("tapfix.capture.id"): s for s in phoenix.spans(project)}
         if wanted <= spans.keys() or time.monotonic() > deadline:
             assert wanted <= spans.keys(), (sorted(spans), phoenix.log_path.read_text(errors="replace")[-2000:])
             return {name: spans[capture_id] for name, capture_id in ids.items()}
@@ -113,7 +124,7 @@ def _forwarded_traceparent(proxy, capture_id: str) -> str:
 
 
 def test_each_exchange_is_a_genai_span_in_phoenix(stack):
-    phoenix, proxy = stack
+    phoenix, proxy, _, _ = stack
     ids = _traffic(proxy)
     spans = _wait_spans(phoenix, ids)
 
@@ -129,6 +140,8 @@ def test_each_exchange_is_a_genai_span_in_phoenix(stack):
         "traced": "chat qwen",
         "repaired": "chat qwen",
         "failed": "chat broken",
+        "reset": "chat cut",
+        "unrecoverable": "chat hopeless",
     }
 
     plain = spans["plain"]["attributes"]
@@ -153,9 +166,47 @@ def test_each_exchange_is_a_genai_span_in_phoenix(stack):
     assert {"toolcalls", "telemetry"} <= stages and len(kinds) == repaired["attributes"]["tapfix.changes.count"]
     assert all("tapfix.change.before" in e["attributes"] for e in repaired["events"])  # content is on
 
-    failed = spans["failed"]
-    assert failed["status_code"] == "ERROR" and failed["attributes"]["error.type"] == "500"
+    errors = {
+        n: (spans[n]["status_code"], spans[n]["attributes"]["error.type"]) for n in ("failed", "reset", "unrecoverable")
+    }
+    assert errors == {
+        "failed": ("ERROR", "500"),
+        "reset": ("ERROR", "tapfix.reset"),
+        "unrecoverable": ("ERROR", "tapfix.unrecoverable_tool_call"),
+    }
+    unrecoverable = spans["unrecoverable"]
+    assert unrecoverable["attributes"]["tapfix.unrecoverable"] is True
+    assert unrecoverable["attributes"]["tapfix.repairs.count"] == 0  # regeneration's records are no repairs
+    # the regeneration attempt (issue 19) is a span of its own, a child of the client-facing one
+    (attempt,) = [s for s in phoenix.spans(PROJECT) if s["attributes"].get("tapfix.attempt_of") == ids["unrecoverable"]]
+    assert (
+        attempt["attributes"]["tapfix.attempt"] == 2
+        and attempt["context"]["trace_id"] == unrecoverable["context"]["trace_id"]
+    )
+    assert attempt["parent_id"] == unrecoverable["context"]["span_id"]
 
     health = httpx.get(f"{proxy.url}/tapfix/health", timeout=10).json()["telemetry"]["spans"]
-    assert health["exported"] >= 4 and health["failed"] == 0 and health["dropped"] == 0
+    assert health["exported"] >= 7 and health["failed"] == 0 and health["dropped"] == 0
     assert f"spans to {phoenix.url}/v1/traces (http/protobuf, content SPAN_ONLY)" in proxy.log()  # the banner
+
+
+def test_spans_go_over_grpc_too(stack):
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the same span through Phoenix's OTLP/gRPC port."""
+    phoenix, _, mock, tmp = stack
+    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_RESOURCE_ATTRIBUTES": "openinference.project.name=tapfix-grpc"}
+    grpc_url = f"http://127.0.0.1:{phoenix.grpc_port}"
+    proxy = start_proxy(tmp, mock.url, "--otlp", grpc_url, db=tmp / "grpc.db", env=env)
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="qwen", messages=[{"role": "user", "content": "hi"}]
+        )
+        raw.parse()
+        capture_id = raw.headers["x-tapfix-capture-id"]
+        span = _wait_spans(phoenix, {"grpc": capture_id}, project="tapfix-grpc")["grpc"]
+        assert span["name"] == "chat qwen" and span["attributes"]["gen_ai.operation.name"] == "chat"
+        content = ("gen_ai.input", "gen_ai.output", "llm.input_messages", "llm.output_messages")
+        assert not [k for k in span["attributes"] if k.startswith(content)]  # NO_CONTENT by default
+        assert f"spans to {grpc_url} (grpc, content NO_CONTENT)" in proxy.log()
+    finally:
+        proxy.stop()

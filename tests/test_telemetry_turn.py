@@ -184,6 +184,9 @@ def test_repairs_errors_and_lost_exchanges(store):
         Change("toolcalls", "json_repair", "$.choices[0].message.tool_calls[1]", "{", "{}", "closed the object"),
         Change("toolcalls", "leaked", "$.choices[0].message.content", "<tool>", None, "tool call written as text"),
         Change("toolcalls", "truncated", "$.choices[0].message.tool_calls[2]", None, None, "unrecoverable (cut off)"),
+        Change("toolcalls", "regenerate", "attempt[2]", "truncated", "fresh_seed", "asked again"),
+        Change("toolcalls", "skip", "attempt[3]", None, "budget", "no time left"),
+        Change("toolcalls", "upstream_error", "$.error", "boom", None, "replaced by tapfix's error"),
     ]
     repaired.flags.add("toolcall_unrecoverable")
     turn = _turn(store, repaired)

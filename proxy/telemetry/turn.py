@@ -28,6 +28,8 @@ from tapfix.proxy.telemetry.content import TurnContent, turn_content
 
 UNRECOVERABLE_FLAG = "toolcall_unrecoverable"
 RESET_FLAGS = frozenset({"upstream_reset", "stream_incomplete"})
+# Tool-call-stage change kinds that record something else than a repair (see `_repairs`).
+NOT_REPAIRS = frozenset({"upstream_error", "inject", "override", "drop", "regenerate", "skip"})
 _OPERATIONS = {
     "chat": sc.OP_CHAT,
     "responses": sc.OP_CHAT,
@@ -256,12 +258,16 @@ def _intervals(times: list[float]) -> tuple[float, ...]:
 
 
 def _repairs(changes: list[Change]) -> dict[str, int]:
-    """Tool-call repairs by kind: the tool-call stage's changes, less its verdicts (an unrecoverable
-    call, an engine error it replaced), which are not repairs."""
+    """Tool-call repairs by kind: the tool-call stage's changes, less what is no repair: its verdicts
+    (an unrecoverable call, an engine error it replaced) and regeneration's records (issue 19: why an
+    attempt was made or skipped, and the edits of an attempt's request)."""
     counts = Counter(
         c.kind
         for c in changes
-        if c.stage == "toolcalls" and c.kind != "upstream_error" and not c.reason.startswith("unrecoverable")
+        if c.stage == "toolcalls"
+        and c.kind not in NOT_REPAIRS
+        and not c.reason.startswith("unrecoverable")
+        and not c.path.startswith("attempt[")
     )
     return dict(counts)
 

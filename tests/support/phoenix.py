@@ -38,7 +38,8 @@ def phoenix_executable() -> str:
 @dataclass
 class Phoenix:
     proc: subprocess.Popen[bytes]
-    port: int
+    port: int  # the UI, the REST API and OTLP/HTTP (/v1/traces)
+    grpc_port: int  # OTLP/gRPC
     log_path: Path
 
     @property
@@ -86,7 +87,7 @@ def start_phoenix(executable: str, tmp: Path) -> Phoenix:
         proc = subprocess.Popen(
             [executable, "serve"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    phoenix = Phoenix(proc, port, log_path)
+    phoenix = Phoenix(proc, port, grpc_port, log_path)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
