@@ -10,6 +10,7 @@ from mitmproxy import http
 from mitmproxy.test import taddons
 from prometheus_client.parser import text_string_to_metric_families
 from tapfix.addons.metrics import Metrics
+from tapfix.proxy.telemetry.metrics import MODEL
 
 from tests.addons.flows import flow, json_response, runtime, store
 
@@ -48,3 +49,19 @@ def test_other_paths_and_answered_flows_are_left_alone() -> None:
         ask(metrics, f)
     assert other.response is None
     assert answered.response is not None and answered.response.status_code == 401
+
+
+def test_config_mode_labels_the_names_the_config_serves() -> None:
+    config = {
+        "upstreams": {"gpu0": {"base_url": "http://127.0.0.1:9/v1", "engine": "vllm"}},
+        "models": {"coder": {"upstream": "gpu0", "upstream_model": "Qwen/Qwen3-Coder", "aliases": ["qwen"]}},
+    }
+    labeller = runtime(config=config).metrics.labeller
+    assert [labeller.value(MODEL, n) for n in ("coder", "qwen", "Qwen/Qwen3-Coder", "anything")] == [
+        "coder",
+        "coder",
+        "other",
+        "other",
+    ]
+    quick = runtime().metrics.labeller  # quick mode: any name, up to the bound
+    assert quick.value(MODEL, "anything") == "anything"
