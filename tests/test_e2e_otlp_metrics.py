@@ -151,3 +151,21 @@ def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(
     ours = [r for r in caplog.records if r.name == "tapfix.telemetry"]
     assert len(ours) == 1 and ours[0].levelno == logging.WARNING
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.WARNING]
+
+
+def test_the_flush_at_exit_skips_a_receiver_that_just_failed(receiver_class) -> None:
+    """Retrying a receiver that is down would hold tapfix's exit for the whole export timeout."""
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+
+    receiver = receiver_class(metrics=False)
+    try:
+        export = export_config(receiver.url, {}, None)
+        assert export is not None
+        meters = OtelMetrics.exporting(Labeller(), lambda: 1.0, export)
+        meters.provider.force_flush()
+        assert receiver.rejected == 1 and meters.health()["failures"] == 1
+        meters.shutdown()
+    finally:
+        receiver.close()
+    assert receiver.rejected == 1 and meters.health()["failures"] == 2
