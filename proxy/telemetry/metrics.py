@@ -125,7 +125,7 @@ UNRECOVERABLE = Instrument(
     sc.METRIC_UNRECOVERABLE_CALLS,
     "counter",
     "{exchange}",
-    "Answers with a tool call tapfix could not repair (flag unrecoverable_tool_call).",
+    "Exchanges with a tool call tapfix could not repair (flag toolcall_unrecoverable), an attempt's too.",
     (MODEL, UPSTREAM, SURFACE),
 )
 REGENERATIONS = Instrument(
