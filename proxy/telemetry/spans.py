@@ -10,6 +10,7 @@ and after) is added only when the content mode asks and bodies are stored.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,9 @@ def resource_of(cfg: ExportConfig) -> Resource:
     return Resource.create({**cfg.resource_attributes, "service.name": cfg.service_name})
 
 
+@functools.cache
 def scope() -> InstrumentationScope:
+    """tapfix's instrumentation scope (read once: the package metadata lookup costs more than a span)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
