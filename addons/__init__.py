@@ -5,24 +5,28 @@ from __future__ import annotations
 from tapfix.addons.auth import TokenAuth
 from tapfix.addons.health import Health
 from tapfix.addons.malformed import RecordMalformed
+from tapfix.addons.metrics import Metrics
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
 from tapfix.addons.stream import StreamOwner
+from tapfix.addons.trace_context import TraceContext
 
 KEEPALIVE_S = 5.0  # a `: keep-alive` comment this often while the client waits for a later attempt
 
 
 def default_addons(runtime: Runtime) -> list[object]:
-    """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), stream, recorder;
+    """The chain, in the order of ../shared/DESIGN.md: recorder, router(+policy), trace context, stream, recorder;
     with a token (a non-loopback listen address), the token check comes first. Shutdown follows the
     recorder, so the 503 it answers while draining is recorded like any answer."""
     chain: list[object] = [
         Health(runtime),
+        Metrics(runtime),
         RecordRequest(runtime),
         Shutdown(runtime),
         Router(runtime),
+        TraceContext(runtime),  # after the router: it reads and writes the request as forwarded
         StreamOwner(runtime),
         RecordExchange(runtime),
         RecordMalformed(runtime),

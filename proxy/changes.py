@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 # The part of tapfix that made a change: `captures show` and the browser group changes by it.
-Stage = Literal["router", "policy", "sampling", "reasoning", "reasoning_field", "toolcalls", "framing", "stream"]
+# "telemetry": the `traceparent` tapfix forwards for its own span while OTLP export is on.
+Stage = Literal[
+    "router", "policy", "sampling", "reasoning", "reasoning_field", "toolcalls", "framing", "stream", "telemetry"
+]
 
 
 @dataclass(slots=True)

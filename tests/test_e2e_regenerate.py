@@ -27,6 +27,8 @@ WRITE = tool(
     ["content", "filePath"],
     description="Write a file",
 )
+TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE}-{CLIENT_SPAN}-01"
 ALWAYS_BROKEN = {"rules": [{"when": {"has_tools": True}, "do": "break_tool_call", "mode": "truncate"}]}
 
 
@@ -75,8 +77,8 @@ def all_exchanges(db: Path) -> int:
         conn.close()
 
 
-def raw_stream(proxy: Proc, body: dict[str, Any]) -> tuple[str, bytes]:
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=30) as r:
+def raw_stream(proxy: Proc, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, bytes]:
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
         data = b"".join(r.iter_raw())
         return r.headers["x-tapfix-capture-id"], data
 
@@ -115,7 +117,8 @@ def test_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
 def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None:
-    capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
+    body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True}
+    capture_id, data = raw_stream(stack, body, {"traceparent": TRACEPARENT})
     assert b"tapfix-attempt-end" not in data
     view = client_view(data)
     assert view.errors == [] and view.done == 1 and len(view.calls) == 1
@@ -126,6 +129,10 @@ def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None
     assert not any(k.lower() == "x-tapfix-relay" for k, _ in forwarded)
     assert stack.extra["upstream_authority"] in [v for k, v in forwarded if k.lower() == "host"]
     assert not any(k.lower() in ("x-tapfix-relay", "host") for k, _ in json.loads(found[1]["request_headers"]))
+    # The attempt resends the forwarded headers: the same trace context (export off: the client's, as sent).
+    assert [v for k, v in json.loads(found[1]["request_headers"]) if k.lower() == "traceparent"] == [TRACEPARENT]
+    assert [v for k, v in forwarded if k.lower() == "traceparent"] == [TRACEPARENT]
+    assert [(r["trace_id"], r["span_id"], r["parent_span_id"]) for r in found] == [(TRACE, None, CLIENT_SPAN)] * 2
 
 
 @pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)

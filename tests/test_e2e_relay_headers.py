@@ -6,6 +6,7 @@ an upstream that honours it compressed the stream and regeneration silently neve
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,9 @@ from tests.support.rawserver import RawRequest, RawServer, sse_response
 
 pytestmark = pytest.mark.e2e
 
+# W3C trace context with OTLP export off: noted in the store, forwarded byte for byte on either path.
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+TRACESTATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 
 
@@ -32,7 +36,12 @@ def test_a_relayed_request_reaches_the_upstream_with_the_direct_paths_headers(tm
         for regenerate in ("1", "0"):
             proxy = start_proxy(tmp_path, server.url, "--regenerate", regenerate, db=tmp_path / f"{regenerate}.db")
             try:
-                headers = {"user-agent": "agent/1", "accept-encoding": "gzip"}
+                headers = {
+                    "user-agent": "agent/1",
+                    "accept-encoding": "gzip",
+                    "traceparent": TRACEPARENT,
+                    "tracestate": TRACESTATE,
+                }
                 with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=headers) as r:
                     assert b"".join(r.iter_raw()).startswith(CHUNK)
                 health = httpx.get(proxy.url + "/tapfix/health").json()
@@ -43,6 +52,10 @@ def test_a_relayed_request_reaches_the_upstream_with_the_direct_paths_headers(tm
             seen[regenerate] = header_names(request)
             assert request.header("accept-encoding") in (None, "identity"), request.head
             assert request.header("user-agent") == "agent/1"
+            assert (request.header("traceparent"), request.header("tracestate")) == (TRACEPARENT, TRACESTATE)
+            with sqlite3.connect(tmp_path / f"{regenerate}.db") as conn:
+                stored = conn.execute("select trace_id, span_id, parent_span_id from exchanges").fetchall()
+            assert stored == [("4bf92f3577b34da6a3ce929d0e0e4736", None, "00f067aa0ba902b7")]
             assert json.loads(request.body)["tools"]
     finally:
         server.close()

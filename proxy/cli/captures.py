@@ -6,9 +6,11 @@ is one line. Imports stay light (click, orjson, the store) so listing starts fas
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.purge import purge
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.reader import CaptureFilter
 from tapfix.proxy.store.writer import StoreError
 
 
@@ -37,16 +40,36 @@ def captures() -> None:
     """
 
 
+def filter_options[F: Callable[..., Any]](f: F) -> F:
+    """The filters `captures list` and `captures tail` share (`reader.CaptureFilter`), as one `filters` argument."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kw: Any) -> Any:
+        kw["filters"] = CaptureFilter(*(kw.pop(key) for key in ("flag", "tag", "session", "trace")))
+        return f(*args, **kw)
+
+    for option in reversed(
+        (
+            click.option(
+                "--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length, regenerated)"
+            ),
+            click.option("--tag", metavar="T", help="only exchanges with this tag (probe, replay)"),
+            click.option("--session", metavar="SID", help="only this agent session"),
+            click.option(
+                "--trace", metavar="TRACE_ID", help="only this W3C trace (32 hex digits, as tracing shows it)"
+            ),
+        )
+    ):
+        command = option(command)
+    return command  # type: ignore[return-value]  # functools.wraps keeps f's signature
+
+
 @captures.command("list")
 @db_option()
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
-@click.option("--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length, regenerated)")
-@click.option("--tag", metavar="T", help="only exchanges with this tag (probe, replay)")
-@click.option("--session", metavar="SID", help="only this agent session")
-def captures_list(
-    db: StoreLocator, limit: int, as_json: bool, flag: str | None, tag: str | None, session: str | None
-) -> None:
+@filter_options
+def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureFilter) -> None:
     """Captured exchanges, newest first.
 
     Regeneration attempts follow the client request they were made for, marked `↳N`
@@ -61,36 +84,40 @@ def captures_list(
 
     conn = _reader(db)
     with reported(StoreError, sqlite3.Error):
-        rows = list_captures(conn, limit=limit, flag=flag, tag=tag, session=session)
+        rows = list_captures(
+            conn, limit=limit, flag=filters.flag, tag=filters.tag, session=filters.session, trace=filters.trace
+        )
     if as_json:
         out = sys.stdout.buffer
         for row in rows:
-            out.write(orjson.dumps(row) + b"\n")
+            out.write(json_row(row))
         out.flush()
         return
     from tapfix.proxy.cli.render import captures_table
 
-    click.echo(
-        captures_table([_marked(row) for row in rows], _empty_list(conn, flag, tag, session) if not rows else "")
-    )
+    click.echo(captures_table([marked(row) for row in rows], _empty_list(conn, filters) if not rows else ""))
 
 
-def _marked(row: dict[str, Any]) -> dict[str, Any]:
+def json_row(row: dict[str, Any]) -> bytes:
+    """One `--json` line of `list` and `tail`."""
+    return orjson.dumps(row) + b"\n"
+
+
+def marked(row: dict[str, Any]) -> dict[str, Any]:
     """An attempt listed under its parent reads `  ↳2 ID`: the attempt number, then its own id."""
     if row.get("attempt_of") is None:
         return row
     return {**row, "id": f"  ↳{row['attempt']} {row['id']}"}
 
 
-def _empty_list(conn: sqlite3.Connection, flag: str | None, tag: str | None, session: str | None) -> str:
+def _empty_list(conn: sqlite3.Connection, filters: CaptureFilter) -> str:
     """What an empty list means: an empty store, or filters no capture matches (and what would)."""
     from tapfix.proxy.store.reader import known_flags
 
     if conn.execute("select 1 from exchanges limit 1").fetchone() is None:
         return "no captures yet"
-    asked = ", ".join(f"--{k} {v}" for k, v in (("flag", flag), ("tag", tag), ("session", session)) if v)
-    message = f"no capture matches {asked}"
-    if flag:
+    message = f"no capture matches {filters.asked()}"
+    if filters.flag:
         with reported(sqlite3.Error):
             flags = known_flags(conn)
         message += f"; flags in this store: {', '.join(flags)}" if flags else "; no capture in this store has a flag"

@@ -54,6 +54,9 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         lines.append(f"  replay of: {c['source_id']}")
     if c.get("attempt_of"):
         lines.append(f"  attempt {c.get('attempt')} of: {c['attempt_of']}")
+    if c.get("trace_id"):  # W3C trace context: ids as a tracing backend shows them
+        span, parent = c.get("span_id") or "-", c.get("parent_span_id") or "-"
+        lines.append(f"  trace: {c['trace_id']}   span: {span}   parent span: {parent}")
     lines.append("")
     lines.append(f"changes ({len(c['change_rows'])}):")
     for ch in c["change_rows"]:
@@ -190,6 +193,9 @@ _METADATA = (
     "source_id",
     "attempt_of",
     "attempt",
+    "trace_id",
+    "span_id",
+    "parent_span_id",
     "model",
     "served_model",
     "status",

@@ -5,7 +5,8 @@ keep-alives) and the client's bytes, and is flagged `regenerated` when a later a
 later attempt is an exchange of its own: `attempt_of` the client-facing id, `attempt` 2...N+1, its own
 request body, upstream headers and bytes, and change rows saying why it was made. An attempt that was
 considered and not made (`deterministic`, a spent budget, an admission refusal) is a `skip` row on the
-client-facing exchange, since nothing went upstream for it.
+client-facing exchange, since nothing went upstream for it. An attempt is in the client-facing exchange's
+trace (issue 20): with a span of its own (export on), that span is a child of the client-facing one's.
 
 A non-streamed answer (whole_body.py) is recorded the same way, its bodies whole: the client-facing
 exchange already holds attempt 1's body, and each later attempt's body is its `response`, not chunks.
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.regenerate.splice import Decision, RelayHandle
+from tapfix.proxy.telemetry.context import new_span_id
 
 REGENERATED = "regenerated"
 
@@ -117,6 +119,8 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
                 tags=set(),
                 attempt_of=ex.id,
                 attempt=attempt.number,
+                span_id=new_span_id() if ex.span_id is not None else None,
+                parent_span_id=ex.span_id if ex.span_id is not None else ex.parent_span_id,
                 mark=attempt.started,
                 extra={},
             )

@@ -44,7 +44,13 @@ def kept_row(ex: Exchange, bodies: dict[str, int | None], upstream: bytes, reaso
         "request_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.request_headers)]),
         "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
         "chunk_count": len(ex.chunk_times),
+        **trace_columns(ex),
     }
+
+
+def trace_columns(ex: Exchange) -> dict[str, str | None]:
+    """The exchange's place in a trace (migration m005), for every row the writer stores."""
+    return {"trace_id": ex.trace_id, "span_id": ex.span_id, "parent_span_id": ex.parent_span_id}
 
 
 def _safe(value: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -20,16 +21,68 @@ LIST_COLUMNS = (
 )
 # A store from before migration m004 (a reader never migrates) has no attempts: every row is client-facing.
 _NO_ATTEMPTS = "null as attempt_of, 1 as attempt"
+# A client request, or an attempt listed on its own because its parent isn't in the store.
+ORPHAN_OR_CLIENT = (
+    "attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of)"
+)
+
+
+def has_column(conn: sqlite3.Connection, column: str) -> bool:
+    """Whether the store's exchanges have `column`: readers read older stores as they are."""
+    return any(row[1] == column for row in conn.execute("pragma table_info(exchanges)"))
 
 
 def has_attempts(conn: sqlite3.Connection) -> bool:
-    """Whether the store has the attempt columns (migration m004): readers read older stores as they are."""
-    return any(row[1] == "attempt_of" for row in conn.execute("pragma table_info(exchanges)"))
+    """Whether the store has the attempt columns (migration m004)."""
+    return has_column(conn, "attempt_of")
 
 
 def attempt_columns(conn: sqlite3.Connection, table: str = "exchanges") -> str:
     """`attempt_of, attempt` for a select list, on any store."""
     return f"{table}.attempt_of, {table}.attempt" if has_attempts(conn) else _NO_ATTEMPTS
+
+
+def list_columns(conn: sqlite3.Connection) -> str:
+    """What `captures list` and `captures tail` select, on any store: trace_id is null before m005."""
+    trace = "exchanges.trace_id" if has_column(conn, "trace_id") else "null as trace_id"
+    return f"{LIST_COLUMNS}, {attempt_columns(conn)}, {trace}"
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureFilter:
+    """What `captures list` and `captures tail` select by: client requests with this flag, tag, session
+    or trace id (None: any). An attempt goes with its client request (see `list_captures`)."""
+
+    flag: str | None = None
+    tag: str | None = None
+    session: str | None = None
+    trace: str | None = None
+
+    def asked(self) -> str:
+        """The filters as the command line spells them: `--flag F, --trace T`."""
+        return ", ".join(f"--{key} {value}" for key, value in self._given())
+
+    def clauses(self, conn: sqlite3.Connection, table: str = "exchanges") -> tuple[list[str], list[Any]]:
+        """SQL conditions on `table` (a name or an alias of exchanges), and their arguments. On a store
+        from before migration m005 a trace id matches nothing."""
+        where: list[str] = []
+        args: list[Any] = []
+        for key, value in self._given():
+            if key in ("flag", "tag"):
+                where.append(f"exists (select 1 from json_each({table}.{key}s) where value = ?)")
+            elif key == "session":
+                where.append(f"{table}.session_id = ?")
+            elif has_column(conn, "trace_id"):
+                where.append(f"{table}.trace_id = ?")
+            else:
+                where.append("0")
+                continue
+            args.append(value.lower() if key == "trace" else value)
+        return where, args
+
+    def _given(self) -> list[tuple[str, str]]:
+        given = (("flag", self.flag), ("tag", self.tag), ("session", self.session), ("trace", self.trace))
+        return [(key, value) for key, value in given if value]
 
 
 def list_captures(
@@ -39,6 +92,7 @@ def list_captures(
     flag: str | None = None,
     tag: str | None = None,
     session: str | None = None,
+    trace: str | None = None,
 ) -> list[dict[str, Any]]:
     """Client requests newest first, each followed by its regeneration attempts (issue 19) in order.
 
@@ -46,27 +100,16 @@ def list_captures(
     it carries itself (it has no session; its flags say what went wrong upstream, and the parent
     carries `regenerated`). An attempt whose parent isn't in the store is listed on its own."""
     attempts = has_attempts(conn)
-    where, args = [], []
+    where, args = CaptureFilter(flag, tag, session, trace).clauses(conn)
     if attempts:
-        where.append(
-            "(attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of))"
-        )
-    if flag:
-        where.append("exists (select 1 from json_each(exchanges.flags) where value = ?)")
-        args.append(flag)
-    if tag:
-        where.append("exists (select 1 from json_each(exchanges.tags) where value = ?)")
-        args.append(tag)
-    if session:
-        where.append("session_id = ?")
-        args.append(session)
-    sql = f"select {LIST_COLUMNS}, {attempt_columns(conn)} from exchanges"
+        where.insert(0, f"({ORPHAN_OR_CLIENT})")
+    sql = f"select {list_columns(conn)} from exchanges"
     if where:
         sql += " where " + " and ".join(where)
     sql += " order by id desc"
     if limit > 0:
         sql += f" limit {int(limit)}"
-    rows = [_decode(dict(row)) for row in conn.execute(sql, args)]
+    rows = [decode_row(dict(row)) for row in conn.execute(sql, args)]
     if not attempts or not rows:
         return rows
     return _with_attempts(conn, rows)
@@ -76,14 +119,15 @@ def _with_attempts(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> list
     """Each listed client request followed by its attempts (one query per 500 parents)."""
     ids = [row["id"] for row in rows if row["attempt_of"] is None]
     children: dict[str, list[dict[str, Any]]] = {}
+    columns = list_columns(conn)
     for start in range(0, len(ids), 500):
         part = ids[start : start + 500]
         for row in conn.execute(
-            f"select {LIST_COLUMNS}, attempt_of, attempt from exchanges"
+            f"select {columns} from exchanges"
             f" where attempt_of in ({','.join('?' * len(part))}) order by attempt_of, attempt, id",
             part,
         ):
-            child = _decode(dict(row))
+            child = decode_row(dict(row))
             children.setdefault(child["attempt_of"], []).append(child)
     out: list[dict[str, Any]] = []
     for row in rows:
@@ -100,7 +144,8 @@ def known_flags(conn: sqlite3.Connection) -> list[str]:
     return sorted(str(r[0]) for r in rows)
 
 
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
+def decode_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as the CLI shows it: JSON columns parsed, `stream` a bool, `changes` the count."""
     for key in ("flags", "tags", "request_headers", "forwarded_headers", "response_headers", "tool_calls", "usage"):
         if key in row and isinstance(row[key], str):
             row[key] = orjson.loads(row[key])
@@ -129,7 +174,7 @@ def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:
 def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
     capture_id = resolve_id(conn, capture_id)
     row = conn.execute("select * from exchanges where id = ?", (capture_id,)).fetchone()
-    capture = _decode(dict(row))
+    capture = decode_row(dict(row))
     capture["change_rows"] = [
         {
             **dict(c),

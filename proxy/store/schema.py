@@ -168,3 +168,26 @@ def m004_attempts(db: Database) -> None:
         "create index idx_exchanges_attempt_of on exchanges (attempt_of) where attempt_of is not null",
     ):
         db.execute(statement)
+
+
+@migrations()
+def m005_trace_context(db: Database) -> None:
+    """W3C trace context (issue 20): the trace an exchange belongs to (the client's `traceparent`, or the
+    one tapfix started while OTLP export is on), tapfix's span in it, and the client's span, as lowercase
+    hex; null when there is none. `trace_id` is indexed: a trace id pasted from a tracing backend finds
+    its exchanges. `exchange_view` shows the trace id."""
+    for statement in (
+        "alter table exchanges add column trace_id text",
+        "alter table exchanges add column span_id text",
+        "alter table exchanges add column parent_span_id text",
+        "create index idx_exchanges_trace_id on exchanges (trace_id) where trace_id is not null",
+        "drop view exchange_view",
+        """
+        create view exchange_view as
+        select id, started_at, user_agent, method, path, model, served_model, stream, status,
+               first_token_ms, duration_ms, finish_reason, changes_count, flags, tags, session_id,
+               prompt_tokens, completion_tokens, substr(content, 1, 200) as content_start, error, trace_id
+        from exchanges order by id desc
+        """,
+    ):
+        db.execute(statement)

@@ -27,7 +27,7 @@ from tapfix.proxy.store.bodies import BodyWriter, read_body
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
-from tapfix.proxy.store.kept import as_text, kept_row
+from tapfix.proxy.store.kept import as_text, kept_row, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
@@ -309,6 +309,7 @@ class CaptureWriter:
             "response_id": link.response_id,
             "source_id": ex.source_id,
             **_attempt_columns(ex),
+            **trace_columns(ex),
             "tags": _json(sorted(ex.tags)),
             "flags": _json(sorted(flags)),
             "changes_count": len(ex.changes),
