@@ -114,6 +114,12 @@ def test_an_exchange_is_one_client_span_with_its_own_ids_times_and_attributes(st
     }  # no before/after without content
     assert span.events[0].timestamp == span.start_time and span.events[1].timestamp == span.end_time
     assert export.health()["exported"] == 1 and export.health()["dropped"] == 0
+    # the README's names table (made from semconv) lists every attribute and event name a span carries
+    listed = {line.split("`")[1] for line in sc.names_table().splitlines()[2:]}
+    emitted = {k for k in a if not k.startswith(sc.TAPFIX_REPAIRS_PREFIX) or k == sc.TAPFIX_REPAIRS_COUNT}
+    emitted |= {e.name for e in span.events} | {k for e in span.events for k in e.attributes}
+    assert emitted <= listed, emitted - listed
+    assert sc.TAPFIX_REPAIRS_PREFIX in listed
 
 
 @pytest.mark.parametrize("mode", ["SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT"])

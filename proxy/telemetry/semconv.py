@@ -49,7 +49,6 @@ ERROR_TYPE: Final = "error.type"
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
-GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"
 # The event that carries the content in EVENT_ONLY / SPAN_AND_EVENT (a span event here).
 EVENT_INFERENCE_DETAILS: Final = "gen_ai.client.inference.operation.details"
 
@@ -57,7 +56,6 @@ EVENT_INFERENCE_DETAILS: Final = "gen_ai.client.inference.operation.details"
 OP_CHAT: Final = "chat"
 OP_TEXT_COMPLETION: Final = "text_completion"
 OP_EMBEDDINGS: Final = "embeddings"
-OP_GENERATE_CONTENT: Final = "generate_content"
 
 # --- metrics (helper METRICS records them) ------------------------------------------------------
 METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
@@ -109,3 +107,38 @@ ERROR_UNRECOVERABLE: Final = "tapfix.unrecoverable_tool_call"
 ERROR_RESET: Final = "tapfix.reset"  # the connection ended without a complete answer
 ERROR_NO_ANSWER: Final = "tapfix.no_answer"  # the upstream never answered
 ERROR_UPSTREAM: Final = "tapfix.upstream_error"  # an error object inside a 200 answer
+
+# --- the README's table -------------------------------------------------------------------------
+_KINDS = (
+    ("METRIC_", "metric"),
+    ("GEN_AI_TOKEN_TYPE", "metric attribute"),
+    ("TAPFIX_STATUS_CLASS", "metric attribute (tapfix)"),
+    ("TAPFIX_REPAIR_KIND", "metric attribute (tapfix)"),
+    ("TAPFIX_ATTEMPT_OUTCOME", "metric attribute (tapfix)"),
+    ("EVENT_", "span event"),
+    ("CHANGE_", "change event attribute"),
+    ("OP_", "gen_ai.operation.name value"),
+    ("TOKEN_TYPE_", "gen_ai.token.type value"),
+    ("ERROR_TYPE", "span attribute"),
+    ("ERROR_", "error.type value"),
+    ("TAPFIX_REPAIRS_PREFIX", "span attribute prefix (+ repair kind)"),
+    ("TAPFIX_", "span attribute (tapfix)"),
+    ("", "span attribute"),
+)
+_NOT_NAMES = frozenset({"SEMCONV_VERSION", "SCHEMA_URL", "INSTRUMENTATION_SCOPE"})
+
+
+def names_table() -> str:
+    """Every name above as a markdown table, in this module's order (`python -m tapfix.proxy.telemetry.semconv`)."""
+    rows = ["| name | what |", "| --- | --- |"]
+    for constant, value in list(globals().items()):
+        if not constant.isupper() or constant.startswith("_") or constant in _NOT_NAMES or not isinstance(value, str):
+            continue
+        kind = next(k for prefix, k in _KINDS if constant.startswith(prefix))
+        rows.append(f"| `{value}` | {kind} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(f"OpenTelemetry semantic conventions {SEMCONV_VERSION}\n")
+    print(names_table())
