@@ -11,7 +11,9 @@ tapfix with no `tools` (capture only), tapfix with `tools` in the request (repai
 has no tool calls), tapfix with a streamed tool call. tapfix runs `--regenerate 1`, so a request with
 `tools` goes through the regeneration relay (addons/relay.py); a second tapfix with `--regenerate 0`
 serves the same two `tools` rows on the direct path, so the relay's cost is a ratio of the same run,
-with its spread over the rounds. All four processes run for the whole run.
+with its spread over the rounds. A third tapfix exports OTLP spans and metrics (`--otlp`) to a loopback
+receiver (bench/otlp_sink.py) and serves the capture-only row's requests in the CPU phases: export on
+against off, c=8, 256- and 16-event streams. All processes run for the whole run.
 
 CPU per chunk and fixed CPU per request come from a two-point fit over paced (1 ms) streams of 256
 and 16 events: per_chunk = (cpu256 - cpu16) / 240, fixed = cpu16 - 16 * per_chunk. Paced so that
@@ -53,7 +55,7 @@ MB = 1 << 20
 @dataclass(frozen=True)
 class Row:
     name: str
-    target: str  # upstream | mitm | tapfix (--regenerate 1) | tapfix0 (--regenerate 0)
+    target: str  # upstream | mitm | tapfix (--regenerate 1) | tapfix0 (--regenerate 0) | tapfixotel (--otlp)
     tools: bool
     kind: str  # content | tools
     phases: tuple[str, ...] = ()  # () = every phase
@@ -62,6 +64,7 @@ class Row:
 # The --regenerate 0 twins run where the relay's cost shows: CPU (the fit), one stream's TTFT, 32 paced
 # streams' TTFT, RSS with 1 MB bodies; not the 8-stream bursts and throughput, to keep the run short.
 TWIN_PHASES = ("ttft1", "paced32", "cpu256", "cpu16", "mem32x1MB")
+OTEL_PHASES = ("ttft1", "cpu256", "cpu16")  # issue 20: the export's cost is CPU (the fit) and one stream's TTFT
 ROWS = [
     Row("direct", "upstream", True, "content"),
     Row("plain mitmproxy", "mitm", True, "content"),
@@ -70,11 +73,14 @@ ROWS = [
     Row("tapfix --regenerate 0, tools armed, no calls", "tapfix0", True, "content", TWIN_PHASES),
     Row("tapfix, tool call in stream", "tapfix", True, "tools"),
     Row("tapfix --regenerate 0, tool call in stream", "tapfix0", True, "tools", TWIN_PHASES),
+    Row("tapfix --otlp, no tools (export on)", "tapfixotel", False, "content", OTEL_PHASES),
 ]
-MITM, ARMED, ARMED0, CALLS, CALLS0 = (ROWS[i].name for i in (1, 3, 4, 5, 6))
+MITM, CAPTURE, ARMED, ARMED0, CALLS, CALLS0, EXPORT = (ROWS[i].name for i in (1, 2, 3, 4, 5, 6, 7))
 # (label, the --regenerate 1 row, the --regenerate 0 row): the relay's cost, same requests, same rounds
 PAIRS = (("armed, no calls", ARMED, ARMED0), ("tool call", CALLS, CALLS0))
-PROCESSES = ("upstream", "mitm", "tapfix", "tapfix0")
+PROCESSES = ("upstream", "mitm", "tapfix", "tapfix0", "otlpsink", "tapfixotel")
+# What each twin adds to tapfix's own command line (click keeps an option's last value).
+TWINS = {"tapfix0": ["--regenerate", "0"], "tapfixotel": ["--otlp", "{otlp}"]}
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,7 @@ class Fleet:
         self.tapfix_args = tapfix_args
         self.sent: dict[str, int] = {}  # requests per row, warm-up included (the relay check counts them)
 
-    def start(self, which: tuple[str, ...] = ("mitm", "tapfix", "tapfix0")) -> None:
+    def start(self, which: tuple[str, ...] = ("mitm", "tapfix", "tapfix0", "tapfixotel")) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CONFIG_HOME": str(self.work / "config")}
         up = free_port()
         self._spawn(
@@ -150,17 +156,26 @@ class Fleet:
         origin = f"http://127.0.0.1:{up}"
         if "mitm" in which:
             self._spawn_mitm(origin, env)
-        for name in ("tapfix", "tapfix0"):
+        if "tapfixotel" in which:
+            sink = free_port()
+            self._spawn(
+                "otlpsink",
+                [sys.executable, str(ROOT / "bench/otlp_sink.py"), "--listen", f"127.0.0.1:{sink}"],
+                sink,
+                env,
+            )
+            self.otlp = f"http://127.0.0.1:{sink}"
+        for name in ("tapfix", "tapfix0", "tapfixotel"):
             if name in which:
                 port = free_port()
                 self._spawn(name, self.tapfix_argv(name, origin, port), port, env)
 
     def tapfix_argv(self, name: str, origin: str, port: int) -> list[str]:
-        """`tapfix run` for a row's process: tapfix0 is the same command with `--regenerate 0` last
-        (click keeps an option's last value), so the two differ only in the relay."""
+        """`tapfix run` for a row's process: a twin is the same command with its own options last
+        (`TWINS`), so tapfix0 differs from tapfix only in the relay, tapfixotel only in the export."""
         argv = [str(BIN / "tapfix"), "run", "--upstream", origin, "--listen", f"127.0.0.1:{port}"]
         argv += ["--db", str(self.db_of(name)), *self.tapfix_args]
-        return argv + ["--regenerate", "0"] if name == "tapfix0" else argv
+        return argv + [a.format(otlp=getattr(self, "otlp", "")) for a in TWINS.get(name, [])]
 
     def db_of(self, name: str) -> Path:
         return self.db if name == "tapfix" else self.work / f"{name}.db"
@@ -171,7 +186,10 @@ class Fleet:
             return int(json.loads(r.read()).get("relayed_requests", 0))
 
     def upstream_stats(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['upstream']}/stats", timeout=10) as r:
+        return self.stats_of("upstream")
+
+    def stats_of(self, name: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/stats", timeout=10) as r:
             return json.loads(r.read())
 
     def _spawn_mitm(self, origin: str, env: dict) -> None:
@@ -375,6 +393,26 @@ def regenerate_lines(results: dict[str, dict[str, Cell]], nums: dict, hwm: dict[
     return [head, "      per round (each round's own two-point fit: min–max, sd):", *rounds], raw
 
 
+def export_lines(results: dict[str, dict[str, Cell]], nums: dict, fleet: Fleet) -> list[str]:
+    """OTLP export on vs off (issue 20's target: at most 5% more CPU per chunk and per request), the
+    same requests (capture only, c=8, 256 and 16 events) in the same rounds, and what the receiver got."""
+    on, off = nums[EXPORT], nums[CAPTURE]
+    chunk, fixed = on["per_chunk_us"] / off["per_chunk_us"], on["fixed_ms"] / off["fixed_ms"]
+    r_on, r_off = per_round(results, EXPORT), per_round(results, CAPTURE)
+    got = fleet.stats_of("otlpsink")
+    sent = fleet.sent.get(EXPORT, 0)
+    verdict = "OK  " if got["spans"] >= sent and not got["undecodable"] else "WARN"
+    return [
+        f"INFO  OTLP export on vs off (c=8, 256/16-event streams; target ≤ 1.05×): CPU/chunk {chunk:.2f}× "
+        f"({on['per_chunk_us']:.1f} vs {off['per_chunk_us']:.1f} µs), fixed CPU/request {fixed:.2f}× "
+        f"({on['fixed_ms']:.2f} vs {off['fixed_ms']:.2f} ms); per round: CPU/chunk ratio "
+        f"{spread([x[0] / y[0] for x, y in zip(r_on, r_off, strict=True)], '.2f')}, fixed ratio "
+        f"{spread([x[1] / y[1] for x, y in zip(r_on, r_off, strict=True)], '.2f')}",
+        f"{verdict}  export: the receiver decoded {got['spans']} spans in {got['trace_posts']} posts and "
+        f"{got['metric_points']} metric points in {got['metric_posts']} posts, for {sent} requests sent",
+    ]
+
+
 def relay_check(fleet: Fleet) -> str:
     """The --regenerate 1 rows with `tools` must reach the upstream through the relay, the others not."""
     relayed, relayed0 = fleet.relayed("tapfix"), fleet.relayed("tapfix0")
@@ -509,6 +547,9 @@ def main() -> None:
         )
         regen, regen_rounds = regenerate_lines(results, nums, hwm)
         for line in regen:
+            print(line)
+        time.sleep(1.5)  # the exporter's last batch (its worker sends at least once a second)
+        for line in export_lines(results, nums, fleet):
             print(line)
         if a.json:
             out = {"nums": nums, "hwm_kb": hwm, "table": rows, "regenerate_rounds": regen_rounds}
