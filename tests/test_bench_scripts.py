@@ -96,6 +96,25 @@ def test_the_twin_is_the_same_tapfix_command_with_regenerate_0_last(tmp_path: Pa
     assert off[-2:] == ["--regenerate", "0"] and on[on.index("--regenerate") + 1] == "1"
 
 
+def test_the_export_twin_is_the_capture_only_command_with_otlp_last_in_the_cpu_phases(tmp_path: Path) -> None:
+    """Issue 20's ratio (export on vs off) means something only if the two processes differ in --otlp
+    alone and serve the same requests (capture only) in both CPU phases of the fit."""
+    runner = _bench("runner")
+    fleet = runner.Fleet(tmp_path, ["--regenerate", "1", "--engine", "vllm"])
+    fleet.otlp = "http://127.0.0.1:9"
+    off = fleet.tapfix_argv("tapfix", "http://127.0.0.1:1", 2)
+    on = fleet.tapfix_argv("tapfixotel", "http://127.0.0.1:1", 2)
+    db_off, db_on = off.index("--db") + 1, on.index("--db") + 1
+    assert on[db_on] != off[db_off]
+    assert on[:-2] == [*off[:db_off], on[db_on], *off[db_off + 1 :]]
+    assert on[-2:] == ["--otlp", "http://127.0.0.1:9"] and "--otlp" not in off
+    by_name = {r.name: r for r in runner.ROWS}
+    a, b = by_name[runner.EXPORT], by_name[runner.CAPTURE]
+    assert (a.target, a.tools, a.kind) == ("tapfixotel", b.tools, b.kind) == ("tapfixotel", False, "content")
+    for phase in (p for p in runner.PHASES if p.name in ("cpu256", "cpu16")):
+        assert {runner.EXPORT, runner.CAPTURE} <= {r.name for r in runner.rows_of(phase)}, phase.name
+
+
 def _cell(runner: Any, per_round: list[tuple[float, float]], chunks: int, n: int) -> Any:
     """A cell whose rounds cost what (µs per chunk, ms fixed) says, for `n` requests of `chunks` events."""
     cell = runner.Cell()
