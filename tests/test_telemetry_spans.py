@@ -74,6 +74,16 @@ def _streamed(**fields):
     return ex
 
 
+def test_a_client_trace_it_did_not_sample_gets_no_span_of_tapfix_either(store):
+    """ParentBased sampling: the trace-context addon gave an unsampled client trace no span of tapfix's
+    (trace id, no span id); exporting one anyway would start a trace the client chose not to record."""
+    unsampled = _streamed(trace_id=TRACE, parent_span_id=PARENT)
+    sampled = _streamed(trace_id=TRACE, span_id=SPAN, parent_span_id=PARENT)
+    spans, export = _spans(store, [unsampled, sampled])
+    assert [s.context.span_id for s in spans] == [int(SPAN, 16)]
+    assert (export.health()["unsampled"], export.health()["exported"]) == (1, 1)
+
+
 def test_an_exchange_is_one_client_span_with_its_own_ids_times_and_attributes(store):
     ex = _streamed(trace_id=TRACE, span_id=SPAN, parent_span_id=PARENT)
     (span,), export = _spans(store, [ex])
