@@ -18,9 +18,9 @@ from typing import IO
 import click
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
-from tapfix.proxy.cli.user_errors import reported
+from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.reader import CaptureFilter
+from tapfix.proxy.store.reader import CaptureFilter, CaptureNotFound
 from tapfix.proxy.store.writer import StoreError
 
 POLL_S = 0.25
@@ -62,11 +62,11 @@ def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: Capture
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
     from tapfix.proxy.store.tail import Tail
 
-    if not as_json:
-        _write(out, tail_line(HEADER) + "\n")
     conn, identity = _wait_for(db)
     with reported(StoreError, sqlite3.Error):
         follow = Tail(conn, _start(conn, since), filters)
+    if not as_json:  # once the store is there and the start found: an error is then the only output
+        _write(out, tail_line(HEADER) + "\n")
     while True:
         with reported(sqlite3.Error):
             rows = follow.poll()
@@ -90,7 +90,12 @@ def _start(conn: sqlite3.Connection, since: str | None) -> int:
         return tail.latest(conn)
     if _AGE.match(since.strip()):
         return tail.completed_within(conn, parse_duration(since))
-    return tail.after_capture(conn, since)
+    try:
+        return tail.after_capture(conn, since)
+    except CaptureNotFound as e:
+        if since.strip().replace(".", "", 1).isdigit():  # seconds without their unit, most likely
+            raise UserError(f"{e}; an age for --since takes its unit: {since.strip()}s, or 10m, 12h, 7d") from e
+        raise
 
 
 def _wait_for(db: StoreLocator) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
