@@ -161,7 +161,7 @@ def test_a_writer_restart_repeats_nothing_and_since_starts_back(world: World) ->
     world.ids += [chat(world.proxy, "after-restart-1"), chat(world.proxy, "after-restart-2")]
     got = [json.loads(line)["id"] for line in world.tails["json"].take(2)]
     assert got == world.ids[3:]
-    assert world.tails["json"].quiet_for(1.0) == [], "nothing twice"
+    assert world.tails["json"].quiet_for(0.6) == [], "nothing twice"
     assert world.tails["trace"].quiet_for(0) == [] and world.tails["flag"].quiet_for(0) == []
     assert len(world.tails["table"].take(2)) == 2
 

@@ -102,11 +102,10 @@ def _wait_for(db: StoreLocator) -> tuple[sqlite3.Connection, tuple[int, int] | N
     """The store, once a writer has made it; says once on stderr that it is waiting."""
     told = False
     while True:
-        identity = _identity(db)
         with reported(StoreError):
             conn = db.open_when_ready()
         if conn is not None:
-            return conn, identity
+            return conn, _identity(db)  # the file just opened (made or replaced a moment ago, perhaps)
         if not told:
             click.echo(f"tapfix: waiting for a capture store at {db} (`tapfix run` creates it)", err=True)
             told = True
