@@ -1,4 +1,4 @@
-"""`tapfix captures list | show | export | purge`: the store from the terminal.
+"""`tapfix captures list | tail | show | export | purge`: the store from the terminal (`tail` in tail.py).
 
 Read-only except `purge`; each opens the store through its `StoreLocator`, so an unusable `--db`
 is one line. Imports stay light (click, orjson, the store) so listing starts fast.
