@@ -8,6 +8,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+from tapfix.proxy.store.database import StoreError, open_when_ready
 from tapfix.proxy.store.reader import CaptureFilter
 from tapfix.proxy.store.tail import Tail, after_capture, completed_within, latest
 from tapfix.proxy.store.writer import open_for_reading
@@ -68,3 +70,21 @@ def test_after_the_newest_rows_are_deleted_new_ones_are_still_seen(tmp_path: Pat
     fresh = exchange()
     write(db, [fresh])  # rowid 1 again
     assert ids(tail) == [fresh.id]
+
+
+def test_a_store_not_made_yet_is_waited_for_and_a_foreign_one_refused(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    assert open_when_ready(db) is None  # no file
+    db.touch()
+    assert open_when_ready(db) is None  # an empty file: a writer is about to make it
+    with sqlite3.connect(db) as conn:  # what sqlite-utils creates before the first migration commits
+        conn.execute("create table _sqlite_migrations (migration_set text, name text, applied_at text)")
+    assert open_when_ready(db) is None
+    write(db, [exchange()])
+    ready = open_when_ready(db)
+    assert ready is not None and latest(ready) == 1
+    foreign = tmp_path / "other.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("create table notes (text)")
+    with pytest.raises(StoreError, match="not a tapfix capture database"):
+        open_when_ready(foreign)
