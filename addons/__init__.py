@@ -5,6 +5,7 @@ from __future__ import annotations
 from tapfix.addons.auth import TokenAuth
 from tapfix.addons.health import Health
 from tapfix.addons.malformed import RecordMalformed
+from tapfix.addons.metrics import Metrics
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
@@ -21,6 +22,7 @@ def default_addons(runtime: Runtime) -> list[object]:
     recorder, so the 503 it answers while draining is recorded like any answer."""
     chain: list[object] = [
         Health(runtime),
+        Metrics(runtime),
         RecordRequest(runtime),
         Shutdown(runtime),
         Router(runtime),

@@ -54,7 +54,47 @@ def build_runtime(
         from tapfix.proxy.regenerate.eligibility import Admissions
 
         runtime.admissions = Admissions(dict(config.regenerate_admission))
+    install_telemetry(runtime)
     return runtime
+
+
+def install_telemetry(runtime: Runtime) -> None:
+    """Issue 20: the Prometheus recorder always (`/tapfix/metrics`), fed by one writer observer that
+    builds each exchange's `Turn` once for every sink; with OTLP export on, the OTel metrics and the
+    span exporter too (`runtime.telemetry`)."""
+    from tapfix.proxy.telemetry.metrics import Labeller, PrometheusRecorder
+    from tapfix.proxy.telemetry.observe import TurnFanout
+    from tapfix.proxy.telemetry.turn import TurnContext
+
+    writer = runtime.writer
+
+    def queue_depth() -> float:
+        return float(writer.health()["queue_depth"]) if writer is not None else 0.0
+
+    labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
+    runtime.metrics = PrometheusRecorder(labeller, queue_depth)
+    if writer is None:
+        return
+    export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
+    context = TurnContext(engine_of=runtime.engine_of, capture_content=export is not None and export.captures_content)
+    fanout = runtime.fanout = TurnFanout(context)
+    fanout.add(runtime.metrics)
+    runtime.telemetry_health["fanout"] = fanout.health
+    if export is not None:
+        from tapfix.addons.runner.setup import StartupError
+
+        try:
+            from tapfix.proxy.telemetry.export import SpanExport
+            from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+        except ImportError as e:
+            raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
+        meters = OtelMetrics.exporting(labeller, queue_depth, export)
+        fanout.add(meters, close=meters.shutdown)
+        runtime.telemetry_health["otlp_metrics"] = meters.health
+        spans = runtime.telemetry = SpanExport(export)
+        fanout.add(spans.submit, close=spans.close)
+        runtime.telemetry_health["spans"] = spans.health
+    writer.observers.append(fanout)
 
 
 def mitm_options(settings: Settings, runtime: Runtime) -> dict[str, Any]:
@@ -156,6 +196,8 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
     finally:
         if runtime.writer is not None:
             runtime.writer.close()
+            if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
+                runtime.fanout.close()
             health = runtime.writer.health()
             if health["failures"]:
                 print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,10 @@ class Runtime:
     relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
+    # Each telemetry part's counters, under its own key in /tapfix/health's "telemetry".
+    telemetry_health: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    metrics: Any = None  # issue 20: the Prometheus recorder /tapfix/metrics serves (telemetry.metrics)
+    fanout: Any = None  # issue 20: the writer's telemetry observer (telemetry.observe.TurnFanout)
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:
@@ -102,6 +107,7 @@ class Runtime:
             "mode": self.settings.mode,
             "upstreams": {name: t.url for name, t in self.targets.items()},
             "relayed_requests": getattr(self.relay, "opened", 0),  # issue 19: through the regeneration relay
+            "telemetry": {name: report() for name, report in self.telemetry_health.items()},
         }
 
 

@@ -140,6 +140,17 @@ def _setup_logging(verbose: bool) -> None:
     is_flag=True,
     help="also regenerate when a call names a tool the request didn't offer (otherwise it passes, flagged)",
 )
+@click.option(
+    "--otlp",
+    metavar="URL",
+    help="export one OpenTelemetry GenAI span per exchange (and metrics) to this OTLP base URL, like "
+    "OTEL_EXPORTER_OTLP_ENDPOINT (needs tapfix[otel])",
+)
+@click.option(
+    "--browse-url",
+    metavar="URL",
+    help="where `tapfix browse` is reachable: exported spans link to the exchange's page there",
+)
 @click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
 @click.option("-v", "--verbose", is_flag=True)
 @deprecated_alias("--upstream-key-env", "--key-env", "key_env")
@@ -160,6 +171,7 @@ def run(**kw: Any) -> None:
         _config_defaults(kw)
     _check_retention(kw)
     _check_tool_format(kw.get("tool_format"))
+    kw["export"] = _export(kw)
     sys.exit(run_proxy(make_settings(kw)))
 
 
@@ -195,6 +207,15 @@ def _check_tool_format(name: str | None) -> None:
         armed(name)
     except UnknownFormat as e:
         raise click.BadParameter(str(e), param_hint="'--tool-format'") from e
+
+
+def _export(kw: dict[str, Any]) -> Any:
+    """The OTLP export settings (None: off); a URL or OTEL_* value that can't be right is exit 2."""
+    import os
+
+    from tapfix.proxy.telemetry.config import export_config
+
+    return export_config(kw.get("otlp"), os.environ, kw.get("browse_url"))
 
 
 def _config_defaults(kw: dict[str, Any]) -> None:
@@ -270,6 +291,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         regenerate=kw.get("regenerate", 1),
         regenerate_budget=kw.get("regenerate_budget", 60.0),
         regenerate_unknown_tool=kw.get("regenerate_unknown_tool", False),
+        export=kw.get("export"),
     )
 
 
@@ -294,5 +316,8 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
         else:
             upstream = f" → {target.url}" if target else ""
             click.echo(f"tapfix: {settings.mode} proxy on {where}{upstream}; captures in {settings.db}", err=True)
+        if settings.export is not None:
+            cfg = settings.export
+            click.echo(f"tapfix: spans to {cfg.traces_endpoint} ({cfg.protocol}, content {cfg.content})", err=True)
 
     return int(run_master(settings, runtime, ready=ready))

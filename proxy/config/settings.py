@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tapfix.proxy.telemetry.config import ExportConfig
 
 ProxyMode = Literal["reverse", "regular"]
 # What tapfix does with a tool call it can't recover: a retryable error (agents regenerate the turn), a
@@ -47,4 +50,6 @@ class Settings:
     regenerate_budget: float = 60.0
     regenerate_unknown_tool: bool = False  # also regenerate a call to a tool that wasn't offered
     shutdown_grace: float = 5.0  # seconds in-flight exchanges get after SIGTERM (addons/shutdown.py); 0: none
+    # Issue 20: OTLP export (None: off), from --otlp / --browse-url and the OTEL_* variables.
+    export: ExportConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,32 @@
+"""`GET /tapfix/metrics`: Prometheus' text format (OpenMetrics when the scraper asks), on the proxy's port.
+
+Always on: the recorder (`tapfix.proxy.telemetry.metrics`) is a capture-writer observer, so a scrape
+only renders counters the writer thread already keeps. Placed beside health, after the token check,
+so with a token a scraper sends it (`authorization: Bearer TOKEN` in Prometheus' scrape config).
+Rendering runs in a worker thread: a scrape never holds the event loop while it formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from mitmproxy import http
+from tapfix.addons.runner.runtime import Runtime
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+
+PATH = "/tapfix/metrics"
+
+
+class Metrics:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.request.path.split("?", 1)[0] != PATH:
+            return
+        recorder = self.runtime.metrics
+        if recorder is None:  # a runtime built without one (in-process tests): nothing to serve
+            flow.response = http.Response.make(404, b"no metrics recorder\n", {"content-type": "text/plain"})
+            return
+        body, content_type = await asyncio.to_thread(recorder.exposition, flow.request.headers.get("accept"))
+        flow.response = http.Response.make(200, body, {"content-type": content_type})

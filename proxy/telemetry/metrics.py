@@ -1,0 +1,298 @@
+"""The one catalogue of tapfix's metrics, and the Prometheus recorder that serves it at `/tapfix/metrics`.
+
+Both sinks, Prometheus here and OTLP in `otel_metrics.py`, record the same instruments from the same
+`observations(turn)`, so a dashboard built on one reads the same numbers from the other. The GenAI
+semantic conventions' client metrics come first (their names, units, attributes and bucket advice);
+tapfix's own follow: repairs, unrecoverable calls, regenerations, capture failures, the write queue.
+
+Every label value is bounded (`Labeller`): never user text, at most `LABEL_LIMIT` distinct values
+per label, then `other`; the model label is the configured public name in config mode (anything
+else is `other`), the first `LABEL_LIMIT` names seen in quick mode, where clients name any model.
+
+Everything here runs on the capture writer's thread (an observer of `CaptureWriter`), after the
+exchange's commit: the event loop never records a metric, and a per-chunk histogram costs it nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tapfix.proxy.telemetry import semconv as sc
+from tapfix.proxy.telemetry.turn import Turn
+
+LABEL_LIMIT = 50  # distinct values a label takes before the rest are `other`
+OTHER = "other"
+Kind = Literal["counter", "histogram", "gauge"]
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """One label: its short Prometheus name, and the attribute name OTLP gives it (the conventions')."""
+
+    prometheus: str
+    attribute: str
+
+
+OPERATION = Label("operation", sc.GEN_AI_OPERATION_NAME)
+PROVIDER = Label("provider", sc.GEN_AI_PROVIDER_NAME)
+MODEL = Label("model", sc.GEN_AI_REQUEST_MODEL)  # the configured public name, bounded
+TOKEN_TYPE = Label("token_type", sc.GEN_AI_TOKEN_TYPE)
+ERROR_TYPE = Label("error_type", sc.ERROR_TYPE)
+UPSTREAM = Label("upstream", sc.TAPFIX_UPSTREAM)
+SURFACE = Label("surface", sc.TAPFIX_SURFACE)
+STATUS_CLASS = Label("status_class", sc.TAPFIX_STATUS_CLASS)
+KIND = Label("kind", sc.TAPFIX_REPAIR_KIND)
+OUTCOME = Label("outcome", sc.TAPFIX_OUTCOME)  # capture: kept, lost
+ATTEMPT_OUTCOME = Label("outcome", sc.TAPFIX_ATTEMPT_OUTCOME)  # a regeneration: ok, unrecoverable, error
+
+_GENAI = (OPERATION, PROVIDER, MODEL, UPSTREAM, SURFACE)
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    """A metric as both sinks create it. `unit` is UCUM as OTel has it (`s`, `{token}`)."""
+
+    name: str
+    kind: Kind
+    unit: str
+    description: str
+    labels: tuple[Label, ...]
+    buckets: tuple[float, ...] | None = None  # histograms: the conventions' bucket advice
+
+    @property
+    def prometheus_name(self) -> str:
+        """Dots to underscores; prometheus_client adds the unit and `_total` itself."""
+        return re.sub(r"[^a-zA-Z0-9_]", "_", self.name)
+
+    @property
+    def prometheus_unit(self) -> str:
+        """`s` is `seconds`; an annotation (`{token}`) is no unit, as OTel's Prometheus mapping drops it."""
+        return {"s": "seconds", "By": "bytes"}.get(self.unit, "" if self.unit.startswith("{") else self.unit)
+
+
+# The GenAI semantic conventions' client metrics (SEMCONV_VERSION), with their advised buckets.
+TOKEN_USAGE = Instrument(
+    sc.METRIC_TOKEN_USAGE,
+    "histogram",
+    "{token}",
+    "Number of input and output tokens used, per exchange.",
+    (*_GENAI, TOKEN_TYPE),
+    (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864),
+)
+OPERATION_DURATION = Instrument(
+    sc.METRIC_OPERATION_DURATION,
+    "histogram",
+    "s",
+    "GenAI operation duration: from the client's request to the end of the answer.",
+    (*_GENAI, ERROR_TYPE),
+    (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
+)
+TIME_TO_FIRST_CHUNK = Instrument(
+    sc.METRIC_TIME_TO_FIRST_CHUNK,
+    "histogram",
+    "s",
+    "Time to the first chunk of a streamed answer.",
+    _GENAI,
+    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+)
+TIME_PER_OUTPUT_CHUNK = Instrument(
+    sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+    "histogram",
+    "s",
+    "Time between consecutive chunks of a streamed answer, one value per chunk after the first.",
+    _GENAI,
+    (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
+)
+# tapfix's own.
+REQUESTS = Instrument(
+    sc.METRIC_REQUESTS,
+    "counter",
+    "{request}",
+    "Exchanges through the proxy, by answer status class.",
+    (MODEL, UPSTREAM, SURFACE, STATUS_CLASS),
+)
+REPAIRS = Instrument(
+    sc.METRIC_REPAIRS,
+    "counter",
+    "{repair}",
+    "Tool-call repairs tapfix made, by kind.",
+    (MODEL, UPSTREAM, SURFACE, KIND),
+)
+UNRECOVERABLE = Instrument(
+    sc.METRIC_UNRECOVERABLE_CALLS,
+    "counter",
+    "{exchange}",
+    "Exchanges with a tool call tapfix could not repair (flag toolcall_unrecoverable), an attempt's too.",
+    (MODEL, UPSTREAM, SURFACE),
+)
+REGENERATIONS = Instrument(
+    sc.METRIC_REGENERATIONS,
+    "counter",
+    "{attempt}",
+    "Regeneration attempts (attempt 2 and later), by outcome: ok, unrecoverable, error.",
+    (MODEL, UPSTREAM, SURFACE, ATTEMPT_OUTCOME),
+)
+CAPTURE_FAILURES = Instrument(
+    sc.METRIC_CAPTURE_FAILURES,
+    "counter",
+    "{exchange}",
+    "Exchanges the store could not keep whole: kept (metadata and raw bytes only) or lost (nothing).",
+    (OUTCOME,),
+)
+QUEUE_DEPTH = Instrument(
+    sc.METRIC_WRITER_QUEUE_DEPTH,
+    "gauge",
+    "{exchange}",
+    "Exchanges waiting for the capture writer, read at scrape or collection time.",
+    (),
+)
+CATALOGUE: tuple[Instrument, ...] = (
+    TOKEN_USAGE,
+    OPERATION_DURATION,
+    TIME_TO_FIRST_CHUNK,
+    TIME_PER_OUTPUT_CHUNK,
+    REQUESTS,
+    REPAIRS,
+    UNRECOVERABLE,
+    REGENERATIONS,
+    CAPTURE_FAILURES,
+    QUEUE_DEPTH,
+)
+
+
+class Bounded:
+    """The first `limit` distinct values, then `other`; with `allowed`, only those (config mode's models)."""
+
+    def __init__(self, limit: int = LABEL_LIMIT, allowed: Mapping[str, str] | None = None) -> None:
+        self.limit = limit
+        self.allowed = allowed
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if self.allowed is not None:
+            return self.allowed.get(value, OTHER)
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+
+class Labeller:
+    """Bounded values for a turn's labels; one per process, shared by the sinks (called on one thread)."""
+
+    def __init__(self, served_models: Mapping[str, str] | None = None) -> None:
+        """`served_models`: name or alias -> public name (config mode); None: quick mode."""
+        self._bounds = {label: Bounded() for label in (OPERATION, PROVIDER, UPSTREAM, SURFACE, KIND, ERROR_TYPE)}
+        self._bounds[MODEL] = Bounded(allowed=served_models)
+
+    @classmethod
+    def for_config(cls, config: Any) -> Labeller:
+        """Config mode knows the names it serves; quick mode (or no config) passes any name through."""
+        if config is None or config.is_quick:
+            return cls(None)
+        served = {name: name for name in config.models} | dict(config.aliases())
+        return cls(served)
+
+    def value(self, label: Label, value: str | None) -> str | None:
+        bound = self._bounds.get(label)
+        return bound(value) if bound is not None else value
+
+    def base(self, turn: Turn) -> dict[Label, str | None]:
+        return {
+            OPERATION: self.value(OPERATION, turn.operation),
+            PROVIDER: self.value(PROVIDER, turn.provider),
+            MODEL: self.value(MODEL, turn.public_model),
+            UPSTREAM: self.value(UPSTREAM, turn.upstream),
+            SURFACE: self.value(SURFACE, turn.surface),
+            STATUS_CLASS: turn.status_class,
+        }
+
+
+# An instrument, the values one exchange adds to it (one, or one per chunk), and their labels.
+Observation = tuple[Instrument, Sequence[float], dict[Label, str | None]]
+
+
+def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
+    """What one finished exchange adds to each instrument: the single recipe both sinks follow."""
+    if turn.outcome in ("kept", "lost"):
+        yield CAPTURE_FAILURES, (1,), {OUTCOME: turn.outcome}
+    base = labeller.base(turn)
+    yield REQUESTS, (1,), base
+    for kind, count in sorted(turn.repairs.items()):
+        yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
+    if turn.unrecoverable:
+        yield UNRECOVERABLE, (1,), base
+    if turn.attempt >= 2:
+        outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
+        yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}
+    if not turn.is_genai:  # not an inference (or embeddings) call: no GenAI metrics
+        return
+    for token_type, tokens in ((sc.TOKEN_TYPE_INPUT, turn.input_tokens), (sc.TOKEN_TYPE_OUTPUT, turn.output_tokens)):
+        if tokens is not None:
+            yield TOKEN_USAGE, (tokens,), base | {TOKEN_TYPE: token_type}
+    if turn.duration_s is not None:
+        error = labeller.value(ERROR_TYPE, turn.error_type)
+        yield OPERATION_DURATION, (turn.duration_s,), base | {ERROR_TYPE: error}
+    if turn.stream and turn.time_to_first_chunk_s is not None:
+        yield TIME_TO_FIRST_CHUNK, (turn.time_to_first_chunk_s,), base
+    if turn.stream and turn.chunk_intervals_s:
+        yield TIME_PER_OUTPUT_CHUNK, turn.chunk_intervals_s, base
+
+
+def label_values(instrument: Instrument, labels: Mapping[Label, str | None]) -> list[str]:
+    """Prometheus wants every label of the instrument: an unknown value is the empty string."""
+    return [labels.get(label) or "" for label in instrument.labels]
+
+
+def attributes(instrument: Instrument, labels: Mapping[Label, str | None]) -> dict[str, str]:
+    """OTLP: the instrument's labels under their attribute names; an unknown value is left out."""
+    return {label.attribute: value for label in instrument.labels if (value := labels.get(label)) is not None}
+
+
+class PrometheusRecorder:
+    """A `TurnFanout` sink: the catalogue in a registry of its own (not prometheus_client's global one,
+    which would mix in the process collectors and whatever else imported it)."""
+
+    def __init__(self, labeller: Labeller, queue_depth: Callable[[], float]) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+        # A `_created` series beside every counter and histogram would double a scrape for nothing.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.labeller = labeller
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._metrics: dict[Instrument, Any] = {}
+        for inst in CATALOGUE:
+            names = [label.prometheus for label in inst.labels]
+            common: dict[str, Any] = dict(unit=inst.prometheus_unit, registry=self.registry)
+            if inst.kind == "counter":
+                self._metrics[inst] = Counter(inst.prometheus_name, inst.description, names, **common)
+            elif inst.kind == "histogram":
+                buckets = inst.buckets or Histogram.DEFAULT_BUCKETS
+                self._metrics[inst] = Histogram(
+                    inst.prometheus_name, inst.description, names, buckets=buckets, **common
+                )
+            else:
+                gauge = Gauge(inst.prometheus_name, inst.description, names, **common)
+                gauge.set_function(queue_depth)  # read when scraped, never pushed
+                self._metrics[inst] = gauge
+
+    def __call__(self, turn: Turn) -> None:
+        for inst, values, labels in observations(turn, self.labeller):
+            metric = self._metrics[inst].labels(*label_values(inst, labels)) if inst.labels else self._metrics[inst]
+            record = metric.inc if inst.kind == "counter" else metric.observe
+            for value in values:
+                record(value)
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The text format (or OpenMetrics, when the scraper asks for it) and its content type."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

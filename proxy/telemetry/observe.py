@@ -1,0 +1,81 @@
+"""The capture writer's one telemetry observer: each finished exchange becomes a `Turn` once, for every sink.
+
+The Prometheus recorder is always a sink; with OTLP export on, the OTel meter recorder and the span
+exporter are too. They all read the same `Turn`, built here on the writer thread after the commit
+(`CaptureWriter.observers`), so no sink assembles or parses anything again, and the event loop never
+waits on one. A sink that raises is counted and logged (once per sink), and the others still run:
+telemetry must never cost a capture.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tapfix.proxy.store.writer import Written
+from tapfix.proxy.telemetry.turn import Turn, TurnContext, turn_from
+
+log = logging.getLogger("tapfix.telemetry")
+Sink = Callable[[Turn], None]
+
+
+def sink_name(sink: Sink) -> str:
+    """A short stable name for health: the class of a recorder, `Class.method` of a bound method."""
+    owner = getattr(sink, "__self__", None)
+    if owner is not None:
+        return f"{type(owner).__name__}.{getattr(sink, '__name__', 'call')}"
+    return getattr(sink, "__name__", None) or type(sink).__name__
+
+
+class TurnFanout:
+    """A `CaptureWriter` observer. Add sinks before traffic starts (the writer thread reads the list)."""
+
+    def __init__(self, context: TurnContext, sinks: list[Sink] | None = None) -> None:
+        self.context = context
+        self.sinks: list[Sink] = list(sinks or [])
+        self.turns = 0
+        self.turn_errors = 0  # exchanges no Turn could be built for (then no sink saw them)
+        self.sink_errors: dict[str, int] = {}
+        self._closers: list[Callable[[], None]] = []
+        self._logged: set[str] = set()
+
+    def add(self, sink: Sink, *, close: Callable[[], None] | None = None) -> None:
+        """A sink, and what flushes it at exit (`close`, after the writer drained)."""
+        self.sinks.append(sink)
+        if close is not None:
+            self._closers.append(close)
+
+    def __call__(self, written: Written) -> None:
+        try:
+            turn = turn_from(written, self.context)
+        except Exception:  # noqa: BLE001 - never raise into the writer
+            self.turn_errors += 1
+            self._log_once("turn_from", f"telemetry: no turn for capture {written.exchange.id}")
+            return
+        self.turns += 1
+        for sink in self.sinks:
+            try:
+                sink(turn)
+            except Exception:  # noqa: BLE001 - one sink's bug must not starve the others
+                name = sink_name(sink)
+                self.sink_errors[name] = self.sink_errors.get(name, 0) + 1
+                self._log_once(
+                    name, f"telemetry sink {name} failed on capture {turn.capture_id} (counted, not retried)"
+                )
+
+    def _log_once(self, key: str, message: str) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.exception("%s; later failures are only counted (/tapfix/health)", message)
+
+    def health(self) -> dict[str, Any]:
+        return {"turns": self.turns, "turn_errors": self.turn_errors, "sink_errors": dict(self.sink_errors)}
+
+    def close(self) -> None:
+        """After the writer drained (its last observers ran): each sink flushes what it still holds."""
+        for close in self._closers:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - exiting anyway; say so once
+                log.exception("telemetry: flushing at exit failed")

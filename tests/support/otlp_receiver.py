@@ -1,0 +1,140 @@
+"""A tiny OTLP/HTTP receiver on loopback for the tests: it decodes what tapfix exports with the
+protocol's own messages (`opentelemetry-proto`), as a collector would.
+
+Phoenix takes traces only, so the metrics tests need a receiver of their own. `metrics=False` makes it
+answer `/v1/metrics` with 404 as Phoenix does; traces are always accepted (and only counted).
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+
+@dataclass(frozen=True)
+class Point:
+    """One data point as received: metric name, unit, attributes, and its value (a sum's or gauge's
+    value; a histogram's count, sum and bounds)."""
+
+    metric: str
+    unit: str
+    attributes: dict[str, Any]
+    value: float | None = None
+    count: int | None = None
+    total: float | None = None
+    bounds: tuple[float, ...] = ()
+
+
+def _value(any_value: Any) -> Any:
+    kind = any_value.WhichOneof("value")
+    return getattr(any_value, kind) if kind else None
+
+
+def _attributes(kvs: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+class OtlpReceiver:
+    """Listens on 127.0.0.1 (a free port); `url` is the base URL to give `tapfix run --otlp`."""
+
+    def __init__(self, *, metrics: bool = True) -> None:
+        self.accept_metrics = metrics
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.rejected = 0  # metrics requests answered 404
+        self.trace_requests = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                status, answer = receiver._handle(self.path, body)
+                self.send_response(status)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-receiver", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _handle(self, path: str, body: bytes) -> tuple[int, bytes]:
+        with self._lock:
+            if path == "/v1/metrics":
+                if not self.accept_metrics:
+                    self.rejected += 1
+                    return 404, b"404 page not found"
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                self.requests.append(request)
+                return 200, ExportMetricsServiceResponse().SerializeToString()
+            if path == "/v1/traces":
+                self.trace_requests += 1
+                return 200, ExportTraceServiceResponse().SerializeToString()
+        return 404, b""
+
+    def points(self) -> Iterator[tuple[dict[str, Any], str, Point]]:
+        """(resource attributes, scope name, point) for every data point received so far."""
+        with self._lock:
+            requests = list(self.requests)
+        for request in requests:
+            for rm in request.resource_metrics:
+                resource = _attributes(rm.resource.attributes)
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        for point in _points(metric):
+                            yield resource, sm.scope.name, point
+
+    def latest(self) -> dict[str, list[Point]]:
+        """The data points of the last request (cumulative temporality: the totals so far), by metric."""
+        with self._lock:
+            last = self.requests[-1] if self.requests else None
+        out: dict[str, list[Point]] = {}
+        if last is not None:
+            for rm in last.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        out.setdefault(metric.name, []).extend(_points(metric))
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _points(metric: Any) -> Iterator[Point]:
+    kind = metric.WhichOneof("data")
+    if kind in ("sum", "gauge"):
+        for p in getattr(metric, kind).data_points:
+            value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+            yield Point(metric.name, metric.unit, _attributes(p.attributes), value=value)
+    elif kind == "histogram":
+        for p in metric.histogram.data_points:
+            yield Point(
+                metric.name,
+                metric.unit,
+                _attributes(p.attributes),
+                count=p.count,
+                total=p.sum,
+                bounds=tuple(p.explicit_bounds),
+            )

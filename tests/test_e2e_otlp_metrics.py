@@ -1,0 +1,171 @@
+"""OTLP metrics to real receivers: `tapfix run --otlp URL` exports to a loopback OTLP/HTTP receiver that
+decodes `ExportMetricsServiceRequest` with opentelemetry-proto; one that takes traces only (404 on
+`/v1/metrics`, as Phoenix does) and a gRPC one without the metrics service (UNIMPLEMENTED) are counted
+in health and logged once, and traffic never notices."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tapfix.proxy.telemetry import semconv as sc
+from tapfix.proxy.telemetry.metrics import CATALOGUE, Labeller
+
+from tests.support.ci import unavailable
+from tests.support.procs import Proc, start_mock, start_proxy
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = [{"role": "user", "content": "hi"}]
+FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "200"}  # milliseconds: the SDK's periodic reader reads it
+BY_NAME = {i.name: i for i in CATALOGUE}
+
+
+@pytest.fixture(scope="module")
+def receiver_class() -> Any:
+    try:
+        import opentelemetry.sdk.metrics  # noqa: F401 - tapfix[otel], what `--otlp` needs
+
+        from tests.support.otlp_receiver import OtlpReceiver
+    except ImportError as e:
+        unavailable(f"OTLP export needs tapfix[otel] and opentelemetry-proto ({e.name})")
+    return OtlpReceiver
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory) -> Iterator[Proc]:
+    handle = start_mock(tmp_path_factory.mktemp("otlp-mock"))
+    yield handle
+    handle.stop()
+
+
+def _until(check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return result
+
+
+def _stream(proxy: Proc, model: str) -> tuple[int, int]:
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+    stream = client.chat.completions.create(
+        model=model, messages=PROMPT, stream=True, stream_options={"include_usage": True}
+    )
+    usage = [c.usage for c in stream if c.usage is not None][-1]
+    return usage.prompt_tokens, usage.completion_tokens
+
+
+def _telemetry(proxy: Proc) -> dict[str, Any]:
+    return httpx.get(f"{proxy.url}/tapfix/health").json()["telemetry"]
+
+
+def test_a_run_exports_the_catalogue_over_otlp_http(receiver_class, mock, tmp_path: Path) -> None:
+    receiver = receiver_class()
+    proxy = start_proxy(tmp_path, mock.url, "--otlp", receiver.url, env=FAST_EXPORT)
+    try:
+        used = [_stream(proxy, "m-a") for _ in range(2)]
+
+        def requests_counted() -> bool:
+            points = receiver.latest().get(sc.METRIC_REQUESTS, [])
+            return sum(p.value for p in points) == 2
+
+        assert _until(requests_counted), receiver.latest()
+        health = _telemetry(proxy)["otlp_metrics"]
+        assert health["exports"] >= 1 and health["failures"] == 0, health
+    finally:
+        assert proxy.stop() == 0
+        receiver.close()
+    latest = receiver.latest()  # the flush at exit: cumulative totals of the whole run
+    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in latest[sc.METRIC_TOKEN_USAGE]}
+    assert tokens["input"].total == sum(i for i, _ in used) and tokens["input"].count == 2
+    assert tokens["output"].total == sum(o for _, o in used)
+    attributes = tokens["input"].attributes
+    assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m-a" and attributes[sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert attributes[sc.TAPFIX_UPSTREAM] == "default" and attributes[sc.TAPFIX_SURFACE] == "chat"
+    for name, points in latest.items():
+        inst = BY_NAME[name]
+        assert all(p.unit == inst.unit for p in points), name
+        if inst.kind == "histogram":
+            assert all(p.bounds == inst.buckets for p in points), name
+    (duration,) = latest[sc.METRIC_OPERATION_DURATION]
+    assert duration.count == 2 and duration.total > 0
+    resources = {(r.get("service.name"), scope) for r, scope, _ in receiver.points()}
+    assert resources == {("tapfix", sc.INSTRUMENTATION_SCOPE)}
+    assert receiver.trace_requests >= 1  # the same fan-out fed the span exporter
+
+
+def test_a_receiver_without_metrics_is_counted_and_logged_once(receiver_class, mock, tmp_path: Path) -> None:
+    receiver = receiver_class(metrics=False)  # traces only, like Phoenix
+    proxy = start_proxy(tmp_path, mock.url, "--otlp", receiver.url, env=FAST_EXPORT)
+    try:
+        for _ in range(3):
+            assert _stream(proxy, "m-a")[1] > 0  # traffic is unaffected
+        assert _until(lambda: _telemetry(proxy)["otlp_metrics"]["failures"] >= 3)
+        health = _telemetry(proxy)
+        assert health["otlp_metrics"]["exports"] == 0 and "404" in health["otlp_metrics"]["last_error"]
+        assert health["fanout"]["turns"] == 3 and health["fanout"]["sink_errors"] == {}
+        metrics = httpx.get(f"{proxy.url}/tapfix/metrics").text  # Prometheus doesn't depend on the receiver
+        assert 'tapfix_requests_total{model="m-a",status_class="2xx",surface="chat",upstream="default"} 3.0' in metrics
+    finally:
+        assert proxy.stop() == 0
+        receiver.close()
+    assert receiver.rejected >= 3
+    log = proxy.log()
+    ours = [line for line in log.splitlines() if "metrics" in line]  # the SDK's own lines are swallowed
+    assert len(ours) == 1 and "OTLP metrics export to" in ours[0] and "404" in ours[0], log
+    assert "Traceback" not in log, log
+
+
+def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(
+    receiver_class, caplog: pytest.LogCaptureFixture
+) -> None:
+    """UNIMPLEMENTED from a gRPC server that serves no metrics (a traces-only collector)."""
+    import grpc
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        export = export_config(None, env, None)
+        assert export is not None and export.protocol == "grpc"
+        meters = OtelMetrics.exporting(Labeller(), lambda: 1.0, export)
+        with caplog.at_level(logging.DEBUG):
+            assert meters.exporter is not None
+            for _ in range(2):
+                meters.provider.force_flush()  # collect and export now: the queue-depth gauge always has a point
+            meters.shutdown()
+    finally:
+        server.stop(None)
+    health = meters.health()
+    assert health["failures"] >= 2 and health["exports"] == 0 and "UNIMPLEMENTED" in health["last_error"], health
+    ours = [r for r in caplog.records if r.name == "tapfix.telemetry"]
+    assert len(ours) == 1 and ours[0].levelno == logging.WARNING
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.WARNING]
+
+
+def test_the_flush_at_exit_skips_a_receiver_that_just_failed(receiver_class) -> None:
+    """Retrying a receiver that is down would hold tapfix's exit for the whole export timeout."""
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+
+    receiver = receiver_class(metrics=False)
+    try:
+        export = export_config(receiver.url, {}, None)
+        assert export is not None
+        meters = OtelMetrics.exporting(Labeller(), lambda: 1.0, export)
+        meters.provider.force_flush()
+        assert receiver.rejected == 1 and meters.health()["failures"] == 1
+        meters.shutdown()
+    finally:
+        receiver.close()
+    assert receiver.rejected == 1 and meters.health()["failures"] == 2
