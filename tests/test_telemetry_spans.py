@@ -204,3 +204,17 @@ def test_an_unreachable_or_rejecting_receiver_is_counted_and_logged_once_never_r
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_unsampled_client_trace_gets_no_span(store):
+    """Parent-based sampling: the client's traceparent said "not sampled" (addons/trace_context.py then
+    gives the exchange no span id), so tapfix records no span in that trace either."""
+    unsampled = exchange("/v1/chat/completions", {"model": "m"}, status=200, content_type="application/json")
+    unsampled.trace_id, unsampled.parent_span_id = TRACE, PARENT  # no span_id: the client didn't sample
+    sampled = exchange("/v1/chat/completions", {"model": "m"}, status=200, content_type="application/json")
+    sampled.trace_id, sampled.span_id, sampled.parent_span_id = TRACE, SPAN, PARENT
+    for ex in (unsampled, sampled):
+        ex.response = b"{}"
+    spans, export = _spans(store, [unsampled, sampled])
+    assert [(s.context.trace_id, s.context.span_id) for s in spans] == [(int(TRACE, 16), int(SPAN, 16))]
+    assert export.health()["unsampled"] == 1

@@ -34,6 +34,7 @@ _SDK_LOGGERS = ("opentelemetry.exporter.otlp", "opentelemetry.sdk.trace.export")
 class ExportStats:
     submitted: int = 0
     skipped: int = 0  # not a GenAI call (/v1/models, health): no span
+    unsampled: int = 0  # the client's trace is not sampled (its traceparent's flags): no span (parent-based)
     dropped: int = 0  # the queue was full
     exported: int = 0
     failed: int = 0  # spans in batches the receiver didn't take
@@ -49,6 +50,7 @@ class ExportStats:
             "queue_depth": depth,
             "submitted": self.submitted,
             "skipped": self.skipped,
+            "unsampled": self.unsampled,
             "dropped": self.dropped,
             "exported": self.exported,
             "failed": self.failed,
@@ -102,6 +104,9 @@ class SpanExport:
         """The span sink: enqueue, never block, never raise (called on the writer thread)."""
         if not turn.is_genai:
             self.stats.skipped += 1
+            return
+        if turn.trace_id is not None and turn.span_id is None:  # trace context gave it no span of its own
+            self.stats.unsampled += 1
             return
         try:
             self._queue.put_nowait(turn)
