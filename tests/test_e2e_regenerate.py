@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.support.builders import tool
+from tests.support.ci import unavailable
 from tests.support.procs import Proc, mock_and_proxy, wait_capture
 from tests.support.stage_io import client_view
 
@@ -133,6 +134,36 @@ def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None
     assert [v for k, v in json.loads(found[1]["request_headers"]) if k.lower() == "traceparent"] == [TRACEPARENT]
     assert [v for k, v in forwarded if k.lower() == "traceparent"] == [TRACEPARENT]
     assert [(r["trace_id"], r["span_id"], r["parent_span_id"]) for r in found] == [(TRACE, None, CLIENT_SPAN)] * 2
+
+
+@pytest.fixture
+def exporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Proc]:
+    """OTLP export on, to a receiver that isn't there (failures are counted, never raised), so tapfix has
+    a span of its own; a short exporter timeout keeps the flush at exit short."""
+    try:
+        import opentelemetry.sdk.trace  # noqa: F401 - tapfix[otel], what `--otlp` needs
+    except ImportError as e:
+        unavailable(f"OTLP export needs tapfix[otel] ({e.name})")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    args = ("--regenerate", "1", "--otlp", "http://127.0.0.1:9")
+    with mock_and_proxy(tmp_path, "break_args_first_attempt", *args) as (_, proxy):
+        yield proxy
+
+
+def test_with_export_on_the_attempt_resends_tapfix_traceparent_and_is_a_child_span(exporting: Proc) -> None:
+    body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True}
+    capture_id, data = raw_stream(exporting, body, {"traceparent": TRACEPARENT})
+    assert client_view(data).errors == []
+    parent, attempt = rows(exporting.extra["db"], capture_id, 2)
+    assert (parent["trace_id"], parent["parent_span_id"]) == (TRACE, CLIENT_SPAN)
+    ours = f"00-{TRACE}-{parent['span_id']}-01"
+    assert [v for k, v in json.loads(parent["forwarded_headers"]) if k.lower() == "traceparent"] == [ours]
+    assert [v for k, v in json.loads(attempt["request_headers"]) if k.lower() == "traceparent"] == [ours]
+    assert (attempt["trace_id"], attempt["parent_span_id"]) == (TRACE, parent["span_id"])
+    assert attempt["span_id"] not in (None, parent["span_id"])
+    assert [(c["stage"], c["path"]) for c in parent["changes"] if c["stage"] == "telemetry"] == [
+        ("telemetry", "headers.traceparent")
+    ]
 
 
 @pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)

@@ -1,4 +1,4 @@
-"""`tapfix captures list | show | export | purge`: the store from the terminal.
+"""`tapfix captures list | tail | show | export | purge`: the store from the terminal (`tail` in tail.py).
 
 Read-only except `purge`; each opens the store through its `StoreLocator`, so an unusable `--db`
 is one line. Imports stay light (click, orjson, the store) so listing starts fast.
@@ -6,18 +6,17 @@ is one line. Imports stay light (click, orjson, the store) so listing starts fas
 
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 import orjson
+from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.purge import purge
+from tapfix.proxy.cli.tail import tail
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.reader import CaptureFilter
@@ -31,37 +30,13 @@ def _reader(db: StoreLocator) -> sqlite3.Connection:
 
 @click.group()
 def captures() -> None:
-    """List, show, export and purge captured exchanges.
+    """List, follow, show, export and purge captured exchanges.
 
     \b
     Example:
       tapfix captures list --limit 5
       tapfix captures show 01J9Z3 --json
     """
-
-
-def filter_options[F: Callable[..., Any]](f: F) -> F:
-    """The filters `captures list` and `captures tail` share (`reader.CaptureFilter`), as one `filters` argument."""
-
-    @functools.wraps(f)
-    def command(*args: Any, **kw: Any) -> Any:
-        kw["filters"] = CaptureFilter(*(kw.pop(key) for key in ("flag", "tag", "session", "trace")))
-        return f(*args, **kw)
-
-    for option in reversed(
-        (
-            click.option(
-                "--flag", metavar="F", help="only exchanges with this flag (e.g. runaway_length, regenerated)"
-            ),
-            click.option("--tag", metavar="T", help="only exchanges with this tag (probe, replay)"),
-            click.option("--session", metavar="SID", help="only this agent session"),
-            click.option(
-                "--trace", metavar="TRACE_ID", help="only this W3C trace (32 hex digits, as tracing shows it)"
-            ),
-        )
-    ):
-        command = option(command)
-    return command  # type: ignore[return-value]  # functools.wraps keeps f's signature
 
 
 @captures.command("list")
@@ -96,18 +71,6 @@ def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureF
     from tapfix.proxy.cli.render import captures_table
 
     click.echo(captures_table([marked(row) for row in rows], _empty_list(conn, filters) if not rows else ""))
-
-
-def json_row(row: dict[str, Any]) -> bytes:
-    """One `--json` line of `list` and `tail`."""
-    return orjson.dumps(row) + b"\n"
-
-
-def marked(row: dict[str, Any]) -> dict[str, Any]:
-    """An attempt listed under its parent reads `  ↳2 ID`: the attempt number, then its own id."""
-    if row.get("attempt_of") is None:
-        return row
-    return {**row, "id": f"  ↳{row['attempt']} {row['id']}"}
 
 
 def _empty_list(conn: sqlite3.Connection, filters: CaptureFilter) -> str:
@@ -197,3 +160,4 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 captures.add_command(purge)
+captures.add_command(tail)

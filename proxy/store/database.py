@@ -80,6 +80,28 @@ def open_for_reading(path: Path | str) -> sqlite3.Connection:
     return conn
 
 
+def open_when_ready(path: Path | str) -> sqlite3.Connection | None:
+    """`open_for_reading` for a reader that waits for the store (`captures tail`): None while there is
+    none yet (no file, or one a writer hasn't migrated yet); `StoreError` for what no wait would fix."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
+        if check_store(conn, path):
+            return conn
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
+    conn.close()
+    return None
+
+
 def check_store(conn: sqlite3.Connection, path: Path | str) -> bool:
     """False for an empty database (a new store), True for a tapfix store this version can use;
     `StoreError` for anything else (see the module docstring)."""
@@ -98,6 +120,8 @@ def check_store(conn: sqlite3.Connection, path: Path | str) -> bool:
                 "select name from _sqlite_migrations where migration_set = ? order by rowid", (migrations.name,)
             )
         ]
+    if not applied and tables == ["_sqlite_migrations"]:
+        return False  # a writer is creating it: its migrations table comes first, then each migration
     if not applied:
         shown = ", ".join(tables[:8]) + (f" and {len(tables) - 8} more" if len(tables) > 8 else "")
         raise StoreError(

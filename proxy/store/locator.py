@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tapfix.proxy.store.database import open_when_ready
 from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
 
 if TYPE_CHECKING:
@@ -58,6 +59,13 @@ class StoreLocator:
         """Read-only, never creates or migrates (see `store.writer.open_for_reading`)."""
         try:
             return open_for_reading(self.path)
+        except (OSError, sqlite3.Error) as e:
+            raise _unusable(self.path, e, "read") from e
+
+    def open_when_ready(self) -> sqlite3.Connection | None:
+        """Read-only like `open_for_reading`, or None while no writer has made the store yet."""
+        try:
+            return open_when_ready(self.path)
         except (OSError, sqlite3.Error) as e:
             raise _unusable(self.path, e, "read") from e
 

@@ -1,0 +1,126 @@
+"""`tapfix captures tail`: one line per exchange as the writer commits it, for a terminal or a pipe.
+
+It only reads (`store/tail.py`): a read-only connection that never migrates or locks, polled a few
+times a second, so it can watch a store that `tapfix run` (one process or several) is writing. A
+store that isn't there yet is waited for, as `tail -F` waits for a file: a tail is often started
+before the proxy. Ctrl-C ends it with status 0; so does a reader that goes away (`| head`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import sys
+import time
+from typing import IO
+
+import click
+from tapfix.proxy.cli.listing import filter_options, json_row, marked
+from tapfix.proxy.cli.options import db_option, json_option
+from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.reader import CaptureFilter, CaptureNotFound
+from tapfix.proxy.store.writer import StoreError
+
+POLL_S = 0.25
+_AGE = re.compile(r"^\d+(?:\.\d+)?[smhdw]$", re.I)  # an age has its unit; anything else is a capture id
+
+
+@click.command("tail")
+@db_option()
+@click.option(
+    "--since",
+    metavar="AGE|ID",
+    help="start with the exchanges completed in the last AGE (90s, 30m, 12h, 7d) or after capture ID (a prefix"
+    " will do); default: from now",
+)
+@json_option("one JSON object a line, as `captures list --json`")
+@filter_options
+def tail(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter) -> None:
+    """Print each exchange as it completes, in the order the writer stored them.
+
+    The columns and filters are `captures list`'s; a regeneration attempt follows its client request,
+    marked `↳N`. Works while `tapfix run` writes the store (it only reads); waits for a store that
+    doesn't exist yet. Ctrl-C stops it.
+
+    \b
+    Example:
+      tapfix captures tail --flag regenerated
+      tapfix captures tail --since 10m --json | jq -r .model
+    """
+    out = sys.stdout
+    try:
+        _follow(db, since, as_json, filters, out)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a tail ends
+    except BrokenPipeError:  # the reader left: nothing more to say, and nothing to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+
+
+def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
+    from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
+    from tapfix.proxy.store.tail import Tail
+
+    conn, identity = _wait_for(db)
+    with reported(StoreError, sqlite3.Error):
+        follow = Tail(conn, _start(conn, since), filters)
+    if not as_json:  # once the store is there and the start found: an error is then the only output
+        _write(out, tail_line(HEADER) + "\n")
+    while True:
+        with reported(sqlite3.Error):
+            rows = follow.poll()
+        if rows:
+            lines = (
+                json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
+            )
+            _write(out, "".join(lines))
+        time.sleep(POLL_S)
+        if _identity(db) != identity:  # deleted, or replaced by a new store: follow the new one from its start
+            conn.close()
+            conn, identity = _wait_for(db)
+            follow = Tail(conn, 0, filters)
+
+
+def _start(conn: sqlite3.Connection, since: str | None) -> int:
+    from tapfix.proxy.store import tail
+    from tapfix.proxy.store.retention import parse_duration
+
+    if since is None:
+        return tail.latest(conn)
+    if _AGE.match(since.strip()):
+        return tail.completed_within(conn, parse_duration(since))
+    try:
+        return tail.after_capture(conn, since)
+    except CaptureNotFound as e:
+        if since.strip().replace(".", "", 1).isdigit():  # seconds without their unit, most likely
+            raise UserError(f"{e}; an age for --since takes its unit: {since.strip()}s, or 10m, 12h, 7d") from e
+        raise
+
+
+def _wait_for(db: StoreLocator) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
+    """The store, once a writer has made it; says once on stderr that it is waiting."""
+    told = False
+    while True:
+        with reported(StoreError):
+            conn = db.open_when_ready()
+        if conn is not None:
+            return conn, _identity(db)  # the file just opened (made or replaced a moment ago, perhaps)
+        if not told:
+            click.echo(f"tapfix: waiting for a capture store at {db} (`tapfix run` creates it)", err=True)
+            told = True
+        time.sleep(POLL_S)
+
+
+def _identity(db: StoreLocator) -> tuple[int, int] | None:
+    """Which file the path names (device, inode); None while there is none."""
+    try:
+        st = os.stat(db.path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _write(out: IO[str], text: str) -> None:
+    out.write(text)
+    out.flush()  # a pipe is block-buffered: each exchange is news as soon as it is stored
