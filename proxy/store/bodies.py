@@ -144,26 +144,109 @@ class BodyWriter:
                     self._held -= len(kept)
 
 
+# Which exchange column holds each of an exchange's four bodies: `forwarded` and `client_response` are
+# stored only when they differ, so a NULL id there means "the same as `request` / `response`".
+BODY_KINDS = ("request", "forwarded", "response", "client_response")
+FALLBACK_KIND = {"forwarded": "request", "client_response": "response"}
+# Rebuilt bodies a `BodyReader` keeps per connection: a root and the last top of each session read.
+DECODED_MEMORY_BUDGET = 16 * 1024 * 1024
+_CHAIN_ROW = "select base_id, prefix_len, suffix_len, encoding, data, size, sha256 from bodies where id = ?"
+
+
+class BodyReader:
+    """Rebuilds bodies on one connection, keeping the last ones rebuilt within a byte budget.
+
+    Why: a page of a session's turns (Datasette's 100 rows, the browser's session view, the search
+    indexer) reads bodies that share a delta chain; stopping at a remembered body makes each read
+    a few small steps instead of the whole chain again. A remembered body is used only while the
+    store still holds the same bytes under its id (`sha256`): a purge may free an id for a new body.
+    Not thread-safe: one reader per connection, like the connection itself.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, *, max_bytes: int = DECODED_MEMORY_BUDGET, max_bodies: int = 64):
+        self.conn = conn
+        self.max_bytes, self.max_bodies = max_bytes, max_bodies
+        self._kept: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, bytes)
+        self._held = 0
+
+    def read(self, body_id: int | None) -> bytes | None:
+        """The body's exact bytes; `LookupError` / `ValueError` for a damaged store, as `read_body`."""
+        if body_id is None:
+            return None
+        chain = []
+        start = b""
+        next_id: int | None = body_id
+        while next_id is not None:
+            row = self.conn.execute(_CHAIN_ROW, (next_id,)).fetchone()
+            if row is None:
+                raise LookupError(f"body {next_id} is missing from the store")
+            kept = self._kept.get(next_id)
+            if kept is not None and kept[0] == row[6]:
+                self._kept.move_to_end(next_id)
+                start = kept[1]
+                break
+            if kept is not None:  # the id now holds another body
+                self._held -= len(self._kept.pop(next_id)[1])
+            chain.append((next_id, row))
+            next_id = row[0]
+            if len(chain) > MAX_DEPTH + 1:  # a damaged store (a cycle) must fail, not loop forever
+                raise ValueError(f"body {body_id}: delta chain longer than {MAX_DEPTH + 1} (damaged store)")
+        if not chain:
+            return start
+        pieces = [memoryview(start)] if start else []
+        length = len(start)
+        for own_id, (base_id, prefix, suffix, encoding, packed, size, digest) in reversed(chain):
+            middle = _unpack(encoding, packed)
+            if base_id is None:
+                pieces, length = [memoryview(middle)], len(middle)
+                self._keep(own_id, digest, middle)  # a root: the start of every later body of its chain
+            else:
+                head, tail = _head(pieces, prefix), _tail(pieces, length - prefix, suffix)
+                pieces = [*head, memoryview(middle), *tail]
+                length = sum(map(len, head)) + len(middle) + sum(map(len, tail))
+            if length != size:
+                raise ValueError(f"body rebuilt to {length} bytes, expected {size}")
+        whole = pieces[0].obj if len(pieces) == 1 else None
+        data = whole if isinstance(whole, bytes) and len(whole) == length else b"".join(pieces)
+        self._keep(body_id, chain[0][1][6], data)
+        return data
+
+    def _keep(self, body_id: int, digest: str, data: bytes) -> None:
+        if self.max_bodies <= 0 or len(data) > self.max_bytes:
+            return
+        old = self._kept.pop(body_id, None)
+        self._held -= len(old[1]) if old is not None else 0
+        self._kept[body_id] = (digest, data)
+        self._held += len(data)
+        while self._held > self.max_bytes or len(self._kept) > self.max_bodies:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self._held -= len(dropped)
+
+
+def _head(pieces: list[memoryview], n: int) -> list[memoryview]:
+    """The first `n` bytes of a body held as pieces, as views (no copy: a chain is copied once, at the end)."""
+    out = []
+    for piece in pieces:
+        if n <= 0:
+            break
+        out.append(piece if len(piece) <= n else piece[:n])
+        n -= len(out[-1])
+    return out
+
+
+def _tail(pieces: list[memoryview], after_head: int, n: int) -> list[memoryview]:
+    """The last `n` bytes (never reaching into the first `len - after_head`): the base's shared suffix."""
+    n = max(0, min(n, after_head))
+    out = []
+    for piece in reversed(pieces):
+        if n <= 0:
+            break
+        out.append(piece if len(piece) <= n else piece[len(piece) - n :])
+        n -= len(out[-1])
+    out.reverse()
+    return out
+
+
 def read_body(conn: sqlite3.Connection, body_id: int | None) -> bytes | None:
-    """Rebuild a body from its delta chain (iteratively, oldest base first)."""
-    if body_id is None:
-        return None
-    chain = []
-    next_id: int | None = body_id
-    while next_id is not None:
-        row = conn.execute(
-            "select base_id, prefix_len, suffix_len, encoding, data, size from bodies where id = ?", (next_id,)
-        ).fetchone()
-        if row is None:
-            raise LookupError(f"body {next_id} is missing from the store")
-        chain.append(row)
-        next_id = row[0]
-        if len(chain) > MAX_DEPTH + 1:  # a damaged store (a cycle) must fail, not loop forever
-            raise ValueError(f"body {body_id}: delta chain longer than {MAX_DEPTH + 1} (damaged store)")
-    data = b""
-    for base_id, prefix, suffix, encoding, packed, size in reversed(chain):
-        middle = _unpack(encoding, packed)
-        data = data[:prefix] + middle + data[len(data) - suffix :] if base_id is not None else middle
-        if len(data) != size:
-            raise ValueError(f"body rebuilt to {len(data)} bytes, expected {size}")
-    return data
+    """Rebuild a body from its delta chain (one read, nothing kept: see `BodyReader` for many)."""
+    return BodyReader(conn, max_bodies=0).read(body_id)
