@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -118,6 +119,33 @@ def test_the_view_needs_the_function_and_tables_do_not(filled: Filled) -> None:
     assert by_id[forwarded][2] == filled.bodies[forwarded]["forwarded"].decode()
     assert by_id[repaired][3] == filled.bodies[repaired]["client_response"].decode()
     assert by_id[filled.ids["private"]] == (None, None, None, None)
+
+
+class _Counted(sqlite3.Connection):
+    """Counts the statements being started, so a progress handler knows one runs inside another."""
+
+    depth = 0
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:
+        self.depth += 1
+        try:
+            return super().execute(*args)
+        finally:
+            self.depth -= 1
+
+
+def test_a_time_limit_inside_the_function_interrupts_the_statement(filled: Filled) -> None:
+    """Datasette's time limits are progress handlers: one that stops the function's own read must
+    make the whole statement fail as "interrupted" (what Datasette treats as too slow), not as an
+    error of the function (which it shows as an error page)."""
+    conn = sqlite3.connect(read_only_uri(filled.path), uri=True, factory=_Counted)
+    register(conn)
+    conn.set_progress_handler(lambda: 1 if conn.depth >= 2 else 0, 1)  # only inside the function
+    with pytest.raises(sqlite3.OperationalError) as raised:
+        conn.execute("select tapfix_body(id, 'request') from exchanges").fetchall()
+    assert raised.value.args == ("interrupted",)
+    conn.set_progress_handler(None, 1)
+    assert conn.execute("select count(tapfix_body(id, 'request')) from exchanges").fetchone()[0] > 0
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

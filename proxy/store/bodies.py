@@ -148,26 +148,29 @@ class BodyWriter:
 # stored only when they differ, so a NULL id there means "the same as `request` / `response`".
 BODY_KINDS = ("request", "forwarded", "response", "client_response")
 FALLBACK_KIND = {"forwarded": "request", "client_response": "response"}
-# Rebuilt bodies a `BodyReader` keeps per connection: a root and the last top of each session read.
-DECODED_MEMORY_BUDGET = 16 * 1024 * 1024
+# What a `BodyReader` keeps per connection: inflated delta middles and roots (the zlib part of a read).
+DECODED_MEMORY_BUDGET = 32 * 1024 * 1024
 _CHAIN_ROW = "select base_id, prefix_len, suffix_len, encoding, data, size, sha256 from bodies where id = ?"
 
 
 class BodyReader:
-    """Rebuilds bodies on one connection, keeping the last ones rebuilt within a byte budget.
+    """Rebuilds bodies on one connection, remembering what was costly: inflated pieces, and the last body.
 
-    Why: a page of a session's turns (Datasette's 100 rows, the browser's session view, the search
-    indexer) reads bodies that share a delta chain; stopping at a remembered body makes each read
-    a few small steps instead of the whole chain again. A remembered body is used only while the
-    store still holds the same bytes under its id (`sha256`): a purge may free an id for a new body.
-    Not thread-safe: one reader per connection, like the connection itself.
+    Why: a page of turns (Datasette's 100 rows newest first, the browser's session view and the
+    search indexer oldest first) reads bodies that share delta chains. A rebuild holds the body as
+    views and copies once; inflating each step's middle (zlib) is what remains costly, so middles
+    and roots are kept, least recently used out first, within `max_bytes` and `max_bodies`; and
+    the last body read is kept whole, where the next turn of a session oldest first starts. A
+    remembered piece is used only while the store still holds the same body under its id (sha256):
+    a purge may free an id for a new body. Not thread-safe: one reader per connection.
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, max_bytes: int = DECODED_MEMORY_BUDGET, max_bodies: int = 64):
+    def __init__(self, conn: sqlite3.Connection, *, max_bytes: int = DECODED_MEMORY_BUDGET, max_bodies: int = 4096):
         self.conn = conn
         self.max_bytes, self.max_bodies = max_bytes, max_bodies
-        self._kept: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, bytes)
+        self._inflated: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, middle)
         self._held = 0
+        self._last: tuple[int, str, bytes] | None = None  # (id, sha256, the whole body)
 
     def read(self, body_id: int | None) -> bytes | None:
         """The body's exact bytes; `LookupError` / `ValueError` for a damaged store, as `read_body`."""
@@ -180,13 +183,9 @@ class BodyReader:
             row = self.conn.execute(_CHAIN_ROW, (next_id,)).fetchone()
             if row is None:
                 raise LookupError(f"body {next_id} is missing from the store")
-            kept = self._kept.get(next_id)
-            if kept is not None and kept[0] == row[6]:
-                self._kept.move_to_end(next_id)
-                start = kept[1]
+            if self._last is not None and self._last[0] == next_id and self._last[1] == row[6]:
+                start = self._last[2]
                 break
-            if kept is not None:  # the id now holds another body
-                self._held -= len(self._kept.pop(next_id)[1])
             chain.append((next_id, row))
             next_id = row[0]
             if len(chain) > MAX_DEPTH + 1:  # a damaged store (a cycle) must fail, not loop forever
@@ -196,47 +195,56 @@ class BodyReader:
         pieces = [memoryview(start)] if start else []
         length = len(start)
         for own_id, (base_id, prefix, suffix, encoding, packed, size, digest) in reversed(chain):
-            middle = _unpack(encoding, packed)
+            middle = self._middle(own_id, digest, encoding, packed)
             if base_id is None:
                 pieces, length = [memoryview(middle)], len(middle)
-                self._keep(own_id, digest, middle)  # a root: the start of every later body of its chain
             else:
-                head, tail = _head(pieces, prefix), _tail(pieces, length - prefix, suffix)
-                pieces = [*head, memoryview(middle), *tail]
-                length = sum(map(len, head)) + len(middle) + sum(map(len, tail))
+                head = min(prefix, length)
+                tail = max(0, min(suffix, length - head))  # never overlapping the head
+                pieces = [*_head(pieces, length, head), memoryview(middle), *_tail(pieces, tail)]
+                length = head + len(middle) + tail
             if length != size:
                 raise ValueError(f"body rebuilt to {length} bytes, expected {size}")
         whole = pieces[0].obj if len(pieces) == 1 else None
         data = whole if isinstance(whole, bytes) and len(whole) == length else b"".join(pieces)
-        self._keep(body_id, chain[0][1][6], data)
+        if self.max_bodies > 0:
+            self._last = (body_id, chain[0][1][6], data)
         return data
 
-    def _keep(self, body_id: int, digest: str, data: bytes) -> None:
-        if self.max_bodies <= 0 or len(data) > self.max_bytes:
-            return
-        old = self._kept.pop(body_id, None)
+    def _middle(self, body_id: int, digest: str, encoding: str, packed: bytes) -> bytes:
+        kept = self._inflated.get(body_id)
+        if kept is not None and kept[0] == digest:
+            self._inflated.move_to_end(body_id)
+            return kept[1]
+        middle = _unpack(encoding, packed)
+        if encoding == "raw" or self.max_bodies <= 0 or len(middle) > self.max_bytes:
+            return middle
+        old = self._inflated.pop(body_id, None)  # a purge gave the id to another body
         self._held -= len(old[1]) if old is not None else 0
-        self._kept[body_id] = (digest, data)
-        self._held += len(data)
-        while self._held > self.max_bytes or len(self._kept) > self.max_bodies:
-            _, (_, dropped) = self._kept.popitem(last=False)
+        self._inflated[body_id] = (digest, middle)
+        self._held += len(middle)
+        while self._held > self.max_bytes or len(self._inflated) > self.max_bodies:
+            _, (_, dropped) = self._inflated.popitem(last=False)
             self._held -= len(dropped)
+        return middle
 
 
-def _head(pieces: list[memoryview], n: int) -> list[memoryview]:
-    """The first `n` bytes of a body held as pieces, as views (no copy: a chain is copied once, at the end)."""
-    out = []
-    for piece in pieces:
-        if n <= 0:
-            break
-        out.append(piece if len(piece) <= n else piece[:n])
-        n -= len(out[-1])
+def _head(pieces: list[memoryview], length: int, n: int) -> list[memoryview]:
+    """The first `n` of a body's `length` bytes, held as pieces: views, no copy (a rebuild copies once,
+    at the end). Cut from the end: a turn keeps nearly all of its base, so few pieces are looked at."""
+    drop = length - n
+    k = len(pieces)
+    while k > 0 and drop >= len(pieces[k - 1]):
+        k -= 1
+        drop -= len(pieces[k])
+    out = pieces[:k]
+    if k and drop > 0:
+        out[-1] = out[-1][: len(out[-1]) - drop]
     return out
 
 
-def _tail(pieces: list[memoryview], after_head: int, n: int) -> list[memoryview]:
-    """The last `n` bytes (never reaching into the first `len - after_head`): the base's shared suffix."""
-    n = max(0, min(n, after_head))
+def _tail(pieces: list[memoryview], n: int) -> list[memoryview]:
+    """The last `n` bytes, as views."""
     out = []
     for piece in reversed(pieces):
         if n <= 0:

@@ -13,7 +13,8 @@ mitmproxy, no click (both plugins load it into tools that must start fast).
 - `tapfix_body` is TEXT when the bytes are valid UTF-8 (a JSON request, an SSE stream), else a
   BLOB (a compressed or binary body); `tapfix_body_bytes` is always the exact bytes, a BLOB.
 
-An unknown kind is an error. Python's `sqlite3` reports any exception from a function as
+Interrupting the calling statement (`conn.interrupt()`, a progress handler's time limit) interrupts
+the function's own reads, and the statement then fails as interrupted. An unknown kind is an error. Python's `sqlite3` reports any exception from a function as
 "user-defined function raised exception"; the exception itself (`UnknownKind`, which lists the
 kinds) reaches `sys.unraisablehook` once `sqlite3.enable_callback_tracebacks(True)` is on, which
 the sqlite-utils plugin does for its command line.
@@ -36,10 +37,10 @@ class UnknownKind(ValueError):
         super().__init__(f"tapfix_body: unknown kind {kind!r}: use one of {', '.join(BODY_KINDS)}")
 
 
-def register(conn: sqlite3.Connection) -> None:
-    """Add `tapfix_body` and `tapfix_body_bytes` to this connection (each connection has its own reader,
-    whose remembered bodies make a page of one session's turns cheap)."""
-    bodies = _Bodies(conn)
+def register(conn: sqlite3.Connection, *, max_bodies: int = 64) -> None:
+    """Add `tapfix_body` and `tapfix_body_bytes` to this connection. Each connection has its own
+    reader, remembering up to `max_bodies` rebuilt bodies (0: none; bench/sql_bodies.py compares)."""
+    bodies = _Bodies(conn, max_bodies)
     conn.create_function("tapfix_body", 2, bodies.text_or_blob)
     conn.create_function("tapfix_body_bytes", 2, bodies.exact)
 
@@ -47,9 +48,9 @@ def register(conn: sqlite3.Connection) -> None:
 class _Bodies:
     """The two functions' shared state: the connection they query, and its body reader."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, max_bodies: int) -> None:
         self.conn = conn
-        self.reader = BodyReader(conn)
+        self.reader = BodyReader(conn, max_bodies=max_bodies)
 
     def exact(self, exchange_id: object, kind: object) -> bytes | None:
         column = _COLUMN.get(kind) if isinstance(kind, str) else None
@@ -57,13 +58,22 @@ class _Bodies:
             raise UnknownKind(kind)
         if not isinstance(exchange_id, str):
             return None  # NULL, or a number: no exchange has such an id
-        row = self.conn.execute(_IDS, (exchange_id,)).fetchone()
-        if row is None:
+        try:
+            row = self.conn.execute(_IDS, (exchange_id,)).fetchone()
+            if row is None:
+                return None
+            body_id = row[column]
+            if body_id is None and kind in FALLBACK_KIND:
+                body_id = row[_COLUMN[FALLBACK_KIND[kind]]]
+            return self.reader.read(body_id)
+        except sqlite3.OperationalError as e:
+            if e.args != ("interrupted",):
+                raise
+            # A time limit (Datasette's: a progress handler) stopped our own query: stop the caller's
+            # statement the same way, so it fails as "interrupted" (a slow query, which Datasette
+            # handles), not as a broken function (an error page).
+            self.conn.interrupt()
             return None
-        body_id = row[column]
-        if body_id is None and kind in FALLBACK_KIND:
-            body_id = row[_COLUMN[FALLBACK_KIND[kind]]]
-        return self.reader.read(body_id)
 
     def text_or_blob(self, exchange_id: object, kind: object) -> str | bytes | None:
         data = self.exact(exchange_id, kind)

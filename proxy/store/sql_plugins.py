@@ -24,7 +24,12 @@ datasette_hook = pluggy.HookimplMarker("datasette")
 
 @sqlite_utils_hook(specname="prepare_connection")
 def sqlite_utils_prepare_connection(conn: sqlite3.Connection) -> None:
-    """Every `sqlite_utils.Database`: the CLI's, a script's, and tapfix's own (its migrations)."""
+    """Every `sqlite_utils.Database`: the CLI's, a script's, and tapfix's own (its migrations).
+
+    Python's sqlite3 reports every exception raised in an SQL function as "user-defined function
+    raised exception"; with callback tracebacks on (sqlite-utils turns them on itself for
+    `--functions` and `convert`), `tapfix_body`'s own message, which lists the kinds, is printed too."""
+    sqlite3.enable_callback_tracebacks(True)
     register(conn)
 
 
@@ -32,3 +37,12 @@ def sqlite_utils_prepare_connection(conn: sqlite3.Connection) -> None:
 def datasette_prepare_connection(conn: sqlite3.Connection, database: str, datasette: Any) -> None:
     """Each of Datasette's connections (one per query thread, read-only or immutable)."""
     register(conn)
+
+
+@datasette_hook(specname="render_cell")
+def datasette_render_cell(value: object, column: str, table: str | None) -> str | None:
+    """A body that isn't UTF-8 is a BLOB: in a view, Datasette 0.65 links a BLOB cell to its row by
+    rowid, which a view hasn't, and the page fails; say what it is instead (the JSON keeps the bytes)."""
+    if table == "exchange_bodies" and isinstance(value, bytes):
+        return f"<binary body, {len(value):,} bytes: tapfix_body_bytes(id, '{column}') has them>"
+    return None
