@@ -150,6 +150,7 @@ BODY_KINDS = ("request", "forwarded", "response", "client_response")
 FALLBACK_KIND = {"forwarded": "request", "client_response": "response"}
 # What a `BodyReader` keeps per connection: inflated delta middles and roots (the zlib part of a read).
 DECODED_MEMORY_BUDGET = 32 * 1024 * 1024
+DECODED_MAX_BODIES = 4096  # a page of 100 turns of six interleaved sessions touches ~300 chain steps
 _CHAIN_ROW = "select base_id, prefix_len, suffix_len, encoding, data, size, sha256 from bodies where id = ?"
 
 
@@ -165,7 +166,9 @@ class BodyReader:
     a purge may free an id for a new body. Not thread-safe: one reader per connection.
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, max_bytes: int = DECODED_MEMORY_BUDGET, max_bodies: int = 4096):
+    def __init__(
+        self, conn: sqlite3.Connection, *, max_bytes: int = DECODED_MEMORY_BUDGET, max_bodies: int = DECODED_MAX_BODIES
+    ) -> None:
         self.conn = conn
         self.max_bytes, self.max_bodies = max_bytes, max_bodies
         self._inflated: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, middle)

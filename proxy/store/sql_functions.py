@@ -14,7 +14,9 @@ mitmproxy, no click (both plugins load it into tools that must start fast).
   BLOB (a compressed or binary body); `tapfix_body_bytes` is always the exact bytes, a BLOB.
 
 Interrupting the calling statement (`conn.interrupt()`, a progress handler's time limit) interrupts
-the function's own reads, and the statement then fails as interrupted. An unknown kind is an error. Python's `sqlite3` reports any exception from a function as
+the function's own reads, and the statement then fails as interrupted.
+
+An unknown kind is an error. Python's `sqlite3` reports any exception from a function as
 "user-defined function raised exception"; the exception itself (`UnknownKind`, which lists the
 kinds) reaches `sys.unraisablehook` once `sqlite3.enable_callback_tracebacks(True)` is on, which
 the sqlite-utils plugin does for its command line.
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import sqlite3
 
-from tapfix.proxy.store.bodies import BODY_KINDS, FALLBACK_KIND, BodyReader
+from tapfix.proxy.store.bodies import BODY_KINDS, DECODED_MAX_BODIES, FALLBACK_KIND, BodyReader
 
-_IDS = "select request_body_id, forwarded_body_id, response_body_id, client_response_body_id from exchanges where id = ?"
+_IDS = (
+    "select request_body_id, forwarded_body_id, response_body_id, client_response_body_id from exchanges where id = ?"
+)
 _COLUMN = {kind: i for i, kind in enumerate(BODY_KINDS)}  # the kind's position in `_IDS`
 
 
@@ -37,9 +41,9 @@ class UnknownKind(ValueError):
         super().__init__(f"tapfix_body: unknown kind {kind!r}: use one of {', '.join(BODY_KINDS)}")
 
 
-def register(conn: sqlite3.Connection, *, max_bodies: int = 64) -> None:
+def register(conn: sqlite3.Connection, *, max_bodies: int = DECODED_MAX_BODIES) -> None:
     """Add `tapfix_body` and `tapfix_body_bytes` to this connection. Each connection has its own
-    reader, remembering up to `max_bodies` rebuilt bodies (0: none; bench/sql_bodies.py compares)."""
+    reader, keeping up to `max_bodies` inflated pieces of bodies (0: none; bench/sql_bodies.py compares)."""
     bodies = _Bodies(conn, max_bodies)
     conn.create_function("tapfix_body", 2, bodies.text_or_blob)
     conn.create_function("tapfix_body_bytes", 2, bodies.exact)
