@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
-from tapfix.proxy.store.bodies import BodyReader
+from tapfix.proxy.store.bodies import DECODED_MAX_BODIES, BodyReader
 from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
 
@@ -66,7 +66,7 @@ class BodyCache(BodyReader):
     """The store's `BodyReader` (sessions are indexed in order, so a chain's last body is remembered),
     reading a damaged or purged-under-us body as missing: the index skips it, never fails on it."""
 
-    def __init__(self, conn: sqlite3.Connection, size: int = 64) -> None:
+    def __init__(self, conn: sqlite3.Connection, size: int = DECODED_MAX_BODIES) -> None:
         super().__init__(conn, max_bodies=size)
 
     def get(self, body_id: int | None) -> bytes | None:

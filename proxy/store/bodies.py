@@ -151,6 +151,8 @@ FALLBACK_KIND = {"forwarded": "request", "client_response": "response"}
 # What a `BodyReader` keeps per connection: inflated delta middles and roots (the zlib part of a read).
 DECODED_MEMORY_BUDGET = 32 * 1024 * 1024
 DECODED_MAX_BODIES = 4096  # a page of 100 turns of six interleaved sessions touches ~300 chain steps
+# ... and the last bodies read, whole: where the next turn of each of a few interleaved sessions starts.
+WHOLE_BODIES, WHOLE_MEMORY_BUDGET = 8, 16 * 1024 * 1024
 _CHAIN_ROW = "select base_id, prefix_len, suffix_len, encoding, data, size, sha256 from bodies where id = ?"
 
 
@@ -161,7 +163,8 @@ class BodyReader:
     search indexer oldest first) reads bodies that share delta chains. A rebuild holds the body as
     views and copies once; inflating each step's middle (zlib) is what remains costly, so middles
     and roots are kept, least recently used out first, within `max_bytes` and `max_bodies`; and
-    the last body read is kept whole, where the next turn of a session oldest first starts. A
+    the last few bodies read are kept whole, where the next turns of sessions read oldest first
+    (interleaved, as agents write them side by side) start. A
     remembered piece is used only while the store still holds the same body under its id (sha256):
     a purge may free an id for a new body. Not thread-safe: one reader per connection.
     """
@@ -173,7 +176,8 @@ class BodyReader:
         self.max_bytes, self.max_bodies = max_bytes, max_bodies
         self._inflated: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, middle)
         self._held = 0
-        self._last: tuple[int, str, bytes] | None = None  # (id, sha256, the whole body)
+        self._whole: OrderedDict[int, tuple[str, bytes]] = OrderedDict()  # id → (sha256, the body)
+        self._whole_held = 0
 
     def read(self, body_id: int | None) -> bytes | None:
         """The body's exact bytes; `LookupError` / `ValueError` for a damaged store, as `read_body`."""
@@ -186,8 +190,10 @@ class BodyReader:
             row = self.conn.execute(_CHAIN_ROW, (next_id,)).fetchone()
             if row is None:
                 raise LookupError(f"body {next_id} is missing from the store")
-            if self._last is not None and self._last[0] == next_id and self._last[1] == row[6]:
-                start = self._last[2]
+            whole = self._whole.get(next_id)
+            if whole is not None and whole[0] == row[6]:
+                self._whole.move_to_end(next_id)
+                start = whole[1]
                 break
             chain.append((next_id, row))
             next_id = row[0]
@@ -208,11 +214,20 @@ class BodyReader:
                 length = head + len(middle) + tail
             if length != size:
                 raise ValueError(f"body rebuilt to {length} bytes, expected {size}")
-        whole = pieces[0].obj if len(pieces) == 1 else None
-        data = whole if isinstance(whole, bytes) and len(whole) == length else b"".join(pieces)
-        if self.max_bodies > 0:
-            self._last = (body_id, chain[0][1][6], data)
+        one = pieces[0].obj if len(pieces) == 1 else None
+        data = one if isinstance(one, bytes) and len(one) == length else b"".join(pieces)
+        self._keep_whole(body_id, chain[0][1][6], data)
         return data
+
+    def _keep_whole(self, body_id: int, digest: str, data: bytes) -> None:
+        if self.max_bodies <= 0 or len(data) > WHOLE_MEMORY_BUDGET:
+            return
+        old = self._whole.pop(body_id, None)  # read again, or the id now holds another body
+        self._whole_held += len(data) - (len(old[1]) if old is not None else 0)
+        self._whole[body_id] = (digest, data)
+        while self._whole_held > WHOLE_MEMORY_BUDGET or len(self._whole) > WHOLE_BODIES:
+            _, (_, dropped) = self._whole.popitem(last=False)
+            self._whole_held -= len(dropped)
 
     def _middle(self, body_id: int, digest: str, encoding: str, packed: bytes) -> bytes:
         kept = self._inflated.get(body_id)
