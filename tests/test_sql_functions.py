@@ -114,7 +114,12 @@ def test_the_view_needs_the_function_and_tables_do_not(filled: Filled) -> None:
     ).fetchall()
     by_id = {row[0]: row[1:] for row in newest}
     last = filled.session[-1]
-    assert by_id[last] == (filled.bodies[last]["request"].decode(), filled.bodies[last]["response"].decode(), None, None)
+    assert by_id[last] == (
+        filled.bodies[last]["request"].decode(),
+        filled.bodies[last]["response"].decode(),
+        None,
+        None,
+    )
     forwarded, repaired = filled.ids["forwarded"], filled.ids["repaired"]
     assert by_id[forwarded][2] == filled.bodies[forwarded]["forwarded"].decode()
     assert by_id[repaired][3] == filled.bodies[repaired]["client_response"].decode()
@@ -158,3 +163,18 @@ def test_any_read_order_through_one_connection_gives_exact_bytes(filled: Filled,
         exchange_id = filled.session[i % len(filled.session)]
         got = conn.execute("select tapfix_body_bytes(?, 'request')", (exchange_id,)).fetchone()[0]
         assert got == filled.bodies[exchange_id]["request"]
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(notes=st.lists(st.text(max_size=600), min_size=1, max_size=2 * 48 + 5))
+def test_a_generated_session_reads_back_exactly(notes: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Any conversation the writer deltas (chains restarting every MAX_DEPTH turns): the same bytes."""
+    filled = fill_store(tmp_path_factory.mktemp("generated") / "tapfix.db", notes=notes)
+    conn = _connect(filled.path, "immutable")
+    for exchange_id in filled.session:
+        row = conn.execute(
+            "select tapfix_body_bytes(?, 'request'), tapfix_body(?, 'forwarded'), tapfix_body(?, 'client_response')",
+            (exchange_id, exchange_id, exchange_id),
+        ).fetchone()
+        sent = filled.bodies[exchange_id]
+        assert row == (sent["request"], sent["request"].decode(), sent["response"].decode())

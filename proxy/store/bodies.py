@@ -157,16 +157,16 @@ _CHAIN_ROW = "select base_id, prefix_len, suffix_len, encoding, data, size, sha2
 
 
 class BodyReader:
-    """Rebuilds bodies on one connection, remembering what was costly: inflated pieces, and the last body.
+    """Rebuilds bodies on one connection, remembering what was costly: inflated pieces, the last bodies.
 
     Why: a page of turns (Datasette's 100 rows newest first, the browser's session view and the
     search indexer oldest first) reads bodies that share delta chains. A rebuild holds the body as
     views and copies once; inflating each step's middle (zlib) is what remains costly, so middles
-    and roots are kept, least recently used out first, within `max_bytes` and `max_bodies`; and
-    the last few bodies read are kept whole, where the next turns of sessions read oldest first
-    (interleaved, as agents write them side by side) start. A
-    remembered piece is used only while the store still holds the same body under its id (sha256):
-    a purge may free an id for a new body. Not thread-safe: one reader per connection.
+    and roots are kept, least recently used out first, within `max_bytes` and `max_bodies`. The
+    last few bodies read are kept whole: the next turns of sessions read oldest first (interleaved,
+    as agents write them side by side) start there. A remembered piece is used only while the store
+    still holds the same body under its id (sha256): a purge may free an id for a new body.
+    Not thread-safe: one reader per connection, like the connection itself.
     """
 
     def __init__(

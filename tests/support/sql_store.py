@@ -31,6 +31,10 @@ class Filled:
     bodies: dict[str, dict[str, bytes]] = field(default_factory=dict)  # id -> kind -> bytes sent/answered
 
 
+def _note(rng: random.Random) -> str:
+    return "".join(rng.choice('abcdefghij \n"\\é') for _ in range(rng.randint(20, 400)))
+
+
 def _answer(text: str) -> list[bytes]:
     return sse_events([chat_chunk({"role": "assistant", "content": text}), chat_chunk({}, "stop")])
 
@@ -63,16 +67,17 @@ def _record(filled: Filled, ex: Exchange) -> str:
     return ex.id
 
 
-def fill_store(path: Path, *, seed: int = 5, turns: int = SESSION_TURNS) -> Filled:
-    """Write the cases above into a new store at `path` and close the writer (its WAL checkpointed)."""
+def fill_store(path: Path, *, seed: int = 5, turns: int = SESSION_TURNS, notes: list[str] | None = None) -> Filled:
+    """Write the cases above into a new store at `path` and close the writer (its WAL checkpointed).
+    The session's user messages are `notes` when given (one per turn), else random ones."""
     rng = random.Random(seed)
     filled = Filled(path)
     writer = CaptureWriter(path)
     try:
         messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 200}]
         headers = [("content-type", "application/json"), ("x-session-id", "ses_sql_test")]
-        for turn in range(turns):
-            note = "".join(rng.choice("abcdefghij \n\"\\é") for _ in range(rng.randint(20, 400)))
+        for turn in range(turns if notes is None else len(notes)):
+            note = notes[turn] if notes is not None else _note(rng)
             messages = [*messages, {"role": "user", "content": f"turn {turn}: {note}"}]
             body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
             ex = _exchange(body, _answer(f"answer {turn} ✓"), request_headers=headers)
