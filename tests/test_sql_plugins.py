@@ -61,7 +61,9 @@ def test_sqlite_utils_unknown_kind_names_the_kinds(filled: Filled) -> None:
     done = _sqlite_utils("query", str(filled.path), "select tapfix_body(id, 'headers') from exchanges")
     assert done.returncode != 0
     assert "user-defined function raised exception" in done.stderr
-    assert "tapfix_body: unknown kind 'headers': use one of request, forwarded, response, client_response" in done.stderr
+    assert (
+        "tapfix_body: unknown kind 'headers': use one of request, forwarded, response, client_response" in done.stderr
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,11 @@ def test_datasette_shows_request_and_response_text(filled: Filled, datasette: Pr
         assert f"&lt;binary body, {size} bytes: tapfix_body_bytes(id, &#39;request&#39;) has them&gt;" in shown.text
         query = client.get(
             f"/{database}.json",
-            params={"sql": "select tapfix_body(:id, 'forwarded') as f", "id": filled.ids["forwarded"], "_shape": "array"},
+            params={
+                "sql": "select tapfix_body(:id, 'forwarded') as f",
+                "id": filled.ids["forwarded"],
+                "_shape": "array",
+            },
         )
         assert query.json() == [{"f": filled.bodies[filled.ids["forwarded"]]["forwarded"].decode()}]
 
