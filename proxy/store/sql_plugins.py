@@ -2,7 +2,7 @@
 
 Installed with tapfix through entry points (pyproject.toml: groups `sqlite_utils` and `datasette`),
 so `sqlite-utils query captures/tapfix.db "select tapfix_body(id, 'request') from exchanges"` and
-`datasette captures/tapfix.db` (the view `exchange_bodies`, migration m005) work without options.
+`datasette captures/tapfix.db` (the view `exchange_bodies`, migration m006) work without options.
 
 The hook markers are built with pluggy, as both tools do (`HookimplMarker("sqlite_utils")` is what
 `sqlite_utils.hookimpl` is), rather than imported from them: importing either package imports click,
