@@ -17,11 +17,11 @@ import re
 import sqlite3
 import threading
 import zlib
-from collections import OrderedDict
 from pathlib import Path
 
 import orjson
 from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
+from tapfix.proxy.store.bodies import DECODED_MAX_BODIES, BodyReader
 from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
 
@@ -62,42 +62,18 @@ def to_match(query: str) -> str:
     return " ".join(terms)
 
 
-class BodyCache:
-    """Rebuild delta-stored bodies, stopping at a recently rebuilt base (sessions are indexed in order)."""
+class BodyCache(BodyReader):
+    """The store's `BodyReader` (sessions are indexed in order, so a chain's last body is remembered),
+    reading a damaged or purged-under-us body as missing: the index skips it, never fails on it."""
 
-    def __init__(self, conn: sqlite3.Connection, size: int = 64) -> None:
-        self.conn = conn
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
-        self._size = size
+    def __init__(self, conn: sqlite3.Connection, size: int = DECODED_MAX_BODIES) -> None:
+        super().__init__(conn, max_bodies=size)
 
     def get(self, body_id: int | None) -> bytes | None:
-        if body_id is None:
+        try:
+            return self.read(body_id)
+        except (LookupError, ValueError):
             return None
-        chain = []
-        next_id: int | None = body_id
-        data = b""
-        while next_id is not None:
-            if next_id in self._cache:
-                data = self._cache[next_id]
-                break
-            row = self.conn.execute(
-                "select base_id, prefix_len, suffix_len, encoding, data, size from bodies where id = ?",
-                (next_id,),
-            ).fetchone()
-            if row is None:
-                return None
-            chain.append((next_id, *tuple(row)))
-            next_id = row[0]
-        for own_id, base_id, prefix, suffix, encoding, packed, size in reversed(chain):
-            middle = zlib.decompress(packed) if encoding == "zlib" else bytes(packed)
-            data = data[:prefix] + middle + data[len(data) - suffix :] if base_id is not None else middle
-            if len(data) != size:
-                return None
-            self._cache[own_id] = data
-            self._cache.move_to_end(own_id)
-        while len(self._cache) > self._size:
-            self._cache.popitem(last=False)
-        return data
 
 
 class SearchIndex:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from tapfix.proxy.store.bodies import read_body
+from tapfix.proxy.store.bodies import FALLBACK_KIND, read_body
 from tapfix.proxy.store.writer import StoreError
 
 
@@ -189,15 +189,11 @@ def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
     return capture
 
 
-# Stored only when they differ from these: the forwarded request, and what the client received.
-_FALLBACK = {"forwarded": "request", "client_response": "response"}
-
-
 def body_id_of(capture: dict[str, Any], which: str) -> int | None:
     """The stored body behind `which` (request | forwarded | response | client_response), or None."""
     body_id: int | None = capture[f"{which}_body_id"]  # indexed, not .get(): sqlite3.Row rows come here too
-    if body_id is None and which in _FALLBACK:
-        body_id = capture[f"{_FALLBACK[which]}_body_id"]
+    if body_id is None and which in FALLBACK_KIND:
+        body_id = capture[f"{FALLBACK_KIND[which]}_body_id"]
     return body_id
 
 

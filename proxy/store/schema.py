@@ -2,7 +2,8 @@
 
 Plain tables with readable column names, so `sqlite-utils` and Datasette work out of the box:
 `exchanges` (one row per request, regeneration attempts included), `changes` (what tapfix changed),
-`bodies` (exact bytes, stored as deltas), `sessions` (agent runs), and the view `exchange_view`.
+`bodies` (exact bytes, stored as deltas), `sessions` (agent runs), and the views `exchange_view` and
+`exchange_bodies` (the latter needs the `tapfix_body` SQL function: store/sql_functions.py).
 """
 
 from __future__ import annotations
@@ -191,3 +192,29 @@ def m005_trace_context(db: Database) -> None:
         """,
     ):
         db.execute(statement)
+
+
+@migrations()
+def m006_exchange_bodies(db: Database) -> None:
+    """`exchange_bodies`: each exchange with its request and response as text, for Datasette and
+    sqlite-utils (their tapfix plugins register `tapfix_body`, store/sql_functions.py).
+
+    A view, so nothing is stored twice. Only a connection with the function can read it: elsewhere
+    (the sqlite3 shell, Datasette or sqlite-utils without tapfix installed) `select ... from
+    exchange_bodies` fails with "no such function: tapfix_body", and every table still reads as
+    before; tapfix's own readers, retention, purge, VACUUM and backup never use it. Unordered on
+    purpose: `count(*)` over an ordered view would rebuild every body; ask for an order
+    (`order by id desc`, Datasette's `?_sort_desc=id`) and only the rows shown are rebuilt.
+    `forwarded` and `client_response` are set only where they differ from `request` / `response`."""
+    db.execute(
+        """
+        create view exchange_bodies as
+        select id, started_at, method, path, model, status, session_id,
+               tapfix_body(id, 'request') as request,
+               tapfix_body(id, 'response') as response,
+               case when forwarded_body_id is not null then tapfix_body(id, 'forwarded') end as forwarded,
+               case when client_response_body_id is not null then tapfix_body(id, 'client_response') end
+                   as client_response
+        from exchanges
+        """
+    )

@@ -1,0 +1,103 @@
+"""A capture store filled through the real `CaptureWriter`, for the SQL-function and plugin tests.
+
+It holds every case `tapfix_body` distinguishes: a delta-compressed agent session (one family, longer
+than a delta chain may be, so the chain restarts), a request tapfix changed before forwarding, an
+answer the client got repaired, a non-UTF-8 body, and an exchange stored with `--no-bodies`.
+`Filled.bodies` keeps the exact bytes each exchange was submitted with, per kind.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from tapfix.proxy.changes import Change
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.store.bodies import MAX_DEPTH
+from tapfix.proxy.store.writer import CaptureWriter
+
+from tests.support.builders import chat_chunk, sse_events
+
+SESSION_TURNS = MAX_DEPTH + 12  # past one chain's depth: a second root, then deltas on it
+
+
+@dataclass
+class Filled:
+    path: Path
+    session: list[str] = field(default_factory=list)  # ids of the agent session's turns, oldest first
+    ids: dict[str, str] = field(default_factory=dict)  # case name -> exchange id
+    bodies: dict[str, dict[str, bytes]] = field(default_factory=dict)  # id -> kind -> bytes sent/answered
+
+
+def _note(rng: random.Random) -> str:
+    return "".join(rng.choice('abcdefghij \n"\\é') for _ in range(rng.randint(20, 400)))
+
+
+def _answer(text: str) -> list[bytes]:
+    return sse_events([chat_chunk({"role": "assistant", "content": text}), chat_chunk({}, "stop")])
+
+
+def _exchange(request: bytes, answer: list[bytes], **kw: object) -> Exchange:
+    ex = Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        url="http://127.0.0.1:8000/v1/chat/completions",
+        model="m",
+        stream=True,
+        request=request,
+        **kw,  # type: ignore[arg-type]
+    )
+    ex.status, ex.content_type = 200, "text/event-stream"
+    ex.response_headers = [("content-type", "text/event-stream")]
+    ex.response_chunks = answer
+    ex.chunk_times = [0.001 * (i + 1) for i in range(len(answer))]
+    return ex
+
+
+def _record(filled: Filled, ex: Exchange) -> str:
+    upstream = ex.response_body()
+    filled.bodies[ex.id] = {
+        "request": ex.request,
+        "forwarded": ex.forwarded if ex.forwarded is not None else ex.request,
+        "response": upstream,
+        "client_response": ex.client_response_body(upstream),
+    }
+    return ex.id
+
+
+def fill_store(path: Path, *, seed: int = 5, turns: int = SESSION_TURNS, notes: list[str] | None = None) -> Filled:
+    """Write the cases above into a new store at `path` and close the writer (its WAL checkpointed).
+    The session's user messages are `notes` when given (one per turn), else random ones."""
+    rng = random.Random(seed)
+    filled = Filled(path)
+    writer = CaptureWriter(path)
+    try:
+        messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 200}]
+        headers = [("content-type", "application/json"), ("x-session-id", "ses_sql_test")]
+        for turn in range(turns if notes is None else len(notes)):
+            note = notes[turn] if notes is not None else _note(rng)
+            messages = [*messages, {"role": "user", "content": f"turn {turn}: {note}"}]
+            body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
+            ex = _exchange(body, _answer(f"answer {turn} ✓"), request_headers=headers)
+            filled.session.append(_record(filled, ex))
+            writer.submit(ex)
+            messages = [*messages, {"role": "assistant", "content": f"answer {turn} ✓"}]
+        forwarded = _exchange(b'{"model":"m","messages":[]}', _answer("hi"), request_headers=headers[:1])
+        forwarded.forwarded = b'{"model":"m","messages":[],"top_p":0.95}'
+        forwarded.changes = [Change("sampling", "inject", "$.top_p", None, 0.95, "test")]
+        repaired = _exchange(b'{"model":"m","messages":[]}', _answer("broken"))
+        repaired.client_response = b"".join(_answer("repaired"))
+        binary = _exchange(b'{"model":"m"}\xff\xfe\x00 not UTF-8', [b"\x1f\x8b\x08\x00 gzip-looking \xff"])
+        binary.content_type = "application/octet-stream"
+        private = _exchange(b'{"model":"m","messages":[{"role":"user","content":"secret"}]}', _answer("x"))
+        private.store_bodies = False
+        for name, ex in (("forwarded", forwarded), ("repaired", repaired), ("binary", binary), ("private", private)):
+            filled.ids[name] = _record(filled, ex)
+            writer.submit(ex)
+    finally:
+        writer.close()
+    if writer.stats.failures:
+        raise RuntimeError(f"the writer failed: {writer.stats.last_error}")
+    return filled
