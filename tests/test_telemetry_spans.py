@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -214,3 +215,10 @@ def test_an_unreachable_or_rejecting_receiver_is_counted_and_logged_once_never_r
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_readme_lists_every_name_semconv_holds():
+    """The README's names table is `names_table()` itself, so what the docs say tapfix emits can't drift."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    begin, end = "<!-- semconv names: begin -->\n", "\n<!-- semconv names: end -->"
+    assert readme[readme.index(begin) + len(begin) : readme.index(end)] == sc.names_table()
