@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import httpx
-from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import DECODED_MAX_BODIES
 from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.sql_functions import register
@@ -41,7 +40,7 @@ from tapfix.proxy.store.writer import CaptureWriter
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procstat import cpu_ns, machine_busy_ns  # noqa: E402
 from runner import free_port, wait_port  # noqa: E402
-from storage import session  # noqa: E402
+from storage import agent_turn, session  # noqa: E402
 
 PAGE = 100
 
@@ -54,20 +53,7 @@ def fill(db: Path, sessions: int, turns: int, final_kb: int) -> tuple[int, int]:
     for _ in range(turns):
         for s, run in enumerate(runs):
             body, events, _args = next(run)
-            ex = Exchange(
-                method="POST",
-                path="/v1/chat/completions",
-                url="http://127.0.0.1:8000/v1/chat/completions",
-                user_agent="opencode/0.15 ai-sdk/5",
-                model="qwen3-coder",
-                stream=True,
-                request=body,
-                request_headers=[("content-type", "application/json"), ("x-session-id", f"ses_bench{s:02d}")],
-            )
-            ex.status, ex.content_type = 200, "text/event-stream"
-            ex.response_headers = [("content-type", "text/event-stream")]
-            ex.response_chunks = events
-            ex.chunk_times = [0.001 * (i + 1) for i in range(len(events))]
+            ex = agent_turn(body, events, f"ses_bench{s:02d}")
             raw += len(body) + sum(map(len, events))
             writer.submit(ex)
             written += 1

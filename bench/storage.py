@@ -123,6 +123,28 @@ def thread_cpu_ns(tid: int) -> int:
         return int(f.read().split()[0])
 
 
+def agent_turn(
+    body: bytes, events: list[bytes], session_id: str, headers: tuple[tuple[str, str], ...] = ()
+) -> Exchange:
+    """One finished streamed turn of an opencode-like agent, as the addons hand it to the writer (the bench's
+    store fillers share it, so every store they fill looks alike)."""
+    ex = Exchange(
+        method="POST",
+        path="/v1/chat/completions",
+        url="http://127.0.0.1:8000/v1/chat/completions",
+        user_agent="opencode/0.15 ai-sdk/5",
+        model="qwen3-coder",
+        stream=True,
+        request=body,
+        request_headers=[("content-type", "application/json"), ("x-session-id", session_id), *headers],
+    )
+    ex.status, ex.content_type = 200, "text/event-stream"
+    ex.response_headers = [("content-type", "text/event-stream")]
+    ex.response_chunks = events
+    ex.chunk_times = [0.001 * (i + 1) for i in range(len(events))]
+    return ex
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=120)
@@ -137,25 +159,9 @@ def main() -> None:
     cpu_turn: list[tuple[int, float]] = []  # (body size, writer CPU ms)
     originals: dict[str, tuple[bytes, bytes]] = {}
     for turn, (body, events, _args) in enumerate(session(a.turns, a.final_kb)):
-        ex = Exchange(
-            method="POST",
-            path="/v1/chat/completions",
-            url="http://127.0.0.1:8000/v1/chat/completions",
-            user_agent="opencode/0.15 ai-sdk/5",
-            model="qwen3-coder",
-            stream=True,
-            request=body,
-            request_headers=[
-                ("content-type", "application/json"),
-                ("x-session-id", "ses_bench01"),
-                ("authorization", "Bearer sk-bench"),
-                ("user-agent", "opencode/0.15"),
-            ],
+        ex = agent_turn(
+            body, events, "ses_bench01", [("authorization", "Bearer sk-bench"), ("user-agent", "opencode/0.15")]
         )
-        ex.status, ex.content_type = 200, "text/event-stream"
-        ex.response_headers = [("content-type", "text/event-stream")]
-        ex.response_chunks = events
-        ex.chunk_times = [0.001 * (i + 1) for i in range(len(events))]
         ex.response_started_at, ex.ended_at = ex.mark + 0.001, ex.mark + 0.001 * (len(events) + 1)
         raw_req += len(body)
         raw_resp += sum(map(len, events))
