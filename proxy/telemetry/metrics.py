@@ -29,7 +29,9 @@ OTHER = "other"
 Kind = Literal["counter", "histogram", "gauge"]
 
 
-@dataclass(frozen=True, slots=True)
+# The catalogue's labels and instruments are singletons, keys of every recording's dicts: hashed by
+# identity (`eq=False`), as a field-by-field hash per lookup was most of what recording an exchange cost.
+@dataclass(frozen=True, slots=True, eq=False)
 class Label:
     """One label: its short Prometheus name, and the attribute name OTLP gives it (the conventions')."""
 
@@ -52,7 +54,7 @@ ATTEMPT_OUTCOME = Label("outcome", sc.TAPFIX_ATTEMPT_OUTCOME)  # a regeneration:
 _GENAI = (OPERATION, PROVIDER, MODEL, UPSTREAM, SURFACE)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Instrument:
     """A metric as both expositions name it. `unit` is UCUM as OTel has it (`s`, `{token}`)."""
 

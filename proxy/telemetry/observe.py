@@ -1,10 +1,10 @@
 """The capture writer's one telemetry observer: each finished exchange becomes a `Turn` once, for every sink.
 
-The metrics' aggregation (`aggregate.py`, served by `/tapfix/metrics` and the OTLP metrics export)
-is always a sink; with OTLP export on, the span exporter is too. They all read the same `Turn`, built here on the writer thread after the commit
-(`CaptureWriter.observers`), so no sink assembles or parses anything again, and the event loop never
-waits on one. A sink that raises is counted and logged (once per sink), and the others still run:
-telemetry must never cost a capture.
+The metrics' aggregation (`aggregate.py`, which `/tapfix/metrics` and the OTLP metrics export
+serve) is always a sink; with OTLP export on, the span exporter is too. They all read the same
+`Turn`, built here on the writer thread after the commit (`CaptureWriter.observers`), so no sink
+assembles or parses anything again, and the event loop never waits on one. A sink that raises is
+counted and logged (once per sink), and the others still run: telemetry must never cost a capture.
 """
 
 from __future__ import annotations

@@ -206,7 +206,12 @@ def metrics_data(
 
 
 def _histogram_point(
-    attrs: dict[str, str], now: HistogramPoint, was: HistogramPoint | None, start: int, at: int, bounds: tuple[float, ...]
+    attrs: dict[str, str],
+    now: HistogramPoint,
+    was: HistogramPoint | None,
+    start: int,
+    at: int,
+    bounds: tuple[float, ...],
 ) -> HistogramDataPoint:
     """`now`, or `now - was` (a delta): its min and max are then unknown and left out, unless the
     series is new since the last export."""
@@ -214,7 +219,9 @@ def _histogram_point(
         return HistogramDataPoint(attrs, start, at, now.count, now.sum, now.bucket_counts, bounds, now.min, now.max)
     buckets = [n - m for n, m in zip(now.bucket_counts, was.bucket_counts, strict=True)]
     unknown: Any = None  # OTLP's min and max are optional; the SDK's dataclass types them float
-    return HistogramDataPoint(attrs, start, at, now.count - was.count, now.sum - was.sum, buckets, bounds, unknown, unknown)
+    return HistogramDataPoint(
+        attrs, start, at, now.count - was.count, now.sum - was.sum, buckets, bounds, unknown, unknown
+    )
 
 
 class OtlpMetrics:
@@ -229,7 +236,7 @@ class OtlpMetrics:
         self.resource = resource
         self.interval_s = interval_s
         self.timeout_ms = 10_000.0
-        preferred = exporter._preferred_temporality
+        preferred = exporter._preferred_temporality or {}
         self.delta = {
             "counter": preferred.get(SdkCounter) is AggregationTemporality.DELTA,
             "histogram": preferred.get(SdkHistogram) is AggregationTemporality.DELTA,
@@ -247,14 +254,22 @@ class OtlpMetrics:
         """Exporting over OTLP every OTEL_METRIC_EXPORT_INTERVAL ms, its thread started."""
         from tapfix.proxy.telemetry.spans import resource_of
 
-        metrics = cls(aggregation, otlp_exporter(export), resource_of(export), export_interval(env or os.environ))
+        metrics = cls(
+            aggregation, otlp_exporter(export), resource_of(export), export_interval(os.environ if env is None else env)
+        )
         metrics.timeout_ms = export.signal("metrics").timeout_s * 1000
         metrics._thread.start()
         return metrics
 
     def _run(self) -> None:
+        failed = False
         while not self._stop.wait(self.interval_s):
-            self.export_now()
+            try:
+                self.export_now()
+            except Exception:  # noqa: BLE001 - a bug building the export must not end the thread; said once
+                if not failed:
+                    log.exception("OTLP metrics: building an export failed (the export thread keeps going)")
+                failed = True
 
     def export_now(self) -> bool:
         """Take a snapshot and export it now; true when the receiver took it."""

@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-
 from tapfix.proxy.telemetry.aggregate import Aggregation
 from tapfix.proxy.telemetry.metrics import CATALOGUE, label_values
 
@@ -26,7 +25,7 @@ class AggregationCollector(Collector):
     def __init__(self, aggregation: Aggregation) -> None:
         self.aggregation = aggregation
         # The `le` label of each histogram's buckets, formatted as prometheus_client's own Histogram does.
-        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in CATALOGUE}
+        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in CATALOGUE}  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.aggregation.snapshot()
@@ -73,4 +72,3 @@ class PrometheusExposition:
 
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
-
