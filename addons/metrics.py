@@ -1,8 +1,9 @@
 """`GET /tapfix/metrics`: Prometheus' text format (OpenMetrics when the scraper asks), on the proxy's port.
 
-Always on: the recorder (`tapfix.proxy.telemetry.metrics`) is a capture-writer observer, so a scrape
-only renders counters the writer thread already keeps. Placed beside health, after the token check,
-so with a token a scraper sends it (`authorization: Bearer TOKEN` in Prometheus' scrape config).
+Always on: the aggregation (`tapfix.proxy.telemetry.aggregate`) is fed by a capture-writer observer,
+so a scrape only renders what the writer thread already keeps (`tapfix.proxy.telemetry.prometheus`).
+Placed beside health, after the token check, so with a token a scraper sends it (`authorization:
+Bearer TOKEN` in Prometheus' scrape config).
 Rendering runs in a worker thread: a scrape never holds the event loop while it formats.
 """
 
@@ -24,9 +25,9 @@ class Metrics:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.request.path.split("?", 1)[0] != PATH:
             return
-        recorder = self.runtime.metrics
-        if recorder is None:  # a runtime built without one (in-process tests): nothing to serve
-            flow.response = http.Response.make(404, b"no metrics recorder\n", {"content-type": "text/plain"})
+        exposition = self.runtime.metrics
+        if exposition is None:  # a runtime built without one (in-process tests): nothing to serve
+            flow.response = http.Response.make(404, b"no metrics\n", {"content-type": "text/plain"})
             return
-        body, content_type = await asyncio.to_thread(recorder.exposition, flow.request.headers.get("accept"))
+        body, content_type = await asyncio.to_thread(exposition.exposition, flow.request.headers.get("accept"))
         flow.response = http.Response.make(200, body, {"content-type": content_type})

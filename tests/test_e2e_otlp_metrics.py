@@ -16,7 +16,8 @@ import httpx
 import openai
 import pytest
 from tapfix.proxy.telemetry import semconv as sc
-from tapfix.proxy.telemetry.metrics import CATALOGUE, Labeller
+from tapfix.proxy.telemetry.aggregate import Aggregation
+from tapfix.proxy.telemetry.metrics import CATALOGUE, QUEUE_DEPTH, Labeller
 
 from tests.support.ci import unavailable
 from tests.support.procs import Proc, start_mock, start_proxy
@@ -24,7 +25,7 @@ from tests.support.procs import Proc, start_mock, start_proxy
 pytestmark = pytest.mark.e2e
 
 PROMPT = [{"role": "user", "content": "hi"}]
-FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "200"}  # milliseconds: the SDK's periodic reader reads it
+FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "200"}  # milliseconds: tapfix's export thread reads it
 BY_NAME = {i.name: i for i in CATALOGUE}
 
 
@@ -129,7 +130,7 @@ def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(
     """UNIMPLEMENTED from a gRPC server that serves no metrics (a traces-only collector)."""
     import grpc
     from tapfix.proxy.telemetry.config import export_config
-    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+    from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
 
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -138,11 +139,11 @@ def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
         export = export_config(None, env, None)
         assert export is not None and export.protocol == "grpc"
-        meters = OtelMetrics.exporting(Labeller(), lambda: 1.0, export)
+        meters = OtlpMetrics.exporting(Aggregation(Labeller(), {QUEUE_DEPTH: lambda: 1.0}), export)
         with caplog.at_level(logging.DEBUG):
             assert meters.exporter is not None
             for _ in range(2):
-                meters.provider.force_flush()  # collect and export now: the queue-depth gauge always has a point
+                assert not meters.export_now()  # the queue-depth gauge always has a point to send
             meters.shutdown()
     finally:
         server.stop(None)
@@ -156,14 +157,14 @@ def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(
 def test_the_flush_at_exit_skips_a_receiver_that_just_failed(receiver_class) -> None:
     """Retrying a receiver that is down would hold tapfix's exit for the whole export timeout."""
     from tapfix.proxy.telemetry.config import export_config
-    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+    from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
 
     receiver = receiver_class(metrics=False)
     try:
         export = export_config(receiver.url, {}, None)
         assert export is not None
-        meters = OtelMetrics.exporting(Labeller(), lambda: 1.0, export)
-        meters.provider.force_flush()
+        meters = OtlpMetrics.exporting(Aggregation(Labeller(), {QUEUE_DEPTH: lambda: 1.0}), export)
+        assert not meters.export_now()
         assert receiver.rejected == 1 and meters.health()["failures"] == 1
         meters.shutdown()
     finally:

@@ -1,23 +1,32 @@
-"""The metrics catalogue in-process: a real capture writer tells its `TurnFanout`, which feeds the
-Prometheus recorder and the OTel meter recorder (read by the SDK's `InMemoryMetricReader`) the same
-turns; both must hold the same numbers under their own names. Label bounds and a failing sink too."""
+"""The metrics in-process: a real capture writer tells its `TurnFanout`, which feeds the one
+aggregation; `/tapfix/metrics`' exposition and the OTLP export (to a loopback receiver decoding the
+protocol's messages) of it must hold the same numbers, series by series, under their own names.
+Delta temporality, the histogram's buckets against a naive count, label bounds, a failing sink too."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import threading
+from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ModelConfig, Upstream
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.telemetry import semconv as sc
-from tapfix.proxy.telemetry.metrics import CATALOGUE, OTHER, Labeller, PrometheusRecorder
+from tapfix.proxy.telemetry.aggregate import Aggregation, HistogramAggregate
+from tapfix.proxy.telemetry.metrics import CATALOGUE, OTHER, QUEUE_DEPTH, TIME_PER_OUTPUT_CHUNK, Labeller
 from tapfix.proxy.telemetry.observe import TurnFanout
+from tapfix.proxy.telemetry.prometheus import PrometheusExposition
 from tapfix.proxy.telemetry.turn import Turn, TurnContext
 
 from tests.support.builders import chat_chunk, sse_events
@@ -26,13 +35,30 @@ from tests.support.ci import unavailable
 CONTEXT = TurnContext(engine_of={"local": "vllm"}.get)
 
 
-@pytest.fixture(scope="module")
-def sdk() -> Any:
+@pytest.fixture
+def receiver() -> Iterator[Any]:
     try:
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    except ImportError:
-        unavailable("the OpenTelemetry SDK (tapfix[otel]) is not installed")
-    return InMemoryMetricReader
+        import opentelemetry.sdk.metrics  # noqa: F401 - tapfix[otel], what the export needs
+
+        from tests.support.otlp_receiver import OtlpReceiver
+    except ImportError as e:
+        unavailable(f"OTLP export needs tapfix[otel] and opentelemetry-proto ({e.name})")
+    handle = OtlpReceiver()
+    yield handle
+    handle.close()
+
+
+def _aggregation(depth: float = 7.0) -> Aggregation:
+    return Aggregation(Labeller(), {QUEUE_DEPTH: lambda: depth})
+
+
+def _exporting(aggregation: Aggregation, url: str) -> Any:
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
+
+    export = export_config(url, {}, None)
+    assert export is not None
+    return OtlpMetrics.exporting(aggregation, export, {})
 
 
 def _exchange(model: str, *, stream: bool = True, **kw: Any) -> Exchange:
@@ -84,63 +110,146 @@ def _traffic(tmp_path: Path, sinks: list[Any]) -> TurnFanout:
     return fanout
 
 
-def _prometheus(recorder: PrometheusRecorder) -> dict[str, float]:
-    body, _ = recorder.exposition()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-    return out
+def _prometheus(aggregation: Aggregation) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a scrape by (name, labels)."""
+    body, _ = PrometheusExposition(aggregation).exposition()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
 
 
-def test_both_sinks_hold_the_same_numbers_under_their_own_names(tmp_path: Path, sdk: Any) -> None:
-    from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+def _as_prometheus(inst: Any, attributes: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    """An OTLP point's attributes as the labels Prometheus gives the same series (unknown: "")."""
+    return frozenset((label.prometheus, str(attributes.get(label.attribute, ""))) for label in inst.labels)
 
-    reader = sdk()
-    labeller = Labeller()
-    prometheus = PrometheusRecorder(labeller, lambda: 7.0)
-    otel = OtelMetrics(labeller, lambda: 7.0, reader)
-    fanout = _traffic(tmp_path, [prometheus, otel])
+
+@pytest.mark.e2e  # the loopback OTLP receiver listens
+def test_the_scrape_and_the_otlp_export_hold_the_same_numbers_series_by_series(tmp_path: Path, receiver) -> None:
+    aggregation = _aggregation()
+    fanout = _traffic(tmp_path, [aggregation])
     assert fanout.health() == {"turns": 4, "turn_errors": 0, "sink_errors": {}}
-
-    points: dict[str, list[Any]] = {}
-    for resource_metrics in reader.get_metrics_data().resource_metrics:
-        for scope in resource_metrics.scope_metrics:
-            assert scope.scope.name == sc.INSTRUMENTATION_SCOPE
-            for metric in scope.metrics:
-                points[metric.name] = list(metric.data.data_points)
-                by_name = {i.name: i for i in CATALOGUE}
-                assert metric.unit == by_name[metric.name].unit
-    prom = _prometheus(prometheus)
+    meters = _exporting(aggregation, receiver.url)
+    assert meters.export_now() and meters.health()["exports"] == 1
+    meters.shutdown()
+    points = receiver.latest()
+    prom = _prometheus(aggregation)
     unused = {sc.METRIC_CAPTURE_FAILURES, sc.METRIC_UNRECOVERABLE_CALLS}  # nothing failed in this traffic
     assert set(points) == {i.name for i in CATALOGUE} - unused
+    series = 0
     for inst in CATALOGUE:
-        p = inst.prometheus_name + (f"_{inst.prometheus_unit}" if inst.prometheus_unit else "")
-        if inst.kind == "counter" and inst.name in points:
-            assert sum(d.value for d in points[inst.name]) == prom[p + "_total"], inst.name
-        elif inst.kind == "histogram":
-            assert sum(d.count for d in points[inst.name]) == prom[p + "_count"], inst.name
-            assert sum(d.sum for d in points[inst.name]) == pytest.approx(prom[p + "_sum"]), inst.name
-            assert all(tuple(d.explicit_bounds) == inst.buckets for d in points[inst.name]), inst.name
-    assert [d.value for d in points[sc.METRIC_WRITER_QUEUE_DEPTH]] == [7.0] == [prom["tapfix_writer_queue_depth"]]
-    by_name = {i.name: i for i in CATALOGUE}
-    for name, data in points.items():  # each point carries exactly its instrument's labels (all known here)
-        labels = {label.attribute for label in by_name[name].labels} - {sc.ERROR_TYPE}  # no error here
-        assert all(set(d.attributes) == labels for d in data), name
+        stem = inst.prometheus_name + (f"_{inst.prometheus_unit}" if inst.prometheus_unit else "")
+        for p in points.get(inst.name, []):
+            assert p.unit == inst.unit, inst.name
+            assert set(p.attributes) == {label.attribute for label in inst.labels} - {sc.ERROR_TYPE}, inst.name
+            labels = _as_prometheus(inst, p.attributes)
+            series += 1
+            if inst.kind == "counter":
+                assert p.temporality == 2 and p.value == prom[(stem + "_total", labels)], inst.name
+            elif inst.kind == "histogram":
+                assert p.temporality == 2 and p.bounds == inst.buckets, inst.name
+                assert p.count == prom[(stem + "_count", labels)], inst.name
+                assert p.total == pytest.approx(prom[(stem + "_sum", labels)]), inst.name
+                by_le = {float(dict(k)["le"]): v for (n, k), v in prom.items() if n == stem + "_bucket" and labels < k}
+                assert list(by_le) == [*map(float, inst.buckets or ()), math.inf], inst.name
+                cumulative = list(by_le.values())
+                assert list(p.buckets) == [int(b - a) for a, b in pairwise([0.0, *cumulative])], inst.name
+            else:
+                assert p.value == prom[(stem, labels)] == 7.0
+    # The scrape has no series the export lacks.
+    scraped = {
+        (n.removesuffix("_count").removesuffix("_total"), k) for n, k in prom if not n.endswith(("_bucket", "_sum"))
+    }
+    assert len(scraped) == series
 
-    tokens = {d.attributes[sc.GEN_AI_TOKEN_TYPE]: d for d in points[sc.METRIC_TOKEN_USAGE]}
-    assert (tokens["input"].count, tokens["input"].sum, tokens["output"].sum) == (4, 44, 12)
-    attributes = dict(tokens["input"].attributes)
+    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.METRIC_TOKEN_USAGE]}
+    assert (tokens["input"].count, tokens["input"].total, tokens["output"].total) == (4, 44, 12)
+    attributes = tokens["input"].attributes
     assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m" and attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
     assert attributes[sc.GEN_AI_OPERATION_NAME] == "chat" and attributes[sc.TAPFIX_UPSTREAM] == "local"
     # Three streams of four chunks (three and [DONE]): three intervals each; the non-streamed answer none.
-    assert sum(d.count for d in points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]) == 9
-    assert sum(d.count for d in points[sc.METRIC_TIME_TO_FIRST_CHUNK]) == 3
+    (per_chunk,) = points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+    assert per_chunk.count == 9 and sum(per_chunk.buckets) == 9
+    assert sum(p.count or 0 for p in points[sc.METRIC_TIME_TO_FIRST_CHUNK]) == 3
     (repairs,) = points[sc.METRIC_REPAIRS]
     assert (repairs.value, repairs.attributes[sc.TAPFIX_REPAIR_KIND]) == (1, "invalid_json")
     (regenerations,) = points[sc.METRIC_REGENERATIONS]
     assert (regenerations.value, regenerations.attributes[sc.TAPFIX_ATTEMPT_OUTCOME]) == (1, "ok")
-    otel.shutdown()
+    resources = {(r.get("service.name"), scope) for r, scope, _ in receiver.points()}
+    assert resources == {("tapfix", sc.INSTRUMENTATION_SCOPE)}
+
+
+@pytest.mark.e2e  # the loopback OTLP receiver listens
+def test_delta_temporality_exports_what_changed_since_the_last_export(
+    tmp_path: Path, receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")  # the exporter reads it
+    aggregation = _aggregation()
+    meters = _exporting(aggregation, receiver.url)
+    try:
+        _traffic(tmp_path / "one", [aggregation])
+        assert meters.export_now()
+        first = receiver.latest()
+        assert meters.export_now()  # nothing new: only the gauge
+        assert set(receiver.latest()) == {sc.METRIC_WRITER_QUEUE_DEPTH}
+        _traffic(tmp_path / "two", [aggregation])
+        assert meters.export_now()
+        third = receiver.latest()
+    finally:
+        meters.shutdown()
+    for points in (first, third):
+        (requests,) = points[sc.METRIC_REQUESTS]
+        assert requests.value == 4 and requests.temporality == 1
+        (per_chunk,) = points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+        assert per_chunk.count == 9 and sum(per_chunk.buckets) == 9 and per_chunk.temporality == 1
+    assert third[sc.METRIC_REQUESTS][0].start_ns > first[sc.METRIC_REQUESTS][0].time_ns  # since the second
+    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 8
+
+
+_REQUEST_LABELS = {"model": "m", "status_class": "2xx", "surface": "chat", "upstream": "local"}
+BOUNDS = TIME_PER_OUTPUT_CHUNK.buckets or ()
+VALUES = st.one_of(st.sampled_from(BOUNDS), st.floats(-1.0, 5.0, allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(VALUES, max_size=40), max_size=6))
+def test_histogram_buckets_match_a_naive_count(batches: list[list[float]]) -> None:
+    """Both paths (a bisection per value for a few, a sort for many), bounds hit exactly included:
+    bucket i holds (bounds[i-1], bounds[i]], as Prometheus' `le` and OTLP's explicit buckets mean."""
+    histogram = HistogramAggregate(TIME_PER_OUTPUT_CHUNK, BOUNDS)
+    for batch in batches:
+        histogram.record_many(("k",), batch)
+    values = [v for batch in batches for v in batch]
+    snapshot = histogram.snapshot()
+    if not values:
+        assert snapshot == {}
+        return
+    point = snapshot[("k",)]
+    edges = [-math.inf, *BOUNDS, math.inf]
+    naive = [sum(1 for v in values if low < v <= high) for low, high in pairwise(edges)]
+    assert list(point.bucket_counts) == naive
+    assert point.count == len(values) and point.sum == pytest.approx(math.fsum(values))
+    assert (point.min, point.max) == (min(values), max(values))
+
+
+def test_histogram_recording_from_two_threads_loses_nothing() -> None:
+    histogram = HistogramAggregate(TIME_PER_OUTPUT_CHUNK, BOUNDS)
+    batch = [0.001 * i for i in range(32)]
+
+    def record() -> None:
+        for _ in range(500):
+            histogram.record_many(("k",), batch)
+            histogram.snapshot()  # a scrape meanwhile
+
+    threads = [threading.Thread(target=record) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    point = histogram.snapshot()[("k",)]
+    assert point.count == 2 * 500 * 32 == sum(point.bucket_counts)
+    assert point.bucket_counts[0] == 2 * 500 * 11  # 0 .. 0.01 inclusive
 
 
 def test_a_sink_that_raises_is_counted_logged_once_and_spares_the_others(
@@ -149,12 +258,12 @@ def test_a_sink_that_raises_is_counted_logged_once_and_spares_the_others(
     def broken(turn: Turn) -> None:
         raise RuntimeError("a sink's bug")
 
-    prometheus = PrometheusRecorder(Labeller(), lambda: 0.0)
+    aggregation = _aggregation()
     with caplog.at_level(logging.ERROR, "tapfix.telemetry"):
-        fanout = _traffic(tmp_path, [broken, prometheus])
+        fanout = _traffic(tmp_path, [broken, aggregation])
     assert fanout.health()["sink_errors"] == {"broken": 4}
     assert len([r for r in caplog.records if r.name == "tapfix.telemetry"]) == 1
-    assert _prometheus(prometheus)["tapfix_requests_total"] == 4
+    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 4
 
 
 def test_config_mode_labels_only_the_served_names_and_quick_mode_the_first_fifty() -> None:
@@ -180,9 +289,9 @@ def test_capture_failures_are_counted_by_outcome(tmp_path: Path) -> None:
     import sqlite3
 
     writer = CaptureWriter(tmp_path / "f.db")
-    prometheus = PrometheusRecorder(Labeller(), lambda: 0.0)
+    aggregation = _aggregation(0.0)
     fanout = TurnFanout(CONTEXT)
-    fanout.add(prometheus)
+    fanout.add(aggregation)
     writer.observers.append(fanout)
     kept, lost = _exchange("m"), _exchange("m")
     errors = {kept.id: ValueError("content the writer can't store"), lost.id: sqlite3.OperationalError("disk is full")}
@@ -198,7 +307,7 @@ def test_capture_failures_are_counted_by_outcome(tmp_path: Path) -> None:
         writer.submit(ex)
     writer.close()
     samples: dict[tuple[str, str | None], float] = {}
-    for family in text_string_to_metric_families(prometheus.exposition()[0].decode()):
+    for family in text_string_to_metric_families(PrometheusExposition(aggregation).exposition()[0].decode()):
         for s in family.samples:
             key = (s.name, s.labels.get("outcome"))
             samples[key] = samples.get(key, 0.0) + s.value

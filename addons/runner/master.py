@@ -59,11 +59,13 @@ def build_runtime(
 
 
 def install_telemetry(runtime: Runtime) -> None:
-    """Issue 20: the Prometheus recorder always (`/tapfix/metrics`), fed by one writer observer that
-    builds each exchange's `Turn` once for every sink; with OTLP export on, the OTel metrics and the
-    span exporter too (`runtime.telemetry`)."""
-    from tapfix.proxy.telemetry.metrics import Labeller, PrometheusRecorder
+    """Issue 20: one aggregation of the metrics, fed by one writer observer that builds each exchange's
+    `Turn` once for every sink, and served two ways: `/tapfix/metrics` always (`runtime.metrics`); with
+    OTLP export on, an export thread of the same numbers, and the span exporter (`runtime.telemetry`)."""
+    from tapfix.proxy.telemetry.aggregate import Aggregation
+    from tapfix.proxy.telemetry.metrics import QUEUE_DEPTH, Labeller
     from tapfix.proxy.telemetry.observe import TurnFanout
+    from tapfix.proxy.telemetry.prometheus import PrometheusExposition
     from tapfix.proxy.telemetry.turn import TurnContext
 
     writer = runtime.writer
@@ -71,25 +73,25 @@ def install_telemetry(runtime: Runtime) -> None:
     def queue_depth() -> float:
         return float(writer.health()["queue_depth"]) if writer is not None else 0.0
 
-    labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
-    runtime.metrics = PrometheusRecorder(labeller, queue_depth)
+    aggregation = Aggregation(Labeller.for_config(getattr(runtime.policy, "config", None)), {QUEUE_DEPTH: queue_depth})
+    runtime.metrics = PrometheusExposition(aggregation)
     if writer is None:
         return
     export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
     context = TurnContext(engine_of=runtime.engine_of, capture_content=export is not None and export.captures_content)
     fanout = runtime.fanout = TurnFanout(context)
-    fanout.add(runtime.metrics)
+    fanout.add(aggregation)
     runtime.telemetry_health["fanout"] = fanout.health
     if export is not None:
         from tapfix.addons.runner.setup import StartupError
 
         try:
             from tapfix.proxy.telemetry.export import SpanExport
-            from tapfix.proxy.telemetry.otel_metrics import OtelMetrics
+            from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
         except ImportError as e:
             raise StartupError(f"--otlp needs the OpenTelemetry packages ({e.name}): pip install 'tapfix[otel]'") from e
-        meters = OtelMetrics.exporting(labeller, queue_depth, export)
-        fanout.add(meters, close=meters.shutdown)
+        meters = OtlpMetrics.exporting(aggregation, export)
+        fanout.add_closer(meters.shutdown)
         runtime.telemetry_health["otlp_metrics"] = meters.health
         spans = runtime.telemetry = SpanExport(export)
         fanout.add(spans.submit, close=spans.close)

@@ -45,7 +45,7 @@ class Runtime:
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
     # Each telemetry part's counters, under its own key in /tapfix/health's "telemetry".
     telemetry_health: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
-    metrics: Any = None  # issue 20: the Prometheus recorder /tapfix/metrics serves (telemetry.metrics)
+    metrics: Any = None  # issue 20: what /tapfix/metrics serves (telemetry.prometheus.PrometheusExposition)
     fanout: Any = None  # issue 20: the writer's telemetry observer (telemetry.observe.TurnFanout)
     _reachable_until: dict[str, float] = field(default_factory=dict)
 

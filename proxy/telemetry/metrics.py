@@ -1,7 +1,8 @@
-"""The one catalogue of tapfix's metrics, and the Prometheus recorder that serves it at `/tapfix/metrics`.
+"""The one catalogue of tapfix's metrics: names, units, buckets and labels, and `observations(turn)`.
 
-Both sinks, Prometheus here and OTLP in `otel_metrics.py`, record the same instruments from the same
-`observations(turn)`, so a dashboard built on one reads the same numbers from the other. The GenAI
+`aggregate.py` records each exchange's observations once; `/tapfix/metrics` (`prometheus.py`) and
+the OTLP export (`otel_metrics.py`) both read that one aggregation, so a dashboard built on one reads
+the same numbers from the other. The GenAI
 semantic conventions' client metrics come first (their names, units, attributes and bucket advice);
 tapfix's own follow: repairs, unrecoverable calls, regenerations, capture failures, the write queue.
 
@@ -9,14 +10,14 @@ Every label value is bounded (`Labeller`): never user text, at most `LABEL_LIMIT
 per label, then `other`; the model label is the configured public name in config mode (anything
 else is `other`), the first `LABEL_LIMIT` names seen in quick mode, where clients name any model.
 
-Everything here runs on the capture writer's thread (an observer of `CaptureWriter`), after the
-exchange's commit: the event loop never records a metric, and a per-chunk histogram costs it nothing.
+Recording runs on the capture writer's thread (an observer of `CaptureWriter`), after the exchange's
+commit: the event loop never records a metric, and a per-chunk histogram costs it nothing.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +29,9 @@ OTHER = "other"
 Kind = Literal["counter", "histogram", "gauge"]
 
 
-@dataclass(frozen=True, slots=True)
+# The catalogue's labels and instruments are singletons, keys of every recording's dicts: hashed by
+# identity (`eq=False`), as a field-by-field hash per lookup was most of what recording an exchange cost.
+@dataclass(frozen=True, slots=True, eq=False)
 class Label:
     """One label: its short Prometheus name, and the attribute name OTLP gives it (the conventions')."""
 
@@ -51,9 +54,9 @@ ATTEMPT_OUTCOME = Label("outcome", sc.TAPFIX_ATTEMPT_OUTCOME)  # a regeneration:
 _GENAI = (OPERATION, PROVIDER, MODEL, UPSTREAM, SURFACE)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Instrument:
-    """A metric as both sinks create it. `unit` is UCUM as OTel has it (`s`, `{token}`)."""
+    """A metric as both expositions name it. `unit` is UCUM as OTel has it (`s`, `{token}`)."""
 
     name: str
     kind: Kind
@@ -185,7 +188,7 @@ class Bounded:
 
 
 class Labeller:
-    """Bounded values for a turn's labels; one per process, shared by the sinks (called on one thread)."""
+    """Bounded values for a turn's labels; one per process, called on the writer thread only."""
 
     def __init__(self, served_models: Mapping[str, str] | None = None) -> None:
         """`served_models`: name or alias -> public name (config mode); None: quick mode."""
@@ -220,7 +223,7 @@ Observation = tuple[Instrument, Sequence[float], dict[Label, str | None]]
 
 
 def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
-    """What one finished exchange adds to each instrument: the single recipe both sinks follow."""
+    """What one finished exchange adds to each instrument: the single recipe of every number."""
     if turn.outcome in ("kept", "lost"):
         yield CAPTURE_FAILURES, (1,), {OUTCOME: turn.outcome}
     base = labeller.base(turn)
@@ -246,53 +249,16 @@ def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
         yield TIME_PER_OUTPUT_CHUNK, turn.chunk_intervals_s, base
 
 
-def label_values(instrument: Instrument, labels: Mapping[Label, str | None]) -> list[str]:
+def key_of(instrument: Instrument, labels: Mapping[Label, str | None]) -> tuple[str | None, ...]:
+    """A series' key in the aggregation: its label values in the instrument's label order."""
+    return tuple(labels.get(label) for label in instrument.labels)
+
+
+def label_values(key: Sequence[str | None]) -> list[str]:
     """Prometheus wants every label of the instrument: an unknown value is the empty string."""
-    return [labels.get(label) or "" for label in instrument.labels]
+    return [value or "" for value in key]
 
 
-def attributes(instrument: Instrument, labels: Mapping[Label, str | None]) -> dict[str, str]:
+def attributes(instrument: Instrument, key: Sequence[str | None]) -> dict[str, str]:
     """OTLP: the instrument's labels under their attribute names; an unknown value is left out."""
-    return {label.attribute: value for label in instrument.labels if (value := labels.get(label)) is not None}
-
-
-class PrometheusRecorder:
-    """A `TurnFanout` sink: the catalogue in a registry of its own (not prometheus_client's global one,
-    which would mix in the process collectors and whatever else imported it)."""
-
-    def __init__(self, labeller: Labeller, queue_depth: Callable[[], float]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-
-        # A `_created` series beside every counter and histogram would double a scrape for nothing.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.labeller = labeller
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._metrics: dict[Instrument, Any] = {}
-        for inst in CATALOGUE:
-            names = [label.prometheus for label in inst.labels]
-            common: dict[str, Any] = dict(unit=inst.prometheus_unit, registry=self.registry)
-            if inst.kind == "counter":
-                self._metrics[inst] = Counter(inst.prometheus_name, inst.description, names, **common)
-            elif inst.kind == "histogram":
-                buckets = inst.buckets or Histogram.DEFAULT_BUCKETS
-                self._metrics[inst] = Histogram(
-                    inst.prometheus_name, inst.description, names, buckets=buckets, **common
-                )
-            else:
-                gauge = Gauge(inst.prometheus_name, inst.description, names, **common)
-                gauge.set_function(queue_depth)  # read when scraped, never pushed
-                self._metrics[inst] = gauge
-
-    def __call__(self, turn: Turn) -> None:
-        for inst, values, labels in observations(turn, self.labeller):
-            metric = self._metrics[inst].labels(*label_values(inst, labels)) if inst.labels else self._metrics[inst]
-            record = metric.inc if inst.kind == "counter" else metric.observe
-            for value in values:
-                record(value)
-
-    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
-        """The text format (or OpenMetrics, when the scraper asks for it) and its content type."""
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+    return {label.attribute: value for label, value in zip(instrument.labels, key, strict=True) if value is not None}

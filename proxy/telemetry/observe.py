@@ -1,10 +1,10 @@
 """The capture writer's one telemetry observer: each finished exchange becomes a `Turn` once, for every sink.
 
-The Prometheus recorder is always a sink; with OTLP export on, the OTel meter recorder and the span
-exporter are too. They all read the same `Turn`, built here on the writer thread after the commit
-(`CaptureWriter.observers`), so no sink assembles or parses anything again, and the event loop never
-waits on one. A sink that raises is counted and logged (once per sink), and the others still run:
-telemetry must never cost a capture.
+The metrics' aggregation (`aggregate.py`, which `/tapfix/metrics` and the OTLP metrics export
+serve) is always a sink; with OTLP export on, the span exporter is too. They all read the same
+`Turn`, built here on the writer thread after the commit (`CaptureWriter.observers`), so no sink
+assembles or parses anything again, and the event loop never waits on one. A sink that raises is
+counted and logged (once per sink), and the others still run: telemetry must never cost a capture.
 """
 
 from __future__ import annotations
@@ -44,7 +44,11 @@ class TurnFanout:
         """A sink, and what flushes it at exit (`close`, after the writer drained)."""
         self.sinks.append(sink)
         if close is not None:
-            self._closers.append(close)
+            self.add_closer(close)
+
+    def add_closer(self, close: Callable[[], None]) -> None:
+        """What flushes at exit without being a sink (the OTLP metrics read the aggregation, a sink)."""
+        self._closers.append(close)
 
     def __call__(self, written: Written) -> None:
         try:

@@ -1,4 +1,4 @@
-"""`/tapfix/metrics` in-process: the runtime's recorder rendered as Prometheus text, its queue gauge
+"""`/tapfix/metrics` in-process: the runtime's aggregation rendered as Prometheus text, its queue gauge
 read from the writer at scrape time; every other path and every already-answered flow left alone."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_a_scrape_renders_the_catalogue_with_the_writers_queue_depth(tmp_path: P
     assert families["tapfix_writer_queue_depth"].samples[0].value == 0
     assert families["tapfix_requests"].type == "counter"
     assert families["gen_ai_client_operation_duration_seconds"].type == "histogram"
-    assert rt.writer is not None and rt.fanout in rt.writer.observers  # the recorder is fed by the writer
+    assert rt.writer is not None and rt.fanout in rt.writer.observers  # the aggregation is fed by the writer
 
 
 def test_other_paths_and_answered_flows_are_left_alone() -> None:
@@ -56,12 +56,12 @@ def test_config_mode_labels_the_names_the_config_serves() -> None:
         "upstreams": {"gpu0": {"base_url": "http://127.0.0.1:9/v1", "engine": "vllm"}},
         "models": {"coder": {"upstream": "gpu0", "upstream_model": "Qwen/Qwen3-Coder", "aliases": ["qwen"]}},
     }
-    labeller = runtime(config=config).metrics.labeller
+    labeller = runtime(config=config).metrics.aggregation.labeller
     assert [labeller.value(MODEL, n) for n in ("coder", "qwen", "Qwen/Qwen3-Coder", "anything")] == [
         "coder",
         "coder",
         "other",
         "other",
     ]
-    quick = runtime().metrics.labeller  # quick mode: any name, up to the bound
+    quick = runtime().metrics.aggregation.labeller  # quick mode: any name, up to the bound
     assert quick.value(MODEL, "anything") == "anything"

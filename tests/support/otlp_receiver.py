@@ -33,6 +33,10 @@ class Point:
     count: int | None = None
     total: float | None = None
     bounds: tuple[float, ...] = ()
+    buckets: tuple[int, ...] = ()  # a histogram's bucket counts (not cumulative), one more than bounds
+    temporality: int | None = None  # a sum's or histogram's: 1 delta, 2 cumulative (AggregationTemporality)
+    start_ns: int = 0
+    time_ns: int = 0
 
 
 def _value(any_value: Any) -> Any:
@@ -71,7 +75,9 @@ class OtlpReceiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-receiver", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), name="otlp-receiver", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -125,9 +131,14 @@ class OtlpReceiver:
 def _points(metric: Any) -> Iterator[Point]:
     kind = metric.WhichOneof("data")
     if kind in ("sum", "gauge"):
-        for p in getattr(metric, kind).data_points:
+        data = getattr(metric, kind)
+        temporality = data.aggregation_temporality if kind == "sum" else None
+        for p in data.data_points:
             value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
-            yield Point(metric.name, metric.unit, _attributes(p.attributes), value=value)
+            times = {"start_ns": p.start_time_unix_nano, "time_ns": p.time_unix_nano}
+            yield Point(
+                metric.name, metric.unit, _attributes(p.attributes), value=value, temporality=temporality, **times
+            )
     elif kind == "histogram":
         for p in metric.histogram.data_points:
             yield Point(
@@ -137,4 +148,8 @@ def _points(metric: Any) -> Iterator[Point]:
                 count=p.count,
                 total=p.sum,
                 bounds=tuple(p.explicit_bounds),
+                buckets=tuple(p.bucket_counts),
+                temporality=metric.histogram.aggregation_temporality,
+                start_ns=p.start_time_unix_nano,
+                time_ns=p.time_unix_nano,
             )
