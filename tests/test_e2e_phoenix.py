@@ -188,6 +188,7 @@ def test_each_exchange_is_a_genai_span_in_phoenix(stack):
     health = httpx.get(f"{proxy.url}/tapfix/health", timeout=10).json()["telemetry"]["spans"]
     assert health["exported"] >= 7 and health["failed"] == 0 and health["dropped"] == 0
     assert f"spans to {phoenix.url}/v1/traces (http/protobuf, content SPAN_ONLY)" in proxy.log()  # the banner
+    assert f"metrics to {phoenix.url}/v1/metrics (http/protobuf)" in proxy.log()
 
 
 def test_spans_go_over_grpc_too(stack):

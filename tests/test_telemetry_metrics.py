@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -315,3 +316,19 @@ def test_capture_failures_are_counted_by_outcome(tmp_path: Path) -> None:
     assert samples[("tapfix_capture_failures_total", "lost")] == 1
     assert samples[("tapfix_requests_total", None)] == 3
     assert fanout.health() == {"turns": 3, "turn_errors": 0, "sink_errors": {}}
+
+
+def test_the_exit_flush_never_waits_past_its_deadline_for_a_receiver_that_hangs() -> None:
+    """Ctrl-C with a receiver that is down: an exporter stuck in its retries is left to its daemon thread,
+    the others still flush, and close() returns at the deadline instead of after the export timeout."""
+    from tapfix.proxy.telemetry.observe import TurnFanout
+    from tapfix.proxy.telemetry.turn import TurnContext
+
+    hang, flushed = threading.Event(), []
+    fanout = TurnFanout(TurnContext(engine_of=lambda _: None))
+    fanout.add(lambda turn: None, close=lambda: hang.wait(60))
+    fanout.add(lambda turn: None, close=lambda: flushed.append("spans"))
+    started = time.monotonic()
+    fanout.close(deadline_s=0.3)
+    assert flushed == ["spans"] and time.monotonic() - started < 30  # not the hanging flush's 60 s
+    hang.set()

@@ -319,5 +319,9 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
         if settings.export is not None:
             cfg = settings.export
             click.echo(f"tapfix: spans to {cfg.traces_endpoint} ({cfg.protocol}, content {cfg.content})", err=True)
+            metrics = cfg.signal("metrics")
+            click.echo(
+                f"tapfix: metrics to {metrics.endpoint} ({metrics.protocol}); /tapfix/metrics for Prometheus", err=True
+            )
 
     return int(run_master(settings, runtime, ready=ready))

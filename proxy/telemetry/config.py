@@ -31,6 +31,9 @@ Signal = Literal["traces", "metrics"]
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 CONTENT_MODES: tuple[str, ...] = get_args(ContentMode)
 DEFAULT_TIMEOUT_S = 10.0  # the spec's default, 10 000 ms
+# At exit, what the last spans and metrics may hold tapfix up, whatever the export timeout: a receiver that
+# is down would otherwise keep Ctrl-C waiting through the exporters' retries for the whole timeout.
+EXIT_FLUSH_S = 2.0
 DEFAULT_SERVICE_NAME = "tapfix"
 _DEFAULT_BASE = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 _PREFIX = "OTEL_EXPORTER_OTLP_"

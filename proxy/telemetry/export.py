@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from tapfix.proxy.telemetry.config import ExportConfig
+from tapfix.proxy.telemetry.config import EXIT_FLUSH_S, ExportConfig
 from tapfix.proxy.telemetry.spans import resource_of, spans_of
 from tapfix.proxy.telemetry.turn import Turn
 
@@ -122,8 +122,8 @@ class SpanExport:
     def health(self) -> dict[str, Any]:
         return self.stats.as_dict(self._queue.qsize(), self.cfg.traces_endpoint)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Export what is queued (within `timeout`), then shut the exporter down."""
+    def close(self, timeout: float = EXIT_FLUSH_S) -> None:
+        """Export what is queued (within `timeout`), then shut the exporter down (which ends its retries)."""
         self._stop.set()
         self._thread.join(timeout)
         try:

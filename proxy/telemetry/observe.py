@@ -10,10 +10,13 @@ counted and logged (once per sink), and the others still run: telemetry must nev
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from tapfix.proxy.store.writer import Written
+from tapfix.proxy.telemetry.config import EXIT_FLUSH_S
 from tapfix.proxy.telemetry.turn import Turn, TurnContext, turn_from
 
 log = logging.getLogger("tapfix.telemetry")
@@ -76,10 +79,24 @@ class TurnFanout:
     def health(self) -> dict[str, Any]:
         return {"turns": self.turns, "turn_errors": self.turn_errors, "sink_errors": dict(self.sink_errors)}
 
-    def close(self) -> None:
-        """After the writer drained (its last observers ran): each sink flushes what it still holds."""
-        for close in self._closers:
+    def close(self, deadline_s: float = EXIT_FLUSH_S) -> None:
+        """After the writer drained (its last observers ran): each sink flushes what it still holds, side by
+        side, for at most `deadline_s` in all. A receiver that is down keeps its exporter retrying; its
+        daemon thread is then left to end with the process, so Ctrl-C never waits out an export timeout."""
+
+        def flush(close: Callable[[], None]) -> None:
             try:
                 close()
             except Exception:  # noqa: BLE001 - exiting anyway; say so once
                 log.exception("telemetry: flushing at exit failed")
+
+        threads = [
+            threading.Thread(target=flush, args=(c,), name="tapfix-telemetry-flush", daemon=True) for c in self._closers
+        ]
+        for thread in threads:
+            thread.start()
+        end = time.monotonic() + deadline_s
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            log.warning("telemetry: the last export didn't finish within %.0f s; leaving it", deadline_s)

@@ -41,7 +41,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.aggregate import Aggregation, HistogramPoint, Snapshot
-from tapfix.proxy.telemetry.config import ExportConfig
+from tapfix.proxy.telemetry.config import EXIT_FLUSH_S, ExportConfig
 from tapfix.proxy.telemetry.metrics import CATALOGUE, attributes
 
 log = logging.getLogger("tapfix.telemetry")
@@ -271,15 +271,21 @@ class OtlpMetrics:
                     log.exception("OTLP metrics: building an export failed (the export thread keeps going)")
                 failed = True
 
-    def export_now(self) -> bool:
-        """Take a snapshot and export it now; true when the receiver took it."""
-        with self._exporting:
+    def export_now(self, timeout_ms: float | None = None) -> bool:
+        """Take a snapshot and export it now, within `timeout_ms` (default: the export timeout) including
+        a wait for an export in progress; true when the receiver took it."""
+        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not self._exporting.acquire(timeout=timeout_ms / 1000):
+            return False
+        try:
             snapshot = self.aggregation.snapshot()
             data = metrics_data(snapshot, self._last, self.aggregation.started, self.delta, self.resource)
-            result = self.exporter.export(data, timeout_millis=self.timeout_ms)
+            result = self.exporter.export(data, timeout_millis=timeout_ms)
             if result is MetricExportResult.SUCCESS:  # a failed delta is sent again, in the next one
                 self._last = snapshot
             return result is MetricExportResult.SUCCESS
+        finally:
+            self._exporting.release()
 
     def shutdown(self) -> None:
         """Stop the thread, export what is left, close the exporter (at exit, after the writer drained);
@@ -289,11 +295,9 @@ class OtlpMetrics:
             return
         self._closed = True
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(self.timeout_ms / 1000 + 1)
         self.exporter.closing = True
         try:
-            self.export_now()
+            self.export_now(min(self.timeout_ms, EXIT_FLUSH_S * 1000))
         finally:
             self.exporter.shutdown()
 
