@@ -31,6 +31,7 @@ from tapfix.proxy.store.kept import as_text, kept_row, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
+from tapfix.proxy.store.write_errors import cause_of, describe, environmental, locked
 from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix.store")
@@ -164,11 +165,11 @@ class CaptureWriter:
         error = self._transaction(batch, self._write_one)
         if error is None:
             return
-        if _environmental(error):  # not about any exchange's content: one at a time would fail the same way
+        if environmental(error):  # not about any exchange's content: one at a time would fail the same way
             self._lost(batch, error)
             return
         if len(batch) > 1:
-            log.warning("capture batch of %d failed (%s); storing them one at a time", len(batch), _describe(error))
+            log.warning("capture batch of %d failed (%s); storing them one at a time", len(batch), describe(error))
         for ex in batch:
             self._write_alone(ex, self._transaction([ex], self._write_one) if len(batch) > 1 else error)
 
@@ -176,13 +177,13 @@ class CaptureWriter:
         """After `ex` failed (`failed`) in a transaction of its own: keep what can be kept."""
         if failed is None:
             return
-        if _environmental(failed) or self._transaction([ex], lambda kept: self._write_kept(kept, failed)) is not None:
+        if environmental(failed) or self._transaction([ex], lambda kept: self._write_kept(kept, failed)) is not None:
             self._lost([ex], failed)
             return
         cause = type(failed).__name__
         self.stats.capture_failed[cause] = self.stats.capture_failed.get(cause, 0) + 1
-        self.stats.last_error = _describe(failed)
-        log.error("capture %s kept without its assembled answer (capture_failed): %s", ex.id, _describe(failed))
+        self.stats.last_error = describe(failed)
+        log.error("capture %s kept without its assembled answer (capture_failed): %s", ex.id, describe(failed))
 
     def _transaction(self, exchanges: list[Exchange], write: Callable[[Exchange], None]) -> Exception | None:
         """Write `exchanges` in one transaction, retrying a locked database; the error that rolled it back."""
@@ -203,7 +204,7 @@ class CaptureWriter:
                 except sqlite3.Error:
                     pass
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
-                if _locked(e) and attempt < LOCK_RETRIES:
+                if locked(e) and attempt < LOCK_RETRIES:
                     self.stats.lock_retries += 1
                     log.warning("capture db locked by another process; retrying %d exchange(s)", len(exchanges))
                     continue
@@ -212,9 +213,9 @@ class CaptureWriter:
 
     def _lost(self, exchanges: list[Exchange], error: Exception) -> None:
         self.stats.failures += len(exchanges)
-        cause = _cause(error)
+        cause = cause_of(error)
         self.stats.lost[cause] = self.stats.lost.get(cause, 0) + len(exchanges)
-        self.stats.last_error = _describe(error)
+        self.stats.last_error = describe(error)
         log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
         self._tell([Written(ex, None, None, "lost") for ex in exchanges])
 
@@ -257,7 +258,7 @@ class CaptureWriter:
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
-        row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {_describe(error)}")
+        row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {describe(error)}")
         row |= _attempt_columns(ex)
         self._insert_row(row)
         self._pending.append(Written(ex, row, None, "kept"))
@@ -351,40 +352,6 @@ class CaptureWriter:
 def _attempt_columns(ex: Exchange) -> dict[str, Any]:
     """Which attempt the exchange is: the client-facing one (1, no parent), or a regeneration 2...N+1."""
     return {"attempt_of": ex.attempt_of, "attempt": ex.attempt if ex.attempt_of is not None else 1}
-
-
-def _locked(e: Exception) -> bool:
-    return isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
-
-
-def _environmental(e: Exception) -> bool:
-    """The database's trouble (locked, full, read-only, I/O), not the content's."""
-    text = str(e).lower()
-    return isinstance(e, sqlite3.OperationalError) and any(
-        word in text for word in ("locked", "busy", "full", "disk i/o", "readonly", "read-only")
-    )
-
-
-def _cause(e: Exception) -> str:
-    """A short name for why the database refused a write, for health's per-cause counts."""
-    text = str(e).lower()
-    if isinstance(e, sqlite3.OperationalError):
-        for cause, words in _CAUSES:
-            if any(word in text for word in words):
-                return cause
-    return type(e).__name__
-
-
-_CAUSES = (
-    ("disk_full", ("full", "too large")),
-    ("locked", ("locked", "busy")),
-    ("read_only", ("readonly", "read-only")),
-    ("io", ("disk i/o",)),
-)
-
-
-def _describe(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}"
 
 
 def _assemble(ex: Exchange, body: bytes) -> Assembled:
