@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import sqlite3
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +251,58 @@ def _rebuilt(base: bytes, prefix: int, suffix: int, middle: bytes) -> bytes:
     head = min(prefix, len(base))
     tail = max(0, min(suffix, len(base) - head))
     return base[:head] + middle + base[len(base) - tail :]
+
+
+def test_instances_starting_together_migrate_once(postgres: PostgresServer) -> None:
+    """Several tapfix instances starting at once against one new database: one migrates, the others
+    wait on the lock and find nothing pending; nobody fails."""
+    dsn = postgres.create_database("together")
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                results.append(migrate(conn))
+        except BaseException as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and sorted(results, key=len) == [[], [], [], [name for name, _ in MIGRATIONS]]
+
+
+def test_search_columns_find_words_and_substrings(pg: psycopg.Connection[tuple[object, ...]]) -> None:
+    """What the writer will fill: words through the tsvector (simple configuration: no stemming), and
+    substrings, CJK included, through pg_trgm, both served by their GIN indexes."""
+    noon = datetime.datetime(DAY.year, DAY.month, DAY.day, 12, tzinfo=datetime.UTC)
+    add_days(pg, noon.timestamp(), ahead=0)
+    texts = {"srch0000000001": "Refactor the parser_state module", "srch0000000002": "修复数据库连接的错误 please"}
+    for exchange_id, text in texts.items():
+        pg.execute(
+            "insert into exchanges (id, ts, started_at, search_text, search)"
+            " values (%s, 0, %s, %s, to_tsvector('simple', %s))",
+            (exchange_id, noon, text, text),
+        )
+
+    def found(where: str, arg: str) -> list[str]:
+        return [str(r[0]) for r in pg.execute(f"select id from exchanges where {where} order by id", (arg,))]
+
+    assert found("search @@ plainto_tsquery('simple', %s)", "refactor") == ["srch0000000001"]
+    assert found("search @@ plainto_tsquery('simple', %s)", "refactored") == []  # no stemming
+    assert found("search_text ilike '%%' || %s || '%%'", "ser_sta") == ["srch0000000001"]
+    assert found("search_text ilike '%%' || %s || '%%'", "数据库") == ["srch0000000002"]
+    with pg.transaction():
+        pg.execute("set local enable_seqscan = off")
+        plan = "\n".join(
+            str(r[0]) for r in pg.execute("explain select id from exchanges where search_text ilike '%数据库%'")
+        )
+        assert "exchanges_20260115_search_text_idx" in plan, plan
+        plan = "\n".join(
+            str(r[0]) for r in pg.execute("explain select id from exchanges where search @@ 'refactor'::tsquery")
+        )
+        assert "exchanges_20260115_search_idx" in plan, plan
+    pg.execute("delete from exchanges where id like 'srch%'")
