@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from tests.support.ci import unavailable
+from tests.support.postgres import PostgresServer, missing_reason, start_postgres
 from tests.support.procs import start_mock, start_proxy
 
 # pytester: tests/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
@@ -44,3 +47,16 @@ def proxy(module_tmp, mock):
     proc = start_proxy(module_tmp, mock.url)
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the whole run (tests/support/postgres.py), stopped at the end.
+    Tests that use it carry the `postgres` and `e2e` markers; each makes its own database
+    (`postgres.create_database(name)`) when it needs an empty one."""
+    reason = missing_reason()
+    if reason:
+        unavailable(f"{reason}; .ci/run installs it")
+    server = start_postgres()
+    yield server
+    server.stop()

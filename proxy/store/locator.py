@@ -2,7 +2,10 @@
 
 Commands receive a `StoreLocator`, never a bare path, and open the store through it, so a second
 backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
-same `--db` value, and the commands stay as they are. Today every locator is a SQLite file.
+same `--db` value, and the commands stay as they are. A `postgresql://` or `postgres://` URL is a
+PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown); the
+PostgreSQL backend is not wired in yet, so `StoreLocator.resolve` refuses it in one place
+(`_postgres_store`), which is what the backend replaces.
 
 Opening through the locator also turns what the operating system says about an unusable path (a
 read-only file system, a missing parent under /proc, a file where a folder should be) into a
@@ -15,9 +18,10 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tapfix.proxy.store.database import open_when_ready
+from tapfix.proxy.store.pg.locator import PostgresLocator, is_postgres_url
 from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
 
 if TYPE_CHECKING:
@@ -40,14 +44,23 @@ def _reason(path: Path, e: Exception) -> str:
     return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
+def _postgres_store(locator: PostgresLocator) -> NoReturn:
+    """The one place that refuses a PostgreSQL store: the backend's session replaces it."""
+    raise StoreError(f"{locator}: PostgreSQL stores are not supported by this tapfix yet; pass --db with a SQLite file")
+
+
 @dataclass(frozen=True)
 class StoreLocator:
     path: Path
 
     @classmethod
     def resolve(cls, value: str | os.PathLike[str] | None = None) -> StoreLocator:
-        """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`."""
-        return cls(Path(value if value else os.environ.get(ENV) or DEFAULT_DB))
+        """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`; a PostgreSQL URL is refused until
+        that backend is wired in (`StoreError`, one line, the password masked)."""
+        text = os.fspath(value) if value else os.environ.get(ENV) or DEFAULT_DB
+        if is_postgres_url(text):
+            _postgres_store(PostgresLocator.parse(text))
+        return cls(Path(text))
 
     def __str__(self) -> str:
         return str(self.path)

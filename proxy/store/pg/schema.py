@@ -1,0 +1,231 @@
+"""The PostgreSQL capture schema, as ordered named migrations. A shipped migration is never edited.
+
+The set is PostgreSQL's own (migrations are one set per backend), and reaches the schema of SQLite's
+whole list (store/schema.py m001...m006) with the same tables, columns and views, so one reader's
+SQL and `captures copy` carry over; tests/test_store_pg_schema.py compares the column names, so
+the two can't drift. What differs, and why:
+
+- Day partitions. `exchanges` is partitioned by range on `started_at` (timestamptz, UTC days);
+  `bodies`, `changes` and `choices` by range on a `day` column (the UTC date of their exchange's
+  `started_at`), with the same daily bounds, so age retention drops one day of all four at once
+  and deletes rows only in the day that straddles the cutoff. Each has a default partition for
+  rows no day partition takes (a skewed clock); `tapfix_add_day(date)` makes a day ahead of time
+  (moving any of its rows out of the default partition). PostgreSQL requires a partitioned
+  table's primary key to include the partition key: hence `(id, started_at)` and `(id, day)`.
+  Ids stay unique across instances because they carry 30 random bits beside the millisecond
+  (proxy/ids.py) and are looked up, not enforced, per partition.
+- No foreign keys (SQLite runs with `foreign_keys = off` too): they would make dropping a day
+  partition impossible without first dropping each constraint, and cost a look-up per insert.
+- Ids are `collate "C"`: ordered bytewise, as SQLite's BINARY, so `order by id desc` means the same
+  on both, and the primary key's btree serves equality, `id like 'prefix%'` (the CLI's id
+  prefixes) and the newest-first order with one index (no separate text_pattern_ops index).
+- Filter indexes are `(column, id)`: a browser page is "this filter, newest first, 50 rows", which
+  such an index answers without sorting.
+- Search (PostgreSQL only): `search_text` holds an exchange's new text (the turn's new messages and
+  the answer, what the browser's SQLite sidecar indexes), and `search` its tsvector (`simple`
+  configuration: no stemming, any language), both written by the writer; a GIN index on `search`
+  for words, a pg_trgm GIN index on `search_text` for substrings and CJK text.
+- Types: timestamps are timestamptz, binary columns bytea, ids of bodies bigint; JSON columns stay
+  text as on SQLite, so readers decode them the same way.
+"""
+
+from __future__ import annotations
+
+from tapfix.proxy.store.pg.bodies import EXCHANGE_BODIES, FUNCTIONS
+
+# Day partitions are made by one process at a time (two instances starting at midnight).
+ADD_DAY_LOCK = 0x7461706669780001
+
+TABLES = """
+do $$
+begin
+    if (select pg_encoding_to_char(encoding) from pg_database where datname = current_database()) <> 'UTF8' then
+        raise exception 'tapfix needs a UTF8 database (this one is %): create it with ENCODING ''UTF8''',
+            (select pg_encoding_to_char(encoding) from pg_database where datname = current_database());
+    end if;
+end
+$$;
+
+create extension if not exists pg_trgm;
+
+create table exchanges (
+    id text collate "C" not null,
+    ts double precision not null,          -- unix time the request arrived
+    started_at timestamptz not null,       -- the same; the partition key
+    upstream_first_byte_ms double precision,
+    first_token_ms double precision,
+    duration_ms double precision,
+    client_addr text,
+    user_agent text,
+    method text,
+    path text,
+    url text,
+    upstream_url text,
+    model text,
+    served_model text,
+    stream integer,
+    status integer,
+    error text,
+    session_id text collate "C",
+    source_id text collate "C",
+    tags text not null default '[]',
+    flags text not null default '[]',
+    changes_count integer not null default 0,
+    request_body_id bigint,
+    forwarded_body_id bigint,
+    response_body_id bigint,
+    client_response_body_id bigint,
+    request_size bigint,
+    response_size bigint,
+    request_headers text,
+    forwarded_headers text,
+    response_headers text,
+    content text,
+    reasoning text,
+    tool_calls text,
+    finish_reason text,
+    usage text,
+    prompt_tokens integer,
+    completion_tokens integer,
+    chunk_count integer,
+    chunk_timing bytea,
+    chain_hash text,
+    response_id text,
+    attempt_of text collate "C",
+    attempt integer not null default 1,
+    trace_id text,
+    span_id text,
+    parent_span_id text,
+    search_text text,
+    search tsvector,
+    primary key (id, started_at)
+) partition by range (started_at);
+create table exchanges_default partition of exchanges default;
+
+create sequence changes_id_seq as bigint;
+create table changes (
+    id bigint not null default nextval('changes_id_seq'),
+    exchange_id text collate "C" not null,
+    seq integer not null,
+    stage text not null,
+    kind text not null,
+    path text,
+    before text,
+    after text,
+    reason text,
+    day date not null,
+    primary key (id, day)
+) partition by range (day);
+alter sequence changes_id_seq owned by changes.id;
+create table changes_default partition of changes default;
+
+create sequence bodies_id_seq as bigint;
+create table bodies (
+    id bigint not null default nextval('bodies_id_seq'),
+    sha256 text not null,
+    size bigint not null,
+    base_id bigint,
+    prefix_len bigint not null,
+    suffix_len bigint not null,
+    encoding text not null default 'raw' check (encoding = 'raw'),
+    data bytea not null,
+    depth integer not null,
+    day date not null,
+    primary key (id, day),
+    unique (day, sha256)
+) partition by range (day);
+alter sequence bodies_id_seq owned by bodies.id;
+create table bodies_default partition of bodies default;
+
+create table choices (
+    exchange_id text collate "C" not null,
+    "index" integer not null,
+    content text,
+    reasoning text,
+    tool_calls text,
+    finish_reason text,
+    flags text not null default '[]',
+    day date not null,
+    primary key (exchange_id, "index", day)
+) partition by range (day);
+create table choices_default partition of choices default;
+
+create table sessions (
+    id text collate "C" primary key,
+    first_at timestamptz,
+    last_at timestamptz,
+    user_agent text,
+    model text,
+    exchanges integer not null default 0,
+    tip_hash text,
+    wants text
+);
+
+create index exchanges_started_at on exchanges (started_at);
+create index exchanges_model on exchanges (model, id);
+create index exchanges_user_agent on exchanges (user_agent, id);
+create index exchanges_status on exchanges (status, id);
+create index exchanges_session_id on exchanges (session_id, id);
+create index exchanges_source_id on exchanges (source_id) where source_id is not null;
+create index exchanges_path on exchanges (path, id);
+create index exchanges_chain_hash on exchanges (chain_hash) where chain_hash is not null;
+create index exchanges_response_id on exchanges (response_id) where response_id is not null;
+create index exchanges_attempt_of on exchanges (attempt_of) where attempt_of is not null;
+create index exchanges_trace_id on exchanges (trace_id) where trace_id is not null;
+create index exchanges_search on exchanges using gin (search);
+create index exchanges_search_text on exchanges using gin (search_text gin_trgm_ops);
+create index changes_exchange_id on changes (exchange_id);
+create index bodies_base_id on bodies (base_id) where base_id is not null;
+create index sessions_wants on sessions (wants) where wants is not null;
+
+create view exchange_view as
+select id, started_at, user_agent, method, path, model, served_model, stream, status,
+       first_token_ms, duration_ms, finish_reason, changes_count, flags, tags, session_id,
+       prompt_tokens, completion_tokens, substr(content, 1, 200) as content_start, error, trace_id
+from exchanges order by id desc;
+"""
+
+DAYS = f"""
+create function tapfix_add_day(d date) returns boolean
+language plpgsql as $$
+declare
+    suffix text := to_char(d, 'YYYYMMDD');
+    lo timestamptz := d::timestamp at time zone 'UTC';
+    hi timestamptz := (d + 1)::timestamp at time zone 'UTC';
+    t text;
+    part text;
+    made boolean := false;
+begin
+    perform pg_advisory_xact_lock({ADD_DAY_LOCK});
+    foreach t in array array['exchanges', 'bodies', 'changes', 'choices'] loop
+        part := t || '_' || suffix;
+        continue when to_regclass(quote_ident(part)) is not null;
+        -- A skewed clock may have put rows of this day in the default partition: they move into the
+        -- new day, with writes to the default partition held meanwhile.
+        execute format('lock table %I in exclusive mode', t || '_default');
+        execute format('create table %I (like %I including defaults including constraints)', part, t);
+        if t = 'exchanges' then
+            execute format('with moved as (delete from %I where started_at >= $1 and started_at < $2 returning *)'
+                           ' insert into %I select * from moved', t || '_default', part) using lo, hi;
+            execute format('alter table %I attach partition %I for values from (%L) to (%L)', t, part, lo, hi);
+        else
+            execute format('with moved as (delete from %I where day = $1 returning *)'
+                           ' insert into %I select * from moved', t || '_default', part) using d;
+            execute format('alter table %I attach partition %I for values from (%L) to (%L)', t, part, d, d + 1);
+        end if;
+        made := true;
+    end loop;
+    return made;
+end
+$$;
+
+comment on function tapfix_add_day(date) is
+    'Make the day partitions of exchanges, bodies, changes and choices for a UTC date (true: made now)';
+"""
+
+# Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    ("pg001_tables", TABLES),
+    ("pg002_day_partitions", DAYS),
+    ("pg003_body_functions", FUNCTIONS + EXCHANGE_BODIES),
+)
