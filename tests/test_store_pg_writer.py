@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import BODY_KINDS
+from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.pg.writer import NUL_STANDS_FOR, PostgresBackend, postgres_writer
 from tapfix.proxy.store.writer import CaptureWriter
 
@@ -85,7 +86,9 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
     filled, exchanges = store_cases(seed=11)
     nul = Exchange(method="POST", path="/v1/chat/completions", model="m", request=b'{"model":"m","messages":[]}')
     nul.status, nul.content_type = 200, "application/json"
-    nul.response = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"a\\u0000b"},"finish_reason":"stop"}]}'
+    nul.response = (
+        b'{"choices":[{"index":0,"message":{"role":"assistant","content":"a\\u0000b"},"finish_reason":"stop"}]}'
+    )
     write_all(CaptureWriter(tmp_path / "s.db"), [*exchanges, nul])
     write_all(postgres_writer(pg_url), [*exchanges, nul])
     lite = sqlite3.connect(tmp_path / "s.db")
@@ -194,3 +197,38 @@ def test_a_backend_that_cant_connect_names_the_store_without_its_password(postgr
     with pytest.raises(StoreError) as caught:
         PostgresBackend(url)
     assert postgres.password not in str(caught.value) and "***" in str(caught.value)
+
+
+def _cut_writers(pg: PGConn) -> int:
+    """End the writers' server connections, as a restart or a network cut would; how many."""
+    rows = pg.execute(
+        "select pg_terminate_backend(pid) from pg_stat_activity"
+        " where application_name = 'tapfix writer' and datname = current_database()"
+    ).fetchall()
+    return len(rows)
+
+
+def test_a_cut_connection_is_taken_again_and_a_down_server_counts_as_lost(
+    postgres: PostgresServer, pg_url: str, pg: PGConn
+) -> None:
+    writer = postgres_writer(pg_url)
+    backend = writer.backend
+    assert isinstance(backend, PostgresBackend)
+    first, second, third = (_turns(name, 1, time.time(), header=False)[0] for name in ("a", "b", "c"))
+    assert _cut_writers(pg) == 1
+    writer.submit(first)  # the connection is found broken, taken again, the batch retried on it
+    _wait_written([writer], 1)
+    assert writer.stats.written == 1 and writer.stats.lock_retries == 1
+    real = backend.locator
+    backend.locator = PostgresLocator.parse(pg_url.replace(f"127.0.0.1:{postgres.port}", "127.0.0.1:1"))
+    assert _cut_writers(pg) == 1
+    writer.submit(second)  # the server can't be reached: lost, counted by cause, traffic unaffected
+    _wait_written([writer], 2)
+    health = writer.health()
+    assert health["failures"] == 1 and health["failures_by_cause"] == {"unavailable": 1}
+    assert postgres.password not in str(health["last_error"])
+    backend.locator = real
+    writer.submit(third)  # back: stored again
+    writer.close()
+    stored = {r[0] for r in pg.execute("select id from exchanges").fetchall()}
+    assert stored == {first.id, third.id}

@@ -21,22 +21,11 @@ from tapfix.proxy.store import write_errors
 from tapfix.proxy.store.bodies import BodyWriter
 from tapfix.proxy.store.database import open_for_writing
 from tapfix.proxy.store.sessions import SQLITE_SESSION_SQL, SessionSQL
+from tapfix.proxy.store.sql_executor import Executes
 
 if TYPE_CHECKING:
     from tapfix.proxy.exchange import Exchange
     from tapfix.proxy.store.retention import Retention
-
-
-class Rows(Protocol):
-    def fetchone(self) -> Any: ...
-    def fetchall(self) -> list[Any]: ...
-
-
-class Executes(Protocol):
-    """What the writer's helpers (sessions, choices) need: qmark SQL inside the writer's transaction."""
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows: ...
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
 
 class Bodies(Protocol):

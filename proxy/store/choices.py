@@ -14,7 +14,7 @@ import orjson
 from tapfix.proxy.assemble import Assembled
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.backend import Executes
+    from tapfix.proxy.store.sql_executor import Executes
 
 _COLUMNS = 'exchange_id, "index", content, reasoning, tool_calls, finish_reason, flags'
 

@@ -32,7 +32,7 @@ from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, 
 from tapfix.proxy.surfaces import surface_for
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.backend import Executes
+    from tapfix.proxy.store.sql_executor import Executes
 
 _ID_MAX = 200
 _RESPONSE_PREFIX = "resp:"  # a `wants` naming a Responses response id rather than a chain hash

@@ -214,7 +214,7 @@ class CaptureWriter:
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
                 if self.backend.locked(e) and attempt < LOCK_RETRIES:
                     self.stats.lock_retries += 1
-                    log.warning("capture db locked by another process; retrying %d exchange(s)", len(exchanges))
+                    log.warning("capture db busy (%s); retrying %d exchange(s)", describe(e), len(exchanges))
                     continue
                 return e
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from tapfix.proxy.store.bodies import BodyWriter
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.backend import Executes
+    from tapfix.proxy.store.sql_executor import Executes
 
 OWN_IDS = 65536  # bodies this writer inserted, remembered by id: far more than the 256 families' bases
 

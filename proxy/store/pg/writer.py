@@ -95,16 +95,16 @@ class PostgresBackend:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
         self._sql: dict[str, str] = {}
         self._day: datetime.date | None = None
-        self.conn = self._connect()
+        try:
+            self.conn = self._connect()
+        except psycopg.Error as e:
+            raise StoreError(f"{self.locator}: can't connect ({self.locator.scrub(str(e).strip())})") from None
         migrate(self.conn, str(self.locator))
         self._add_days()
         self.bodies: Bodies = PostgresBodyWriter(self)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
-        try:
-            return psycopg.connect(self.locator.url, autocommit=True, application_name="tapfix writer")
-        except psycopg.Error as e:
-            raise StoreError(f"{self.locator}: can't connect ({self.locator.scrub(str(e).strip())})") from None
+        return psycopg.connect(self.locator.url, autocommit=True, application_name="tapfix writer", connect_timeout=5)
 
     def _add_days(self) -> None:
         now = time.time()
@@ -139,6 +139,10 @@ class PostgresBackend:
             pass
 
     def locked(self, e: Exception) -> bool:
+        """Also a connection that broke (the server restarted, an idle connection was cut): the
+        transaction never committed, so it is retried on a new one (`begin` reconnects)."""
+        if isinstance(e, psycopg.OperationalError) and self.conn.broken:
+            return True
         return isinstance(e, psycopg.Error) and (e.sqlstate or "") in _LOCKED
 
     def environmental(self, e: Exception) -> bool:
