@@ -89,8 +89,13 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
     nul.response = (
         b'{"choices":[{"index":0,"message":{"role":"assistant","content":"a\\u0000b"},"finish_reason":"stop"}]}'
     )
-    write_all(CaptureWriter(tmp_path / "s.db"), [*exchanges, nul])
-    write_all(postgres_writer(pg_url), [*exchanges, nul])
+    two = Exchange(method="POST", path="/v1/chat/completions", model="m", request=b'{"model":"m","n":2,"messages":[]}')
+    two.status, two.content_type = 200, "application/json"
+    two.response = orjson.dumps(
+        {"choices": [{"index": i, "message": {"role": "assistant", "content": t}} for i, t in enumerate(("x", ""))]}
+    )
+    write_all(CaptureWriter(tmp_path / "s.db"), [*exchanges, nul, two])
+    write_all(postgres_writer(pg_url), [*exchanges, nul, two])
     lite = sqlite3.connect(tmp_path / "s.db")
     for ex in exchanges:
         for kind in BODY_KINDS:
@@ -99,7 +104,7 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
     # The same rows, and the same deltas: sizes, prefix/suffix, depth, roots; raw middles == SQLite's inflated.
     lite_rows = lite.execute(f"select {SAME} from exchanges order by id").fetchall()
     pg_rows = pg.execute(f"select {SAME} from exchanges order by id").fetchall()
-    assert len(pg_rows) == len(exchanges) + 1
+    assert len(pg_rows) == len(exchanges) + 2
     for a, b in zip(lite_rows, pg_rows, strict=True):
         b = tuple(bytes(v) if isinstance(v, memoryview) else v for v in b)
         assert a == b or (a[0] == nul.id and a[9] == "a\x00b" and b[9] == f"a{NUL_STANDS_FOR}b")
@@ -115,6 +120,9 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
     assert lite.execute("select id, exchanges from sessions").fetchall() == [
         tuple(r) for r in pg.execute("select id, exchanges from sessions").fetchall()
     ]
+    choices = 'select exchange_id, "index", content, flags from choices order by 1, 2'
+    assert lite.execute(choices).fetchall() == [tuple(r) for r in pg.execute(choices).fetchall()]
+    assert len(lite.execute(choices).fetchall()) == 2
     assert lite.execute("select exchange_id, stage, after from changes").fetchall() == [
         tuple(r) for r in pg.execute("select exchange_id, stage, after from changes").fetchall()
     ]
@@ -161,6 +169,22 @@ def test_two_instances_interleave_sessions_losing_and_crossing_nothing(pg_url: s
     assert len(deltas) >= 6 * 8 // 2
     for body_id, base_id in deltas:
         assert any(body_id in mine and base_id in mine for mine in own), (body_id, base_id)
+    # The same first turn reaching both (two identical runs): the second instance's dedupe finds the
+    # first's body, and its next turn is stored whole rather than as a delta on a body not its own.
+    twin_a, twin_b = _turns("twin", 1, start), _turns("twin", 2, start)
+    again = [postgres_writer(pg_url), postgres_writer(pg_url)]
+    write_all(again[0], twin_a)
+    write_all(again[1], twin_b)
+    ids = [
+        r[0]
+        for r in pg.execute(
+            "select request_body_id from exchanges where id = any(%s) order by started_at, id",
+            ([twin_a[0].id, twin_b[0].id, twin_b[1].id],),
+        ).fetchall()
+    ]
+    assert ids[0] == ids[1]  # one row for the same bytes on the same day
+    second = pg.execute("select base_id, depth from bodies where id = %s", (ids[2],)).fetchone()
+    assert second == (None, 0)
     for ex_id, kind in ((ex.id, "request") for turns in sessions for ex in turns):
         assert _body_bytes(pg, ex_id, kind) == next(e.request for t in sessions for e in t if e.id == ex_id)
 
