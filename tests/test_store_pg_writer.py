@@ -256,3 +256,35 @@ def test_a_cut_connection_is_taken_again_and_a_down_server_counts_as_lost(
     writer.close()
     stored = {r[0] for r in pg.execute("select id from exchanges").fetchall()}
     assert stored == {first.id, third.id}
+
+
+def _responses(request: dict[str, Any], response_id: str) -> Exchange:
+    ex = Exchange(method="POST", path="/v1/responses", model="m", request=orjson.dumps(request))
+    ex.status, ex.content_type = 200, "application/json"
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+    ex.response = orjson.dumps({"id": response_id, "object": "response", "status": "completed", "output": [message]})
+    return ex
+
+
+def test_sessions_join_across_instances_whichever_writes_first(pg_url: str, pg: PGConn) -> None:
+    """A later turn written (by another instance) before the turn it continues starts a session that
+    wants its parent; the parent, once written, takes it in. `previous_response_id` joins across too."""
+    first, second, third = _turns("late", 3, time.time() - 10, header=False)
+    opening = _responses({"model": "m", "input": "hi"}, "resp_pg_1")
+    follow = _responses({"model": "m", "input": "more", "previous_response_id": "resp_pg_1"}, "resp_pg_2")
+    a, b = postgres_writer(pg_url), postgres_writer(pg_url)
+    for writer, ex in ((b, second), (a, first), (b, third), (a, opening), (b, follow)):
+        writer.submit(ex)  # each is committed before the next is sent
+        deadline = time.monotonic() + 10
+        while not pg.execute("select 1 from exchanges where id = %s", (ex.id,)).fetchone():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    a.close()
+    b.close()
+    sessions = dict(pg.execute("select id, session_id from exchanges").fetchall())
+    assert sessions[first.id] == sessions[second.id] == sessions[third.id] is not None
+    assert sessions[opening.id] == sessions[follow.id] is not None != sessions[first.id]
+    counts = pg.execute("select exchanges, first_at, last_at, wants from sessions order by first_at").fetchall()
+    assert [(c[0], c[3]) for c in counts] == [(3, None), (2, None)]
+    assert abs(counts[0][1].timestamp() - first.started_at) < 0.001  # timestamptz, to the millisecond
+    assert abs(counts[0][2].timestamp() - third.started_at) < 0.001
