@@ -10,6 +10,8 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading, unpack_timing
 
+from tests.support.stores import BACKENDS, Backend, make_backend
+
 
 def _exchange(**kw) -> Exchange:
     base = dict(
@@ -71,14 +73,21 @@ def test_privacy_mode_keeps_metadata_only(tmp_path):
         capture_body(conn, load_capture(conn, ex.id), "request")
 
 
-def test_write_failure_is_counted_and_traffic_side_never_raises(tmp_path):
-    writer = CaptureWriter(tmp_path / "f.db")
-    writer.conn.execute("drop table changes")  # a broken store
-    writer.submit(_exchange(changes=[Change("x", "y", "$")]))
-    writer.submit(_exchange())
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path) -> Backend:
+    return make_backend(request, tmp_path)
+
+
+def test_write_failure_is_counted_and_traffic_side_never_raises(store):
+    writer = store.writer()
+    store.drop("changes")  # a broken store, under the running writer
+    first, second = _exchange(changes=[Change("x", "y", "$")]), _exchange()
+    writer.submit(first)
+    writer.submit(second)
     writer.close()
     health = writer.health()
-    assert health["failures"] >= 1 and "changes" in health["last_error"]
+    assert health["failures"] == 2 and health["written"] == 0 and "changes" in health["last_error"]
+    assert store.rows("select id from exchanges") == []
 
 
 def test_flags_filter(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import orjson
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from tapfix.proxy.store.reader import list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
+from tests.support.stores import BACKENDS, Backend, make_backend
 
 _made = itertools.count()
 
@@ -86,32 +88,43 @@ def test_attempt_columns_round_trip(tmp_path: Path) -> None:
         ]
 
 
-def test_an_attempt_is_not_a_session_turn(tmp_path: Path) -> None:
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request, tmp_path)
+
+
+def test_an_attempt_is_not_a_session_turn(store: Backend) -> None:
     """Its reply is not what the client received: a later turn must continue the parent, and the
     session's turns (and a session replay) must not hold the attempts."""
     headers = [("x-session-id", "ses_1")]
     *attempts, parent = regenerated(attempts=1)
     for ex in (*attempts, parent):
         ex.request_headers = headers
-    write(tmp_path / "s.db", [*attempts, parent])
-    conn = open_for_reading(tmp_path / "s.db")
-    assert load_capture(conn, parent.id)["session_id"] == "ses_1"
-    row = load_capture(conn, attempts[0].id)
-    assert row["session_id"] is None and row["chain_hash"] is None
-    assert conn.execute("select exchanges from sessions where id = 'ses_1'").fetchone()[0] == 1
+    writer = store.writer()
+    for ex in (*attempts, parent):
+        writer.submit(ex)
+    writer.close()
+    rows = store.rows(
+        "select id, session_id, chain_hash from exchanges where id in (?, ?)", (parent.id, attempts[0].id)
+    )
+    assert dict((r[0], r[1:]) for r in rows)[attempts[0].id] == (None, None)
+    assert dict((r[0], r[1]) for r in rows)[parent.id] == "ses_1"
+    assert store.rows("select exchanges from sessions where id = 'ses_1'") == [(1,)]
 
 
-def test_a_kept_in_part_attempt_keeps_its_parent(tmp_path: Path) -> None:
+def test_a_kept_in_part_attempt_keeps_its_parent(store: Backend) -> None:
     """An attempt the writer can't store whole (`capture_failed`) still says whose attempt it is."""
     parent_id = "01jattemptparent000000000"
     attempt = exchange(attempt_of=parent_id, attempt=2)
-    writer = CaptureWriter(tmp_path / "k.db")
+    writer = store.writer()
     writer._write_one = lambda ex: (_ for _ in ()).throw(ValueError("boom"))  # type: ignore[method-assign]
     writer.submit(attempt)
     writer.close()
-    row = load_capture(open_for_reading(tmp_path / "k.db"), attempt.id)
-    assert "capture_failed" in row["flags"]
-    assert (row["attempt_of"], row["attempt"]) == (parent_id, 2)
+    [(flags, attempt_of, number)] = store.rows(
+        "select flags, attempt_of, attempt from exchanges where id = ?", (attempt.id,)
+    )
+    assert "capture_failed" in json.loads(flags)
+    assert (attempt_of, number) == (parent_id, 2)
 
 
 def as_before_attempts(path: Path) -> None:

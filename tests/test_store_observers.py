@@ -7,8 +7,16 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.writer import CaptureWriter, Written, open_for_reading
+from tapfix.proxy.store.writer import CaptureWriter, Written
+
+from tests.support.stores import BACKENDS, Backend, make_backend
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request, tmp_path)
 
 
 def _exchange(model: str) -> Exchange:
@@ -23,29 +31,33 @@ def _exchange(model: str) -> Exchange:
     )
 
 
+def _disk_full(store: Backend) -> Exception:
+    """What each database raises when its disk is full."""
+    if store.name == "sqlite":
+        return sqlite3.OperationalError("database or disk is full")
+    import psycopg
+
+    return psycopg.errors.DiskFull("could not extend file: No space left on device")
+
+
 class Seen:
     """An observer that also checks, on the writer thread, that the row it is told of is committed."""
 
-    def __init__(self, db: Path) -> None:
-        self.db = db
+    def __init__(self, store: Backend) -> None:
+        self.store = store
         self.told: list[tuple[str, str, bool, bool]] = []
         self.committed: dict[str, bool] = {}
 
     def __call__(self, written: Written) -> None:
         ex = written.exchange
         self.told.append((ex.id, written.outcome, written.row is not None, written.assembled is not None))
-        conn = open_for_reading(self.db)  # another connection sees only committed rows
-        try:
-            self.committed[ex.id] = (
-                conn.execute("select 1 from exchanges where id = ?", (ex.id,)).fetchone() is not None
-            )
-        finally:
-            conn.close()
+        # another connection sees only committed rows
+        self.committed[ex.id] = bool(self.store.rows("select 1 from exchanges where id = ?", (ex.id,)))
 
 
-def _writer_failing_on(db: Path, bad: set[str], error: Exception) -> tuple[CaptureWriter, dict[str, int]]:
+def _writer_failing_on(store: Backend, bad: set[str], error: Exception) -> tuple[CaptureWriter, dict[str, int]]:
     """A writer whose `_write_one` raises `error` for the exchanges in `bad`; counts calls per exchange."""
-    writer = CaptureWriter(db)
+    writer = store.writer()
     calls: dict[str, int] = {}
     write_one = writer._write_one
 
@@ -59,11 +71,10 @@ def _writer_failing_on(db: Path, bad: set[str], error: Exception) -> tuple[Captu
     return writer, calls
 
 
-def test_stored_and_kept_are_told_once_after_commit_never_for_the_rolled_back_batch(tmp_path: Path) -> None:
-    db = tmp_path / "o.db"
+def test_stored_and_kept_are_told_once_after_commit_never_for_the_rolled_back_batch(store: Backend) -> None:
     good, bad, other = _exchange("a"), _exchange("b"), _exchange("c")
-    writer, calls = _writer_failing_on(db, {bad.id}, ValueError("content the writer can't store"))
-    seen = Seen(db)
+    writer, calls = _writer_failing_on(store, {bad.id}, ValueError("content the writer can't store"))
+    seen = Seen(store)
     writer.observers.append(seen)
     for ex in (good, bad, other):  # queued before the writer's first batch window ends: one batch
         writer.submit(ex)
@@ -76,11 +87,10 @@ def test_stored_and_kept_are_told_once_after_commit_never_for_the_rolled_back_ba
     assert seen.committed == {good.id: True, bad.id: True, other.id: True}
 
 
-def test_lost_exchanges_are_told_with_no_row(tmp_path: Path) -> None:
-    db = tmp_path / "l.db"
+def test_lost_exchanges_are_told_with_no_row(store: Backend) -> None:
     ex = _exchange("a")
-    writer, _ = _writer_failing_on(db, {ex.id}, sqlite3.OperationalError("database or disk is full"))
-    seen = Seen(db)
+    writer, _ = _writer_failing_on(store, {ex.id}, _disk_full(store))
+    seen = Seen(store)
     writer.observers.append(seen)
     writer.submit(ex)
     writer.close()
@@ -89,14 +99,13 @@ def test_lost_exchanges_are_told_with_no_row(tmp_path: Path) -> None:
     assert writer.health()["failures_by_cause"] == {"disk_full": 1}
 
 
-def test_an_observer_that_raises_stops_neither_the_store_nor_the_others(tmp_path: Path) -> None:
-    db = tmp_path / "r.db"
-    writer = CaptureWriter(db)
+def test_an_observer_that_raises_stops_neither_the_store_nor_the_others(store: Backend) -> None:
+    writer = store.writer()
 
     def broken(written: Written) -> None:
         raise RuntimeError("an observer's bug")
 
-    seen = Seen(db)
+    seen = Seen(store)
     writer.observers.extend([broken, seen])
     exchanges = [_exchange(m) for m in ("a", "b")]
     for ex in exchanges:

@@ -19,8 +19,7 @@ import threading
 import zlib
 from pathlib import Path
 
-import orjson
-from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, text_of
+from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, search_document
 from tapfix.proxy.store.bodies import DECODED_MAX_BODIES, BodyReader
 from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
@@ -144,8 +143,7 @@ class SearchIndex:
                     request = None
                 messages = messages_of(request)
                 fresh = new_in_turn(messages)
-                prompt = "\n\n".join(text_of(m) for m in fresh)
-                answer = "\n\n".join(t for t in (content, reasoning, _calls_text(tool_calls)) if t)
+                prompt, answer = search_document(messages, content, reasoning, tool_calls)
                 docs.append((rowid, prompt, answer))
                 no_sampling = lacks_sampling(request)
                 facts.append(
@@ -213,13 +211,3 @@ class SearchIndex:
             except (sqlite3.Error, OSError) as e:  # a locked or vanished db: try again later
                 log.warning("search index: %s", e)
             self._stop.wait(interval)
-
-
-def _calls_text(tool_calls: str | None) -> str:
-    if not tool_calls:
-        return ""
-    try:
-        calls = orjson.loads(tool_calls)
-    except orjson.JSONDecodeError:
-        return tool_calls
-    return "\n".join(f"{c.get('name')}({c.get('arguments')})" for c in calls if isinstance(c, dict))

@@ -85,6 +85,28 @@ def new_turn_text(request: Any) -> str:
     return "\n\n".join(text_of(m) for m in new_in_turn(messages_of(request)))
 
 
+def search_document(
+    messages: list[Any], content: str | None, reasoning: str | None, tool_calls: str | None
+) -> tuple[str, str]:
+    """What search finds an exchange by, (prompt, answer): the turn's new messages, and the answer's
+    text, reasoning and tool calls. The SQLite browser's sidecar index (browse/fts.py) and the
+    PostgreSQL writer's search columns (store/pg/writer.py) hold the same text."""
+    prompt = "\n\n".join(text_of(m) for m in new_in_turn(messages))
+    answer = "\n\n".join(t for t in (content, reasoning, _calls_text(tool_calls)) if t)
+    return prompt, answer
+
+
+def _calls_text(tool_calls: str | None) -> str:
+    """An exchange's `tool_calls` column (JSON) as `name(arguments)` lines."""
+    if not tool_calls:
+        return ""
+    try:
+        calls = orjson.loads(tool_calls)
+    except orjson.JSONDecodeError:
+        return tool_calls
+    return "\n".join(f"{c.get('name')}({c.get('arguments')})" for c in calls if isinstance(c, dict))
+
+
 def lacks_sampling(request: Any) -> bool | None:
     """True when a JSON request chose none of temperature/top_p/top_k/min_p; None when not a JSON object."""
     if not isinstance(request, dict):

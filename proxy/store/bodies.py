@@ -80,17 +80,27 @@ class BodyWriter:
         self._latest.clear()
         self._held = 0
 
-    def put(self, data: bytes, family: str | None = None, *, level: int = 6) -> int:
-        """Store a body; `level` is zlib's (responses use 1: 10x cheaper, a few % larger)."""
+    def put(self, data: bytes, family: str | None = None, *, level: int = 6, when: float | None = None) -> int:
+        """Store a body; `level` is zlib's (responses use 1: 10x cheaper, a few % larger); `when`, the
+        exchange's start (unix time), is for backends that file bodies by day (SQLite doesn't)."""
         digest = hashlib.sha256(data).hexdigest()
-        row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
-        if row is not None:
-            self._remember(family, row[0], data, row[1], digest)
-            return int(row[0])
+        found = self._lookup(digest)
+        if found is not None:
+            body_id, depth, own = found
+            if own:
+                self._remember(family, body_id, data, depth, digest)
+            return body_id
         base = self._latest.get(family) if family else None
         body_id, depth = self._insert(data, digest, base, level)
         self._remember(family, body_id, data, depth, digest)
         return body_id
+
+    # The backend's part, overridden by PostgreSQL's (store/pg/bodies_writer.py).
+
+    def _lookup(self, digest: str) -> tuple[int, int, bool] | None:
+        """The stored body with these bytes: (id, depth, whether a delta may take it as its base)."""
+        row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]), True)
 
     def _still_stored(self, body_id: int, digest: str) -> bool:
         """A purge (retention, `tapfix captures purge`) may have removed the base, and SQLite may have
@@ -98,30 +108,35 @@ class BodyWriter:
         row = self.conn.execute("select sha256 from bodies where id = ?", (body_id,)).fetchone()
         return row is not None and row[0] == digest
 
+    def _rebuild(self, body_id: int) -> bytes:
+        return read_body(self.conn, body_id) or b""
+
+    def _pack(self, data: bytes, level: int) -> tuple[str, bytes]:
+        return _pack(data, level)
+
+    def _add(
+        self, digest: str, size: int, base: int | None, prefix: int, suffix: int, packed: tuple[str, bytes], depth: int
+    ) -> int:
+        cur = self.conn.execute(
+            "insert into bodies (sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth)"
+            " values (?, ?, ?, ?, ?, ?, ?, ?)",
+            (digest, size, base, prefix, suffix, packed[0], packed[1], depth),
+        )
+        return int(cur.lastrowid or 0)
+
     def _insert(
         self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None, level: int = 6
     ) -> tuple[int, int]:
         if base is not None and base[2] < MAX_DEPTH and self._still_stored(base[0], base[3]):
             base_id, base_data, base_depth, _ = base
             if base_data is None:  # evicted from memory: rebuild it from the store
-                base_data = read_body(self.conn, base_id) or b""
+                base_data = self._rebuild(base_id)
             prefix = common_prefix_len(data, base_data)
             suffix = common_suffix_len(data, base_data, min(len(data), len(base_data)) - prefix)
             if prefix + suffix >= MIN_SHARED_FRACTION * len(data):
-                encoding, packed = _pack(data[prefix : len(data) - suffix], level)
-                cur = self.conn.execute(
-                    "insert into bodies (sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth)"
-                    " values (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (digest, len(data), base_id, prefix, suffix, encoding, packed, base_depth + 1),
-                )
-                return int(cur.lastrowid or 0), base_depth + 1
-        encoding, packed = _pack(data, level)
-        cur = self.conn.execute(
-            "insert into bodies (sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth)"
-            " values (?, ?, NULL, 0, 0, ?, ?, 0)",
-            (digest, len(data), encoding, packed),
-        )
-        return int(cur.lastrowid or 0), 0
+                packed = self._pack(data[prefix : len(data) - suffix], level)
+                return self._add(digest, len(data), base_id, prefix, suffix, packed, base_depth + 1), base_depth + 1
+        return self._add(digest, len(data), None, 0, 0, self._pack(data, level), 0), 0
 
     def _remember(self, family: str | None, body_id: int, data: bytes, depth: int, digest: str) -> None:
         if not family:

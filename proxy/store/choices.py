@@ -8,25 +8,30 @@ that choice's own (`empty_answer` for choice 2 alone); the exchange's flags are 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled
 
-_INSERT = (
-    'insert into choices (exchange_id, "index", content, reasoning, tool_calls, finish_reason, flags)'
-    " values (?, ?, ?, ?, ?, ?, ?)"
-)
+if TYPE_CHECKING:
+    from tapfix.proxy.store.sql_executor import Executes
+
+_COLUMNS = 'exchange_id, "index", content, reasoning, tool_calls, finish_reason, flags'
 
 
-def write_choices(conn: sqlite3.Connection, exchange_id: str, assembled: Assembled, store_bodies: bool) -> None:
+def write_choices(
+    conn: Executes, exchange_id: str, assembled: Assembled, store_bodies: bool, extra: dict[str, Any] | None = None
+) -> None:
     """In the writer's transaction, after the exchange row; a rewritten exchange (a replay stored
-    again under its id) replaces its rows."""
+    again under its id) replaces its rows. `extra`: the backend's columns of every row (a day)."""
     if not assembled.choices:
         return
+    extra = extra or {}
     conn.execute("delete from choices where exchange_id = ?", (exchange_id,))
+    columns = "".join(f", {name}" for name in extra)
+    marks = ", ?" * (7 + len(extra))
     conn.executemany(
-        _INSERT,
+        f"insert into choices ({_COLUMNS}{columns}) values ({marks[2:]})",
         [
             (
                 exchange_id,
@@ -36,6 +41,7 @@ def write_choices(conn: sqlite3.Connection, exchange_id: str, assembled: Assembl
                 orjson.dumps(c.tool_calls).decode() if store_bodies else None,
                 c.finish_reason,
                 orjson.dumps(sorted(c.flags)).decode(),
+                *extra.values(),
             )
             for c in assembled.choices
         ],

@@ -20,8 +20,8 @@ a session that `wants` its parent, and the parent, once written, takes that sess
 from __future__ import annotations
 
 import datetime
-import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 from tapfix.proxy.assemble import Assembled
@@ -31,8 +31,46 @@ from tapfix.proxy.sse import event_data
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
 from tapfix.proxy.surfaces import surface_for
 
+if TYPE_CHECKING:
+    from tapfix.proxy.store.sql_executor import Executes
+
 _ID_MAX = 200
 _RESPONSE_PREFIX = "resp:"  # a `wants` naming a Responses response id rather than a chain hash
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSQL:
+    """The statements sessions need, in a backend's dialect (qmark parameters on every backend).
+    `continued` takes `{values}`: one `(?, ?)` per parent hash."""
+
+    by_response: str
+    continued: str
+    record: str
+    orphan: str
+    adopt: str
+
+
+SQLITE_SESSION_SQL = SessionSQL(
+    by_response="select session_id from exchanges where response_id = ? and session_id is not null"
+    " order by rowid desc limit 1",
+    continued="with p(h, k) as (values {values})"
+    " select e.session_id from p join exchanges e on e.chain_hash = p.h"
+    " left join sessions s on s.id = e.session_id"
+    " where e.session_id is not null"
+    " order by p.k desc, (e.client_addr is ? and e.user_agent is ?) desc,"
+    " coalesce(s.tip_hash = e.chain_hash, 0) desc, e.rowid"
+    " limit 1",
+    record="insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
+    " values (?, ?, ?, ?, ?, 1, ?, ?)"
+    " on conflict(id) do update set exchanges = exchanges + 1,"
+    " first_at = min(first_at, excluded.first_at), last_at = max(last_at, excluded.last_at),"
+    " tip_hash = case when excluded.last_at >= last_at then coalesce(excluded.tip_hash, tip_hash)"
+    " else tip_hash end",
+    orphan="select id, first_at, last_at, exchanges, tip_hash from sessions where wants = ? and id != ?"
+    " order by (user_agent is ?) desc, first_at, id limit 1",
+    adopt="update sessions set exchanges = exchanges + ?, first_at = min(first_at, ?), last_at = max(last_at, ?),"
+    " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +135,11 @@ def response_id(client: bytes) -> str | None:
 class SessionTracker:
     """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
 
-    def __init__(self) -> None:
+    def __init__(self, sql: SessionSQL = SQLITE_SESSION_SQL) -> None:
         self.parser = Parser()
+        self.sql = sql
 
-    def assign(self, conn: sqlite3.Connection, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
+    def assign(self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
         """`reply` and `client`: the answer as the client received it, assembled and as bytes."""
         surface = surface_for(ex.path)
         body = ex.readable_request()
@@ -116,11 +155,7 @@ class SessionTracker:
             return SessionLink(key, chain, rid)
         previous = _string(body, spans, "previous_response_id")
         if previous:
-            row = conn.execute(
-                "select session_id from exchanges where response_id = ? and session_id is not null"
-                " order by rowid desc limit 1",
-                (previous,),
-            ).fetchone()
+            row = conn.execute(self.sql.by_response, (previous,)).fetchone()
             if row is not None:
                 return SessionLink(row[0], chain, rid)
             return SessionLink(f"s-{ex.id}", chain, rid, wants=_RESPONSE_PREFIX + previous)
@@ -133,54 +168,35 @@ class SessionTracker:
             return SessionLink(found, chain, rid)
         return SessionLink(f"s-{ex.id}", chain, rid, wants=conversation.parents[-1])
 
-    def _continued(self, conn: sqlite3.Connection, parents: list[str], ex: Exchange) -> str | None:
+    def _continued(self, conn: Executes, parents: list[str], ex: Exchange) -> str | None:
         """One indexed lookup: the session of the exchange behind the longest matching prefix."""
         values = ", ".join("(?, ?)" for _ in parents)
         args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
-        row = conn.execute(
-            f"with p(h, k) as (values {values})"
-            " select e.session_id from p join exchanges e on e.chain_hash = p.h"
-            " left join sessions s on s.id = e.session_id"
-            " where e.session_id is not null"
-            " order by p.k desc, (e.client_addr is ? and e.user_agent is ?) desc,"
-            " coalesce(s.tip_hash = e.chain_hash, 0) desc, e.rowid"
-            " limit 1",
-            [*args, ex.client_addr, ex.user_agent],
-        ).fetchone()
+        row = conn.execute(self.sql.continued.format(values=values), [*args, ex.client_addr, ex.user_agent]).fetchone()
         return None if row is None else str(row[0])
 
-    def record(self, conn: sqlite3.Connection, link: SessionLink, ex: Exchange) -> None:
+    def record(self, conn: Executes, link: SessionLink, ex: Exchange) -> None:
         """After the exchange row is in: count it in its session, then take in a session that waited
         for it (its continuation, written first by another process)."""
         if not link.session_id:
             return
         when = datetime.datetime.fromtimestamp(ex.started_at, datetime.UTC).isoformat(timespec="milliseconds")
         conn.execute(
-            "insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
-            " values (?, ?, ?, ?, ?, 1, ?, ?)"
-            " on conflict(id) do update set exchanges = exchanges + 1,"
-            " first_at = min(first_at, excluded.first_at), last_at = max(last_at, excluded.last_at),"
-            " tip_hash = case when excluded.last_at >= last_at then coalesce(excluded.tip_hash, tip_hash)"
-            " else tip_hash end",
+            self.sql.record,
             (link.session_id, when, when, ex.user_agent, ex.model, link.chain_hash, link.wants),
         )
         for wanted in (link.chain_hash, link.response_id and _RESPONSE_PREFIX + link.response_id):
             if wanted:
                 self._adopt(conn, link.session_id, wanted, ex)
 
-    def _adopt(self, conn: sqlite3.Connection, session_id: str, wanted: str, ex: Exchange) -> None:
-        row = conn.execute(
-            "select id, first_at, last_at, exchanges, tip_hash from sessions where wants = ? and id != ?"
-            " order by (user_agent is ?) desc, first_at, id limit 1",
-            (wanted, session_id, ex.user_agent),
-        ).fetchone()
+    def _adopt(self, conn: Executes, session_id: str, wanted: str, ex: Exchange) -> None:
+        row = conn.execute(self.sql.orphan, (wanted, session_id, ex.user_agent)).fetchone()
         if row is None:
             return
         orphan, first_at, last_at, count, tip = row
         conn.execute("update exchanges set session_id = ? where session_id = ?", (session_id, orphan))
         conn.execute(
-            "update sessions set exchanges = exchanges + ?, first_at = min(first_at, ?), last_at = max(last_at, ?),"
-            " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+            self.sql.adopt,
             (count, first_at, last_at, last_at, tip, session_id),
         )
         conn.execute("delete from sessions where id = ?", (orphan,))

@@ -11,7 +11,6 @@ import array
 import datetime
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,8 @@ import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
-from tapfix.proxy.store.bodies import BodyWriter, read_body
+from tapfix.proxy.store.backend import SqliteBackend, WriteBackend
+from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
@@ -31,7 +31,7 @@ from tapfix.proxy.store.kept import as_text, kept_row, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
-from tapfix.proxy.store.write_errors import cause_of, describe, environmental, locked
+from tapfix.proxy.store.write_errors import describe
 from tapfix.proxy.surfaces import is_inference
 
 log = logging.getLogger("tapfix.store")
@@ -90,14 +90,23 @@ class WriterStats:
 
 
 class CaptureWriter:
-    """Owns the single write connection; `submit` is safe to call from the event loop."""
+    """Owns the single write connection; `submit` is safe to call from the event loop.
 
-    def __init__(self, path: Path | str, *, batch: int = 256, retention: Retention | None = None) -> None:
-        self.path = Path(path)
-        self.conn = open_for_writing(path)
+    `store`: a SQLite file's path, or any `WriteBackend` (store/backend.py; PostgreSQL's is
+    store/pg/writer.py): everything below is the same on every backend."""
+
+    def __init__(
+        self, store: Path | str | WriteBackend, *, batch: int = 256, retention: Retention | None = None
+    ) -> None:
+        self.backend: WriteBackend = SqliteBackend(store) if isinstance(store, Path | str) else store
+        if isinstance(self.backend, SqliteBackend):
+            self.path = self.backend.path
+            self.conn = self.backend.conn
+        elif retention is not None:
+            self.backend.retain(retention)  # refuses, naming the store: not there yet
         self.retention = retention
-        self.bodies = BodyWriter(self.conn)
-        self.sessions = SessionTracker()
+        self.bodies = self.backend.bodies
+        self.sessions = SessionTracker(self.backend.session_sql)
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
@@ -119,13 +128,12 @@ class CaptureWriter:
         return health
 
     def close(self, timeout: float = 10.0) -> None:
-        """Drain what is queued, checkpoint the WAL, close."""
+        """Drain what is queued, then close the store (SQLite checkpoints its WAL)."""
         self._queue.put(None)
         self._thread.join(timeout)
         try:
-            self.conn.execute("pragma wal_checkpoint(truncate)")
-            self.conn.close()
-        except sqlite3.Error as e:  # pragma: no cover - closing a broken db
+            self.backend.close()
+        except Exception as e:  # noqa: BLE001  # pragma: no cover - closing a broken db
             log.warning("closing capture db: %s", e)
 
     def _run(self) -> None:
@@ -154,7 +162,7 @@ class CaptureWriter:
     def _retain(self) -> None:
         """Between batches, on this thread: traffic only enqueues, so it never waits on a purge."""
         if self.retention is not None:
-            self.retention.maybe_run(self.conn)
+            self.backend.retain(self.retention)
 
     def _write_batch(self, batch: list[Exchange]) -> None:
         """One transaction for the batch; when it fails, one per exchange, so a failure stays with its
@@ -165,7 +173,7 @@ class CaptureWriter:
         error = self._transaction(batch, self._write_one)
         if error is None:
             return
-        if environmental(error):  # not about any exchange's content: one at a time would fail the same way
+        if self.backend.environmental(error):  # not about any exchange's content: one at a time would fail the same way
             self._lost(batch, error)
             return
         if len(batch) > 1:
@@ -177,7 +185,10 @@ class CaptureWriter:
         """After `ex` failed (`failed`) in a transaction of its own: keep what can be kept."""
         if failed is None:
             return
-        if environmental(failed) or self._transaction([ex], lambda kept: self._write_kept(kept, failed)) is not None:
+        if (
+            self.backend.environmental(failed)
+            or self._transaction([ex], lambda kept: self._write_kept(kept, failed)) is not None
+        ):
             self._lost([ex], failed)
             return
         cause = type(failed).__name__
@@ -189,31 +200,28 @@ class CaptureWriter:
         """Write `exchanges` in one transaction, retrying a locked database; the error that rolled it back."""
         for attempt in range(LOCK_RETRIES + 1):
             try:
-                self.conn.execute("begin immediate")
+                self.backend.begin()
                 for exchange in exchanges:
                     write(exchange)
-                self.conn.execute("commit")
+                self.backend.commit()
                 self.stats.written += len(exchanges)
                 self.stats.last_commit = time.time()
                 self._tell(self._pending)
                 return None
             except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
                 self._pending = []
-                try:
-                    self.conn.execute("rollback")
-                except sqlite3.Error:
-                    pass
+                self.backend.rollback()
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
-                if locked(e) and attempt < LOCK_RETRIES:
+                if self.backend.locked(e) and attempt < LOCK_RETRIES:
                     self.stats.lock_retries += 1
-                    log.warning("capture db locked by another process; retrying %d exchange(s)", len(exchanges))
+                    log.warning("capture db busy (%s); retrying %d exchange(s)", describe(e), len(exchanges))
                     continue
                 return e
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns
 
     def _lost(self, exchanges: list[Exchange], error: Exception) -> None:
         self.stats.failures += len(exchanges)
-        cause = cause_of(error)
+        cause = self.backend.cause_of(error)
         self.stats.lost[cause] = self.stats.lost.get(cause, 0) + len(exchanges)
         self.stats.last_error = describe(error)
         log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
@@ -236,21 +244,15 @@ class CaptureWriter:
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
         if not ex.store_bodies:
             return bodies
-        bodies["req"] = self.bodies.put(ex.request, family)
+        put, when = self.bodies.put, ex.started_at
+        bodies["req"] = put(ex.request, family, when=when)
         if ex.forwarded is not None and ex.forwarded != ex.request:
-            bodies["fwd"] = self.bodies.put(ex.forwarded, family)
+            bodies["fwd"] = put(ex.forwarded, family, when=when)
         if always_response or ex.status is not None or upstream:
-            bodies["resp"] = self.bodies.put(upstream, level=1)
+            bodies["resp"] = put(upstream, level=1, when=when)
         if client is not upstream and client != upstream:
-            bodies["client"] = self.bodies.put(client, level=1)
+            bodies["client"] = put(client, level=1, when=when)
         return bodies
-
-    def _insert_row(self, row: dict[str, Any]) -> None:
-        """The exchange's row, replacing an earlier one of the same id, and none of its old changes."""
-        columns = ", ".join(row)
-        marks = ", ".join("?" * len(row))
-        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
-        self.conn.execute("delete from changes where exchange_id = ?", (row["id"],))
 
     def _write_kept(self, ex: Exchange, error: Exception) -> None:
         """What is left of an exchange the writer could not store whole: its metadata, its raw bytes as
@@ -260,7 +262,7 @@ class CaptureWriter:
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
         row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {describe(error)}")
         row |= _attempt_columns(ex)
-        self._insert_row(row)
+        self.backend.put_exchange(row, ex)
         self._pending.append(Written(ex, row, None, "kept"))
 
     def _write_one(self, ex: Exchange) -> None:
@@ -277,7 +279,7 @@ class CaptureWriter:
         if ex.attempt_of is not None:
             link = SessionLink(None)
         else:
-            link = self.sessions.assign(self.conn, ex, assembled, ex.readable(client))
+            link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
         flags = set(ex.flags)
         if is_inference(ex.path):
@@ -335,17 +337,18 @@ class CaptureWriter:
             "chunk_count": len(ex.chunk_times),
             "chunk_timing": _pack_timing(ex.chunk_times, ex.response_chunks),
         }
-        self._insert_row(row)
-        self.conn.executemany(
-            "insert into changes (exchange_id, seq, stage, kind, path, before, after, reason)"
-            " values (?, ?, ?, ?, ?, ?, ?, ?)",
+        self.backend.put_exchange(row, ex)
+        day = self.backend.day_columns(ex)  # {} on SQLite; the partition's day on PostgreSQL
+        columns = "exchange_id, seq, stage, kind, path, before, after, reason" + "".join(f", {k}" for k in day)
+        self.backend.executemany(
+            f"insert into changes ({columns}) values (?{', ?' * (7 + len(day))})",
             [
-                (ex.id, i, c.stage, c.kind, c.path, _json(c.before), _json(c.after), c.reason)
+                (ex.id, i, c.stage, c.kind, c.path, _json(c.before), _json(c.after), c.reason, *day.values())
                 for i, c in enumerate(ex.changes)
             ],
         )
-        write_choices(self.conn, ex.id, assembled, ex.store_bodies)
-        self.sessions.record(self.conn, link, ex)  # no session, nothing recorded
+        write_choices(self.backend, ex.id, assembled, ex.store_bodies, day)
+        self.sessions.record(self.backend, link, ex)  # no session, nothing recorded
         self._pending.append(Written(ex, row, assembled, "stored"))
 
 

@@ -70,34 +70,50 @@ def _record(filled: Filled, ex: Exchange) -> str:
 def fill_store(path: Path, *, seed: int = 5, turns: int = SESSION_TURNS, notes: list[str] | None = None) -> Filled:
     """Write the cases above into a new store at `path` and close the writer (its WAL checkpointed).
     The session's user messages are `notes` when given (one per turn), else random ones."""
-    rng = random.Random(seed)
-    filled = Filled(path)
-    writer = CaptureWriter(path)
+    filled, exchanges = store_cases(seed=seed, turns=turns, notes=notes)
+    filled.path = path
+    write_all(CaptureWriter(path), exchanges)
+    return filled
+
+
+def write_all(writer: CaptureWriter, exchanges: list[Exchange]) -> None:
+    """Submit them in order, close the writer; any exchange not stored fails the caller."""
     try:
-        messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 200}]
-        headers = [("content-type", "application/json"), ("x-session-id", "ses_sql_test")]
-        for turn in range(turns if notes is None else len(notes)):
-            note = notes[turn] if notes is not None else _note(rng)
-            messages = [*messages, {"role": "user", "content": f"turn {turn}: {note}"}]
-            body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
-            ex = _exchange(body, _answer(f"answer {turn} ✓"), request_headers=headers)
-            filled.session.append(_record(filled, ex))
-            writer.submit(ex)
-            messages = [*messages, {"role": "assistant", "content": f"answer {turn} ✓"}]
-        forwarded = _exchange(b'{"model":"m","messages":[]}', _answer("hi"), request_headers=headers[:1])
-        forwarded.forwarded = b'{"model":"m","messages":[],"top_p":0.95}'
-        forwarded.changes = [Change("sampling", "inject", "$.top_p", None, 0.95, "test")]
-        repaired = _exchange(b'{"model":"m","messages":[]}', _answer("broken"))
-        repaired.client_response = b"".join(_answer("repaired"))
-        binary = _exchange(b'{"model":"m"}\xff\xfe\x00 not UTF-8', [b"\x1f\x8b\x08\x00 gzip-looking \xff"])
-        binary.content_type = "application/octet-stream"
-        private = _exchange(b'{"model":"m","messages":[{"role":"user","content":"secret"}]}', _answer("x"))
-        private.store_bodies = False
-        for name, ex in (("forwarded", forwarded), ("repaired", repaired), ("binary", binary), ("private", private)):
-            filled.ids[name] = _record(filled, ex)
+        for ex in exchanges:
             writer.submit(ex)
     finally:
         writer.close()
     if writer.stats.failures:
         raise RuntimeError(f"the writer failed: {writer.stats.last_error}")
-    return filled
+
+
+def store_cases(
+    *, seed: int = 5, turns: int = SESSION_TURNS, notes: list[str] | None = None
+) -> tuple[Filled, list[Exchange]]:
+    """The cases above as exchanges, in the order to submit them (the same ones can go to two stores)."""
+    rng = random.Random(seed)
+    filled = Filled(Path())
+    exchanges = []
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 200}]
+    headers = [("content-type", "application/json"), ("x-session-id", "ses_sql_test")]
+    for turn in range(turns if notes is None else len(notes)):
+        note = notes[turn] if notes is not None else _note(rng)
+        messages = [*messages, {"role": "user", "content": f"turn {turn}: {note}"}]
+        body = orjson.dumps({"model": "m", "messages": messages, "stream": True})
+        ex = _exchange(body, _answer(f"answer {turn} ✓"), request_headers=headers)
+        filled.session.append(_record(filled, ex))
+        exchanges.append(ex)
+        messages = [*messages, {"role": "assistant", "content": f"answer {turn} ✓"}]
+    forwarded = _exchange(b'{"model":"m","messages":[]}', _answer("hi"), request_headers=headers[:1])
+    forwarded.forwarded = b'{"model":"m","messages":[],"top_p":0.95}'
+    forwarded.changes = [Change("sampling", "inject", "$.top_p", None, 0.95, "test")]
+    repaired = _exchange(b'{"model":"m","messages":[]}', _answer("broken"))
+    repaired.client_response = b"".join(_answer("repaired"))
+    binary = _exchange(b'{"model":"m"}\xff\xfe\x00 not UTF-8', [b"\x1f\x8b\x08\x00 gzip-looking \xff"])
+    binary.content_type = "application/octet-stream"
+    private = _exchange(b'{"model":"m","messages":[{"role":"user","content":"secret"}]}', _answer("x"))
+    private.store_bodies = False
+    for name, ex in (("forwarded", forwarded), ("repaired", repaired), ("binary", binary), ("private", private)):
+        filled.ids[name] = _record(filled, ex)
+        exchanges.append(ex)
+    return filled, exchanges

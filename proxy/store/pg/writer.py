@@ -1,0 +1,197 @@
+"""PostgreSQL's side of the writer's seam (store/backend.py): one psycopg connection, explicit
+transactions, the day partitions made ahead, search columns, and what PostgreSQL's errors mean.
+
+- Transactions: the connection is in autocommit mode and the writer's `begin`/`commit` are sent as
+  statements, so a migration or `tapfix_add_day` (their own `conn.transaction()`) never nests in a
+  batch. Read committed: a batch sees other instances' committed rows (sessions join across them).
+- A row replaces an earlier one of its id with a delete then an insert: the primary key is
+  `(id, started_at)` (a partitioned table's key must hold its partition key), so `on conflict (id)`
+  can't say it.
+- Text columns can't hold NUL (PostgreSQL's text rejects the byte): a NUL in any text parameter is
+  stored as U+FFFD. Bodies are bytea and stay exact; JSON columns (orjson) escape NUL as `\\u0000`
+  anyway, so only free text (content, reasoning, errors, user agents) is ever touched.
+- Search: `search_text` is the turn's new text and its answer, the same text the SQLite browser's
+  sidecar index holds (browse/turns.py `search_document`), and `search` its tsvector (`simple`).
+- The day's partitions (today and tomorrow, UTC) are made at start and whenever the day turns,
+  before the batch's transaction; a row of a day without one (a skewed clock) lands in the default.
+
+psycopg is imported here only: this module is loaded for a `postgresql://` store alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from tapfix.proxy.browse.turns import messages_of, parse_json, search_document
+from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.pg.body_writer import PostgresBodyWriter, utc_day
+from tapfix.proxy.store.pg.locator import PostgresLocator
+from tapfix.proxy.store.pg.migrate import add_days, migrate
+from tapfix.proxy.store.sessions import SessionSQL
+from tapfix.proxy.store.writer import CaptureWriter
+
+if TYPE_CHECKING:
+    from tapfix.proxy.exchange import Exchange
+    from tapfix.proxy.store.backend import Bodies
+    from tapfix.proxy.store.retention import Retention
+
+SEARCH_TEXT_MAX = 100_000  # characters: a tsvector must stay under 1 MB
+NUL_STANDS_FOR = "\ufffd"
+
+POSTGRES_SESSION_SQL = SessionSQL(
+    by_response="select session_id from exchanges where response_id = ? and session_id is not null"
+    " order by id desc limit 1",
+    continued="with p(h, k) as (values {values})"
+    " select e.session_id from p join exchanges e on e.chain_hash = p.h"
+    " left join sessions s on s.id = e.session_id"
+    " where e.session_id is not null"
+    " order by p.k desc, (e.client_addr is not distinct from ? and e.user_agent is not distinct from ?) desc,"
+    " coalesce(s.tip_hash = e.chain_hash, false) desc, e.id"
+    " limit 1",
+    record="insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
+    " values (?, ?, ?, ?, ?, 1, ?, ?)"
+    " on conflict (id) do update set exchanges = sessions.exchanges + 1,"
+    " first_at = least(sessions.first_at, excluded.first_at), last_at = greatest(sessions.last_at, excluded.last_at),"
+    " tip_hash = case when excluded.last_at >= sessions.last_at then coalesce(excluded.tip_hash, sessions.tip_hash)"
+    " else sessions.tip_hash end",
+    orphan="select id, first_at, last_at, exchanges, tip_hash from sessions where wants = ? and id <> ?"
+    " order by (user_agent is not distinct from ?) desc, first_at, id limit 1",
+    adopt="update sessions set exchanges = exchanges + ?, first_at = least(first_at, ?),"
+    " last_at = greatest(last_at, ?),"
+    " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+)
+
+# SQLSTATE classes and codes, https://www.postgresql.org/docs/current/errcodes-appendix.html
+_LOCKED = ("40001", "40P01", "55P03")  # serialization failure, deadlock, lock not available: retry
+_CAUSES = (
+    ("disk_full", ("53100",)),
+    ("read_only", ("25006",)),
+    ("locked", _LOCKED),
+    ("unavailable", ("08", "57")),  # connection trouble, shutdown or restart
+    ("resources", ("53",)),
+    ("io", ("58",)),
+)
+
+
+def _qmark(sql: str) -> str:
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _text(value: Any) -> Any:
+    return value.replace("\x00", NUL_STANDS_FOR) if isinstance(value, str) and "\x00" in value else value
+
+
+class PostgresBackend:
+    """The write connection of one PostgreSQL store (migrated on open); the writer thread's alone."""
+
+    name = "postgresql"
+    session_sql = POSTGRES_SESSION_SQL
+
+    def __init__(self, locator: PostgresLocator | str) -> None:
+        self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
+        self._sql: dict[str, str] = {}
+        self._day: datetime.date | None = None
+        try:
+            self.conn = self._connect()
+        except psycopg.Error as e:
+            raise StoreError(f"{self.locator}: can't connect ({self.locator.scrub(str(e).strip())})") from None
+        migrate(self.conn, str(self.locator))
+        self._add_days()
+        self.bodies: Bodies = PostgresBodyWriter(self)
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        return psycopg.connect(self.locator.url, autocommit=True, application_name="tapfix writer", connect_timeout=5)
+
+    def _add_days(self) -> None:
+        now = time.time()
+        if utc_day(now) != self._day:
+            add_days(self.conn, now, 1)
+            self._day = utc_day(now)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[tuple[Any, ...]]:
+        translated = self._sql.get(sql)
+        if translated is None:
+            translated = self._sql[sql] = _qmark(sql)
+        return self.conn.execute(translated.encode(), [_text(p) for p in params])
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            with self.conn.cursor() as cur:
+                cur.executemany(_qmark(sql).encode(), [[_text(p) for p in row] for row in rows])
+
+    def begin(self) -> None:
+        if self.conn.closed or self.conn.broken:  # the server restarted, or the network dropped us
+            self.conn = self._connect()
+        self._add_days()
+        self.conn.execute("begin")
+
+    def commit(self) -> None:
+        self.conn.execute("commit")
+
+    def rollback(self) -> None:
+        try:
+            self.conn.execute("rollback")
+        except psycopg.Error:
+            pass
+
+    def locked(self, e: Exception) -> bool:
+        """Also a connection that broke (the server restarted, an idle connection was cut): the
+        transaction never committed, so it is retried on a new one (`begin` reconnects)."""
+        if isinstance(e, psycopg.OperationalError) and self.conn.broken:
+            return True
+        return isinstance(e, psycopg.Error) and (e.sqlstate or "") in _LOCKED
+
+    def environmental(self, e: Exception) -> bool:
+        if isinstance(e, psycopg.InterfaceError | psycopg.OperationalError) and not isinstance(
+            e, psycopg.errors.QueryCanceled
+        ):
+            return True
+        return isinstance(e, psycopg.Error) and self.cause_of(e) != type(e).__name__
+
+    def cause_of(self, e: Exception) -> str:
+        state = getattr(e, "sqlstate", None) or ""
+        for cause, prefixes in _CAUSES:
+            if state and state.startswith(prefixes):
+                return cause
+        if isinstance(e, psycopg.InterfaceError | psycopg.OperationalError):
+            return "unavailable"
+        return type(e).__name__
+
+    def day_columns(self, ex: Exchange) -> dict[str, Any]:
+        return {"day": utc_day(ex.started_at)}
+
+    def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
+        self.execute("delete from exchanges where id = ?", (row["id"],))
+        self.execute("delete from changes where exchange_id = ?", (row["id"],))
+        text = _search_text(row, ex)
+        columns = ", ".join(row)
+        marks = ", ".join("?" * len(row))
+        self.execute(
+            f"insert into exchanges ({columns}, search_text, search) values ({marks}, ?, to_tsvector('simple', ?))",
+            [*row.values(), text, text or ""],
+        )
+
+    def retain(self, retention: Retention) -> None:
+        raise StoreError(f"{self.locator}: retention on PostgreSQL is not supported by this tapfix yet")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def postgres_writer(locator: PostgresLocator | str, *, batch: int = 256) -> CaptureWriter:
+    """A `CaptureWriter` on a PostgreSQL store (migrated, today's and tomorrow's days made)."""
+    return CaptureWriter(PostgresBackend(locator), batch=batch)
+
+
+def _search_text(row: dict[str, Any], ex: Exchange) -> str | None:
+    """What search finds the exchange by; None when bodies aren't kept (`--no-bodies`)."""
+    if not ex.store_bodies:
+        return None
+    messages = messages_of(parse_json(ex.readable_request()))
+    prompt, answer = search_document(messages, row.get("content"), row.get("reasoning"), row.get("tool_calls"))
+    text = f"{prompt}\n\n{answer}".strip()
+    return _text(text[:SEARCH_TEXT_MAX]) or None

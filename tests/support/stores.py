@@ -1,0 +1,65 @@
+"""The store's tests over both backends: a `Backend` makes writers on a fresh SQLite file or a fresh
+PostgreSQL database (the session's real server, tests/support/postgres.py), and reads rows back with
+one SQL text (qmark) on its own connection, so a check sees only what was committed.
+
+Use `BACKENDS` to parametrize a fixture: the PostgreSQL case carries the `e2e` and `postgres` marks
+(it needs the server), the SQLite case none."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tapfix.proxy.store.writer import CaptureWriter
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=[pytest.mark.e2e, pytest.mark.postgres])]
+_numbers = itertools.count()
+
+
+@dataclass
+class Backend:
+    name: str  # "sqlite" or "postgresql"
+    locator: str  # the file's path, or the database's URL
+
+    def writer(self, **options: Any) -> CaptureWriter:
+        if self.name == "sqlite":
+            return CaptureWriter(self.locator, **options)
+        from tapfix.proxy.store.pg.writer import PostgresBackend
+
+        return CaptureWriter(PostgresBackend(self.locator), **options)
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """The committed rows `sql` selects (qmark parameters), on a connection of its own."""
+        if self.name == "sqlite":
+            conn = sqlite3.connect(f"file:{self.locator}?mode=ro", uri=True)
+            try:
+                return [tuple(r) for r in conn.execute(sql, params)]
+            finally:
+                conn.close()
+        import psycopg
+
+        with psycopg.connect(self.locator, autocommit=True) as pg:
+            return [tuple(r) for r in pg.execute(sql.replace("?", "%s").encode(), params)]
+
+    def drop(self, table: str) -> None:
+        """Break the store under a running writer, as a damaged or foreign schema would."""
+        if self.name == "sqlite":
+            with sqlite3.connect(self.locator) as conn:
+                conn.execute(f"drop table {table}")
+            return
+        import psycopg
+
+        with psycopg.connect(self.locator, autocommit=True) as pg:
+            pg.execute(f"drop table {table} cascade".encode())
+
+
+def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """For a fixture parametrized with `BACKENDS`: a new, empty store of `request.param`'s kind."""
+    if request.param == "sqlite":
+        return Backend("sqlite", str(tmp_path / "c.db"))
+    server = request.getfixturevalue("postgres")
+    return Backend("postgresql", server.create_database(f"store_{next(_numbers)}_{tmp_path.name[-20:].lower()}"))
