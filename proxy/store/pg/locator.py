@@ -36,12 +36,13 @@ def mask_password(url: str) -> str:
     m = _SCHEME.match(url)
     if m is None:
         return url
-    rest, hash_, fragment = url[m.end() :].partition("#")
-    at = rest.rfind("@")
+    rest = url[m.end() :]
+    at = rest.rfind("@")  # greedy: a raw `@`, `#`, `/` or `?` in the password stays inside what is masked
     info, tail = (rest[: at + 1], rest[at + 1 :]) if at >= 0 else ("", rest)
     user, colon, _ = info[:-1].partition(":")
     if colon:
         info = f"{user}:{MASK}@"
+    tail, hash_, fragment = tail.partition("#")
     host, qmark, query = tail.partition("?")
     if qmark:
         query = _QUERY_PASSWORD.sub(rf"\1\2{MASK}", query)
@@ -53,12 +54,12 @@ def _passwords(url: str) -> list[str]:
     m = _SCHEME.match(url)
     if m is None:
         return []
-    rest = url[m.end() :].partition("#")[0]
+    rest = url[m.end() :]
     found = []
     at = rest.rfind("@")
     if at >= 0 and ":" in rest[:at]:
         found.append(rest[:at].partition(":")[2])
-    query = rest[at + 1 :].partition("?")[2] if at >= 0 else rest.partition("?")[2]
+    query = rest[at + 1 :].partition("#")[0].partition("?")[2]
     for part in query.split("&"):
         key, eq, value = part.partition("=")
         if eq and key.lower() == "password":
