@@ -35,7 +35,7 @@ _LIST = f"{LIST_COLUMNS}, attempt_of, attempt, trace_id"
 _ORPHAN_OR_CLIENT = (
     "attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of)"
 )
-_PG_ONLY = ("search_text", "search")  # columns SQLite's exchanges don't have
+_PG_ONLY = ("search_text", "search", "commit_xid", "commit_seq")  # columns SQLite's exchanges lack
 
 
 def iso(when: datetime.datetime | str | None) -> str | None:
