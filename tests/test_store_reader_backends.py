@@ -19,6 +19,7 @@ from tapfix.proxy.store.database import StoreError
 from tapfix.proxy.store.reader import CaptureNotFound, CaptureReader, SqliteReader
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
+from tests.support.builders import chat_chunk, sse_events
 from tests.support.sql_store import Filled, store_cases, write_all
 from tests.support.stores import BACKENDS, Backend, make_backend
 from tests.test_store_attempts import exchange, regenerated
@@ -35,6 +36,9 @@ def cases() -> tuple[Filled, list[Exchange], dict[str, str]]:
     parent.trace_id = attempts[0].trace_id = TRACE
     orphan = exchange(attempt_of="01tmissingparent00", attempt=2)
     tagged = exchange(tags={"nightly"}, request_headers=[("x-session-id", "ses_tagged")])
+    two = [chat_chunk({"content": "one"}, index=0), chat_chunk({"content": "two"}, index=1)]
+    two += [chat_chunk(finish_reason="stop", index=0), chat_chunk(finish_reason="length", index=1)]
+    tagged.response_chunks = sse_events(two)  # n=2: the `choices` table
     named = {"parent": parent.id, "attempt1": attempts[0].id, "attempt2": attempts[1].id}
     named |= {"orphan": orphan.id, "tagged": tagged.id}
     return filled, [*exchanges, *attempts, parent, orphan, tagged], named
@@ -118,6 +122,12 @@ def test_show_is_the_same_and_ids_resolve(reader: CaptureReader, twin: CaptureRe
         for key in BODY_IDS:  # each store numbers its own bodies
             assert (mine.pop(key) is None) == (theirs.pop(key) is None), (ex.id, key)
         assert mine == theirs
+        assert reader.read_choices(ex.id) == twin.read_choices(ex.id)
+    choices = reader.read_choices(named["tagged"])
+    assert [(c["index"], c["content"], c["finish_reason"]) for c in choices] == [
+        (0, "one", "stop"),
+        (1, "two", "length"),
+    ]
     changed = reader.load_capture(filled.ids["forwarded"])
     assert [(c["kind"], c["path"], c["after"]) for c in changed["change_rows"]] == [("inject", "$.top_p", 0.95)]
     assert reader.resolve_id(filled.ids["binary"][:-1].upper()) == filled.ids["binary"]

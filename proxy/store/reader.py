@@ -228,6 +228,7 @@ class CaptureReader(Protocol):
     def resolve_id(self, prefix: str) -> str: ...
     def load_capture(self, capture_id: str) -> dict[str, Any]: ...
     def capture_body(self, capture: dict[str, Any], which: str) -> bytes: ...
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]: ...
     def close(self) -> None: ...
 
 
@@ -261,6 +262,11 @@ class SqliteReader:
 
     def capture_body(self, capture: dict[str, Any], which: str) -> bytes:
         return capture_body(self.conn, capture, which)
+
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
+        from tapfix.proxy.store.choices import read_choices
+
+        return read_choices(self.conn, exchange_id)
 
     def close(self) -> None:
         self.conn.close()

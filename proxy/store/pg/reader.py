@@ -25,8 +25,10 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import orjson
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
+from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
 from tapfix.proxy.store.database import StoreError
 from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.reader import LIST_COLUMNS, CaptureFilter, CaptureNotFound, body_id_of, decode_row
@@ -165,8 +167,6 @@ class PostgresReader:
         for key in ("chunk_timing",):
             if isinstance(capture.get(key), memoryview):
                 capture[key] = bytes(capture[key])
-        import orjson
-
         capture["change_rows"] = [
             {
                 **c,
@@ -179,6 +179,15 @@ class PostgresReader:
             )
         ]
         return capture
+
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
+        """Every choice of an `n > 1` answer, by index, as store/choices.py's `read_choices`."""
+        with self.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                f'select {CHOICE_COLUMNS} from choices where exchange_id = %s order by "index"'.encode(),
+                (exchange_id,),
+            )
+            return [choice_row(r) for r in cur.fetchall()]
 
     def capture_body(self, capture: dict[str, Any], which: str) -> bytes:
         """which: request | forwarded | response | client_response — exact bytes."""
