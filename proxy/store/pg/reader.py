@@ -104,7 +104,11 @@ class PostgresReader:
         self.close()
 
     def _rows(self, sql: str, args: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        return self.conn.execute(sql.encode(), args).fetchall()
+        """The rows; a database error as a one-line `StoreError` (the password masked)."""
+        try:
+            return self.conn.execute(sql.encode(), args).fetchall()
+        except psycopg.Error as e:
+            raise StoreError(f"{self.locator}: {self.locator.scrub(str(e).strip())}") from None
 
     def list_captures(
         self,
