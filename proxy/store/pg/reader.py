@@ -88,7 +88,7 @@ class PostgresReader:
                 connect_timeout=5,
             )
         except psycopg.Error as e:
-            raise StoreError(f"{self.locator}: can't connect ({self.locator.scrub(str(e).strip())})") from None
+            raise StoreError(f"{self.locator}: can't connect ({self._said(e)})") from None
         found = self.conn.execute("select to_regclass('tapfix_migrations') as t").fetchone()
         if found is None or found["t"] is None:
             self.conn.close()
@@ -108,7 +108,11 @@ class PostgresReader:
         try:
             return self.conn.execute(sql.encode(), args).fetchall()
         except psycopg.Error as e:
-            raise StoreError(f"{self.locator}: {self.locator.scrub(str(e).strip())}") from None
+            raise StoreError(f"{self.locator}: {self._said(e)}") from None
+
+    def _said(self, e: Exception) -> str:
+        """What the server or libpq said, on one line (libpq's hints come on lines of their own), masked."""
+        return self.locator.scrub(" ".join(str(e).split()))
 
     def list_captures(
         self,
