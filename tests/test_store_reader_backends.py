@@ -148,3 +148,32 @@ def test_export_gives_the_exact_bytes(reader: CaptureReader) -> None:
                     reader.capture_body(capture, kind)
             else:
                 assert reader.capture_body(capture, kind) == kinds[kind], (capture_id, kind)
+
+
+def _relations(plan: object) -> set[str]:
+    if isinstance(plan, dict):
+        found = {str(plan["Relation Name"])} if "Relation Name" in plan else set()
+        return found.union(*(_relations(v) for v in plan.values()))
+    if isinstance(plan, list):
+        return set().union(*(_relations(v) for v in plan))
+    return set()
+
+
+def test_a_capture_is_read_from_its_days_partitions_alone(reader: CaptureReader) -> None:
+    """Once an id is resolved, show and export read one day's partition of each table, not every day's."""
+    if reader.backend != "postgresql":
+        pytest.skip("partitions are PostgreSQL's")
+    from tapfix.proxy.store.pg import reader as pg
+
+    assert isinstance(reader, pg.PostgresReader)
+    capture = reader.load_capture(cases()[0].ids["forwarded"])
+    day = capture["started_at"][:10].replace("-", "")
+    started = reader._started[capture["id"]]
+    for sql, key, table in (
+        (pg.LOAD, started, "exchanges"),
+        (pg.CHANGES, None, "changes"),
+        (pg.CHOICES, None, "choices"),
+    ):
+        args = (capture["id"], key if key is not None else reader._day_of(capture["id"]))
+        plan = reader._rows("explain (format json) " + sql, args)[0]["QUERY PLAN"]
+        assert _relations(plan) == {f"{table}_{day}"}, plan

@@ -9,12 +9,14 @@ the row decoding (`decode_row`) and the listing's shape (attempts under their pa
 
 - Rows come back as SQLite's do: `started_at` as the writer's ISO text (UTC, milliseconds), the
   search columns (PostgreSQL only) left out, JSON columns parsed by `decode_row`.
-- Bodies are rebuilt inside the server by `tapfix_body_bytes` (store/pg/bodies.py), the one
-  decoder of PostgreSQL's raw deltas; it looks a base up in its own day partition only.
+- Bodies are rebuilt inside the server by `tapfix_body_rebuild(body_id, day)` (store/pg/bodies.py),
+  the one decoder of PostgreSQL's raw deltas, which reads the body's own day partition only.
+- Once an id is resolved, its row, changes, choices and bodies are read by the full key or the day
+  (`LOAD`, `CHANGES`, `CHOICES`, `BODY`), so PostgreSQL prunes to one day's partitions.
 - The connection is in autocommit mode: a reader never holds a transaction open (which would hold
   back VACUUM), and it never migrates: a database without tapfix's tables is refused, naming it.
-- Look-ups by id or prefix use the primary key `(id, started_at)` of each day partition (ids are
-  `collate "C"`, so the range `id >= p and id < p || U+FFFF` is an index range). They can't prune
+- Resolving an id or prefix uses the primary key `(id, started_at)` of each day partition (ids are
+  `collate "C"`, so the range `id >= p and id < p || U+FFFF` is an index range); it can't prune
   partitions: an id's leading milliseconds are its arrival, but nothing holds `started_at` to them.
 
 psycopg is imported here only: this module is loaded for a `postgresql://` store alone.
@@ -37,6 +39,13 @@ _LIST = f"{LIST_COLUMNS}, attempt_of, attempt, trace_id"
 _ORPHAN_OR_CLIENT = (
     "attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of)"
 )
+# By the full primary key or the day: PostgreSQL reads one partition of each table, not every day's.
+LOAD = "select * from exchanges where id = %s and started_at = %s"
+CHANGES = (
+    "select stage, kind, path, before, after, reason from changes where exchange_id = %s and day = %s order by seq"
+)
+CHOICES = f'select {CHOICE_COLUMNS} from choices where exchange_id = %s and day = %s order by "index"'
+BODY = "select tapfix_body_rebuild(%s, %s) as b"  # the one decoder of PostgreSQL's deltas (store/pg/bodies.py)
 _PG_ONLY = ("search_text", "search", "commit_xid", "commit_seq")  # columns SQLite's exchanges lack
 
 
@@ -79,6 +88,7 @@ class PostgresReader:
 
     def __init__(self, locator: PostgresLocator | str) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
+        self._started: dict[str, datetime.datetime] = {}  # resolved ids: where their rows are
         try:
             self.conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
                 self.locator.url,
@@ -160,18 +170,27 @@ class PostgresReader:
         if not prefix:
             raise CaptureNotFound("empty capture id")
         rows = self._rows(
-            "select id from exchanges where id >= %s and id < %s order by id limit 3", (prefix, prefix + "\uffff")
+            "select id, started_at from exchanges where id >= %s and id < %s order by id limit 3",
+            (prefix, prefix + "\uffff"),
         )
         if not rows:
             raise CaptureNotFound(f"no capture with id {prefix!r} (see `tapfix captures list`)")
         if len(rows) > 1 and rows[0]["id"] != prefix:
             ids = ", ".join(r["id"] for r in rows)
             raise CaptureNotFound(f"capture id {prefix!r} is ambiguous: {ids}, ...")
+        self._started[rows[0]["id"]] = rows[0]["started_at"]
         return str(rows[0]["id"])
+
+    def _day_of(self, capture_id: str) -> datetime.date:
+        """The UTC day of a capture's partitions, once its id is resolved (a look-up otherwise)."""
+        if capture_id not in self._started:
+            self.resolve_id(capture_id)
+        return self._started[capture_id].astimezone(datetime.UTC).date()
 
     def load_capture(self, capture_id: str) -> dict[str, Any]:
         capture_id = self.resolve_id(capture_id)
-        capture = decode(self._rows("select * from exchanges where id = %s", (capture_id,))[0])
+        started = self._started[capture_id]
+        capture = decode(self._rows(LOAD, (capture_id, started))[0])
         for key in ("chunk_timing",):
             if isinstance(capture.get(key), memoryview):
                 capture[key] = bytes(capture[key])
@@ -181,27 +200,23 @@ class PostgresReader:
                 "before": orjson.loads(c["before"]) if c["before"] else None,
                 "after": orjson.loads(c["after"]) if c["after"] else None,
             }
-            for c in self._rows(
-                "select stage, kind, path, before, after, reason from changes where exchange_id = %s order by seq",
-                (capture_id,),
-            )
+            for c in self._rows(CHANGES, (capture_id, self._day_of(capture_id)))
         ]
         return capture
 
     def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
         """Every choice of an `n > 1` answer, by index, as store/choices.py's `read_choices`."""
         with self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
-                f'select {CHOICE_COLUMNS} from choices where exchange_id = %s order by "index"'.encode(),
-                (exchange_id,),
-            )
+            cur.execute(CHOICES.encode(), (exchange_id, self._day_of(exchange_id)))
             return [choice_row(r) for r in cur.fetchall()]
 
     def capture_body(self, capture: dict[str, Any], which: str) -> bytes:
         """which: request | forwarded | response | client_response — exact bytes."""
-        if body_id_of(capture, which) is None:
+        body_id = body_id_of(capture, which)
+        if body_id is None:
             if capture.get("request_body_id") is None and capture.get("request_size"):
                 raise StoreError(f"capture {capture['id']} was stored without bodies (privacy mode)")
             return b""
-        row = self._rows("select tapfix_body_bytes(%s, %s) as b", (capture["id"], which))[0]
+        day = datetime.date.fromisoformat(str(capture["started_at"])[:10])  # UTC: the writer's ISO text
+        row = self._rows(BODY, (body_id, day))[0]
         return bytes(row["b"]) if row["b"] is not None else b""
