@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.export import curl_script, export_capture, python_script, write_bundle
-from tapfix.proxy.store.reader import load_capture
+from tapfix.proxy.store.reader import SqliteReader, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 
 from tests.support.ci import unavailable
@@ -177,7 +177,7 @@ def test_bundle_is_complete_and_secret_free(
     monkeypatch.setenv("MY_UPSTREAM_API_KEY", "local-key-value-123456")
     conn = open_for_reading(stored)
     capture = load_capture(conn, "01exportcapture0")
-    out = write_bundle(conn, capture, tmp_path / name)
+    out = write_bundle(SqliteReader(conn), capture, tmp_path / name)
     data = _all_bytes(out)
     assert SECRET.encode() not in data and b"local-key-value-123456" not in data
     if out.is_dir():
@@ -224,7 +224,7 @@ def test_bundle_refuses_to_overwrite(tmp_path: Path, stored: Path) -> None:
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
     with pytest.raises(StoreError, match="already exists"):
-        write_bundle(conn, capture, tmp_path / "taken")
+        write_bundle(SqliteReader(conn), capture, tmp_path / "taken")
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tapfix-bundle")]
 
@@ -232,7 +232,7 @@ def test_bundle_refuses_to_overwrite(tmp_path: Path, stored: Path) -> None:
 def test_curl_export_refuses_a_response_body(stored: Path) -> None:
     conn = open_for_reading(stored)
     with pytest.raises(StoreError, match="request body"):
-        export_capture(conn, load_capture(conn, "01exportcapture0"), "curl", None, "response")
+        export_capture(SqliteReader(conn), load_capture(conn, "01exportcapture0"), "curl", None, "response")
 
 
 @pytest.mark.e2e

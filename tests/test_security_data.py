@@ -117,6 +117,7 @@ def test_mitmproxy_ca_key_stays_private_under_the_config_dir(tmp_path):
 def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     from tapfix.proxy.replay.client import build_request
     from tapfix.proxy.replay.export import bundle_files, curl_script, python_script
+    from tapfix.proxy.store.reader import SqliteReader
 
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
@@ -142,7 +143,7 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     conn = open_for_reading(db)
     capture = load_capture(conn, ex.id)
     out = [curl_script(capture, b"{}"), python_script(capture, b"{}")]
-    out += [v.decode(errors="replace") for v in bundle_files(conn, capture).values()]
+    out += [v.decode(errors="replace") for v in bundle_files(SqliteReader(conn), capture).values()]
     for which in ("forwarded", "request"):
         request = build_request(conn, ex.id, which=which)
         out.append(repr(request.headers) + request.url)

@@ -26,8 +26,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 TABLES = ("exchanges", "changes", "bodies", "choices", "sessions")
 VIEWS = ("exchange_view", "exchange_bodies")
-# Columns only PostgreSQL has, and why (store/pg/schema.py): the day partition key, and search.
-PG_ONLY = {"exchanges": ["search_text", "search"], "bodies": ["day"], "changes": ["day"], "choices": ["day"]}
+# Columns only PostgreSQL has, and why (store/pg/schema.py): the day partition key, search, and the
+# commit order `captures tail` follows (SQLite's is its rowid).
+PG_ONLY = {
+    "exchanges": ["search_text", "search", "commit_xid", "commit_seq"],
+    "bodies": ["day"],
+    "changes": ["day"],
+    "choices": ["day"],
+}
 DAY = datetime.date(2026, 1, 15)  # every copied row's day: a delta never crosses one
 
 

@@ -102,13 +102,14 @@ def create_app(
         if not export_available():
             return error(404, "repro bundles need tapfix.proxy.replay.export, which this installation lacks")
         from tapfix.proxy.replay.export import export_capture
+        from tapfix.proxy.store.reader import SqliteReader
 
         conn = store.conn()
         try:
             capture = load_capture(conn, request.path_params["capture_id"])
             with tempfile.TemporaryDirectory(prefix="tapfix-browse-") as tmp:
                 out = Path(tmp) / f"tapfix-bundle-{capture['id']}.zip"
-                export_capture(conn, capture, "bundle", out, "forwarded")
+                export_capture(SqliteReader(conn), capture, "bundle", out, "forwarded")
                 data, name = _packed(out)
         except CaptureNotFound as e:
             return error(404, str(e))

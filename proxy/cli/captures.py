@@ -19,13 +19,14 @@ from tapfix.proxy.cli.purge import purge
 from tapfix.proxy.cli.tail import tail
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.reader import CaptureFilter
+from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
 from tapfix.proxy.store.writer import StoreError
 
 
-def _reader(db: StoreLocator) -> sqlite3.Connection:
+def _reader(db: StoreLocator) -> CaptureReader:
+    """The store's reader: list, show and export read through it, whichever backend it is."""
     with reported(StoreError):
-        return db.open_for_reading()
+        return db.open_reader()
 
 
 @click.group()
@@ -40,7 +41,7 @@ def captures() -> None:
 
 
 @captures.command("list")
-@db_option()
+@db_option(readers=True)
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
 @filter_options
@@ -55,12 +56,10 @@ def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureF
     Example:
       tapfix captures list --flag runaway_length --limit 0 --json
     """
-    from tapfix.proxy.store.reader import list_captures
-
-    conn = _reader(db)
+    reader = _reader(db)
     with reported(StoreError, sqlite3.Error):
-        rows = list_captures(
-            conn, limit=limit, flag=filters.flag, tag=filters.tag, session=filters.session, trace=filters.trace
+        rows = reader.list_captures(
+            limit=limit, flag=filters.flag, tag=filters.tag, session=filters.session, trace=filters.trace
         )
     if as_json:
         out = sys.stdout.buffer
@@ -70,26 +69,24 @@ def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureF
         return
     from tapfix.proxy.cli.render import captures_table
 
-    click.echo(captures_table([marked(row) for row in rows], _empty_list(conn, filters) if not rows else ""))
+    click.echo(captures_table([marked(row) for row in rows], _empty_list(reader, filters) if not rows else ""))
 
 
-def _empty_list(conn: sqlite3.Connection, filters: CaptureFilter) -> str:
+def _empty_list(reader: CaptureReader, filters: CaptureFilter) -> str:
     """What an empty list means: an empty store, or filters no capture matches (and what would)."""
-    from tapfix.proxy.store.reader import known_flags
-
-    if conn.execute("select 1 from exchanges limit 1").fetchone() is None:
+    if not reader.list_captures(limit=1):  # unfiltered, a store with any row lists one
         return "no captures yet"
     message = f"no capture matches {filters.asked()}"
     if filters.flag:
         with reported(sqlite3.Error):
-            flags = known_flags(conn)
+            flags = reader.known_flags()
         message += f"; flags in this store: {', '.join(flags)}" if flags else "; no capture in this store has a flag"
     return message
 
 
 @captures.command("show")
 @click.argument("capture_id")
-@db_option()
+@db_option(readers=True)
 @json_option("one JSON object: metadata, timings, flags, changes and bodies (schemas/capture.schema.json)")
 def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings.
@@ -100,21 +97,20 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
       tapfix captures show 01J9Z3 --json | jq '.bodies.forwarded.text | fromjson | .messages[-1]'
     """
     from tapfix.proxy.cli.show import capture_json, render_capture
-    from tapfix.proxy.store.reader import load_capture
 
-    conn = _reader(db)
+    reader = _reader(db)
     with reported(StoreError, sqlite3.Error):
-        capture = load_capture(conn, capture_id)
+        capture = reader.load_capture(capture_id)
         if as_json:
-            sys.stdout.buffer.write(orjson.dumps(capture_json(conn, capture), option=orjson.OPT_INDENT_2) + b"\n")
+            sys.stdout.buffer.write(orjson.dumps(capture_json(reader, capture), option=orjson.OPT_INDENT_2) + b"\n")
             sys.stdout.buffer.flush()
             return
-        click.echo(render_capture(conn, capture))
+        click.echo(render_capture(reader, capture))
 
 
 @captures.command("export")
 @click.argument("capture_id")
-@db_option()
+@db_option(readers=True)
 @click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")
@@ -131,18 +127,16 @@ def captures_export(capture_id: str, db: StoreLocator, which: str | None, as_for
       tapfix captures export 01J9Z3 --response -o response.sse
       tapfix captures export 01J9Z3 --as curl
     """
-    from tapfix.proxy.store.reader import capture_body, load_capture
-
-    conn = _reader(db)
+    reader = _reader(db)
     with reported(StoreError, OSError):
-        capture = load_capture(conn, capture_id)
+        capture = reader.load_capture(capture_id)
         if as_format != "raw":
             from tapfix.proxy.replay.export import export_capture
 
             # A repro resends what the server got unless --original asks for the client's bytes.
-            export_capture(conn, capture, as_format, output, which or "forwarded")
+            export_capture(reader, capture, as_format, output, which or "forwarded")
             return
-        data = capture_body(conn, capture, which or "request")
+        data = reader.capture_body(capture, which or "request")
         if output:
             _write_atomically(output, data)
             return

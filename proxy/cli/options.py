@@ -74,9 +74,16 @@ def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> St
     return StoreLocator.resolve(value)
 
 
-def db_option(help: str = DB_HELP) -> Callable[[F], F]:
-    """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default)."""
-    return click.option("--db", "db", metavar="PATH", default=None, callback=_locate, help=help)
+def _locate_readers(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
+    return StoreLocator.resolve(value, readers=True)
+
+
+def db_option(help: str = DB_HELP, *, readers: bool = False) -> Callable[[F], F]:
+    """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default);
+    `readers`: the command only reads, and takes a PostgreSQL URL too (store/locator.py)."""
+    return click.option(
+        "--db", "db", metavar="PATH", default=None, callback=_locate_readers if readers else _locate, help=help
+    )
 
 
 def listen_option(default: str, help: str | None = None, *names: str) -> Callable[[F], F]:

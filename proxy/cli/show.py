@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.store.choices import read_choices
-from tapfix.proxy.store.reader import body_id_of, capture_body
+from tapfix.proxy.store.reader import body_id_of
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.reader import CaptureReader
 
 
 def _pretty(body: bytes, limit: int = 4000) -> str:
@@ -27,7 +28,7 @@ def _value(value: Any) -> str:
     return orjson.dumps(value).decode() if not isinstance(value, str) else repr(value)
 
 
-def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
+def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
     c = capture
     lines = [
         f"capture {c['id']}  {c['started_at']}",
@@ -66,10 +67,10 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         )
     if not c["change_rows"]:
         lines.append("  none: the request and response passed unchanged")
-    request = capture_body(conn, c, "request")
+    request = reader.capture_body(c, "request")
     lines += ["", f"request as sent by the client ({len(request)} bytes):", _pretty(request)]
     if c.get("forwarded_body_id"):
-        forwarded = capture_body(conn, c, "forwarded")
+        forwarded = reader.capture_body(c, "forwarded")
         lines += ["", f"request as forwarded upstream ({len(forwarded)} bytes):", _pretty(forwarded)]
     lines += ["", "response assembled:"]
     if c.get("reasoning"):
@@ -79,7 +80,7 @@ def render_capture(conn: sqlite3.Connection, capture: dict[str, Any]) -> str:
         lines.append(f"  tool call {call.get('id') or '-'}: {call.get('name')}({call.get('arguments')})")
     if c.get("usage"):
         lines.append(f"  usage: {orjson.dumps(c['usage']).decode()}")
-    choices = read_choices(conn, c["id"])
+    choices = reader.read_choices(c["id"])
     if choices:
         lines += [
             "",
@@ -147,7 +148,7 @@ def body_json(data: bytes) -> dict[str, str]:
         return {"encoding": "base64", "data": base64.b64encode(data).decode("ascii")}
 
 
-def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str, Any]:
+def capture_json(reader: CaptureReader, capture: dict[str, Any]) -> dict[str, Any]:
     """What `render_capture` shows, as one object (schemas/capture.schema.json). Keys are only ever added.
 
     Bodies are the exact bytes `captures export` writes (forwarded is the request when tapfix
@@ -172,9 +173,9 @@ def capture_json(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
         },
         "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
         "upstream_error": upstream_error(c),
-        "choices": read_choices(conn, c["id"]),
+        "choices": reader.read_choices(c["id"]),
         "bodies": {
-            which: body_json(capture_body(conn, c, which)) if body_id_of(c, which) is not None else None
+            which: body_json(reader.capture_body(c, which)) if body_id_of(c, which) is not None else None
             for which in BODIES
         },
     }

@@ -13,7 +13,7 @@ import re
 import sqlite3
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 import click
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
@@ -28,7 +28,7 @@ _AGE = re.compile(r"^\d+(?:\.\d+)?[smhdw]$", re.I)  # an age has its unit; anyth
 
 
 @click.command("tail")
-@db_option()
+@db_option(readers=True)
 @click.option(
     "--since",
     metavar="AGE|ID",
@@ -60,6 +60,10 @@ def tail(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFil
 
 def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
+
+    if db.postgres is not None:
+        _follow_postgres(db, since, as_json, filters, out)
+        return
     from tapfix.proxy.store.tail import Tail
 
     conn, identity = _wait_for(db)
@@ -82,10 +86,38 @@ def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: Capture
             follow = Tail(conn, 0, filters)
 
 
-def _start(conn: sqlite3.Connection, since: str | None) -> int:
-    from tapfix.proxy.store import tail
+def _follow_postgres(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
+    """The same loop on a PostgreSQL store (store/pg/tail.py): a server has no file to wait for or
+    to see replaced, and its cursor is a transaction horizon, not a rowid."""
+    from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
+    from tapfix.proxy.store.pg import tail as pg_tail
+    from tapfix.proxy.store.pg.reader import PostgresReader
+
+    with reported(StoreError):
+        reader = db.open_reader()
+        assert isinstance(reader, PostgresReader)
+        follow = pg_tail.PostgresTail(reader, _start(reader, since, pg_tail), filters)
+    if not as_json:
+        _write(out, tail_line(HEADER) + "\n")
+    while True:
+        with reported(StoreError):
+            rows = follow.poll()
+        if rows:
+            lines = (
+                json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
+            )
+            _write(out, "".join(lines))
+        time.sleep(POLL_S)
+
+
+def _start(conn: Any, since: str | None, tail: Any = None) -> Any:
+    """The cursor `--since` names, through `tail` (store/tail.py, or store/pg/tail.py for its reader)."""
     from tapfix.proxy.store.retention import parse_duration
 
+    if tail is None:
+        from tapfix.proxy.store import tail as sqlite_tail
+
+        tail = sqlite_tail
     if since is None:
         return tail.latest(conn)
     if _AGE.match(since.strip()):

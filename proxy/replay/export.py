@@ -19,19 +19,20 @@ import re
 import secrets
 import shlex
 import shutil
-import sqlite3
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.http_headers import HOP_BY_HOP, head_bytes
 from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
-from tapfix.proxy.store.reader import capture_body
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 from tapfix.proxy.store.writer import StoreError, unpack_timing
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.reader import CaptureReader
 
 _SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)
@@ -42,7 +43,7 @@ REQUEST_BODIES = ("request", "forwarded")
 
 
 def export_capture(
-    conn: sqlite3.Connection,
+    reader: CaptureReader,
     capture: dict[str, Any],
     as_format: str,
     output: Path | None,
@@ -50,13 +51,13 @@ def export_capture(
 ) -> None:
     """Write the repro for `capture` (`as_format`: curl | python | bundle) to `output` or stdout."""
     if as_format == "bundle":
-        write_bundle(conn, capture, output or Path(f"tapfix-bundle-{capture['id']}"))
+        write_bundle(reader, capture, output or Path(f"tapfix-bundle-{capture['id']}"))
         return
     if as_format not in ("curl", "python"):
         raise StoreError(f"unknown export format {as_format!r}: curl, python or bundle")
     if which not in REQUEST_BODIES:
         raise StoreError(f"a {as_format} repro sends a request body: export it as forwarded (the default)")
-    body = capture_body(conn, capture, which)
+    body = reader.capture_body(capture, which)
     text = curl_script(capture, body, which) if as_format == "curl" else python_script(capture, body, which)
     data = text.encode()
     if output is None:
@@ -222,12 +223,12 @@ if __name__ == "__main__":
 # --- bundle -----------------------------------------------------------------------------------
 
 
-def bundle_files(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str, bytes]:
+def bundle_files(reader: CaptureReader, capture: dict[str, Any]) -> dict[str, bytes]:
     """name -> bytes of everything a bug report needs about one exchange."""
-    request = capture_body(conn, capture, "request")
-    forwarded = capture_body(conn, capture, "forwarded")
-    response = capture_body(conn, capture, "response")
-    client = capture_body(conn, capture, "client_response")
+    request = reader.capture_body(capture, "request")
+    forwarded = reader.capture_body(capture, "forwarded")
+    response = reader.capture_body(capture, "response")
+    client = reader.capture_body(capture, "client_response")
     sse = "event-stream" in _header(capture.get("response_headers"), "content-type")
     files: dict[str, bytes] = {"request.json": request}
     if forwarded != request:
@@ -270,9 +271,9 @@ def bundle_files(conn: sqlite3.Connection, capture: dict[str, Any]) -> dict[str,
     return files
 
 
-def write_bundle(conn: sqlite3.Connection, capture: dict[str, Any], output: Path) -> Path:
+def write_bundle(reader: CaptureReader, capture: dict[str, Any], output: Path) -> Path:
     """A directory, or a zip when `output` ends in .zip; written aside, then moved into place."""
-    files = bundle_files(conn, capture)
+    files = bundle_files(reader, capture)
     if output.exists() and (output.is_file() or any(output.iterdir())):
         raise StoreError(f"{output} already exists: choose another -o PATH")
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -53,20 +53,24 @@ def read_choices(conn: sqlite3.Connection, exchange_id: str) -> list[dict[str, A
     the table existed."""
     try:
         rows = conn.execute(
-            'select "index", content, reasoning, tool_calls, finish_reason, flags from choices'
-            ' where exchange_id = ? order by "index"',
+            f'select {CHOICE_COLUMNS} from choices where exchange_id = ? order by "index"',
             (exchange_id,),
         ).fetchall()
     except sqlite3.OperationalError:  # no such table: an older store, read as it is
         return []
-    return [
-        {
-            "index": r[0],
-            "content": r[1],
-            "reasoning": r[2],
-            "tool_calls": orjson.loads(r[3]) if r[3] else [],
-            "finish_reason": r[4],
-            "flags": orjson.loads(r[5]) if r[5] else [],
-        }
-        for r in rows
-    ]
+    return [choice_row(r) for r in rows]
+
+
+CHOICE_COLUMNS = '"index", content, reasoning, tool_calls, finish_reason, flags'
+
+
+def choice_row(r: Any) -> dict[str, Any]:
+    """A `choices` row (`CHOICE_COLUMNS`, by position) as `captures show` gives it, on either backend."""
+    return {
+        "index": r[0],
+        "content": r[1],
+        "reasoning": r[2],
+        "tool_calls": orjson.loads(r[3]) if r[3] else [],
+        "finish_reason": r[4],
+        "flags": orjson.loads(r[5]) if r[5] else [],
+    }

@@ -4,8 +4,9 @@ Commands receive a `StoreLocator`, never a bare path, and open the store through
 backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
 same `--db` value, and the commands stay as they are. A `postgresql://` or `postgres://` URL is a
 PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown); the
-PostgreSQL backend is not wired in yet, so `StoreLocator.resolve` refuses it in one place
-(`_postgres_store`), which is what the backend replaces.
+PostgreSQL backend is wired in for reading only (`captures list | show | export | tail`, which pass
+`readers=True`): every other command (`run`, `browse`, `replay`, `purge`, `mock --capture`, `probe`)
+is refused in one place (`_postgres_store`), naming what it lacks, until its side is built.
 
 Opening through the locator also turns what the operating system says about an unusable path (a
 read-only file system, a missing parent under /proc, a file where a folder should be) into a
@@ -22,9 +23,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tapfix.proxy.store.database import open_when_ready
 from tapfix.proxy.store.pg.locator import PostgresLocator, is_postgres_url
+from tapfix.proxy.store.reader import SqliteReader
 from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
 
 if TYPE_CHECKING:
+    from tapfix.proxy.store.reader import CaptureReader
     from tapfix.proxy.store.writer import CaptureWriter
 
 DEFAULT_DB = "captures/tapfix.db"
@@ -45,25 +48,40 @@ def _reason(path: Path, e: Exception) -> str:
 
 
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
-    """The one place that refuses a PostgreSQL store: the backend's session replaces it."""
-    raise StoreError(f"{locator}: PostgreSQL stores are not supported by this tapfix yet; pass --db with a SQLite file")
+    """The one place that refuses a PostgreSQL store where only reading is built."""
+    raise StoreError(
+        f"{locator}: this command can't use a PostgreSQL store yet (only `captures list | show | export | tail`"
+        " read one; writing, browse, replay and purge on PostgreSQL are not built); pass --db with a SQLite file"
+    )
 
 
 @dataclass(frozen=True)
 class StoreLocator:
     path: Path
+    postgres: PostgresLocator | None = None  # a PostgreSQL store (then `path` is unused)
 
     @classmethod
-    def resolve(cls, value: str | os.PathLike[str] | None = None) -> StoreLocator:
-        """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`; a PostgreSQL URL is refused until
-        that backend is wired in (`StoreError`, one line, the password masked)."""
+    def resolve(cls, value: str | os.PathLike[str] | None = None, *, readers: bool = False) -> StoreLocator:
+        """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`. A PostgreSQL URL is taken only by
+        the commands that just read (`readers`); others refuse it (`StoreError`, the password masked)."""
         text = os.fspath(value) if value else os.environ.get(ENV) or DEFAULT_DB
         if is_postgres_url(text):
-            _postgres_store(PostgresLocator.parse(text))
+            locator = PostgresLocator.parse(text)
+            if not readers:
+                _postgres_store(locator)
+            return cls(Path(), locator)
         return cls(Path(text))
 
     def __str__(self) -> str:
-        return str(self.path)
+        return str(self.postgres) if self.postgres is not None else str(self.path)
+
+    def open_reader(self) -> CaptureReader:
+        """The store's reader (list, show, export), on either backend; read-only, never migrates."""
+        if self.postgres is not None:
+            from tapfix.proxy.store.pg.reader import PostgresReader
+
+            return PostgresReader(self.postgres)
+        return SqliteReader(self.open_for_reading())
 
     def exists(self) -> bool:
         return self.path.exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from tapfix.proxy.store.bodies import FALLBACK_KIND, read_body
@@ -206,3 +206,67 @@ def capture_body(conn: sqlite3.Connection, capture: dict[str, Any], which: str) 
         return b""
     data = read_body(conn, body_id)
     return data or b""
+
+
+class CaptureReader(Protocol):
+    """What `captures list`, `show` and `export` read through, on either backend (`open_reader`):
+    `SqliteReader` here, `PostgresReader` in store/pg/reader.py. The same exchanges give the same
+    rows and bytes on both (tests/test_store_reader_backends.py)."""
+
+    backend: str
+
+    def list_captures(
+        self,
+        *,
+        limit: int = 20,
+        flag: str | None = None,
+        tag: str | None = None,
+        session: str | None = None,
+        trace: str | None = None,
+    ) -> list[dict[str, Any]]: ...
+    def known_flags(self) -> list[str]: ...
+    def resolve_id(self, prefix: str) -> str: ...
+    def load_capture(self, capture_id: str) -> dict[str, Any]: ...
+    def capture_body(self, capture: dict[str, Any], which: str) -> bytes: ...
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+
+
+class SqliteReader:
+    """The functions above on one read-only SQLite connection, as a `CaptureReader`."""
+
+    backend = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def list_captures(
+        self,
+        *,
+        limit: int = 20,
+        flag: str | None = None,
+        tag: str | None = None,
+        session: str | None = None,
+        trace: str | None = None,
+    ) -> list[dict[str, Any]]:
+        return list_captures(self.conn, limit=limit, flag=flag, tag=tag, session=session, trace=trace)
+
+    def known_flags(self) -> list[str]:
+        return known_flags(self.conn)
+
+    def resolve_id(self, prefix: str) -> str:
+        return resolve_id(self.conn, prefix)
+
+    def load_capture(self, capture_id: str) -> dict[str, Any]:
+        return load_capture(self.conn, capture_id)
+
+    def capture_body(self, capture: dict[str, Any], which: str) -> bytes:
+        return capture_body(self.conn, capture, which)
+
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
+        from tapfix.proxy.store.choices import read_choices
+
+        return read_choices(self.conn, exchange_id)
+
+    def close(self) -> None:
+        self.conn.close()

@@ -223,9 +223,22 @@ comment on function tapfix_add_day(date) is
     'Make the day partitions of exchanges, bodies, changes and choices for a UTC date (true: made now)';
 """
 
+# `captures tail` on PostgreSQL (store/pg/tail.py): the transaction that wrote a row, and its order in it.
+# Added without a default first, so the rows already there are not rewritten (they read as older than any
+# tail's start); then the defaults fill every new row at insert, with nothing for the writer to send.
+COMMIT_ORDER = """
+create sequence exchanges_commit_seq as bigint;
+alter table exchanges add column commit_xid xid8, add column commit_seq bigint;
+alter table exchanges alter column commit_xid set default pg_current_xact_id(),
+    alter column commit_seq set default nextval('exchanges_commit_seq');
+alter sequence exchanges_commit_seq owned by exchanges.commit_seq;
+create index exchanges_commit_order on exchanges (commit_xid, commit_seq);
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
     ("pg002_day_partitions", DAYS),
     ("pg003_body_functions", FUNCTIONS + EXCHANGE_BODIES),
+    ("pg004_commit_order", COMMIT_ORDER),
 )
