@@ -159,10 +159,9 @@ def _relations(plan: object) -> set[str]:
     return set()
 
 
+@pytest.mark.parametrize("reader", [BACKENDS[1]], indirect=True)  # partitions are PostgreSQL's alone
 def test_a_capture_is_read_from_its_days_partitions_alone(reader: CaptureReader) -> None:
     """Once an id is resolved, show and export read one day's partition of each table, not every day's."""
-    if reader.backend != "postgresql":
-        pytest.skip("partitions are PostgreSQL's")
     from tapfix.proxy.store.pg import reader as pg
 
     assert isinstance(reader, pg.PostgresReader)
