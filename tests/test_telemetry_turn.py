@@ -71,7 +71,8 @@ def test_a_streamed_chat_turn(store):
         parent_span_id="c" * 16,
     )
     ex.changes.append(Change("sampling", "inject", "$.temperature", None, 0.2, "model default"))
-    turn = _turn(store, ex, TurnContext(engine_of=ENGINES.get, capture_content=True))
+    written = store(ex)
+    turn = turn_from(written, TurnContext(engine_of=ENGINES.get, capture_content=True))
     assert (turn.outcome, turn.surface, turn.operation, turn.provider, turn.upstream) == (
         "stored",
         "chat",
@@ -101,6 +102,16 @@ def test_a_streamed_chat_turn(store):
     assert sent[0]["role"] == "user" and "SECRETSECRET" not in turn.content.input_messages  # redacted
     answer = json.loads(turn.content.output_messages)
     assert answer == [{"role": "assistant", "parts": [{"type": "text", "content": "hello"}], "finish_reason": "stop"}]
+    # With export off only the metrics read the Turn: the request body is not parsed, and nothing they read differs.
+    lean = turn_from(written, TurnContext(engine_of=ENGINES.get, request_body=False))
+    assert lean.request_params == {sc.GEN_AI_REQUEST_STREAM: True} and lean.content is None and lean.request_model == "org/served-7b"
+    metrics_fields = ("public_model", "provider", "upstream", "surface", "operation", "input_tokens", "output_tokens")
+    assert [getattr(lean, f) for f in metrics_fields] == [getattr(turn, f) for f in metrics_fields]
+    assert (lean.chunk_intervals_s, lean.time_to_first_chunk_s, lean.status_class) == (
+        turn.chunk_intervals_s,
+        turn.time_to_first_chunk_s,
+        turn.status_class,
+    )
 
 
 def test_a_responses_body_and_a_messages_stream(store):

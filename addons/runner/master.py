@@ -78,7 +78,11 @@ def install_telemetry(runtime: Runtime) -> None:
     if writer is None:
         return
     export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
-    context = TurnContext(engine_of=runtime.engine_of, capture_content=export is not None and export.captures_content)
+    context = TurnContext(
+        engine_of=runtime.engine_of,
+        capture_content=export is not None and export.captures_content,
+        request_body=export is not None,
+    )
     fanout = runtime.fanout = TurnFanout(context)
     fanout.add(aggregation)
     runtime.telemetry_health["fanout"] = fanout.health

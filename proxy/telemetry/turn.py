@@ -105,6 +105,10 @@ class TurnContext:
 
     engine_of: Callable[[str | None], str | None]
     capture_content: bool = False  # OTLP export asks for prompts and answers (content mode not NO_CONTENT)
+    # Parse the forwarded request for the span's request model and parameters. Only spans read them: with
+    # export off the metrics alone need a Turn, and parsing every body (up to MBs) on the writer thread
+    # would be work for nothing (`request_params` then holds only what the exchange knows, `request_model` is the routed id).
+    request_body: bool = True
 
 
 def turn_from(written: Written, context: TurnContext) -> Turn:
@@ -112,7 +116,11 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
     ex, row, assembled = written.exchange, written.row or {}, written.assembled
     surface = surface_for(ex.path) or "other"
     operation = _operation(surface, ex.path)
-    body = _json_object(ex.forwarded if ex.forwarded is not None else ex.readable_request())
+    body = (
+        _json_object(ex.forwarded if ex.forwarded is not None else ex.readable_request())
+        if context.request_body
+        else {}
+    )
     flags = frozenset(_row_flags(row) or ex.flags)
     identity = response_identity(ex) if ex.status is not None else (None, None)
     usage = usage_counts(assembled.usage if assembled is not None else None)
