@@ -104,7 +104,11 @@ def test_a_streamed_chat_turn(store):
     assert answer == [{"role": "assistant", "parts": [{"type": "text", "content": "hello"}], "finish_reason": "stop"}]
     # With export off only the metrics read the Turn: the request body is not parsed, and nothing they read differs.
     lean = turn_from(written, TurnContext(engine_of=ENGINES.get, request_body=False))
-    assert lean.request_params == {sc.GEN_AI_REQUEST_STREAM: True} and lean.content is None and lean.request_model == "org/served-7b"
+    assert (
+        lean.request_params == {sc.GEN_AI_REQUEST_STREAM: True}
+        and lean.content is None
+        and lean.request_model == "org/served-7b"
+    )
     metrics_fields = ("public_model", "provider", "upstream", "surface", "operation", "input_tokens", "output_tokens")
     assert [getattr(lean, f) for f in metrics_fields] == [getattr(turn, f) for f in metrics_fields]
     assert (lean.chunk_intervals_s, lean.time_to_first_chunk_s, lean.status_class) == (

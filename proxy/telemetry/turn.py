@@ -107,7 +107,8 @@ class TurnContext:
     capture_content: bool = False  # OTLP export asks for prompts and answers (content mode not NO_CONTENT)
     # Parse the forwarded request for the span's request model and parameters. Only spans read them: with
     # export off the metrics alone need a Turn, and parsing every body (up to MBs) on the writer thread
-    # would be work for nothing (`request_params` then holds only what the exchange knows, `request_model` is the routed id).
+    # would be work for nothing (`request_params` then holds only what the exchange knows, `request_model`
+    # is the routed id).
     request_body: bool = True
 
 
