@@ -41,7 +41,7 @@ def captures() -> None:
 
 
 @captures.command("list")
-@db_option(readers=True)
+@db_option(postgres=True)
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
 @filter_options
@@ -86,7 +86,7 @@ def _empty_list(reader: CaptureReader, filters: CaptureFilter) -> str:
 
 @captures.command("show")
 @click.argument("capture_id")
-@db_option(readers=True)
+@db_option(postgres=True)
 @json_option("one JSON object: metadata, timings, flags, changes and bodies (schemas/capture.schema.json)")
 def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings.
@@ -110,7 +110,7 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
 
 @captures.command("export")
 @click.argument("capture_id")
-@db_option(readers=True)
+@db_option(postgres=True)
 @click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")

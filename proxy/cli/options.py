@@ -74,15 +74,15 @@ def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> St
     return StoreLocator.resolve(value)
 
 
-def _locate_readers(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    return StoreLocator.resolve(value, readers=True)
+def _locate_postgres(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
+    return StoreLocator.resolve(value, postgres=True)
 
 
-def db_option(help: str = DB_HELP, *, readers: bool = False) -> Callable[[F], F]:
+def db_option(help: str = DB_HELP, *, postgres: bool = False) -> Callable[[F], F]:
     """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default);
-    `readers`: the command only reads, and takes a PostgreSQL URL too (store/locator.py)."""
+    `postgres`: the command's PostgreSQL side is built, so it takes a PostgreSQL URL too (store/locator.py)."""
     return click.option(
-        "--db", "db", metavar="PATH", default=None, callback=_locate_readers if readers else _locate, help=help
+        "--db", "db", metavar="PATH", default=None, callback=_locate_postgres if postgres else _locate, help=help
     )
 
 

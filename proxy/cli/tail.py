@@ -28,7 +28,7 @@ _AGE = re.compile(r"^\d+(?:\.\d+)?[smhdw]$", re.I)  # an age has its unit; anyth
 
 
 @click.command("tail")
-@db_option(readers=True)
+@db_option(postgres=True)
 @click.option(
     "--since",
     metavar="AGE|ID",

@@ -3,10 +3,9 @@
 Commands receive a `StoreLocator`, never a bare path, and open the store through it, so a second
 backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
 same `--db` value, and the commands stay as they are. A `postgresql://` or `postgres://` URL is a
-PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown); the
-PostgreSQL backend is wired in for reading only (`captures list | show | export | tail`, which pass
-`readers=True`): every other command (`run`, `browse`, `replay`, `purge`, `mock --capture`, `probe`)
-is refused in one place (`_postgres_store`), naming what it lacks, until its side is built.
+PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown). A
+command whose PostgreSQL side is built passes `postgres=True`; every other one is refused in one place
+(`_postgres_store`), naming what it lacks, until its side is built.
 
 Opening through the locator also turns what the operating system says about an unusable path (a
 read-only file system, a missing parent under /proc, a file where a folder should be) into a
@@ -61,13 +60,14 @@ class StoreLocator:
     postgres: PostgresLocator | None = None  # a PostgreSQL store (then `path` is unused)
 
     @classmethod
-    def resolve(cls, value: str | os.PathLike[str] | None = None, *, readers: bool = False) -> StoreLocator:
+    def resolve(cls, value: str | os.PathLike[str] | None = None, *, postgres: bool = False) -> StoreLocator:
         """`--db VALUE`, else `$TAPFIX_DB`, else `captures/tapfix.db`. A PostgreSQL URL is taken only by
-        the commands that just read (`readers`); others refuse it (`StoreError`, the password masked)."""
+        the commands whose PostgreSQL side is built (`postgres`); others refuse it (`StoreError`, the
+        password masked)."""
         text = os.fspath(value) if value else os.environ.get(ENV) or DEFAULT_DB
         if is_postgres_url(text):
             locator = PostgresLocator.parse(text)
-            if not readers:
+            if not postgres:
                 _postgres_store(locator)
             return cls(Path(), locator)
         return cls(Path(text))
