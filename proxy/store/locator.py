@@ -49,8 +49,8 @@ def _reason(path: Path, e: Exception) -> str:
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
     """The one place that refuses a PostgreSQL store where only reading is built."""
     raise StoreError(
-        f"{locator}: this command can't use a PostgreSQL store yet (only `captures list | show | export | tail`"
-        " read one; writing, browse, replay and purge on PostgreSQL are not built); pass --db with a SQLite file"
+        f"{locator}: this command can't use a PostgreSQL store yet (only `captures list | show | export | tail`,"
+        " `browse` and `replay` use one; the rest on PostgreSQL is not built); pass --db with a SQLite file"
     )
 
 
@@ -108,8 +108,13 @@ class StoreLocator:
             raise _unusable(self.path, e, "write to") from e
 
     def writer(self, **options: Any) -> CaptureWriter:
+        """The store's `CaptureWriter` (`options`: its own), on either backend."""
         from tapfix.proxy.store.writer import CaptureWriter
 
+        if self.postgres is not None:
+            from tapfix.proxy.store.pg.writer import postgres_writer
+
+            return postgres_writer(self.postgres, **options)
         try:
             return CaptureWriter(self.path, **options)
         except (OSError, sqlite3.Error) as e:
