@@ -113,8 +113,8 @@ class PostgresStore(CachedStore):
     def list_sessions(self, *, before: str = "", limit: int = PAGE) -> SessionPage:
         return list_sessions(self, before=before, limit=limit)
 
-    def load_session(self, session_id: str, *, after: str = "") -> SessionView | None:
-        return load_session(self, session_id, after=after)
+    def load_session(self, session_id: str, *, after: str = "", limit: int = PAGE) -> SessionView | None:
+        return load_session(self, session_id, after=after, limit=limit)
 
     def compute_stats(self, f: Filters) -> Stats:
         from tapfix.proxy.browse.pg_stats import compute_stats
@@ -380,7 +380,7 @@ def load_session(
             changes.setdefault(r.pop("exchange_id"), []).append(r)
     for row in rows:
         row["request"] = _body(store, row.pop("request_body_id"), row.pop("day"))
-        _decode(row)
+        row["started_at"] = iso(row["started_at"])  # flags and tool calls: session_view parses them
     first = 1 + int(earlier[0]["n"])
     return session_view(info, rows, changes, first_number=first, previous=previous, later=later, total=total)
 

@@ -183,10 +183,10 @@ class Store(CachedStore):
     def list_sessions(self, *, before: str = "", limit: int = PAGE) -> SessionPage:
         return list_sessions(self.conn(), before=before, limit=limit)
 
-    def load_session(self, session_id: str, *, after: str = "") -> SessionView | None:
+    def load_session(self, session_id: str, *, after: str = "", limit: int = PAGE) -> SessionView | None:
         from tapfix.proxy.browse.session_turns import load_session
 
-        return load_session(self.conn(), session_id, after=int(after) if after.isdigit() else 0)
+        return load_session(self.conn(), session_id, after=int(after) if after.isdigit() else 0, limit=limit)
 
     def compute_stats(self, f: Filters) -> Stats:
         from tapfix.proxy.browse.stats import compute_stats
