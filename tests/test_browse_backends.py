@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
-from tapfix.proxy.browse.queries import Filters
+from tapfix.proxy.browse.filters import Filters
 from tapfix.proxy.browse.source import BrowseStore
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
@@ -196,7 +196,8 @@ def test_postgresql_filters_are_served_by_indexes(site: Site) -> None:
     few rows, reading them all beats a bitmap)."""
     import psycopg
     from tapfix.proxy.browse.fts import search_terms
-    from tapfix.proxy.browse.pg_queries import LIST_COLUMNS, search_where, where
+    from tapfix.proxy.browse.pg_filters import where
+    from tapfix.proxy.browse.pg_queries import LIST_COLUMNS, search_where
 
     expected = {
         "model": (Filters(model="qwen3"), "exchanges_model"),

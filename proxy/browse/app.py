@@ -22,10 +22,10 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from tapfix.proxy.browse import static
 from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
+from tapfix.proxy.browse.filters import FilterError, Filters
 from tapfix.proxy.browse.fts import SearchIndex
-from tapfix.proxy.browse.queries import FilterError, Filters
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
-from tapfix.proxy.browse.source import Page, open_store
+from tapfix.proxy.browse.source import BrowseStore, Page
 from tapfix.proxy.browse.stats import Stats
 from tapfix.proxy.browse.svg import histogram_svg
 from tapfix.proxy.browse.views import render
@@ -50,7 +50,7 @@ def create_app(
     postgres = isinstance(db, StoreLocator) and db.postgres is not None
     db_path = Path() if postgres else db.path if isinstance(db, StoreLocator) else Path(db)
     index = SearchIndex(db_path, index_path) if search and not postgres else None
-    store = open_store(db, index)
+    store = open_store(db if isinstance(db, StoreLocator) else db_path, index)
     shown_db = str(db) if postgres else str(db_path)  # a PostgreSQL URL shows its password masked
     replay_db = shlex.quote(str(db) if postgres else str(db_path.resolve()))
 
@@ -210,6 +210,17 @@ def create_app(
     app.state.store = store
     app.state.index = index
     return app
+
+
+def open_store(db: StoreLocator | Path, index: SearchIndex | None = None) -> BrowseStore:
+    """The browser's store for a `--db` (a locator, or a SQLite path); `index`: SQLite's sidecar."""
+    if isinstance(db, StoreLocator) and db.postgres is not None:
+        from tapfix.proxy.browse.pg_queries import PostgresStore
+
+        return PostgresStore(db.postgres)
+    from tapfix.proxy.browse.queries import Store
+
+    return Store(db.path if isinstance(db, StoreLocator) else db, index)
 
 
 def _download(data: bytes, filename: str) -> Response:

@@ -33,8 +33,10 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
+from tapfix.proxy.browse.filters import Filters
 from tapfix.proxy.browse.fts import search_terms
-from tapfix.proxy.browse.queries import CHANGE_REASONS_LIMIT, FilterError, Filters, parse_time
+from tapfix.proxy.browse.pg_filters import DAY, ERRORS, where
+from tapfix.proxy.browse.queries import CHANGE_REASONS_LIMIT
 from tapfix.proxy.browse.session_turns import TURNS_PAGE, session_view
 from tapfix.proxy.browse.source import PAGE, CachedStore, Page, SessionPage, newest_first
 from tapfix.proxy.browse.turns import messages_of, parse_json
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
     from tapfix.proxy.store.reader import CaptureReader
 
 POOL_SIZE = 4  # a browser serves a handful of people: the pool stays small for the server
-DAY = "(e.started_at at time zone 'UTC')::date"  # the day partition of an exchange's changes and bodies
 LIST_COLUMNS = (
     "e.id, e.started_at, e.method, e.path, e.model, e.status, e.user_agent, e.stream,"
     " e.changes_count, e.flags, e.tags, e.first_token_ms, e.duration_ms, e.finish_reason, e.error,"
@@ -57,7 +58,6 @@ LIST_COLUMNS = (
     " substr(e.content, 1, 160) as content_start, e.attempt_of, e.attempt"
 )
 SNIPPET_BEFORE, SNIPPET_LENGTH = 60, 200  # characters of `search_text` shown around the first match
-_ERRORS = "(e.status is null or e.status >= 400 or e.error is not null)"  # the partial index exchanges_errors
 
 
 class PostgresStore(CachedStore):
@@ -123,49 +123,6 @@ class PostgresStore(CachedStore):
 
     def close(self) -> None:
         self.pool.close()
-
-
-def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
-    """`Filters.where` in PostgreSQL's SQL (%s parameters), each condition the shape an index serves."""
-    clauses: list[str] = []
-    args: list[Any] = []
-    for column, value in (("model", f.model), ("path", f.path), ("session_id", f.session)):
-        if value:
-            clauses.append(f"e.{column} = %s")
-            args.append(value)
-    if f.client:  # a prefix, bytewise: the index on (user_agent collate "C", id)
-        clauses.append('e.user_agent collate "C" >= %s and e.user_agent collate "C" < %s')
-        args += [f.client, f.client + "\U0010ffff"]
-    if f.status:
-        clauses.append(_status_sql(f, args))
-    for column, value in (("flags", f.flag), ("tags", f.tag)):
-        if value:  # the partial GIN index on (column::jsonb) where column <> '[]'
-            clauses.append(f"e.{column} <> '[]' and e.{column}::jsonb @> %s::jsonb")
-            args.append(orjson.dumps([value]).decode())
-    if f.changes or f.repairs:
-        clauses.append("e.changes_count > 0")
-    if f.repairs:
-        clauses.append(
-            f"exists (select 1 from changes c where c.exchange_id = e.id and c.day = {DAY} and c.stage = 'toolcalls')"
-        )
-    for value, op in ((f.since, ">="), (f.until, "<")):
-        if value:  # started_at, not ts: the partition key, so whole days are pruned
-            clauses.append(f"e.started_at {op} %s")
-            args.append(datetime.datetime.fromtimestamp(parse_time(value, now), datetime.UTC))
-    return clauses, args
-
-
-def _status_sql(f: Filters, args: list[Any]) -> str:
-    status = f.status.lower()
-    if status == "error":
-        return _ERRORS
-    if re.fullmatch(r"[1-5]xx", status):
-        args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
-        return "e.status >= %s and e.status < %s"
-    if status.isdigit():
-        args.append(int(status))
-        return "e.status = %s"
-    raise FilterError(f"status {f.status!r}: use a code (200), a class (4xx) or 'error'")
 
 
 def _like(text: str) -> str:
@@ -333,7 +290,7 @@ def list_sessions(store: PostgresStore, *, before: str = "", limit: int = PAGE) 
                 "select session_id, count(*) as turns, sum(changes_count) as changes,"
                 " count(*) filter (where flags <> '[]') as flagged, sum(prompt_tokens) as prompt_tokens,"
                 " sum(completion_tokens) as completion_tokens, sum(duration_ms) as duration_ms,"
-                f" count(*) filter (where {_ERRORS}) as errors"
+                f" count(*) filter (where {ERRORS}) as errors"
                 " from exchanges e where session_id = any(%s) group by session_id",
                 (ids,),
             )

@@ -1,4 +1,4 @@
-"""The stats page on PostgreSQL: stats.py's numbers in PostgreSQL's SQL (`where` from pg_queries.py).
+"""The stats page on PostgreSQL: stats.py's numbers in PostgreSQL's SQL (`where` from pg_filters.py).
 
 One number SQLite's page has and this one lacks: "lacked sampling parameters, derived from the
 request bodies" comes from SQLite's search sidecar, which PostgreSQL has no need of; the count from
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tapfix.proxy.browse.pg_queries import DAY, where
+from tapfix.proxy.browse.pg_filters import DAY, Rows, where
 from tapfix.proxy.browse.stats import Stats
 from tapfix.proxy.store.pg.reader import iso
 
 if TYPE_CHECKING:
-    from tapfix.proxy.browse.pg_queries import PostgresStore
-    from tapfix.proxy.browse.queries import Filters
+    from tapfix.proxy.browse.filters import Filters
 
 
-def compute_stats(store: PostgresStore, f: Filters) -> Stats:
+def compute_stats(store: Rows, f: Filters) -> Stats:
     clauses, args = where(f)
     clauses = [*clauses, "e.attempt_of is null"]  # every number is about client requests
     cond = " where " + " and ".join(clauses)

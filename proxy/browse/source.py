@@ -1,4 +1,4 @@
-"""What the browser reads a capture store through, on either backend, and which one a `--db` gives.
+"""What the browser reads a capture store through, on either backend (app.py `open_store` picks one).
 
 The pages (app.py, detail.py) ask a `BrowseStore` for rows; each backend answers with its own SQL:
 SQLite's in queries.py (with session_turns.py and stats.py), over thread-local read-only connections
@@ -22,15 +22,13 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from tapfix.proxy.browse.filters import Filters
     from tapfix.proxy.browse.fts import SearchIndex
-    from tapfix.proxy.browse.queries import Filters
     from tapfix.proxy.browse.session_turns import SessionView
     from tapfix.proxy.browse.stats import Stats
-    from tapfix.proxy.store.locator import StoreLocator
     from tapfix.proxy.store.reader import CaptureReader
 
 T = TypeVar("T")
@@ -71,6 +69,7 @@ class BrowseStore(Protocol):
     def load_session(self, session_id: str, *, after: str = "", limit: int = PAGE) -> SessionView | None:
         """One agent run, `limit` turns from the cursor `after` (the page before's `later`; '' first)."""
         ...
+
     def compute_stats(self, f: Filters) -> Stats: ...
     def cached(self, key: str, ttl: float, compute: Callable[[], T]) -> T: ...
     def in_thread(self, compute: Callable[[], Any]) -> None: ...
@@ -119,19 +118,6 @@ class CachedStore:
 
     def thread_done(self) -> None:
         """A thread of `_refresh` ends: release what it holds."""
-
-
-def open_store(db: StoreLocator | Path | str, index: SearchIndex | None = None) -> BrowseStore:
-    """The browser's store for a `--db` (a locator, or a SQLite path); `index`: SQLite's sidecar."""
-    from tapfix.proxy.store.locator import StoreLocator
-
-    if isinstance(db, StoreLocator) and db.postgres is not None:
-        from tapfix.proxy.browse.pg_queries import PostgresStore
-
-        return PostgresStore(db.postgres)
-    from tapfix.proxy.browse.queries import Store
-
-    return Store(db.path if isinstance(db, StoreLocator) else Path(db), index)
 
 
 def newest_first(rows: list[dict[str, Any]], limit: int, *, before: str, after: str) -> Page:
