@@ -4,6 +4,12 @@ transactions, the day partitions made ahead, search columns, and what PostgreSQL
 - Transactions: the connection is in autocommit mode and the writer's `begin`/`commit` are sent as
   statements, so a migration or `tapfix_add_day` (their own `conn.transaction()`) never nests in a
   batch. Read committed: a batch sees other instances' committed rows (sessions join across them).
+- Batches of all instances take one advisory lock (`WRITE_LOCK`) for their transaction: two
+  instances writing a turn and its continuation at the same moment would each miss the other's
+  uncommitted row (neither the continuation's look-up nor the parent's adoption of a waiting session
+  sees it), and the agent run would stay split in two sessions. Serialized, the second sees the
+  first. The price: the fleet's writes are one transaction at a time (one batch of up to 256), which
+  a fleet's rate stays far below; locks per conversation hash would lift it.
 - A row replaces an earlier one of its id with a delete then an insert: the primary key is
   `(id, started_at)` (a partitioned table's key must hold its partition key), so `on conflict (id)`
   can't say it.
@@ -74,6 +80,7 @@ _LOCKED = ("40001", "40P01", "55P03")  # serialization failure, deadlock, lock n
 # password or database): no outage, waiting won't fix it. Anything else (refused, timed out, starting
 # up, shutting down) is.
 _REFUSED = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied", "no password supplied")
+WRITE_LOCK = 0x7461706669780001  # beside migrate.MIGRATE_LOCK
 _OUTAGE_STATES = ("08", "57P01", "57P02", "57P03")  # connection exceptions; admin/crash shutdown; can't connect now
 _CAUSES = (
     ("disk_full", ("53100",)),
@@ -113,7 +120,7 @@ class PostgresBackend:
         try:
             self._open()
         except psycopg.Error as e:
-            said = self.locator.scrub(str(e).strip())
+            said = self.locator.scrub(" ".join(str(e).split()))  # libpq's hint comes on a line of its own
             if not (wait and self.outage(e)):
                 raise StoreError(f"{self.locator}: can't connect ({said})") from None
             self.unreachable = said
@@ -159,6 +166,7 @@ class PostgresBackend:
             self._open()
         self._add_days()
         self.conn.execute("begin")
+        self.conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
 
     def commit(self) -> None:
         self.conn.execute("commit")
