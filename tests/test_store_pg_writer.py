@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import sqlite3
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -291,3 +292,33 @@ def test_sessions_join_across_instances_whichever_writes_first(pg_url: str, pg: 
     assert [(c[0], c[3]) for c in counts] == [(3, None), (2, None)]
     assert abs(counts[0][1].timestamp() - first.started_at) < 0.001  # timestamptz, to the millisecond
     assert abs(counts[0][2].timestamp() - third.started_at) < 0.001
+
+
+class _SlowCommit(PostgresBackend):
+    """Holds its transaction open until told to commit: another instance writes in the meantime."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def commit(self) -> None:
+        self.entered.set()
+        self.go.wait(10)
+        super().commit()
+
+
+def test_a_turn_and_its_continuation_written_at_once_by_two_instances_are_one_session(pg_url: str, pg: PGConn) -> None:
+    """Without the fleet's write lock each transaction misses the other's uncommitted row: two sessions."""
+    first, second = _turns("race", 2, time.time() - 5, header=False)
+    slow = _SlowCommit(pg_url)
+    a, b = CaptureWriter(slow), postgres_writer(pg_url)
+    a.submit(first)
+    assert slow.entered.wait(10)  # the parent's transaction is open, not committed
+    b.submit(second)
+    time.sleep(0.3)  # the continuation's transaction runs now (or waits for the parent's)
+    slow.go.set()
+    a.close()
+    b.close()
+    sessions = dict(pg.execute("select id, session_id from exchanges").fetchall())
+    assert sessions[first.id] == sessions[second.id] is not None
+    assert [r[0] for r in pg.execute("select exchanges from sessions").fetchall()] == [2]
