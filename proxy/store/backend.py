@@ -77,7 +77,7 @@ class SqliteBackend:
 
     name = "sqlite"
     session_sql = SQLITE_SESSION_SQL
-    unreachable = None
+    unreachable: str | None = None
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)

@@ -76,7 +76,7 @@ class Held:
             size = exchange_bytes(ex)
             self._items.append((ex, size))
             self.bytes += size
-        dropped = []
+        dropped: list[Exchange] = []
         while len(self._items) > self.max_exchanges or (self.bytes > self.max_bytes and len(self._items) > 1):
             ex, size = self._items.popleft()
             self.bytes -= size
@@ -85,7 +85,7 @@ class Held:
 
     def take(self, n: int) -> list[Exchange]:
         """The oldest `n` (or fewer), out of the hold: written now, or `put_back` if that fails."""
-        taken = []
+        taken: list[Exchange] = []
         while self._items and len(taken) < n:
             ex, size = self._items.popleft()
             self.bytes -= size

@@ -12,8 +12,6 @@ submitted after it, retried with a backoff, and written in order when the databa
 
 from __future__ import annotations
 
-import array
-import datetime
 import logging
 import queue
 import threading
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.backend import SqliteBackend, WriteBackend
@@ -32,9 +30,9 @@ from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
+from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row, unpack_timing
 from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
-from tapfix.proxy.store.kept import as_text, kept_row, trace_columns
-from tapfix.proxy.store.redact import redact_headers, redact_url
+from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.store.write_errors import describe
@@ -43,10 +41,6 @@ from tapfix.proxy.surfaces import is_inference
 log = logging.getLogger("tapfix.store")
 BATCH_WINDOW_S = 0.05  # well inside the 1 s durability window
 LOCK_RETRIES = 3  # a locked database (another process in a long write) is retried before counting a failure
-
-
-def _iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
 
 
 def _json(value: Any) -> str:
@@ -378,14 +372,14 @@ class CaptureWriter:
         client = ex.client_response_body(upstream)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
         row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {describe(error)}")
-        row |= _attempt_columns(ex)
+        row |= attempt_columns(ex)
         self.backend.put_exchange(row, ex)
         self._pending.append(Written(ex, row, None, "kept"))
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
-        assembled = _assemble(ex, client)
+        assembled = assemble_answer(ex, client)
         upstream_answer = upstream_view(ex, assembled, client, upstream)  # one assembly for timing and error
         first_token_ms = None
         if ex.response is None and ex.chunk_times and upstream_answer is not None:
@@ -405,55 +399,9 @@ class CaptureWriter:
         if error is not None:
             flags.add("upstream_error")
         bodies = self._put_bodies(ex, upstream, client, session_id)
-        usage = assembled.usage if isinstance(assembled.usage, dict) else {}
-        row = {
-            "id": ex.id,
-            "ts": ex.started_at,
-            "started_at": _iso(ex.started_at),
-            "upstream_first_byte_ms": _ms(ex.response_started_at, ex.mark),
-            "first_token_ms": first_token_ms,
-            "duration_ms": _ms(ex.ended_at, ex.mark),
-            "client_addr": ex.client_addr,
-            "user_agent": ex.user_agent,
-            "method": ex.method,
-            "path": redact_url(ex.path),
-            "url": redact_url(ex.url),
-            "upstream_url": redact_url(ex.upstream_url),
-            "model": ex.model,
-            "served_model": ex.served_model,
-            "stream": int(ex.stream),
-            "status": ex.status,
-            "error": error or ex.error,
-            "session_id": session_id,
-            "chain_hash": link.chain_hash,
-            "response_id": link.response_id,
-            "source_id": ex.source_id,
-            **_attempt_columns(ex),
-            **trace_columns(ex),
-            "tags": _json(sorted(ex.tags)),
-            "flags": _json(sorted(flags)),
-            "changes_count": len(ex.changes),
-            "request_body_id": bodies["req"],
-            "forwarded_body_id": bodies["fwd"],
-            "response_body_id": bodies["resp"],
-            "client_response_body_id": bodies["client"],
-            "request_size": len(ex.request),
-            "response_size": len(upstream),
-            "request_headers": _json(redact_headers(ex.request_headers)),
-            "forwarded_headers": _json(redact_headers(ex.forwarded_headers))
-            if ex.forwarded_headers is not None
-            else None,
-            "response_headers": _json(redact_headers(ex.response_headers)),
-            "content": assembled.content if ex.store_bodies else None,
-            "reasoning": assembled.reasoning if ex.store_bodies else None,
-            "tool_calls": _json(assembled.tool_calls) if ex.store_bodies else None,
-            "finish_reason": assembled.finish_reason,
-            "usage": _json(assembled.usage) if assembled.usage is not None else None,
-            "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
-            "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
-            "chunk_count": len(ex.chunk_times),
-            "chunk_timing": _pack_timing(ex.chunk_times, ex.response_chunks),
-        }
+        row = exchange_row(
+            ex, assembled, link, bodies, upstream=upstream, flags=flags, error=error, first_token_ms=first_token_ms
+        )
         self.backend.put_exchange(row, ex)
         day = self.backend.day_columns(ex)  # {} on SQLite; the partition's day on PostgreSQL
         columns = "exchange_id, seq, stage, kind, path, before, after, reason" + "".join(f", {k}" for k in day)
@@ -467,43 +415,6 @@ class CaptureWriter:
         write_choices(self.backend, ex.id, assembled, ex.store_bodies, day)
         self.sessions.record(self.backend, link, ex)  # no session, nothing recorded
         self._pending.append(Written(ex, row, assembled, "stored"))
-
-
-def _attempt_columns(ex: Exchange) -> dict[str, Any]:
-    """Which attempt the exchange is: the client-facing one (1, no parent), or a regeneration 2...N+1."""
-    return {"attempt_of": ex.attempt_of, "attempt": ex.attempt if ex.attempt_of is not None else 1}
-
-
-def _assemble(ex: Exchange, body: bytes) -> Assembled:
-    path = ex.path.split("?", 1)[0]
-    streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
-    if ex.client_response_chunks is None and streamed:
-        return assemble_sse(ex.readable_chunks(), path)  # decoded when it came compressed
-    return assemble(ex.readable(body), ex.content_type, path)
-
-
-def _ms(when: float | None, mark: float) -> float | None:
-    return None if when is None else round((when - mark) * 1000, 3)
-
-
-def _pack_timing(times: list[float], chunks: list[bytes]) -> bytes | None:
-    if not times:
-        return None
-    offsets = array.array("f", (t * 1000 for t in times))
-    sizes = array.array("I", (len(c) for c in chunks[: len(times)]))
-    return offsets.tobytes() + sizes.tobytes()
-
-
-def unpack_timing(blob: bytes | None) -> list[tuple[float, int]]:
-    """[(ms offset, size), ...] from an exchange's chunk_timing column."""
-    if not blob:
-        return []
-    n = len(blob) // 8
-    offsets = array.array("f")
-    offsets.frombytes(blob[: 4 * n])
-    sizes = array.array("I")
-    sizes.frombytes(blob[4 * n :])
-    return list(zip(offsets, sizes, strict=False))
 
 
 __all__ = [
