@@ -284,3 +284,21 @@ def test_a_restart_of_postgresql_mid_load_loses_nothing_and_a_down_start_waits(
     assert all(h["failures"] == 0 and h["store"]["retries"] == 0 for h in healths), healths
     print(f"\nPostgreSQL away {away:.2f} s; {len(done) - before} exchanges during and after; peak held {peak['held']}")
     assert peak["held"] > 0  # the outage was real: exchanges waited in memory
+
+
+def test_probe_captures_and_mock_replays_a_capture_on_postgresql(fleet: Fleet, mock: Proc) -> None:
+    from click.testing import CliRunner
+    from tapfix.proxy.cli.main import main
+    from tapfix.proxy.replay.server import recorded_response
+    from tapfix.proxy.store.pg.reader import PostgresReader
+
+    url = fleet.server.create_database("probed")
+    probed = CliRunner().invoke(main, ["probe", "--upstream", mock.url, "--only", "models,streaming", "--db", url])
+    assert probed.exit_code == 0, probed.output
+    with psycopg.connect(url, autocommit=True) as conn:
+        tags = [r[0] for r in conn.execute("select tags from exchanges")]
+    assert len(tags) >= 2 and all("probe" in json.loads(t) for t in tags)
+    turn = fleet.agents["agent1"][0]
+    with PostgresReader(fleet.url) as reader:
+        recorded = recorded_response(reader, turn.capture_id)  # what `tapfix mock --capture ID --db URL` serves
+    assert recorded.status == 200 and b"".join(c for _, c in recorded.chunks) == turn.received
