@@ -244,13 +244,15 @@ def test_a_restart_of_postgresql_mid_load_loses_nothing_and_a_down_start_waits(
     try:
         strict = [*TAPFIX, "run", "--strict", "--upstream", mock.url, "--listen", f"127.0.0.1:{free_port()}"]
         refusing = subprocess.Popen([*strict, "--db", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        proxies = _proxies(tmp_path, mock.url, url, 1)  # without --strict: serves, holds, migrates later
+        # Without --strict: serves, holds, migrates later.
+        proxies = _proxies(tmp_path, mock.url, url, 1, "--store-queue", "500", "--store-queue-bytes", "64M")
         _, said = refusing.communicate(timeout=30)
         message = said.decode()
         assert refusing.returncode != 0 and "--strict" in message and "can't connect" in message, message
         assert server.password not in message and ":***@" in message and "Traceback" not in message
         assert len(message.strip().splitlines()) == 1, message
-        assert _health(proxies[0])["store"]["state"] == "starting"
+        store = _health(proxies[0])["store"]
+        assert (store["state"], store["max_held"], store["max_held_bytes"]) == ("starting", 500, 64 << 20)
     finally:
         server.up()
     done: list[Turn] = []

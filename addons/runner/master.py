@@ -238,6 +238,8 @@ def open_writer(settings: Settings, retention: Any) -> CaptureWriter:
     options: dict[str, Any] = {"retention": retention}
     if settings.store_queue is not None:
         options["max_held"] = settings.store_queue
+    if settings.store_queue_bytes is not None:
+        options["max_held_bytes"] = settings.store_queue_bytes
     try:
         return settings.db.writer(wait=not settings.strict, **options)
     except StoreError as e:

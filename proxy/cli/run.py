@@ -158,8 +158,15 @@ def _setup_logging(verbose: bool) -> None:
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="while the capture database is out of reach, hold up to N exchanges in memory (and 256 MiB), then "
-    "count the oldest as lost (default 10000)",
+    help="while the capture database is out of reach, hold up to N exchanges in memory, then count the oldest "
+    "as lost (default 10000)",
+)
+@click.option(
+    "--store-queue-bytes",
+    type=Size(),
+    default=None,
+    metavar="SIZE",
+    help="...and up to SIZE of their bodies (default 256M)",
 )
 @click.option(
     "--strict",
@@ -302,6 +309,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         max_age_s=kw.get("max_age"),
         max_db_bytes=kw.get("max_size"),
         store_queue=kw.get("store_queue"),
+        store_queue_bytes=kw.get("store_queue_bytes"),
         shutdown_grace=kw.get("shutdown_grace", 5.0),
         regenerate=kw.get("regenerate", 1),
         regenerate_budget=kw.get("regenerate_budget", 60.0),

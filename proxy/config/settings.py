@@ -47,6 +47,7 @@ class Settings:
     max_db_bytes: int | None = None
     # The capture writer's hold while the database is out of reach (proxy/store/held.py); None: its default.
     store_queue: int | None = None
+    store_queue_bytes: int | None = None
     # Issue 19: extra upstream attempts for a tool call that can't be saved (0: off) and their time
     # budget; proxy/regenerate/eligibility.py.
     regenerate: int = 1

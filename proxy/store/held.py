@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from tapfix.proxy.exchange import Exchange
 
 # 10,000 exchanges: at 50 exchanges/s (a busy team's fleet instance) 200 s of traffic, more than a
-# restart or failover takes. 256 MiB: agents' requests average tens of KiB (they resend the
-# conversation), so the count binds first; a run of megabyte bodies binds by bytes instead.
+# restart or failover takes (a PostgreSQL restart: 1.5-2.5 s measured). 256 MiB: a process's memory
+# a host can spare without notice. Which binds first depends on the bodies: at the average of 26 KiB
+# an exchange they meet; agents deep in a session resend 100 KiB and more each turn, and then the
+# bytes bind (2,600 exchanges, 52 s at 50/s): raise them with `--store-queue-bytes` on such a fleet.
 MAX_HELD = 10_000
 MAX_HELD_BYTES = 256 * 1024 * 1024
 FIRST_RETRY_S = 0.2
