@@ -1,6 +1,7 @@
 """A fleet end to end: three real `tapfix run` processes on three ports, in front of one `tapfix mock`,
-writing one PostgreSQL database (a server of this module's own, so restarting it disturbs no other test)
-under concurrent streamed agent sessions whose turns a load balancer spreads over the instances. Then
+writing one PostgreSQL database (on the suite's second server, `postgres_to_restart`: restarting it
+disturbs no other test) under concurrent streamed agent sessions whose turns a load balancer spreads
+over the instances. Then
 `captures list` and `captures export` see every exchange byte-exact, each agent run is one session;
 a `kill -9` of one instance loses nothing it finished more than a second before; a PostgreSQL restart
 in the middle of the load (and a start while it is down) loses nothing either, the outage held in memory.
@@ -25,14 +26,13 @@ import orjson
 import psycopg
 import pytest
 
-from tests.support.ci import unavailable
-from tests.support.postgres import PostgresServer, missing_reason, start_postgres
+from tests.support.postgres import PostgresServer
 from tests.support.procs import TAPFIX, Proc, cli, free_port, start_mock, wait_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 INSTANCES = 3
 AGENTS = 6  # concurrent agent runs, each turn to the next instance (round robin, as a balancer would)
-TURNS = 4
+TURNS = 3
 
 
 @dataclass
@@ -53,13 +53,8 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    reason = missing_reason()
-    if reason:
-        unavailable(f"{reason}; .ci/run installs it")
-    own = start_postgres()
-    yield own
-    own.stop()
+def server(postgres_to_restart: PostgresServer) -> PostgresServer:
+    return postgres_to_restart  # stopped and started here: not the session's `postgres`
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The writer across a PostgreSQL outage, on a server of this module's own (stopped and started here, so
-the session's server is never disturbed): exchanges held in memory while it is down and written in order
+"""The writer across a PostgreSQL outage, on the suite's second server (`postgres_to_restart`, stopped
+and started here, so the session's server is never disturbed): exchanges held in memory while it is down and written in order
 once it is back, none twice; beyond the hold's bound the oldest counted lost (`queue_full`); a start with
 the server down, migrated when it comes up; a commit whose answer was lost not written twice; and
 `tapfix check --db` on both backends (reachable or not, schema up to date, behind or ahead)."""
@@ -19,21 +19,15 @@ from tapfix.proxy.cli.main import main
 from tapfix.proxy.store.pg.writer import PostgresBackend, postgres_writer
 from tapfix.proxy.store.writer import CaptureWriter
 
-from tests.support.ci import unavailable
-from tests.support.postgres import PostgresServer, missing_reason, start_postgres
+from tests.support.postgres import PostgresServer
 from tests.test_store_pg_writer import _turns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
-    reason = missing_reason()
-    if reason:
-        unavailable(f"{reason}; .ci/run installs it")  # skips locally, fails under CI=true
-    own = start_postgres()
-    yield own
-    own.stop()
+def server(postgres_to_restart: PostgresServer) -> PostgresServer:
+    return postgres_to_restart  # stopped and started here: not the session's `postgres`
 
 
 @pytest.fixture
@@ -102,6 +96,20 @@ def test_beyond_the_bound_the_oldest_held_are_lost_as_queue_full(server: Postgre
     writer.close()
     assert told == [(ex.id, "lost") for ex in turns[:3]] + [(ex.id, "stored") for ex in turns[3:]]
     assert sorted(r[0] for r in _rows(url, "select id from exchanges")) == sorted(ex.id for ex in turns[3:])
+
+
+def test_a_close_while_the_server_is_down_counts_what_is_held_as_lost(server: PostgresServer, url: str) -> None:
+    writer = postgres_writer(url)
+    told = _watched(writer)
+    server.down()
+    turns = _turns("closing", 2, time.time())
+    for ex in turns:
+        writer.submit(ex)
+    began = time.monotonic()
+    writer.close(timeout=2.5)  # half a second of retries, then given up
+    assert time.monotonic() - began < 2.5
+    assert writer.health()["failures_by_cause"] == {"unavailable": 2}
+    assert told == [(ex.id, "lost") for ex in turns]
 
 
 def test_a_start_with_the_server_down_serves_then_migrates_when_it_is_up(server: PostgresServer, url: str) -> None:

@@ -186,9 +186,13 @@ class CaptureWriter:
         """One attempt at the oldest held batch, after the backoff's wait (spent moving the submit queue
         into the hold, so its bound applies to everything unwritten). True: stop the thread."""
         wait_until = min(time.monotonic() + self.held.delay, self._give_up_at)
-        while not self._stopping:
+        while True:
+            left = wait_until - time.monotonic()
+            if self._stopping:  # nothing more comes: only the wait
+                time.sleep(max(0.0, left))
+                break
             try:
-                item = self._queue.get(timeout=max(0.0, wait_until - time.monotonic()))
+                item = self._queue.get(timeout=max(0.0, left))
             except queue.Empty:
                 break
             if item is None:
