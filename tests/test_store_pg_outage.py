@@ -1,8 +1,9 @@
 """The writer across a PostgreSQL outage, on the suite's second server (`postgres_to_restart`, stopped
-and started here, so the session's server is never disturbed): exchanges held in memory while it is down and written in order
-once it is back, none twice; beyond the hold's bound the oldest counted lost (`queue_full`); a start with
-the server down, migrated when it comes up; a commit whose answer was lost not written twice; and
-`tapfix check --db` on both backends (reachable or not, schema up to date, behind or ahead)."""
+and started here, so the session's server is never disturbed): exchanges held in memory while it is
+down and written in order once it is back, none twice; beyond the hold's bound the oldest counted lost
+(`queue_full`); a close while it is down; a start with the server down, migrated when it comes up; a
+commit whose answer was lost not written twice; and `tapfix check --db` on both backends (reachable or
+not, schema up to date, behind or ahead)."""
 
 from __future__ import annotations
 
