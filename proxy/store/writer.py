@@ -187,12 +187,12 @@ class CaptureWriter:
         into the hold, so its bound applies to everything unwritten). True: stop the thread."""
         wait_until = min(time.monotonic() + self.held.delay, self._give_up_at)
         while True:
-            left = wait_until - time.monotonic()
+            wait = max(0.0, wait_until - time.monotonic())
             if self._stopping:  # nothing more comes: only the wait
-                time.sleep(max(0.0, left))
+                time.sleep(wait)
                 break
             try:
-                item = self._queue.get(timeout=max(0.0, left))
+                item = self._queue.get(timeout=wait)
             except queue.Empty:
                 break
             if item is None:
