@@ -171,6 +171,10 @@ def test_the_fleet_stores_every_exchange_byte_exact_with_sessions_intact(fleet: 
     sent, received = _bodies(fleet.url, ids, "request"), _bodies(fleet.url, ids, "client_response")
     for t in turns:
         assert sent[t.capture_id] == t.sent and received[t.capture_id] == t.received
+    for proxy in fleet.proxies:  # the banner and health name the store, its password masked
+        store = _health(proxy)["store"]
+        assert store["backend"] == "postgresql" and ":***@" in store["location"] and ":***@" in proxy.log()
+        assert fleet.server.password not in proxy.log() + json.dumps(store)
     last = fleet.agents["agent0"][-1]  # and through the CLI, as a user exports them
     assert cli("captures", "export", last.capture_id, "--db", fleet.url).stdout == last.sent
     exported = cli("captures", "export", last.capture_id, "--db", fleet.url, "--client-response")
