@@ -27,10 +27,13 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+import orjson
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, decode_whole
 from tapfix.proxy.store.database import StoreError
 
 BODY_COLUMNS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")
@@ -40,8 +43,7 @@ SESSION_COLUMNS = ("id", "first_at", "last_at", "user_agent", "model", "exchange
 # Both SQLite (3.24+) and PostgreSQL take this upsert: the source's session replaces the target's.
 UPSERT_SESSION = (
     f"insert into sessions ({', '.join(SESSION_COLUMNS)}) values ({', '.join('?' * len(SESSION_COLUMNS))})"
-    " on conflict (id) do update set "
-    + ", ".join(f"{c} = excluded.{c}" for c in SESSION_COLUMNS[1:])
+    " on conflict (id) do update set " + ", ".join(f"{c} = excluded.{c}" for c in SESSION_COLUMNS[1:])
 )
 BATCH = 500
 PROGRESS_EVERY_S = 1.0
@@ -104,6 +106,10 @@ class CopyTarget(Protocol):
     def existing_ids(self) -> set[str]: ...
     def prepare(self, captures: list[Capture]) -> None:
         """Before a batch's transaction (PostgreSQL: make the day partitions its captures go to)."""
+        ...
+
+    def pipelined(self) -> AbstractContextManager[object]:
+        """Around a batch: statements whose results aren't read go out without waiting (PostgreSQL)."""
         ...
 
     def close(self) -> None: ...
@@ -211,7 +217,8 @@ def copy_store(
             captures = source.captures(todo)
             target.prepare(captures)
             sessions = sorted({str(c.row["session_id"]) for c in captures if c.row.get("session_id")})
-            write_batch(target.backend, captures, source.sessions(sessions) if sessions else [])
+            with target.pipelined():
+                write_batch(target.backend, captures, source.sessions(sessions) if sessions else [])
             report.copied += len(captures)
             report.bodies += sum(1 for c in captures for data in c.bodies.values() if data is not None)
         progress(report.copied + report.skipped)
@@ -263,6 +270,7 @@ def _write_one(backend: Any, capture: Capture) -> None:
         request=bodies.get("request_body_id") or b"",
         store_bodies=row.get("request_body_id") is not None,
     )
+    ex.decoded_request = _decoded_request(row.get("request_headers"), ex.request)
     family = row.get("session_id")  # as the writer: requests delta on their session's last one
     put = backend.bodies.put
     for column in BODY_COLUMNS:
@@ -289,6 +297,19 @@ def _write_one(backend: Any, capture: Capture) -> None:
             f"insert into choices (exchange_id, {', '.join(CHOICE_COLUMNS)}{extra}) values ({marks})",
             [(ex.id, *choice, *day.values()) for choice in capture.choices],
         )
+
+
+def _decoded_request(headers: str | None, body: bytes) -> bytes | None:
+    """A compressed request decoded, as the router gave it to the writer (search text is made from it)."""
+    if not headers or "content-encoding" not in headers.lower():
+        return None
+    encoding = next((v for k, v in orjson.loads(headers) if k.lower() == "content-encoding"), None)
+    if not encoding:
+        return None
+    try:
+        return decode_whole(body, encoding)
+    except (DecodeError, DecodedTooLarge):
+        return None
 
 
 def _digests(capture: Capture) -> tuple[str | None, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,9 @@ class SqliteTarget:
 
     def prepare(self, captures: list[Capture]) -> None:
         pass
+
+    def pipelined(self) -> AbstractContextManager[object]:
+        return nullcontext()
 
     def close(self) -> None:
         self.backend.close()

@@ -10,6 +10,7 @@ would land in the default partition, where retention must delete row by row).
 from __future__ import annotations
 
 import datetime
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -150,6 +151,9 @@ class PostgresTarget:
             midday = datetime.datetime.combine(day, datetime.time(12), datetime.UTC).timestamp()
             add_days(self.backend.conn, midday, 0)
             self._days.add(day)
+
+    def pipelined(self) -> AbstractContextManager[object]:
+        return self.backend.conn.pipeline()
 
     def close(self) -> None:
         self.backend.close()
