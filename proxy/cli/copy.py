@@ -68,12 +68,12 @@ def _scrub(text: str, *locators: StoreLocator) -> str:
 
 
 @click.command("copy")
-@click.option("--from", "source", metavar="LOCATOR", required=True, help="the store to copy: a SQLite path or postgresql://...")
+@click.option(
+    "--from", "source", metavar="LOCATOR", required=True, help="the store to copy: a SQLite path or postgresql://..."
+)
 @click.option("--to", "target", metavar="LOCATOR", required=True, help="the store to copy into (made when new)")
 @click.option("--resume", is_flag=True, help="continue an interrupted copy: skip the captures the target has")
-@click.option(
-    "--batch", type=click.IntRange(min=1), default=BATCH, show_default=True, help="captures per transaction"
-)
+@click.option("--batch", type=click.IntRange(min=1), default=BATCH, show_default=True, help="captures per transaction")
 @json_option("print the summary as one JSON object")
 def copy(source: str, target: str, resume: bool, batch: int, as_json: bool) -> None:
     """Copy every capture, its bodies (byte-exact), changes, choices and sessions into another store.

@@ -134,9 +134,7 @@ def purge(
         click.echo(f"{path}: {report}" + (f"; {sidecar_rows} search index row(s)" if sidecar_rows else ""))
 
 
-def _purge_postgres(
-    db: StoreLocator, max_age: float | None, max_size: int | None, vacuum: bool, as_json: bool
-) -> None:
+def _purge_postgres(db: StoreLocator, max_age: float | None, max_size: int | None, vacuum: bool, as_json: bool) -> None:
     """store/pg/retention.py on the store's own connection (autocommit: each step a transaction)."""
     import psycopg
     from tapfix.proxy.store.pg import retention

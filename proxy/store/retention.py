@@ -347,9 +347,7 @@ class Retention:
     def due(self, now: float) -> bool:
         return now - self.last_run >= self.every_s
 
-    def maybe_run(
-        self, conn: Any, now: float | None = None, *, purge_with: Purge | None = None
-    ) -> PurgeReport | None:
+    def maybe_run(self, conn: Any, now: float | None = None, *, purge_with: Purge | None = None) -> PurgeReport | None:
         """Run when due; never raises (a failed purge is counted, logged, and tried again later).
         `purge_with`: the backend's (SQLite's below by default; PostgreSQL's is store/pg/retention.py)."""
         now = time.time() if now is None else now
