@@ -58,7 +58,7 @@ def purge_sidecar(db: Path) -> int:
 @click.option(
     "--vacuum",
     is_flag=True,
-    help="then give the freed space back: SQLite rewrites the file; PostgreSQL runs VACUUM (see below)",
+    help="then give the freed space back: SQLite rewrites the file; PostgreSQL runs VACUUM (see above)",
 )
 @click.option(
     "--dry-run",

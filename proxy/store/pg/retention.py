@@ -3,7 +3,9 @@
 The four day-partitioned tables (store/pg/schema.py) share their daily bounds, and a delta never
 crosses a day (store/pg/body_writer.py), so every day older than the cutoff's day goes at once: its
 partitions of `exchanges`, `bodies`, `changes` and `choices` are dropped in one transaction, which
-frees their disk immediately and leaves no delta of another day without its base. In the day that
+frees their disk immediately and leaves no delta of another day without its base. A drop holds the
+parent tables exclusively for a moment; it waits at most `LOCK_TIMEOUT` for them (a long browse query),
+else it fails, is logged, and is tried at the next run. In the day that
 straddles the cutoff, and in the default partitions (rows of days without a partition: a skewed
 clock), exchanges older than the cutoff are deleted with their changes and choices, then the bodies
 of those days that nothing needs any more: neither referenced by a kept exchange of the day nor,
@@ -43,7 +45,9 @@ log = logging.getLogger("tapfix.retention")
 
 DAY_TABLES = ("exchanges", "bodies", "changes", "choices")
 TAPFIX_TABLES = (*DAY_TABLES, "sessions")
-LOCK_TIMEOUT = "10s"  # a purge waits at most this for a lock, then fails and is tried again later
+# A purge waits at most this for a lock, then fails and is tried again later. Short: dropping a partition needs
+# the parent table exclusively, and while it waits every other query of the table queues behind it.
+LOCK_TIMEOUT = "2s"
 
 PGConn = psycopg.Connection[tuple[Any, ...]]
 _BODY_COLUMNS = "request_body_id, forwarded_body_id, response_body_id, client_response_body_id"
