@@ -102,8 +102,6 @@ class CaptureWriter:
         if isinstance(self.backend, SqliteBackend):
             self.path = self.backend.path
             self.conn = self.backend.conn
-        elif retention is not None:
-            self.backend.retain(retention)  # refuses, naming the store: not there yet
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
