@@ -104,7 +104,7 @@ def test_tail_prints_what_is_committed(stores: tuple[str, Path]) -> None:
         assert proc.wait(timeout=10) == 0
 
 
-@pytest.mark.parametrize("command", [["browse"], ["replay", "01abc"], ["captures", "purge", "--vacuum"]])
+@pytest.mark.parametrize("command", [["browse"], ["replay", "01abc"]])
 def test_commands_not_built_for_postgresql_refuse_naming_it(postgres: PostgresServer, command: list[str]) -> None:
     url = postgres.dsn("cli_captures")
     done = cli(*command, "--db", url)

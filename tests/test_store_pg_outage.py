@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli.main import main
 from tapfix.proxy.store.pg.writer import PostgresBackend, postgres_writer
+from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.postgres import PostgresServer
@@ -117,8 +118,10 @@ def test_a_start_with_the_server_down_serves_then_migrates_when_it_is_up(server:
     server.down()
     with pytest.raises(Exception, match=r"can't connect.*\*\*\*|can't connect"):
         PostgresBackend(url)  # without `wait` (`run --strict`): a one-line StoreError
-    writer = postgres_writer(url, wait=True)
+    retention = Retention(max_age_s=7 * 86400, every_s=0.05)  # idle while starting: no purge, no crash
+    writer = postgres_writer(url, wait=True, retention=retention)
     assert writer.health()["store"]["state"] == "starting"
+    time.sleep(0.2)  # idle: retention is due, and waits for the database
     ex = _turns("early", 1, time.time())[0]
     writer.submit(ex)
     _until(lambda: writer.health()["store"]["retries"] >= 1)
@@ -127,7 +130,7 @@ def test_a_start_with_the_server_down_serves_then_migrates_when_it_is_up(server:
     _until(lambda: writer.stats.written == 1)
     writer.close()
     assert _rows(url, "select id from exchanges") == [(ex.id,)]
-    assert len(_rows(url, "select name from tapfix_migrations")) >= 1
+    assert len(_rows(url, "select name from tapfix_migrations")) >= 1 and retention.runs >= 1
     days = _rows(url, "select count(*) from pg_tables where tablename like 'exchanges_2%'")
     assert days == [(2,)]  # today's and tomorrow's partitions, made on the first connection
 

@@ -49,9 +49,9 @@ def _reason(path: Path, e: Exception) -> str:
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
     """The one place that refuses a PostgreSQL store where only reading is built."""
     raise StoreError(
-        f"{locator}: this command can't use a PostgreSQL store yet (`run`, `probe`, `mock --capture`, `check`"
-        " and `captures list | show | export | tail` can; browse, replay and purge on PostgreSQL are not built);"
-        " pass --db with a SQLite file"
+        f"{locator}: this command can't use a PostgreSQL store yet (`run`, `probe`, `mock --capture`, `check` and"
+        " `captures list | show | export | tail | purge | copy` take one; browse and replay on PostgreSQL are not"
+        " built); pass --db with a SQLite file"
     )
 
 

@@ -109,8 +109,6 @@ class CaptureWriter:
         if isinstance(self.backend, SqliteBackend):
             self.path = self.backend.path
             self.conn = self.backend.conn
-        elif retention is not None:
-            self.backend.retain(retention)  # refuses, naming the store: not there yet
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
@@ -221,7 +219,7 @@ class CaptureWriter:
 
     def _retain(self) -> None:
         """Between batches, on this thread: traffic only enqueues, so it never waits on a purge."""
-        if self.retention is not None:
+        if self.retention is not None and self.held.state == "ok":  # not while the database is out of reach
             self.backend.retain(self.retention)
 
     def _write_batch(self, batch: list[Exchange]) -> None:

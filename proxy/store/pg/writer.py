@@ -223,7 +223,10 @@ class PostgresBackend:
         )
 
     def retain(self, retention: Retention) -> None:
-        raise StoreError(f"{self.locator}: retention on PostgreSQL is not supported by this tapfix yet")
+        """Between batches, on the writer's thread: day partitions dropped, the straddling day's rows deleted."""
+        from tapfix.proxy.store.pg.retention import purge
+
+        retention.maybe_run(self.conn, purge_with=purge)
 
     def close(self) -> None:
         if self._conn is not None:
