@@ -1,7 +1,7 @@
 """`tapfix captures list | show | export | tail` on a PostgreSQL store, through the real CLI (subprocesses)
 against the suite's real server: the same output as on a SQLite store of the same exchanges, the exact
 bytes exported, a tail that prints what a writer commits; and the commands not built for PostgreSQL yet
-(`browse`, `replay`, `purge`) refusing with one line that names what is missing, the password masked."""
+(`browse`, `replay`) refusing with one line that names what is missing, the password masked."""
 
 from __future__ import annotations
 
