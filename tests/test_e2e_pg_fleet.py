@@ -250,8 +250,10 @@ def test_a_restart_of_postgresql_mid_load_loses_nothing_and_a_down_start_waits(
         assert refusing.returncode != 0 and "--strict" in message and "can't connect" in message, message
         assert server.password not in message and ":***@" in message and "Traceback" not in message
         assert len(message.strip().splitlines()) == 1, message
-        store = _health(proxies[0])["store"]
+        health = httpx.get(f"{proxies[0].url}/tapfix/health", timeout=5).json()
+        store = health["capture_writer"]["store"]
         assert (store["state"], store["max_held"], store["max_held_bytes"]) == ("starting", 500, 64 << 20)
+        assert health["status"] == "degraded"  # the store is away: health says so at the top
     finally:
         server.up()
     done: list[Turn] = []
