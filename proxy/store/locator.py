@@ -47,10 +47,10 @@ def _reason(path: Path, e: Exception) -> str:
 
 
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
-    """The one place that refuses a PostgreSQL store where only reading is built."""
+    """The one place that refuses a PostgreSQL store: a command without `postgres=True` (`demo`)."""
     raise StoreError(
-        f"{locator}: this command can't use a PostgreSQL store yet (only `captures list | show | export | tail`,"
-        " `browse` and `replay` use one; the rest on PostgreSQL is not built); pass --db with a SQLite file"
+        f"{locator}: this command can't use a PostgreSQL store (`demo` keeps a SQLite file of its own; every"
+        " other command takes a PostgreSQL --db); pass --db with a SQLite file"
     )
 
 
@@ -107,14 +107,16 @@ class StoreLocator:
         except (OSError, sqlite3.Error) as e:
             raise _unusable(self.path, e, "write to") from e
 
-    def writer(self, **options: Any) -> CaptureWriter:
-        """The store's `CaptureWriter` (`options`: its own), on either backend."""
+    def writer(self, *, wait: bool = True, **options: Any) -> CaptureWriter:
+        """The store's `CaptureWriter` (`options`: its own). A PostgreSQL server that can't be reached yet
+        is waited for (`wait`: the writer holds what comes and migrates once it is reached); without
+        `wait` (`run --strict`) it is a `StoreError`, as an unusable SQLite path always is."""
         from tapfix.proxy.store.writer import CaptureWriter
 
         if self.postgres is not None:
             from tapfix.proxy.store.pg.writer import postgres_writer
 
-            return postgres_writer(self.postgres, **options)
+            return postgres_writer(self.postgres, wait=wait, **options)
         try:
             return CaptureWriter(self.path, **options)
         except (OSError, sqlite3.Error) as e:

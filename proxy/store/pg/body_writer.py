@@ -11,6 +11,8 @@ What differs from SQLite's `BodyWriter`, and why (the layout is store/pg/bodies.
 - A delta's base is always a body this writer inserted itself (remembered by id): another instance's
   body, even when a dedupe finds it, is never taken as a base, so no instance waits on, or depends
   on the retention of, another's rows.
+- Before it takes a base it holds the retention lock shared (see `_still_stored`), so a purge never
+  deletes a base under a delta being written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from tapfix.proxy.store.bodies import BodyWriter
+from tapfix.proxy.store.pg.schema import RETENTION_LOCK
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.sql_executor import Executes
@@ -55,6 +58,10 @@ class PostgresBodyWriter(BodyWriter):
         return None if row is None else (int(row[0]), int(row[1]), int(row[0]) in self._own)
 
     def _still_stored(self, body_id: int, digest: str) -> bool:
+        """First the retention lock, shared, to this transaction's end: a purge collecting this day's
+        bodies has finished (the check sees what it deleted) or waits for this commit (and sees the
+        delta about to be stored on the base), store/pg/retention.py."""
+        self.conn.execute("select pg_advisory_xact_lock_shared(?)", (RETENTION_LOCK,))
         row = self.conn.execute("select sha256 from bodies where id = ? and day = ?", (body_id, self._day)).fetchone()
         return row is not None and row[0] == digest
 
