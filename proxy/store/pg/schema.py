@@ -271,4 +271,5 @@ REACHES: dict[str, str] = {
     "pg002_day_partitions": "m005_trace_context",
     "pg003_body_functions": "m006_exchange_bodies",
     "pg004_commit_order": "m006_exchange_bodies",  # PostgreSQL's own columns (`captures tail`): no SQLite step
+    "pg005_browse_indexes": "m006_exchange_bodies",  # indexes only (the browser's filters): no SQLite step
 }
