@@ -145,6 +145,13 @@ class CaptureWriter:
         self._give_up_at = time.monotonic() + max(0.0, timeout - 2.0)
         self._queue.put(None)
         self._thread.join(timeout)
+        if self._thread.is_alive():  # the connection is the thread's: closing it under a batch garbles it
+            log.error(
+                "capture writer still writing after %.0f s; %d queued exchange(s) not written",
+                timeout,
+                self._queue.qsize(),
+            )
+            return
         try:
             self.backend.close()
         except Exception as e:  # noqa: BLE001  # pragma: no cover - closing a broken db
