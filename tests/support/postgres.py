@@ -135,8 +135,13 @@ def _as_server_user(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def start_postgres(database: str = "tapfix") -> PostgresServer:
-    """initdb, start, create `database`. The caller stops it (`PostgresServer.stop`)."""
+# The suite's server trades durability for speed; the bench (bench/store_scale.py) runs a durable one.
+FAST_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+
+def start_postgres(database: str = "tapfix", settings: str = FAST_SETTINGS) -> PostgresServer:
+    """initdb, start, create `database`. The caller stops it (`PostgresServer.stop`). `settings`: the
+    server's `-c name=value` options beyond its address and socket."""
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError(missing_reason() or "no PostgreSQL binaries")
@@ -169,7 +174,7 @@ def start_postgres(database: str = "tapfix") -> PostgresServer:
         pwfile.unlink()
         options = (
             f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={root}"
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+            f" -c max_connections=50 {settings}"
         )
         _as_server_user(
             [str(bindir / "pg_ctl"), "start", "-D", str(server.data), "-l", str(server.log), "-w"]

@@ -65,6 +65,10 @@ POSTGRES_SESSION_SQL = SessionSQL(
     " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
 )
 
+# A row stored again under its id replaces the old one, its changes with it: one statement (in the
+# batch's pipeline, so no round trip of its own).
+_REPLACE = "with gone as (delete from changes where exchange_id = ?) delete from exchanges where id = ?"
+
 # SQLSTATE classes and codes, https://www.postgresql.org/docs/current/errcodes-appendix.html
 _LOCKED = ("40001", "40P01", "55P03")  # serialization failure, deadlock, lock not available: retry
 _CAUSES = (
@@ -90,6 +94,7 @@ class PostgresBackend:
 
     name = "postgresql"
     session_sql = POSTGRES_SESSION_SQL
+    _pipeline: psycopg.Pipeline | None = None  # the batch's, while its transaction is open
 
     def __init__(self, locator: PostgresLocator | str) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
@@ -116,12 +121,29 @@ class PostgresBackend:
         translated = self._sql.get(sql)
         if translated is None:
             translated = self._sql[sql] = _qmark(sql)
+        self._pipelined()
         return self.conn.execute(translated.encode(), [_text(p) for p in params])
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
+            self._pipelined()
             with self.conn.cursor() as cur:
                 cur.executemany(_qmark(sql).encode(), [[_text(p) for p in row] for row in rows])
+
+    def _pipelined(self) -> None:
+        """Inside a batch's transaction, statements go in pipeline mode: one that returns nothing the
+        writer reads (an insert, a delete, a session's count) costs no round trip of its own, it goes
+        with the next one whose rows are read, or with the commit. Outside a transaction (migrations,
+        the day partitions) statements run one by one as before."""
+        if self._pipeline is None and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            self._pipeline = self.conn.pipeline()
+            self._pipeline.__enter__()
+
+    def _end_pipeline(self) -> None:
+        """Send what is queued and read every result: an error of any statement of the batch raises here."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(None, None, None)
 
     def begin(self) -> None:
         if self.conn.closed or self.conn.broken:  # the server restarted, or the network dropped us
@@ -131,8 +153,13 @@ class PostgresBackend:
 
     def commit(self) -> None:
         self.conn.execute("commit")
+        self._end_pipeline()
 
     def rollback(self) -> None:
+        try:
+            self._end_pipeline()
+        except psycopg.Error:  # the error the batch is rolled back for, again
+            pass
         try:
             self.conn.execute("rollback")
         except psycopg.Error:
@@ -165,8 +192,7 @@ class PostgresBackend:
         return {"day": utc_day(ex.started_at)}
 
     def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
-        self.execute("delete from exchanges where id = ?", (row["id"],))
-        self.execute("delete from changes where exchange_id = ?", (row["id"],))
+        self.execute(_REPLACE, (row["id"], row["id"]))
         text = _search_text(row, ex)
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
