@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--work", type=Path, help="keep the stores here (default: a temp dir, removed)")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: still stop the server, remove the stores
     work = a.work or Path(tempfile.mkdtemp(prefix="tapfix-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work, Shape(turns=a.turns, final_kb=a.final_kb), a.repeat, a.json)

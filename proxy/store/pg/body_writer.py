@@ -11,10 +11,13 @@ What differs from SQLite's `BodyWriter`, and why (the layout is store/pg/bodies.
 - A delta's base is always a body this writer inserted itself (remembered by id): another instance's
   body, even when a dedupe finds it, is never taken as a base, so no instance waits on, or depends
   on the retention of, another's rows.
-- One round trip per body, not three: the delta is made against the remembered base first, then a
-  single statement checks that the base is still stored, inserts, and on a dedupe returns the row
-  already there (`_PUT`). Only when it returns nothing (the base is gone, or another instance's
-  same bytes committed while it ran) does the body take SQLite's path, look-up first.
+- No round trip per body: ids come from the sequence in blocks (`ID_BLOCK`), so a body's insert is
+  sent in the batch's pipeline and nothing is read back. What a look-up would have told is checked
+  once per batch, before its commit (`verify`): every body the batch refers to (its new ones, their
+  bases, the ones it took again by sha256 from memory) is stored under its id with its bytes. When
+  one is not (another instance stored the same bytes this day, a purge removed a base), the batch is
+  rolled back and written again the careful way, each body looked up (SQLite's path), as a lock
+  retry (`BodiesMoved`: SQLSTATE 40001).
 """
 
 from __future__ import annotations
@@ -25,23 +28,27 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+import psycopg
 from tapfix.proxy.store.bodies import MAX_DEPTH, MIN_SHARED_FRACTION, BodyWriter, common_prefix_len, common_suffix_len
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.sql_executor import Executes
 
 OWN_IDS = 65536  # bodies this writer inserted, remembered by id: far more than the 256 families' bases
-_COLUMNS = "sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth, day"
-# Insert (when the base, if any, still holds its bytes), else the same bytes' row of the day: (id, depth, new).
-_PUT = (
-    "with new as (insert into bodies (" + _COLUMNS + ") select"
-    " ?::text, ?::bigint, ?::bigint, ?::bigint, ?::bigint, ?::text, ?::bytea, ?::integer, ?::date {base}"
-    " on conflict (day, sha256) do nothing returning id, depth)"
-    " select id, depth, true from new union all"
-    " select id, depth, false from bodies where day = ?::date and sha256 = ?::text and not exists (select from new)"
+ID_BLOCK = 512  # body ids taken from the sequence at once (a few batches' worth)
+KNOWN = 4096  # (day, sha256) → (id, depth) of bodies stored lately: the same bytes again cost no look-up
+_INSERT = (
+    "insert into bodies (id, sha256, size, base_id, prefix_len, suffix_len, encoding, data, depth, day)"
+    " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) on conflict (day, sha256) do nothing"
 )
-_PUT_WHOLE = _PUT.format(base="")
-_PUT_DELTA = _PUT.format(base="where exists (select from bodies where id = ?::bigint and day = ?::date and sha256 = ?::text)")
+_STORED = (
+    "select count(*) from unnest(?::bigint[], ?::date[], ?::text[]) t(id, day, sha256)"
+    " join bodies b using (id, day, sha256)"
+)
+
+
+class BodiesMoved(psycopg.errors.SerializationFailure):
+    """A body the batch refers to is not stored as the writer thought: write the batch again, carefully."""
 
 
 def utc_day(when: float) -> datetime.date:
@@ -55,45 +62,90 @@ class PostgresBodyWriter(BodyWriter):
         super().__init__(conn)  # type: ignore[arg-type]  # any qmark executor, not only sqlite3's
         self._day = utc_day(time.time())
         self._own: OrderedDict[int, None] = OrderedDict()
+        self._known: OrderedDict[tuple[datetime.date, str], tuple[int, int]] = OrderedDict()
+        self._ids: list[int] = []
+        self._checks: set[tuple[int, datetime.date, str]] = set()
+        self.careful = False  # this transaction looks every body up (after `BodiesMoved`)
 
     def forget(self) -> None:
         super().forget()
         self._own.clear()
+        self._known.clear()
+        self._checks.clear()
 
     def put(self, data: bytes, family: str | None = None, *, level: int = 6, when: float | None = None) -> int:
-        self._day = utc_day(time.time() if when is None else when)
-        family = f"{self._day.isoformat()} {family}" if family else None
-        digest = hashlib.sha256(data).hexdigest()
+        self._day = day = utc_day(time.time() if when is None else when)
+        family = f"{day.isoformat()} {family}" if family else None
         base = self._latest.get(family) if family else None
-        if base is not None and base[1] is None:  # evicted from memory: the look-up path rebuilds it
+        if self.careful or (base is not None and base[1] is None):  # evicted: rebuilt from the store
             return super().put(data, family, level=level)
-        row = self._put(data, digest, base)
-        if row is None:
-            return super().put(data, family, level=level)
-        body_id, depth, new = int(row[0]), int(row[1]), bool(row[2])
-        if new:
-            self._own_add(body_id)
+        digest = hashlib.sha256(data).hexdigest()
+        known = self._known.get((day, digest))
+        if known is not None:  # the same bytes again: that row (checked before the commit)
+            body_id, depth = known
+        else:
+            body_id, depth = self._insert_unread(data, digest, base)
+        self._checks.add((body_id, day, digest))
         self._remember(family, body_id, data, depth, digest)  # only a body of our own becomes a base
         return body_id
 
-    def _put(self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None) -> tuple | None:
-        day = self._day
+    def verify(self) -> None:
+        """Before the commit: every body the batch refers to is stored, else `BodiesMoved` (rolled back)."""
+        checks, self._checks = self._checks, set()
+        if not checks:
+            return
+        ids, days, digests = (list(column) for column in zip(*checks, strict=True))
+        row = self.conn.execute(_STORED, (ids, days, digests)).fetchone()
+        if row is None or int(row[0]) != len(checks):
+            self.careful = True
+            raise BodiesMoved(
+                f"{len(checks) - int(row[0] if row else 0)} of the batch's {len(checks)} bodies are stored"
+                " otherwise than this writer thought (another instance's same bytes, or a purge)"
+            )
+
+    def committed(self) -> None:
+        self.careful = False
+
+    def _insert_unread(
+        self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None
+    ) -> tuple[int, int]:
+        """Send the insert (a delta on `base` when it shares enough); nothing is read back."""
+        day, body_id = self._day, self._next_id()
+        base_id, prefix, suffix, middle, depth = None, 0, 0, data, 0
         if base is not None and base[1] is not None and base[2] < MAX_DEPTH:
-            base_id, base_data, base_depth, base_digest = base
-            prefix = common_prefix_len(data, base_data)
-            suffix = common_suffix_len(data, base_data, min(len(data), len(base_data)) - prefix)
-            if prefix + suffix >= MIN_SHARED_FRACTION * len(data):
+            shared = common_prefix_len(data, base[1])
+            tail = common_suffix_len(data, base[1], min(len(data), len(base[1])) - shared)
+            if shared + tail >= MIN_SHARED_FRACTION * len(data):
+                base_id, prefix, suffix, depth = base[0], shared, tail, base[2] + 1
                 middle = data[prefix : len(data) - suffix]
-                args = (digest, len(data), base_id, prefix, suffix, "raw", middle, base_depth + 1, day)
-                return self.conn.execute(_PUT_DELTA, (*args, base_id, day, base_digest, day, digest)).fetchone()
-        args = (digest, len(data), None, 0, 0, "raw", data, 0, day)
-        return self.conn.execute(_PUT_WHOLE, (*args, day, digest)).fetchone()
+                self._checks.add((base[0], day, base[3]))
+        self.conn.execute(_INSERT, (body_id, digest, len(data), base_id, prefix, suffix, "raw", middle, depth, day))
+        self._own_add(body_id)
+        self._know(digest, body_id, depth)
+        return body_id, depth
+
+    def _next_id(self) -> int:
+        if not self._ids:
+            rows = self.conn.execute(
+                "select nextval('bodies_id_seq') from generate_series(1, ?)", (ID_BLOCK,)
+            ).fetchall()
+            self._ids = [int(r[0]) for r in reversed(rows)]
+        return self._ids.pop()
+
+    def _know(self, digest: str, body_id: int, depth: int) -> None:
+        self._known[(self._day, digest)] = (body_id, depth)
+        self._known.move_to_end((self._day, digest))
+        while len(self._known) > KNOWN:
+            self._known.popitem(last=False)
 
     def _lookup(self, digest: str) -> tuple[int, int, bool] | None:
         row = self.conn.execute(
             "select id, depth from bodies where day = ? and sha256 = ?", (self._day, digest)
         ).fetchone()
-        return None if row is None else (int(row[0]), int(row[1]), int(row[0]) in self._own)
+        if row is None:
+            return None
+        self._know(digest, int(row[0]), int(row[1]))
+        return int(row[0]), int(row[1]), int(row[0]) in self._own
 
     def _still_stored(self, body_id: int, digest: str) -> bool:
         row = self.conn.execute("select sha256 from bodies where id = ? and day = ?", (body_id, self._day)).fetchone()
@@ -121,6 +173,7 @@ class PostgresBodyWriter(BodyWriter):
             return found[0]
         body_id = int(row[0])
         self._own_add(body_id)
+        self._know(digest, body_id, depth)
         return body_id
 
     def _own_add(self, body_id: int) -> None:

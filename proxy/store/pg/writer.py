@@ -63,6 +63,15 @@ POSTGRES_SESSION_SQL = SessionSQL(
     adopt="update sessions set exchanges = exchanges + ?, first_at = least(first_at, ?),"
     " last_at = greatest(last_at, ?),"
     " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+    # `orphan`, then the exchanges moved, `adopt` and the orphan's delete, in one statement.
+    adopt_waiting="with o as (select id, first_at, last_at, exchanges, tip_hash from sessions"
+    " where wants = ? and id <> ? order by (user_agent is not distinct from ?) desc, first_at, id limit 1),"
+    " moved as (update exchanges set session_id = ? where session_id = (select id from o)),"
+    " gone as (delete from sessions where id = (select id from o))"
+    " update sessions s set exchanges = s.exchanges + o.exchanges, first_at = least(s.first_at, o.first_at),"
+    " last_at = greatest(s.last_at, o.last_at),"
+    " tip_hash = case when o.last_at >= s.last_at then coalesce(o.tip_hash, s.tip_hash) else s.tip_hash end"
+    " from o where s.id = ?",
 )
 
 # A row stored again under its id replaces the old one, its changes with it: one statement (in the
@@ -152,8 +161,10 @@ class PostgresBackend:
         self.conn.execute("begin")
 
     def commit(self) -> None:
+        self.bodies.verify()  # type: ignore[attr-defined]  # raises BodiesMoved: the batch is written again
         self.conn.execute("commit")
         self._end_pipeline()
+        self.bodies.committed()  # type: ignore[attr-defined]
 
     def rollback(self) -> None:
         try:
