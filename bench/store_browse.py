@@ -32,7 +32,7 @@ LABELS = (
     "search a word (0.1%)",
     "search a substring (0.1%)",
     "search CJK text (0.1%)",
-    "id prefix look-up (12 of 16 chars)",
+    "id prefix look-up (14 of 16 chars)",
 )
 
 

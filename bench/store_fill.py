@@ -76,7 +76,7 @@ class Sessions:
         body, events = self.turns[turn]
         events = list(events)
         events[0] = events[0].replace(_STREAM_ID, b"%016x%05d" % (s, turn), 1)
-        mark = WORD if serial % MARK_EVERY == 7 else CJK if serial % MARK_EVERY == 507 else ""
+        mark = WORD if serial % MARK_EVERY == 7 else CJK if serial % MARK_EVERY == 17 else ""
         if mark:
             events[1] = events[1].replace(b'"Sure"', f'"Sure, {mark}"'.encode(), 1)
         ex = agent_turn(body.replace(_TOKEN, token, 1), events, f"ses_{token.decode()}")

@@ -69,7 +69,7 @@ def probe_sqlite(db: Path, fill_: Fill) -> store_browse.Probe:
     import sqlite3
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    ids = [r[0] for r in conn.execute("select id from exchanges order by id desc")]
+    ids = [r[0] for r in conn.execute("select id from exchanges order by rowid desc")]  # the browser pages by rowid
     deep = ids[int(len(ids) * 0.9)]
     session = conn.execute("select session_id from exchanges where id = ?", (ids[len(ids) // 3],)).fetchone()[0]
     lo, hi = conn.execute("select min(ts), max(ts) from exchanges").fetchone()
@@ -102,14 +102,16 @@ def _probe(deep: str, session: str, lo: float, hi: float, some_id: str) -> store
         word="zanzibar",
         substring="anziba",
         cjk="天気予",
-        id_prefix=some_id[:12],
+        id_prefix=some_id[:14],
     )
 
 
 class Bench:
-    def __init__(self, work: Path, shape: Shape, repeat: int, json_path: Path | None = None) -> None:
+    def __init__(
+        self, work: Path, shape: Shape, repeat: int, json_path: Path | None = None, server: PostgresServer | None = None
+    ) -> None:
         self.work, self.shape, self.repeat, self.json_path = work, shape, repeat, json_path
-        self.server: PostgresServer | None = None
+        self.server, self._own_server = server, server is None  # a server of our own is stopped at the end
         self.results: dict[str, Any] = {"fills": [], "browse": {}, "fleet": {}, "machine": machine()}
 
     def pg(self, name: str) -> str:
@@ -197,7 +199,7 @@ class Bench:
         return tell
 
     def close(self) -> None:
-        if self.server is not None:
+        if self.server is not None and self._own_server:
             self.server.stop()
 
 
@@ -211,7 +213,8 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, server: PostgresServer | None = None) -> dict[str, Any]:
+    """`server`: a running PostgreSQL to make the bench's databases in (the suite's); else one of its own."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000", help="captures per fill, comma-separated")
     ap.add_argument("--stores", default="sqlite,postgresql")
@@ -219,14 +222,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--proxy", type=int, default=10_000, help="exchanges through tapfix run per store (0: none)")
     ap.add_argument("--turns", type=int, default=Shape.turns)
     ap.add_argument("--final-kb", type=int, default=Shape.final_kb)
+    ap.add_argument("--active", type=int, default=Shape.active, help="sessions running side by side")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--work", type=Path, help="keep the stores here (default: a temp dir, removed)")
     a = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: still stop the server, remove the stores
+    if server is None:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: still stop the server, remove the stores
     work = a.work or Path(tempfile.mkdtemp(prefix="tapfix-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    bench = Bench(work, Shape(turns=a.turns, final_kb=a.final_kb), a.repeat, a.json)
+    bench = Bench(work, Shape(turns=a.turns, final_kb=a.final_kb, active=a.active), a.repeat, a.json, server)
     say(f"store scale bench {datetime.datetime.now().isoformat(timespec='seconds')}; {bench.results['machine']}")
     try:
         for n in (int(x) for x in a.sizes.split(",") if x):
