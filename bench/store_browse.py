@@ -117,7 +117,9 @@ def pg_queries(dsn: str, p: Probe) -> tuple[dict[str, Callable[[], int]], float,
         LABELS[2]: sql(newest.format("model = %s"), p.model),
         LABELS[3]: lambda: len(reader.list_captures(limit=PAGE, flag=p.flag)),
         LABELS[4]: lambda: len(reader.list_captures(limit=PAGE, session=p.session)),
-        LABELS[5]: sql(newest.format("started_at >= to_timestamp(%s) and started_at < to_timestamp(%s)"), p.since, p.until),
+        LABELS[5]: sql(
+            newest.format("started_at >= to_timestamp(%s) and started_at < to_timestamp(%s)"), p.since, p.until
+        ),
         LABELS[6]: sql(newest.format(words), p.word),
         LABELS[7]: sql(newest.format("search_text ilike %s"), f"%{p.substring}%"),
         LABELS[8]: sql(newest.format("search_text ilike %s"), f"%{p.cjk}%"),

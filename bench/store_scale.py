@@ -162,9 +162,12 @@ class Bench:
             close()
         self.results["browse"][f"{kind} {n}"] = {"index_build_s": built, "queries": measured}
         self.save()
-        say(f"  browse {kind} {n:,} (search index built in {built:.0f} s): " + ", ".join(
-            f"{k.split(',')[0] if ',' not in k else k}: {v[1]:.1f} ms ({v[3]} rows)" for k, v in measured.items()
-        ))
+        say(
+            f"  browse {kind} {n:,} (search index built in {built:.0f} s): "
+            + ", ".join(
+                f"{k.split(',')[0] if ',' not in k else k}: {v[1]:.1f} ms ({v[3]} rows)" for k, v in measured.items()
+            )
+        )
 
     def fleet(self, n: int) -> None:
         """Bytes per capture of the same sessions: one writer; 3 with sessions shared out; 3 with hops."""
@@ -258,12 +261,19 @@ def main(argv: list[str] | None = None, server: PostgresServer | None = None) ->
 
 def report(r: dict[str, Any]) -> str:
     """The tables bench/README.md's "Store at scale" shows."""
-    out = [f"machine: {r['machine']}", "", "| store | captures | fill s | exchanges/s | CPU µs/exchange (process / writer / server) | on disk MB | B/capture |", "|---|---|---|---|---|---|---|"]
+    out = [
+        f"machine: {r['machine']}",
+        "",
+        "| store | captures | fill s | exchanges/s | CPU µs/exchange (process / writer / server) | on disk MB"
+        " | B/capture |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for f in r["fills"]:
         n = f["n"]
         out.append(
             f"| {f['store']} | {n:,} | {f['seconds']:.0f} | {f['per_s']:.0f} | "
-            f"{f['process_cpu_s'] / n * 1e6:.0f} / {f['writer_cpu_s'] / n * 1e6:.0f} / {f['server_cpu_s'] / n * 1e6:.0f} | "
+            f"{f['process_cpu_s'] / n * 1e6:.0f} / {f['writer_cpu_s'] / n * 1e6:.0f} / "
+            f"{f['server_cpu_s'] / n * 1e6:.0f} | "
             f"{f['size']['database'] / MB:.0f} | {f['size']['database'] / n:.0f} |"
         )
     if r["browse"]:
@@ -277,13 +287,23 @@ def report(r: dict[str, Any]) -> str:
         built = ", ".join(f"{k}: {v['index_build_s']:.0f} s" for k, v in r["browse"].items() if k.startswith("sqlite"))
         out.append(f"\nSQLite's search index (the browser's sidecar) took {built} to build after the fill.")
     if r["fleet"]:
-        out += ["", "| fleet (PostgreSQL, same sessions) | captures | B/capture (database) | bodies B/capture |", "|---|---|---|---|"]
+        out += [
+            "",
+            "| fleet (PostgreSQL, same sessions) | captures | B/capture (database) | bodies B/capture |",
+            "|---|---|---|---|",
+        ]
         for label, v in r["fleet"].items():
             out.append(f"| {label} | {v['n']:,} | {v['database']:.0f} | {v['bodies']:.0f} |")
     if r.get("proxy"):
-        out += ["", "| through `tapfix run` (mock upstream) | exchanges | exchanges/s | peak queue | stored | lost |", "|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "| through `tapfix run` (mock upstream) | exchanges | exchanges/s | peak queue | stored | lost |",
+            "|---|---|---|---|---|---|",
+        ]
         for store, v in r["proxy"].items():
-            out.append(f"| {store} | {v['sent']:,} | {v['per_s']:.0f} | {v['peak_queue']} | {v['stored']:,} | {v['lost']} |")
+            out.append(
+                f"| {store} | {v['sent']:,} | {v['per_s']:.0f} | {v['peak_queue']} | {v['stored']:,} | {v['lost']} |"
+            )
     return "\n".join(out)
 
 

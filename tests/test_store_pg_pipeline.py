@@ -45,7 +45,9 @@ def _turn(session: str, k: int) -> Exchange:
         request_headers=[("x-session-id", session)],
     )
     ex.status, ex.content_type = 200, "text/event-stream"
-    ex.response_chunks = sse_events([chat_chunk({"role": "assistant", "content": f"answer {k}"}), chat_chunk({}, "stop")])
+    ex.response_chunks = sse_events(
+        [chat_chunk({"role": "assistant", "content": f"answer {k}"}), chat_chunk({}, "stop")]
+    )
     ex.chunk_times = [0.001, 0.002]
     return ex
 

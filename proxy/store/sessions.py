@@ -49,8 +49,9 @@ class SessionSQL:
     orphan: str
     adopt: str
     # One statement that takes in the waiting session, if any, reading nothing back (params: the
-    # wanted hash, the session's id, its user-agent): a backend that pipelines its batch (PostgreSQL)
-    # then has no round trip per exchange for it. None: `orphan`, then `adopt` and the rest.
+    # wanted hash, the session's id, its user-agent, the session's id twice more): a backend that
+    # pipelines its batch (PostgreSQL) then has no round trip per exchange for it. None: `orphan`,
+    # then `adopt` and the rest.
     adopt_waiting: str | None = None
 
 

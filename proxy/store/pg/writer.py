@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -103,7 +104,7 @@ class PostgresBackend:
 
     name = "postgresql"
     session_sql = POSTGRES_SESSION_SQL
-    _pipeline: psycopg.Pipeline | None = None  # the batch's, while its transaction is open
+    _pipeline: AbstractContextManager[psycopg.Pipeline] | None = None  # the batch's, while its transaction is open
 
     def __init__(self, locator: PostgresLocator | str) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
@@ -145,8 +146,9 @@ class PostgresBackend:
         with the next one whose rows are read, or with the commit. Outside a transaction (migrations,
         the day partitions) statements run one by one as before."""
         if self._pipeline is None and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-            self._pipeline = self.conn.pipeline()
-            self._pipeline.__enter__()
+            pipeline = self.conn.pipeline()
+            pipeline.__enter__()
+            self._pipeline = pipeline
 
     def _end_pipeline(self) -> None:
         """Send what is queued and read every result: an error of any statement of the batch raises here."""
