@@ -182,8 +182,10 @@ class Bench:
             writers = [CaptureWriter(PostgresBackend(dsn)) for _ in range(count)]
             result = fill(writers, Sessions(self.shape), n, "postgresql", which=which)
             size = pg_size(dsn)
-            per = {k: (size[k] - empty[k]) / n for k in ("database", "tables", "bodies")}
-            self.results["fleet"][label] = {"n": n, "failures": result.failures, **per}
+            with psycopg.connect(dsn) as conn:
+                stored = int(conn.execute("select count(*) from exchanges").fetchone()[0])
+            per = {k: (size[k] - empty[k]) / max(stored, 1) for k in ("database", "tables", "bodies")}
+            self.results["fleet"][label] = {"n": n, "stored": stored, "failures": result.failures, **per}
             say(f"  fleet {label}: {per['database']:.0f} B/capture (bodies {per['bodies']:.0f} B)")
             self.save()
 
@@ -289,11 +291,11 @@ def report(r: dict[str, Any]) -> str:
     if r["fleet"]:
         out += [
             "",
-            "| fleet (PostgreSQL, same sessions) | captures | B/capture (database) | bodies B/capture |",
+            "| fleet (PostgreSQL, same sessions) | captures stored | B/capture (database) | bodies B/capture |",
             "|---|---|---|---|",
         ]
         for label, v in r["fleet"].items():
-            out.append(f"| {label} | {v['n']:,} | {v['database']:.0f} | {v['bodies']:.0f} |")
+            out.append(f"| {label} | {v['stored']:,} of {v['n']:,} | {v['database']:.0f} | {v['bodies']:.0f} |")
     if r.get("proxy"):
         out += [
             "",
