@@ -56,8 +56,8 @@ class Health:
             if any(not r["ok"] for r in self.results.values()):
                 body["status"] = "degraded"
         writer = body.get("capture_writer") or {}
-        if writer.get("failures"):
-            body["status"] = "degraded"
+        if writer.get("failures") or (writer.get("store") or {}).get("state", "ok") != "ok":
+            body["status"] = "degraded"  # captures lost, or held in memory while the database is away
         flow.response = json_response(200, orjson.dumps(body))
 
     async def _every(self, interval: float) -> None:

@@ -60,3 +60,15 @@ def postgres() -> Iterator[PostgresServer]:
     server = start_postgres()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_to_restart() -> Iterator[PostgresServer]:
+    """A second server, for the tests that stop and start it (outages, restarts: `down`, `up`,
+    `restart`), so `postgres` is never disturbed. A test leaves it running."""
+    reason = missing_reason()
+    if reason:
+        unavailable(f"{reason}; .ci/run installs it")
+    server = start_postgres()
+    yield server
+    server.stop()

@@ -66,6 +66,10 @@ def test_minimal_defaults(tmp_path):
     assert (m.upstream, m.upstream_model, m.aliases) == ("gpu0", "qwen", ())
     assert c.mode == "reverse" and c.strict is False and c.listen is None
     assert c.upstreams["gpu0"].base_url == "http://127.0.0.1:8000/v1"
+    fleet = load(write(tmp_path, 'db = "postgresql://tapfix@db.internal/tapfix"\n' + MINIMAL))
+    assert (
+        fleet.db == "postgresql://tapfix@db.internal/tapfix"
+    )  # a URL stays a URL, not a path under the config's folder
 
 
 def test_anthropic_engine_sends_x_api_key_by_default(tmp_path):

@@ -19,7 +19,6 @@ from tapfix.addons.shutdown import Shutdown
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.net import is_loopback
-from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import CaptureWriter
 
 log = logging.getLogger("tapfix")
@@ -226,8 +225,27 @@ def prepare(settings: Settings) -> Runtime:
             retention = Retention.from_config(dict(policy.config.retention))
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
-    writer = StoreLocator(settings.db).writer(retention=retention)  # an unusable path: one-line StoreError
+    writer = open_writer(settings, retention)
     return build_runtime(settings, policy=policy, targets=targets, writer=writer)
+
+
+def open_writer(settings: Settings, retention: Any) -> CaptureWriter:
+    """The capture writer; an unusable store is a one-line `StoreError`. A PostgreSQL server that is down
+    is waited for (traffic flows, exchanges are held), unless `--strict`: then it refuses to start."""
+    from tapfix.addons.runner.setup import StartupError
+    from tapfix.proxy.store.database import StoreError
+
+    options: dict[str, Any] = {"retention": retention}
+    if settings.store_queue is not None:
+        options["max_held"] = settings.store_queue
+    if settings.store_queue_bytes is not None:
+        options["max_held_bytes"] = settings.store_queue_bytes
+    try:
+        return settings.db.writer(wait=not settings.strict, **options)
+    except StoreError as e:
+        if settings.strict and settings.db.postgres is not None:
+            raise StartupError(f"--strict: {e}") from None
+        raise
 
 
 def check_exposure(settings: Settings) -> None:

@@ -1,6 +1,7 @@
-"""`tapfix captures list | tail | show | export | purge`: the store from the terminal (`tail` in tail.py).
+"""`tapfix captures list | tail | show | export | purge | copy`: the store from the terminal (`tail` in
+tail.py, `purge` in purge.py, `copy` in copy.py).
 
-Read-only except `purge`; each opens the store through its `StoreLocator`, so an unusable `--db`
+Read-only except `purge` and `copy`'s target; each opens the store through its `StoreLocator`, so an unusable `--db`
 is one line. Imports stay light (click, orjson, the store) so listing starts fast.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import click
 import orjson
+from tapfix.proxy.cli.copy import copy
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.purge import purge
@@ -31,7 +33,7 @@ def _reader(db: StoreLocator) -> CaptureReader:
 
 @click.group()
 def captures() -> None:
-    """List, follow, show, export and purge captured exchanges.
+    """List, follow, show, export, purge and copy captured exchanges.
 
     \b
     Example:
@@ -155,3 +157,4 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 captures.add_command(purge)
 captures.add_command(tail)
+captures.add_command(copy)

@@ -103,7 +103,7 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
     "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md",
 )
 @click.option("--chunk-delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
-@db_option()
+@db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL", postgres=True)
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
 def mock(
@@ -130,7 +130,11 @@ def mock(
         from tapfix.proxy.replay.server import recorded_response
 
         with reported(StoreError):
-            recorded = recorded_response(db.open_for_reading(), capture)
+            reader = db.open_reader()
+            try:
+                recorded = recorded_response(reader, capture)
+            finally:
+                reader.close()
     opts = MockOptions(
         cases=list(cases),
         scenario=Path(scenario) if scenario else None,
@@ -145,28 +149,49 @@ def mock(
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="the config to check")
+@db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)", postgres=True)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
-    help="seconds per upstream",
+    help="seconds per upstream (and for the store)",
 )
-def check(config_path: Path, timeout: float) -> None:
-    """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set.
+def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
+    """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set;
+    with --db (or $TAPFIX_DB and no --config), the store is reachable and its schema is this tapfix's.
+
+    Exit 1 when a check finds a problem: an upstream or model that fails, a store that can't be reached,
+    or one a newer tapfix migrated. A store behind this tapfix is fine: `tapfix run` migrates it.
 
     \b
     Example:
       tapfix check --config tapfix.toml
+      tapfix check --db postgresql://tapfix@db.internal/tapfix
     """
-    from tapfix.proxy.config.file import Config, ConfigError
-    from tapfix.proxy.config.preflight import render, run_checks
+    import os
 
-    try:
-        config = Config.load(config_path)
-    except ConfigError as e:
-        raise UserError(str(e)) from e
-    statuses, problems = run_checks(config, timeout=timeout)
-    click.echo(render(config, statuses, problems))
-    sys.exit(1 if any(p.severity == "error" for p in problems) else 0)
+    from tapfix.proxy.store.check import check_store
+
+    given = click.get_current_context().get_parameter_source("db") is click.core.ParameterSource.COMMANDLINE
+    store = given or (config_path is None and bool(os.environ.get("TAPFIX_DB")))
+    if config_path is None and not store:
+        raise click.UsageError("give --config FILE, --db LOCATOR, or both")
+    failed = False
+    if config_path is not None:
+        from tapfix.proxy.config.file import Config, ConfigError
+        from tapfix.proxy.config.preflight import render, run_checks
+
+        try:
+            config = Config.load(config_path)
+        except ConfigError as e:
+            raise UserError(str(e)) from e
+        statuses, problems = run_checks(config, timeout=timeout)
+        click.echo(render(config, statuses, problems))
+        failed = any(p.severity == "error" for p in problems)
+    if store:
+        report = check_store(db, timeout)
+        click.echo(report.render())
+        failed = failed or report.failed
+    sys.exit(1 if failed else 0)

@@ -44,7 +44,11 @@ if TYPE_CHECKING:
 )
 @click.option("--only", metavar="CHECK,...", help=f"run only these checks: {', '.join(ALL_CHECKS)}")
 @json_option("print the report as JSON")
-@db_option("capture database for the probe's requests, tagged 'probe' (default: $TAPFIX_DB or captures/tapfix.db)")
+@db_option(
+    "capture database for the probe's requests, tagged 'probe': a SQLite file or a postgresql:// URL"
+    " (default: $TAPFIX_DB or captures/tapfix.db)",
+    postgres=True,
+)
 @click.option("--no-capture", is_flag=True, help="do not record the probe's requests")
 @key_env_option("quick mode: send the key in this environment variable as Authorization: Bearer")
 @engine_option("quick mode: the engine, as for `tapfix run` (reasoning dialect, accepted sampling params)")
@@ -143,7 +147,7 @@ def probe(
 
 def _writer(db: StoreLocator) -> CaptureWriter:
     try:
-        return db.writer()
+        return db.writer(wait=False)  # a one-shot command: a server that is down is an error now
     except StoreError as e:
         raise InputError(f"--db: {e}") from e
 

@@ -52,10 +52,14 @@ def purge_sidecar(db: Path) -> int:
 
 
 @click.command("purge")
-@db_option()
+@db_option(postgres=True)
 @max_age_option("delete exchanges older than this: 7d, 12h, 30m, 90s")
 @max_size_option("then delete the oldest until the store uses at most this: 500M, 2G")
-@click.option("--vacuum", is_flag=True, help="then give the freed space back to the disk (rewrites the file)")
+@click.option(
+    "--vacuum",
+    is_flag=True,
+    help="then give the freed space back: SQLite rewrites the file; PostgreSQL runs VACUUM (see above)",
+)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -71,6 +75,13 @@ def purge(
     Bodies that other kept bodies are stored as deltas of are kept until nothing depends on them.
     Safe while `tapfix run` writes to the same database.
 
+    On PostgreSQL (--db postgresql://...) whole UTC days older than --max-age are dropped as
+    partitions, which frees their disk at once; only the day that straddles the cutoff has rows
+    deleted. --max-size drops the oldest whole days (never today's) until the tables fit. Deleted
+    rows' space is reused by the same table after --vacuum (VACUUM, not FULL: it marks the space
+    free and returns only trailing empty pages to the disk; VACUUM FULL would rewrite the tables
+    but locks them while it runs). --dry-run is SQLite's only.
+
     \b
     Example:
       tapfix captures purge --max-age 7d --vacuum
@@ -83,6 +94,11 @@ def purge(
         check_max_age(max_age)
     except ValueError as e:
         raise click.BadParameter(str(e).removeprefix("--max-age "), param_hint="'--max-age'") from e
+    if db.postgres is not None:
+        if dry_run:
+            raise UserError(f"{db}: --dry-run is not built for PostgreSQL stores (only for SQLite files)")
+        _purge_postgres(db, max_age, max_size, vacuum, as_json)
+        return
     path = db.path
     if not db.exists():
         raise UserError(f"no capture database at {db} (pass --db)")
@@ -116,3 +132,32 @@ def purge(
         sys.stdout.buffer.write(orjson.dumps({**report.as_dict(), "index_rows": sidecar_rows}) + b"\n")
     else:
         click.echo(f"{path}: {report}" + (f"; {sidecar_rows} search index row(s)" if sidecar_rows else ""))
+
+
+def _purge_postgres(db: StoreLocator, max_age: float | None, max_size: int | None, vacuum: bool, as_json: bool) -> None:
+    """store/pg/retention.py on the store's own connection (autocommit: each step a transaction)."""
+    import psycopg
+    from tapfix.proxy.store.pg import retention
+    from tapfix.proxy.store.pg.migrate import applied
+
+    assert db.postgres is not None
+    try:
+        conn = psycopg.connect(db.postgres.url, autocommit=True, application_name="tapfix purge", connect_timeout=5)
+    except psycopg.Error as e:
+        raise UserError(f"{db}: can't connect ({db.postgres.scrub(' '.join(str(e).split()))})") from None
+    try:
+        if not applied(conn):
+            raise UserError(f"{db}: no tapfix store there yet (a tapfix run with this --db makes it)")
+        report = retention.purge(conn, max_age, max_size) if max_age is not None or max_size is not None else None
+        report = report or PurgeReport(bytes_before=retention.used_bytes(conn))
+        if vacuum:
+            retention.vacuum(conn)
+            report.bytes_after = retention.used_bytes(conn)
+    except psycopg.Error as e:
+        raise UserError(f"{db}: purge failed, nothing lost ({db.postgres.scrub(' '.join(str(e).split()))})") from None
+    finally:
+        conn.close()
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(report.as_dict()) + b"\n")
+    else:
+        click.echo(f"{db}: {report}")

@@ -60,7 +60,9 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--reasoning-dialect", metavar="NAME", help="override the engine's reasoning-effort dialect")
 @key_env_option("send the key in this environment variable upstream (quick mode)")
 @listen_option("127.0.0.1:8080")
-@db_option()
+@db_option(
+    "capture database: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB or captures/tapfix.db)", postgres=True
+)
 @click.option("--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True)
 @click.option(
     "--intercept",
@@ -151,7 +153,26 @@ def _setup_logging(verbose: bool) -> None:
     metavar="URL",
     help="where `tapfix browse` is reachable: exported spans link to the exchange's page there",
 )
-@click.option("--strict", is_flag=True, help="refuse to start when the preflight checks find a problem")
+@click.option(
+    "--store-queue",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="while the capture database is out of reach, hold up to N exchanges in memory, then count the oldest "
+    "as lost (default 10000)",
+)
+@click.option(
+    "--store-queue-bytes",
+    type=Size(),
+    default=None,
+    metavar="SIZE",
+    help="...and up to SIZE of their bodies (default 256M)",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="refuse to start when the preflight checks find a problem, or the capture database can't be reached",
+)
 @click.option("-v", "--verbose", is_flag=True)
 @deprecated_alias("--upstream-key-env", "--key-env", "key_env")
 @deprecated_alias("--max-db-size", "--max-size", "max_size", type=Size())
@@ -237,7 +258,7 @@ def _config_defaults(kw: dict[str, Any]) -> None:
         except ValueError as e:
             raise UserError(f"{kw['config_path']}: listen {e}") from e
     if config.db and from_file("db"):
-        kw["db"] = StoreLocator.resolve(config.db)
+        kw["db"] = StoreLocator.resolve(config.db, postgres=True)
     if config.mode and from_file("mode"):
         kw["mode"] = config.mode
     mode = (config.tool_repair or {}).get("mode")
@@ -267,7 +288,7 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         config_path=kw.get("config_path"),
         listen_host=host,
         listen_port=port,
-        db=store.path,
+        db=store,
         mode=kw.get("mode", "reverse"),
         intercept=list(kw.get("intercept") or ()),
         upstream_ca=kw.get("upstream_ca"),
@@ -287,6 +308,8 @@ def make_settings(kw: dict[str, Any]) -> Settings:
         token=kw.get("token") or None,
         max_age_s=kw.get("max_age"),
         max_db_bytes=kw.get("max_size"),
+        store_queue=kw.get("store_queue"),
+        store_queue_bytes=kw.get("store_queue_bytes"),
         shutdown_grace=kw.get("shutdown_grace", 5.0),
         regenerate=kw.get("regenerate", 1),
         regenerate_budget=kw.get("regenerate_budget", 60.0),
@@ -316,6 +339,13 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
         else:
             upstream = f" → {target.url}" if target else ""
             click.echo(f"tapfix: {settings.mode} proxy on {where}{upstream}; captures in {settings.db}", err=True)
+            writer = runtime.writer
+            if writer is not None and writer.backend.unreachable:
+                click.echo(
+                    f"tapfix: the capture database can't be reached yet ({writer.backend.unreachable}); exchanges"
+                    f" are held in memory (up to {writer.held.max_exchanges}) until it is, see /tapfix/health",
+                    err=True,
+                )
         if settings.export is not None:
             cfg = settings.export
             click.echo(f"tapfix: spans to {cfg.traces_endpoint} ({cfg.protocol}, content {cfg.content})", err=True)

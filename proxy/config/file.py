@@ -253,7 +253,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
         upstreams=upstreams,
         models=models,
         listen=data.get("listen"),
-        db=str(_resolve(base, data["db"])) if "db" in data else None,
+        db=_store(base, data["db"]) if "db" in data else None,
         mode=data.get("mode", "reverse"),
         strict=data.get("strict", False),
         reasoning_field=ReasoningFieldPolicy(rf.get("default", "keep"), dict(rf.get("clients", {}))),
@@ -345,6 +345,13 @@ def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:
     if v is not None and ((low is not None and v < low) or (high is not None and v > high)):
         problems.append(f"{where}.value: found {v}, expected a value within [{low}, {high}]")
     return ParamPolicy(mode, v, low, high, reason)
+
+
+def _store(base: Path, value: str) -> str:
+    """`db`: a PostgreSQL URL as it is, a path relative to the config file's folder."""
+    from tapfix.proxy.store.pg.locator import is_postgres_url
+
+    return value if is_postgres_url(value) else str(_resolve(base, value))
 
 
 def _resolve(base: Path, value: str) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from tapfix.proxy.store.locator import StoreLocator
     from tapfix.proxy.telemetry.config import ExportConfig
 
 ProxyMode = Literal["reverse", "regular"]
@@ -24,7 +25,7 @@ class Settings:
     config_path: Path | None = None
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
-    db: Path = field(default_factory=lambda: Path("captures/tapfix.db"))
+    db: StoreLocator = field(default_factory=lambda: _default_store())
     mode: ProxyMode = "reverse"
     intercept: list[str] = field(default_factory=list)
     upstream_ca: Path | None = None
@@ -44,6 +45,9 @@ class Settings:
     token: str | None = None  # required by a non-loopback listen address (addons/auth.py)
     max_age_s: float | None = None  # retention, enforced by the capture writer (proxy/store/retention.py)
     max_db_bytes: int | None = None
+    # The capture writer's hold while the database is out of reach (proxy/store/held.py); None: its default.
+    store_queue: int | None = None
+    store_queue_bytes: int | None = None
     # Issue 19: extra upstream attempts for a tool call that can't be saved (0: off) and their time
     # budget; proxy/regenerate/eligibility.py.
     regenerate: int = 1
@@ -53,3 +57,9 @@ class Settings:
     # Issue 20: OTLP export (None: off), from --otlp / --browse-url and the OTEL_* variables.
     export: ExportConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_store() -> StoreLocator:
+    from tapfix.proxy.store.locator import StoreLocator
+
+    return StoreLocator.resolve()

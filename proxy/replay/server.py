@@ -13,7 +13,7 @@ from typing import Any
 
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.mock.options import RecordedResponse
-from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.reader import CaptureReader, SqliteReader
 from tapfix.proxy.store.redact import REDACTED
 from tapfix.proxy.store.writer import StoreError, unpack_timing
 
@@ -21,15 +21,17 @@ from tapfix.proxy.store.writer import StoreError, unpack_timing
 _DROP_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
-def recorded_response(conn: sqlite3.Connection, capture_id: str) -> RecordedResponse:
-    """The capture's raw upstream response: status, headers, and (seconds, bytes) chunks."""
-    capture = load_capture(conn, capture_id)
+def recorded_response(store: sqlite3.Connection | CaptureReader, capture_id: str) -> RecordedResponse:
+    """The capture's raw upstream response: status, headers, and (seconds, bytes) chunks; from a SQLite
+    connection or any store's reader (`mock --capture` on PostgreSQL)."""
+    reader = SqliteReader(store) if isinstance(store, sqlite3.Connection) else store
+    capture = reader.load_capture(capture_id)
     if capture.get("status") is None:
         raise StoreError(
             f"capture {capture['id']} has no upstream response to replay"
             + (f" ({capture['error']})" if capture.get("error") else "")
         )
-    body = capture_body(conn, capture, "response")
+    body = reader.capture_body(capture, "response")
     headers = [
         (str(name), str(value))
         for name, value in capture.get("response_headers") or []

@@ -37,6 +37,8 @@ class WriteBackend(Executes, Protocol):
     """One write connection of one store, used by the writer thread only."""
 
     name: str  # "sqlite" or "postgresql", for health and logs
+    location: str  # the store as shown in the banner and health: a path, or a URL with its password masked
+    unreachable: str | None  # why the database could not be reached at start (None: it was)
     bodies: Bodies
     session_sql: SessionSQL
 
@@ -49,6 +51,11 @@ class WriteBackend(Executes, Protocol):
 
     def environmental(self, e: Exception) -> bool:
         """The database's trouble, not the content's: the batch is lost whole (see store/write_errors.py)."""
+        ...
+
+    def outage(self, e: Exception) -> bool:
+        """The database is down, restarting or out of reach: the writer holds the batch and tries again
+        later, on a new connection (store/writer.py). Never on SQLite: a file is not restarted."""
         ...
 
     def cause_of(self, e: Exception) -> str: ...
@@ -70,9 +77,11 @@ class SqliteBackend:
 
     name = "sqlite"
     session_sql = SQLITE_SESSION_SQL
+    unreachable: str | None = None
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self.location = str(self.path)
         self.conn = open_for_writing(path)
         self.bodies: Bodies = BodyWriter(self.conn)
 
@@ -99,6 +108,9 @@ class SqliteBackend:
 
     def environmental(self, e: Exception) -> bool:
         return write_errors.environmental(e)
+
+    def outage(self, e: Exception) -> bool:
+        return False
 
     def cause_of(self, e: Exception) -> str:
         return write_errors.cause_of(e)

@@ -49,8 +49,9 @@ def _reason(path: Path, e: Exception) -> str:
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
     """The one place that refuses a PostgreSQL store where only reading is built."""
     raise StoreError(
-        f"{locator}: this command can't use a PostgreSQL store yet (only `captures list | show | export | tail`"
-        " read one; writing, browse, replay and purge on PostgreSQL are not built); pass --db with a SQLite file"
+        f"{locator}: this command can't use a PostgreSQL store yet (`run`, `probe`, `mock --capture`, `check` and"
+        " `captures list | show | export | tail | purge | copy` take one; browse and replay on PostgreSQL are not"
+        " built); pass --db with a SQLite file"
     )
 
 
@@ -107,9 +108,16 @@ class StoreLocator:
         except (OSError, sqlite3.Error) as e:
             raise _unusable(self.path, e, "write to") from e
 
-    def writer(self, **options: Any) -> CaptureWriter:
+    def writer(self, *, wait: bool = True, **options: Any) -> CaptureWriter:
+        """The store's `CaptureWriter` (`options`: its own). A PostgreSQL server that can't be reached yet
+        is waited for (`wait`: the writer holds what comes and migrates once it is reached); without
+        `wait` (`run --strict`) it is a `StoreError`, as an unusable SQLite path always is."""
         from tapfix.proxy.store.writer import CaptureWriter
 
+        if self.postgres is not None:
+            from tapfix.proxy.store.pg.writer import postgres_writer
+
+            return postgres_writer(self.postgres, wait=wait, **options)
         try:
             return CaptureWriter(self.path, **options)
         except (OSError, sqlite3.Error) as e:

@@ -28,7 +28,7 @@ import re
 import sqlite3
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+Purge = Callable[..., "PurgeReport"]  # (conn, older_than_s, max_bytes, *, now) -> PurgeReport
 MIN_AGE_S = 60.0  # a shorter --max-age purges each capture moments after it is written
 
 
@@ -124,6 +125,7 @@ class PurgeReport:
     seconds: float = 0.0
     cutoff: float | None = None  # unix time: exchanges older than this were deleted
     reasons: list[str] = field(default_factory=list)
+    days_dropped: list[str] = field(default_factory=list)  # PostgreSQL: the UTC days whose partitions went whole
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +137,8 @@ class PurgeReport:
             f"{'would keep' if self.dry_run else 'kept'} {self.kept_bases} delta base(s) still needed; "
             f"in use {self.bytes_before} → {self.bytes_after} bytes in {self.seconds:.2f}s"
         )
+        if self.days_dropped:
+            text += f"; dropped the day partitions of {', '.join(self.days_dropped)}"
         return text + ("; dry run: nothing was deleted" if self.dry_run else "")
 
 
@@ -320,6 +324,7 @@ class Retention:
     runs: int = 0
     purged: int = 0
     last_error: str | None = None
+    days_dropped: int = 0  # PostgreSQL: day partitions dropped whole (their exchanges count in `purged`)
 
     @classmethod
     def from_config(cls, table: dict[str, Any] | None) -> Retention | None:
@@ -342,20 +347,22 @@ class Retention:
     def due(self, now: float) -> bool:
         return now - self.last_run >= self.every_s
 
-    def maybe_run(self, conn: sqlite3.Connection, now: float | None = None) -> PurgeReport | None:
-        """Run when due; never raises (a failed purge is counted, logged, and tried again later)."""
+    def maybe_run(self, conn: Any, now: float | None = None, *, purge_with: Purge | None = None) -> PurgeReport | None:
+        """Run when due; never raises (a failed purge is counted, logged, and tried again later).
+        `purge_with`: the backend's (SQLite's below by default; PostgreSQL's is store/pg/retention.py)."""
         now = time.time() if now is None else now
         if not self.due(now):
             return None
         self.last_run = now
         try:
-            report = purge(conn, self.max_age_s, self.max_bytes, now=now)
+            report = (purge_with or purge)(conn, self.max_age_s, self.max_bytes, now=now)
         except Exception as e:  # noqa: BLE001 - retention must never stop the writer
             self.last_error = f"{type(e).__name__}: {e}"
             log.error("retention purge failed: %s", e)
             return None
         self.runs += 1
         self.purged += report.exchanges
+        self.days_dropped += len(report.days_dropped)
         if report.exchanges:
             log.info("retention: %s", report)
         return report
@@ -366,5 +373,6 @@ class Retention:
             "max_bytes": self.max_bytes,
             "runs": self.runs,
             "purged": self.purged,
+            "days_dropped": self.days_dropped,
             "last_error": self.last_error,
         }

@@ -3,12 +3,15 @@
 The event loop never waits on disk: addons hand finished `Exchange`s to `CaptureWriter.submit`,
 which only enqueues. The writer thread assembles, redacts and stores them, committing every batch
 (at least once a second), so a crash or `kill -9` loses at most the last second.
+
+A database that is out of reach (a PostgreSQL server down or restarting; `WriteBackend.outage`)
+breaks no traffic and loses nothing the hold can keep: the batch is held in memory with everything
+submitted after it, retried with a backoff, and written in order when the database returns
+(store/held.py: the bound, and why no spill file).
 """
 
 from __future__ import annotations
 
-import array
-import datetime
 import logging
 import queue
 import threading
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.backend import SqliteBackend, WriteBackend
@@ -27,8 +30,9 @@ from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
-from tapfix.proxy.store.kept import as_text, kept_row, trace_columns
-from tapfix.proxy.store.redact import redact_headers, redact_url
+from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row, unpack_timing
+from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
+from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.store.write_errors import describe
@@ -37,10 +41,6 @@ from tapfix.proxy.surfaces import is_inference
 log = logging.getLogger("tapfix.store")
 BATCH_WINDOW_S = 0.05  # well inside the 1 s durability window
 LOCK_RETRIES = 3  # a locked database (another process in a long write) is retried before counting a failure
-
-
-def _iso(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
 
 
 def _json(value: Any) -> str:
@@ -74,7 +74,8 @@ class WriterStats:
     last_commit: float = field(default_factory=time.time)
     # Exchanges stored only as metadata and raw bytes (flag `capture_failed`), by the error's type.
     capture_failed: dict[str, int] = field(default_factory=dict)
-    # Exchanges not stored at all (`failures`), by cause: disk_full, locked, read_only, io, or the error's type.
+    # Exchanges not stored at all (`failures`), by cause: disk_full, locked, read_only, io, unavailable (the
+    # database was still out of reach at shutdown), queue_full (dropped from the hold), or the error's type.
     lost: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self, depth: int) -> dict[str, Any]:
@@ -96,14 +97,18 @@ class CaptureWriter:
     store/pg/writer.py): everything below is the same on every backend."""
 
     def __init__(
-        self, store: Path | str | WriteBackend, *, batch: int = 256, retention: Retention | None = None
+        self,
+        store: Path | str | WriteBackend,
+        *,
+        batch: int = 256,
+        retention: Retention | None = None,
+        max_held: int = MAX_HELD,
+        max_held_bytes: int = MAX_HELD_BYTES,
     ) -> None:
         self.backend: WriteBackend = SqliteBackend(store) if isinstance(store, Path | str) else store
         if isinstance(self.backend, SqliteBackend):
             self.path = self.backend.path
             self.conn = self.backend.conn
-        elif retention is not None:
-            self.backend.retain(retention)  # refuses, naming the store: not there yet
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
@@ -114,21 +119,30 @@ class CaptureWriter:
         # (enqueue), never block. Add them before traffic starts.
         self.observers: list[Observer] = []
         self._pending: list[Written] = []  # this transaction's, told to the observers after its commit
+        self.held = Held(max_held, max_held_bytes, starting=self.backend.unreachable)
+        # An outage that hit a commit leaves its fate unknown: these may be stored; checked before a retry.
+        self._unsure: dict[str, Written] = {}
+        self._stopping = False
+        self._give_up_at = float("inf")  # monotonic: when a close stops waiting for the database
         self._thread = threading.Thread(target=self._run, name="tapfix-writer", daemon=True)
         self._thread.start()
 
     def submit(self, exchange: Exchange) -> None:
+        """Never blocks, never raises: while the database is out of reach, the writer holds what comes."""
         self.stats.queued += 1
         self._queue.put(exchange)
 
     def health(self) -> dict[str, Any]:
         health = self.stats.as_dict(self._queue.qsize())
+        health["store"] = {"location": self.backend.location, "backend": self.backend.name, **self.held.health()}
         if self.retention is not None:
             health["retention"] = self.retention.health()
         return health
 
     def close(self, timeout: float = 10.0) -> None:
-        """Drain what is queued, then close the store (SQLite checkpoints its WAL)."""
+        """Drain what is queued, then close the store (SQLite checkpoints its WAL). A database still out
+        of reach gets most of `timeout`; what is held then is counted as lost (`unavailable`)."""
+        self._give_up_at = time.monotonic() + max(0.0, timeout - 2.0)
         self._queue.put(None)
         self._thread.join(timeout)
         try:
@@ -138,6 +152,10 @@ class CaptureWriter:
 
     def _run(self) -> None:
         while True:
+            if len(self.held):
+                if self._retry_held():
+                    return
+                continue
             try:
                 item = self._queue.get(timeout=self.retention.every_s if self.retention else None)
             except queue.Empty:  # idle: a good moment for retention
@@ -155,31 +173,95 @@ class CaptureWriter:
                     break
             stop = None in batch
             self._write_batch([e for e in batch if e is not None])
-            self._retain()
             if stop:
-                return
+                self._stopping = True
+            if not len(self.held):
+                self._retain()
+                if stop:
+                    return
+
+    def _retry_held(self) -> bool:
+        """One attempt at the oldest held batch, after the backoff's wait (spent moving the submit queue
+        into the hold, so its bound applies to everything unwritten). True: stop the thread."""
+        wait_until = min(time.monotonic() + self.held.delay, self._give_up_at)
+        while True:
+            wait = max(0.0, wait_until - time.monotonic())
+            if self._stopping:  # nothing more comes: only the wait
+                time.sleep(wait)
+                break
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                break
+            if item is None:
+                self._stopping = True
+                wait_until = min(wait_until, self._give_up_at)
+            else:
+                self._hold([as_text(item)])
+        if self._stopping and time.monotonic() >= self._give_up_at:
+            left = self.held.take(len(self.held))
+            log.error(
+                "capture db %s still out of reach at shutdown: %d held exchange(s) lost",
+                self.backend.location,
+                len(left),
+            )
+            self._lost(left, cause="unavailable", why=self.held.reason)
+            return True
+        self._write_texts(self.held.take(self._batch))
+        return self._stopping and not len(self.held)
+
+    def _hold(self, exchanges: list[Exchange]) -> None:
+        dropped = self.held.add(exchanges)
+        if dropped:
+            self._lost(
+                dropped, cause="queue_full", why=f"the store queue is full ({self.held.max_exchanges} exchanges)"
+            )
 
     def _retain(self) -> None:
         """Between batches, on this thread: traffic only enqueues, so it never waits on a purge."""
-        if self.retention is not None:
+        if self.retention is not None and self.held.state == "ok":  # not while the database is out of reach
             self.backend.retain(self.retention)
 
     def _write_batch(self, batch: list[Exchange]) -> None:
         """One transaction for the batch; when it fails, one per exchange, so a failure stays with its
         exchange: the others are stored as usual, and the one that still fails is kept in part."""
+        if batch:
+            self._write_texts([as_text(ex) for ex in batch])
+
+    def _write_texts(self, batch: list[Exchange]) -> None:
+        """`_write_batch` of exchanges already `as_text` (held ones are)."""
         if not batch:
             return
-        batch = [as_text(ex) for ex in batch]
         error = self._transaction(batch, self._write_one)
         if error is None:
+            return
+        if self.backend.outage(error):
+            self._held_back(batch, error)
             return
         if self.backend.environmental(error):  # not about any exchange's content: one at a time would fail the same way
             self._lost(batch, error)
             return
         if len(batch) > 1:
             log.warning("capture batch of %d failed (%s); storing them one at a time", len(batch), describe(error))
-        for ex in batch:
-            self._write_alone(ex, self._transaction([ex], self._write_one) if len(batch) > 1 else error)
+        for i, ex in enumerate(batch):
+            failed = self._transaction([ex], self._write_one) if len(batch) > 1 else error
+            if failed is not None and self.backend.outage(failed):
+                self._held_back(batch[i:], failed)
+                return
+            self._write_alone(ex, failed)
+
+    def _held_back(self, batch: list[Exchange], error: Exception) -> None:
+        """The database is out of reach: `batch` goes back to the front of the hold (it was taken from
+        there, or the hold was empty), to be tried again after the backoff."""
+        if self.held.state == "ok":
+            log.warning("capture db %s out of reach (%s); holding exchanges", self.backend.location, describe(error))
+        self.held.failed(describe(error))
+        self.held.put_back(batch)
+        dropped = self.held.add([])
+        if dropped:
+            self._lost(
+                dropped, cause="queue_full", why=f"the store queue is full ({self.held.max_exchanges} exchanges)"
+            )
 
     def _write_alone(self, ex: Exchange, failed: Exception | None) -> None:
         """After `ex` failed (`failed`) in a transaction of its own: keep what can be kept."""
@@ -201,17 +283,32 @@ class CaptureWriter:
         for attempt in range(LOCK_RETRIES + 1):
             try:
                 self.backend.begin()
+                stored = self._already_stored(exchanges)
                 for exchange in exchanges:
-                    write(exchange)
+                    if exchange.id in stored:  # committed before the connection broke: told now, not written twice
+                        self._pending.append(stored[exchange.id])
+                    else:
+                        write(exchange)
                 self.backend.commit()
+                self._unsure = {}
                 self.stats.written += len(exchanges)
                 self.stats.last_commit = time.time()
+                if self.held.state != "ok":
+                    log.warning(
+                        "capture db %s reachable again; %d held exchange(s) to write",
+                        self.backend.location,
+                        len(self.held),
+                    )
+                    self.held.reached()
                 self._tell(self._pending)
                 return None
             except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
-                self._pending = []
+                written, self._pending = self._pending, []
                 self.backend.rollback()
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
+                if self.backend.outage(e):
+                    self._unsure |= {w.exchange.id: w for w in written}
+                    return e
                 if self.backend.locked(e) and attempt < LOCK_RETRIES:
                     self.stats.lock_retries += 1
                     log.warning("capture db busy (%s); retrying %d exchange(s)", describe(e), len(exchanges))
@@ -219,12 +316,28 @@ class CaptureWriter:
                 return e
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns
 
-    def _lost(self, exchanges: list[Exchange], error: Exception) -> None:
+    def _already_stored(self, exchanges: list[Exchange]) -> dict[str, Written]:
+        """Of `exchanges`, those an earlier commit may have stored after all (`_unsure`) and did."""
+        maybe = [ex.id for ex in exchanges if ex.id in self._unsure]
+        if not maybe:
+            return {}
+        marks = ", ".join("?" * len(maybe))
+        found = self.backend.execute(f"select id from exchanges where id in ({marks})", maybe).fetchall()
+        return {str(r[0]): self._unsure[str(r[0])] for r in found}
+
+    def _lost(
+        self, exchanges: list[Exchange], error: Exception | None = None, *, cause: str = "", why: str | None = None
+    ) -> None:
+        if not exchanges:
+            return
         self.stats.failures += len(exchanges)
-        cause = self.backend.cause_of(error)
+        if not cause:
+            cause = self.backend.cause_of(error) if error is not None else "unknown"
         self.stats.lost[cause] = self.stats.lost.get(cause, 0) + len(exchanges)
-        self.stats.last_error = describe(error)
-        log.error("capture write failed for %d exchange(s): %s", len(exchanges), error)
+        self.stats.last_error = describe(error) if error is not None else why
+        log.error("capture write failed for %d exchange(s): %s", len(exchanges), self.stats.last_error)
+        for ex in exchanges:
+            self._unsure.pop(ex.id, None)
         self._tell([Written(ex, None, None, "lost") for ex in exchanges])
 
     def _tell(self, written: list[Written]) -> None:
@@ -261,14 +374,14 @@ class CaptureWriter:
         client = ex.client_response_body(upstream)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
         row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {describe(error)}")
-        row |= _attempt_columns(ex)
+        row |= attempt_columns(ex)
         self.backend.put_exchange(row, ex)
         self._pending.append(Written(ex, row, None, "kept"))
 
     def _write_one(self, ex: Exchange) -> None:
         upstream = ex.response_body()
         client = ex.client_response_body(upstream)
-        assembled = _assemble(ex, client)
+        assembled = assemble_answer(ex, client)
         upstream_answer = upstream_view(ex, assembled, client, upstream)  # one assembly for timing and error
         first_token_ms = None
         if ex.response is None and ex.chunk_times and upstream_answer is not None:
@@ -288,55 +401,9 @@ class CaptureWriter:
         if error is not None:
             flags.add("upstream_error")
         bodies = self._put_bodies(ex, upstream, client, session_id)
-        usage = assembled.usage if isinstance(assembled.usage, dict) else {}
-        row = {
-            "id": ex.id,
-            "ts": ex.started_at,
-            "started_at": _iso(ex.started_at),
-            "upstream_first_byte_ms": _ms(ex.response_started_at, ex.mark),
-            "first_token_ms": first_token_ms,
-            "duration_ms": _ms(ex.ended_at, ex.mark),
-            "client_addr": ex.client_addr,
-            "user_agent": ex.user_agent,
-            "method": ex.method,
-            "path": redact_url(ex.path),
-            "url": redact_url(ex.url),
-            "upstream_url": redact_url(ex.upstream_url),
-            "model": ex.model,
-            "served_model": ex.served_model,
-            "stream": int(ex.stream),
-            "status": ex.status,
-            "error": error or ex.error,
-            "session_id": session_id,
-            "chain_hash": link.chain_hash,
-            "response_id": link.response_id,
-            "source_id": ex.source_id,
-            **_attempt_columns(ex),
-            **trace_columns(ex),
-            "tags": _json(sorted(ex.tags)),
-            "flags": _json(sorted(flags)),
-            "changes_count": len(ex.changes),
-            "request_body_id": bodies["req"],
-            "forwarded_body_id": bodies["fwd"],
-            "response_body_id": bodies["resp"],
-            "client_response_body_id": bodies["client"],
-            "request_size": len(ex.request),
-            "response_size": len(upstream),
-            "request_headers": _json(redact_headers(ex.request_headers)),
-            "forwarded_headers": _json(redact_headers(ex.forwarded_headers))
-            if ex.forwarded_headers is not None
-            else None,
-            "response_headers": _json(redact_headers(ex.response_headers)),
-            "content": assembled.content if ex.store_bodies else None,
-            "reasoning": assembled.reasoning if ex.store_bodies else None,
-            "tool_calls": _json(assembled.tool_calls) if ex.store_bodies else None,
-            "finish_reason": assembled.finish_reason,
-            "usage": _json(assembled.usage) if assembled.usage is not None else None,
-            "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
-            "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
-            "chunk_count": len(ex.chunk_times),
-            "chunk_timing": _pack_timing(ex.chunk_times, ex.response_chunks),
-        }
+        row = exchange_row(
+            ex, assembled, link, bodies, upstream=upstream, flags=flags, error=error, first_token_ms=first_token_ms
+        )
         self.backend.put_exchange(row, ex)
         day = self.backend.day_columns(ex)  # {} on SQLite; the partition's day on PostgreSQL
         columns = "exchange_id, seq, stage, kind, path, before, after, reason" + "".join(f", {k}" for k in day)
@@ -350,43 +417,6 @@ class CaptureWriter:
         write_choices(self.backend, ex.id, assembled, ex.store_bodies, day)
         self.sessions.record(self.backend, link, ex)  # no session, nothing recorded
         self._pending.append(Written(ex, row, assembled, "stored"))
-
-
-def _attempt_columns(ex: Exchange) -> dict[str, Any]:
-    """Which attempt the exchange is: the client-facing one (1, no parent), or a regeneration 2...N+1."""
-    return {"attempt_of": ex.attempt_of, "attempt": ex.attempt if ex.attempt_of is not None else 1}
-
-
-def _assemble(ex: Exchange, body: bytes) -> Assembled:
-    path = ex.path.split("?", 1)[0]
-    streamed = ex.response is None and ex.response_chunks and "event-stream" in ex.content_type
-    if ex.client_response_chunks is None and streamed:
-        return assemble_sse(ex.readable_chunks(), path)  # decoded when it came compressed
-    return assemble(ex.readable(body), ex.content_type, path)
-
-
-def _ms(when: float | None, mark: float) -> float | None:
-    return None if when is None else round((when - mark) * 1000, 3)
-
-
-def _pack_timing(times: list[float], chunks: list[bytes]) -> bytes | None:
-    if not times:
-        return None
-    offsets = array.array("f", (t * 1000 for t in times))
-    sizes = array.array("I", (len(c) for c in chunks[: len(times)]))
-    return offsets.tobytes() + sizes.tobytes()
-
-
-def unpack_timing(blob: bytes | None) -> list[tuple[float, int]]:
-    """[(ms offset, size), ...] from an exchange's chunk_timing column."""
-    if not blob:
-        return []
-    n = len(blob) // 8
-    offsets = array.array("f")
-    offsets.frombytes(blob[: 4 * n])
-    sizes = array.array("I")
-    sizes.frombytes(blob[4 * n :])
-    return list(zip(offsets, sizes, strict=False))
 
 
 __all__ = [

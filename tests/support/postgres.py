@@ -93,6 +93,26 @@ class PostgresServer:
         self._run(self.bindir / "createdb", "-h", str(self.root), "-p", str(self.port), "-U", SERVER_USER, name)
         return self.dsn(name)
 
+    def down(self) -> None:
+        """Stop the server, keeping its data: the database is down (`up` starts it again on its port)."""
+        pid = self._postmaster_pid()
+        if pid is not None:
+            _signal_and_wait(pid, signal.SIGINT, STOP_TIMEOUT_S) or _signal_and_wait(pid, signal.SIGQUIT, 5)
+
+    def up(self) -> None:
+        """Start the server again (after `down`), on the same port, and wait until it takes connections."""
+        self._run(
+            self.bindir / "pg_ctl", "start", "-D", self.data, "-l", self.log, "-w", "-t", str(START_TIMEOUT_S),
+            "-o", _options(self),
+        )  # fmt: skip
+
+    def restart(self) -> float:
+        """`down`, then `up`; the seconds the server was away."""
+        began = time.monotonic()
+        self.down()
+        self.up()
+        return time.monotonic() - began
+
     def stop(self) -> None:
         """Stop the server and remove the folder. Like `pg_ctl stop -m fast` (SIGINT to the postmaster:
         open connections are ended), but by signal, not by a process: the session fixture's teardown
@@ -129,6 +149,13 @@ def _signal_and_wait(pid: int, sig: signal.Signals, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _options(server: PostgresServer) -> str:
+    return (
+        f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={server.root}"
+        f" -c max_connections=50 {server.settings}"
+    )
 
 
 def _as_server_user(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -173,14 +200,7 @@ def start_postgres(database: str = "tapfix", settings: str = FAST_SETTINGS) -> P
             ]
         )
         pwfile.unlink()
-        options = (
-            f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={root}"
-            f" -c max_connections=50 {server.settings}"
-        )
-        _as_server_user(
-            [str(bindir / "pg_ctl"), "start", "-D", str(server.data), "-l", str(server.log), "-w"]
-            + ["-t", str(START_TIMEOUT_S), "-o", options]
-        )
+        server.up()
         server.create_database(database)
     except Exception as e:
         log = server.log.read_text(errors="replace")[-2000:] if server.log.exists() else "(no log)"

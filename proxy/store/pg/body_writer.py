@@ -11,13 +11,15 @@ What differs from SQLite's `BodyWriter`, and why (the layout is store/pg/bodies.
 - A delta's base is always a body this writer inserted itself (remembered by id): another instance's
   body, even when a dedupe finds it, is never taken as a base, so no instance waits on, or depends
   on the retention of, another's rows.
+- Before it takes a base it holds the retention lock shared (see `_still_stored`), so a purge never
+  deletes a base under a delta being written.
 - No round trip per body: ids come from the sequence in blocks (`ID_BLOCK`), so a body's insert is
   sent in the batch's pipeline and nothing is read back. What a look-up would have told is checked
   once per batch, before its commit (`verify`): every body the batch refers to (its new ones, their
   bases, the ones it took again by sha256 from memory) is stored under its id with its bytes. When
-  one is not (another instance stored the same bytes this day, a purge removed a base), the batch is
-  rolled back and written again the careful way, each body looked up (SQLite's path), as a lock
-  retry (`BodiesMoved`: SQLSTATE 40001).
+  one is not (another instance stored the same bytes this day, a purge removed a base before the
+  batch took the retention lock), the batch is rolled back and written again the careful way, each
+  body looked up (SQLite's path), as a lock retry (`BodiesMoved`: SQLSTATE 40001).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 from tapfix.proxy.store.bodies import MAX_DEPTH, MIN_SHARED_FRACTION, BodyWriter, common_prefix_len, common_suffix_len
+from tapfix.proxy.store.pg.schema import RETENTION_LOCK
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.sql_executor import Executes
@@ -66,12 +69,14 @@ class PostgresBodyWriter(BodyWriter):
         self._ids: list[int] = []
         self._checks: set[tuple[int, datetime.date, str]] = set()
         self.careful = False  # this transaction looks every body up (after `BodiesMoved`)
+        self._retention_locked = False  # this transaction holds the retention lock shared
 
     def forget(self) -> None:
         super().forget()
         self._own.clear()
         self._known.clear()
         self._checks.clear()
+        self._retention_locked = False
 
     def put(self, data: bytes, family: str | None = None, *, level: int = 6, when: float | None = None) -> int:
         self._day = day = utc_day(time.time() if when is None else when)
@@ -103,8 +108,11 @@ class PostgresBodyWriter(BodyWriter):
                 " otherwise than this writer thought (another instance's same bytes, or a purge)"
             )
 
-    def committed(self) -> None:
-        self.careful = False
+    def ended(self, *, committed: bool) -> None:
+        """The transaction is over: the lock went with it; after a commit, bodies are written fast again."""
+        self._retention_locked = False
+        if committed:
+            self.careful = False
 
     def _insert_unread(
         self, data: bytes, digest: str, base: tuple[int, bytes | None, int, str] | None
@@ -116,6 +124,7 @@ class PostgresBodyWriter(BodyWriter):
             shared = common_prefix_len(data, base[1])
             tail = common_suffix_len(data, base[1], min(len(data), len(base[1])) - shared)
             if shared + tail >= MIN_SHARED_FRACTION * len(data):
+                self._hold_retention_lock()
                 base_id, prefix, suffix, depth = base[0], shared, tail, base[2] + 1
                 middle = data[prefix : len(data) - suffix]
                 self._checks.add((base[0], day, base[3]))
@@ -123,6 +132,13 @@ class PostgresBodyWriter(BodyWriter):
         self._own_add(body_id)
         self._know(digest, body_id, depth)
         return body_id, depth
+
+    def _hold_retention_lock(self) -> None:
+        """As `_still_stored`: shared, to the transaction's end, before the first base (no round trip:
+        nothing is read; a purge holding it makes the batch's statements wait on the server)."""
+        if not self._retention_locked:
+            self.conn.execute("select pg_advisory_xact_lock_shared(?)", (RETENTION_LOCK,))
+            self._retention_locked = True
 
     def _next_id(self) -> int:
         if not self._ids:
@@ -148,6 +164,10 @@ class PostgresBodyWriter(BodyWriter):
         return int(row[0]), int(row[1]), int(row[0]) in self._own
 
     def _still_stored(self, body_id: int, digest: str) -> bool:
+        """First the retention lock, shared, to this transaction's end: a purge collecting this day's
+        bodies has finished (the check sees what it deleted) or waits for this commit (and sees the
+        delta about to be stored on the base), store/pg/retention.py."""
+        self.conn.execute("select pg_advisory_xact_lock_shared(?)", (RETENTION_LOCK,))
         row = self.conn.execute("select sha256 from bodies where id = ? and day = ?", (body_id, self._day)).fetchone()
         return row is not None and row[0] == digest
 

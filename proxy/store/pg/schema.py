@@ -35,6 +35,8 @@ from tapfix.proxy.store.pg.bodies import EXCHANGE_BODIES, FUNCTIONS
 
 # Day partitions are made by one process at a time (two instances starting at midnight).
 ADD_DAY_LOCK = 0x7461706669780001
+# Retention's collect step holds it exclusively, the body writer shared before taking a base (store/pg/retention.py).
+RETENTION_LOCK = 0x7461706669780002
 
 TABLES = """
 do $$
@@ -242,3 +244,12 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg003_body_functions", FUNCTIONS + EXCHANGE_BODIES),
     ("pg004_commit_order", COMMIT_ORDER),
 )
+
+# The SQLite migration (store/schema.py) whose schema each of these reaches: how `captures copy` tells
+# whether two stores of different backends are at the same version. Every migration added above gets one.
+REACHES: dict[str, str] = {
+    "pg001_tables": "m005_trace_context",
+    "pg002_day_partitions": "m005_trace_context",
+    "pg003_body_functions": "m006_exchange_bodies",
+    "pg004_commit_order": "m006_exchange_bodies",  # PostgreSQL's own columns (`captures tail`): no SQLite step
+}

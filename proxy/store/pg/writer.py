@@ -4,6 +4,12 @@ transactions, the day partitions made ahead, search columns, and what PostgreSQL
 - Transactions: the connection is in autocommit mode and the writer's `begin`/`commit` are sent as
   statements, so a migration or `tapfix_add_day` (their own `conn.transaction()`) never nests in a
   batch. Read committed: a batch sees other instances' committed rows (sessions join across them).
+- Batches of all instances take one advisory lock (`WRITE_LOCK`) for their transaction: two
+  instances writing a turn and its continuation at the same moment would each miss the other's
+  uncommitted row (neither the continuation's look-up nor the parent's adoption of a waiting session
+  sees it), and the agent run would stay split in two sessions. Serialized, the second sees the
+  first. The price: the fleet's writes are one transaction at a time (one batch of up to 256), which
+  a fleet's rate stays far below; locks per conversation hash would lift it.
 - A row replaces an earlier one of its id with a delete then an insert: the primary key is
   `(id, started_at)` (a partitioned table's key must hold its partition key), so `on conflict (id)`
   can't say it.
@@ -14,6 +20,9 @@ transactions, the day partitions made ahead, search columns, and what PostgreSQL
   sidecar index holds (browse/turns.py `search_document`), and `search` its tsvector (`simple`).
 - The day's partitions (today and tomorrow, UTC) are made at start and whenever the day turns,
   before the batch's transaction; a row of a day without one (a skewed clock) lands in the default.
+- A server that is down or restarting is an outage (`outage`), not a failure: the writer holds the
+  exchanges and retries (store/writer.py). The connection is (re)made by `begin`, migrating and
+  making the days on the first one, so tapfix can start while the server is down (`wait`).
 
 psycopg is imported here only: this module is loaded for a `postgresql://` store alone.
 """
@@ -81,6 +90,12 @@ _REPLACE = "with gone as (delete from changes where exchange_id = ?) delete from
 
 # SQLSTATE classes and codes, https://www.postgresql.org/docs/current/errcodes-appendix.html
 _LOCKED = ("40001", "40P01", "55P03")  # serialization failure, deadlock, lock not available: retry
+# What a failed connection attempt says when the server answered and refused us (a wrong URL,
+# password or database): no outage, waiting won't fix it. Anything else (refused, timed out, starting
+# up, shutting down) is.
+_REFUSED = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied", "no password supplied")
+WRITE_LOCK = 0x7461706669780001  # beside migrate.MIGRATE_LOCK
+_OUTAGE_STATES = ("08", "57P01", "57P02", "57P03")  # connection exceptions; admin/crash shutdown; can't connect now
 _CAUSES = (
     ("disk_full", ("53100",)),
     ("read_only", ("25006",)),
@@ -100,26 +115,46 @@ def _text(value: Any) -> Any:
 
 
 class PostgresBackend:
-    """The write connection of one PostgreSQL store (migrated on open); the writer thread's alone."""
+    """The write connection of one PostgreSQL store (migrated on open); the writer thread's alone.
+
+    `wait`: a server that can't be reached now is no error; `unreachable` says why, and the first
+    `begin` that reaches it migrates. Without it (`tapfix run --strict`) it is a `StoreError`."""
 
     name = "postgresql"
     session_sql = POSTGRES_SESSION_SQL
     _pipeline: AbstractContextManager[psycopg.Pipeline] | None = None  # the batch's, while its transaction is open
 
-    def __init__(self, locator: PostgresLocator | str) -> None:
+    def __init__(self, locator: PostgresLocator | str, *, wait: bool = False) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
+        self.location = str(self.locator)
         self._sql: dict[str, str] = {}
         self._day: datetime.date | None = None
-        try:
-            self.conn = self._connect()
-        except psycopg.Error as e:
-            raise StoreError(f"{self.locator}: can't connect ({self.locator.scrub(str(e).strip())})") from None
-        migrate(self.conn, str(self.locator))
-        self._add_days()
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self.unreachable: str | None = None
         self.bodies: Bodies = PostgresBodyWriter(self)
+        try:
+            self._open()
+        except psycopg.Error as e:
+            said = self.locator.scrub(" ".join(str(e).split()))  # libpq's hint comes on a line of its own
+            if not (wait and self.outage(e)):
+                raise StoreError(f"{self.locator}: can't connect ({said})") from None
+            self.unreachable = said
 
-    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
-        return psycopg.connect(self.locator.url, autocommit=True, application_name="tapfix writer", connect_timeout=5)
+    @property
+    def conn(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._conn is None:
+            raise psycopg.OperationalError(f"{self.locator}: not connected (the server was unreachable)")
+        return self._conn
+
+    def _open(self) -> None:
+        """Connect; migrate and make the days on the first connection, and the days again on a new one."""
+        self._conn = psycopg.connect(
+            self.locator.url, autocommit=True, application_name="tapfix writer", connect_timeout=5
+        )
+        migrate(self._conn, str(self.locator))
+        self._day = None
+        self._add_days()
+        self.unreachable = None
 
     def _add_days(self) -> None:
         now = time.time()
@@ -157,18 +192,23 @@ class PostgresBackend:
             pipeline.__exit__(None, None, None)
 
     def begin(self) -> None:
-        if self.conn.closed or self.conn.broken:  # the server restarted, or the network dropped us
-            self.conn = self._connect()
+        if self._conn is None or self._conn.closed or self._conn.broken:  # the server restarted, or we were cut
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._open()
         self._add_days()
         self.conn.execute("begin")
+        self.conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
 
     def commit(self) -> None:
         self.bodies.verify()  # type: ignore[attr-defined]  # raises BodiesMoved: the batch is written again
         self.conn.execute("commit")
         self._end_pipeline()
-        self.bodies.committed()  # type: ignore[attr-defined]
+        self.bodies.ended(committed=True)  # type: ignore[attr-defined]
 
     def rollback(self) -> None:
+        self.bodies.ended(committed=False)  # type: ignore[attr-defined]
         try:
             self._end_pipeline()
         except psycopg.Error:  # the error the batch is rolled back for, again
@@ -179,11 +219,19 @@ class PostgresBackend:
             pass
 
     def locked(self, e: Exception) -> bool:
-        """Also a connection that broke (the server restarted, an idle connection was cut): the
-        transaction never committed, so it is retried on a new one (`begin` reconnects)."""
-        if isinstance(e, psycopg.OperationalError) and self.conn.broken:
-            return True
         return isinstance(e, psycopg.Error) and (e.sqlstate or "") in _LOCKED
+
+    def outage(self, e: Exception) -> bool:
+        """The server is down, restarting or out of reach, or it cut our connection: worth holding the
+        exchanges and trying again on a new connection (`begin` reconnects)."""
+        if not isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
+            return False
+        state = e.sqlstate or ""
+        if state.startswith(_OUTAGE_STATES):
+            return True
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            return not state and not any(word in str(e) for word in _REFUSED)
+        return False
 
     def environmental(self, e: Exception) -> bool:
         if isinstance(e, psycopg.InterfaceError | psycopg.OperationalError) and not isinstance(
@@ -215,15 +263,20 @@ class PostgresBackend:
         )
 
     def retain(self, retention: Retention) -> None:
-        raise StoreError(f"{self.locator}: retention on PostgreSQL is not supported by this tapfix yet")
+        """Between batches, on the writer's thread: day partitions dropped, the straddling day's rows deleted."""
+        from tapfix.proxy.store.pg.retention import purge
+
+        retention.maybe_run(self.conn, purge_with=purge)
 
     def close(self) -> None:
-        self.conn.close()
+        if self._conn is not None:
+            self._conn.close()
 
 
-def postgres_writer(locator: PostgresLocator | str, *, batch: int = 256) -> CaptureWriter:
-    """A `CaptureWriter` on a PostgreSQL store (migrated, today's and tomorrow's days made)."""
-    return CaptureWriter(PostgresBackend(locator), batch=batch)
+def postgres_writer(locator: PostgresLocator | str, *, wait: bool = False, **options: Any) -> CaptureWriter:
+    """A `CaptureWriter` on a PostgreSQL store (migrated, today's and tomorrow's days made; with `wait`,
+    once the server can be reached). `options`: `CaptureWriter`'s (batch, retention, held bounds)."""
+    return CaptureWriter(PostgresBackend(locator, wait=wait), **options)
 
 
 def _search_text(row: dict[str, Any], ex: Exchange) -> str | None:
