@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 import psycopg  # noqa: E402
 import store_browse  # noqa: E402
-from store_fill import FLAG, MODELS, Fill, Sessions, Shape, fill, tree_cpu_s  # noqa: E402
+from store_fill import FLAG, MODELS, Sessions, Shape, fill, tree_cpu_s  # noqa: E402
 from tapfix.proxy.store.pg.writer import PostgresBackend  # noqa: E402
 from tapfix.proxy.store.writer import CaptureWriter  # noqa: E402
 
@@ -65,7 +66,7 @@ def sqlite_size(db: Path) -> dict[str, int]:
     return {"database": total, "tables": total}
 
 
-def probe_sqlite(db: Path, fill_: Fill) -> store_browse.Probe:
+def probe_sqlite(db: Path) -> store_browse.Probe:
     import sqlite3
 
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -131,7 +132,7 @@ class Bench:
             writer = CaptureWriter(db)
             result = fill([writer], sessions, n, kind, progress=self._progress(n))
             size = sqlite_size(db)
-            probe, where = probe_sqlite(db, result), db
+            probe, where = probe_sqlite(db), db
         else:
             dsn = self.pg(f"scale_{n}")
             empty = pg_size(dsn)["database"]
@@ -185,8 +186,11 @@ class Bench:
             with psycopg.connect(dsn) as conn:
                 stored = int(conn.execute("select count(*) from exchanges").fetchone()[0])
             per = {k: (size[k] - empty[k]) / max(stored, 1) for k in ("database", "tables", "bodies")}
-            self.results["fleet"][label] = {"n": n, "stored": stored, "failures": result.failures, **per}
-            say(f"  fleet {label}: {per['database']:.0f} B/capture (bodies {per['bodies']:.0f} B)")
+            row = {"n": n, "stored": stored, "failures": result.failures, "per_s": result.per_s(), **per}
+            self.results["fleet"][label] = row
+            say(
+                f"  fleet {label}: {per['database']:.0f} B/capture (bodies {per['bodies']:.0f} B), {row['per_s']:.0f}/s"
+            )
             self.save()
 
     def save(self) -> None:
@@ -194,7 +198,7 @@ class Bench:
         if self.json_path:
             self.json_path.write_text(json.dumps(self.results, indent=2))
 
-    def _progress(self, n: int):  # noqa: ANN202
+    def _progress(self, n: int) -> Callable[[int], None]:
         t0 = time.perf_counter()
 
         def tell(i: int) -> None:
@@ -291,11 +295,13 @@ def report(r: dict[str, Any]) -> str:
     if r["fleet"]:
         out += [
             "",
-            "| fleet (PostgreSQL, same sessions) | captures stored | B/capture (database) | bodies B/capture |",
-            "|---|---|---|---|",
+            "| fleet (PostgreSQL, same sessions) | captures stored | exchanges/s (all writers) | B/capture (database)"
+            " | bodies B/capture |",
+            "|---|---|---|---|---|",
         ]
         for label, v in r["fleet"].items():
-            out.append(f"| {label} | {v['stored']:,} of {v['n']:,} | {v['database']:.0f} | {v['bodies']:.0f} |")
+            cells = f"{v['stored']:,} of {v['n']:,} | {v.get('per_s', 0):.0f} | {v['database']:.0f} | {v['bodies']:.0f}"
+            out.append(f"| {label} | {cells} |")
     if r.get("proxy"):
         out += [
             "",
