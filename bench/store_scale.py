@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None, server: PostgresServer | None = None) ->
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000", help="captures per fill, comma-separated")
     ap.add_argument("--stores", default="sqlite,postgresql")
-    ap.add_argument("--fleet", type=int, default=30_000, help="captures per fleet case (0: none)")
+    ap.add_argument("--fleet", type=int, default=10_000, help="captures per fleet case (0: none)")
     ap.add_argument("--proxy", type=int, default=10_000, help="exchanges through tapfix run per store (0: none)")
     ap.add_argument("--turns", type=int, default=Shape.turns)
     ap.add_argument("--final-kb", type=int, default=Shape.final_kb)
