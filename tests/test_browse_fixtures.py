@@ -86,9 +86,18 @@ def _exchange(
 
 
 def build_db(path: Path, *, now: float | None = None) -> Built:
-    now = now or time.time() - 600
     built = Built(path)
     writer = CaptureWriter(path)
+    for name, ex in browse_exchanges(now).items():
+        writer.submit(ex)
+        built.ids[name] = ex.id
+    writer.close()
+    return built
+
+
+def browse_exchanges(now: float | None = None) -> dict[str, Exchange]:
+    """The exchanges of `build_db` by name, in write order."""
+    now = now or time.time() - 600
     system = {"role": "system", "content": "You are opencode, a coding agent."}
     user1 = {"role": "user", "content": "Fix the flaky test in parser_test.py"}
     session = [("x-session-id", "ses_opencode_1")]
@@ -224,19 +233,7 @@ def build_db(path: Path, *, now: float | None = None) -> Built:
         changes=[Change("toolcalls", "bad_name", "$.choices[0].tool_calls[0]", XSS, XSS, XSS)],
         flags={"xss_" + "flag"},
     )
-    for name, ex in (
-        ("turn1", ex1),
-        ("turn2", ex2),
-        ("turn3", ex3),
-        ("sdk", ex4),
-        ("replay", ex5),
-        ("error", ex6),
-        ("xss", ex7),
-    ):
-        writer.submit(ex)
-        built.ids[name] = ex.id
-    writer.close()
-    return built
+    return {"turn1": ex1, "turn2": ex2, "turn3": ex3, "sdk": ex4, "replay": ex5, "error": ex6, "xss": ex7}
 
 
 def test_fixture_db_is_complete(tmp_path: Path) -> None:

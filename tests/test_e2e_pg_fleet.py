@@ -181,6 +181,34 @@ def test_the_fleet_stores_every_exchange_byte_exact_with_sessions_intact(fleet: 
     assert exported.returncode == 0 and exported.stdout == last.received
 
 
+def test_browse_and_replay_see_the_whole_fleet(fleet: Fleet, mock: Proc) -> None:
+    """The browser lists every instance's exchanges and shows each agent run as one session, turns in
+    order, bodies exact; `tapfix replay` resends a turn that another instance recorded."""
+    from starlette.testclient import TestClient
+    from tapfix.proxy.browse import create_app
+    from tapfix.proxy.store.locator import StoreLocator
+
+    turns = [t for ts in fleet.agents.values() for t in ts]
+    with TestClient(create_app(StoreLocator.resolve(fleet.url, postgres=True)), base_url="http://127.0.0.1") as c:
+        listed = c.get("/").text
+        assert all(f'href="/exchange/{t.capture_id}"' in listed for t in turns)
+        for ts in fleet.agents.values():
+            session = c.get(f"/exchange/{ts[0].capture_id}").text.split('href="/session/')[1].split('"')[0]
+            page = c.get(f"/session/{session}").text
+            assert [page.index(f'href="/exchange/{t.capture_id}"') for t in ts] == sorted(
+                page.index(f'href="/exchange/{t.capture_id}"') for t in ts
+            )
+        last = fleet.agents["agent1"][-1]
+        assert c.get(f"/exchange/{last.capture_id}/body/request").content == last.sent
+        assert c.get(f"/exchange/{last.capture_id}/body/client_response").content == last.received
+    again = cli("replay", last.capture_id, "--db", fleet.url, "--upstream", mock.url, "--json")
+    assert again.returncode == 0, again.stderr.decode()
+    run = json.loads(again.stdout.splitlines()[0])
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        row = conn.execute("select source_id, tags from exchanges where id = %s", (run["capture_id"],)).fetchone()
+    assert row == (last.capture_id, '["replay"]')
+
+
 def _load(proxies: list[Proc], done: list[Turn], failed: list[str], stop: threading.Event, name: str) -> None:
     """One agent after another, turn after turn, to the instances in turn, until `stop`."""
     messages: list[dict[str, str]] = []

@@ -44,8 +44,10 @@ def store_source(
     forwarded: bytes | None = None,
     headers: list[tuple[str, str]] | None = None,
     capture_id: str | None = None,
+    writer: CaptureWriter | None = None,
 ) -> str:
-    """One captured exchange, as the proxy's writer stores it (the key redacted on the way in)."""
+    """One captured exchange, as the proxy's writer stores it (the key redacted on the way in); `writer`:
+    another store's (then `db` is unused), closed here too."""
     headers = headers or [
         ("content-type", "application/json"),
         ("authorization", "Bearer sk-stored-key-0123456789"),
@@ -71,7 +73,7 @@ def store_source(
     )
     if capture_id:
         ex.id = capture_id
-    writer = CaptureWriter(db)
+    writer = writer or CaptureWriter(db)
     writer.submit(ex)
     writer.close()
     return ex.id

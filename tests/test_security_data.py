@@ -145,7 +145,7 @@ def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     out = [curl_script(capture, b"{}"), python_script(capture, b"{}")]
     out += [v.decode(errors="replace") for v in bundle_files(SqliteReader(conn), capture).values()]
     for which in ("forwarded", "request"):
-        request = build_request(conn, ex.id, which=which)
+        request = build_request(SqliteReader(conn), ex.id, which=which)
         out.append(repr(request.headers) + request.url)
         assert not any(name.lower() in ("authorization", "x-api-key") for name, _ in request.headers)
     for text in out:

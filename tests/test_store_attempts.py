@@ -19,7 +19,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.client import build_request, session_capture_ids
-from tapfix.proxy.store.reader import list_captures, load_capture
+from tapfix.proxy.store.reader import SqliteReader, list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
@@ -225,11 +225,11 @@ def test_replay_resends_the_one_capture_asked_for(tmp_path: Path) -> None:
         ex.request_headers = [("x-session-id", "ses_1")]
         ex.upstream_url = "http://127.0.0.1:8000/v1/chat/completions"
     write(tmp_path / "r.db", [*attempts, parent])
-    conn = open_for_reading(tmp_path / "r.db")
-    assert build_request(conn, parent.id).body == parent.request
+    reader = SqliteReader(open_for_reading(tmp_path / "r.db"))
+    assert build_request(reader, parent.id).body == parent.request
     for ex in attempts:
-        assert build_request(conn, ex.id).body == ex.request != parent.request
-    assert session_capture_ids(conn, "ses_1") == [parent.id]
+        assert build_request(reader, ex.id).body == ex.request != parent.request
+    assert session_capture_ids(reader, "ses_1") == [parent.id]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

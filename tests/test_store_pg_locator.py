@@ -89,7 +89,7 @@ def test_refused_in_one_line_with_the_password_masked(monkeypatch: pytest.Monkey
             StoreLocator.resolve(value)
         message = str(caught.value)
         assert "hunter2" not in message and "alice:***@127.0.0.1" in message
-        assert "can't use a PostgreSQL store yet" in message and "\n" not in message
+        assert "can't use a PostgreSQL store" in message and "\n" not in message
     monkeypatch.setenv("TAPFIX_DB", "postgres://alice:hunter2@127.0.0.1/tapfix")
     with pytest.raises(StoreError, match=r"postgres://alice:\*\*\*@127.0.0.1/tapfix"):
         StoreLocator.resolve(None)

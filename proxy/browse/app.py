@@ -1,7 +1,8 @@
 """`tapfix browse`: a Starlette app over the capture store, read-only, HTML rendered on the server.
 
-Endpoints are plain functions (Starlette runs them in its thread pool), each on its own thread-local
-read-only connection, so the proxy can keep writing (WAL) while pages are served.
+Endpoints are plain functions (Starlette runs them in its thread pool) over a `BrowseStore`
+(source.py): a SQLite file on thread-local read-only connections, so the proxy can keep writing
+(WAL) while pages are served, or a PostgreSQL store through a small pool.
 """
 
 from __future__ import annotations
@@ -21,21 +22,22 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from tapfix.proxy.browse import static
 from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
+from tapfix.proxy.browse.filters import FilterError, Filters
 from tapfix.proxy.browse.fts import SearchIndex
-from tapfix.proxy.browse.queries import FilterError, Filters, Page, Store, facets, list_exchanges, list_sessions
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
-from tapfix.proxy.browse.session_turns import load_session
-from tapfix.proxy.browse.stats import Stats, compute_stats
+from tapfix.proxy.browse.source import BrowseStore, Page
+from tapfix.proxy.browse.stats import Stats
 from tapfix.proxy.browse.svg import histogram_svg
 from tapfix.proxy.browse.views import render
-from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.reader import CaptureNotFound
 from tapfix.proxy.store.writer import StoreError
 
 SYNC_SEARCH_BACKLOG = 500  # a search indexes this many new captures itself; the background does the rest
 
 
 def create_app(
-    db_path: Path | str,
+    db: StoreLocator | Path | str,
     *,
     token: str | None = None,
     loopback_only: bool = True,
@@ -43,11 +45,14 @@ def create_app(
     index_path: Path | None = None,
     background_index: bool = True,
 ) -> Starlette:
-    db_path = Path(db_path)
-    index = SearchIndex(db_path, index_path) if search else None
-    store = Store(db_path, index)
-    shown_db = str(db_path)
-    replay_db = shlex.quote(str(db_path.resolve()))
+    """`search`, `index_path`, `background_index`: SQLite's search sidecar (fts.py); a PostgreSQL
+    store searches the columns its writer maintains."""
+    postgres = isinstance(db, StoreLocator) and db.postgres is not None
+    db_path = Path() if postgres else db.path if isinstance(db, StoreLocator) else Path(db)
+    index = SearchIndex(db_path, index_path) if search and not postgres else None
+    store = open_store(db if isinstance(db, StoreLocator) else db_path, index)
+    shown_db = str(db) if postgres else str(db_path)  # a PostgreSQL URL shows its password masked
+    replay_db = shlex.quote(str(db) if postgres else str(db_path.resolve()))
 
     def page(name: str, status_code: int = 200, **context: object) -> Response:
         return render(name, status_code, db=shown_db, **context)
@@ -60,8 +65,7 @@ def create_app(
         if f.q and index is not None:
             index.catch_up(limit=SYNC_SEARCH_BACKLOG, wait=False)
         try:
-            result = list_exchanges(
-                store,
+            result = store.list_exchanges(
                 f,
                 before=request.query_params.get("before", ""),
                 after=request.query_params.get("after", ""),
@@ -69,12 +73,12 @@ def create_app(
             problem = None
         except FilterError as e:
             result, problem = Page([]), str(e)
-        return page("list", 200 if problem is None else 400, f=f, page=result, facets=facets(store), error=problem)
+        return page("list", 200 if problem is None else 400, f=f, page=result, facets=store.facets(), error=problem)
 
     def exchange(request: Request) -> Response:
         capture_id = request.path_params["capture_id"]
         try:
-            d = load_detail(store.conn(), capture_id)
+            d = load_detail(store, capture_id)
         except CaptureNotFound as e:
             return error(404, str(e))
         if d.capture["id"] != capture_id:
@@ -85,10 +89,10 @@ def create_app(
         which = request.path_params["which"]
         if which not in BODIES:
             return error(404, f"no body {which!r}: one of {', '.join(BODIES)}")
-        conn = store.conn()
         try:
-            capture = load_capture(conn, request.path_params["capture_id"])
-            data = capture_body(conn, capture, which)
+            with store.reading() as reader:
+                capture = reader.load_capture(request.path_params["capture_id"])
+                data = reader.capture_body(capture, which)
         except CaptureNotFound as e:
             return error(404, str(e))
         except StoreError as e:
@@ -102,14 +106,12 @@ def create_app(
         if not export_available():
             return error(404, "repro bundles need tapfix.proxy.replay.export, which this installation lacks")
         from tapfix.proxy.replay.export import export_capture
-        from tapfix.proxy.store.reader import SqliteReader
 
-        conn = store.conn()
         try:
-            capture = load_capture(conn, request.path_params["capture_id"])
-            with tempfile.TemporaryDirectory(prefix="tapfix-browse-") as tmp:
+            with store.reading() as reader, tempfile.TemporaryDirectory(prefix="tapfix-browse-") as tmp:
+                capture = reader.load_capture(request.path_params["capture_id"])
                 out = Path(tmp) / f"tapfix-bundle-{capture['id']}.zip"
-                export_capture(SqliteReader(conn), capture, "bundle", out, "forwarded")
+                export_capture(reader, capture, "bundle", out, "forwarded")
                 data, name = _packed(out)
         except CaptureNotFound as e:
             return error(404, str(e))
@@ -118,11 +120,10 @@ def create_app(
         return _download(data, name)
 
     def sessions(request: Request) -> Response:
-        return page("sessions", page=list_sessions(store.conn(), before=request.query_params.get("before", "")))
+        return page("sessions", page=store.list_sessions(before=request.query_params.get("before", "")))
 
     def session(request: Request) -> Response:
-        after = request.query_params.get("after", "0")
-        view = load_session(store.conn(), request.path_params["session_id"], after=int(after) if after.isdigit() else 0)
+        view = store.load_session(request.path_params["session_id"], after=request.query_params.get("after", ""))
         if view is None:
             return error(404, f"no session {request.path_params['session_id']!r}")
         return page("session", v=view)
@@ -131,7 +132,7 @@ def create_app(
         """Aggregates over the whole store take a while (~0.2-1 s at 100k): cached, refreshed behind."""
 
         def compute() -> tuple[Stats, str, str]:
-            s = compute_stats(store, f)
+            s = store.compute_stats(f)
             return (
                 s,
                 histogram_svg(s.ttft_ms, unit="ms", label="time to first token"),
@@ -168,7 +169,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         def warm() -> None:  # ready before the first visit; stats only once they'd be complete
-            facets(store)
+            store.facets()
             if index is None or index.status()[0] >= index.status()[1]:
                 stats_of(Filters())
 
@@ -180,6 +181,7 @@ def create_app(
         finally:
             if index is not None:
                 index.stop()
+            store.close()
 
     routes = [
         Route("/", captures),
@@ -198,10 +200,27 @@ def create_app(
         middleware.append(Middleware(HostGuard))
     else:
         raise ValueError("a browser reachable beyond loopback needs a token")
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+    def unavailable(request: Request, exc: Exception) -> Response:
+        return error(503, str(exc))  # the database went away (a PostgreSQL restart): one line, never a traceback
+
+    app = Starlette(
+        routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={StoreError: unavailable}
+    )
     app.state.store = store
     app.state.index = index
     return app
+
+
+def open_store(db: StoreLocator | Path, index: SearchIndex | None = None) -> BrowseStore:
+    """The browser's store for a `--db` (a locator, or a SQLite path); `index`: SQLite's sidecar."""
+    if isinstance(db, StoreLocator) and db.postgres is not None:
+        from tapfix.proxy.browse.pg_queries import PostgresStore
+
+        return PostgresStore(db.postgres)
+    from tapfix.proxy.browse.queries import Store
+
+    return Store(db.path if isinstance(db, StoreLocator) else db, index)
 
 
 def _download(data: bytes, filename: str) -> Response:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.browse.queries import attempts_of, replays_of, session_neighbours
 from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
-from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import StoreError, unpack_timing
+
+if TYPE_CHECKING:
+    from tapfix.proxy.browse.source import BrowseStore
+    from tapfix.proxy.store.reader import CaptureReader
 
 PRETTY_LIMIT = 400_000  # characters shown inline; the download links give every byte
 DIFF_LINES_LIMIT = 30_000
@@ -119,9 +120,11 @@ class Detail:
     next: str | None = None
 
 
-def load_detail(conn: sqlite3.Connection, capture_id: str) -> Detail:
-    capture = load_capture(conn, capture_id)  # raises CaptureNotFound
-    d = Detail(capture)
+def load_detail(store: BrowseStore, capture_id: str) -> Detail:
+    with store.reading() as reader:
+        capture = reader.load_capture(capture_id)  # raises CaptureNotFound
+        d = Detail(capture)
+        _bodies(d, reader)
     for change in capture["change_rows"]:
         row = {
             **change,
@@ -132,14 +135,35 @@ def load_detail(conn: sqlite3.Connection, capture_id: str) -> Detail:
         d.changes.append(row)
         if change["stage"] == "toolcalls":
             d.repairs.append(row)
+    points = unpack_timing(capture.get("chunk_timing"))
+    if points:
+        d.timing = analyze(
+            points,
+            ttft_ms=capture.get("first_token_ms"),
+            first_byte_ms=capture.get("upstream_first_byte_ms"),
+            duration_ms=capture.get("duration_ms"),
+            completion_tokens=capture.get("completion_tokens"),
+        )
+        d.timeline = timeline_svg(points, d.timing)
+    d.bundle = export_available() and capture.get("request_body_id") is not None
+    d.replays = store.replays_of(capture["id"])
+    d.attempts = store.attempts_of(capture["id"])
+    d.previous, d.next = store.session_neighbours(capture)
+    capture.pop("chunk_timing", None)
+    return d
+
+
+def _bodies(d: Detail, reader: CaptureReader) -> None:
+    """The bodies, pretty, with the request diff and the download links; an unreadable one is said once."""
+    capture = d.capture
     try:
-        request = capture_body(conn, capture, "request")
+        request = reader.capture_body(capture, "request")
         d.sent, d.sent_truncated = pretty(request)
         if capture.get("forwarded_body_id"):
-            forwarded = capture_body(conn, capture, "forwarded")
+            forwarded = reader.capture_body(capture, "forwarded")
             d.forwarded = pretty(forwarded)[0]
             d.diff = line_diff(d.sent, d.forwarded)
-        response = capture_body(conn, capture, "response")
+        response = reader.capture_body(capture, "response")
         d.response, d.response_truncated = (
             pretty(response)
             if not capture.get("stream")
@@ -165,19 +189,3 @@ def load_detail(conn: sqlite3.Connection, capture_id: str) -> Detail:
             d.downloads.append((which, labels[which], sizes.get(which, -1)))
     except (StoreError, LookupError, ValueError) as e:
         d.bodies_error = str(e)
-    points = unpack_timing(capture.get("chunk_timing"))
-    if points:
-        d.timing = analyze(
-            points,
-            ttft_ms=capture.get("first_token_ms"),
-            first_byte_ms=capture.get("upstream_first_byte_ms"),
-            duration_ms=capture.get("duration_ms"),
-            completion_tokens=capture.get("completion_tokens"),
-        )
-        d.timeline = timeline_svg(points, d.timing)
-    d.bundle = export_available() and capture.get("request_body_id") is not None
-    d.replays = replays_of(conn, capture["id"])
-    d.attempts = attempts_of(conn, capture["id"])
-    d.previous, d.next = session_neighbours(conn, capture)
-    capture.pop("chunk_timing", None)
-    return d

@@ -45,20 +45,25 @@ def sidecar_path(db_path: Path) -> Path:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def to_match(query: str) -> str:
-    """User words → a safe FTS5 query: every word or "quoted phrase" must appear; `word*` is a prefix.
+def search_terms(query: str) -> list[tuple[str, bool]]:
+    """User words → (text, is a prefix) for every word or "quoted phrase"; `word*` is a prefix.
 
     Control characters separate words like a space: FTS5 rejects a NUL even inside a quoted term,
-    and the tokenizer never indexes control characters anyway.
-    """
+    and the tokenizer never indexes control characters anyway. PostgreSQL's search reads the same
+    terms (pg_queries.py)."""
     terms = []
     for phrase, word in re.findall(r'"([^"]*)"|(\S+)', _CONTROL.sub(" ", query)):
         text = (phrase or word).replace('"', "")
         prefix = bool(word) and text.endswith("*")
         text = text.rstrip("*")
         if text.strip():
-            terms.append(f'"{text}"' + ("*" if prefix else ""))
-    return " ".join(terms)
+            terms.append((text, prefix))
+    return terms
+
+
+def to_match(query: str) -> str:
+    """User words → a safe FTS5 query: every word or "quoted phrase" must appear; `word*` is a prefix."""
+    return " ".join(f'"{text}"' + ("*" if prefix else "") for text, prefix in search_terms(query))
 
 
 class BodyCache(BodyReader):

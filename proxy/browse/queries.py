@@ -1,4 +1,5 @@
-"""All the browser's SQL against the capture store (read-only) and the search sidecar.
+"""All the browser's SQL against a SQLite capture store (read-only) and the search sidecar: SQLite's
+`BrowseStore` (source.py; PostgreSQL's is pg_queries.py). The form's `Filters` are shared.
 
 Lists are newest first by `exchanges.rowid` (write order) with keyset pagination: every single-column
 index of the schema ends in the rowid, so `where model = ? order by rowid desc limit 51` walks one
@@ -8,24 +9,23 @@ ids (`?before=ID`), turned into rowids through the primary key.
 
 from __future__ import annotations
 
-import datetime
-import re
+import contextlib
 import sqlite3
 import threading
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlencode
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from tapfix.proxy.browse.filters import Filters
 from tapfix.proxy.browse.fts import SearchIndex, to_match
-from tapfix.proxy.store.reader import attempt_columns, has_attempts
+from tapfix.proxy.browse.source import PAGE, CachedStore, Page, SessionPage, newest_first
+from tapfix.proxy.store.reader import CaptureReader, SqliteReader, attempt_columns, has_attempts
 from tapfix.proxy.store.writer import open_for_reading
 
-T = TypeVar("T")
-PAGE = 50
+if TYPE_CHECKING:
+    from tapfix.proxy.browse.session_turns import SessionView
+    from tapfix.proxy.browse.stats import Stats
 LIST_COLUMNS = (
     "e.rowid as rid, e.id, e.started_at, e.method, e.path, e.model, e.status, e.user_agent, e.stream,"
     " e.changes_count, e.flags, e.tags, e.first_token_ms, e.duration_ms, e.finish_reason, e.error,"
@@ -33,117 +33,20 @@ LIST_COLUMNS = (
     " substr(e.content, 1, 160) as content_start"
 )
 CHANGE_REASONS_LIMIT = 20  # why an attempt was made, per attempt: its tool-call change rows
-_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-class FilterError(ValueError):
-    """A filter value the user typed that can't be understood; shown on the page, never a 500."""
+class Store(CachedStore):
+    """SQLite's `BrowseStore` (source.py): thread-local read-only connections (Starlette runs sync
+    endpoints in a thread pool), the search sidecar attached to each."""
 
-
-def parse_time(value: str, now: float | None = None) -> float:
-    """`15m`, `2h`, `7d` (ago) or an ISO date/datetime (UTC unless it says otherwise) → unix time."""
-    value = value.strip()
-    match = _RELATIVE.match(value)
-    if match:
-        return (now or time.time()) - float(match.group(1)) * _UNITS[match.group(2)]
-    try:
-        moment = datetime.datetime.fromisoformat(value)
-    except ValueError:
-        raise FilterError(f"time {value!r}: use 15m, 2h, 7d or 2025-01-31T10:00") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp()
-
-
-@dataclass
-class Filters:
-    """The list page's filters, as typed in the form (strings), with their SQL."""
-
-    q: str = ""
-    model: str = ""
-    client: str = ""
-    path: str = ""
-    status: str = ""
-    flag: str = ""
-    tag: str = ""
-    session: str = ""
-    since: str = ""
-    until: str = ""
-    changes: str = ""
-    repairs: str = ""
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Filters:
-        return cls(**{f.name: str(params.get(f.name, "")).strip()[:500] for f in fields(cls)})
-
-    def query(self, **override: str) -> str:
-        values = {f.name: getattr(self, f.name) for f in fields(self)} | override
-        return urlencode({k: v for k, v in values.items() if v})
-
-    def active(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self))
-
-    def where(self, now: float | None = None) -> tuple[list[str], list[Any]]:
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (("model", self.model), ("path", self.path), ("session_id", self.session)):
-            if value:
-                where.append(f"e.{column} = ?")
-                args.append(value)
-        if self.client:  # a prefix: "opencode" matches "opencode/0.4.1 ai-sdk/..."; served by the index
-            where.append("e.user_agent >= ? and e.user_agent < ?")
-            args += [self.client, self.client + "\U0010ffff"]
-        if self.status:
-            where.append(self._status_sql(args))
-        for column, value in (("flags", self.flag), ("tags", self.tag)):
-            if value:  # values are identifiers: their quoted JSON form can only match an element
-                where.append(f"e.{column} != '[]' and instr(e.{column}, ?) > 0")
-                args.append(orjson.dumps(value).decode())
-        if self.changes:
-            where.append("e.changes_count > 0")
-        if self.repairs:
-            where.append(
-                "e.changes_count > 0 and exists (select 1 from changes c"
-                " where c.exchange_id = e.id and c.stage = 'toolcalls')"
-            )
-        for value, op in ((self.since, ">="), (self.until, "<")):
-            if value:
-                where.append(f"e.ts {op} ?")
-                args.append(parse_time(value, now))
-        return where, args
-
-    def _status_sql(self, args: list[Any]) -> str:
-        status = self.status.lower()
-        if status == "error":
-            return "(e.status is null or e.status >= 400 or e.error is not null)"
-        if re.fullmatch(r"[1-5]xx", status):
-            args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
-            return "e.status >= ? and e.status < ?"
-        if status.isdigit():
-            args.append(int(status))
-            return "e.status = ?"
-        raise FilterError(f"status {self.status!r}: use a code (200), a class (4xx) or 'error'")
-
-
-@dataclass
-class Page:
-    rows: list[dict[str, Any]]
-    older: str | None = None  # capture id to pass as ?before=
-    newer: str | None = None  # capture id to pass as ?after=
-    searched: bool = False
-    index_behind: int = 0  # exchanges the search index has not reached yet
-
-
-class Store:
-    """Thread-local read-only connections (Starlette runs sync endpoints in a thread pool)."""
+    backend = "sqlite"
+    transient = (sqlite3.Error,)
 
     def __init__(self, db_path: Path, index: SearchIndex | None = None) -> None:
+        super().__init__()
         self.db_path = db_path
         self.index = index
         self._local = threading.local()
-        self._cache: dict[str, tuple[float, Any]] = {}
-        self._refreshing: set[str] = set()
         open_for_reading(db_path).close()  # fail now, at start, on a missing or foreign db
 
     def conn(self) -> sqlite3.Connection:
@@ -155,39 +58,48 @@ class Store:
             self._local.conn = conn
         return conn
 
-    def cached(self, key: str, ttl: float, compute: Callable[[], T]) -> T:
-        """Stale-while-revalidate: only the very first request waits for an aggregate over the whole
-        store; later ones get the last value while a thread recomputes it."""
-        hit = self._cache.get(key)
-        if hit is None:
-            value = compute()
-            self._cache[key] = (time.monotonic(), value)
-            while len(self._cache) > 128:  # one entry per filter combination: keep the newest
-                self._cache.pop(next(iter(self._cache)))
-            return value
-        if time.monotonic() - hit[0] >= ttl and key not in self._refreshing:
-            self._refreshing.add(key)
-            threading.Thread(target=self._refresh, args=(key, compute), daemon=True).start()
-        return hit[1]  # type: ignore[no-any-return]  # one key is always computed by the same function
+    def thread_done(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:  # this thread ends: don't leave its connection to the collector
+            conn.close()
+            self._local.conn = None
 
-    def in_thread(self, compute: Callable[[], Any]) -> None:
-        """Run `compute` (say, warming a cache at start) on its own thread and connection."""
-        threading.Thread(target=self._refresh, args=(None, compute), daemon=True).start()
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[CaptureReader]:
+        yield SqliteReader(self.conn())
 
-    def _refresh(self, key: str | None, compute: Callable[[], Any]) -> None:
-        try:
-            value = compute()
-            if key is not None:
-                self._cache[key] = (time.monotonic(), value)
-        except sqlite3.Error:
-            pass  # keep the stale value; the next request tries again
-        finally:
-            if key is not None:
-                self._refreshing.discard(key)
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:  # this thread ends: don't leave its connection to the collector
-                conn.close()
-                self._local.conn = None
+    def list_exchanges(
+        self, f: Filters, *, before: str = "", after: str = "", limit: int = PAGE, now: float | None = None
+    ) -> Page:
+        return list_exchanges(self, f, before=before, after=after, limit=limit, now=now)
+
+    def facets(self) -> dict[str, list[tuple[str, int]]]:
+        return facets(self)
+
+    def replays_of(self, capture_id: str) -> list[dict[str, Any]]:
+        return replays_of(self.conn(), capture_id)
+
+    def attempts_of(self, capture_id: str) -> list[dict[str, Any]]:
+        return attempts_of(self.conn(), capture_id)
+
+    def session_neighbours(self, capture: Mapping[str, Any]) -> tuple[str | None, str | None]:
+        return session_neighbours(self.conn(), capture)
+
+    def list_sessions(self, *, before: str = "", limit: int = PAGE) -> SessionPage:
+        return list_sessions(self.conn(), before=before, limit=limit)
+
+    def load_session(self, session_id: str, *, after: str = "", limit: int = PAGE) -> SessionView | None:
+        from tapfix.proxy.browse.session_turns import load_session
+
+        return load_session(self.conn(), session_id, after=int(after) if after.isdigit() else 0, limit=limit)
+
+    def compute_stats(self, f: Filters) -> Stats:
+        from tapfix.proxy.browse.stats import compute_stats
+
+        return compute_stats(self, f)
+
+    def close(self) -> None:
+        self.thread_done()
 
 
 def rowid_of(conn: sqlite3.Connection, capture_id: str) -> int | None:
@@ -239,16 +151,8 @@ def list_exchanges(
             f" limit ?) order by e.rowid {direction}"
         )
     rows = [decode_row(r) for r in conn.execute(sql, [*args, limit + 1])]
-    more = len(rows) > limit
-    rows = rows[:limit]
-    page = Page(rows, searched=searched)
-    if after and not before:
-        rows.reverse()
-        page.newer = rows[0]["id"] if more and rows else None
-        page.older = rows[-1]["id"] if rows else None
-    else:
-        page.older = rows[-1]["id"] if more else None
-        page.newer = rows[0]["id"] if (before and rows) else None
+    page = newest_first(rows, limit, before=before, after=after)
+    page.searched = searched
     if searched and store.index is not None:
         top = conn.execute("select max(rowid) from exchanges").fetchone()[0] or 0
         done = conn.execute("select value from fts.meta where key = 'last_rowid'").fetchone()
@@ -331,12 +235,6 @@ def session_neighbours(conn: sqlite3.Connection, capture: Mapping[str, Any]) -> 
         (capture["session_id"], rid),
     ).fetchone()
     return (prev[0] if prev else None), (nxt[0] if nxt else None)
-
-
-@dataclass
-class SessionPage:
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    older: str | None = None
 
 
 def list_sessions(conn: sqlite3.Connection, *, before: str = "", limit: int = PAGE) -> SessionPage:

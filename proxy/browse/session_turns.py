@@ -36,13 +36,14 @@ class SessionView:
     session: dict[str, Any]
     turns: list[Turn]
     first_number: int
-    later: int | None  # rowid cursor for the next page of turns
+    later: int | str | None  # the cursor for the next page of turns (SQLite: a rowid; PostgreSQL: an id)
     total: int
 
 
 def load_session(
     conn: sqlite3.Connection, session_id: str, *, after: int = 0, limit: int = TURNS_PAGE
 ) -> SessionView | None:
+    """SQLite's session page; `after`: the rowid cursor of the page before (0: from the first turn)."""
     session = conn.execute("select * from sessions where id = ?", (session_id,)).fetchone()
     total = conn.execute("select count(*) from exchanges where session_id = ?", (session_id,)).fetchone()[0]
     if session is None and not total:
@@ -60,12 +61,9 @@ def load_session(
     ]
     later = rows[limit - 1]["rid"] if len(rows) > limit else None
     rows = rows[:limit]
-    first_number = (
-        1
-        + conn.execute(
-            "select count(*) from exchanges where session_id = ? and rowid <= ?", (session_id, after)
-        ).fetchone()[0]
-    )
+    earlier = conn.execute(
+        "select count(*) from exchanges where session_id = ? and rowid <= ?", (session_id, after)
+    ).fetchone()[0]
     bodies = BodyCache(conn)
     previous: list[Any] | None = None
     if after:
@@ -75,11 +73,28 @@ def load_session(
         ).fetchone()
         previous = messages_of(parse_json(bodies.get(prev[0]))) if prev else None
     changes = _changes_of(conn, [r["id"] for r in rows])
+    for row in rows:
+        row["request"] = bodies.get(row["request_body_id"])
+    return session_view(info, rows, changes, first_number=1 + earlier, previous=previous, later=later, total=total)
+
+
+def session_view(
+    info: dict[str, Any],
+    rows: list[dict[str, Any]],
+    changes: dict[str, list[dict[str, Any]]],
+    *,
+    first_number: int,
+    previous: list[Any] | None,
+    later: int | str | None,
+    total: int,
+) -> SessionView:
+    """The page from one backend's rows (each with its `request` body, None when unreadable) in turn
+    order, their change rows, and the messages of the turn before the first one (None: none)."""
     turns = []
     for i, row in enumerate(rows):
         row["flags"] = orjson.loads(row["flags"]) if row["flags"] else []
         row["tool_calls"] = orjson.loads(row["tool_calls"]) if row["tool_calls"] else []
-        messages = messages_of(parse_json(bodies.get(row["request_body_id"])))
+        messages = messages_of(parse_json(row.pop("request")))
         delta = turn_delta(previous, messages) if messages else None
         added = [(role_of(m), summarize(m)) for m in (delta.added if delta else [])][-20:]
         turns.append(Turn(first_number + i, row, delta, added, changes.get(row["id"], [])))

@@ -13,12 +13,24 @@ tapfix regenerated counts once, as its client-facing capture.
 
 from __future__ import annotations
 
+import sqlite3
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tapfix.proxy.browse.queries import Filters, Store
 from tapfix.proxy.store.reader import has_attempts
+
+if TYPE_CHECKING:
+    from tapfix.proxy.browse.filters import Filters
+    from tapfix.proxy.browse.fts import SearchIndex
+
+
+class SqliteSource(Protocol):
+    """What SQLite's `compute_stats` reads: the browser's `Store` (queries.py)."""
+
+    index: SearchIndex | None
+
+    def conn(self) -> sqlite3.Connection: ...
 
 
 @dataclass
@@ -58,7 +70,7 @@ def _pct(ordered: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def compute_stats(store: Store, f: Filters) -> Stats:
+def compute_stats(store: SqliteSource, f: Filters) -> Stats:
     conn = store.conn()
     where, args = f.where()
     s = Stats()

@@ -20,7 +20,7 @@ TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 
 
 @click.command()
-@db_option()
+@db_option(postgres=True)
 @listen_option("127.0.0.1:8081")
 @click.option(
     "--token",
@@ -28,13 +28,15 @@ TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
     metavar="SECRET",
     help=f"required to listen beyond loopback (or set ${TOKEN_ENV}); open the URL once with ?token=SECRET",
 )
-@click.option("--no-search", is_flag=True, help="no full-text index (it lives in <db>.fts.sqlite)")
+@click.option(
+    "--no-search", is_flag=True, help="no full-text index (it lives in <db>.fts.sqlite; PostgreSQL: always on)"
+)
 @click.option(
     "--index",
     "index_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="where to keep the full-text index (default: next to the database)",
+    help="where to keep the full-text index (default: next to the database; PostgreSQL needs none)",
 )
 def browse(
     db: StoreLocator, listen: tuple[str, int], token: str | None, no_search: bool, index_path: Path | None
@@ -42,11 +44,13 @@ def browse(
     """Browse captures in a web browser: filters, search, diffs, stream timelines, sessions, stats.
 
     Read-only over the store, so it can run while the proxy writes. Binds to loopback unless told
-    otherwise; any other address needs --token (or $TAPFIX_BROWSE_TOKEN).
+    otherwise; any other address needs --token (or $TAPFIX_BROWSE_TOKEN). On a PostgreSQL store
+    (--db postgresql://...) search uses the columns the writer keeps: no index file.
 
     \b
     Example:
       tapfix browse --db captures/tapfix.db
+      tapfix browse --db postgresql://tapfix@db.internal/tapfix
       TAPFIX_BROWSE_TOKEN=s3cret-token tapfix browse --listen 0.0.0.0:8081
     """
     import uvicorn
@@ -61,9 +65,10 @@ def browse(
             f" prompts and code, so give a --token (or set {TOKEN_ENV}), or listen on 127.0.0.1"
         )
     with reported(StoreError):
-        db.open_for_reading().close()
+        if db.postgres is None:
+            db.open_for_reading().close()
         try:
-            app = create_app(db.path, token=token, loopback_only=loopback, search=not no_search, index_path=index_path)
+            app = create_app(db, token=token, loopback_only=loopback, search=not no_search, index_path=index_path)
         except (OSError, sqlite3.Error) as e:  # the search index's file, next to the db by default
             raise UserError(
                 f"can't keep the search index ({e}): pass --index PATH somewhere writable, or --no-search"

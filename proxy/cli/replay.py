@@ -25,7 +25,7 @@ from tapfix.proxy.store.writer import StoreError
 
 @click.command()
 @click.argument("capture_id", required=False)
-@db_option()
+@db_option(postgres=True)
 @click.option("--upstream", metavar="URL", help="send here (default: the capture's upstream origin)")
 @click.option("--times", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="runs")
 @click.option(
@@ -101,14 +101,17 @@ def replay(
     if bool(capture_id) == bool(session_id):
         raise click.UsageError("give a capture ID or --session SID (one of them)")
     try:
-        conn = db.open_for_reading()
-        ids = session_capture_ids(conn, session_id) if session_id else [capture_id or ""]
-        edits = parse_edits(sets, unsets)
-        credential, verify = _credentials(key_env, config_path, conn, ids[0], upstream)
-        turns = [
-            build_request(conn, cid, which=which, edits=edits, upstream=upstream, credential=credential) for cid in ids
-        ]
-        conn.close()
+        reader = db.open_reader()
+        try:
+            ids = session_capture_ids(reader, session_id) if session_id else [capture_id or ""]
+            edits = parse_edits(sets, unsets)
+            credential, verify = _credentials(key_env, config_path, reader, ids[0], upstream)
+            turns = [
+                build_request(reader, cid, which=which, edits=edits, upstream=upstream, credential=credential)
+                for cid in ids
+            ]
+        finally:
+            reader.close()
         asyncio.run(check_reachable(turns[0].url))
     except (StoreError, CaptureNotFound, ReplayError) as e:
         raise InputError(str(e)) from e
@@ -116,7 +119,7 @@ def replay(
 
 
 def _credentials(
-    key_env: str | None, config_path: Path | None, conn: Any, first_id: str, upstream: str | None
+    key_env: str | None, config_path: Path | None, reader: Any, first_id: str, upstream: str | None
 ) -> tuple[tuple[str, str] | None, bool | str]:
     """From --key-env, else from the config's upstream serving that origin: (credential, verify)."""
     from tapfix.proxy.replay.client import credential_from_env
@@ -127,13 +130,12 @@ def _credentials(
         from urllib.parse import urlsplit
 
         from tapfix.proxy.config.file import ConfigError, load
-        from tapfix.proxy.store.reader import load_capture
 
         try:
             config = load(config_path)
         except ConfigError as e:
             raise ReplayError(str(e)) from e
-        stored = upstream or load_capture(conn, first_id).get("upstream_url") or ""
+        stored = upstream or reader.load_capture(first_id).get("upstream_url") or ""
         origin = urlsplit(stored)
         for item in config.upstreams.values():
             base = urlsplit(item.base_url)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Edit, SpliceError, splice
 from tapfix.proxy.replay.edits import ReplayError, check_edits
 from tapfix.proxy.response.flags import response_flags
-from tapfix.proxy.store.reader import CaptureNotFound, capture_body, load_capture
+from tapfix.proxy.store.reader import CaptureNotFound, CaptureReader
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 
 # Headers httpx must write itself, or that would change what comes back (compressed bytes).
@@ -90,20 +89,18 @@ class RunResult:
 # --- building the requests --------------------------------------------------------------------
 
 
-def session_capture_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """The session's turns as recorded, oldest first, without earlier replays of them."""
-    rows = conn.execute(
-        "select id from exchanges where session_id = ? and not exists "
-        "(select 1 from json_each(exchanges.tags) where value = 'replay') order by id",
-        (session_id,),
-    ).fetchall()
-    if not rows:
+def session_capture_ids(reader: CaptureReader, session_id: str) -> list[str]:
+    """The session's turns as recorded, oldest first, without earlier replays of them (nor regeneration
+    attempts, which belong to no session)."""
+    rows = reader.list_captures(limit=0, session=session_id)
+    ids = sorted(r["id"] for r in rows if r["attempt_of"] is None and "replay" not in r["tags"])
+    if not ids:
         raise CaptureNotFound(f"no session {session_id!r} (see `tapfix captures list`)")
-    return [row[0] for row in rows]
+    return ids
 
 
 def build_request(
-    conn: sqlite3.Connection,
+    reader: CaptureReader,
     capture_id: str,
     *,
     which: str = "forwarded",
@@ -116,8 +113,8 @@ def build_request(
     `credential` is a (header, value) pair from the environment; the capture's own secrets were
     redacted before storage and are never resent.
     """
-    capture = load_capture(conn, capture_id)
-    body = capture_body(conn, capture, which)
+    capture = reader.load_capture(capture_id)
+    body = reader.capture_body(capture, which)
     if edits:
         check_edits(_json_object(body), edits)
         try:

@@ -47,11 +47,10 @@ def _reason(path: Path, e: Exception) -> str:
 
 
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
-    """The one place that refuses a PostgreSQL store where only reading is built."""
+    """The one place that refuses a PostgreSQL store: a command without `postgres=True` (`demo`)."""
     raise StoreError(
-        f"{locator}: this command can't use a PostgreSQL store yet (`run`, `probe`, `mock --capture`, `check` and"
-        " `captures list | show | export | tail | purge | copy` take one; browse and replay on PostgreSQL are not"
-        " built); pass --db with a SQLite file"
+        f"{locator}: this command can't use a PostgreSQL store (`demo` keeps a SQLite file of its own; every"
+        " other command takes a PostgreSQL --db); pass --db with a SQLite file"
     )
 
 

@@ -86,11 +86,19 @@ class PostgresReader:
 
     backend = "postgresql"
 
-    def __init__(self, locator: PostgresLocator | str) -> None:
+    def __init__(
+        self, locator: PostgresLocator | str, *, conn: psycopg.Connection[dict[str, Any]] | None = None
+    ) -> None:
+        """`conn`: read on a connection the caller holds (the browser's pool lends one per request;
+        autocommit, `dict_row`), already known to reach a tapfix store."""
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
         self._started: dict[str, datetime.datetime] = {}  # resolved ids: where their rows are
+        self.conn: psycopg.Connection[dict[str, Any]]
+        if conn is not None:
+            self.conn = conn
+            return
         try:
-            self.conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
+            self.conn = psycopg.connect(
                 self.locator.url,
                 autocommit=True,
                 row_factory=dict_row,

@@ -237,12 +237,31 @@ alter sequence exchanges_commit_seq owned by exchanges.commit_seq;
 create index exchanges_commit_order on exchanges (commit_xid, commit_seq);
 """
 
+# What the browser's filters need besides pg001's `(column, id)` indexes (browse/pg_queries.py `where`),
+# each the shape of the condition it serves, so a page of "this filter, newest first" walks one index:
+# - the client filter is a prefix of the user agent, compared bytewise (`collate "C"`), whatever the
+#   database's collation: it replaces pg001's `(user_agent, id)`, which served no query once this exists;
+# - `status=error`, `changes=1` (and `repairs=1`, which probes `changes` from there) are partial
+#   indexes of the id: few exchanges match, and those are walked newest first;
+# - flags and tags are JSON arrays in text: GIN over their jsonb, for `@>`, on the rows that have any;
+# - the sessions page lists runs by `last_at, id` newest first.
+BROWSE_INDEXES = """
+create index exchanges_user_agent_c on exchanges ((user_agent collate "C"), id);
+drop index exchanges_user_agent;
+create index exchanges_errors on exchanges (id) where status is null or status >= 400 or error is not null;
+create index exchanges_changed on exchanges (id) where changes_count > 0;
+create index exchanges_flags on exchanges using gin ((flags::jsonb) jsonb_path_ops) where flags <> '[]';
+create index exchanges_tags on exchanges using gin ((tags::jsonb) jsonb_path_ops) where tags <> '[]';
+create index sessions_last_at on sessions (last_at, id);
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
     ("pg002_day_partitions", DAYS),
     ("pg003_body_functions", FUNCTIONS + EXCHANGE_BODIES),
     ("pg004_commit_order", COMMIT_ORDER),
+    ("pg005_browse_indexes", BROWSE_INDEXES),
 )
 
 # The SQLite migration (store/schema.py) whose schema each of these reaches: how `captures copy` tells
@@ -252,4 +271,5 @@ REACHES: dict[str, str] = {
     "pg002_day_partitions": "m005_trace_context",
     "pg003_body_functions": "m006_exchange_bodies",
     "pg004_commit_order": "m006_exchange_bodies",  # PostgreSQL's own columns (`captures tail`): no SQLite step
+    "pg005_browse_indexes": "m006_exchange_bodies",  # indexes only (the browser's filters): no SQLite step
 }

@@ -1,0 +1,63 @@
+"""The browser's filters in PostgreSQL's SQL: `where(f)` is `Filters.where` (filters.py, SQLite's)
+with %s parameters, each condition the shape an index of pg001/pg005 serves (store/pg/schema.py)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any, Protocol
+
+import orjson
+from tapfix.proxy.browse.filters import FilterError, Filters, parse_time
+
+DAY = "(e.started_at at time zone 'UTC')::date"  # the day partition of an exchange's changes and bodies
+ERRORS = "(e.status is null or e.status >= 400 or e.error is not null)"  # the partial index exchanges_errors
+
+
+class Rows(Protocol):
+    """A PostgreSQL store's query runner (pg_queries.py `PostgresStore.rows`)."""
+
+    def rows(self, sql: str, args: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]: ...
+
+
+def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
+    """`Filters.where` in PostgreSQL's SQL (%s parameters), each condition the shape an index serves."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    for column, value in (("model", f.model), ("path", f.path), ("session_id", f.session)):
+        if value:
+            clauses.append(f"e.{column} = %s")
+            args.append(value)
+    if f.client:  # a prefix, bytewise: the index on (user_agent collate "C", id)
+        clauses.append('e.user_agent collate "C" >= %s and e.user_agent collate "C" < %s')
+        args += [f.client, f.client + "\U0010ffff"]
+    if f.status:
+        clauses.append(_status_sql(f, args))
+    for column, value in (("flags", f.flag), ("tags", f.tag)):
+        if value:  # the partial GIN index on (column::jsonb) where column <> '[]'
+            clauses.append(f"e.{column} <> '[]' and e.{column}::jsonb @> %s::jsonb")
+            args.append(orjson.dumps([value]).decode())
+    if f.changes or f.repairs:
+        clauses.append("e.changes_count > 0")
+    if f.repairs:
+        clauses.append(
+            f"exists (select 1 from changes c where c.exchange_id = e.id and c.day = {DAY} and c.stage = 'toolcalls')"
+        )
+    for value, op in ((f.since, ">="), (f.until, "<")):
+        if value:  # started_at, not ts: the partition key, so whole days are pruned
+            clauses.append(f"e.started_at {op} %s")
+            args.append(datetime.datetime.fromtimestamp(parse_time(value, now), datetime.UTC))
+    return clauses, args
+
+
+def _status_sql(f: Filters, args: list[Any]) -> str:
+    status = f.status.lower()
+    if status == "error":
+        return ERRORS
+    if re.fullmatch(r"[1-5]xx", status):
+        args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
+        return "e.status >= %s and e.status < %s"
+    if status.isdigit():
+        args.append(int(status))
+        return "e.status = %s"
+    raise FilterError(f"status {f.status!r}: use a code (200), a class (4xx) or 'error'")
