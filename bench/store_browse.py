@@ -1,21 +1,19 @@
 """Browse latency on a filled store: list, filters, search and id look-up, SQLite and PostgreSQL alike.
 
-SQLite runs the browser's own query functions (proxy/browse/queries.py: `Store`, `list_exchanges`,
-`Filters`; search through its sidecar index, built first and timed). PostgreSQL runs the
-PostgresReader where it has the query (list, flag and session filters, id prefix) and SQL on the
-columns and indexes the browser's PostgreSQL queries will use elsewhere (model, time range, the
-`search` tsvector, `search_text` with pg_trgm). When the browser's PostgreSQL queries land, swap
-them in at `PG_QUERIES` (one line per query): the labels stay, so the table stays comparable.
+Both run the browser's own query functions with the same `Filters`: SQLite proxy/browse/queries.py
+(`Store`, `list_exchanges`; search through its sidecar index, built first and timed), PostgreSQL
+proxy/browse/pg_queries.py (`PostgresStore`, `list_exchanges`; search on the writer's columns, the
+`search` tsvector and `search_text` with pg_trgm). The id-prefix look-up is each store's reader's.
 """
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tapfix.proxy.browse.fts import SearchIndex
 from tapfix.proxy.browse.queries import Filters, Store, list_exchanges
@@ -76,18 +74,13 @@ def sqlite_queries(db: Path, p: Probe) -> tuple[dict[str, Callable[[], int]], fl
     def page(**filters: str) -> Callable[[], int]:
         return lambda: len(list_exchanges(store, Filters(**filters), limit=PAGE).rows)
 
-    def iso(ts: float) -> str:
-        import datetime
-
-        return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
-
     queries = {
         LABELS[0]: page(),
         LABELS[1]: lambda: len(list_exchanges(store, Filters(), before=p.deep_id, limit=PAGE).rows),
         LABELS[2]: page(model=p.model),
         LABELS[3]: page(flag=p.flag),
         LABELS[4]: page(session=p.session),
-        LABELS[5]: page(since=iso(p.since), until=iso(p.until)),
+        LABELS[5]: page(since=_iso(p.since), until=_iso(p.until)),
         LABELS[6]: page(q=p.word),
         LABELS[7]: page(q=p.substring),  # FTS5 words only: no substring search on SQLite
         LABELS[8]: page(q=p.cjk),
@@ -101,31 +94,40 @@ def sqlite_queries(db: Path, p: Probe) -> tuple[dict[str, Callable[[], int]], fl
 
 
 def pg_queries(dsn: str, p: Probe) -> tuple[dict[str, Callable[[], int]], float, Callable[[], None]]:
-    """PostgresReader and SQL on the search columns (see the module's docstring); no index to build."""
-    from tapfix.proxy.store.pg.reader import _LIST, PostgresReader
+    """The browser's own functions on a PostgreSQL store (proxy/browse/pg_queries.py): no index to build,
+    search is the writer's columns (the `search` tsvector, `search_text` with pg_trgm)."""
+    from tapfix.proxy.browse import pg_queries as browse
+    from tapfix.proxy.store.pg.locator import PostgresLocator
+    from tapfix.proxy.store.pg.reader import PostgresReader
 
-    reader = PostgresReader(dsn)
+    store = browse.PostgresStore(PostgresLocator.parse(dsn))
+    reader = PostgresReader(dsn)  # the id-prefix look-up (the browser's exchange page resolves it so too)
 
-    def sql(query: str, *args: Any) -> Callable[[], int]:
-        return lambda: len(reader.conn.execute(query.encode(), args).fetchall())
+    def page(**filters: str) -> Callable[[], int]:
+        return lambda: len(browse.list_exchanges(store, Filters(**filters), limit=PAGE).rows)
 
-    newest = f"select {_LIST} from exchanges where {{}} order by id desc limit {PAGE}"
-    words = "search @@ websearch_to_tsquery('simple', %s)"
-    PG_QUERIES = {  # noqa: N806 - the swap point for the browser's PostgreSQL queries
-        LABELS[0]: lambda: len(reader.list_captures(limit=PAGE)),
-        LABELS[1]: sql(newest.format("id < %s"), p.deep_id),
-        LABELS[2]: sql(newest.format("model = %s"), p.model),
-        LABELS[3]: lambda: len(reader.list_captures(limit=PAGE, flag=p.flag)),
-        LABELS[4]: lambda: len(reader.list_captures(limit=PAGE, session=p.session)),
-        LABELS[5]: sql(
-            newest.format("started_at >= to_timestamp(%s) and started_at < to_timestamp(%s)"), p.since, p.until
-        ),
-        LABELS[6]: sql(newest.format(words), p.word),
-        LABELS[7]: sql(newest.format("search_text ilike %s"), f"%{p.substring}%"),
-        LABELS[8]: sql(newest.format("search_text ilike %s"), f"%{p.cjk}%"),
+    queries = {
+        LABELS[0]: page(),
+        LABELS[1]: lambda: len(browse.list_exchanges(store, Filters(), before=p.deep_id, limit=PAGE).rows),
+        LABELS[2]: page(model=p.model),
+        LABELS[3]: page(flag=p.flag),
+        LABELS[4]: page(session=p.session),
+        LABELS[5]: page(since=_iso(p.since), until=_iso(p.until)),
+        LABELS[6]: page(q=p.word),
+        LABELS[7]: page(q=p.substring),
+        LABELS[8]: page(q=p.cjk),
         LABELS[9]: lambda: int(bool(reader.resolve_id(p.id_prefix))),
     }
-    return PG_QUERIES, 0.0, reader.close
+
+    def close() -> None:
+        reader.close()
+        store.close()
+
+    return queries, 0.0, close
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
 
 
 def measure(queries: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[float, float, float, int]]:
