@@ -48,6 +48,11 @@ class SessionSQL:
     record: str
     orphan: str
     adopt: str
+    # One statement that takes in the waiting session, if any, reading nothing back (params: the
+    # wanted hash, the session's id, its user-agent, the session's id twice more): a backend that
+    # pipelines its batch (PostgreSQL) then has no round trip per exchange for it. None: `orphan`,
+    # then `adopt` and the rest.
+    adopt_waiting: str | None = None
 
 
 SQLITE_SESSION_SQL = SessionSQL(
@@ -190,6 +195,9 @@ class SessionTracker:
                 self._adopt(conn, link.session_id, wanted, ex)
 
     def _adopt(self, conn: Executes, session_id: str, wanted: str, ex: Exchange) -> None:
+        if self.sql.adopt_waiting is not None:
+            conn.execute(self.sql.adopt_waiting, (wanted, session_id, ex.user_agent, session_id, session_id))
+            return
         row = conn.execute(self.sql.orphan, (wanted, session_id, ex.user_agent)).fetchone()
         if row is None:
             return

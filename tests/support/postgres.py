@@ -64,12 +64,17 @@ def missing_reason() -> str | None:
     return None
 
 
+# The suite's server trades durability for speed; the bench (bench/store_scale.py) runs a durable one.
+FAST_SETTINGS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
+
 @dataclass
 class PostgresServer:
     bindir: Path
     root: Path  # the temporary folder: data/, the socket, the log
     port: int
     password: str
+    settings: str = FAST_SETTINGS  # the server's `-c name=value` options beyond its address and socket
 
     @property
     def data(self) -> Path:
@@ -149,7 +154,7 @@ def _signal_and_wait(pid: int, sig: signal.Signals, timeout: float) -> bool:
 def _options(server: PostgresServer) -> str:
     return (
         f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={server.root}"
-        " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+        f" -c max_connections=50 {server.settings}"
     )
 
 
@@ -162,13 +167,14 @@ def _as_server_user(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def start_postgres(database: str = "tapfix") -> PostgresServer:
-    """initdb, start, create `database`. The caller stops it (`PostgresServer.stop`)."""
+def start_postgres(database: str = "tapfix", settings: str = FAST_SETTINGS) -> PostgresServer:
+    """initdb, start, create `database`. The caller stops it (`PostgresServer.stop`). `settings`: the
+    server's `-c name=value` options beyond its address and socket."""
     bindir = find_bindir()
     if bindir is None:
         raise RuntimeError(missing_reason() or "no PostgreSQL binaries")
     root = Path(tempfile.mkdtemp(prefix="tapfix-pg-"))
-    server = PostgresServer(bindir, root, free_port(), secrets.token_urlsafe(12))
+    server = PostgresServer(bindir, root, free_port(), secrets.token_urlsafe(12), settings)
     try:
         if os.geteuid() == 0:
             user = pwd.getpwnam(SERVER_USER)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -72,7 +73,20 @@ POSTGRES_SESSION_SQL = SessionSQL(
     adopt="update sessions set exchanges = exchanges + ?, first_at = least(first_at, ?),"
     " last_at = greatest(last_at, ?),"
     " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+    # `orphan`, then the exchanges moved, `adopt` and the orphan's delete, in one statement.
+    adopt_waiting="with o as (select id, first_at, last_at, exchanges, tip_hash from sessions"
+    " where wants = ? and id <> ? order by (user_agent is not distinct from ?) desc, first_at, id limit 1),"
+    " moved as (update exchanges set session_id = ? where session_id = (select id from o)),"
+    " gone as (delete from sessions where id = (select id from o))"
+    " update sessions s set exchanges = s.exchanges + o.exchanges, first_at = least(s.first_at, o.first_at),"
+    " last_at = greatest(s.last_at, o.last_at),"
+    " tip_hash = case when o.last_at >= s.last_at then coalesce(o.tip_hash, s.tip_hash) else s.tip_hash end"
+    " from o where s.id = ?",
 )
+
+# A row stored again under its id replaces the old one, its changes with it: one statement (in the
+# batch's pipeline, so no round trip of its own).
+_REPLACE = "with gone as (delete from changes where exchange_id = ?) delete from exchanges where id = ?"
 
 # SQLSTATE classes and codes, https://www.postgresql.org/docs/current/errcodes-appendix.html
 _LOCKED = ("40001", "40P01", "55P03")  # serialization failure, deadlock, lock not available: retry
@@ -108,6 +122,7 @@ class PostgresBackend:
 
     name = "postgresql"
     session_sql = POSTGRES_SESSION_SQL
+    _pipeline: AbstractContextManager[psycopg.Pipeline] | None = None  # the batch's, while its transaction is open
 
     def __init__(self, locator: PostgresLocator | str, *, wait: bool = False) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
@@ -151,12 +166,30 @@ class PostgresBackend:
         translated = self._sql.get(sql)
         if translated is None:
             translated = self._sql[sql] = _qmark(sql)
+        self._pipelined()
         return self.conn.execute(translated.encode(), [_text(p) for p in params])
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
+            self._pipelined()
             with self.conn.cursor() as cur:
                 cur.executemany(_qmark(sql).encode(), [[_text(p) for p in row] for row in rows])
+
+    def _pipelined(self) -> None:
+        """Inside a batch's transaction, statements go in pipeline mode: one that returns nothing the
+        writer reads (an insert, a delete, a session's count) costs no round trip of its own, it goes
+        with the next one whose rows are read, or with the commit. Outside a transaction (migrations,
+        the day partitions) statements run one by one as before."""
+        if self._pipeline is None and self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            pipeline = self.conn.pipeline()
+            pipeline.__enter__()
+            self._pipeline = pipeline
+
+    def _end_pipeline(self) -> None:
+        """Send what is queued and read every result: an error of any statement of the batch raises here."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(None, None, None)
 
     def begin(self) -> None:
         if self._conn is None or self._conn.closed or self._conn.broken:  # the server restarted, or we were cut
@@ -169,9 +202,17 @@ class PostgresBackend:
         self.conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
 
     def commit(self) -> None:
+        self.bodies.verify()  # type: ignore[attr-defined]  # raises BodiesMoved: the batch is written again
         self.conn.execute("commit")
+        self._end_pipeline()
+        self.bodies.ended(committed=True)  # type: ignore[attr-defined]
 
     def rollback(self) -> None:
+        self.bodies.ended(committed=False)  # type: ignore[attr-defined]
+        try:
+            self._end_pipeline()
+        except psycopg.Error:  # the error the batch is rolled back for, again
+            pass
         try:
             self.conn.execute("rollback")
         except psycopg.Error:
@@ -212,8 +253,7 @@ class PostgresBackend:
         return {"day": utc_day(ex.started_at)}
 
     def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
-        self.execute("delete from exchanges where id = ?", (row["id"],))
-        self.execute("delete from changes where exchange_id = ?", (row["id"],))
+        self.execute(_REPLACE, (row["id"], row["id"]))
         text = _search_text(row, ex)
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
