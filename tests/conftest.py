@@ -54,18 +54,17 @@ def postgres() -> Iterator[PostgresServer]:
     """One real PostgreSQL server for the whole run (tests/support/postgres.py), stopped at the end.
     Tests that use it carry the `postgres` and `e2e` markers; each makes its own database
     (`postgres.create_database(name)`) when it needs an empty one."""
-    reason = missing_reason()
-    if reason:
-        unavailable(f"{reason}; .ci/run installs it")
-    server = start_postgres()
-    yield server
-    server.stop()
+    yield from _postgres_server()
 
 
 @pytest.fixture(scope="session")
 def postgres_to_restart() -> Iterator[PostgresServer]:
     """A second server, for the tests that stop and start it (outages, restarts: `down`, `up`,
     `restart`), so `postgres` is never disturbed. A test leaves it running."""
+    yield from _postgres_server()
+
+
+def _postgres_server() -> Iterator[PostgresServer]:
     reason = missing_reason()
     if reason:
         unavailable(f"{reason}; .ci/run installs it")

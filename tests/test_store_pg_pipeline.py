@@ -10,14 +10,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import psycopg
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.pg.writer import postgres_writer
 
-from tests.support.builders import chat_chunk, sse_events
 from tests.support.postgres import PostgresServer
+from tests.support.sql_store import agent_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -34,22 +33,7 @@ def pg(pg_url: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
 
 
 def _turn(session: str, k: int) -> Exchange:
-    messages = [{"role": "system", "content": f"agent {session} " * 300}]
-    messages += [{"role": "user", "content": f"turn {i}: " + "tool output " * 40} for i in range(k + 1)]
-    ex = Exchange(
-        method="POST",
-        path="/v1/chat/completions",
-        model="m",
-        stream=True,
-        request=orjson.dumps({"model": "m", "messages": messages, "stream": True}),
-        request_headers=[("x-session-id", session)],
-    )
-    ex.status, ex.content_type = 200, "text/event-stream"
-    ex.response_chunks = sse_events(
-        [chat_chunk({"role": "assistant", "content": f"answer {k}"}), chat_chunk({}, "stop")]
-    )
-    ex.chunk_times = [0.001, 0.002]
-    return ex
+    return agent_session(session, k + 1)[k]
 
 
 def _wait(writer: Any, n: int) -> None:

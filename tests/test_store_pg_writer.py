@@ -23,9 +23,8 @@ from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.pg.writer import NUL_STANDS_FOR, PostgresBackend, postgres_writer
 from tapfix.proxy.store.writer import CaptureWriter
 
-from tests.support.builders import chat_chunk, sse_events
 from tests.support.postgres import PostgresServer
-from tests.support.sql_store import store_cases, write_all
+from tests.support.sql_store import agent_session, store_cases, write_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -37,34 +36,6 @@ SAME = (
     " attempt, error"
 )
 _BODY = "select size, prefix_len, suffix_len, depth, base_id is null, sha256, encoding, data from bodies where id = {}"
-
-
-def _answer(text: str) -> list[bytes]:
-    return sse_events([chat_chunk({"role": "assistant", "content": text}), chat_chunk({}, "stop")])
-
-
-def _turns(session: str, n: int, start: float, *, header: bool = True, step: float = 1.0) -> list[Exchange]:
-    """An agent session of `n` turns, each resending the conversation, the k-th started `start + k*step`."""
-    messages: list[dict[str, str]] = [{"role": "system", "content": f"agent {session} " * 300}]
-    out = []
-    for k in range(n):
-        messages = [*messages, {"role": "user", "content": f"{session} turn {k}: " + "tool output " * 40}]
-        ex = Exchange(
-            method="POST",
-            path="/v1/chat/completions",
-            model="m",
-            stream=True,
-            request=orjson.dumps({"model": "m", "messages": messages, "stream": True}),
-            request_headers=[("x-session-id", session)] if header else [],
-            user_agent=f"agent-{session}",
-            started_at=start + k * step,
-        )
-        ex.status, ex.content_type = 200, "text/event-stream"
-        ex.response_chunks = _answer(f"{session} answer {k}")
-        ex.chunk_times = [0.001, 0.002]
-        out.append(ex)
-        messages = [*messages, {"role": "assistant", "content": f"{session} answer {k}"}]
-    return out
 
 
 @pytest.fixture
@@ -146,7 +117,7 @@ def test_two_instances_interleave_sessions_losing_and_crossing_nothing(pg_url: s
     """Turn k of a session goes to one instance, turn k+1 to the other: the sessions are found across
     them (no x-session-id: by conversation), and every delta's base is one its own instance wrote."""
     start = time.time() - 60
-    sessions = [_turns(f"s{i}", 8, start + i * 0.01, header=i % 2 == 0) for i in range(6)]
+    sessions = [agent_session(f"s{i}", 8, start + i * 0.01, header=i % 2 == 0) for i in range(6)]
     writers = [postgres_writer(pg_url), postgres_writer(pg_url)]
     submitted = 0
     for k in range(8):
@@ -172,7 +143,7 @@ def test_two_instances_interleave_sessions_losing_and_crossing_nothing(pg_url: s
         assert any(body_id in mine and base_id in mine for mine in own), (body_id, base_id)
     # The same first turn reaching both (two identical runs): the second instance's dedupe finds the
     # first's body, and its next turn is stored whole rather than as a delta on a body not its own.
-    twin_a, twin_b = _turns("twin", 1, start), _turns("twin", 2, start)
+    twin_a, twin_b = agent_session("twin", 1, start), agent_session("twin", 2, start)
     again = [postgres_writer(pg_url), postgres_writer(pg_url)]
     write_all(again[0], twin_a)
     write_all(again[1], twin_b)
@@ -192,7 +163,7 @@ def test_two_instances_interleave_sessions_losing_and_crossing_nothing(pg_url: s
 
 def test_a_sessions_first_body_of_a_new_utc_day_is_stored_whole(pg_url: str, pg: PGConn) -> None:
     day = datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC)
-    turns = _turns("midnight", 5, day.timestamp() - 2.5)  # 23:59:57.5, :58.5, :59.5, then 00:00:00.5, 01.5
+    turns = agent_session("midnight", 5, day.timestamp() - 2.5)  # 23:59:57.5, :58.5, :59.5, then 00:00:00.5, 01.5
     writer = postgres_writer(pg_url)  # migrates
     pg.execute("select tapfix_add_day(%s)", (day.date() - datetime.timedelta(days=1),))  # the 1st: default
     write_all(writer, turns)
@@ -239,7 +210,7 @@ def test_a_cut_connection_is_taken_again_and_an_unreachable_server_holds_exchang
     writer = postgres_writer(pg_url)
     backend = writer.backend
     assert isinstance(backend, PostgresBackend)
-    first, second, third = (_turns(name, 1, time.time(), header=False)[0] for name in ("a", "b", "c"))
+    first, second, third = (agent_session(name, 1, time.time(), header=False)[0] for name in ("a", "b", "c"))
     assert _cut_writers(pg) == 1
     writer.submit(first)  # the connection is found broken, taken again, the batch retried on it
     _wait_written([writer], 1)
@@ -273,7 +244,7 @@ def _responses(request: dict[str, Any], response_id: str) -> Exchange:
 def test_sessions_join_across_instances_whichever_writes_first(pg_url: str, pg: PGConn) -> None:
     """A later turn written (by another instance) before the turn it continues starts a session that
     wants its parent; the parent, once written, takes it in. `previous_response_id` joins across too."""
-    first, second, third = _turns("late", 3, time.time() - 10, header=False)
+    first, second, third = agent_session("late", 3, time.time() - 10, header=False)
     opening = _responses({"model": "m", "input": "hi"}, "resp_pg_1")
     follow = _responses({"model": "m", "input": "more", "previous_response_id": "resp_pg_1"}, "resp_pg_2")
     a, b = postgres_writer(pg_url), postgres_writer(pg_url)
@@ -309,7 +280,7 @@ class _SlowCommit(PostgresBackend):
 
 def test_a_turn_and_its_continuation_written_at_once_by_two_instances_are_one_session(pg_url: str, pg: PGConn) -> None:
     """Without the fleet's write lock each transaction misses the other's uncommitted row: two sessions."""
-    first, second = _turns("race", 2, time.time() - 5, header=False)
+    first, second = agent_session("race", 2, time.time() - 5, header=False)
     slow = _SlowCommit(pg_url)
     a, b = CaptureWriter(slow), postgres_writer(pg_url)
     a.submit(first)

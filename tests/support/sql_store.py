@@ -9,6 +9,7 @@ answer the client got repaired, a non-UTF-8 body, and an exchange stored with `-
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,3 +118,34 @@ def store_cases(
         filled.ids[name] = _record(filled, ex)
         exchanges.append(ex)
     return filled, exchanges
+
+
+def _answer(text: str) -> list[bytes]:
+    return sse_events([chat_chunk({"role": "assistant", "content": text}), chat_chunk({}, "stop")])
+
+
+def agent_session(
+    session: str, n: int, start: float | None = None, *, header: bool = True, step: float = 1.0
+) -> list[Exchange]:
+    """An agent session of `n` turns, each resending the conversation, the k-th started `start + k*step`."""
+    start = time.time() if start is None else start
+    messages: list[dict[str, str]] = [{"role": "system", "content": f"agent {session} " * 300}]
+    out = []
+    for k in range(n):
+        messages = [*messages, {"role": "user", "content": f"{session} turn {k}: " + "tool output " * 40}]
+        ex = Exchange(
+            method="POST",
+            path="/v1/chat/completions",
+            model="m",
+            stream=True,
+            request=orjson.dumps({"model": "m", "messages": messages, "stream": True}),
+            request_headers=[("x-session-id", session)] if header else [],
+            user_agent=f"agent-{session}",
+            started_at=start + k * step,
+        )
+        ex.status, ex.content_type = 200, "text/event-stream"
+        ex.response_chunks = _answer(f"{session} answer {k}")
+        ex.chunk_times = [0.001, 0.002]
+        out.append(ex)
+        messages = [*messages, {"role": "assistant", "content": f"{session} answer {k}"}]
+    return out
