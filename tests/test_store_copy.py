@@ -30,9 +30,8 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.postgres import PostgresServer
 from tests.support.procs import TAPFIX
-from tests.support.sql_store import store_cases, write_all
+from tests.support.sql_store import agent_session, store_cases, write_all
 from tests.test_store_attempts import exchange, regenerated
-from tests.test_store_pg_writer import _turns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 BODY_IDS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")
@@ -43,7 +42,7 @@ def _cases() -> list[Exchange]:
     stored without bodies, regeneration attempts, n=2 choices, an upstream error, a redacted secret."""
     _, exchanges = store_cases(turns=30)
     midnight = datetime.datetime.combine(datetime.date.today(), datetime.time(), datetime.UTC).timestamp()
-    late = _turns("ses_midnight", 6, midnight - 12, step=5)  # three turns each side of midnight
+    late = agent_session("ses_midnight", 6, midnight - 12, step=5)  # three turns each side of midnight
     two = exchange(request=b'{"model":"m","n":2,"stream":true,"messages":[]}')
     two.response_chunks = sse_events(
         [chat_chunk({"content": "one"}, index=0), chat_chunk({"content": "two"}, index=1)]
@@ -163,7 +162,7 @@ def test_schema_versions_must_match(source: Path, tmp_path: Path, postgres: Post
 
 def test_a_killed_copy_is_refused_then_continued_by_resume(tmp_path: Path, postgres: PostgresServer) -> None:
     path = tmp_path / "many.db"
-    write_all(CaptureWriter(path), [ex for k in range(40) for ex in _turns(f"s{k}", 8, time.time() - 3600)])
+    write_all(CaptureWriter(path), [ex for k in range(40) for ex in agent_session(f"s{k}", 8, time.time() - 3600)])
     url = postgres.create_database("copy_resume")
     argv = [*TAPFIX, "captures", "copy", "--from", str(path), "--to", url, "--batch", "2"]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)

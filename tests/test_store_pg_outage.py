@@ -22,7 +22,7 @@ from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.postgres import PostgresServer
-from tests.test_store_pg_writer import _turns
+from tests.support.sql_store import agent_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -60,7 +60,7 @@ def _rows(url: str, sql: str) -> list[tuple[Any, ...]]:
 def test_an_outage_holds_exchanges_and_writes_them_in_order_once_back(server: PostgresServer, url: str) -> None:
     writer = postgres_writer(url)
     told = _watched(writer)
-    turns = _turns("outage", 12, time.time() - 30, header=False)  # sessions by conversation: order matters
+    turns = agent_session("outage", 12, time.time() - 30, header=False)  # sessions by conversation: order matters
     for ex in turns[:3]:
         writer.submit(ex)
     _until(lambda: writer.stats.written == 3)
@@ -86,7 +86,7 @@ def test_beyond_the_bound_the_oldest_held_are_lost_as_queue_full(server: Postgre
     writer = postgres_writer(url, max_held=4)
     told = _watched(writer)
     server.down()
-    turns = _turns("full", 7, time.time(), header=True)
+    turns = agent_session("full", 7, time.time(), header=True)
     for ex in turns:
         writer.submit(ex)
     _until(lambda: writer.stats.failures == 3)
@@ -104,7 +104,7 @@ def test_a_close_while_the_server_is_down_counts_what_is_held_as_lost(server: Po
     writer = postgres_writer(url)
     told = _watched(writer)
     server.down()
-    turns = _turns("closing", 2, time.time())
+    turns = agent_session("closing", 2, time.time())
     for ex in turns:
         writer.submit(ex)
     began = time.monotonic()
@@ -122,7 +122,7 @@ def test_a_start_with_the_server_down_serves_then_migrates_when_it_is_up(server:
     writer = postgres_writer(url, wait=True, retention=retention)
     assert writer.health()["store"]["state"] == "starting"
     time.sleep(0.2)  # idle: retention is due, and waits for the database
-    ex = _turns("early", 1, time.time())[0]
+    ex = agent_session("early", 1, time.time())[0]
     writer.submit(ex)
     _until(lambda: writer.health()["store"]["retries"] >= 1)
     assert writer.health()["store"]["state"] == "starting" and writer.health()["store"]["held"] == 1
@@ -152,7 +152,7 @@ class _LostAnswer(PostgresBackend):
 def test_a_commit_whose_answer_was_lost_is_not_written_twice(url: str) -> None:
     writer = CaptureWriter(_LostAnswer(url))
     told = _watched(writer)
-    turns = _turns("unsure", 3, time.time() - 5, header=True)
+    turns = agent_session("unsure", 3, time.time() - 5, header=True)
     for ex in turns:
         writer.submit(ex)
     _until(lambda: writer.stats.written == 3)

@@ -21,8 +21,7 @@ from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.postgres import PostgresServer
-from tests.support.sql_store import write_all
-from tests.test_store_pg_writer import _turns
+from tests.support.sql_store import agent_session, write_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 HOUR = 3600.0
@@ -42,11 +41,11 @@ def test_days_drop_whole_and_the_straddling_day_loses_only_its_older_rows(postgr
     now = time.time()
     today = datetime.datetime.fromtimestamp(now, datetime.UTC).date()
     dropped, straddling, ancient = (today - datetime.timedelta(days=n) for n in (3, 2, 10))
-    old = _turns("old", 5, _at(dropped, 1), step=HOUR)
+    old = agent_session("old", 5, _at(dropped, 1), step=HOUR)
     old[-1].started_at = _at(straddling, 20)  # the session goes on past the cutoff
-    straddle = _turns("straddle", 8, _at(straddling, 1), step=HOUR)
-    far = _turns("ancient", 2, _at(ancient, 1))  # no partition for that day: the default partition's
-    fresh = _turns("fresh", 2, now - 60)
+    straddle = agent_session("straddle", 8, _at(straddling, 1), step=HOUR)
+    far = agent_session("ancient", 2, _at(ancient, 1))  # no partition for that day: the default partition's
+    fresh = agent_session("fresh", 2, now - 60)
     write_all(postgres_writer(url), [*old, *straddle, *far, *fresh])
     with psycopg.connect(url, autocommit=True) as pg:
         for day in (dropped, straddling):
@@ -88,9 +87,9 @@ def test_days_drop_whole_and_the_straddling_day_loses_only_its_older_rows(postgr
 def test_the_writer_runs_retention_on_postgresql_and_health_shows_it(postgres: PostgresServer) -> None:
     url = postgres.create_database("retention_writer")
     writer = CaptureWriter(PostgresBackend(url), retention=Retention(max_age_s=HOUR, every_s=0.1))
-    stale: list[Exchange] = _turns("stale", 2, time.time() - 3 * HOUR)
+    stale: list[Exchange] = agent_session("stale", 2, time.time() - 3 * HOUR)
     try:
-        for ex in [*stale, *_turns("live", 1, time.time())]:
+        for ex in [*stale, *agent_session("live", 1, time.time())]:
             writer.submit(ex)
         deadline = time.monotonic() + 10
         while writer.health()["retention"]["purged"] < 2 and time.monotonic() < deadline:
