@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.kept import trace_columns
+from tapfix.proxy.store.kept import body_columns, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.sessions import SessionLink
 
@@ -62,12 +62,7 @@ def exchange_row(
         "tags": _json(sorted(ex.tags)),
         "flags": _json(sorted(flags)),
         "changes_count": len(ex.changes),
-        "request_body_id": bodies["req"],
-        "forwarded_body_id": bodies["fwd"],
-        "response_body_id": bodies["resp"],
-        "client_response_body_id": bodies["client"],
-        "request_size": len(ex.request),
-        "response_size": len(upstream),
+        **body_columns(ex, bodies, upstream),
         "request_headers": _json(redact_headers(ex.request_headers)),
         "forwarded_headers": _json(redact_headers(ex.forwarded_headers)) if ex.forwarded_headers is not None else None,
         "response_headers": _json(redact_headers(ex.response_headers)),

@@ -35,16 +35,23 @@ def kept_row(ex: Exchange, bodies: dict[str, int | None], upstream: bytes, reaso
         "source_id": _maybe(ex.source_id),
         "tags": _json(sorted(_safe(t) for t in ex.tags)),
         "flags": _json(sorted({_safe(f) for f in ex.flags} | {"capture_failed"})),
+        **body_columns(ex, bodies, upstream),
+        "request_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.request_headers)]),
+        "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
+        "chunk_count": len(ex.chunk_times),
+        **trace_columns(ex),
+    }
+
+
+def body_columns(ex: Exchange, bodies: dict[str, int | None], upstream: bytes) -> dict[str, int | None]:
+    """The four bodies' ids and the two sizes, the same on a whole row and a kept-in-part one."""
+    return {
         "request_body_id": bodies["req"],
         "forwarded_body_id": bodies["fwd"],
         "response_body_id": bodies["resp"],
         "client_response_body_id": bodies["client"],
         "request_size": len(ex.request),
         "response_size": len(upstream),
-        "request_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.request_headers)]),
-        "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
-        "chunk_count": len(ex.chunk_times),
-        **trace_columns(ex),
     }
 
 
