@@ -107,11 +107,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     }
     mock = start_mock(tmp, "--scenario", str(tmp / "scenario.json"))
     proxy = start_proxy(tmp, mock.url, db=db)
+    world = World(tmp, db, mock, proxy, tails)
     try:
-        yield World(tmp, db, mock, proxy, tails)
+        yield world
     finally:
         for tail in tails.values():
             tail.interrupt()
+        world.proxy.stop()  # a test restarts the proxy: stop the one running now, not only the first
         proxy.stop()
         mock.stop()
 
