@@ -8,11 +8,14 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 import orjson
 
+# An exchange that failed: no status, an HTTP error, or an error the engine sent in a 200 (PostgreSQL's
+# partial index exchanges_errors, pg005, has this predicate)
+ERRORS = "(e.status is null or e.status >= 400 or e.error is not null)"
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -93,14 +96,18 @@ class Filters:
                 args.append(parse_time(value, now))
         return where, args
 
-    def _status_sql(self, args: list[Any]) -> str:
+    def status_test(self) -> tuple[Literal["error", "class", "code"], list[int]]:
+        """What `status=` asks for, checked once for both backends: 'error', a class (its bounds) or a code."""
         status = self.status.lower()
         if status == "error":
-            return "(e.status is null or e.status >= 400 or e.error is not null)"
+            return "error", []
         if re.fullmatch(r"[1-5]xx", status):
-            args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
-            return "e.status >= ? and e.status < ?"
+            return "class", [int(status[0]) * 100, int(status[0]) * 100 + 100]
         if status.isdigit():
-            args.append(int(status))
-            return "e.status = ?"
+            return "code", [int(status)]
         raise FilterError(f"status {self.status!r}: use a code (200), a class (4xx) or 'error'")
+
+    def _status_sql(self, args: list[Any]) -> str:
+        kind, values = self.status_test()
+        args += values
+        return {"error": ERRORS, "class": "e.status >= ? and e.status < ?", "code": "e.status = ?"}[kind]

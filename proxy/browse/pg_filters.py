@@ -4,14 +4,12 @@ with %s parameters, each condition the shape an index of pg001/pg005 serves (sto
 from __future__ import annotations
 
 import datetime
-import re
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.browse.filters import FilterError, Filters, parse_time
+from tapfix.proxy.browse.filters import ERRORS, Filters, parse_time
 
 DAY = "(e.started_at at time zone 'UTC')::date"  # the day partition of an exchange's changes and bodies
-ERRORS = "(e.status is null or e.status >= 400 or e.error is not null)"  # the partial index exchanges_errors
 
 
 class Rows(Protocol):
@@ -51,13 +49,6 @@ def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
 
 
 def _status_sql(f: Filters, args: list[Any]) -> str:
-    status = f.status.lower()
-    if status == "error":
-        return ERRORS
-    if re.fullmatch(r"[1-5]xx", status):
-        args += [int(status[0]) * 100, int(status[0]) * 100 + 100]
-        return "e.status >= %s and e.status < %s"
-    if status.isdigit():
-        args.append(int(status))
-        return "e.status = %s"
-    raise FilterError(f"status {f.status!r}: use a code (200), a class (4xx) or 'error'")
+    kind, values = f.status_test()
+    args += values
+    return {"error": ERRORS, "class": "e.status >= %s and e.status < %s", "code": "e.status = %s"}[kind]

@@ -33,9 +33,9 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
-from tapfix.proxy.browse.filters import Filters
+from tapfix.proxy.browse.filters import ERRORS, Filters
 from tapfix.proxy.browse.fts import search_terms
-from tapfix.proxy.browse.pg_filters import DAY, ERRORS, where
+from tapfix.proxy.browse.pg_filters import DAY, where
 from tapfix.proxy.browse.queries import CHANGE_REASONS_LIMIT
 from tapfix.proxy.browse.session_turns import TURNS_PAGE, session_view
 from tapfix.proxy.browse.source import PAGE, CachedStore, Page, SessionPage, newest_first

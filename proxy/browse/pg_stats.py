@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tapfix.proxy.browse.filters import ERRORS
 from tapfix.proxy.browse.pg_filters import DAY, Rows, where
 from tapfix.proxy.browse.stats import Stats
 from tapfix.proxy.store.pg.reader import iso
@@ -32,7 +33,7 @@ def compute_stats(store: Rows, f: Filters) -> Stats:
     s.first, s.last = iso(row["a"]), iso(row["b"])
     s.by_client_model = store.rows(
         "select e.user_agent as client, e.model as model, count(*) as requests,"
-        " count(*) filter (where e.status is null or e.status >= 400 or e.error is not null) as errors,"
+        f" count(*) filter (where {ERRORS}) as errors,"
         " count(*) filter (where e.changes_count > 0) as changed, avg(e.first_token_ms) as ttft_ms,"
         " sum(e.prompt_tokens) as prompt_tokens, sum(e.completion_tokens) as completion_tokens"
         f" from exchanges e{cond} group by 1, 2 order by 3 desc limit 200",

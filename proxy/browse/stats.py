@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tapfix.proxy.browse.filters import ERRORS
 from tapfix.proxy.store.reader import has_attempts
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def compute_stats(store: SqliteSource, f: Filters) -> Stats:
         dict(r)
         for r in conn.execute(
             "select e.user_agent as client, e.model as model, count(*) as requests,"
-            " sum(e.status is null or e.status >= 400 or e.error is not null) as errors,"
+            f" sum({ERRORS}) as errors,"
             " sum(e.changes_count > 0) as changed, avg(e.first_token_ms) as ttft_ms,"
             " sum(e.prompt_tokens) as prompt_tokens, sum(e.completion_tokens) as completion_tokens"
             f" from exchanges e{cond} group by 1, 2 order by 3 desc limit 200",
