@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.browse.filters import Filters
+from tapfix.proxy.browse.filters import ERRORS, Filters
 from tapfix.proxy.browse.fts import SearchIndex, to_match
 from tapfix.proxy.browse.source import PAGE, CachedStore, Page, SessionPage, newest_first
 from tapfix.proxy.store.reader import CaptureReader, SqliteReader, attempt_columns, has_attempts
@@ -260,8 +260,8 @@ def list_sessions(conn: sqlite3.Connection, *, before: str = "", limit: int = PA
                 "select session_id, count(*) as turns, sum(changes_count) as changes,"
                 " sum(flags != '[]') as flagged, sum(prompt_tokens) as prompt_tokens,"
                 " sum(completion_tokens) as completion_tokens, sum(duration_ms) as duration_ms,"
-                " sum(status is null or status >= 400 or error is not null) as errors"
-                f" from exchanges where session_id in ({marks}) group by session_id",
+                f" sum({ERRORS}) as errors"
+                f" from exchanges e where session_id in ({marks}) group by session_id",
                 ids,
             )
         }
