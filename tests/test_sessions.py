@@ -6,6 +6,7 @@ tests/truth/test_sessions_truth.py; here are the parts they rest on, in process.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from typing import Any
@@ -166,6 +167,9 @@ def test_response_id_from_a_body_or_a_stream():
 
 
 # -- the store rules ----------------------------------------------------------------------------------
+_CLOCK = itertools.count(1_700_000_000)  # one second per turn built: the order built is the order in time
+
+
 def _turn(messages: list[Any], answer: str, **kw: Any) -> Exchange:
     body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}
     base: dict[str, Any] = dict(
@@ -178,6 +182,7 @@ def _turn(messages: list[Any], answer: str, **kw: Any) -> Exchange:
         response=orjson.dumps(body),
         client_addr="127.0.0.1",
         user_agent="agent/1",
+        started_at=float(next(_CLOCK)),
     )
     return Exchange(**{**base, **kw})
 
@@ -223,8 +228,9 @@ def test_identical_runs_stay_apart_and_prefer_their_own_client(tmp_path):
     firsts = [_turn([user], "hello", user_agent=f"agent/{i}") for i in range(3)]
     follow = [user, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
     seconds = [_turn(follow, "ok", user_agent=f"agent/{i}") for i in reversed(range(3))]
-    same_agent = [_turn(follow, "ok") for _ in range(2)]  # two runs of one agent: the oldest open one first
-    _write(db, *firsts, *seconds, _turn([user], "hello"), _turn([user], "hello"), *same_agent)
+    again = [_turn([user], "hello") for _ in range(2)]  # two more runs of agent/1, each at its first turn
+    same_agent = [_turn(follow, "ok") for _ in range(2)]  # their second turns: the oldest open run first
+    _write(db, *firsts, *seconds, *again, *same_agent)
     by_id, counts = _sessions(db)
     for i in range(3):
         assert by_id[seconds[2 - i].id] == by_id[firsts[i].id]
