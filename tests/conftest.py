@@ -9,7 +9,7 @@ from hypothesis import settings
 
 from tests.support.ci import unavailable
 from tests.support.postgres import PostgresServer, missing_reason, start_postgres
-from tests.support.procs import start_mock, start_proxy
+from tests.support.procs import STARTED, start_mock, start_proxy
 
 # pytester: tests/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
 # e2e_guard: a test that starts a process or listens on a socket must carry the e2e marker.
@@ -22,6 +22,28 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
+LOG_TAIL = 3000  # characters of each process's log a failing test shows
+_FIRST_PROC = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_FIRST_PROC] = len(STARTED)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing test shows the logs of the tapfix processes it ran beside (the ones it started and
+    the module's that still run): on CI those logs are gone once the run ends."""
+    report = yield
+    if report.failed:
+        first = item.stash.get(_FIRST_PROC, len(STARTED))
+        for k, proc in enumerate(STARTED):
+            if (k >= first or proc.proc.poll() is None) and proc.log_path.exists():
+                text = proc.log_path.read_text(errors="replace")
+                report.sections.append((f"log {proc.log_path.name} (exit {proc.proc.poll()})", text[-LOG_TAIL:]))
+    return report
+
 
 
 def corpus_dir() -> Path:

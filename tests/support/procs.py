@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TAPFIX = [sys.executable, "-m", "tapfix.proxy.cli"]
+STARTED: list[Proc] = []  # every process `start` began, for the logs a failing test shows (tests/conftest.py)
 
 
 def free_port() -> int:
@@ -88,6 +89,7 @@ def start(args: list[str], port: int, log_path: Path, env: dict | None = None) -
     )
     proc.log_path = log_path  # type: ignore[attr-defined]
     handle = Proc(proc, port, log_path)
+    STARTED.append(handle)
     try:
         wait_port(port, proc)
     except Exception:
