@@ -45,7 +45,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-
 def corpus_dir() -> Path:
     """The shared corpus when present (CI has ../shared), else the project's copy."""
     shared = ROOT.parent / "shared" / "corpus" / "toolcalls"
