@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -112,6 +114,25 @@ def test_mitmproxy_ca_key_stays_private_under_the_config_dir(tmp_path):
     assert keys, list(confdir.iterdir())
     for key in keys:  # the CA's private key: whoever reads it can intercept this user's TLS
         assert _mode(key) & 0o077 == 0, (key, oct(_mode(key)))
+
+
+@pytest.mark.e2e
+def test_tapfix_processes_starting_together_share_one_whole_ca(tmp_path):
+    """The first start makes the CA; six starting at once on a fresh config dir (mitmproxy writes the
+    key file in pieces) all load one whole CA. Unlocked, rounds like these failed most runs."""
+    load = (
+        "from mitmproxy.certs import CertStore; from tapfix.addons.runner.master import confdir;"
+        "print(CertStore.from_store(confdir(), 'mitmproxy', 2048).default_ca.fingerprint().hex())"
+    )
+    for round_ in range(2):
+        env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / f"xdg{round_}")}
+        procs = [
+            subprocess.Popen([sys.executable, "-c", load], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for _ in range(6)
+        ]
+        outputs = [proc.communicate(timeout=60)[0].decode().strip() for proc in procs]
+        assert all(proc.returncode == 0 for proc in procs), outputs
+        assert len(set(outputs)) == 1, outputs
 
 
 def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):

@@ -24,12 +24,28 @@ from tapfix.proxy.store.writer import CaptureWriter
 log = logging.getLogger("tapfix")
 
 
+CA_BASENAME = "mitmproxy"  # mitmproxy's own names for its CA files (`<basename>-ca.pem`, ...)
+CA_KEY_SIZE = 2048  # mitmproxy's `key_size` default
+
+
 def confdir() -> Path:
-    """mitmproxy's CA lives under the user's config dir, readable by the user only."""
+    """mitmproxy's CA lives under the user's config dir, readable by the user only.
+
+    The first start makes the CA. mitmproxy writes its files one by one, so a second tapfix starting
+    at that moment (a fleet on one host, two test workers) could load a half-written key: the CA is
+    made here under a lock, and mitmproxy then only loads it."""
     base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     path = base / "tapfix" / "mitmproxy"
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
+    if not (path / f"{CA_BASENAME}-ca.pem").exists():
+        import fcntl
+
+        from mitmproxy.certs import CertStore
+
+        with open(path / ".ca.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            CertStore.from_store(path, CA_BASENAME, CA_KEY_SIZE)  # makes it unless the lock's last holder did
     return path
 
 
