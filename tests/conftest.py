@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support import early_build
 from tests.support.ci import unavailable
 from tests.support.postgres import PostgresServer, missing_reason, start_postgres
 from tests.support.procs import STARTED, start_mock, start_proxy
@@ -24,6 +25,22 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000  # characters of each process's log a failing test shows
 _FIRST_PROC = pytest.StashKey[int]()
+
+
+_EARLY_BUILD = pytest.StashKey[object]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_EARLY_BUILD] = early_build.start(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    early_build.stop(config.stash.get(_EARLY_BUILD, None))  # type: ignore[arg-type]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-engine tests last: a cold machine builds llama-server meanwhile (tests/support/early_build.py)."""
+    items.sort(key=lambda item: early_build.REALENGINE in Path(str(item.path)).parents)
 
 
 @pytest.hookimpl(tryfirst=True)
