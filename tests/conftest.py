@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,9 +26,7 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000  # characters of each process's log a failing test shows
 _FIRST_PROC = pytest.StashKey[int]()
-
-
-_EARLY_BUILD = pytest.StashKey[object]()
+_EARLY_BUILD = pytest.StashKey[subprocess.Popen | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    early_build.stop(config.stash.get(_EARLY_BUILD, None))  # type: ignore[arg-type]
+    early_build.stop(config.stash.get(_EARLY_BUILD, None))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

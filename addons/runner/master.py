@@ -24,10 +24,6 @@ from tapfix.proxy.store.writer import CaptureWriter
 log = logging.getLogger("tapfix")
 
 
-CA_BASENAME = "mitmproxy"  # mitmproxy's own names for its CA files (`<basename>-ca.pem`, ...)
-CA_KEY_SIZE = 2048  # mitmproxy's `key_size` default
-
-
 def confdir() -> Path:
     """mitmproxy's CA lives under the user's config dir, readable by the user only.
 
@@ -38,14 +34,15 @@ def confdir() -> Path:
     path = base / "tapfix" / "mitmproxy"
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
-    if not (path / f"{CA_BASENAME}-ca.pem").exists():
+    if not (path / f"{options.CONF_BASENAME}-ca.pem").exists():
         import fcntl
 
         from mitmproxy.certs import CertStore
 
         with open(path / ".ca.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            CertStore.from_store(path, CA_BASENAME, CA_KEY_SIZE)  # makes it unless the lock's last holder did
+            # Makes it unless the lock's last holder did; mitmproxy's own basename and default key size.
+            CertStore.from_store(path, options.CONF_BASENAME, options.KEY_SIZE)
     return path
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.realengine.engine import BUILD_SCRIPT, ROOT, cache_root
+
 REALENGINE = ROOT / "tests" / "realengine"
-SCRIPT = ROOT / "scripts" / "build-llama-server"
 
 
 def covers_realengine(config: pytest.Config) -> bool:
@@ -35,11 +35,11 @@ def covers_realengine(config: pytest.Config) -> bool:
 def start(config: pytest.Config) -> subprocess.Popen | None:
     if hasattr(config, "workerinput") or not covers_realengine(config) or os.environ.get("TAPFIX_LLAMA_SERVER"):
         return None
-    log = Path(os.environ.get("TAPFIX_CACHE") or Path.home() / ".cache" / "tapfix") / "early-build.log"
+    log = cache_root() / "early-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         return subprocess.Popen(
-            ["nice", "-n", "10", str(SCRIPT)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            ["nice", "-n", "10", str(BUILD_SCRIPT)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
 
 
