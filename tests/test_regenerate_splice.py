@@ -50,6 +50,7 @@ class FakeRelay:
         self.bodies: list[dict[str, Any]] = []
         self.timeouts: list[float] = []
         self.ended = 0
+        self.failures: dict[int, str] = {}
 
     def end(self) -> None:
         self.ended += 1
@@ -59,6 +60,13 @@ class FakeRelay:
         self.timeouts.append(timeout_s)
         if ticket is not None:
             ticket.release()
+
+    # An attempt's failure as the relay would report it, by attempt number (`failures` scripts them).
+    def failure(self) -> str | None:
+        return self.failures.get(len(self.bodies) + 1)
+
+    def mark_failed(self, reason: str, *flags: str) -> None:
+        self.failures.setdefault(len(self.bodies) + 1, reason)
 
 
 def chat_pipeline(
