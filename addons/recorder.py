@@ -70,7 +70,7 @@ class RecordExchange:
         elif "upstream_unreachable" in ex.flags:
             pass  # the router answered it (addons/router.py): its error is what the client was told
         else:
-            ex.error = message
+            ex.error = ex.error or message  # set: what tapfix already told the client (its error event)
             if "client" in message.lower():
                 ex.flags.add("client_disconnected")
             elif flow.response is None:
