@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from tapfix.proxy.regenerate.splice import AttemptSplice
 
 NOT_SSE = "not_sse"
+NOT_SSE_MESSAGE = "upstream server error: the upstream's answer is not an event stream"
 
 
 class Stage(Protocol):
@@ -137,6 +138,7 @@ class StreamPipeline:
         ends as it would on a reset), then the retryable error unless a stage ended the stream; the rest of
         the upstream's bytes are dropped (the record keeps them)."""
         self.finished = self.broken = True
+        self.exchange.flags.add(NOT_SSE)  # the upstream's bytes, whatever ends the client's stream
         sent = self._through(readable, True)
         out = [sent] if isinstance(sent, bytes) else sent
         assert self.exchange.client_response_chunks is not None
@@ -147,21 +149,22 @@ class StreamPipeline:
             self.record_not_sse_error()
         return out
 
-    def not_sse_message(self) -> str:
-        head = (self.foreign or b"")[:60]
-        return f"upstream server error: the upstream's answer is not an event stream (it sent {head!r})"
+    def not_sse_reason(self) -> str:
+        """For the record: what the upstream sent instead of an event (its first bytes)."""
+        return f"{NOT_SSE_MESSAGE} (it sent {(self.foreign or b'')[:60]!r})"
 
     def not_sse_error(self) -> bytes:
-        """The retryable error event that ends a stream that stopped being SSE."""
-        event, _ = reset_event(surface_for(self.exchange.path), self.not_sse_message(), self.exchange.id, NOT_SSE)
+        """The retryable error event that ends a stream that stopped being SSE (the upstream's bytes are
+        not quoted to the client: they are what it couldn't read)."""
+        event, _ = reset_event(surface_for(self.exchange.path), NOT_SSE_MESSAGE, self.exchange.id, NOT_SSE)
         return event
 
     def record_not_sse_error(self) -> None:
         """The client got `not_sse_error()`: recorded on the exchange (flags, error, the change)."""
         ex = self.exchange
-        _, error = reset_event(surface_for(ex.path), self.not_sse_message(), ex.id, NOT_SSE)
+        _, error = reset_event(surface_for(ex.path), NOT_SSE_MESSAGE, ex.id, NOT_SSE)
         ex.flags.update((NOT_SSE, "upstream_error"))
-        ex.error = ex.error or self.not_sse_message()
+        ex.error = ex.error or self.not_sse_reason()
         reason = "the upstream's answer stopped being SSE; what followed is not sent, the client gets a retryable error"
         ex.changes.append(Change("stream", "inject", "$.error", None, error, reason))
 
@@ -182,7 +185,7 @@ class StreamPipeline:
                 if self.foreign is not None:  # the attempt failed: the splice decides what follows
                     if splice.attempts_made == 0:
                         self.exchange.flags.add(NOT_SSE)  # the record's upstream bytes are attempt 1's
-                    unreadable = Unreadable(self.not_sse_message(), [self.not_sse_error()])
+                    unreadable = Unreadable(self.not_sse_reason(), [self.not_sse_error()])
                 now, stages = splice.attempt_end(self.stages, self.exchange.client_response_chunks, unreadable)
                 if unreadable is not None and splice.unreadable_sent:
                     self.record_not_sse_error()
