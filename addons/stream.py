@@ -291,6 +291,9 @@ class StreamOwner:
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return
         if flow.error and "client" in flow.error.msg.lower():
+            session = relayed_session(ex)
+            if session is not None:
+                session.client_left()
             self.collect(ex)
             return  # nobody is left to tell
         if ended_normally(ex):

@@ -63,6 +63,8 @@ class RelayedSession(RelayHandle, SessionLike, Protocol):
 
     def declare(self, spliced: bool) -> None: ...
 
+    def client_left(self) -> None: ...
+
 
 def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | None) -> list[Exchange]:
     """Fix up `ex` (the client-facing exchange) and return the later attempts' exchanges, to be recorded

@@ -98,6 +98,13 @@ class RelaySession:
         if self.attempts:
             self.attempts[-1].fail(reason, *flags)
 
+    def client_left(self) -> None:
+        """The client left: a later attempt still awaited is cancelled (the relay sees the close within
+        `wire.CLOSE_CHECK_S`, after the records are made, so they say so now)."""
+        for attempt in self.attempts[1:]:
+            if attempt.ended is None:
+                attempt.cancel()
+
     def release(self) -> None:
         """Free the admission slots held (at each later attempt's end, and when the session ends)."""
         for ticket in self.tickets:
