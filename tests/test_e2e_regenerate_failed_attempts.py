@@ -142,6 +142,7 @@ def test_a_compressed_later_attempt_reaches_the_sdk_decoded(
     parent, second = records(proxy, turn, 2)
     assert "regenerated" in parent["flags"] and "toolcall_unrecoverable" not in parent["flags"]
     assert second["status"] == 200 and not second["flags"] & {"upstream_error", "undecodable_body"}
+    assert "empty_answer" not in second["flags"], "the attempt's record reads its answer decoded"
     headers = {k.lower(): v for k, v in json.loads(second["response_headers"])}
     assert headers["content-encoding"] == encoding, "the attempt's record keeps what the upstream sent"
 
