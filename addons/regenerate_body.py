@@ -71,8 +71,8 @@ class RegenerateBody:
         ex.changes.extend(regen.later_changes())  # as a stream's parent holds every attempt's stage records
         if good is not None:
             _answer(ex, response, good)
-        elif not flow.client_conn.connected:
-            # Nothing went out: the answer held for the client (attempt 1's, status and all) never reached it.
+        if not flow.client_conn.connected:
+            # Nothing went out: the answer held for the client (its status and all) never reached it.
             ex.flags.add("client_disconnected")
             ex.error = ex.error or "the client disconnected while the answer was regenerated"
         records = attempt_records(ex, regen, regen)

@@ -156,7 +156,8 @@ class Relay:
         writer.write(wire.response_head(response.status_code, response.reason_phrase, response.headers.multi_items()))
         # A compressed stream can't carry a plain marker after it (the pipeline decodes what it reads):
         # it goes through whole, as one attempt.
-        splice = _unreadable(response) is None and not codings(response.headers.get("content-encoding", ""))
+        stream = wire.unspliceable(response.status_code, response.headers.get("content-type", "")) is None
+        splice = stream and not codings(response.headers.get("content-encoding", ""))
         try:
             last = await self._pump(response, attempt, writer, whole_events=splice)
         finally:
@@ -206,7 +207,7 @@ class Relay:
             return b""
         try:
             _note(attempt, response)
-            why = _unreadable(response)
+            why = wire.unspliceable(response.status_code, response.headers.get("content-type", ""))
             decoder = None
             encoding = response.headers.get("content-encoding", "")
             if why is None and codings(encoding):
@@ -297,6 +298,8 @@ class Relay:
                 attempt.error = f"the attempt's answer stopped decoding: {e}"
         except (httpx.HTTPError, OSError, TimeoutError) as e:
             if isinstance(e, ConnectionError) and writer.is_closing():
+                if later is not None:
+                    attempt.cancel()
                 raise  # mitmproxy dropped the connection: the client left
             if later is not None and not sent:
                 attempt.fail(_why(e))  # nothing of it came: no answer
@@ -329,16 +332,6 @@ class _Later:
 
     def wait[T](self, waitable: Awaitable[T]) -> Awaitable[T]:
         return _keepalive_until(waitable, self.reader, self.writer, self.every_s, self.deadline)
-
-
-def _unreadable(response: httpx.Response) -> str | None:
-    """Why an upstream answer is no event stream the pipeline can splice (None: it is one)."""
-    if response.status_code != 200:
-        return f"the upstream answered {response.status_code}"
-    content_type = response.headers.get("content-type", "")
-    if "text/event-stream" not in content_type:
-        return f"the upstream answered {content_type or 'no content type'}, not an event stream"
-    return None
 
 
 def _note(attempt: Attempt, response: httpx.Response) -> None:

@@ -6,9 +6,10 @@ if the tool-call stage deferred an unrecoverable verdict (`defer_fatal`) and the
 attempt (eligibility.should_regenerate, the upstream's Admission, continuation.next_attempt), the relay
 is handed the next attempt's body and the pipeline gets fresh stages led by a `Seam`, so the new
 attempt's chunks continue what the client has; otherwise the relay is told to end and the deferred
-error event goes out, as it would have without regeneration. Every decision is kept in `decisions`
-for the records: why each attempt was made, or why none was. No mitmproxy import: the relay handle is
-a Protocol.
+error event goes out, as it would have without regeneration. An attempt that brought no answer the
+pipeline can read (issue 31: the relay's `failure()`, or a stream that isn't SSE) is judged like the one
+it replaced. Every decision is kept in `decisions` for the records: why each attempt was made, or why
+none was. No mitmproxy import: the relay handle is a Protocol.
 """
 
 from __future__ import annotations
@@ -338,14 +339,6 @@ class AttemptSplice:
             self.unreadable_sent = True
         elif replaced is not None:
             self.answered_by = replaced
-
-    def _no(self, stage: Any, stages: list[Any], skip: Decision) -> tuple[list[bytes], None]:
-        """No further attempt: the deferred error event goes out now (and only now)."""
-        deferred = _remapped(stages, list(stage.deferred))
-        stage.deferred = []
-        self.decisions.append(skip)
-        self.relay.end()
-        return deferred, None
 
     def at_end(self, stages: list[Any]) -> list[bytes]:
         """The relay ended without a marker (a later attempt's request failed or timed out): a deferred
