@@ -70,7 +70,7 @@ class RecordExchange:
         elif "upstream_unreachable" in ex.flags:
             pass  # the router answered it (addons/router.py): its error is what the client was told
         else:
-            ex.error = message
+            ex.error = ex.error or message  # set: what tapfix already told the client (its error event)
             if "client" in message.lower():
                 ex.flags.add("client_disconnected")
             elif flow.response is None:
@@ -90,7 +90,9 @@ class RecordExchange:
         ex.upstream_url = request_url(request) if ex.upstream_url == "" else ex.upstream_url
         response = flow.response
         if response is not None:
-            ex.status = response.status_code if ex.status is None else ex.status  # set: what tapfix sent instead
+            if ex.status is None and not ("client_disconnected" in ex.flags and not response.stream):
+                # set: what tapfix sent instead; none when a whole answer was still held as the client left
+                ex.status = response.status_code
             ex.response_headers = _fields(response.headers)
             ex.content_type = response.headers.get("content-type", "")
             if not response.stream and ex.response is None and not ex.response_chunks:

@@ -322,3 +322,46 @@ def test_unknown_tool_off_or_spent_the_call_goes_out_as_sent(path: str) -> None:
     data, splice = relayed(path, both, body, 0, settings=RegenerateSettings(1, unknown_tool=True))
     assert [c["name"] for c in VALID[path](data)] == ["rm_rf"]
     assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh"), (False, "attempts_spent")]
+
+
+# ---- issue 31, item 5: an attempt that answers in text alone is the answer ---------------------------
+
+
+def _chat_case(cid: str, text: str, arguments: str | None, finish: str) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], end: str | None = None) -> dict[str, Any]:
+        return {"id": cid, "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": end}]}  # fmt: skip
+
+    events = [chunk({"role": "assistant", "content": ""}), chunk({"content": text})]
+    if arguments is not None:
+        call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "write", "arguments": arguments}}
+        events.append(chunk({"tool_calls": [call]}))
+    return {"stream": [*events, chunk({}, finish)]}
+
+
+TEXT_ANSWER = {
+    "rules": [
+        {"when": {"attempt": 1}, "do": "serve_case", "case": _chat_case("a1", "I will write it.", '{"pa', "length")},
+        {"do": "serve_case", "case": _chat_case("a2", "I cannot write files here.", None, "stop")},
+    ]
+}
+
+
+@pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_later_attempt_that_answers_in_text_follows_what_the_client_read(path: str, seed: int) -> None:
+    body = body_for(path, think=False)
+    data, splice = relayed(path, answers(path, body, TEXT_ANSWER), body, seed)
+    assert VALID[path](data) == [] and "error" not in [k for k, _ in objects(data)]
+    view = client_view(SURFACE[path], [data])  # type: ignore[arg-type]
+    assert view.received.content == "I will write it.I cannot write files here."
+    assert [i["type"] for i in view.items] == ["message", "message"] if path == RESPONSES else ["text", "text"]
+    assert len({i.get("id") for i in view.items}) == len(view.items) or path == MESSAGES, "ids stay distinct"
+    ends = [o for k, o in objects(data) if k in ("response.completed", "message_delta")]
+    assert len(ends) == 1
+    if path == RESPONSES:
+        assert [i["type"] for i in ends[0]["response"]["output"]] == ["message", "message"]
+    else:
+        assert ends[0]["delta"]["stop_reason"] == "end_turn"
+    assert not [c for d in splice.decisions for c in d.changes if c.kind == "drop"]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.sse import SSESplitter, event_data, is_sse
 
 from tests.support.builders import split_at
 
@@ -49,3 +49,31 @@ def test_random_bytes_never_raise(data, cuts):
     assert b"".join(out) == data
     for event in out:
         event_data(event)
+
+
+# -- is_sse: does an event read as server-sent events at all (issue 31, item 16) ----------------------
+_FIELD = st.sampled_from(["data", "event", "id", "retry", "x-custom"])
+_VALUE = st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=20)
+_LINE = st.one_of(
+    st.builds(lambda f, v: f"{f}: {v}", _FIELD, _VALUE),
+    st.builds(lambda v: f":{v}", _VALUE),
+    st.sampled_from(["data", "event", "id", "retry"]),
+)
+
+
+@given(st.lists(_LINE, min_size=1, max_size=5), st.sampled_from(["\n", "\r\n", "\r"]))
+def test_an_event_of_fields_and_comments_is_sse(lines: list[str], newline: str) -> None:
+    event = (newline.join(lines) + newline + newline).encode()
+    assert is_sse(event)
+    assert is_sse(event[: -len(newline)])  # a stream's unterminated tail too
+
+
+@given(st.binary(max_size=40))
+def test_a_page_or_junk_sent_as_an_event_stream_is_not_sse(tail: bytes) -> None:
+    for head in (b"<html><body><h1>502 Bad Gateway</h1>", b"\x00\x01", b'{"error": "busy"}', b"Bad Gateway"):
+        assert not is_sse(head + b"\n" + tail.replace(b"\n", b" ").replace(b"\r", b" "))
+
+
+def test_blank_lines_and_the_common_events_are_sse() -> None:
+    for event in (b"", b"\n\n", b"data: [DONE]\n\n", b": keep-alive\n\n", b"event: ping\ndata: {}\r\n\r\n"):
+        assert is_sse(event)

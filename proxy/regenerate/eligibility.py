@@ -2,8 +2,9 @@
 
 Issue 19's rules. Regenerate when the tool-call stage ended a message as `unrecoverable` (a held call
 cut, missing a required argument, unparseable; or a `tool_calls` finish with no call, kind
-`empty_tool_turn`), or, with `regenerate_unknown_tool`, when a call named a tool that wasn't offered. And
-only while every one of these holds:
+`empty_tool_turn`), or, with `regenerate_unknown_tool`, when a call named a tool that wasn't offered, or
+when a relayed stream's first attempt isn't SSE at all (`unreadable`: a page or junk sent as an event
+stream). And only while every one of these holds:
 - the repair policy is `error` (the default) or `fail_fast` (`passthrough` forwards the broken call,
   `off` has no stage);
 - regeneration is on (`regenerate` N > 0) and attempts are left;
@@ -38,7 +39,9 @@ CONCURRENCY_MAX: Final = 64
 PER_MINUTE_MAX: Final = 1000
 WINDOW_S: Final = 60.0
 
-Trigger = Literal["unrecoverable", "empty_tool_turn", "unknown_tool"]
+Trigger = Literal["unrecoverable", "empty_tool_turn", "unknown_tool", "unreadable"]
+# The outcome of an attempt whose answer can't be read as the surface's answer (its stream isn't SSE).
+UNREADABLE: Final = "unreadable"
 NoReason = Literal[
     "nothing_to_regenerate",
     "off",
@@ -119,6 +122,8 @@ def trigger_for(outcome: str, defects: Collection[str], unknown_tool: bool = Fal
     `(body, changes, outcome)` of a non-streamed repair, its changes' kinds as the defects)."""
     if outcome == "unrecoverable":
         return "empty_tool_turn" if EMPTY_TURN in defects else "unrecoverable"
+    if outcome == UNREADABLE:
+        return "unreadable"
     if unknown_tool and UNKNOWN_TOOL in defects:
         return "unknown_tool"
     return None

@@ -114,7 +114,7 @@ REQUESTS = Instrument(
     sc.METRIC_REQUESTS,
     "counter",
     "{request}",
-    "Exchanges through the proxy, by answer status class.",
+    "Client requests through the proxy, by answer status class (regeneration attempts are counted apart).",
     (MODEL, UPSTREAM, SURFACE, STATUS_CLASS),
 )
 REPAIRS = Instrument(
@@ -227,7 +227,8 @@ def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
     if turn.outcome in ("kept", "lost"):
         yield CAPTURE_FAILURES, (1,), {OUTCOME: turn.outcome}
     base = labeller.base(turn)
-    yield REQUESTS, (1,), base
+    if turn.attempt_of is None:  # a regeneration attempt is no client request: REGENERATIONS counts it
+        yield REQUESTS, (1,), base
     for kind, count in sorted(turn.repairs.items()):
         yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
     if turn.unrecoverable:

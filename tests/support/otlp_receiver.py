@@ -18,7 +18,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,16 @@ class Point:
     time_ns: int = 0
 
 
+@dataclass(frozen=True)
+class ReceivedSpan:
+    """One span as received: its name, status (code: 0 unset, 1 ok, 2 error; the message) and attributes."""
+
+    name: str
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any]
+
+
 def _value(any_value: Any) -> Any:
     kind = any_value.WhichOneof("value")
     return getattr(any_value, kind) if kind else None
@@ -56,6 +69,7 @@ class OtlpReceiver:
         self.requests: list[ExportMetricsServiceRequest] = []
         self.rejected = 0  # metrics requests answered 404
         self.trace_requests = 0
+        self.trace_bodies: list[ExportTraceServiceRequest] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -96,6 +110,9 @@ class OtlpReceiver:
                 return 200, ExportMetricsServiceResponse().SerializeToString()
             if path == "/v1/traces":
                 self.trace_requests += 1
+                traces = ExportTraceServiceRequest()
+                traces.ParseFromString(body)
+                self.trace_bodies.append(traces)
                 return 200, ExportTraceServiceResponse().SerializeToString()
         return 404, b""
 
@@ -122,6 +139,18 @@ class OtlpReceiver:
                     for metric in sm.metrics:
                         out.setdefault(metric.name, []).extend(_points(metric))
         return out
+
+    def spans(self) -> list[ReceivedSpan]:
+        """Every span received so far."""
+        with self._lock:
+            bodies = list(self.trace_bodies)
+        return [
+            ReceivedSpan(span.name, span.status.code, span.status.message, _attributes(span.attributes))
+            for body in bodies
+            for rs in body.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
 
     def close(self) -> None:
         self.server.shutdown()
