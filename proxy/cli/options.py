@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 from tapfix.proxy.net import parse_listen
 from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.locator_url import NotAStoreLocator
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,11 +72,17 @@ class Size(_Quantity):
 
 
 def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    return StoreLocator.resolve(value)
+    try:
+        return StoreLocator.resolve(value)
+    except NotAStoreLocator as e:  # a URL-like value with a wrong scheme is a usage error (exit 2)
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def _locate_postgres(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    return StoreLocator.resolve(value, postgres=True)
+    try:
+        return StoreLocator.resolve(value, postgres=True)
+    except NotAStoreLocator as e:
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def db_option(help: str = DB_HELP, *, postgres: bool = False) -> Callable[[F], F]:

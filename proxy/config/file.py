@@ -246,6 +246,8 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
         )
     admission = _regeneration(data, source, problems)
+    if (why := _store_problem(data.get("db"))) is not None:
+        problems.append(f"{source}: db: {why}")
     if problems:
         raise ConfigError("\n".join(problems), problems)
     rf = data.get("reasoning_field", {})
@@ -352,6 +354,19 @@ def _store(base: Path, value: str) -> str:
     from tapfix.proxy.store.pg.locator import is_postgres_url
 
     return value if is_postgres_url(value) else str(_resolve(base, value))
+
+
+def _store_problem(value: Any) -> str | None:
+    """Why `db` names no store (a URL with another scheme: store/locator_url.py), or None."""
+    if not isinstance(value, str):
+        return None  # the schema says what it expected
+    from tapfix.proxy.store.locator_url import NotAStoreLocator, refuse_url_like
+
+    try:
+        refuse_url_like(value)
+    except NotAStoreLocator as e:
+        return str(e)
+    return None
 
 
 def _resolve(base: Path, value: str) -> Path:
