@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 from tapfix.proxy.cli.options import (
+    FiniteFloatRange,
     Size,
     db_option,
     deprecated_alias,
@@ -28,6 +29,7 @@ from tapfix.proxy.cli.options import (
 from tapfix.proxy.cli.user_errors import UserError
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import parse_listen, url
+from tapfix.proxy.store.held import MIN_HELD_BYTES
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
 
@@ -77,7 +79,7 @@ def _setup_logging(verbose: bool) -> None:
 )
 @click.option("--insecure", is_flag=True, help="do not verify the upstream's TLS certificate")
 @click.option(
-    "--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="seconds"
+    "--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=5.0, show_default=True, help="seconds"
 )
 @click.option(
     "--idle-timeout", type=click.IntRange(min=1), default=600, show_default=True, help="seconds without traffic"
@@ -112,7 +114,7 @@ def _setup_logging(verbose: bool) -> None:
 @max_size_option("retention: purge the oldest captures above this size (2G)")
 @click.option(
     "--shutdown-grace",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
@@ -163,10 +165,10 @@ def _setup_logging(verbose: bool) -> None:
 )
 @click.option(
     "--store-queue-bytes",
-    type=Size(),
+    type=Size(MIN_HELD_BYTES, "the store queue must hold at least a few exchanges' bodies"),
     default=None,
     metavar="SIZE",
-    help="...and up to SIZE of their bodies (default 256M)",
+    help="...and up to SIZE of their bodies (default 256MiB; a unit: 512MiB, 1G; at least 1MiB)",
 )
 @click.option(
     "--strict",

@@ -139,7 +139,12 @@ def cli(
     *args: str, env: dict | None = None, input: bytes | None = None, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})}, input=input, timeout=timeout, cwd=cwd
+        TAPFIX + list(args),
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        input=input,
+        timeout=timeout,
+        cwd=cwd,
     )
 
 
