@@ -153,6 +153,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option(
     "--browse-url",
     metavar="URL",
+    callback=lambda _ctx, _param, value: _browse_url(value),
     help="where `tapfix browse` is reachable: exported spans link to the exchange's page there",
 )
 @click.option(
@@ -218,6 +219,27 @@ def _checked(option: str, check: str, value: Any) -> Any:
         return getattr(eligibility, check)(value, option)
     except eligibility.SettingError as e:
         raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
+
+
+def _browse_url(value: str | None) -> str | None:
+    """`--browse-url`: an http(s) URL with a host, nothing else. Spans carry it as a link a tracing UI
+    renders, so `javascript:` or `data:` there would run in whoever clicks it."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port that isn't a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise click.BadParameter(
+            f"{value!r}: give the browser's http:// or https:// URL with a host, e.g. http://127.0.0.1:8081",
+            param_hint="'--browse-url'",
+        )
+    return value.strip()
 
 
 def _check_tool_format(name: str | None) -> None:
