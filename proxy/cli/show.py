@@ -38,7 +38,7 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
         if "connection" in (c.get("tags") or [])
         else f"  {c['method']} {c['path']}  →  {destination(c)}",
         f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})"
-        f"   session: {c.get('session_id') or '-'}",
+        f"   session: {c.get('session_id') or '-'}" + (f"   thread: {c['thread_id']}" if c.get("thread_id") else ""),
         f"  model: {c.get('model') or '-'}"
         + (f" → served as {c['served_model']}" if c.get("served_model") not in (None, c.get("model")) else ""),
         f"  status: {c.get('status') or '-'}   stream: {'yes' if c.get('stream') else 'no'}"
@@ -184,6 +184,7 @@ _METADATA = (
     "client_addr",
     "user_agent",
     "session_id",
+    "thread_id",
     "source_id",
     "attempt_of",
     "attempt",
