@@ -16,6 +16,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from starlette.testclient import TestClient
+from tapfix.proxy.browse import create_app
 
 from tests.support.procs import Proc, cli, free_port, start, start_mock, wait_capture
 
@@ -87,6 +89,9 @@ def _recorded_as_tapfix_answer(proxy: Proc, capture_id: str, error: dict) -> dic
     assert capture_id in {json.loads(line)["id"] for line in listed.stdout.splitlines()}
     upstream_errors = cli("captures", "list", "--flag", "upstream_error", "--limit", "0", "--json", "--db", str(db))
     assert capture_id not in {json.loads(line)["id"] for line in upstream_errors.stdout.splitlines()}
+    with TestClient(create_app(db, background_index=False), base_url="http://127.0.0.1") as browser:
+        page = browser.get(f"/exchange/{capture_id}").text
+    assert "tapfix answered" in page and "upstream error" not in page and "passed unchanged" not in page
     return row
 
 

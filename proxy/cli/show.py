@@ -105,7 +105,7 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
 def _error_lines(c: dict[str, Any]) -> list[str]:
     error, whose = upstream_error(c), "upstream error"
     if error is None:
-        error, whose = tapfix_error(c), "tapfix's error (tapfix answered)"
+        error, whose = tapfix_error(c), "error tapfix answered with"
     if error is None:
         return [f"  error: {c['error']}"]
     about = [f"{key} {_plain(error[key])}" for key in ("type", "code") if error.get(key) not in (None, "")]
