@@ -1,6 +1,6 @@
 """Every error tapfix itself emits, in the shape each client reads: one place to keep them agreeing.
 
-Every function takes the request's surface and answers in that surface's own shape (DESIGN.md): on
+Each error is in the request's surface's own shape (DESIGN.md): on
 chat, completions and Responses (and any other path) OpenAI's `{"error": {"message", "type", "param",
 "code"}}`; on Messages Anthropic's `{"type": "error", "error": {"type", "message"}}`, typed by
 Anthropic's own words (`invalid_request_error`, `authentication_error`, `not_found_error`, `api_error`,
@@ -9,11 +9,13 @@ Anthropic's own words (`invalid_request_error`, `authentication_error`, `not_fou
 Two families:
 
 - **Answers instead of forwarding** (`request_error`, `internal_error`, `unauthorized`,
-  `upstream_unreachable`, `shutting_down`): a `LocalAnswer`, the status, the body and the error
-  object in it (what the capture's `error` column holds: the exchange is tapfix's, never the
-  upstream's). A 4xx is `invalid_request_error`, so agents stop instead of retrying.
+  `upstream_unreachable`, `shutting_down`), one function per error, each taking the surface (the
+  addons answer through `addons/runner/http.answer_locally`): a `LocalAnswer`, the status, the body
+  and the error object in it (what the capture's `error` column holds: the exchange is tapfix's,
+  never the upstream's). A 4xx is `invalid_request_error`, so agents stop instead of retrying.
 - **Errors inside a response** (a tool call tapfix can't recover, an upstream reset mid-stream): in
-  the stream's own framing per surface, worded so agents retry or stop as the policy wants. Agents
+  the stream's own framing per surface (`reset_event` takes the surface; the tool-call error has a
+  function per surface, called by that surface's stage), worded so agents retry or stop as the policy wants. Agents
   decide from the words alone (clients.md §8): policy "error" carries all three retry signals
   (server-error words, a numeric 5xx code, "server error" in the message) so opencode, omp and pi
   regenerate the turn; "fail_fast" carries none of them, in any field, so every agent stops.
