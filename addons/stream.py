@@ -91,8 +91,8 @@ class StreamOwner:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or response is None:
-            return
+        if ex is None or response is None or ex.tapfix_answered:
+            return  # tapfix's own answer (mitmproxy runs this hook for it too): no upstream head came
         ex.response_started_at = time.perf_counter()
         ex.upstream_status = response.status_code
         response.headers["x-tapfix-capture-id"] = ex.id

@@ -140,6 +140,7 @@ def _assert_tls_refusal_is_tapfix_json(response: httpx.Response, url: str, db) -
     row = wait_capture(db, response.headers["x-tapfix-capture-id"])
     assert row["status"] == 502 and "upstream_unreachable" in json.loads(row["flags"])
     assert "upstream_error" not in json.loads(row["flags"]), "one failure, one flag: the router named it"
-    assert row["error"] == error["message"], "the capture records what the client was told"
+    assert json.loads(row["error"]) == error, "the capture records what the client was told (tapfix's answer)"
+    assert "tapfix_answered" in json.loads(row["flags"]) and row["upstream_url"] == ""
     exported = cli("captures", "export", row["id"], "--db", str(db), "--client-response")
     assert json.loads(exported.stdout) == response.json()

@@ -229,8 +229,7 @@ def check(path: str, body: bytes, headers: dict[str, str]) -> None:
         return  # the known lone-surrogate bugs (explicit tests below); the request is still forwarded unchanged
     assert "request_policy_error" not in out.flags, out.changes[-1].reason if out.changes else out
     if out.error is not None:
-        status, payload = out.error
-        assert 400 <= status < 600 and isinstance(orjson.loads(payload)["error"]["message"], str)
+        assert 400 <= out.error.status < 600 and isinstance(orjson.loads(out.error.body)["error"]["message"], str)
     if out.body is not body:  # a change was spliced in: it must be valid JSON carrying the edits
         assert isinstance(json.loads(out.body), dict)
     for value in out.upstream_headers.values():
@@ -281,4 +280,4 @@ def test_lone_surrogate_in_a_key():
 
 def test_lone_surrogate_in_an_unknown_model_name():
     out = POLICY.apply("/v1/chat/completions", b'{"model":"\\ud83dnope","messages":[]}', {})
-    assert "request_policy_error" not in out.flags and out.error is not None and out.error[0] == 404
+    assert "request_policy_error" not in out.flags and out.error is not None and out.error.status == 404

@@ -302,9 +302,8 @@ def test_unmappable_is_a_400_when_configured():
         "chat",
     )
     assert result.error is not None
-    status, body = result.error
-    error = orjson.loads(body)["error"]
-    assert status == 400
+    error = orjson.loads(result.error.body)["error"]
+    assert result.error.status == 400 and result.error.error == error
     assert error["type"] == "invalid_request_error" and error["param"] == "thinking"
     assert "$.thinking" in error["message"] and "none, minimal, low" in error["message"]
     assert [(c.kind, c.path) for c in result.changes] == [("reject", "$.thinking")]

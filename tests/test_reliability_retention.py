@@ -18,15 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.cli.purge import purge as purge_command
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.quantities import parse_duration, parse_size
 from tapfix.proxy.store.bodies import read_body
-from tapfix.proxy.store.retention import (
-    BODY_COLUMNS,
-    Retention,
-    parse_duration,
-    parse_size,
-    purge,
-    used_bytes,
-)
+from tapfix.proxy.store.retention import BODY_COLUMNS, Retention, purge, used_bytes
 from tapfix.proxy.store.writer import CaptureWriter, open_for_writing
 
 from tests.support.builders import sse_event
@@ -191,7 +185,7 @@ def test_parse_duration(text, seconds):
 
 
 def test_parse_size():
-    assert parse_size("500M") == 500 * 1024**2 and parse_size("2G") == 2 * 1024**3 and parse_size("100") == 100
+    assert parse_size("500M") == 500 * 1024**2 and parse_size("2G") == 2 * 1024**3 and parse_size("100B") == 100
     assert parse_size("1.5GB") == int(1.5 * 1024**3)
     with pytest.raises(ValueError):
         parse_size("lots")

@@ -88,8 +88,7 @@ def test_unchanged_request_is_the_same_object(policy):
 
 def test_unknown_model_answers_404(policy):
     out = policy.apply("/v1/chat/completions", b'{"model":"gpt-4o","messages":[]}', {})
-    status, body = out.error
-    assert status == 404 and orjson.loads(body)["error"]["code"] == "model_not_found"
+    assert out.error.status == 404 and orjson.loads(out.error.body)["error"]["code"] == "model_not_found"
     assert out.model == "gpt-4o"
 
 
@@ -160,8 +159,8 @@ def test_bodies_that_are_not_objects(body, flag):
 
 def test_malformed_body_with_several_upstreams_is_a_clear_400(policy):
     out = policy.apply("/v1/chat/completions", b"{oops", {})
-    assert out.error[0] == 400 and "malformed_request_body" in out.flags
-    assert orjson.loads(out.error[1])["error"]["type"] == "invalid_request_error"
+    assert out.error.status == 400 and "malformed_request_body" in out.flags
+    assert orjson.loads(out.error.body)["error"]["type"] == "invalid_request_error"
 
 
 def test_encoded_body_is_not_touched():
@@ -196,7 +195,7 @@ def test_reject_unmappable_answers_400():
         }
     )
     out = RequestPolicy(cfg, environ={}).apply("/v1/chat/completions", b'{"model":"m","reasoning_effort":"turbo"}', {})
-    assert out.error[0] == 400 and [c.kind for c in out.changes] == ["reject"]
+    assert out.error.status == 400 and [c.kind for c in out.changes] == ["reject"]
 
 
 def test_big_integers_still_splice():

@@ -58,7 +58,7 @@ def test_resolve(model, upstream, served, renamed):
 def test_unknown_model_is_a_404_listing_what_is_served():
     error = resolve(config(), "gpt-4o")
     assert isinstance(error, RouteError) and error.status == 404
-    assert orjson.loads(error.body) == {
+    assert orjson.loads(error.answer("chat").body) == {
         "error": {
             "message": "model 'gpt-4o' is not served here; served models: qwen3-32b, glm (aliases: qwen → qwen3-32b)",
             "type": "invalid_request_error",
@@ -75,7 +75,7 @@ def test_names_are_exact():
 
 def test_no_aliases_no_parenthesis():
     error = resolve(config(a={"upstream": "gpu0"}), "b")
-    assert orjson.loads(error.body)["error"]["message"] == "model 'b' is not served here; served models: a"
+    assert orjson.loads(error.answer(None).body)["error"]["message"] == "model 'b' is not served here; served models: a"
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_no_aliases_no_parenthesis():
 def test_missing_or_bad_model_is_a_400(model, code):
     error = resolve(config(), model)
     assert isinstance(error, RouteError) and error.status == 400
-    body = orjson.loads(error.body)["error"]
+    body = orjson.loads(error.answer("responses").body)["error"]
     assert body["code"] == code and body["type"] == "invalid_request_error" and "served models" in body["message"]
 
 

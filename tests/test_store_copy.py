@@ -155,7 +155,8 @@ def test_schema_versions_must_match(source: Path, tmp_path: Path, postgres: Post
     url = postgres.create_database("copy_mismatch")
     refused = _copy("--from", str(older), "--to", url)
     assert refused.exit_code == 1
-    assert "m005_trace_context" in refused.output and "m006_exchange_bodies" in refused.output
+    latest = REACHES[MIGRATIONS[-1][0]]  # this tapfix's schema, named by its last SQLite migration
+    assert "m005_trace_context" in refused.output and latest in refused.output
     with psycopg.connect(url, autocommit=True) as pg:  # refused before the target was touched
         assert pg.execute("select to_regclass('tapfix_migrations')").fetchone() == (None,)
 

@@ -100,6 +100,25 @@ def test_beyond_the_bound_the_oldest_held_are_lost_as_queue_full(server: Postgre
     assert sorted(r[0] for r in _rows(url, "select id from exchanges")) == sorted(ex.id for ex in turns[3:])
 
 
+def test_the_bytes_bound_is_the_one_named_when_it_drops(server: PostgresServer, url: str, caplog) -> None:
+    """Issue 31 item 3: 3 of 4 captures lost to `--store-queue-bytes`, and the log blamed the 10,000-exchange
+    bound. What is said (log, health) names the bound that was hit."""
+    turns = agent_session("bytes", 4, time.time(), header=True)
+    largest = max(len(ex.request) for ex in turns)
+    writer = postgres_writer(url, max_held_bytes=largest + 1)  # one exchange fits, two don't
+    server.down()
+    for ex in turns:
+        writer.submit(ex)
+    _until(lambda: writer.stats.failures == 3)
+    health = writer.health()
+    assert health["failures_by_cause"] == {"queue_full": 3} and health["store"]["held"] == 1
+    said = str(health["last_error"]) + caplog.text
+    assert "--store-queue-bytes" in said and "10000 exchanges" not in said, said
+    server.up()
+    _until(lambda: writer.stats.written == 1)
+    writer.close()
+
+
 def test_a_close_while_the_server_is_down_counts_what_is_held_as_lost(server: PostgresServer, url: str) -> None:
     writer = postgres_writer(url)
     told = _watched(writer)

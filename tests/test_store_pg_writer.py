@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 PGConn = psycopg.Connection[tuple[Any, ...]]
 # Columns the two writers must fill alike (body ids differ: each store numbers its own).
 SAME = (
-    "id, ts, model, status, stream, session_id, chain_hash, flags, tags, content, finish_reason, changes_count,"
+    "id, ts, model, status, stream, session_id, thread_id, chain_hash, flags, tags, content, finish_reason,"
+    " changes_count,"
     " request_size, response_size, request_headers, response_headers, prompt_tokens, chunk_count, chunk_timing,"
     " attempt, error"
 )
@@ -79,7 +80,7 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
     assert len(pg_rows) == len(exchanges) + 2
     for a, b in zip(lite_rows, pg_rows, strict=True):
         b = tuple(bytes(v) if isinstance(v, memoryview) else v for v in b)
-        assert a == b or (a[0] == nul.id and a[9] == "a\x00b" and b[9] == f"a{NUL_STANDS_FOR}b")
+        assert a == b or (a[0] == nul.id and a[10] == "a\x00b" and b[10] == f"a{NUL_STANDS_FOR}b")
     assert _body_bytes(pg, nul.id, "response") == nul.response  # the body keeps its exact bytes
     for ex_id in filled.session:
         (lite_id,) = lite.execute("select request_body_id from exchanges where id = ?", (ex_id,)).fetchone()
@@ -89,6 +90,8 @@ def test_bodies_and_rows_match_sqlites_writer_byte_for_byte(tmp_path: Path, pg_u
         theirs = pg.execute(_BODY.format(pg_row[0])).fetchone()
         assert theirs is not None and theirs[:6] == tuple(mine[:6]) and theirs[6] == "raw"
         assert bytes(theirs[7]) == (zlib.decompress(mine[7]) if mine[6] == "zlib" else mine[7])
+    threads = lite.execute("select thread_id, count(*) from exchanges where session_id = 'ses_sql_test' group by 1")
+    assert [n for _, n in threads.fetchall()] == [len(filled.session)], "one chain: one thread, on both backends"
     assert lite.execute("select id, exchanges from sessions").fetchall() == [
         tuple(r) for r in pg.execute("select id, exchanges from sessions").fetchall()
     ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 from tapfix.proxy.cli.captures import captures
-from tapfix.proxy.cli.options import db_option, listen_option
+from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.net import url
@@ -153,7 +153,7 @@ def mock(
 @db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)", postgres=True)
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
     help="seconds per upstream (and for the store)",

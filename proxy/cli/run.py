@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 from tapfix.proxy.cli.options import (
+    FiniteFloatRange,
     Size,
     db_option,
     deprecated_alias,
@@ -28,6 +29,7 @@ from tapfix.proxy.cli.options import (
 from tapfix.proxy.cli.user_errors import UserError
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import parse_listen, url
+from tapfix.proxy.store.held import MIN_HELD_BYTES
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
 
@@ -77,7 +79,7 @@ def _setup_logging(verbose: bool) -> None:
 )
 @click.option("--insecure", is_flag=True, help="do not verify the upstream's TLS certificate")
 @click.option(
-    "--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True, help="seconds"
+    "--connect-timeout", type=FiniteFloatRange(min=0, min_open=True), default=5.0, show_default=True, help="seconds"
 )
 @click.option(
     "--idle-timeout", type=click.IntRange(min=1), default=600, show_default=True, help="seconds without traffic"
@@ -112,7 +114,7 @@ def _setup_logging(verbose: bool) -> None:
 @max_size_option("retention: purge the oldest captures above this size (2G)")
 @click.option(
     "--shutdown-grace",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=5.0,
     show_default=True,
     metavar="SECONDS",
@@ -151,6 +153,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option(
     "--browse-url",
     metavar="URL",
+    callback=lambda _ctx, _param, value: _browse_url(value),
     help="where `tapfix browse` is reachable: exported spans link to the exchange's page there",
 )
 @click.option(
@@ -163,10 +166,10 @@ def _setup_logging(verbose: bool) -> None:
 )
 @click.option(
     "--store-queue-bytes",
-    type=Size(),
+    type=Size(MIN_HELD_BYTES, "the store queue must hold at least a few exchanges' bodies"),
     default=None,
     metavar="SIZE",
-    help="...and up to SIZE of their bodies (default 256M)",
+    help="...and up to SIZE of their bodies (default 256MiB; a unit: 512MiB, 1G; at least 1MiB)",
 )
 @click.option(
     "--strict",
@@ -216,6 +219,27 @@ def _checked(option: str, check: str, value: Any) -> Any:
         return getattr(eligibility, check)(value, option)
     except eligibility.SettingError as e:
         raise click.BadParameter(str(e).removeprefix(f"{option} "), param_hint=f"'{option}'") from e
+
+
+def _browse_url(value: str | None) -> str | None:
+    """`--browse-url`: an http(s) URL with a host, nothing else. Spans carry it as a link a tracing UI
+    renders, so `javascript:` or `data:` there would run in whoever clicks it."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port that isn't a number
+    except ValueError:
+        ok = False
+    if not ok:
+        raise click.BadParameter(
+            f"{value!r}: give the browser's http:// or https:// URL with a host, e.g. http://127.0.0.1:8081",
+            param_hint="'--browse-url'",
+        )
+    return value.strip()
 
 
 def _check_tool_format(name: str | None) -> None:

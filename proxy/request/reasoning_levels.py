@@ -12,10 +12,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as _field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonsplice import Edit, Path, json_path
+
+if TYPE_CHECKING:
+    from tapfix.proxy.errors import LocalAnswer
 
 LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template", "passthrough")
@@ -59,7 +62,7 @@ class ReasoningSettings:
 class ReasoningResult:
     edits: list[Edit] = _field(default_factory=list)
     changes: list[Change] = _field(default_factory=list)
-    error: tuple[int, bytes] | None = None
+    error: LocalAnswer | None = None  # answer the client with this instead of forwarding
 
     def add(self, kind: str, path: Path, before: Any, after: Any, reason: str, edit: Edit | None = None) -> None:
         self.changes.append(Change("reasoning", kind, json_path(path), before, after, reason))

@@ -218,3 +218,15 @@ def m006_exchange_bodies(db: Database) -> None:
         from exchanges
         """
     )
+
+
+@migrations()
+def m007_threads(db: Database) -> None:
+    """Threads within a session (store/sessions.py): the id of the first exchange of the chain of requests
+    an exchange belongs to. One session may hold several (Claude Code's subagents send the main agent's
+    session id). Rows written before it have none: a lookup reads their own id instead."""
+    for statement in (
+        "alter table exchanges add column thread_id text",
+        "create index idx_exchanges_thread_id on exchanges (thread_id) where thread_id is not null",
+    ):
+        db.execute(statement)

@@ -135,9 +135,16 @@ def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
     raise TimeoutError(f"capture {capture_id} not in {db} after {timeout}s")
 
 
-def cli(*args: str, env: dict | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, env: dict | None = None, input: bytes | None = None, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        TAPFIX + list(args), capture_output=True, env={**os.environ, **(env or {})}, input=input, timeout=60
+        TAPFIX + list(args),
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        input=input,
+        timeout=timeout,
+        cwd=cwd,
     )
 
 

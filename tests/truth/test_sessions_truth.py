@@ -346,3 +346,56 @@ def test_truth_8_compressed_request_bodies_chain(tmp_path: Path) -> None:
     finally:
         proxy.stop()
         server.close()
+
+
+# -- Claude Code's session header, and threads (issue 31 item 17) -----------------------------------
+def test_claude_codes_session_header_and_threads(tmp_path: Path) -> None:
+    """Claude Code sends `X-Claude-Code-Session-Id` on every request, its subagents' too. A turn the client
+    retried after a 500 is filed under that session (it used to start a session of its own), and the
+    session holds one thread per chain: the main agent's turns in one, a subagent's in another."""
+    from tests.support.procs import cli, mock_and_proxy
+
+    scenario = {"rules": [{"when": {"nth": 1}, "do": "http_error", "status": 500}]}
+    with mock_and_proxy(tmp_path, scenario) as (_, proxy):
+        db = proxy.extra["db"]
+        client = anthropic.Anthropic(
+            base_url=proxy.url,
+            api_key="k",
+            max_retries=1,  # the SDK retries the 500 itself: the retried turn
+            timeout=30,
+            default_headers={"X-Claude-Code-Session-Id": "cc-e2e-1"},
+        )
+        messages: list[Any] = [{"role": "user", "content": "Read notes.txt"}]
+        main: list[str] = []
+        for _ in range(MAX_TURNS):
+            raw = client.messages.with_raw_response.create(
+                model="m", max_tokens=2000, messages=messages, tools=ANTHROPIC_TOOLS
+            )
+            main.append(raw.headers["x-tapfix-capture-id"])
+            message = raw.parse()
+            messages.append(
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]}
+            )
+            uses = [b for b in message.content if b.type == "tool_use"]
+            if not uses:
+                break
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "hi"} for u in uses],
+                }
+            )
+        sub = client.messages.with_raw_response.create(
+            model="m", max_tokens=200, messages=[{"role": "user", "content": "Subagent: list the files"}]
+        ).headers["x-tapfix-capture-id"]
+        assert len(main) == 2, main
+        every = json.loads(cli("captures", "list", "--json", "--limit", "0", "--db", str(db)).stdout.splitlines()[-1])
+        failed = every["id"]  # the oldest: the 500 the SDK retried
+        assert every["status"] == 500 and failed not in main
+        shown = {
+            c: json.loads(cli("captures", "show", c, "--json", "--db", str(db)).stdout) for c in [failed, *main, sub]
+        }
+        assert {s["session_id"] for s in shown.values()} == {"cc-e2e-1"}
+        assert shown[main[0]]["thread_id"] == shown[main[1]]["thread_id"] == main[0]
+        assert shown[sub]["thread_id"] == sub
+        assert shown[failed]["thread_id"] == failed  # a sibling of the retried turn, which nothing continues

@@ -286,6 +286,30 @@ def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: Pr
     assert "proxy_shutdown" in flags and not flags & (CUT_FLAGS | {"upstream_error"}), flags
 
 
+def test_the_503_on_messages_is_anthropics_overloaded_error(mock: Proc, tmp_path: Path) -> None:
+    """Issue 31 items 14 and 15: on /v1/messages the shutdown's 503 is Anthropic's shape (what the anthropic
+    SDK and Claude Code read), and the capture says tapfix answered it: the upstream got the request but
+    never answered, so the URL stays and no upstream timing or error is recorded."""
+    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
+    client = RawClient(proxy.port)
+    client.send(surface_request("messages", "late"))
+    wait_seen(proxy, 1)
+    proxy.proc.send_signal(signal.SIGTERM)
+    status, headers = client.head()
+    body = client.read_all()
+    client.close()
+    assert status == 503, (status, headers)
+    answer = orjson.loads(body)
+    assert answer["type"] == "error" and answer["error"]["type"] == "overloaded_error", answer
+    assert "shutting down" in answer["error"]["message"]
+    assert exit_code(proxy) == 0
+    row, client_response = stored(proxy.extra["db"], headers["x-tapfix-capture-id"])
+    assert client_response == body and json.loads(row["error"]) == answer["error"]
+    flags = set(json.loads(row["flags"]))
+    assert {"proxy_shutdown", "tapfix_answered"} <= flags and "upstream_error" not in flags, flags
+    assert row["upstream_url"].startswith(mock.url) and row["upstream_first_byte_ms"] is None
+
+
 def test_a_client_gone_before_the_response_head_is_a_disconnect(mock: Proc, tmp_path: Path) -> None:
     """Not the upstream's fault: flagged client_disconnected, never upstream_error."""
     proxy = start_proxy(tmp_path, mock.url)

@@ -22,6 +22,7 @@ from tapfix.proxy.store.database import StoreError
 
 EXTRA = "tapfix[postgres]"
 _SCHEME = re.compile(r"(postgres(?:ql)?)://", re.IGNORECASE)
+_ANY_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")  # masking covers any URL: a refused typo is shown too
 _QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&#]*", re.IGNORECASE)
 MASK = "***"
 
@@ -32,8 +33,9 @@ def is_postgres_url(value: str) -> bool:
 
 
 def mask_password(url: str) -> str:
-    """The URL with its password shown as `***` (user info and `password=`); anything else unchanged."""
-    m = _SCHEME.match(url)
+    """The URL with its password shown as `***` (user info and `password=`); anything else unchanged.
+    Any scheme: a URL tapfix refuses (`postgressql://…`) is shown masked in the refusal."""
+    m = _ANY_SCHEME.match(url)
     if m is None:
         return url
     rest = url[m.end() :]
@@ -51,7 +53,7 @@ def mask_password(url: str) -> str:
 
 def _passwords(url: str) -> list[str]:
     """Every spelling of the URL's passwords (as written and percent-decoded), longest first."""
-    m = _SCHEME.match(url)
+    m = _ANY_SCHEME.match(url)
     if m is None:
         return []
     rest = url[m.end() :]
