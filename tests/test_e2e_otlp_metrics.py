@@ -84,10 +84,12 @@ def test_a_run_exports_the_catalogue_over_otlp_http(receiver_class, mock, tmp_pa
         assert proxy.stop() == 0
         receiver.close()
     latest = receiver.latest()  # the flush at exit: cumulative totals of the whole run
-    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in latest[sc.METRIC_TOKEN_USAGE]}
-    assert tokens["input"].total == sum(i for i, _ in used) and tokens["input"].count == 2
-    assert tokens["output"].total == sum(o for _, o in used)
-    attributes = tokens["input"].attributes
+    (used_in,) = latest[sc.METRIC_USAGE_INPUT_TOKENS]
+    (used_out,) = latest[sc.METRIC_USAGE_OUTPUT_TOKENS]
+    assert (used_in.value, used_out.value) == (sum(i for i, _ in used), sum(o for _, o in used))
+    (per_in,) = latest[sc.METRIC_OPERATION_INPUT_TOKENS]
+    assert per_in.total == sum(i for i, _ in used) and per_in.count == 2
+    attributes = per_in.attributes
     assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m-a" and attributes[sc.GEN_AI_OPERATION_NAME] == "chat"
     assert attributes[sc.TAPFIX_UPSTREAM] == "default" and attributes[sc.TAPFIX_SURFACE] == "chat"
     for name, points in latest.items():
@@ -95,7 +97,7 @@ def test_a_run_exports_the_catalogue_over_otlp_http(receiver_class, mock, tmp_pa
         assert all(p.unit == inst.unit for p in points), name
         if inst.kind == "histogram":
             assert all(p.bounds == inst.buckets for p in points), name
-    (duration,) = latest[sc.METRIC_OPERATION_DURATION]
+    (duration,) = latest[sc.METRIC_INFERENCE_DURATION]
     assert duration.count == 2 and duration.total > 0
     resources = {(r.get("service.name"), scope) for r, scope, _ in receiver.points()}
     assert resources == {("tapfix", sc.INSTRUMENTATION_SCOPE)}

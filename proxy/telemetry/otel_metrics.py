@@ -42,7 +42,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.aggregate import Aggregation, HistogramPoint, Snapshot
 from tapfix.proxy.telemetry.config import EXIT_FLUSH_S, ExportConfig
-from tapfix.proxy.telemetry.metrics import CATALOGUE, attributes
+from tapfix.proxy.telemetry.metrics import CURRENT, Catalogue, attributes
 
 log = logging.getLogger("tapfix.telemetry")
 # Where the OTLP exporters log each failure: the HTTP metric exporter's own logger, and the gRPC
@@ -166,14 +166,19 @@ def export_interval(env: Mapping[str, str]) -> float:
 
 
 def metrics_data(
-    now: Snapshot, last: Snapshot | None, started: float, delta: Mapping[str, bool], resource: Resource
+    now: Snapshot,
+    last: Snapshot | None,
+    started: float,
+    delta: Mapping[str, bool],
+    resource: Resource,
+    catalogue: Catalogue = CURRENT,
 ) -> MetricsData:
     """One export of the catalogue from `now`. A kind ("counter", "histogram") that `delta` marks gets
     `now - last` over the time since `last.taken` (a series unchanged since is left out), every other
     the totals since `started`. An instrument without a series is left out, as the SDK does."""
     at = int(now.taken * NANOS)
     metrics: list[Metric] = []
-    for inst in CATALOGUE:
+    for inst in catalogue.instruments:
         is_delta = delta.get(inst.kind, False)
         before = last if is_delta else None
         start = int((before.taken if before is not None else started) * NANOS)
@@ -201,7 +206,8 @@ def metrics_data(
             continue
         if data.data_points:
             metrics.append(Metric(inst.name, inst.description, inst.unit, data))
-    scope = ScopeMetrics(InstrumentationScope(sc.INSTRUMENTATION_SCOPE, None, sc.SCHEMA_URL), metrics, sc.SCHEMA_URL)
+    schema = sc.LEGACY_SCHEMA_URL if catalogue.naming == sc.LEGACY else sc.SCHEMA_URL
+    scope = ScopeMetrics(InstrumentationScope(sc.INSTRUMENTATION_SCOPE, None, schema), metrics, schema)
     return MetricsData([ResourceMetrics(resource, [scope], resource.schema_url)])
 
 
@@ -279,7 +285,8 @@ class OtlpMetrics:
             return False
         try:
             snapshot = self.aggregation.snapshot()
-            data = metrics_data(snapshot, self._last, self.aggregation.started, self.delta, self.resource)
+            catalogue = self.aggregation.catalogue
+            data = metrics_data(snapshot, self._last, self.aggregation.started, self.delta, self.resource, catalogue)
             result = self.exporter.export(data, timeout_millis=timeout_ms)
             if result is MetricExportResult.SUCCESS:  # a failed delta is sent again, in the next one
                 self._last = snapshot

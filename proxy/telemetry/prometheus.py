@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from tapfix.proxy.telemetry.aggregate import Aggregation
-from tapfix.proxy.telemetry.metrics import CATALOGUE, label_values
+from tapfix.proxy.telemetry.metrics import label_values
 
 
 class AggregationCollector(Collector):
@@ -24,12 +24,13 @@ class AggregationCollector(Collector):
 
     def __init__(self, aggregation: Aggregation) -> None:
         self.aggregation = aggregation
+        self.instruments = aggregation.catalogue.instruments
         # The `le` label of each histogram's buckets, formatted as prometheus_client's own Histogram does.
-        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in CATALOGUE}  # type: ignore[no-untyped-call]
+        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in self.instruments}  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.aggregation.snapshot()
-        for inst in CATALOGUE:
+        for inst in self.instruments:
             names = [label.prometheus for label in inst.labels]
             common: dict[str, Any] = dict(labels=names, unit=inst.prometheus_unit)
             if inst.kind == "counter":
@@ -53,7 +54,7 @@ class AggregationCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples: the registry checks names for duplicates once, at register."""
-        for inst in CATALOGUE:
+        for inst in self.instruments:
             family = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily, "gauge": GaugeMetricFamily}
             yield family[inst.kind](inst.prometheus_name, inst.description, unit=inst.prometheus_unit)
 
