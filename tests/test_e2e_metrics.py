@@ -5,6 +5,7 @@ then `other`); with a token, the endpoint wants it like every other path."""
 
 from __future__ import annotations
 
+import gzip
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -170,6 +171,24 @@ def test_openmetrics_when_the_scraper_asks(stack) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/openmetrics-text")
     names = {family.name for family in openmetrics_families(r.text)}
     assert {"tapfix_requests", "gen_ai_client_inference_duration_seconds", "tapfix_writer_queue_depth"} <= names
+
+
+def test_the_scrape_is_gzipped_when_the_scraper_accepts_it(stack) -> None:
+    """Prometheus sends `Accept-Encoding: gzip`: the text repeats every label on every bucket line."""
+    _, proxy = stack
+    url = f"{proxy.url}/tapfix/metrics"
+    plain = httpx.get(url, headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers and b"tapfix_requests" in plain.content
+    with httpx.stream("GET", url, headers={"accept-encoding": "gzip"}) as r:
+        raw = b"".join(r.iter_raw())
+        assert r.headers["content-encoding"] == "gzip" and "accept-encoding" in r.headers["vary"].lower()
+    text = gzip.decompress(raw)
+    assert {f.name for f in text_string_to_metric_families(text.decode())} == {
+        f.name for f in text_string_to_metric_families(plain.text)
+    }
+    assert len(raw) < len(text) / 3
+    refused = httpx.get(url, headers={"accept-encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers
 
 
 def test_with_a_token_the_endpoint_wants_it(stack, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ prometheus_client's global one, which would mix in the process collectors and wh
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,3 +74,29 @@ class PrometheusExposition:
 
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+    def scrape(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        """A scrape's body and headers: the exposition, gzipped when the scraper accepts gzip (Prometheus
+        always does: the text repeats every label on every bucket line and shrinks ~20 times)."""
+        body, content_type = self.exposition(accept)
+        headers = {"content-type": content_type, "vary": "accept-encoding"}
+        if accepts_gzip(accept_encoding):
+            body = gzip.compress(body, compresslevel=6)
+            headers["content-encoding"] = "gzip"
+        return body, headers
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """`gzip` (or `*`) listed in Accept-Encoding with a q-value above 0."""
+    for item in (accept_encoding or "").split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False
