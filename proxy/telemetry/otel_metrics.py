@@ -10,7 +10,8 @@ the process's start as start time, or delta, the last exported snapshot subtract
 
 A receiver that is down, or that takes traces only (Phoenix answers 404 on `/v1/metrics`; a gRPC one
 UNIMPLEMENTED), must never break or flood anything: each failed export is counted, the first one is
-logged once, and the SDK's own line per failure is swallowed (kept as `last_error` in health).
+logged once, and the SDK's own line per failure is swallowed (kept as `last_error` in health), for
+the process's whole life: an export still retrying at exit logs once more after the shutdown.
 """
 
 from __future__ import annotations
@@ -67,6 +68,25 @@ class _Swallow(logging.Filter):
         return False
 
 
+_swallowed: list[tuple[str, _Swallow]] = []
+
+
+def _swallow_sdk_lines() -> list[tuple[str, _Swallow]]:
+    """The exporters' loggers silenced for the rest of the process (installed once, never removed): an
+    export still retrying when tapfix shuts the exporter down logs once more ("Shutdown in progress,
+    aborting retry.") from its own thread, after any shutdown step that took the filters away."""
+    if not _swallowed:
+        for name, swallow in (
+            (_HTTP_LOGGER, _Swallow(only_metrics=False)),
+            (_GRPC_LOGGER, _Swallow(only_metrics=True)),
+        ):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.WARNING)  # reach the filter even where a parent logger is silenced
+            logger.addFilter(swallow)
+            _swallowed.append((name, swallow))
+    return _swallowed
+
+
 class CountingExporter(MetricExporter):
     """Wraps the OTLP exporter: never raises into the export thread, counts, logs the first failure."""
 
@@ -82,11 +102,9 @@ class CountingExporter(MetricExporter):
         self.last_error: str | None = None
         self.closing = False  # set before the flush at exit
         self._last_failed = False
-        self._filters = [(_HTTP_LOGGER, _Swallow(only_metrics=False)), (_GRPC_LOGGER, _Swallow(only_metrics=True))]
-        for name, swallow in self._filters:
-            logger = logging.getLogger(name)
-            logger.setLevel(logging.WARNING)  # reach the filter even where a parent logger is silenced
-            logger.addFilter(swallow)
+        self._filters = _swallow_sdk_lines()
+        for _, swallow in self._filters:
+            swallow.last = None  # this exporter's failures only
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         if self.closing and self._last_failed:  # a receiver that failed the last time: don't hold the exit
@@ -116,11 +134,7 @@ class CountingExporter(MetricExporter):
         return self.inner.force_flush(timeout_millis)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        try:
-            self.inner.shutdown(timeout_millis=timeout_millis)
-        finally:
-            for name, swallow in self._filters:
-                logging.getLogger(name).removeFilter(swallow)
+        self.inner.shutdown(timeout_millis=timeout_millis)
 
     def health(self) -> dict[str, Any]:
         return {

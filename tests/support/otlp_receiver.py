@@ -56,8 +56,9 @@ def _attributes(kvs: Any) -> dict[str, Any]:
 class OtlpReceiver:
     """Listens on 127.0.0.1 (a free port); `url` is the base URL to give `tapfix run --otlp`."""
 
-    def __init__(self, *, metrics: bool = True, prefix: str = "") -> None:
+    def __init__(self, *, metrics: bool = True, prefix: str = "", metrics_status: int = 200) -> None:
         self.accept_metrics = metrics
+        self.metrics_status = metrics_status  # e.g. 503: a receiver that is failing (the exporter retries)
         self.prefix = prefix
         self.requests: list[ExportMetricsServiceRequest] = []
         self.rejected = 0  # metrics requests answered 404
@@ -101,6 +102,9 @@ class OtlpReceiver:
                 if not self.accept_metrics:
                     self.rejected += 1
                     return 404, b"404 page not found"
+                if self.metrics_status != 200:
+                    self.rejected += 1
+                    return self.metrics_status, b"unavailable"
                 request = ExportMetricsServiceRequest()
                 request.ParseFromString(body)
                 self.requests.append(request)
