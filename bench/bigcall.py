@@ -112,7 +112,9 @@ def main() -> None:
                                 arguments.append((call.get("function") or {}).get("arguments") or "")
             seconds = time.monotonic() - started
             whole = json.loads("".join(arguments))
-            assert whole["content"] == "x" * (args.mb * 1024 * 1024 // PIECE * PIECE), "the arguments did not arrive whole"
+            assert whole["content"] == "x" * (args.mb * 1024 * 1024 // PIECE * PIECE), (
+                "the arguments did not arrive whole"
+            )
             time.sleep(1.5)  # the writer stores the capture
             wait_idle({"proxy": proxy.pid}, max_s=60)
             mem = memory_kb(proxy.pid)
