@@ -87,8 +87,13 @@ def install_telemetry(runtime: Runtime) -> None:
         return float(writer.health()["queue_depth"]) if writer is not None else 0.0
 
     export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
-    # TAPFIX_GENAI_SEMCONV (checked at the command line): the conventions' names, or v1.41.0's for a release.
-    naming = export.naming if export is not None else semconv.naming_of(os.environ)
+    # TAPFIX_GENAI_SEMCONV (`run` checks it at the command line): the conventions' names, or v1.41.0's.
+    try:
+        naming = export.naming if export is not None else semconv.naming_of(os.environ)
+    except ValueError as e:
+        from tapfix.addons.runner.setup import StartupError
+
+        raise StartupError(str(e)) from e
     labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
     aggregation = Aggregation(labeller, {QUEUE_DEPTH: queue_depth}, CATALOGUES[naming])
     runtime.metrics = PrometheusExposition(aggregation)
