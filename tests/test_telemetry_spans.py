@@ -155,6 +155,36 @@ def test_content_goes_where_the_mode_says_redacted_and_never_without_bodies(stor
     assert all(sc.CHANGE_BEFORE not in e.attributes for e in no_bodies.events)
 
 
+def test_content_hides_every_secret_the_store_hides_in_headers(store):
+    """The store hides a credential header's whole value, whatever it looks like; span content hides that
+    same value wherever the prompt or a change carries it, and what reads as a credential in text."""
+    token = "9f8e7d6c5b4a39281706"  # not key-looking: only the header it came in says it's a secret
+    prompt = (
+        f"Use token {token}. config: {{'password': 'hunter2!x', 'x-api-key': 'abcd1234efgh'}} "
+        "then curl -H 'Authorization: Basic dXNlcjpwYXNz' 'https://h/x?api_key=QWERTY&page=2'"
+    )
+    request = {"model": "qwen", "messages": [{"role": "user", "content": prompt}]}
+    body = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"ok {token}"}, "finish_reason": "stop"}]
+    }
+    ex = exchange(
+        "/v1/chat/completions",
+        request,
+        status=200,
+        content_type="application/json",
+        response=json.dumps(body).encode(),
+        request_headers=[("Authorization", f"Bearer {token}"), ("user-agent", "curl/8")],
+    )
+    ex.changes.append(Change("policy", "override", "headers.x-upstream", f"Bearer {token}", "x", "routed"))
+    (span,), _ = _spans(store, [ex], content="SPAN_ONLY")
+    a = dict(span.attributes)
+    sent = a[sc.GEN_AI_INPUT_MESSAGES] + a[sc.GEN_AI_OUTPUT_MESSAGES]
+    sent += "".join(str(e.attributes.get(sc.CHANGE_BEFORE, "")) for e in span.events)
+    for secret in (token, "hunter2!x", "abcd1234efgh", "dXNlcjpwYXNz", "QWERTY"):
+        assert secret not in sent, secret
+    assert "page=2" in sent and "Use token [redacted]" in sent  # the rest of the words are left alone
+
+
 def test_errors_get_error_status_and_ids_are_made_when_the_exchange_has_none(store):
     failed = exchange(
         "/v1/chat/completions", {"model": "m"}, status=503, content_type="application/json", response=b"{}"

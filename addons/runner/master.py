@@ -74,8 +74,9 @@ def install_telemetry(runtime: Runtime) -> None:
     """Issue 20: one aggregation of the metrics, fed by one writer observer that builds each exchange's
     `Turn` once for every sink, and served two ways: `/tapfix/metrics` always (`runtime.metrics`); with
     OTLP export on, an export thread of the same numbers, and the span exporter (`runtime.telemetry`)."""
+    from tapfix.proxy.telemetry import semconv
     from tapfix.proxy.telemetry.aggregate import Aggregation
-    from tapfix.proxy.telemetry.metrics import QUEUE_DEPTH, Labeller
+    from tapfix.proxy.telemetry.metrics import CATALOGUES, QUEUE_DEPTH, Labeller
     from tapfix.proxy.telemetry.observe import TurnFanout
     from tapfix.proxy.telemetry.prometheus import PrometheusExposition
     from tapfix.proxy.telemetry.turn import TurnContext
@@ -85,11 +86,19 @@ def install_telemetry(runtime: Runtime) -> None:
     def queue_depth() -> float:
         return float(writer.health()["queue_depth"]) if writer is not None else 0.0
 
-    aggregation = Aggregation(Labeller.for_config(getattr(runtime.policy, "config", None)), {QUEUE_DEPTH: queue_depth})
+    export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
+    # TAPFIX_GENAI_SEMCONV (`run` checks it at the command line): the conventions' names, or v1.41.0's.
+    try:
+        naming = export.naming if export is not None else semconv.naming_of(os.environ)
+    except ValueError as e:
+        from tapfix.addons.runner.setup import StartupError
+
+        raise StartupError(str(e)) from e
+    labeller = Labeller.for_config(getattr(runtime.policy, "config", None))
+    aggregation = Aggregation(labeller, {QUEUE_DEPTH: queue_depth}, CATALOGUES[naming])
     runtime.metrics = PrometheusExposition(aggregation)
     if writer is None:
         return
-    export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
     context = TurnContext(
         engine_of=runtime.engine_of,
         capture_content=export is not None and export.captures_content,

@@ -23,7 +23,9 @@ from tapfix.proxy.store.writer import StoreError
 
 
 class LazyGroup(click.Group):
-    """Commands that live in their own modules load only when used, so `captures` starts fast.
+    """Commands that live in their own modules load only when used, so `captures` starts fast, and
+    `tapfix --help` lists them from their summaries (`summaries`, the first line of each one's help: a
+    test keeps the two equal) without importing them (probe alone pulls httpx and jsonschema).
 
     It is also the last stop for a store error a command let through: one line, never a traceback.
     """
@@ -33,6 +35,27 @@ class LazyGroup(click.Group):
         "probe": "tapfix.proxy.cli.probe:probe",
         "replay": "tapfix.proxy.cli.replay:replay",
     }
+    summaries = {
+        "browse": "Browse captures in a web browser: filters, search, diffs, stream timelines, sessions, stats.",
+        "probe": "Deep health probe: prove the model works (answers, streams, calls tools, reasons, sees, recalls).",
+        "replay": "Resend a captured request (or a whole session) N times and compare the runs.",
+    }
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's own listing, with the commands not loaded yet shown from their summaries."""
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy and name not in self.commands:
+                stand_in = click.Command(name, help=self.summaries[name])  # click's own shortening
+                rows.append((name, stand_in.get_short_help_str(limit)))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})

@@ -58,8 +58,10 @@ def check_max_age(seconds: float | None, name: str = "--max-age") -> None:
 @functools.cache
 def empty_store_bytes(page_size: int = 4096) -> int:
     """What a store with no capture uses (schema, indexes, migration records): a size cap's floor."""
+    from tapfix.proxy.store.database import tapfix_migrations
+
+    migrations = tapfix_migrations()  # first: it imports sqlite-utils without numpy
     from sqlite_utils import Database
-    from tapfix.proxy.store.schema import migrations
 
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:

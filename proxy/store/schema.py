@@ -8,11 +8,14 @@ Plain tables with readable column names, so `sqlite-utils` and Datasette work ou
 
 from __future__ import annotations
 
-from sqlite_utils import Database
-from sqlite_utils.db import Table
-from sqlite_utils.migrations import Migrations
+from tapfix.proxy.store.sqlite_utils_lite import MIGRATION_SET, import_sqlite_utils
 
-migrations = Migrations("tapfix")
+import_sqlite_utils()  # before sqlite-utils is first imported: without numpy (see that module)
+from sqlite_utils import Database  # noqa: E402
+from sqlite_utils.db import Table  # noqa: E402
+from sqlite_utils.migrations import Migrations  # noqa: E402
+
+migrations = Migrations(MIGRATION_SET)
 
 
 @migrations()

@@ -37,7 +37,7 @@ def test_a_scrape_renders_the_catalogue_with_the_writers_queue_depth(tmp_path: P
     families = {fam.name: fam for fam in text_string_to_metric_families(f.response.text or "")}
     assert families["tapfix_writer_queue_depth"].samples[0].value == 0
     assert families["tapfix_requests"].type == "counter"
-    assert families["gen_ai_client_operation_duration_seconds"].type == "histogram"
+    assert families["gen_ai_client_inference_duration_seconds"].type == "histogram"
     assert rt.writer is not None and rt.fanout in rt.writer.observers  # the aggregation is fed by the writer
 
 
