@@ -15,7 +15,7 @@ from tests.support.procs import STARTED, start_mock, start_proxy
 
 # pytester: tests/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
 # e2e_guard: a test that starts a process or listens on a socket must carry the e2e marker.
-pytest_plugins = ["pytester", "tests.support.e2e_guard"]
+pytest_plugins = ["pytester", "tests.support.e2e_guard", "tests.support.process_count"]
 
 # CI runs the same examples every time (a red CI is then reproducible, never a dice roll); local runs
 # explore new ones, and hypothesis keeps what it finds in .hypothesis/.
