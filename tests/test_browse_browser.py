@@ -23,7 +23,7 @@ import pytest
 from tests.support.chromium import CHROMIUM, FLAGS
 from tests.support.ci import unavailable
 from tests.support.procs import free_port, wait_port
-from tests.test_browse_fixtures import Built, build_db
+from tests.unit.test_browse_fixtures import Built, build_db
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -153,7 +153,7 @@ def test_screenshot(browse: Browse, tmp_path: Path) -> None:
 
 def test_the_payloads_would_run_on_a_naive_page(tmp_path: Path) -> None:
     """The detector itself: the same payloads, pasted raw into a page, do change the title and body."""
-    from tests.test_browse_fixtures import XSS
+    from tests.unit.test_browse_fixtures import XSS
 
     page = tmp_path / "naive.html"
     page.write_text(f"<!doctype html><html><head><title>naive</title></head><body><p>{XSS}</p></body></html>")

@@ -21,8 +21,8 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tests.support.postgres import PostgresServer
 from tests.support.procs import TAPFIX, cli
 from tests.support.sql_store import write_all
-from tests.test_store_attempts import exchange
-from tests.test_store_reader_backends import cases
+from tests.unit.test_store_attempts import exchange
+from tests.unit.test_store_reader_backends import cases
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 

@@ -17,7 +17,7 @@ from tapfix.proxy.store.pg.writer import postgres_writer
 from tapfix.proxy.store.reader import CaptureFilter
 
 from tests.support.postgres import PostgresServer
-from tests.test_store_attempts import exchange, regenerated
+from tests.unit.test_store_attempts import exchange, regenerated
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 

@@ -15,10 +15,10 @@ from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.detail import export_available
 
-from tests.test_browse_fixtures import OPENCODE, SDK, Built, build_db
-from tests.test_store_attempts import as_before_attempts, regenerated
-from tests.test_store_attempts import exchange as attempt_exchange
-from tests.test_store_attempts import write as write_exchanges
+from tests.unit.test_browse_fixtures import OPENCODE, SDK, Built, build_db
+from tests.unit.test_store_attempts import as_before_attempts, regenerated
+from tests.unit.test_store_attempts import exchange as attempt_exchange
+from tests.unit.test_store_attempts import write as write_exchanges
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.sql_store import Filled, store_cases, write_all
 from tests.support.stores import BACKENDS, Backend, make_backend
-from tests.test_store_attempts import exchange, regenerated
+from tests.unit.test_store_attempts import exchange, regenerated
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 BODY_IDS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")

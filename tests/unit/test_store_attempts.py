@@ -262,7 +262,7 @@ def test_listing_shape_holds_for_any_mix(tmp_path_factory, shape: list[int], orp
 
 
 def test_captures_show_json_names_the_attempt_and_its_parent(tmp_path: Path) -> None:
-    schema = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "capture.schema.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "capture.schema.json").read_text())
     attempt, parent = regenerated(attempts=1)
     write(tmp_path / "c.db", [attempt, parent])
     for ex, want in ((parent, (None, 1)), (attempt, (parent.id, 2))):

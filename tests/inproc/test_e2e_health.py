@@ -5,9 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.procs import start_mock, start_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import start_mock, start_proxy
 
 
 @pytest.mark.parametrize(("scenario", "ok"), [(None, True), ("probe_failures/cjk_drift", False)])

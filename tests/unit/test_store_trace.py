@@ -17,7 +17,7 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 
-from tests.test_store_attempts import exchange, regenerated, write
+from tests.unit.test_store_attempts import exchange, regenerated, write
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OTHER = "0af7651916cd43dd8448eb211c80319c"

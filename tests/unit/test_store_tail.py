@@ -14,7 +14,7 @@ from tapfix.proxy.store.reader import CaptureFilter
 from tapfix.proxy.store.tail import Tail, after_capture, completed_within, latest
 from tapfix.proxy.store.writer import open_for_reading
 
-from tests.test_store_attempts import exchange, regenerated, write
+from tests.unit.test_store_attempts import exchange, regenerated, write
 
 
 def ids(tail: Tail) -> list[str]:

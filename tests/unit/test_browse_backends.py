@@ -22,8 +22,8 @@ from tapfix.proxy.store.locator import StoreLocator
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.stores import BACKENDS, Backend, make_backend
-from tests.test_browse_app import ids_on
-from tests.test_browse_fixtures import OPENCODE, SDK, _exchange, body, browse_exchanges
+from tests.unit.test_browse_app import ids_on
+from tests.unit.test_browse_fixtures import OPENCODE, SDK, _exchange, body, browse_exchanges
 
 CJK = "東京都の天気予報を調べて"
 

@@ -10,13 +10,10 @@ import sqlite3
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.builders import tool
-from tests.support.procs import start_proxy
+from tests.support.inproc import start_proxy
 from tests.support.rawserver import RawRequest, RawServer, sse_response
-
-pytestmark = pytest.mark.e2e
 
 # W3C trace context with OTLP export off: noted in the store, forwarded byte for byte on either path.
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -13,7 +13,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.writer import CaptureWriter
 
-from tests.test_browse_fixtures import build_db
+from tests.unit.test_browse_fixtures import build_db
 
 
 @pytest.mark.parametrize(

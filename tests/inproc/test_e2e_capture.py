@@ -1,4 +1,4 @@
-"""End to end: real `tapfix run` in front of real `tapfix mock`, driven by the openai SDK and httpx.
+"""End to end: the real proxy in front of the real mock (in the test process), driven by the openai SDK and httpx.
 
 What a user relies on: the agent notices nothing, and the store gives back exactly what went over
 the wire, request and response, with secrets redacted.
@@ -11,12 +11,11 @@ import sqlite3
 
 import httpx
 import openai
-import pytest
 
 from tests.support.builders import tool
-from tests.support.procs import cli, wait_capture
+from tests.support.inproc import cli
+from tests.support.procs import wait_capture
 
-pytestmark = pytest.mark.e2e
 SECRET = "sk-tapfix-test-secret-0123456789abcdef"
 
 

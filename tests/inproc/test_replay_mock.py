@@ -11,7 +11,8 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.server import recorded_response
 from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
 
-from tests.support.procs import cli, start_mock, start_proxy, wait_capture
+from tests.support.inproc import cli, start_mock, start_proxy
+from tests.support.procs import wait_capture
 
 CHUNKS = [
     b'data: {"choices":[{"index":0,"delta":{"content":"He"}}]}\n\ndata: {"choi',
@@ -64,7 +65,6 @@ def test_recorded_response_cuts_the_body_at_the_recorded_chunks(tmp_path: Path) 
     ]
 
 
-@pytest.mark.e2e
 def test_plain_response_is_one_chunk_and_no_response_is_an_error(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     plain = _store(
@@ -85,7 +85,6 @@ def test_plain_response_is_one_chunk_and_no_response_is_an_error(tmp_path: Path)
     assert result.returncode != 0 and b"no upstream response" in result.stderr
 
 
-@pytest.mark.e2e
 def test_mock_replays_a_real_capture_byte_exact_with_its_timing(tmp_path: Path) -> None:
     upstream = start_mock(tmp_path, "--chunk-delay-ms", "15")
     proxy = start_proxy(tmp_path, upstream.url)

@@ -22,7 +22,7 @@ import ast
 import re
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 BUILDERS = TESTS / "support" / "builders.py"
 BUILDER_NAME = re.compile(
     r"^_?(chunks?|chat_chunk|deltas?|tools?|tool_calls?|tool_delta|tool_call_delta|tc|call|ev|event"

@@ -13,7 +13,7 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.security import COOKIE
 from tapfix.proxy.cli.browse import browse
 
-from tests.test_browse_fixtures import XSS, Built, build_db
+from tests.unit.test_browse_fixtures import XSS, Built, build_db
 
 
 @pytest.fixture(scope="module")

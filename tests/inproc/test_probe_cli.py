@@ -1,15 +1,16 @@
-"""`tapfix probe` end to end: real mock processes over loopback, exit codes, JSON, captures, config."""
+"""`tapfix probe` end to end: the real mock over loopback (in the test process), exit codes, JSON, captures, config."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
 import pytest
+from tapfix.proxy.probe import ProbeReport, run_probe
 
-from tests.support.procs import cli, free_port, start_mock
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import cli, start_mock
+from tests.support.procs import free_port
 
 
 def probe(*args: str) -> subprocess.CompletedProcess:
@@ -216,3 +217,13 @@ def test_probe_help_is_documented():
     assert "probe" in main.list_commands(None)
     result = probe("--help")
     assert result.returncode == 0 and b"Deep health probe" in result.stdout
+
+
+def test_unreachable_server_is_exit_code_2():
+    async def go() -> ProbeReport:
+        return await run_probe(f"http://127.0.0.1:{port}", None, timeout=2)
+
+    port = free_port()
+    report = asyncio.run(go())
+    assert report.exit_code == 2 and not report.ok and report.results == []
+    assert report.unreachable and report.unreachable.startswith(f"cannot connect to http://127.0.0.1:{port}/v1/models")
