@@ -21,6 +21,18 @@ def tapfix_ca_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home
 
 
+@pytest.fixture(autouse=True)
+def one_proxy_left_behind_at_most() -> Iterator[None]:
+    """A proxy a test started and left running would make every later start in this worker fail (one at a
+    time): it is stopped here, and the test fails for it. Module fixtures start theirs before this runs."""
+    before = InprocProxy.running
+    yield
+    left = InprocProxy.running
+    if left is not None and left is not before:
+        left.stop()
+        pytest.fail(f"the test left an in-process proxy running ({left.url}, {left.args}): stop it in a finally")
+
+
 @pytest.fixture(scope="module")
 def mock(module_tmp: Path) -> Iterator[InprocMock]:
     handle = start_mock(module_tmp)

@@ -18,24 +18,19 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.support.procs import cli, free_port, start, wait_capture
+from tests.support.inproc import cli, start
+from tests.support.procs import free_port, wait_capture
 from tests.support.rawserver import RawServer
 
-pytestmark = pytest.mark.e2e
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
 
 
 def test_regular_mode_captures_only_allow_listed_hosts(tmp_path):
     server = RawServer(lambda _: [(0.0, OK)])
-    port = free_port()
     db = tmp_path / "r.db"
-    proxy = start(
-        ["run", "--mode", "regular", "--intercept", "127.0.0.1", "--listen", f"127.0.0.1:{port}", "--db", str(db)],
-        port,
-        tmp_path / "proxy.log",
-    )
+    proxy = start(["--mode", "regular", "--intercept", "127.0.0.1", "--db", str(db)], tmp_path / "proxy.log")
     try:
-        with httpx.Client(proxy=f"http://127.0.0.1:{port}") as client:
+        with httpx.Client(proxy=proxy.url) as client:
             captured = client.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", json={"model": "m"})
             passed = client.post(f"http://localhost:{server.port}/v1/chat/completions", json={"model": "other"})
         assert captured.json() == {"ok": True} and passed.json() == {"ok": True}
@@ -110,14 +105,9 @@ def tls_upstream(tmp_path):
 def test_tls_upstream(tmp_path, tls_upstream, trust):
     url, cert = tls_upstream
     args = {"ca": ["--upstream-ca", str(cert)], "insecure": ["--insecure"], "none": []}[trust]
-    port = free_port()
-    proxy = start(
-        ["run", "--upstream", url, "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "t.db"), *args],
-        port,
-        tmp_path / "proxy.log",
-    )
+    proxy = start(["--upstream", url, "--db", str(tmp_path / "t.db"), *args], tmp_path / "proxy.log")
     try:
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "tls-model"})
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "tls-model"})
         if trust == "none":
             assert response.status_code == 502  # an unverifiable certificate is refused, not ignored
             _assert_tls_refusal_is_tapfix_json(response, url, tmp_path / "t.db")

@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from tests.support.procs import cli, free_port, start, start_mock, wait_capture
+from tests.support.inproc import cli, start, start_mock
+from tests.support.procs import free_port, wait_capture
 from tests.support.rawserver import RawServer
 
-pytestmark = pytest.mark.e2e
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 OPENCODE_BODY = (
     b'{"model":"qwen","max_tokens":32000,"messages":[{"role":"system","content":"You are opencode"},'
@@ -27,9 +27,9 @@ def upstream():
 
 
 def _run(tmp_path, *args, env=None):
-    port = free_port()
-    db = tmp_path / f"r{port}.db"
-    proc = start(["run", "--listen", f"127.0.0.1:{port}", "--db", str(db), *args], port, tmp_path / f"p{port}.log", env)
+    k = len(list(tmp_path.glob("r*.db")))
+    db = tmp_path / f"r{k}.db"
+    proc = start(["--db", str(db), *args], tmp_path / f"p{k}.log", env)
     proc.extra["db"] = db
     return proc
 

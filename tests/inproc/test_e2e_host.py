@@ -14,11 +14,10 @@ import socket
 import httpx
 import pytest
 
-from tests.support.procs import free_port, response_head, start, start_proxy, wait_capture
+from tests.inproc.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an https upstream with its own CA
+from tests.support.inproc import start, start_proxy
+from tests.support.procs import response_head, wait_capture
 from tests.support.rawserver import RawServer, json_upstreams
-from tests.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an https upstream with its own CA
-
-pytestmark = pytest.mark.e2e
 
 
 def _ipv6_loopback() -> bool:
@@ -113,11 +112,9 @@ def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
     first, second = upstreams
     config = tmp_path / "tapfix.toml"
     config.write_text(ROUTES.format(first=first.url, second=second.url))
-    port = free_port()
     db = tmp_path / "routed.db"
-    proxy = start(
-        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)], port, tmp_path / "p.log"
-    )
+    proxy = start(["--config", str(config), "--db", str(db)], tmp_path / "p.log")
+    port = proxy.port
     client_host = f"localhost:{port}"
     try:
         for model, server in (("b", second), ("a", first)):
@@ -135,15 +132,10 @@ def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
 
 def test_regular_mode_passes_the_clients_host_and_records_it(tmp_path, upstreams):
     upstream = upstreams[0]
-    port = free_port()
     db = tmp_path / "regular.db"
-    proxy = start(
-        ["run", "--mode", "regular", "--intercept", "127.0.0.1", "--listen", f"127.0.0.1:{port}", "--db", str(db)],
-        port,
-        tmp_path / "p.log",
-    )
+    proxy = start(["--mode", "regular", "--intercept", "127.0.0.1", "--db", str(db)], tmp_path / "p.log")
     try:
-        with httpx.Client(proxy=f"http://127.0.0.1:{port}") as client:
+        with httpx.Client(proxy=proxy.url) as client:
             response = client.post(f"{upstream.url}/v1/chat/completions", json={"model": "m", "messages": []})
         row = wait_capture(db, response.headers["x-tapfix-capture-id"])
         assert _recorded_hosts(row) == [_hostport(upstream)]
