@@ -13,9 +13,9 @@ import pytest
 from tapfix.proxy.store.pg.reader import PostgresReader
 from tapfix.proxy.store.pg.writer import postgres_writer
 
+from tests.inproc.test_replay import BODY, store_source
 from tests.support.postgres import PostgresServer
 from tests.support.procs import cli, free_port, start, start_mock
-from tests.test_replay import BODY, store_source
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 

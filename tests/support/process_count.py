@@ -41,6 +41,8 @@ def program(args: Any) -> str:
         if word in ("tapfix.proxy.cli", "tapfix.proxy.cli.__main__") or Path(word).name == "tapfix":
             sub = next((w for w in words[k + 1 :] if not w.startswith("-")), "")
             return f"tapfix {sub}".strip()
+        if word.startswith("tapfix.proxy.cli.") and k and words[k - 1] == "-m":  # a command's own module
+            return f"tapfix {word.rsplit('.', 1)[1]}"
     name = Path(words[0]).name
     if name.startswith("python") and "-m" in words[1:]:
         at = words.index("-m")

@@ -1,16 +1,13 @@
 """`tapfix replay` against real servers: exact bytes out, every run stored and judged, bad input refused.
 
-The degeneration tests run a real `tapfix mock` whose scenario makes every Nth answer degenerate,
+The degeneration tests run the real mock (in the test process) whose scenario makes every Nth answer degenerate,
 and assert that the flags (in the store and in the summary) find exactly those runs.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,10 +22,10 @@ from tapfix.proxy.replay.edits import parse_edits
 from tapfix.proxy.store.reader import list_captures
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
 
-from tests.support.procs import TAPFIX, free_port, start_mock
+from tests.support.inproc import start_mock
+from tests.support.procs import free_port
 from tests.support.rawserver import RawServer
 
-pytestmark = pytest.mark.e2e
 BODY = (
     b'{"model": "tapfix-mock", "stream": true, "top_p": 0.9,\n "messages": [{"role": "user", '
     b'"content": "Explain in two sentences why the sky is blue"}]}'
@@ -291,38 +288,6 @@ def test_http_errors_are_stored_and_exit_1(tmp_path: Path) -> None:
     assert _count(db) == 3
 
 
-def test_ctrl_c_keeps_finished_runs_and_prints_the_summary(tmp_path: Path) -> None:
-    stall = tmp_path / "stall.json"
-    stall.write_text(json.dumps({"rules": [{"when": {"after": 2}, "do": "stall", "seconds": 60}]}))
-    mock = start_mock(tmp_path, "--scenario", str(stall))
-    db = tmp_path / "c.db"
-    source = store_source(db, mock.url)
-    proc = subprocess.Popen(
-        [*TAPFIX_REPLAY, source, "--db", str(db), "--times", "5"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while _replays(db) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.3)  # the third run is now waiting on the stalled stream
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        mock.stop()
-    assert proc.returncode == 130, err.decode()
-    text = out.decode()
-    assert "2 runs of 5" in text and "interrupted" in text
-    assert _replays(db) == 2
-
-
-TAPFIX_REPLAY = [sys.executable, "-m", "tapfix.proxy.cli.replay"]
-
-
 def _replays(db: Path) -> int:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
@@ -331,14 +296,6 @@ def _replays(db: Path) -> int:
         return 0
     finally:
         conn.close()
-
-
-def test_replay_command_is_registered_or_runnable() -> None:
-    """Until `cli.py` registers it, `python -m tapfix.proxy.cli.replay` is the way in."""
-    result = subprocess.run([*TAPFIX, "replay", "--help"], capture_output=True, timeout=60)
-    if result.returncode != 0:
-        result = subprocess.run([*TAPFIX_REPLAY, "--help"], capture_output=True, timeout=60)
-    assert result.returncode == 0 and b"--concurrency" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -401,7 +358,7 @@ def test_replay_of_a_proxied_capture_goes_to_its_own_upstream(tmp_path: Path) ->
     """The full chain: an agent's request through `tapfix run`, then replayed with no --upstream."""
     import httpx
 
-    from tests.support.procs import start_proxy
+    from tests.support.inproc import start_proxy
 
     mock = start_mock(tmp_path, "--scenario", str(scenario(tmp_path, 4, "cjk_drift")))
     proxy = start_proxy(tmp_path, mock.url)
