@@ -43,6 +43,6 @@ def mock(module_tmp: Path) -> Iterator[InprocMock]:
 @pytest.fixture(scope="module")
 def proxy(module_tmp: Path, mock: InprocMock) -> Iterator[InprocProxy]:
     """The module's proxy in front of its mock; stopped (and its capture writer drained) when the module ends."""
-    handle = start_proxy(module_tmp, mock.url)
+    handle = start_proxy(module_tmp, mock.url, shared=True)
     yield handle
     handle.stop()

@@ -10,8 +10,10 @@ process does before it exits (`drain`: the writer's queue, the exports). What a 
 free, each owned here:
 
 - mitmproxy's process-wide state: a master sets `mitmproxy.ctx.master` and `ctx.options`, which its
-  connection handlers read, so **one in-process proxy runs at a time** (a second start while one runs
-  is an error that says so: stop the first, or use the process tier). `serve` installs tapfix's two
+  connection handlers read, so **one in-process proxy runs at a time**. A module's proxy (`shared`, as
+  the `proxy` fixture starts it) steps aside while a test runs its own and comes back (same port, same
+  store) when next used;
+  any other second start while one runs is an error that says so. `serve` installs tapfix's two
   patches of mitmproxy's HTTP/1 server once (addons/runner/reset_tail.py, raw_head.py); they stay, as
   in a process, and only act on connections that carry tapfix's markers. Each master starts from
   mitmproxy's option defaults: its own `Options`.
@@ -91,16 +93,21 @@ def _environment(env: dict[str, str] | None) -> Iterator[None]:
 
 @dataclass
 class InprocProxy:
-    """`tapfix run` served by a thread of the test process."""
+    """`tapfix run` served by a thread of the test process.
+
+    A `shared` proxy (a module's, started by a fixture) steps aside when a test starts one of its own, and
+    comes back, on the same store and port, when it is next used (`.url`, `.port`)."""
 
     args: list[str]
     log_path: Path
     env: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    port: int = 0
+    shared: bool = False
     returncode: int | None = None
     runtime: Any = None
     settings: Any = None
+    _port: int = 0
+    _aside: bool = False
     _serving: Serving | None = None
     _thread: threading.Thread | None = None
     _error: BaseException | None = None
@@ -108,6 +115,13 @@ class InprocProxy:
     _env: Any = None
     _level: int = logging.NOTSET
     running: ClassVar[InprocProxy | None] = None  # the one that runs now (see `start`)
+
+    @property
+    def port(self) -> int:
+        if self._aside:
+            self._aside = False
+            self.start()
+        return self._port
 
     @property
     def url(self) -> str:
@@ -121,20 +135,18 @@ class InprocProxy:
 
     def start(self) -> InprocProxy:
         current = InprocProxy.running
-        if current is not None and current.alive():
-            raise OneAtATime(
-                f"an in-process proxy already runs ({current.url}, {current.args}): mitmproxy's ctx is process-wide, "
-                "so stop it first (or start this one in the process tier)"
-            )
-        args = (
-            self.args
-            if any(a == "--listen" or a.startswith("--listen=") for a in self.args)
-            else [
-                *self.args,
-                "--listen",
-                "127.0.0.1:0",
-            ]
-        )
+        if current is not None and current is not self and current.alive():
+            if not current.shared:
+                raise OneAtATime(
+                    f"an in-process proxy already runs ({current.url}, {current.args}): mitmproxy's ctx is "
+                    "process-wide, so stop it first (or start this one in the process tier)"
+                )
+            current.stop()
+            current._aside = True
+        self.returncode, self._serving, self._thread, self._error = None, None, None, None
+        listen = any(a == "--listen" or a.startswith("--listen=") for a in self.args)
+        # Back from stepping aside: on its old port, so what a test's clients cached still reaches it.
+        args = self.args if listen else [*self.args, "--listen", f"127.0.0.1:{self._port}"]
         self._env = _environment(self.env)
         self._env.__enter__()
         try:
@@ -155,7 +167,7 @@ class InprocProxy:
             def serve_here() -> None:
                 try:
                     asyncio.run(serve(self.settings, self.runtime, listening=on_listening))
-                except BaseException as e:  # reported by start (before listening) or stop
+                except BaseException as e:  # reported by start (before listening) or wait
                     self._error = e
                 finally:
                     listening.set()
@@ -163,38 +175,49 @@ class InprocProxy:
             InprocProxy.running = self
             self._thread = threading.Thread(target=serve_here, name=f"tapfix-inproc-{self.log_path.stem}", daemon=True)
             self._thread.start()
-            STARTED.append(self)
+            if self not in STARTED:
+                STARTED.append(self)
             if not listening.wait(START_TIMEOUT_S) or self._serving is None:
                 self.stop()
                 raise RuntimeError(f"the in-process proxy did not listen: {self._error!r}\n{self.log()[-4000:]}")
         except BaseException:
             self._release()
             raise
-        self.port = self._serving.port
+        self._port = self._serving.port
         return self
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """What SIGTERM does (the shutdown grace), then what the process does before it exits: drain."""
+    def terminate(self) -> None:
+        """What SIGTERM (or Ctrl-C) does, at once: the first starts the shutdown grace, another ends it."""
+        if self._serving is not None and self.alive():
+            self._serving.stop()
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Until the proxy stopped serving, then what the process does before it exits (drain); the exit code
+        `tapfix run` would give. TimeoutError if it still serves after `timeout`."""
         if self.returncode is not None:
             return self.returncode
         if self._thread is not None:
-            if self._serving is not None and self._thread.is_alive():
-                self._serving.stop()
             self._thread.join(timeout)
-            if self._thread.is_alive():  # a second "signal" ends the grace at once
-                assert self._serving is not None
-                self._serving.stop()
-                self._thread.join(10)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the in-process proxy on {self._port} still serves after {timeout}s")
         failed = drain(self.runtime) if self.runtime is not None else None
         if failed:
             logging.getLogger("tapfix").error("tapfix: %s", failed)
         self.returncode = 2 if isinstance(self._error, OSError) else 0
         self._release()
-        if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError(f"the in-process proxy on {self.url} did not stop")
         if self._error is not None and not isinstance(self._error, (OSError, KeyboardInterrupt)):
-            raise RuntimeError(f"the in-process proxy on {self.url} failed") from self._error
+            raise RuntimeError(f"the in-process proxy on {self._port} failed") from self._error
         return self.returncode
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """What SIGTERM does (the grace), a second one if the grace outlives `timeout`, then drain."""
+        self._aside = False
+        self.terminate()
+        try:
+            return self.wait(timeout)
+        except TimeoutError:
+            self.terminate()
+            return self.wait(10)
 
     def _release(self) -> None:
         if self._handler is not None:
@@ -209,16 +232,22 @@ class InprocProxy:
             InprocProxy.running = None
 
 
-def start(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> InprocProxy:
+def start(args: list[str], log_path: Path, env: dict[str, str] | None = None, shared: bool = False) -> InprocProxy:
     """`tapfix run ARGS` in this process (`--listen 127.0.0.1:0` unless the args say where)."""
-    return InprocProxy(list(args), log_path, env).start()
+    return InprocProxy(list(args), log_path, env, shared=shared).start()
 
 
 def start_proxy(
-    tmp: Path, upstream: str, *args: str, db: Path | None = None, env: dict[str, str] | None = None
+    tmp: Path,
+    upstream: str,
+    *args: str,
+    db: Path | None = None,
+    env: dict[str, str] | None = None,
+    shared: bool = False,
 ) -> InprocProxy:
+    """`tapfix run --upstream UPSTREAM --db DB ARGS` in this process; `shared`: a module's proxy (see InprocProxy)."""
     db = db or tmp / "captures.db"
-    handle = InprocProxy(["--upstream", upstream, "--db", str(db), *args], _log_path(tmp, "proxy"), env)
+    handle = InprocProxy(["--upstream", upstream, "--db", str(db), *args], _log_path(tmp, "proxy"), env, shared=shared)
     handle.extra["db"] = db
     return handle.start()
 

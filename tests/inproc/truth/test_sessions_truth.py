@@ -1,7 +1,8 @@
 """Issue 15 item 8: a session is one agent run, derived from the stored data.
 
 Real clients (the openai and anthropic SDKs, httpx) drive multi-turn, tool-using conversations through
-`tapfix run` to `tapfix mock`, and the test reads back which session each capture was filed under.
+the proxy to the mock (both in the test process), and the test reads back which session each capture was
+filed under. Two proxy processes on one store: tests/process/truth/test_sessions_truth.py.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import openai
 import pytest
 
 from tests.support.builders import message_tool_call, tool
-from tests.support.procs import start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import start_proxy
+from tests.support.procs import wait_capture
 
 CHAT_TOOLS = [
     tool("read", {"path": {"type": "string"}}, ["path"], description="Read a file"),
@@ -156,53 +156,6 @@ def test_truth_8_same_first_prompt_twenty_clients(proxy):
     second_sessions = sessions_of(db, seconds)
     assert set(second_sessions) == set(first_sessions)
     assert Counter(first_sessions + second_sessions) == dict.fromkeys(first_sessions, 2)
-
-
-def test_truth_8_two_processes_one_store(module_tmp, mock):
-    """Two `tapfix run` on one --db; two agents whose turns alternate between them, nobody waits for
-    the store: each agent's run is one session."""
-    db = module_tmp / "shared.db"
-    a = start_proxy(module_tmp, mock.url, db=db)
-    b = start_proxy(module_tmp, mock.url, db=db)
-    try:
-        agents = [_Alternating([a.url, b.url], task) for task in ("Read notes.txt", "Read todo.md")]
-        for _ in range(MAX_TURNS):
-            if all(agent.done for agent in agents):
-                break
-            for agent in agents:
-                agent.step()
-        assert all(agent.done and len(agent.ids) == 4 for agent in agents)
-        sids = [one_session(db, agent.ids) for agent in agents]
-        assert sids[0] != sids[1]
-    finally:
-        a.stop()
-        b.stop()
-
-
-class _Alternating:
-    """An agent that sends each turn to the next proxy in turn: read, answer, write, answer."""
-
-    def __init__(self, urls: list[str], task: str) -> None:
-        self.clients = [_openai(u) for u in urls]
-        self.messages: list[Any] = [{"role": "user", "content": task}]
-        self.tasks = ['Create out.txt containing "done"']
-        self.ids: list[str] = []
-        self.done = False
-
-    def step(self) -> None:
-        if self.done:
-            return
-        client = self.clients[len(self.ids) % len(self.clients)]
-        raw = client.chat.completions.with_raw_response.create(model="m", messages=self.messages, tools=CHAT_TOOLS)
-        self.ids.append(raw.headers["x-tapfix-capture-id"])
-        message = raw.parse().choices[0].message
-        self.messages.append(message)
-        if message.tool_calls:
-            self.messages += [{"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in message.tool_calls]
-        elif self.tasks:
-            self.messages.append({"role": "user", "content": self.tasks.pop()})
-        else:
-            self.done = True
 
 
 # -- Responses -----------------------------------------------------------------------------------

@@ -26,10 +26,11 @@ import orjson
 import psycopg
 import pytest
 
+from tests.support.inproc import cli, start_mock
 from tests.support.postgres import PostgresServer
-from tests.support.procs import TAPFIX, Proc, cli, free_port, start_mock, wait_port
+from tests.support.procs import TAPFIX, Proc, free_port, wait_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 INSTANCES = 3
 AGENTS = 6  # concurrent agent runs, each turn to the next instance (round robin, as a balancer would)
 TURNS = 3

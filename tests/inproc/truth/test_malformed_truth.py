@@ -28,14 +28,12 @@ from hypothesis import strategies as st
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import open_for_reading
 
-from tests.support.procs import Proc, cli
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocProxy, cli
 
 CHAT = b"/v1/chat/completions"
 
 
-def send_raw(proxy: Proc, data: bytes) -> bytes:
+def send_raw(proxy: InprocProxy, data: bytes) -> bytes:
     """Send the bytes, then read until the proxy closes the connection (it does after a malformed request)."""
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(data)
@@ -52,7 +50,9 @@ def send_raw(proxy: Proc, data: bytes) -> bytes:
         return received
 
 
-def find_record(proxy: Proc, nonce: str, timeout: float = 5.0, flag: str = "malformed_request") -> dict[str, Any]:
+def find_record(
+    proxy: InprocProxy, nonce: str, timeout: float = 5.0, flag: str = "malformed_request"
+) -> dict[str, Any]:
     """The record flagged `flag` whose path or request bytes hold `nonce`, with its bodies."""
     db = proxy.extra["db"]
     deadline = time.monotonic() + timeout
@@ -85,7 +85,7 @@ def head_with(nonce: str, *headers: bytes, body: bytes = b"") -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def assert_exchange_record(proxy: Proc, nonce: str, received: bytes) -> dict[str, Any]:
+def assert_exchange_record(proxy: InprocProxy, nonce: str, received: bytes) -> dict[str, Any]:
     capture = find_record(proxy, nonce)
     assert capture["method"] == "POST" and nonce in capture["path"], capture
     assert capture["error"], capture
@@ -96,7 +96,7 @@ def assert_exchange_record(proxy: Proc, nonce: str, received: bytes) -> dict[str
     return capture
 
 
-def assert_connection_record(proxy: Proc, nonce: str, sent: bytes, received: bytes) -> dict[str, Any]:
+def assert_connection_record(proxy: InprocProxy, nonce: str, sent: bytes, received: bytes) -> dict[str, Any]:
     capture = find_record(proxy, nonce)
     assert "connection" in capture["tags"] and "malformed_request" in capture["flags"], capture
     assert capture["client_addr"] == "127.0.0.1"
@@ -106,7 +106,7 @@ def assert_connection_record(proxy: Proc, nonce: str, sent: bytes, received: byt
     return capture
 
 
-def test_truth_10_malformed_bad_content_length_is_stored_with_its_head(proxy: Proc) -> None:
+def test_truth_10_malformed_bad_content_length_is_stored_with_its_head(proxy: InprocProxy) -> None:
     nonce = uuid.uuid4().hex
     sent = head_with(nonce, b"Content-Type: application/json", b"Content-Length: twelve", body=b"{}")
     received = send_raw(proxy, sent)
@@ -116,7 +116,7 @@ def test_truth_10_malformed_bad_content_length_is_stored_with_its_head(proxy: Pr
     assert "content-length" in capture["error"].lower()
 
 
-def test_truth_10_malformed_bad_chunking_is_stored_with_its_head(proxy: Proc) -> None:
+def test_truth_10_malformed_bad_chunking_is_stored_with_its_head(proxy: InprocProxy) -> None:
     nonce = uuid.uuid4().hex
     sent = head_with(nonce, b"Transfer-Encoding: chunked", body=b"zz\r\nhello\r\n0\r\n\r\n")
     received = send_raw(proxy, sent)
@@ -124,7 +124,7 @@ def test_truth_10_malformed_bad_chunking_is_stored_with_its_head(proxy: Proc) ->
     assert ["Transfer-Encoding", "chunked"] in [list(h) for h in capture["request_headers"]]
 
 
-def test_truth_10_malformed_request_line_is_a_connection_record(proxy: Proc) -> None:
+def test_truth_10_malformed_request_line_is_a_connection_record(proxy: InprocProxy) -> None:
     nonce = uuid.uuid4().hex
     sent = b"NONSENSE-" + nonce.encode() + b"\r\nHost: x\r\n\r\n"
     received = send_raw(proxy, sent)
@@ -135,7 +135,7 @@ def test_truth_10_malformed_request_line_is_a_connection_record(proxy: Proc) -> 
     assert b"connection record" in shown.stdout and b"Bad HTTP request line" in shown.stdout, shown.stdout
 
 
-def test_truth_10_malformed_long_garbage_keeps_its_first_4_kib(proxy: Proc) -> None:
+def test_truth_10_malformed_long_garbage_keeps_its_first_4_kib(proxy: InprocProxy) -> None:
     nonce = uuid.uuid4().hex
     sent = nonce.encode() + b" " + b"x" * 6000 + b" HTTP/1.1 more\r\n\r\n"
     received = send_raw(proxy, sent)
@@ -143,7 +143,7 @@ def test_truth_10_malformed_long_garbage_keeps_its_first_4_kib(proxy: Proc) -> N
     assert len(capture["request_bytes"]) == 4096
 
 
-def test_a_body_cut_short_by_its_client_is_recorded_as_a_disconnect(proxy: Proc) -> None:
+def test_a_body_cut_short_by_its_client_is_recorded_as_a_disconnect(proxy: InprocProxy) -> None:
     nonce = uuid.uuid4().hex
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(head_with(nonce, b"Content-Length: 100", body=b'{"model": '))
@@ -212,7 +212,7 @@ def malformed_heads(draw: Any) -> tuple[str, str, bytes]:
 
 @settings(max_examples=100, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=malformed_heads())
-def test_truth_10_malformed_heads_each_leave_a_record(proxy: Proc, case: tuple[str, str, bytes]) -> None:
+def test_truth_10_malformed_heads_each_leave_a_record(proxy: InprocProxy, case: tuple[str, str, bytes]) -> None:
     kind, nonce, sent = case
     received = send_raw(proxy, sent)
     if kind == "connection":
@@ -221,7 +221,7 @@ def test_truth_10_malformed_heads_each_leave_a_record(proxy: Proc, case: tuple[s
         assert_exchange_record(proxy, nonce, received)
 
 
-def test_well_formed_traffic_between_the_malformed_is_stored_unflagged(proxy: Proc) -> None:
+def test_well_formed_traffic_between_the_malformed_is_stored_unflagged(proxy: InprocProxy) -> None:
     """The records are for malformed requests only: a good one next to them stays a plain exchange."""
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     nonce = uuid.uuid4().hex
@@ -240,7 +240,7 @@ def test_with_a_token_each_peer_has_a_budget_of_malformed_records(tmp_path: Path
     PEER_BUDGET of them a minute and the rest are counted in health, so a stranger can't fill the store."""
     from tapfix.addons.malformed import PEER_BUDGET
 
-    from tests.support.procs import start_proxy
+    from tests.support.inproc import start_proxy
 
     token = "s3cret-token-123"
     proxy = start_proxy(tmp_path, mock.url, "--token", token)

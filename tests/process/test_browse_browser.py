@@ -25,7 +25,7 @@ from tests.support.ci import unavailable
 from tests.support.procs import free_port, wait_port
 from tests.unit.test_browse_fixtures import Built, build_db
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+pytestmark = [pytest.mark.browser]
 
 
 def _no_chromium() -> None:

@@ -19,7 +19,7 @@ from tapfix.proxy.store.reader import CaptureFilter
 from tests.support.postgres import PostgresServer
 from tests.unit.test_store_attempts import exchange, regenerated
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tapfix.proxy.store.pg.writer import postgres_writer
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import agent_session
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import pytest
 from tests.support.procs import Proc, free_port, wait_port
 from tests.support.sql_store import Filled, fill_store
 
-pytestmark = pytest.mark.e2e
 BIN = Path(sys.executable).parent
 
 

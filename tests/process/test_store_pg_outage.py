@@ -24,7 +24,7 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import agent_session
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")

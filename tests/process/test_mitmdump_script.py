@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 from tapfix.addons.runner.script import MESSAGE
 
-pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
 ADDON_FILES = sorted(p for p in (ROOT / "addons").glob("*.py") if p.name != "__init__.py")
 

@@ -12,11 +12,11 @@ import orjson
 import pytest
 from tapfix.proxy.store.writer import CaptureWriter
 
+from tests.support.inproc import cli
 from tests.support.postgres import SERVER_USER, PostgresServer
-from tests.support.procs import cli
 from tests.support.sql_store import store_cases, write_all
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 def _credentials(kind: str, server: PostgresServer, database: str, home: Path) -> tuple[str, dict[str, str]]:

@@ -26,7 +26,7 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import agent_session, store_cases, write_all
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 PGConn = psycopg.Connection[tuple[Any, ...]]
 # Columns the two writers must fill alike (body ids differ: each store numbers its own).

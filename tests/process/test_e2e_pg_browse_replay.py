@@ -14,10 +14,11 @@ from tapfix.proxy.store.pg.reader import PostgresReader
 from tapfix.proxy.store.pg.writer import postgres_writer
 
 from tests.inproc.test_replay import BODY, store_source
+from tests.support.inproc import cli, start_mock
 from tests.support.postgres import PostgresServer
-from tests.support.procs import cli, free_port, start, start_mock
+from tests.support.procs import free_port, start
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 def test_replay_then_browse_a_postgresql_store(postgres: PostgresServer, tmp_path: Path) -> None:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 
-from tests.support.procs import cli, free_port, start, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import cli
+from tests.support.procs import free_port, start, wait_capture
 
 
 def test_demo_serves_a_client_and_captures(tmp_path):

@@ -18,13 +18,14 @@ import pytest
 from tapfix.proxy.store.pg.writer import postgres_writer
 from tapfix.proxy.store.writer import CaptureWriter
 
+from tests.support.inproc import cli
 from tests.support.postgres import PostgresServer
-from tests.support.procs import TAPFIX, cli
+from tests.support.procs import TAPFIX
 from tests.support.sql_store import write_all
 from tests.unit.test_store_attempts import exchange
 from tests.unit.test_store_reader_backends import cases
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")

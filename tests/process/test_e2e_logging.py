@@ -6,11 +6,8 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
 from tests.support.procs import start_proxy
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_tapfix_warning_is_logged_once(tmp_path, mock) -> None:

@@ -23,7 +23,7 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import agent_session, write_all
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 HOUR = 3600.0
 
 

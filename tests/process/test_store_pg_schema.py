@@ -22,7 +22,7 @@ from tapfix.proxy.store.sql_functions import register
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import Filled, fill_store
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 
 TABLES = ("exchanges", "changes", "bodies", "choices", "sessions")
 VIEWS = ("exchange_view", "exchange_bodies")

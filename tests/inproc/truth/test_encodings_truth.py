@@ -17,9 +17,10 @@ import brotli
 import httpx
 import pytest
 
-from tests.support.procs import cli, free_port, start, start_mock, start_proxy, wait_capture
+from tests.inproc.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
+from tests.support.inproc import cli, start, start_mock, start_proxy
+from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_upstreams
-from tests.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -69,7 +70,7 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("encodings")
     (tmp / "scenario.json").write_text(json.dumps({"rules": RULES}))
     mock = start_mock(tmp, "--scenario", str(tmp / "scenario.json"))
-    proxy = start_proxy(tmp, mock.url)
+    proxy = start_proxy(tmp, mock.url, shared=True)
     yield mock, proxy
     proxy.stop()
     mock.stop()
@@ -120,7 +121,6 @@ def _sse_content(body: bytes) -> str:
 
 
 # -- responses -----------------------------------------------------------------------------------
-@pytest.mark.e2e
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_truth_5_compressed_stream_passes_through(stack, encoding):
     """No stage armed: the client gets the upstream's compressed bytes; the capture reads them decoded."""
@@ -138,7 +138,6 @@ def test_truth_5_compressed_stream_passes_through(stack, encoding):
     assert row["first_token_ms"] is not None
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_truth_5_compressed_stream_tool_call_repaired(stack, encoding):
     """A repair stage armed: the stream goes out decoded (and repaired), Content-Encoding dropped, recorded."""
@@ -164,7 +163,6 @@ def test_truth_5_compressed_stream_tool_call_repaired(stack, encoding):
     assert framing and framing[0]["stage"] == "framing" and framing[0]["before"] == encoding
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_truth_5_compressed_json_body(stack, encoding):
     """Non-streamed: unchanged bodies keep their compression; a repaired one goes out decoded."""
@@ -192,7 +190,6 @@ def test_truth_5_compressed_json_body(stack, encoding):
     assert framing and framing[0]["stage"] == "framing"
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("model", ["gzip-lie", "gzip-lie-broken"])
 def test_truth_5_undecodable_body_passes_through(stack, stream, model):
@@ -210,7 +207,6 @@ def test_truth_5_undecodable_body_passes_through(stack, stream, model):
     assert row["client_response_body_id"] is None
 
 
-@pytest.mark.e2e
 def test_truth_5_compressed_stream_reset_adds_no_plain_bytes(stack):
     """The client reads gzip: tapfix's plain retryable error event would corrupt it, so none is added."""
     _, proxy = stack
@@ -317,9 +313,9 @@ def upstreams():
 
 
 def _run(tmp_path, *args):
-    port = free_port()
-    db = tmp_path / f"r{port}.db"
-    proc = start(["run", "--listen", f"127.0.0.1:{port}", "--db", str(db), *args], port, tmp_path / f"p{port}.log")
+    k = len(list(tmp_path.glob("r*.db")))
+    db = tmp_path / f"r{k}.db"
+    proc = start(["--db", str(db), *args], tmp_path / f"p{k}.log")
     proc.extra["db"] = db
     return proc
 
@@ -333,7 +329,6 @@ def _send_gzip(proxy, payload: bytes) -> httpx.Response:
     )
 
 
-@pytest.mark.e2e
 def test_truth_5_compressed_request_body_quick_mode(tmp_path, upstreams):
     upstream = upstreams[0]
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
@@ -398,7 +393,6 @@ upstream_model = "served-b"
 """
 
 
-@pytest.mark.e2e
 def test_truth_5_compressed_request_body_config_mode(tmp_path, upstreams):
     a, b = upstreams
     config = tmp_path / "tapfix.toml"
@@ -447,7 +441,6 @@ upstream = "mock"
 )
 
 
-@pytest.mark.e2e
 def test_truth_10_reasoning_field_non_stream(tmp_path):
     (tmp_path / "scenario.json").write_text(json.dumps({"rules": RULES}))
     mock = start_mock(tmp_path, "--scenario", str(tmp_path / "scenario.json"))

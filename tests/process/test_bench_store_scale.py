@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.postgres import PostgresServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+pytestmark = [pytest.mark.postgres]
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_store_scale_fills_both_stores_and_browses_them(

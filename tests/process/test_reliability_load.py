@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tests.load.harness import run_load, stored_ids, wait_drained
 from tests.support.procs import start_mock, start_proxy
 
-pytestmark = pytest.mark.e2e
 STREAMS = int(os.environ.get("TAPFIX_LOAD_STREAMS", "64"))
 SECONDS = float(os.environ.get("TAPFIX_LOAD_SECONDS", "10"))
 CHUNK_DELAY_MS = os.environ.get("TAPFIX_LOAD_CHUNK_DELAY_MS", "20")

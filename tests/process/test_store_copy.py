@@ -33,7 +33,7 @@ from tests.support.procs import TAPFIX
 from tests.support.sql_store import agent_session, store_cases, write_all
 from tests.unit.test_store_attempts import exchange, regenerated
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres]
 BODY_IDS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")
 
 

@@ -25,9 +25,8 @@ from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
 from tests.support.builders import chat_chunk, message_tool_call, tool, tool_call_delta
-from tests.support.procs import Proc, cli, start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, cli, start_mock, start_proxy
+from tests.support.procs import wait_capture
 
 TOOLS = [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}})]
 CONTEXT_ERROR = {
@@ -129,12 +128,12 @@ SCENARIO = {
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InprocMock, InprocProxy]]:
     tmp = tmp_path_factory.mktemp("truth-errors")
     scenario = tmp / "scenario.json"
     scenario.write_text(json.dumps(SCENARIO))
     mock = start_mock(tmp, "--scenario", str(scenario))
-    proxy = start_proxy(tmp, mock.url)
+    proxy = start_proxy(tmp, mock.url, shared=True)
     yield mock, proxy
     proxy.stop()
     mock.stop()
@@ -155,18 +154,18 @@ def _post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str
         return r.status_code, dict(r.headers), b"".join(r.iter_raw())
 
 
-def _db(proxy: Proc) -> Path:
+def _db(proxy: InprocProxy) -> Path:
     db: Path = proxy.extra["db"]
     return db
 
 
-def _show(proxy: Proc, capture_id: str, *args: str) -> str:
+def _show(proxy: InprocProxy, capture_id: str, *args: str) -> str:
     result = cli("captures", "show", capture_id, "--db", str(_db(proxy)), *args)
     assert result.returncode == 0, result.stderr
     return result.stdout.decode()
 
 
-def _listed(proxy: Proc, *args: str) -> list[str]:
+def _listed(proxy: InprocProxy, *args: str) -> list[str]:
     result = cli("captures", "list", "--db", str(_db(proxy)), "--limit", "0", "--json", *args)
     assert result.returncode == 0, result.stderr
     return [json.loads(line)["id"] for line in result.stdout.splitlines()]
@@ -201,7 +200,7 @@ def _schema() -> Draft202012Validator:
     return Draft202012Validator(json.loads((files("tapfix.schemas") / "capture.schema.json").read_text()))
 
 
-def _assert_upstream_error(proxy: Proc, capture_id: str, engine: dict[str, Any], model: str) -> None:
+def _assert_upstream_error(proxy: InprocProxy, capture_id: str, engine: dict[str, Any], model: str) -> None:
     row = wait_capture(_db(proxy), capture_id)
     stored = json.loads(row["error"] or "null")
     assert stored == engine, f"the engine's own error object, as sent: {row['error']!r}"
@@ -237,7 +236,7 @@ def _args(call: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- item 3: upstream errors are first-class ----------------------------------------------------------
-def test_truth_3_midstream_error_event(stack: tuple[Proc, Proc]) -> None:
+def test_truth_3_midstream_error_event(stack: tuple[InprocMock, InprocProxy]) -> None:
     mock, proxy = stack
     _, _, direct = _post(mock.url, "/v1/chat/completions", _chat("vllm-midstream"))
     status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("vllm-midstream"))
@@ -246,7 +245,7 @@ def test_truth_3_midstream_error_event(stack: tuple[Proc, Proc]) -> None:
     _assert_upstream_error(proxy, headers["x-tapfix-capture-id"], engine, "vllm-midstream")
 
 
-def test_truth_3_http_error_body(stack: tuple[Proc, Proc]) -> None:
+def test_truth_3_http_error_body(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("llama-context", stream=False))
     assert status == 400 and json.loads(received) == CONTEXT_ERROR
@@ -254,7 +253,7 @@ def test_truth_3_http_error_body(stack: tuple[Proc, Proc]) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
-def test_truth_3_evented_error_event(stack: tuple[Proc, Proc], path: str) -> None:
+def test_truth_3_evented_error_event(stack: tuple[InprocMock, InprocProxy], path: str) -> None:
     mock, proxy = stack
     if path == "/v1/messages":
         body: dict[str, Any] = {
@@ -275,7 +274,7 @@ def test_truth_3_evented_error_event(stack: tuple[Proc, Proc], path: str) -> Non
     assert GPU_MESSAGE in _show(proxy, row["id"])
 
 
-def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[Proc, Proc]) -> None:
+def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("cut-call", tools=True))
     assert status == 200
@@ -288,7 +287,7 @@ def test_truth_3_cut_tool_call_quotes_upstream_error(stack: tuple[Proc, Proc]) -
     assert "upstream_error" in json.loads(row["flags"])
 
 
-def test_truth_3_compressed_upstream_error_is_read_decoded(stack: tuple[Proc, Proc]) -> None:
+def test_truth_3_compressed_upstream_error_is_read_decoded(stack: tuple[InprocMock, InprocProxy]) -> None:
     """An engine that compresses anyway (item 5) still has its error read: from the decoded stream when
     tapfix changed it (a cut tool call), from the decoded body of an error status."""
     _, proxy = stack
@@ -305,7 +304,7 @@ def test_truth_3_compressed_upstream_error_is_read_decoded(stack: tuple[Proc, Pr
 
 
 # -- item 4: n > 1 assembled per choice ----------------------------------------------------------------
-def test_truth_4_n_stream_per_choice(stack: tuple[Proc, Proc]) -> None:
+def test_truth_4_n_stream_per_choice(stack: tuple[InprocMock, InprocProxy]) -> None:
     mock, proxy = stack
     body = _chat("n-stream", tools=True, n=4)
     _, _, direct = _post(mock.url, "/v1/chat/completions", body)
@@ -332,7 +331,7 @@ def test_truth_4_n_stream_per_choice(stack: tuple[Proc, Proc]) -> None:
     assert all(f"choice {i}" in text for i in range(4)) and "Hello1 there" in text and "b.txt" in text
 
 
-def test_truth_4_n_body_per_choice(stack: tuple[Proc, Proc]) -> None:
+def test_truth_4_n_body_per_choice(stack: tuple[InprocMock, InprocProxy]) -> None:
     mock, proxy = stack
     body = _chat("n-body", stream=False, tools=True, n=3)
     _, _, direct = _post(mock.url, "/v1/chat/completions", body)
@@ -352,7 +351,7 @@ def test_truth_4_n_body_per_choice(stack: tuple[Proc, Proc]) -> None:
 
 
 # -- item 10: three small ones ---------------------------------------------------------------------------
-def test_truth_10_get_not_empty_request_body(stack: tuple[Proc, Proc]) -> None:
+def test_truth_10_get_not_empty_request_body(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     r = httpx.get(f"{proxy.url}/v1/models", timeout=10)
     assert r.status_code == 200
@@ -360,7 +359,7 @@ def test_truth_10_get_not_empty_request_body(stack: tuple[Proc, Proc]) -> None:
     assert row["method"] == "GET" and "empty_request_body" not in json.loads(row["flags"])
 
 
-def test_truth_10_list_unknown_flag(stack: tuple[Proc, Proc]) -> None:
+def test_truth_10_list_unknown_flag(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     r = httpx.post(f"{proxy.url}/v1/chat/completions", json=_chat("plain", stream=False), timeout=30)
     wait_capture(_db(proxy), r.headers["x-tapfix-capture-id"])
@@ -376,7 +375,7 @@ def test_truth_10_list_unknown_flag(stack: tuple[Proc, Proc]) -> None:
     assert "no_such_flag" in out and all(flag in out for flag in known), out
 
 
-def test_truth_10_list_time_has_date(stack: tuple[Proc, Proc]) -> None:
+def test_truth_10_list_time_has_date(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     r = httpx.post(f"{proxy.url}/v1/chat/completions", json=_chat("plain", stream=False), timeout=30)
     row = wait_capture(_db(proxy), r.headers["x-tapfix-capture-id"])
