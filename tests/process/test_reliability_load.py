@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tests.load.harness import run_load, stored_ids, wait_drained
+from tests.process.load.harness import run_load, stored_ids, wait_drained
 from tests.support.procs import start_mock, start_proxy
 
 STREAMS = int(os.environ.get("TAPFIX_LOAD_STREAMS", "64"))

@@ -35,7 +35,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,11 +326,12 @@ def mock_and_proxy(tmp: Path, scenario: str | dict[str, Any], *proxy_args: str) 
 
 
 def cli(
-    *args: str, env: dict[str, str] | None = None, input: bytes | None = None
+    *args: str, env: Mapping[str, str | None] | None = None, input: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     """`tapfix ARGS` through click's CliRunner: the result as a finished process gives it (exit code,
     stdout and stderr bytes). An exception the command let through fails the test with its traceback,
-    where the process would have printed it and exited 1."""
+    where the process would have printed it and exited 1. `env`: set while it runs (None: unset). Only
+    commands that end: a command that serves (`run`, `mock`, `browse`, `demo`) would serve here forever."""
     result = CliRunner().invoke(main, list(args), env=env, input=input, prog_name="tapfix")
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception

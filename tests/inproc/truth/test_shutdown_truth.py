@@ -9,16 +9,16 @@ Item 7: a client that closes its connection right after the stream's terminal ev
 does, after `data: [DONE]`) ended normally. The race is made deterministic: the mock pauses after the
 last event, before the chunked terminator, so the close always lands while the proxy still waits.
 
-Every test drives a real `tapfix run` in front of `tapfix mock` with a raw socket client, so the bytes
-compared with the store are the bytes on the wire.
+Every test drives the real proxy in front of the real mock (both in the test process) with a raw socket
+client, so the bytes compared with the store are the bytes on the wire. Here "SIGTERM" is the proxy's
+`terminate()`, which calls what the signal handler calls (addons/shutdown.py); the real signals (SIGTERM,
+a second SIGTERM or Ctrl-C, the exit code) are tests/process/truth/test_shutdown_truth.py's.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,9 +26,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.procs import Proc, cli, start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, cli, start, start_mock, start_proxy
+from tests.support.procs import Proc, wait_capture
 
 SCENARIO = {
     "rules": [
@@ -145,7 +144,7 @@ def surface_request(surface: str, model: str) -> bytes:
     )
 
 
-def start_stream(proxy: Proc, model: str) -> tuple[RawClient, str]:
+def start_stream(proxy: Proc | InprocProxy, model: str) -> tuple[RawClient, str]:
     """A stream under way: the head and its first event have arrived."""
     client = RawClient(proxy.port)
     client.send(chat(model))
@@ -163,16 +162,16 @@ def refused(port: int) -> bool:
         return True
 
 
-def wait_stopped_listening(proxy: Proc) -> None:
+def wait_stopped_listening(proxy: Proc | InprocProxy) -> None:
     """The first signal has been handled: the port refuses connections while the process lives on."""
     deadline = time.monotonic() + 10
     while not refused(proxy.port):
         assert time.monotonic() < deadline, "still accepting connections 10 s after SIGTERM"
         time.sleep(0.05)
-    assert proxy.proc.poll() is None, "the proxy exited instead of draining:\n" + proxy.log()
+    assert proxy.alive(), "the proxy exited instead of draining:\n" + proxy.log()
 
 
-def wait_seen(proxy: Proc, count: int) -> None:
+def wait_seen(proxy: Proc | InprocProxy, count: int) -> None:
     """Until /tapfix/health counts `count` exchanges: the recorder has them, so they are in flight."""
     deadline = time.monotonic() + 10
     while httpx.get(f"{proxy.url}/tapfix/health", timeout=5).json()["exchanges"] < count:
@@ -180,11 +179,10 @@ def wait_seen(proxy: Proc, count: int) -> None:
         time.sleep(0.05)
 
 
-def exit_code(proxy: Proc) -> int:
+def exit_code(proxy: Proc | InprocProxy) -> int:
     try:
-        return proxy.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proxy.stop(signal.SIGKILL)
+        return proxy.wait(30)
+    except TimeoutError:
         raise AssertionError("the proxy did not exit after the grace:\n" + proxy.log()) from None
 
 
@@ -205,20 +203,7 @@ def retryable_error(body: bytes) -> dict:
     return error
 
 
-def test_truth_6_an_in_flight_stream_finishes_within_the_grace(mock: Proc, tmp_path: Path) -> None:
-    proxy = start_proxy(tmp_path, mock.url)  # the default grace: 5 s
-    client, capture_id = start_stream(proxy, "brief")
-    proxy.proc.send_signal(signal.SIGTERM)
-    body = client.read_all()
-    client.close()
-    assert body.rstrip().endswith(b"data: [DONE]") and b'"error"' not in body, body[-300:]
-    assert exit_code(proxy) == 0
-    row, client_response = stored(proxy.extra["db"], capture_id)
-    assert client_response == body
-    assert row["error"] is None and not set(json.loads(row["flags"])) & (CUT_FLAGS | {"proxy_shutdown"})
-
-
-def cut_by_shutdown(proxy: Proc, capture_id: str, body: bytes) -> tuple[dict, dict]:
+def cut_by_shutdown(proxy: Proc | InprocProxy, capture_id: str, body: bytes) -> tuple[dict, dict]:
     """The stream ended with the retryable error, tapfix exited 0, and the store holds exactly what the
     client read, flagged proxy_shutdown; the error object and the capture's row."""
     error = retryable_error(body)
@@ -229,10 +214,10 @@ def cut_by_shutdown(proxy: Proc, capture_id: str, body: bytes) -> tuple[dict, di
     return error, row
 
 
-def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock: Proc, tmp_path: Path) -> None:
+def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock: InprocMock, tmp_path: Path) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
     client, capture_id = start_stream(proxy, "slow")
-    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.terminate()
     wait_stopped_listening(proxy)
     body = client.read_all()
     client.close()
@@ -243,14 +228,14 @@ def test_truth_6_the_grace_ends_remaining_streams_with_the_retryable_error(mock:
     assert "shut" in (row["error"] or ""), row["error"]
 
 
-def test_truth_6_a_new_request_on_an_open_connection_gets_503(mock: Proc, tmp_path: Path) -> None:
+def test_truth_6_a_new_request_on_an_open_connection_gets_503(mock: InprocMock, tmp_path: Path) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "2")
     idle = RawClient(proxy.port)
     idle.send(chat("tapfix-mock", stream=False))
     assert idle.head()[0] == 200
     idle.read_all()  # a keep-alive connection, now idle
     streaming, _ = start_stream(proxy, "slow")
-    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.terminate()
     wait_stopped_listening(proxy)
     idle.send(chat("tapfix-mock", stream=False))
     status, headers = idle.head()
@@ -268,12 +253,12 @@ def test_truth_6_a_new_request_on_an_open_connection_gets_503(mock: Proc, tmp_pa
     assert client_response == body
 
 
-def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: Proc, tmp_path: Path) -> None:
+def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: InprocMock, tmp_path: Path) -> None:
     proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "1")
     client = RawClient(proxy.port)
     client.send(chat("late"))
     wait_seen(proxy, 1)  # the request is in flight (its upstream answers in 10 s) before the signal
-    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.terminate()
     status, headers = client.head()
     body = client.read_all()
     client.close()
@@ -286,7 +271,7 @@ def test_truth_6_a_request_still_waiting_for_its_head_gets_the_json_503(mock: Pr
     assert "proxy_shutdown" in flags and not flags & (CUT_FLAGS | {"upstream_error"}), flags
 
 
-def test_a_client_gone_before_the_response_head_is_a_disconnect(mock: Proc, tmp_path: Path) -> None:
+def test_a_client_gone_before_the_response_head_is_a_disconnect(mock: InprocMock, tmp_path: Path) -> None:
     """Not the upstream's fault: flagged client_disconnected, never upstream_error."""
     proxy = start_proxy(tmp_path, mock.url)
     client = RawClient(proxy.port)
@@ -305,41 +290,22 @@ def test_a_client_gone_before_the_response_head_is_a_disconnect(mock: Proc, tmp_
     assert "client_disconnected" in rows[0]["flags"] and "upstream_error" not in rows[0]["flags"], rows[0]
 
 
-@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_truth_6_a_second_signal_ends_the_grace_at_once(mock: Proc, tmp_path: Path, second: int) -> None:
-    proxy = start_proxy(tmp_path, mock.url, "--shutdown-grace", "120")
-    client, capture_id = start_stream(proxy, "slow")
-    proxy.proc.send_signal(signal.SIGTERM)
-    wait_stopped_listening(proxy)
-    proxy.proc.send_signal(second)
-    body = client.read_all()  # a 120 s grace outlives the 8 s stream: only the second signal cuts it
-    client.close()
-    cut_by_shutdown(proxy, capture_id, body)
-
-
-def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: Proc, tmp_path: Path) -> None:
+def test_truth_6_config_shutdown_grace_0_ends_at_once(mock: InprocMock, tmp_path: Path) -> None:
     config = tmp_path / "tapfix.toml"
     config.write_text(
         f'shutdown_grace = 0\n\n[upstreams.mock]\nbase_url = "{mock.url}"\nengine = "vllm"\n\n[models.slow]\n'
     )
     proxy = start_proxy_config(tmp_path, config)
     client, capture_id = start_stream(proxy, "slow")
-    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.terminate()
     body = client.read_all()
     client.close()
     cut_by_shutdown(proxy, capture_id, body)
 
 
-def start_proxy_config(tmp_path: Path, config: Path) -> Proc:
-    from tests.support.procs import free_port, start
-
-    port = free_port()
+def start_proxy_config(tmp_path: Path, config: Path) -> InprocProxy:
     db = tmp_path / "config.db"
-    handle = start(
-        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)],
-        port,
-        tmp_path / f"proxy-{port}.log",
-    )
+    handle = start(["--config", str(config), "--db", str(db)], tmp_path / "proxy-config.log")
     handle.extra["db"] = db
     return handle
 
@@ -349,13 +315,13 @@ TERMINAL = {"chat": b"data: [DONE]", "responses": b"event: response.completed", 
 
 
 @pytest.fixture(scope="module")
-def proxy7(module_tmp: Path, mock: Proc):
-    proc = start_proxy(module_tmp, mock.url, db=module_tmp / "item7.db")
+def proxy7(module_tmp: Path, mock: InprocMock):
+    proc = start_proxy(module_tmp, mock.url, db=module_tmp / "item7.db", shared=True)
     yield proc
     proc.stop()
 
 
-def close_after(proxy: Proc, surface: str, marker: bytes, model: str = "linger") -> str:
+def close_after(proxy: Proc | InprocProxy, surface: str, marker: bytes, model: str = "linger") -> str:
     """Read until `marker` and its event's end have arrived, then close at once (as the openai SDK does)."""
     client = RawClient(proxy.port)
     client.send(surface_request(surface, model))
@@ -369,7 +335,7 @@ def close_after(proxy: Proc, surface: str, marker: bytes, model: str = "linger")
 
 
 @pytest.mark.parametrize("surface", sorted(TERMINAL))
-def test_truth_7_a_close_right_after_the_terminal_event_is_a_normal_end(proxy7: Proc, surface: str) -> None:
+def test_truth_7_a_close_right_after_the_terminal_event_is_a_normal_end(proxy7: InprocProxy, surface: str) -> None:
     ids = [close_after(proxy7, surface, TERMINAL[surface]) for _ in range(3)]
     for capture_id in ids:
         row = wait_capture(proxy7.extra["db"], capture_id)
@@ -378,7 +344,7 @@ def test_truth_7_a_close_right_after_the_terminal_event_is_a_normal_end(proxy7: 
         assert row["status"] == 200
 
 
-def test_a_close_before_the_terminal_event_is_still_a_disconnect(proxy7: Proc) -> None:
+def test_a_close_before_the_terminal_event_is_still_a_disconnect(proxy7: InprocProxy) -> None:
     capture_id = close_after(proxy7, "chat", b'"finish_reason":null', model="slow")  # 8 s to go
     row = wait_capture(proxy7.extra["db"], capture_id)
     assert "client_disconnected" in json.loads(row["flags"]) and row["error"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.support.procs import Proc, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server"
 BUILD_TIMEOUT = 1500  # a cold build took 15 minutes on 2 cores shared with the suite
 MISSING_TOOLCHAIN = 3  # the script's exit status when cmake or a C++ compiler is missing
@@ -84,7 +84,7 @@ def file_sha256(path: Path) -> str:
 def tiny_model(build: Build) -> Path:
     """The tiny GGUF with Qwen2.5-Instruct's template built in, made once into the cache under its
     recorded sha256 (rebuilt when the file there isn't that model)."""
-    from tests.realengine import tiny_model
+    from tests.process.realengine import tiny_model
 
     path = cache_root() / "tiny-model" / tiny_model.MODEL_SHA256[:16] / "tiny.gguf"
     if path.exists() and file_sha256(path) == tiny_model.MODEL_SHA256:

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tests.realengine.relay import Message, close_all
+from tests.process.realengine.relay import Message, close_all
 
 _BUFFER = 65536
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.load.harness import run_load, stored_ids, wait_drained
+from tests.process.load.harness import run_load, stored_ids, wait_drained
 from tests.support.procs import start_mock, start_proxy
 
 pytestmark = [

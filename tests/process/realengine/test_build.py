@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.realengine import tiny_model
-from tests.realengine.engine import BUILD_SCRIPT, MISSING_TOOLCHAIN, QWEN_TEMPLATE, Build, cache_root, file_sha256
+from tests.process.realengine import tiny_model
+from tests.process.realengine.engine import (
+    BUILD_SCRIPT,
+    MISSING_TOOLCHAIN,
+    QWEN_TEMPLATE,
+    Build,
+    cache_root,
+    file_sha256,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 

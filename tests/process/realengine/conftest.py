@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realengine.engine import (
+from tests.process.realengine.engine import (
     REASONING_TEMPLATE,
     Build,
     EngineUnavailable,

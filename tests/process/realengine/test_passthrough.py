@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Store
-from tests.realengine import tiny_model as tm
-from tests.realengine.engine import LlamaServer
-from tests.realengine.relay import Exchange, Relay
+from tests.process.realengine import tiny_model as tm
+from tests.process.realengine.engine import LlamaServer
+from tests.process.realengine.relay import Exchange, Relay
 from tests.support.procs import Proc, wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]

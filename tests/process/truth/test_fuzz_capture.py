@@ -1,4 +1,5 @@
-"""A hypothesis fuzz of the capture path, through a real `tapfix run` in front of `tapfix mock`.
+"""A hypothesis fuzz of the capture path, through the real proxy in front of the real mock (both in the
+test process; the repros are this test's processes).
 
 Arbitrary bytes wherever HTTP/1.1 framing allows them, sent over a raw socket: token characters in
 the method; any byte but CR, LF and NUL in header values (and no whitespace at either end, which
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,10 +30,9 @@ from tapfix.proxy.replay.export import curl_script, python_script
 from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.writer import open_for_reading
 
+from tests.support.inproc import InprocProxy, start_mock, start_proxy
 from tests.support.procs import response_head, wait_capture
 from tests.support.rawserver import RawServer
-
-pytestmark = pytest.mark.e2e
 
 TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 EDGE_SPACE = b" \t\x0b\x0c"  # stripped from a header value's ends by every HTTP/1.1 parser
@@ -55,6 +56,15 @@ values = (
 )
 headers = st.lists(values, max_size=4)
 bodies = st.binary(max_size=3000) | st.text(max_size=500).map(str.encode)
+
+
+@pytest.fixture(scope="module")
+def proxy(module_tmp: Path) -> Iterator[InprocProxy]:
+    mock = start_mock(module_tmp)
+    handle = start_proxy(module_tmp, mock.url, shared=True)
+    yield handle
+    handle.stop()
+    mock.stop()
 
 
 @pytest.fixture(scope="module")

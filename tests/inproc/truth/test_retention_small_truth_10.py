@@ -1,25 +1,25 @@
-"""Issue 15 item 10, five of the smaller ones, each through the real process it is about:
-`replay --set` into an array or a scalar, `run --strict` in quick mode, a NUL in browse's search,
-`probe --config` and a missing key variable, and `tapfix mock` on a prompt that is one long word.
+"""Issue 15 item 10, four of the smaller ones, each through the real part it is about, in the test process:
+`replay --set` into an array or a scalar, a NUL in browse's search (its app), `probe --config` and a missing
+key variable, and the mock on a prompt that is one long word. `run --strict` in quick mode refusing to
+start: tests/process/truth/test_retention_small_truth_10.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
+from tapfix.proxy.browse import create_app
 
-from tests.support.procs import TAPFIX, Proc, cli, free_port, start, start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, cli, start_mock
+from tests.support.procs import wait_capture
 
 MISSING_KEY = "TAPFIX_TRUTH_10_MISSING_KEY"
 
@@ -40,7 +40,7 @@ def _settled(db: Path, want: int, timeout: float = 10.0) -> int:
     return n
 
 
-def test_truth_10_replay_set_refuses_array_and_scalar(proxy: Proc, mock: Proc) -> None:
+def test_truth_10_replay_set_refuses_array_and_scalar(proxy: InprocProxy, mock: InprocMock) -> None:
     """`--set` walks into objects only: an array or a scalar on the way is refused, naming both, and
     nothing is sent (the replay goes through the proxy, so a sent request would be captured there)."""
     db = proxy.extra["db"]
@@ -72,61 +72,26 @@ def test_truth_10_replay_set_refuses_array_and_scalar(proxy: Proc, mock: Proc) -
     assert _settled(db, before + 2) == before + 2  # the proxy's capture and the replay's own
 
 
-def test_truth_10_strict_refuses_unreachable_upstream_in_quick_mode(tmp_path: Path) -> None:
-    """`--strict` means what it means with --config: the preflight runs, an unreachable upstream stops the start."""
-    dead = f"http://127.0.0.1:{free_port()}"
-    config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-[upstreams.local]
-base_url = "{dead}/v1"
-engine = "vllm"
-[models.m]
-upstream = "local"
-upstream_model = "m"
-""")
-    for mode in (("--config", str(config)), ("--upstream", dead)):
-        port = free_port()
-        args = [*TAPFIX, "run", *mode, "--strict", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "c.db")]
-        try:
-            result = subprocess.run(args, capture_output=True, timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"tapfix run {' '.join(mode)} --strict started against an unreachable upstream")
-        err = result.stderr.decode()
-        assert result.returncode == 1, (mode, err)
-        assert "--strict" in err and "unreachable" in err and dead in err, (mode, err)
-
-    # Without --strict, quick mode still starts (and says nothing is wrong until a request fails).
-    started = start_proxy(tmp_path, dead, db=tmp_path / "d.db")
-    started.stop()
-
-
-def test_truth_10_browse_search_with_nul(proxy: Proc, tmp_path: Path) -> None:
+def test_truth_10_browse_search_with_nul(proxy: InprocProxy) -> None:
     """A NUL in `?q=` separates words like a space: a search, not an HTTP 500."""
     db = proxy.extra["db"]
     body = {"model": "tapfix-mock", "messages": [{"role": "user", "content": "zebracorn quasarfish"}]}
     response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
     capture_id = response.headers["x-tapfix-capture-id"]
     wait_capture(db, capture_id)
-    port = free_port()
-    browse = start(["browse", "--db", str(db), "--listen", f"127.0.0.1:{port}"], port, tmp_path / "browse.log")
-    try:
-        with httpx.Client(base_url=browse.url, timeout=30) as client:
-            deadline = time.monotonic() + 20
-            while capture_id not in client.get("/", params={"q": "zebracorn"}).text:  # the index catches up
-                assert time.monotonic() < deadline, "the search index never listed the capture"
-                time.sleep(0.2)
-            for q, found in (("zebracorn\x00quasarfish", True), ("\x00zebracorn", True), ("zebra\x00", False)):
-                r = client.get("/", params={"q": q})
-                assert r.status_code == 200, (q, r.status_code, r.text[:300])
-                assert (capture_id in r.text) is found, q
-            assert "Traceback" not in browse.log()
-    finally:
-        browse.stop()
+    with TestClient(create_app(db), base_url="http://127.0.0.1") as client:  # `tapfix browse`'s app
+        deadline = time.monotonic() + 20
+        while capture_id not in client.get("/", params={"q": "zebracorn"}).text:  # the index catches up
+            assert time.monotonic() < deadline, "the search index never listed the capture"
+            time.sleep(0.2)
+        for q, found in (("zebracorn\x00quasarfish", True), ("\x00zebracorn", True), ("zebra\x00", False)):
+            r = client.get("/", params={"q": q})  # a server error would raise here, with its traceback
+            assert r.status_code == 200, (q, r.status_code, r.text[:300])
+            assert (capture_id in r.text) is found, q
 
 
-def test_truth_10_probe_config_reports_missing_key(mock: Proc, tmp_path: Path) -> None:
+def test_truth_10_probe_config_reports_missing_key(mock: InprocMock, tmp_path: Path) -> None:
     """`probe --config` reports an unset key variable exactly as `check` does, and fails for it."""
-    env = {k: v for k, v in os.environ.items() if k != MISSING_KEY}
     config = tmp_path / "tapfix.toml"
     config.write_text(f"""
 [upstreams.gpu0]
@@ -138,33 +103,21 @@ upstream = "gpu0"
 upstream_model = "tapfix-mock"
 """)
     line = f"error: upstreams.gpu0.api_key_env: environment variable {MISSING_KEY} is not set"
-    checked = subprocess.run([*TAPFIX, "check", "--config", str(config)], capture_output=True, env=env, timeout=60)
+    unset: dict[str, str | None] = {MISSING_KEY: None}
+    checked = cli("check", "--config", str(config), env=unset)
     assert checked.returncode == 1 and line in checked.stdout.decode(), checked.stdout
-    probed = subprocess.run(
-        [*TAPFIX, "probe", "--config", str(config), "--no-capture", "--only", "models,completion"],
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
+    probed = cli("probe", "--config", str(config), "--no-capture", "--only", "models,completion", env=unset)
     out = probed.stdout.decode()
     assert probed.returncode == 1, out + probed.stderr.decode()
     assert line in " ".join(re.sub("[│┃]", " ", out).split()), out  # the table may wrap the detail
-    as_json = subprocess.run(
-        [*TAPFIX, "probe", "--config", str(config), "--no-capture", "--only", "completion", "--json"],
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
+    as_json = cli("probe", "--config", str(config), "--no-capture", "--only", "completion", "--json", env=unset)
     report = json.loads(as_json.stdout)
     assert as_json.returncode == 1 and report["ok"] is False
     failed = [r for r in report["results"] if r["status"] == "fail"]
     assert [r["detail"] for r in failed] == [line], report
     # With the variable set, nothing is reported (the mock takes any key).
-    fine = subprocess.run(
-        [*TAPFIX, "probe", "--config", str(config), "--no-capture", "--only", "completion", "--json"],
-        capture_output=True,
-        env={**env, MISSING_KEY: "k-123"},
-        timeout=120,
+    fine = cli(
+        "probe", "--config", str(config), "--no-capture", "--only", "completion", "--json", env={MISSING_KEY: "k-123"}
     )
     assert fine.returncode == 0, fine.stdout
 

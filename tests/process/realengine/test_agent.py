@@ -25,8 +25,8 @@ import pytest
 from tests.e2e import conftest as agent_fixtures
 from tests.e2e.agents import Sandbox, start_opencode
 from tests.e2e.conftest import Store
-from tests.realengine import tiny_model
-from tests.realengine.engine import ROOT, LlamaServer
+from tests.process.realengine import tiny_model
+from tests.process.realengine.engine import ROOT, LlamaServer
 from tests.support.procs import Proc, cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine, pytest.mark.agents]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.realengine import tiny_model
-from tests.realengine.engine import LlamaServer
+from tests.process.realengine import tiny_model
+from tests.process.realengine.engine import LlamaServer
 from tests.support.procs import Proc, cli, free_port, start, wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]

@@ -31,7 +31,7 @@ import pytest
 from tapfix.proxy.regenerate.continuation import NextAttempt, Received, Skip, next_attempt
 from tapfix.proxy.regenerate.echo import PrefixEcho
 
-from tests.realengine import tiny_model as tm
+from tests.process.realengine import tiny_model as tm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 

@@ -20,7 +20,7 @@ own vocabulary token, so a bigram table spells whole strings) and lets the units
 first piece. The rest of the vocabulary gets logit 0: a prompt the tables don't cover degenerates
 into byte noise, which is what a broken model does too.
 
-`python -m tests.realengine.tiny_model --template FILE OUT` writes the model; `generate` is the
+`python -m tests.process.realengine.tiny_model --template FILE OUT` writes the model; `generate` is the
 numpy forward pass the tests compare llama-server against. gguf and numpy are pinned in
 pyproject.toml, so the bytes (and `MODEL_SHA256`) are reproducible.
 """

@@ -20,7 +20,7 @@ from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.store.database import open_for_reading
 from tapfix.proxy.store.reader import capture_body, load_capture
 
-from tests.realengine import tiny_model as tm
+from tests.process.realengine import tiny_model as tm
 from tests.support.procs import Proc, cli, free_port, start, wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]

@@ -1,30 +1,29 @@
 """Issue 15, items 0-2: the store never loses an exchange, keeps every byte that arrived, knows its version.
 
-Through a real `tapfix run` in front of `tapfix mock` where the bug is in the proxy; the writer's
-fallback (an exchange that still can't be stored whole) in process, against a real SQLite limit.
+Through the real proxy in front of the real mock (both in the test process) where the bug is in the proxy;
+the writer's fallback (an exchange that still can't be stored whole) directly, against a real SQLite limit.
+What takes processes (exported repros run for real, `tapfix run` and `browse` refusing a store):
+tests/process/truth/test_store_truth.py.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import orjson
-import pytest
 from sqlite_utils import Database
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
 from tapfix.proxy.store.schema import migrations
 from tapfix.proxy.store.writer import CaptureWriter, open_for_reading, open_for_writing
 
-from tests.support.procs import TAPFIX, cli, free_port, response_head, start_proxy, wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.inproc import cli, start_proxy
+from tests.support.procs import response_head, wait_capture
 
 CHAT = "/v1/chat/completions"
 
@@ -51,7 +50,6 @@ def _bad_or_good(i: int) -> bytes:
     return b'{"model":"tapfix-mock","messages":[{"role":"user","content":"' + content + b'"}]}'
 
 
-@pytest.mark.e2e
 def test_truth_0_bad_body_keeps_neighbours(proxy) -> None:
     db = proxy.extra["db"]
     before = _health(proxy)["capture_writer"]
@@ -144,7 +142,6 @@ def _stored_header(row: dict, name: str) -> str:
     return next(v for k, v in orjson.loads(row["request_headers"]) if k.lower() == name)
 
 
-@pytest.mark.e2e
 def test_truth_1_non_utf8_header_and_path(proxy) -> None:
     head = response_head(
         proxy.port,
@@ -161,61 +158,7 @@ def test_truth_1_non_utf8_header_and_path(proxy) -> None:
     assert health["capture_writer"]["failures"] == 0 and health["status"] != "degraded", health
 
 
-# Every byte HTTP/1.1 framing lets through: no CR, LF or NUL in a header value (and leading or trailing
-# whitespace is not part of it); nor whitespace in the request target. Bodies: anything.
-VALUE_BYTES = bytes(b for b in range(0x01, 0x100) if b not in (0x0A, 0x0D))
-PATH_BYTES = bytes(b for b in range(0x21, 0x100))
-BODY_BYTES = bytes(range(0x100)) * 2
-
-
-@pytest.fixture(scope="module")
-def echo_server():
-    server = RawServer(lambda request: [(0.0, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")])
-    yield server
-    server.close()
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("as_format", ["curl", "python"])
-def test_truth_1_export_round_trips_every_byte(proxy, echo_server, tmp_path: Path, as_format: str) -> None:
-    path = b"/v1/bytes?all=" + PATH_BYTES
-    value = b"<" + VALUE_BYTES + b">"
-    head = response_head(
-        proxy.port,
-        b"POST " + path + b" HTTP/1.1\r\nHost: tapfix\r\nX-Every-Byte: " + value + b"\r\n"
-        b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % len(BODY_BYTES) + BODY_BYTES,
-    )
-    capture_id = _capture_id_of(head)
-    wait_capture(proxy.extra["db"], capture_id)
-    script = tmp_path / f"repro.{as_format}"
-    exported = cli("captures", "export", capture_id, "--db", str(proxy.extra["db"]), "--as", as_format)
-    assert exported.returncode == 0, exported.stderr.decode()
-    script.write_bytes(exported.stdout)
-    before = len(echo_server.requests)
-    command = ["bash", str(script)] if as_format == "curl" else [sys.executable, str(script)]
-    run = subprocess.run(
-        command, env={**os.environ, "TAPFIX_UPSTREAM": echo_server.url}, capture_output=True, timeout=30
-    )
-    assert run.returncode == 0, run.stderr.decode(errors="replace")
-    sent = echo_server.requests[before]
-    assert sent.head.split(b" ", 2)[:2] == [b"POST", path]
-    assert b"\r\nX-Every-Byte: " + value + b"\r\n" in sent.head
-    assert sent.body == BODY_BYTES
-
-
 # --- item 2: databases that aren't what they seem ------------------------------------------------
-
-
-def _tapfix(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    """A command that should refuse at once; if it starts serving instead, the timeout fails the test."""
-    try:
-        return subprocess.run(TAPFIX + list(args), capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`tapfix {' '.join(args)}` did not refuse: it kept running for {timeout}s")
-
-
-def _run(db: Path) -> subprocess.CompletedProcess:
-    return _tapfix("run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{free_port()}", "--db", str(db))
 
 
 def _refused(result: subprocess.CompletedProcess, *words: str, code: int = 1) -> None:
@@ -226,27 +169,18 @@ def _refused(result: subprocess.CompletedProcess, *words: str, code: int = 1) ->
         assert word in err, err
 
 
-def _readers(db: Path) -> list[tuple[int, list[str]]]:
+def readers(db: Path) -> list[tuple[int, list[str]]]:
+    """The commands that read a store and end (`browse` serves: its refusal is tests/process/truth's)."""
     return [
         (1, ["captures", "list", "--db", str(db)]),
         (1, ["captures", "show", "01", "--db", str(db)]),
         (1, ["captures", "export", "01", "--db", str(db)]),
-        (1, ["browse", "--db", str(db), "--listen", f"127.0.0.1:{free_port()}", "--no-search"]),
         (2, ["replay", "01", "--db", str(db)]),  # replay's contract: bad input is exit 2
     ]
 
 
-def _tables(db: Path) -> set[str]:
-    conn = sqlite3.connect(db)
-    try:
-        return {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
-    finally:
-        conn.close()
-
-
-@pytest.mark.e2e
-def test_truth_2_newer_store_refused(tmp_path: Path) -> None:
-    db = tmp_path / "newer.db"
+def newer_store(db: Path) -> Path:
+    """A store a newer tapfix migrated (a migration this one doesn't know)."""
     open_for_writing(db).close()
     conn = sqlite3.connect(db)
     conn.execute(
@@ -255,40 +189,57 @@ def test_truth_2_newer_store_refused(tmp_path: Path) -> None:
     )
     conn.commit()
     conn.close()
-    _refused(_run(db), "m999_from_the_future", "newer tapfix")
-    for code, args in _readers(db):
-        _refused(_tapfix(*args), "m999_from_the_future", code=code)
+    return db
 
 
-@pytest.mark.e2e
-def test_truth_2_foreign_file_refused(tmp_path: Path) -> None:
-    db = tmp_path / "notes.db"
+def foreign_file(db: Path) -> Path:
+    """Somebody else's SQLite file."""
     conn = sqlite3.connect(db)
     conn.execute("create table notes (id integer primary key, text text)")
     conn.execute("insert into notes (text) values ('mine')")
     conn.commit()
     conn.close()
-    _refused(_run(db), "not a tapfix", "notes")
-    assert _tables(db) == {"notes"}  # nothing was added to it
-    for code, args in _readers(db):
-        _refused(_tapfix(*args), "not a tapfix", code=code)
+    return db
 
 
-@pytest.mark.e2e
-def test_truth_2_foreign_exchanges_table(tmp_path: Path) -> None:
-    db = tmp_path / "exchanges.db"
+def foreign_exchanges_table(db: Path) -> Path:
+    """Somebody else's file with a table named like tapfix's."""
     conn = sqlite3.connect(db)
     conn.execute("create table exchanges (id text primary key, amount real)")
     conn.execute("insert into exchanges values ('01abc', 12.5)")
     conn.commit()
     conn.close()
-    _refused(_run(db), "not a tapfix")
-    assert _tables(db) == {"exchanges"}
-    for code, args in _readers(db):
-        _refused(_tapfix(*args), "not a tapfix", code=code)
+    return db
 
 
-@pytest.mark.e2e
+def tables(db: Path) -> set[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
+    finally:
+        conn.close()
+
+
+def test_truth_2_newer_store_refused(tmp_path: Path) -> None:
+    db = newer_store(tmp_path / "newer.db")
+    for code, args in readers(db):
+        _refused(cli(*args), "m999_from_the_future", code=code)
+
+
+def test_truth_2_foreign_file_refused(tmp_path: Path) -> None:
+    db = foreign_file(tmp_path / "notes.db")
+    for code, args in readers(db):
+        _refused(cli(*args), "not a tapfix", code=code)
+    assert tables(db) == {"notes"}  # nothing was added to it
+
+
+def test_truth_2_foreign_exchanges_table(tmp_path: Path) -> None:
+    db = foreign_exchanges_table(tmp_path / "exchanges.db")
+    for code, args in readers(db):
+        _refused(cli(*args), "not a tapfix", code=code)
+    assert tables(db) == {"exchanges"}
+
+
 def test_truth_2_missing_or_empty_file_is_a_new_store(tmp_path: Path, mock) -> None:
     empty = tmp_path / "empty.db"
     empty.touch()
@@ -301,10 +252,9 @@ def test_truth_2_missing_or_empty_file_is_a_new_store(tmp_path: Path, mock) -> N
             wait_capture(db, _capture_id(response))
         finally:
             proc.stop()
-        assert {"exchanges", "_sqlite_migrations"} <= _tables(db)
+        assert {"exchanges", "_sqlite_migrations"} <= tables(db)
 
 
-@pytest.mark.e2e
 def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
     """A store from before m002 (no `choices` table): readers read it, and `run` migrates it."""
     current, db = tmp_path / "current.db", tmp_path / "older.db"
@@ -328,7 +278,7 @@ def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
         conn.execute(f"insert into main.{table} ({columns}) select {columns} from current.{table}")
     conn.execute("detach current")
     conn.close()
-    assert "choices" not in _tables(db)
+    assert "choices" not in tables(db)
     listed = cli("captures", "list", "--db", str(db))
     assert listed.returncode == 0 and ex.id.encode() in listed.stdout, listed.stderr.decode()
     shown = cli("captures", "show", ex.id, "--db", str(db))
@@ -337,7 +287,7 @@ def test_truth_2_older_store_still_read(tmp_path: Path, mock) -> None:
     assert exported.returncode == 0 and exported.stdout == ex.request, exported.stderr.decode()
     proc = start_proxy(tmp_path, mock.url, db=db)
     proc.stop()
-    assert "choices" in _tables(db)
+    assert "choices" in tables(db)
 
 
 def test_truth_2_store_path_with_uri_characters(tmp_path: Path) -> None:

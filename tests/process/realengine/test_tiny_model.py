@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from tests.realengine import tiny_model as tm
+from tests.process.realengine import tiny_model as tm
 
 SYSTEM_WITH_TOOLS = (
     "<|im_start|>system\n# Tools\n\n<tools>\n{}\n</tools>\n\nFor each function call ... within"

@@ -1,8 +1,9 @@
 """Issue 15 item 9: retention never deletes more than it was asked to, and says what it deleted.
 
-The store is filled by a real `tapfix run` in front of `tapfix mock`; each test works on its own copy
-of it through the real `tapfix captures purge` and `tapfix run` commands. The empty store's floor is
+The store is filled by the real proxy in front of the real mock (in the test process); each test works on
+its own copy of it through the real `tapfix captures purge` (CliRunner). The empty store's floor is
 measured on the copy itself (purge everything, then read what the store still uses), never assumed.
+`tapfix run` refusing the same targets before it starts: tests/process/truth/test_retention_small_truth.py.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 from tapfix.proxy.store.retention import purge, used_bytes
 
-from tests.support.procs import TAPFIX, cli, free_port, start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import cli, start_mock, start_proxy
+from tests.support.procs import wait_capture
 
 REQUESTS = 24
 TABLES = ("exchanges", "changes", "bodies", "sessions")
@@ -56,32 +55,6 @@ def _copy(src: Path, dst: Path) -> Path:
         a.close()
         b.close()
     return dst
-
-
-def _run_refused(*args: str) -> tuple[int, str]:
-    """`tapfix run ...` that must exit before serving; one that serves is killed and fails the test."""
-    try:
-        result = subprocess.run([*TAPFIX, "run", *args], capture_output=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"tapfix run {' '.join(args)} started instead of refusing")
-    return result.returncode, result.stderr.decode()
-
-
-def _retention_config(tmp_path: Path, port: int, retention: str) -> Path:
-    """A config whose upstream is never reached (the start is refused first), with this [retention] line."""
-    config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-listen = "127.0.0.1:{port}"
-[upstreams.local]
-base_url = "http://127.0.0.1:9/v1"
-engine = "vllm"
-[models.m]
-upstream = "local"
-upstream_model = "m"
-[retention]
-{retention}
-""")
-    return config
 
 
 def _counts(db: Path) -> dict[str, int]:
@@ -171,17 +144,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
         assert code != 0, out
         assert f"{floor} bytes" in err and "--max-size" in err, err
         assert _counts(db) == before, "a refused purge deleted something"
-
-    # `run` and the config file's [retention] refuse the same target before they start.
-    port = free_port()
-    listen = ("--listen", f"127.0.0.1:{port}")
-    code, err = _run_refused(
-        "--upstream", "http://127.0.0.1:9", *listen, "--db", str(tmp_path / "n.db"), "--max-size", "50K"
-    )
-    assert code != 0 and f"{floor} bytes" in err, err
-    config = _retention_config(tmp_path, port, 'max_size = "50K"')
-    code, err = _run_refused("--config", str(config), "--db", str(tmp_path / "n2.db"))
-    assert code != 0 and f"{floor} bytes" in err, err
+    # `run` and the config file's [retention] refuse the same target before they start: the process tier's.
 
     # The floor itself is a valid target: everything goes, and the store ends at or under it.
     code, out, err = _purge(db, "--max-size", str(floor), "--json")
@@ -198,16 +161,6 @@ def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None
     assert code == 2, out + err
     assert "--max-age" in err and "1 minute" in err, err
     assert _counts(db)["exchanges"] == REQUESTS
-
-    port = free_port()
-    listen = ("--listen", f"127.0.0.1:{port}")
-    code, err = _run_refused(
-        "--upstream", "http://127.0.0.1:9", *listen, "--db", str(tmp_path / "n.db"), "--max-age", age
-    )
-    assert code == 2 and "--max-age" in err and "1 minute" in err, err
-    config = _retention_config(tmp_path, port, f'max_age = "{age}"')
-    code, err = _run_refused("--config", str(config), "--db", str(tmp_path / "n2.db"))
-    assert code != 0 and "max_age" in err and "1 minute" in err, err
 
 
 def test_truth_9_min_age_boundary_accepted(filled: Path, tmp_path: Path) -> None:
