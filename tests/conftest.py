@@ -15,7 +15,7 @@ from tests.support.ci import unavailable
 from tests.support.postgres import PostgresServer, missing_reason, start_postgres
 from tests.support.procs import STARTED, start_mock, start_proxy
 
-# pytester: tests/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
+# pytester: tests/process/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
 # e2e_guard: a test that starts a process or listens on a socket must carry the e2e marker.
 pytest_plugins = ["pytester", "tests.support.e2e_guard", "tests.support.process_count"]
 

@@ -2,8 +2,8 @@
 bodies, CLI output, the CA key, the per-model privacy switch (file modes and replay/export in
 tests/unit/test_security_data.py; the CA lock and the config's refusal in tests/process/test_security_data.py).
 
-tests/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
-tests/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
+tests/inproc/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
+tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
 """
 
 from __future__ import annotations

@@ -4,10 +4,22 @@ the root logger and used to print every tapfix warning a second time, in its own
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 
+from tests.support.inproc import InprocMock, start_mock
 from tests.support.procs import start_proxy
+
+
+@pytest.fixture(scope="module")
+def mock(module_tmp: Path) -> Iterator[InprocMock]:
+    """The upstream runs in the test process: the log under test is the proxy process's."""
+    handle = start_mock(module_tmp)
+    yield handle
+    handle.stop()
 
 
 def test_a_tapfix_warning_is_logged_once(tmp_path, mock) -> None:

@@ -1,7 +1,7 @@
 """Load, CI form: 64 concurrent paced streams for ~10 s through a real proxy in front of `tapfix mock`.
 
 Zero errors; captures == requests (the same ids); every stream byte-identical to the direct one; RSS
-flat. The 60 s form is tests/load/test_load_long.py (`TAPFIX_LONG=1 scripts/test tests/load`).
+flat. The 60 s form is tests/process/load/test_load_long.py (`TAPFIX_LONG=1 scripts/test tests/process/load`).
 Numbers from real runs are in docs/reliability.md.
 """
 

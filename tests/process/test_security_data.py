@@ -1,8 +1,8 @@
 """What is stored and where secrets can leak, where only processes show it: tapfix processes starting at
 once share one whole CA (the lock), and a config with a literal key is refused at start (exit code, message).
 
-tests/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
-tests/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
+tests/inproc/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
+tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Fuzz the request path: `RequestPolicy.apply` (routing, sampling, reasoning, splice, credentials) and
 the recorder-side parsing (`Exchange.note_request_json`), over byte-level mutations of realistic agent bodies.
 
-Complements tests/test_request_policy.py::test_never_raises (random JSON objects): here the inputs
+Complements tests/unit/test_request_policy.py::test_never_raises (random JSON objects): here the inputs
 are real bodies broken the way networks and buggy clients break them — truncated, bytes flipped,
 spliced, duplicated keys, odd numbers, deep nesting, non-UTF-8 — plus odd headers.
 
 CI runs a few hundred examples. The long run (docs/reliability.md) is
-`TAPFIX_FUZZ_EXAMPLES=200000 scripts/test tests/test_fuzz_request_path.py`.
+`TAPFIX_FUZZ_EXAMPLES=200000 scripts/test tests/unit/test_fuzz_request_path.py`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every probe check against the in-process mock: healthy, and each shipped way of failing.
 
 The mock runs as an ASGI app behind httpx's ASGITransport (no sockets, no processes), so the whole
-matrix takes a second; tests/test_probe_cli.py drives the same through real processes.
+matrix takes a second; tests/inproc/test_probe_cli.py drives the same through real processes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What is stored and where secrets can leak: file modes, replay/export (logs, error bodies, CLI output, the
 CA key and the per-model privacy switch through the real proxy in tests/inproc/test_security_data.py).
 
-tests/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
-tests/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
+tests/inproc/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
+tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ N_BODY = {
     "usage": {"prompt_tokens": 10, "completion_tokens": 30, "total_tokens": 40},
 }
 SCENARIO = {
-    "description": "tests/truth/test_errors_choices_truth.py: one behaviour per model name",
+    "description": "tests/inproc/truth/test_errors_choices_truth.py: one behaviour per model name",
     "rules": [
         {"when": {"model": "vllm-midstream"}, "do": "malformed_sse", "kind": "error_object_midstream"},
         {"when": {"model": "llama-context"}, "do": "http_error", "status": 400, "body": CONTEXT_ERROR},

@@ -4,7 +4,7 @@ Checks what the issue asks of load: zero errors; one capture per request (the sa
 proxied stream byte-identical to the direct stream of the same body (the mock is deterministic per
 body, so each worker's body is fetched directly once and every proxied answer must match it); the
 proxy's RSS flat (median of the first window vs the last, after a warm-up).
-Used by tests/test_reliability_load.py (CI form) and tests/load/test_load_long.py (the 60 s form).
+Used by tests/process/test_reliability_load.py (CI form) and tests/process/load/test_load_long.py (the 60 s form).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Load, long form (by hand): 64 concurrent paced streams, a 40 s warm-up, then 60 s measured; RSS of
 the first and last 20 s of the measured minute.
 
-    TAPFIX_LONG=1 scripts/test tests/load -s
+    TAPFIX_LONG=1 scripts/test tests/process/load -s
 
-Skipped unless TAPFIX_LONG=1 (CI runs tests/test_reliability_load.py, the 10 s form). Tune with
+Skipped unless TAPFIX_LONG=1 (CI runs tests/process/test_reliability_load.py, the 10 s form). Tune with
 TAPFIX_LOAD_STREAMS, TAPFIX_LOAD_SECONDS, TAPFIX_LOAD_CHUNK_DELAY_MS.
 """
 

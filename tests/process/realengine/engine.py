@@ -1,5 +1,5 @@
 """The real engine for the real-engine suite: llama.cpp's llama-server, built once into a cache outside the
-clone by scripts/build-llama-server, serving the tiny model tests/realengine/tiny_model.py writes.
+clone by scripts/build-llama-server, serving the tiny model tests/process/realengine/tiny_model.py writes.
 
 The fixtures in conftest.py call these; a test module that needs a server of its own shape (a longer
 context, other flags) calls `start_llama_server` through the `llama_server` fixture.

@@ -1,6 +1,6 @@
 """tapfix in front of a real llama-server passes its answers through byte for byte.
 
-What the server really sent is recorded by an independent loopback relay (tests/realengine/relay.py)
+What the server really sent is recorded by an independent loopback relay (tests/process/realengine/relay.py)
 between `tapfix run` and llama-server, so every comparison is against the same request's bytes on the
 wire: llama-server's random ids, `created` and `timings` differ per request, and a second request could
 never stand in for the first. Tool-call repair is armed (tapfix run's default) and must stay silent on

@@ -1,6 +1,6 @@
 """tapfix's streamed regeneration (issue 19) against the real llama-server: relay, splice, Seam, PrefixEcho.
 
-The engine never breaks a call on demand, so a fault relay (tests/realengine/fault_relay.py) between
+The engine never breaks a call on demand, so a fault relay (tests/process/realengine/fault_relay.py) between
 `tapfix run --engine llamacpp` and llama-server cuts the first streamed answer inside its tool-call part,
 after the engine's real bytes up to there went out, and passes every later request untouched. The client
 is the OpenAI SDK (`max_retries=0`, streamed, tools=[write]). What a user relies on:
