@@ -11,7 +11,8 @@ under CI=true that is a failure, which prints the tail of the build log.
 - `llama` (module): the tiny model with its own template, Qwen2.5-Instruct's (Hermes tool calls).
 - `llama_reasoning` (module): the same model with QwQ's template (reasoning), via --chat-template-file.
 - `tapfix_in_front(server, *args)` (module): a `tapfix run` proxy in front of a server, with its own
-  capture database (`proc.extra["db"]`); `llama_proxy` is one in front of `llama`.
+  capture database (`proc.extra["db"]`); `llama_proxy` is one in front of `llama`. It runs in the test
+  process (tests/support/inproc.py: the engine is the process here); a module's proxies take turns.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tests.process.realengine.engine import (
     tiny_model,
 )
 from tests.support.ci import unavailable
-from tests.support.procs import Proc, start_proxy
+from tests.support.inproc import InprocProxy, start_proxy
 
 # n=2 (two choices for one request): this version's llama-server runs each choice as a task of its own
 # on a slot of its own, and refuses n above the slot count: with -np 1 an n=2 request gets a 400
@@ -87,12 +88,12 @@ def llama_reasoning(llama_server: Callable[..., LlamaServer]) -> LlamaServer:
 
 
 @pytest.fixture(scope="module")
-def tapfix_in_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
+def tapfix_in_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., InprocProxy]]:
+    started: list[InprocProxy] = []
 
-    def start(server: LlamaServer, *args: str) -> Proc:
+    def start(server: LlamaServer, *args: str) -> InprocProxy:
         tmp = tmp_path_factory.mktemp("tapfix")
-        proc = start_proxy(tmp, server.url, *args)
+        proc = start_proxy(tmp, server.url, *args, shared=True)  # in-process: one at a time, each comes back
         started.append(proc)
         return proc
 
@@ -102,5 +103,5 @@ def tapfix_in_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
 
 
 @pytest.fixture(scope="module")
-def llama_proxy(tapfix_in_front: Callable[..., Proc], llama: LlamaServer) -> Proc:
+def llama_proxy(tapfix_in_front: Callable[..., InprocProxy], llama: LlamaServer) -> InprocProxy:
     return tapfix_in_front(llama)

@@ -27,7 +27,7 @@ from tests.e2e.agents import Sandbox, start_opencode
 from tests.e2e.conftest import Store
 from tests.process.realengine import tiny_model
 from tests.process.realengine.engine import ROOT, LlamaServer
-from tests.support.procs import Proc, cli
+from tests.support.inproc import InprocProxy, cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine, pytest.mark.agents]
 
@@ -126,7 +126,7 @@ def prompt_by_the_server(server: LlamaServer, request: dict) -> tuple[int, int]:
 def test_opencode_writes_a_file_through_tapfix_in_front_of_llama_server(
     agents_installed: Path,
     llama_server: Callable[..., LlamaServer],
-    tapfix_in_front: Callable[..., Proc],
+    tapfix_in_front: Callable[..., InprocProxy],
     tmp_path: Path,
 ) -> None:
     server = llama_server(ctx=AGENT_CTX, parallel=1)

@@ -16,7 +16,8 @@ import pytest
 
 from tests.process.realengine import tiny_model
 from tests.process.realengine.engine import LlamaServer
-from tests.support.procs import Proc, cli, wait_capture
+from tests.support.inproc import InprocProxy, cli
+from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -27,7 +28,7 @@ OVERFLOW = [{"role": "user", "content": "hello " * 3000}]
 
 
 @pytest.fixture(scope="module")
-def reasoning_proxy(tapfix_in_front: Callable[..., Proc], llama_reasoning: LlamaServer) -> Proc:
+def reasoning_proxy(tapfix_in_front: Callable[..., InprocProxy], llama_reasoning: LlamaServer) -> InprocProxy:
     return tapfix_in_front(llama_reasoning)
 
 
@@ -38,7 +39,7 @@ def _request(messages: list[dict], *, stream: bool, **extra: object) -> dict:
     return body
 
 
-def _exchange(proxy: Proc, body: dict) -> tuple[httpx.Response, dict]:
+def _exchange(proxy: InprocProxy, body: dict) -> tuple[httpx.Response, dict]:
     """Send through tapfix; the response the client got, and the capture as `captures show --json` has it."""
     response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
     capture_id = response.headers["x-tapfix-capture-id"]
@@ -46,20 +47,20 @@ def _exchange(proxy: Proc, body: dict) -> tuple[httpx.Response, dict]:
     return response, _show(proxy, capture_id)
 
 
-def _show(proxy: Proc, capture_id: str) -> dict:
+def _show(proxy: InprocProxy, capture_id: str) -> dict:
     result = cli("captures", "show", capture_id, "--json", "--db", str(proxy.extra["db"]))
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     return json.loads(result.stdout)
 
 
-def _listed(proxy: Proc, capture_id: str) -> dict:
+def _listed(proxy: InprocProxy, capture_id: str) -> dict:
     result = cli("captures", "list", "--json", "--limit", "0", "--db", str(proxy.extra["db"]))
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     rows = [json.loads(line) for line in result.stdout.decode().splitlines() if line.strip()]
     return next(row for row in rows if row["id"] == capture_id)
 
 
-def _export(proxy: Proc, capture_id: str, flag: str) -> bytes:
+def _export(proxy: InprocProxy, capture_id: str, flag: str) -> bytes:
     result = cli("captures", "export", capture_id, flag, "--db", str(proxy.extra["db"]))
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     return result.stdout
@@ -131,7 +132,7 @@ def _only(view: dict) -> dict:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_content_usage_and_timings_are_recorded(llama_proxy: Proc, stream: bool) -> None:
+def test_content_usage_and_timings_are_recorded(llama_proxy: InprocProxy, stream: bool) -> None:
     response, capture = _exchange(llama_proxy, _request(GREETING, stream=stream))
     assert response.status_code == 200
     sent = _client_view(response, stream)
@@ -153,7 +154,7 @@ def test_content_usage_and_timings_are_recorded(llama_proxy: Proc, stream: bool)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_reasoning_content_is_recorded_as_reasoning(reasoning_proxy: Proc, stream: bool) -> None:
+def test_reasoning_content_is_recorded_as_reasoning(reasoning_proxy: InprocProxy, stream: bool) -> None:
     response, capture = _exchange(reasoning_proxy, _request(GREETING, stream=stream))
     assert response.status_code == 200
     choice = _only(_client_view(response, stream))
@@ -167,7 +168,7 @@ def test_reasoning_content_is_recorded_as_reasoning(reasoning_proxy: Proc, strea
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_tool_calls_are_recorded_with_name_arguments_and_id(llama_proxy: Proc, stream: bool) -> None:
+def test_tool_calls_are_recorded_with_name_arguments_and_id(llama_proxy: InprocProxy, stream: bool) -> None:
     response, capture = _exchange(llama_proxy, _request(GREETING, stream=stream, tools=[WRITE_TOOL]))
     assert response.status_code == 200, response.text
     choice = _only(_client_view(response, stream))
@@ -185,7 +186,7 @@ def test_tool_calls_are_recorded_with_name_arguments_and_id(llama_proxy: Proc, s
     ids=["json", "sse", "reasoning-sse"],
 )
 def test_two_choices_are_recorded_apart(request: pytest.FixtureRequest, proxy_name: str, stream: bool) -> None:
-    proxy: Proc = request.getfixturevalue(proxy_name)
+    proxy: InprocProxy = request.getfixturevalue(proxy_name)
     response, capture = _exchange(proxy, _request(GREETING, stream=stream, n=2))
     assert response.status_code == 200, response.text
     sent = _client_view(response, stream)
@@ -201,7 +202,7 @@ def test_two_choices_are_recorded_apart(request: pytest.FixtureRequest, proxy_na
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-def test_context_overflow_keeps_the_engines_error(llama_proxy: Proc, stream: bool) -> None:
+def test_context_overflow_keeps_the_engines_error(llama_proxy: InprocProxy, stream: bool) -> None:
     response, capture = _exchange(llama_proxy, _request(OVERFLOW, stream=stream))
     assert response.status_code == 400
     error = response.json()["error"]

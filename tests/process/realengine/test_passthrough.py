@@ -25,7 +25,8 @@ from tests.e2e.conftest import Store
 from tests.process.realengine import tiny_model as tm
 from tests.process.realengine.engine import LlamaServer
 from tests.process.realengine.relay import Exchange, Relay
-from tests.support.procs import Proc, wait_capture
+from tests.support.inproc import InprocProxy
+from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -63,7 +64,7 @@ def relay(llama: LlamaServer) -> Iterator[Relay]:
 
 
 @pytest.fixture(scope="module")
-def proxy(tapfix_in_front: Callable[..., Proc], relay: Relay) -> Proc:
+def proxy(tapfix_in_front: Callable[..., InprocProxy], relay: Relay) -> InprocProxy:
     return tapfix_in_front(relay)  # tapfix's upstream is the relay, which forwards to llama-server
 
 
@@ -219,7 +220,7 @@ def assert_passed_back(received: Seen, exchange: Exchange) -> None:
         assert int(received.headers["content-length"]) == len(received.body)
 
 
-def post(proxy: Proc, body: dict[str, Any]) -> tuple[Seen, Seen]:
+def post(proxy: InprocProxy, body: dict[str, Any]) -> tuple[Seen, Seen]:
     """The request as the client sent it, and the response as it received it (undecoded, de-chunked)."""
     with httpx.Client(timeout=30) as client:
         with client.stream(
@@ -230,7 +231,7 @@ def post(proxy: Proc, body: dict[str, Any]) -> tuple[Seen, Seen]:
     return sent, Seen(response.status_code, response.headers, raw)
 
 
-def check_passthrough(proxy: Proc, relay: Relay, body: dict[str, Any], expect: str) -> list[dict[str, Any]]:
+def check_passthrough(proxy: InprocProxy, relay: Relay, body: dict[str, Any], expect: str) -> list[dict[str, Any]]:
     """Send `body` through tapfix, check every passthrough promise against the relay's record of the same
     request, and return the capture's changes."""
     mark = relay.mark()
@@ -256,7 +257,7 @@ GREEDY = {"temperature": 0, "seed": 1, "max_tokens": 64}
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_client_gets_exactly_what_llama_server_sent(proxy: Proc, relay: Relay, name: str) -> None:
+def test_the_client_gets_exactly_what_llama_server_sent(proxy: InprocProxy, relay: Relay, name: str) -> None:
     request, expect = CASES[name]
     changes = check_passthrough(proxy, relay, {**request, **GREEDY}, expect)
     # with tapfix run's defaults (no --generation-config, no --engine) the body goes upstream untouched
@@ -264,7 +265,7 @@ def test_the_client_gets_exactly_what_llama_server_sent(proxy: Proc, relay: Rela
 
 
 def test_sampling_defaults_reach_the_server_as_recorded_and_the_answer_still_passes(
-    tapfix_in_front: Callable[..., Proc], relay: Relay, tmp_path: Path
+    tapfix_in_front: Callable[..., InprocProxy], relay: Relay, tmp_path: Path
 ) -> None:
     """With a generation_config tapfix does change the request: llama-server must get the client's JSON
     plus exactly the recorded injections, and the answer must still pass untouched."""
@@ -313,7 +314,7 @@ class TeeTransport(httpx.BaseTransport):
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-def test_the_openai_sdk_assembles_the_servers_tool_call(proxy: Proc, relay: Relay, stream: bool) -> None:
+def test_the_openai_sdk_assembles_the_servers_tool_call(proxy: InprocProxy, relay: Relay, stream: bool) -> None:
     import openai
 
     tee = TeeTransport()

@@ -26,7 +26,7 @@ from tapfix.proxy.probe.runner import ProbeOptions
 from tapfix.proxy.store.database import open_for_reading
 from tapfix.proxy.store.reader import capture_body, load_capture
 
-from tests.support.procs import Proc, cli
+from tests.support.inproc import InprocProxy, cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -206,7 +206,7 @@ def test_long_context_fails_quoting_the_overflow_error_and_its_token_counts(dire
     assert answer.error_text() in row["detail"]
 
 
-def test_through_tapfix_run_the_verdicts_are_the_same(direct, llama_proxy: Proc, tmp_path):
+def test_through_tapfix_run_the_verdicts_are_the_same(direct, llama_proxy: InprocProxy, tmp_path):
     proxied = run_probe(llama_proxy.url, tmp_path / "probe.db")
     assert {c: r["status"] for c, r in proxied.rows.items()} == {c: r["status"] for c, r in direct.rows.items()}
     assert proxied.exit_code == direct.exit_code

@@ -36,7 +36,7 @@ from tests.e2e.conftest import Store
 from tests.process.realengine import tiny_model as tm
 from tests.process.realengine.engine import LlamaServer
 from tests.process.realengine.fault_relay import Cut, FaultRelay
-from tests.support.procs import Proc
+from tests.support.inproc import InprocProxy
 from tests.support.stage_io import client_view
 from tests.test_e2e_regenerate import all_exchanges, rows
 
@@ -51,11 +51,13 @@ CUTS = {"end_after_first_call_delta": AFTER_THE_FIRST_CALL_DELTA, "reset_mid_arg
 
 
 @pytest.fixture
-def cut_in_front(tapfix_in_front: Callable[..., Proc]) -> Iterator[Callable[..., tuple[FaultRelay, Proc]]]:
+def cut_in_front(
+    tapfix_in_front: Callable[..., InprocProxy],
+) -> Iterator[Callable[..., tuple[FaultRelay, InprocProxy]]]:
     """`(server, cut, *tapfix args)` -> a fault relay in front of the server and `tapfix run` in front of it."""
     relays: list[FaultRelay] = []
 
-    def start(server: LlamaServer, cut: Cut, *args: str) -> tuple[FaultRelay, Proc]:
+    def start(server: LlamaServer, cut: Cut, *args: str) -> tuple[FaultRelay, InprocProxy]:
         relay = FaultRelay(server.port, cut)
         relays.append(relay)
         return relay, tapfix_in_front(relay, "--engine", "llamacpp", *args)
@@ -78,7 +80,7 @@ class Read:
     error: openai.APIError | None = None  # the stream's error event, as the SDK raises it
 
 
-def sdk_stream(proxy: Proc, **extra: Any) -> Read:
+def sdk_stream(proxy: InprocProxy, **extra: Any) -> Read:
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0, timeout=60)
     raw = client.chat.completions.with_raw_response.create(
         model="tiny",
@@ -138,7 +140,7 @@ def calls_of(calls: dict[int, dict[str, str]]) -> list[tuple[str, dict[str, Any]
     return [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
 
 
-def check_regenerated(relay: FaultRelay, proxy: Proc, read: Read) -> tuple[Store, dict, dict, dict]:
+def check_regenerated(relay: FaultRelay, proxy: InprocProxy, read: Read) -> tuple[Store, dict, dict, dict]:
     """What every regenerated request shows: the cut was real, the client read one whole call under
     attempt 1's id and no error, and the store holds the parent and attempt 2. Returns the store, the
     two exchanges that crossed the fault relay's chat route as parsed bodies, and attempt 2's row."""

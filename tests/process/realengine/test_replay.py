@@ -21,7 +21,8 @@ from tapfix.proxy.store.database import open_for_reading
 from tapfix.proxy.store.reader import capture_body, load_capture
 
 from tests.process.realengine import tiny_model as tm
-from tests.support.procs import Proc, cli, free_port, start, wait_capture
+from tests.support.inproc import InprocProxy, cli, start_mock
+from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -74,7 +75,7 @@ def calls(message: Assembled) -> list[tuple[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def captured(llama_proxy: Proc) -> dict[str, str]:
+def captured(llama_proxy: InprocProxy) -> dict[str, str]:
     """Two real exchanges through `tapfix run`: a plain answer (not streamed) and a tool-call turn
     (streamed), by name to capture id."""
     turns = {
@@ -95,7 +96,7 @@ def captured(llama_proxy: Proc) -> dict[str, str]:
     return ids
 
 
-def test_the_captures_hold_the_models_answers(llama_proxy: Proc, captured: dict[str, str]):
+def test_the_captures_hold_the_models_answers(llama_proxy: InprocProxy, captured: dict[str, str]):
     """The ground the replays stand on: what llama-server really answered, as tapfix recorded it."""
     db = llama_proxy.extra["db"]
     assert stored(db, captured["plain"]).message.content == tm.ANSWER
@@ -104,7 +105,7 @@ def test_the_captures_hold_the_models_answers(llama_proxy: Proc, captured: dict[
 
 @pytest.mark.parametrize("turn", ["plain", "tool"])
 def test_replay_reaches_llama_server_and_reports_the_same_behaviour(
-    llama, llama_proxy: Proc, captured: dict[str, str], turn: str
+    llama, llama_proxy: InprocProxy, captured: dict[str, str], turn: str
 ):
     db = llama_proxy.extra["db"]
     source = stored(db, captured[turn])
@@ -139,7 +140,7 @@ def test_replay_reaches_llama_server_and_reports_the_same_behaviour(
 
 
 def test_a_replay_of_the_tool_turn_with_the_tools_removed_gets_the_text_answer(
-    llama_proxy: Proc, captured: dict[str, str]
+    llama_proxy: InprocProxy, captured: dict[str, str]
 ):
     """The replayed body is what the server acts on: without tools the same model answers in text."""
     db = llama_proxy.extra["db"]
@@ -153,13 +154,11 @@ def test_a_replay_of_the_tool_turn_with_the_tools_removed_gets_the_text_answer(
 
 @pytest.mark.parametrize("turn", ["plain", "tool"])
 def test_server_side_replay_plays_the_engines_recorded_bytes(
-    llama_proxy: Proc, captured: dict[str, str], turn: str, tmp_path: Path
+    llama_proxy: InprocProxy, captured: dict[str, str], turn: str, tmp_path: Path
 ):
     db = llama_proxy.extra["db"]
     source = stored(db, captured[turn])
-    port = free_port()
-    argv = ["mock", "--listen", f"127.0.0.1:{port}", "--db", str(db), "--capture", captured[turn], "--fast"]
-    mock = start(argv, port, tmp_path / "mock.log")
+    mock = start_mock(tmp_path, "--db", str(db), "--capture", captured[turn], "--fast")
     try:
         conn = open_for_reading(db)
         try:

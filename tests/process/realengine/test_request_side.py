@@ -19,7 +19,8 @@ import pytest
 
 from tests.process.realengine import tiny_model
 from tests.process.realengine.engine import LlamaServer
-from tests.support.procs import Proc, cli, free_port, start, wait_capture
+from tests.support.inproc import InprocProxy, cli, start
+from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
 
@@ -49,8 +50,8 @@ max_tokens = { mode = "clamp", max = 40 }
 
 @pytest.fixture(scope="module")
 def card_proxy(
-    tapfix_in_front: Callable[..., Proc], llama_reasoning: LlamaServer, tmp_path_factory: pytest.TempPathFactory
-) -> Proc:
+    tapfix_in_front: Callable[..., InprocProxy], llama_reasoning: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+) -> InprocProxy:
     """Quick mode as a user of llama-server starts it: `--engine llamacpp --generation-config FILE`."""
     card = tmp_path_factory.mktemp("card") / "generation_config.json"
     card.write_text(json.dumps(GENERATION_CONFIG))
@@ -58,7 +59,7 @@ def card_proxy(
 
 
 @pytest.fixture(scope="module")
-def config_proxy(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def config_proxy(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     """Config mode: one llama.cpp upstream, one model with its own sampling policy."""
     tmp = tmp_path_factory.mktemp("config")
     config = tmp / "tapfix.toml"
@@ -66,12 +67,8 @@ def config_proxy(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -
         f'[upstreams.llama]\nbase_url = "{llama.url}/v1"\nengine = "llamacpp"\n\n'
         f'[models.tiny]\nupstream = "llama"\n\n[models.tiny.sampling]\n{MODEL_SAMPLING}'
     )
-    port, db = free_port(), tmp / "captures.db"
-    proxy = start(
-        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)],
-        port,
-        tmp / f"proxy-{port}.log",
-    )
+    db = tmp / "captures.db"
+    proxy = start(["--config", str(config), "--db", str(db)], tmp / "proxy-config.log", shared=True)
     proxy.extra["db"] = db
     yield proxy
     proxy.stop()
@@ -83,7 +80,7 @@ def _chat(url: str, body: dict) -> httpx.Response:
     return response
 
 
-def _capture(proxy: Proc, response: httpx.Response) -> dict:
+def _capture(proxy: InprocProxy, response: httpx.Response) -> dict:
     capture_id = response.headers["x-tapfix-capture-id"]
     wait_capture(proxy.extra["db"], capture_id)
     result = cli("captures", "show", capture_id, "--json", "--db", str(proxy.extra["db"]))
@@ -115,7 +112,7 @@ def _assert_engine_used(params: dict, forwarded: dict, keys: set[str]) -> None:
 
 
 def test_generation_config_values_are_the_ones_llama_server_samples_with(
-    card_proxy: Proc, llama_reasoning: LlamaServer
+    card_proxy: InprocProxy, llama_reasoning: LlamaServer
 ) -> None:
     seed = secrets.randbelow(2**31)
     # The client chooses its temperature (kept: fill mode) and sends the repetition penalty in vLLM's
@@ -133,7 +130,9 @@ def test_generation_config_values_are_the_ones_llama_server_samples_with(
     _assert_engine_used(_slot_params(llama_reasoning, seed), forwarded, filled | {"temperature", "repeat_penalty"})
 
 
-def test_per_model_policy_values_are_the_ones_llama_server_samples_with(config_proxy: Proc, llama: LlamaServer) -> None:
+def test_per_model_policy_values_are_the_ones_llama_server_samples_with(
+    config_proxy: InprocProxy, llama: LlamaServer
+) -> None:
     seed = secrets.randbelow(2**31)
     body = {"model": "tiny", "messages": GREETING, "seed": seed, "temperature": 1.0, "top_p": 0.99, "max_tokens": 500}
     capture = _capture(config_proxy, _chat(config_proxy.url, body))
@@ -164,7 +163,7 @@ NO_REASONING_FORMS = {
 
 @pytest.mark.parametrize("form", NO_REASONING_FORMS, ids=list(NO_REASONING_FORMS))
 def test_no_reasoning_reaches_llama_server_in_its_own_dialect(
-    card_proxy: Proc, llama_reasoning: LlamaServer, form: str
+    card_proxy: InprocProxy, llama_reasoning: LlamaServer, form: str
 ) -> None:
     body = {"model": "tiny", "messages": GREETING, "temperature": 0, **NO_REASONING_FORMS[form]}
     direct = _chat(llama_reasoning.url, body).json()["choices"][0]["message"]
@@ -179,7 +178,7 @@ def test_no_reasoning_reaches_llama_server_in_its_own_dialect(
     assert not capture["assembled"]["reasoning"]
 
 
-def test_reasoning_asked_for_still_arrives(card_proxy: Proc, llama_reasoning: LlamaServer) -> None:
+def test_reasoning_asked_for_still_arrives(card_proxy: InprocProxy, llama_reasoning: LlamaServer) -> None:
     """The other way round: a foreign "reason hard" is translated, not turned into "off"."""
     body = {"model": "tiny", "messages": GREETING, "temperature": 0, "reasoning": {"effort": "high"}}
     response = _chat(card_proxy.url, body)
