@@ -5,8 +5,9 @@ what those processes start in turn (an agent's tools, a script's commands) is no
 
 A process start is what costs this suite its time (a tapfix start is 0.8-2 s of CPU), so the count is
 kept in plain sight: `tapfix run` / `mock` / `captures` … by subcommand, everything else by program name.
-A start is charged to the tier of the test running when it began (tests/unit, tests/inproc, tests/process;
-a file elsewhere is charged to its folder), and to "session" when no test runs (the early build).
+A start is charged to the tier of the test running when it began (unit, inproc, process: the guard's, so a
+PostgreSQL variant in tests/unit counts as process; a file not yet in a tier folder is charged to its folder,
+"tests" for the top), and to "session" when no test runs (the early build, xdist's workers).
 
 Under pytest-xdist each worker counts its own starts and hands them to the controller, which sums them.
 `TAPFIX_PROCESS_COUNT=PATH` also writes the totals there as JSON (for a closing note, or a comparison).
@@ -32,23 +33,30 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def program(args: Any) -> str:
-    """What a start is called in the count: `tapfix SUBCOMMAND`, `python -m MODULE`, or the program's name."""
+    """What a start is called in the count: `tapfix SUBCOMMAND`, `python -m MODULE`, or the program's name.
+    Only the program (and a Python's -m module) says what runs: `runuser -u postgres -- createdb tapfix`
+    is a runuser, whatever its arguments are called."""
     argv = [os.fsdecode(a) for a in args] if isinstance(args, (list, tuple)) else [os.fsdecode(args)]
     if not argv:
         return "?"
     words = argv if len(argv) > 1 else argv[0].split()
-    for k, word in enumerate(words):
-        if word in ("tapfix.proxy.cli", "tapfix.proxy.cli.__main__") or Path(word).name == "tapfix":
-            sub = next((w for w in words[k + 1 :] if not w.startswith("-")), "")
-            return f"tapfix {sub}".strip()
-        if word.startswith("tapfix.proxy.cli.") and k and words[k - 1] == "-m":  # a command's own module
-            return f"tapfix {word.rsplit('.', 1)[1]}"
     name = Path(words[0]).name
+    if name == "tapfix":
+        return _tapfix(words[1:])
     if name.startswith("python") and "-m" in words[1:]:
         at = words.index("-m")
-        if at + 1 < len(words):
-            return f"python -m {words[at + 1]}"
+        module = words[at + 1] if at + 1 < len(words) else ""
+        if module in ("tapfix.proxy.cli", "tapfix.proxy.cli.__main__"):
+            return _tapfix(words[at + 2 :])
+        if module.startswith("tapfix.proxy.cli."):  # a command's own module
+            return f"tapfix {module.rsplit('.', 1)[1]}"
+        return f"python -m {module}".strip()
     return name
+
+
+def _tapfix(rest: list[str]) -> str:
+    sub = next((w for w in rest if not w.startswith("-")), "")
+    return f"tapfix {sub}".strip()
 
 
 def tier_of(path: Path) -> str:
@@ -75,9 +83,19 @@ def pytest_configure(config: pytest.Config) -> None:
         subprocess.Popen._execute_child = counted  # type: ignore[attr-defined]
 
 
+def item_tier(item: pytest.Item) -> str:
+    """In a tier folder, the tier the guard gives the test (tests/support/e2e_guard.py: a PostgreSQL variant
+    in tests/unit is the process tier's); elsewhere its folder, as the baseline was counted."""
+    from tests.support.e2e_guard import TIERS
+    from tests.support.e2e_guard import tier_of as guard_tier
+
+    folder = tier_of(Path(str(item.path)))
+    return guard_tier(item) if folder in TIERS else folder
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    _current.append(tier_of(Path(str(item.path))))
+    _current.append(item_tier(item))
     try:
         return (yield)
     finally:

@@ -16,10 +16,7 @@ import pytest
 from tests.process.load.harness import run_load, stored_ids, wait_drained
 from tests.support.procs import start_mock, start_proxy
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(os.environ.get("TAPFIX_LONG") != "1", reason="long form: TAPFIX_LONG=1"),
-]
+pytestmark = pytest.mark.skipif(os.environ.get("TAPFIX_LONG") != "1", reason="long form: TAPFIX_LONG=1")
 STREAMS = int(os.environ.get("TAPFIX_LOAD_STREAMS", "64"))
 SECONDS = float(os.environ.get("TAPFIX_LOAD_SECONDS", "60"))
 # The proxy's RSS climbs for ~40 s under 64 streams (allocator arenas, SQLite's page cache, mitmproxy's

@@ -29,7 +29,7 @@ from tests.process.realengine import tiny_model
 from tests.process.realengine.engine import ROOT, LlamaServer
 from tests.support.inproc import InprocProxy, cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine, pytest.mark.agents]
+pytestmark = [pytest.mark.realengine, pytest.mark.agents]
 
 agents_installed = agent_fixtures.agents_installed  # the agent suite's install (idempotent, once a session)
 

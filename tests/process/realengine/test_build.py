@@ -23,7 +23,7 @@ from tests.process.realengine.engine import (
     file_sha256,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 SDIST_VERSION = "0.3.36"  # scripts/build-llama-server's VERSION
 

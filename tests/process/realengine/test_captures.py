@@ -19,7 +19,7 @@ from tests.process.realengine.engine import LlamaServer
 from tests.support.inproc import InprocProxy, cli
 from tests.support.procs import wait_capture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 GREETING = [{"role": "user", "content": "Say hello"}]
 WRITE_TOOL = tiny_model.WRITE_TOOL

@@ -33,7 +33,7 @@ from tapfix.proxy.regenerate.echo import PrefixEcho
 
 from tests.process.realengine import tiny_model as tm
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 ENGINE = "llamacpp"
 TIMEOUT = 60.0

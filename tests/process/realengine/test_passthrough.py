@@ -28,7 +28,7 @@ from tests.process.realengine.relay import Exchange, Relay
 from tests.support.inproc import InprocProxy
 from tests.support.procs import wait_capture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 CHAT = "/v1/chat/completions"
 TOOLS = [tm.WRITE_TOOL]

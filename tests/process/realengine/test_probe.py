@@ -28,7 +28,7 @@ from tapfix.proxy.store.reader import capture_body, load_capture
 
 from tests.support.inproc import InprocProxy, cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 MAX_TOKENS = ProbeOptions().max_tokens  # what `tapfix probe` sends without options
 

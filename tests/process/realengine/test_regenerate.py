@@ -40,7 +40,7 @@ from tests.support.inproc import InprocProxy
 from tests.support.stage_io import client_view
 from tests.test_e2e_regenerate import all_exchanges, rows
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 HI = [{"role": "user", "content": "hi"}]
 # Right after the first tool_calls delta (the name and `{"content": "`), the chunked body ended cleanly.

@@ -24,7 +24,7 @@ from tests.process.realengine import tiny_model as tm
 from tests.support.inproc import InprocProxy, cli, start_mock
 from tests.support.procs import wait_capture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 CHAT = "/v1/chat/completions"
 

@@ -22,7 +22,7 @@ from tests.process.realengine.engine import LlamaServer
 from tests.support.inproc import InprocProxy, cli, start
 from tests.support.procs import wait_capture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.realengine]
+pytestmark = [pytest.mark.realengine]
 
 GREETING = [{"role": "user", "content": "Say hello"}]
 # A model card's sampling values, each unlike llama-server's own default (temperature 0.8, top_p 0.95,

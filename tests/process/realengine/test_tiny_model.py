@@ -103,14 +103,12 @@ def _server_agrees_with_numpy(url: str, conversation: dict) -> None:
     assert (done["stop_type"] == "eos") == stopped
 
 
-@pytest.mark.e2e
 @pytest.mark.realengine
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 def test_llama_server_agrees_with_the_numpy_forward_pass(llama, name):
     _server_agrees_with_numpy(llama.url, CONVERSATIONS[name])
 
 
-@pytest.mark.e2e
 @pytest.mark.realengine
 @pytest.mark.parametrize(
     "kwargs", [{}, {"chat_template_kwargs": {"enable_thinking": False}}], ids=["think", "no_think"]
@@ -119,7 +117,6 @@ def test_llama_server_with_the_reasoning_template_agrees_with_numpy(llama_reason
     _server_agrees_with_numpy(llama_reasoning.url, {**CONVERSATIONS["plain"], **kwargs})
 
 
-@pytest.mark.e2e
 @pytest.mark.realengine
 @pytest.mark.parametrize("stream", [False, True])
 def test_llama_server_continues_an_assistant_prefix(llama, stream):
