@@ -22,7 +22,8 @@ free, each owned here:
   stop their proxy at the end of the module).
 - logging: the proxy's lines (`tapfix.*` at INFO, mitmproxy's and the rest at WARNING, INFO with
   --verbose, as cli/run.py sets them up) go to the handle's log file while it runs; its handler and the
-  `tapfix` logger's level are put back on stop.
+  levels are put back on stop. The mock's uvicorn configures its own loggers when it starts (it did so
+  in the `tapfix mock` process too); nothing of theirs reaches a proxy's log but warnings.
 - environment variables a process would have been given (`env=`): set while the proxy runs.
 """
 
@@ -113,7 +114,7 @@ class InprocProxy:
     _error: BaseException | None = None
     _handler: _ProxyLog | None = None
     _env: Any = None
-    _level: int = logging.NOTSET
+    _levels: tuple[int, int] = (logging.WARNING, logging.NOTSET)  # the root's and tapfix's, put back at stop
     running: ClassVar[InprocProxy | None] = None  # the one that runs now (see `start`)
 
     @property
@@ -153,10 +154,12 @@ class InprocProxy:
             with run_command.make_context("run", list(args)) as ctx:
                 self.settings = settings_from_options(dict(ctx.params))
             self._handler = _ProxyLog(self.log_path, self.settings.verbose)
-            logging.getLogger().addHandler(self._handler)
-            tapfix_log = logging.getLogger("tapfix")
-            self._level = tapfix_log.level
-            tapfix_log.setLevel(logging.INFO)
+            root, tapfix_log = logging.getLogger(), logging.getLogger("tapfix")
+            root.addHandler(self._handler)
+            self._levels = (root.level, tapfix_log.level)
+            tapfix_log.setLevel(logging.INFO)  # as cli/run.py sets them up
+            if self.settings.verbose:
+                root.setLevel(logging.INFO)
             self.runtime = prepare(self.settings)
             listening = threading.Event()
 
@@ -221,9 +224,11 @@ class InprocProxy:
 
     def _release(self) -> None:
         if self._handler is not None:
-            logging.getLogger().removeHandler(self._handler)
+            root = logging.getLogger()
+            root.removeHandler(self._handler)
             self._handler.close()
-            logging.getLogger("tapfix").setLevel(self._level)
+            root.setLevel(self._levels[0])
+            logging.getLogger("tapfix").setLevel(self._levels[1])
             self._handler = None
         if self._env is not None:
             self._env.__exit__(None, None, None)
