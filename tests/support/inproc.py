@@ -50,6 +50,7 @@ from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.cli.run import settings_from_options
 
 START_TIMEOUT_S = 20.0
+MOCK_THREAD = "tapfix-demo-mock"  # what proxy/cli/demo.py names the mock's thread
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # cli/run.py's
 STARTED: list[Any] = []  # every in-process proxy and mock, for the logs a failing test shows (tests/conftest.py)
 
@@ -59,15 +60,29 @@ class OneAtATime(RuntimeError):
 
 
 class _ProxyLog(logging.Handler):
-    """The proxy's log file: tapfix's lines at INFO, the rest at the level `tapfix run` gives them."""
+    """The proxy's log file: tapfix's lines at INFO, the rest at the level `tapfix run` gives them.
+
+    A process's log holds what that process logged; here the test shares the process, so what the test's
+    side logs stays out: its main thread once the proxy is prepared (the test, the CLI through CliRunner),
+    the in-process mocks' threads, and the HTTP clients' lines (httpx, the SDKs) unless the proxy's own
+    thread made them (its deep health probe does)."""
+
+    CLIENTS = ("httpx", "httpcore", "openai", "anthropic")
 
     def __init__(self, path: Path, verbose: bool) -> None:
         super().__init__(logging.INFO)
         self.stream = open(path, "a", encoding="utf-8")
         self.floor = logging.INFO if verbose else logging.WARNING
         self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.serving_thread: int | None = None  # set once the proxy's thread exists
+        self.preparing = True  # `prepare` runs on the test's thread: what it logs is the proxy's
 
     def emit(self, record: logging.LogRecord) -> None:
+        test_side = record.thread == threading.main_thread().ident and not self.preparing
+        if test_side or (record.threadName or "").startswith(MOCK_THREAD):
+            return
+        if record.name.split(".")[0] in self.CLIENTS and record.thread != self.serving_thread:
+            return
         mine = record.name == "tapfix" or record.name.startswith("tapfix.")
         if mine or record.levelno >= self.floor:
             self.stream.write(self.format(record) + "\n")
@@ -178,6 +193,7 @@ class InprocProxy:
             InprocProxy.running = self
             self._thread = threading.Thread(target=serve_here, name=f"tapfix-inproc-{self.log_path.stem}", daemon=True)
             self._thread.start()
+            self._handler.serving_thread, self._handler.preparing = self._thread.ident, False
             if self not in STARTED:
                 STARTED.append(self)
             if not listening.wait(START_TIMEOUT_S) or self._serving is None:
