@@ -83,10 +83,12 @@ def test_in_process_is_fine(tmp_path):
     (tmp_path / "x").write_text("x")
 
 
+@pytest.mark.e2e
 def test_marked_process():
     subprocess.run(["true"], check=True)
 
 
+@pytest.mark.e2e
 def test_marked_listen():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,6 +100,7 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.e2e
 
 
 def test_module_marked():
@@ -174,6 +177,7 @@ def test_outside_program():
     subprocess.run(["true"], check=True)
 
 
+@pytest.mark.e2e
 def test_e2e_marker_in_a_tier_folder():
     pass
 """
