@@ -89,12 +89,14 @@ def _row(proxy, capture_id: str) -> dict:
 
 
 def _export(proxy, capture_id: str, which: str) -> bytes:
+    wait_capture(proxy.extra["db"], capture_id)  # the writer commits within its batch window
     out = cli("captures", "export", capture_id, which, "--db", str(proxy.extra["db"]))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 def _changes(proxy, capture_id: str) -> list[dict]:
+    wait_capture(proxy.extra["db"], capture_id)  # the writer commits within its batch window
     out = cli("captures", "show", capture_id, "--json", "--db", str(proxy.extra["db"]))
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["changes"]

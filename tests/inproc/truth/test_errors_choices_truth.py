@@ -160,6 +160,7 @@ def _db(proxy: InprocProxy) -> Path:
 
 
 def _show(proxy: InprocProxy, capture_id: str, *args: str) -> str:
+    wait_capture(_db(proxy), capture_id)  # the writer commits within its batch window
     result = cli("captures", "show", capture_id, "--db", str(_db(proxy)), *args)
     assert result.returncode == 0, result.stderr
     return result.stdout.decode()
