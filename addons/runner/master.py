@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +156,31 @@ def _host_pattern(host: str) -> str:
     return rf"^{re.escape(host)}(:\d+)?$"
 
 
-async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> None:
+@dataclass
+class Serving:
+    """A proxy that listens, for whoever started it off the main thread (the in-process test tier): the
+    addresses it listens on (port 0 picks one) and a thread-safe stop that does what SIGTERM does."""
+
+    master: DumpMaster
+    shutdown: Shutdown
+    addresses: list[Any]
+
+    @property
+    def port(self) -> int:
+        return int(self.addresses[0][1])
+
+    def stop(self) -> None:
+        """The first call starts the shutdown grace, another ends it (as a second SIGTERM would)."""
+        self.master.event_loop.call_soon_threadsafe(self.shutdown.signal, self.master)
+
+
+async def serve(
+    settings: Settings,
+    runtime: Runtime,
+    *,
+    ready: Callable[[], None] | None = None,
+    listening: Callable[[Serving], None] | None = None,
+) -> None:
     reset_tail.install()
     raw_head.install()
     master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
@@ -177,6 +203,8 @@ async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> N
         master.shutdown()
         await task
         raise OSError(f"could not listen on {settings.listen_host}:{settings.listen_port} (in use?)")
+    if listening is not None:
+        listening(Serving(master, shutdown, addrs))
     if ready is not None:
         ready()
     await task
@@ -221,14 +249,22 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
         print(f"tapfix: {e}", file=sys.stderr)
         return 2
     finally:
-        if runtime.writer is not None:
-            runtime.writer.close()
-            if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
-                runtime.fanout.close()
-            health = runtime.writer.health()
-            if health["failures"]:
-                print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)
+        failed = drain(runtime)
+        if failed:
+            print(f"tapfix: {failed}", file=sys.stderr)
     return 0
+
+
+def drain(runtime: Runtime) -> str | None:
+    """After mitmproxy stopped: the capture writer drains its queue (its thread ends), then the telemetry
+    exports flush what the writer's last observers gave them. Returns what failed to be captured, if any."""
+    if runtime.writer is None:
+        return None
+    runtime.writer.close()
+    if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
+        runtime.fanout.close()
+    health = runtime.writer.health()
+    return f"{health['failures']} capture(s) failed: {health['last_error']}" if health["failures"] else None
 
 
 def prepare(settings: Settings) -> Runtime:

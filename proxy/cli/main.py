@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from tapfix.proxy.cli.captures import captures
@@ -20,6 +20,9 @@ from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
+
+if TYPE_CHECKING:
+    from tapfix.proxy.mock import MockOptions
 
 
 class LazyGroup(click.Group):
@@ -145,9 +148,26 @@ def mock(
       tapfix mock --listen 127.0.0.1:8000 --chunk-delay-ms 20
       tapfix mock --capture 01J9Z3 --db captures/tapfix.db
     """
-    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app, serve
+    from tapfix.proxy.mock import serve
 
     host, port = listen
+    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast)
+    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
+    serve(opts, host=host, port=port)
+
+
+def mock_options(
+    cases: tuple[Path, ...],
+    scenario: str | None,
+    chunk_delay_ms: int,
+    db: StoreLocator,
+    capture: str | None,
+    fast: bool,
+) -> MockOptions:
+    """`mock`'s options as MockOptions, checked (cases, scenario, the capture) before anything binds.
+    The in-process test tier starts the mock through this too."""
+    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app
+
     recorded = None
     if capture:
         from tapfix.proxy.replay.server import recorded_response
@@ -167,8 +187,7 @@ def mock(
     )
     with reported(ScenarioError, ValueError, OSError):
         create_app(opts)  # validates cases and the scenario before binding
-    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
-    serve(opts, host=host, port=port)
+    return opts
 
 
 @main.command()

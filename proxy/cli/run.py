@@ -187,6 +187,13 @@ def run(**kw: Any) -> None:
       tapfix run --upstream http://127.0.0.1:8000 --engine vllm --max-age 7d
       tapfix run --config tapfix.toml --listen 0.0.0.0:8080 --token "$SECRET"
     """
+    sys.exit(run_proxy(settings_from_options(kw)))
+
+
+def settings_from_options(kw: dict[str, Any]) -> Settings:
+    """The checks `run`'s options get together, and the settings they make (within the command's click
+    context: the config file fills what the command line left out). The in-process test tier starts
+    the proxy through this too."""
     if not kw["upstream"] and not kw["config_path"] and kw["mode"] == "reverse":
         raise click.UsageError("give --upstream URL or --config FILE (or use --mode regular)")
     if kw["upstream"] and kw["config_path"]:
@@ -196,7 +203,7 @@ def run(**kw: Any) -> None:
     _check_retention(kw)
     _check_tool_format(kw.get("tool_format"))
     kw["export"] = _export(kw)
-    sys.exit(run_proxy(make_settings(kw)))
+    return make_settings(kw)
 
 
 def _check_retention(kw: dict[str, Any]) -> None:

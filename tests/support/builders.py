@@ -3,7 +3,7 @@ deltas, SSE framing, and the mutators that split or corrupt a stream.
 
 Tests compare bytes, so every builder keeps a fixed key order and takes a parameter wherever two tests
 need different bytes (a chunk's id, `created`, the JSON spacing, the line ending); a module that always
-wants the same variant binds it once with `functools.partial`. tests/test_structure_builders.py fails
+wants the same variant binds it once with `functools.partial`. tests/unit/test_structure_builders.py fails
 when a test module grows its own copy of one of these.
 """
 
