@@ -44,11 +44,11 @@ LEAKED: Final = "leaked_into_content"
 @dataclass(frozen=True, slots=True)
 class DefectClass:
     id: str  # the mutation's name in the generator, and the row's key
-    family: str  # the README groups rows by it
+    family: str  # the published table groups rows by it
     kind: str  # what tapfix records when it meets this class
     preserves: bool
     outcome: dict[Surface, Outcome]  # the surfaces where the class exists
-    claim: str  # one line for the README
+    claim: str  # one line for the published table
     notes: tuple[str, ...] = field(default=())
 
 
