@@ -2,9 +2,9 @@
 
 One home for the claim, the behaviour and the test. The defect generator (`tapfix.proxy.mock.mutations`)
 has one mutation per row, the property tests iterate over the rows and check the outcome the row
-states, and the README's repair section is rendered from the rows (`python -m
-tapfix.proxy.toolcalls.defects --readme`; a test fails when the README differs). A row whose outcome
-changes changes all three at once.
+states, and the table in docs/repair.md is rendered from the rows (`python -m
+tapfix.proxy.toolcalls.defects --readme docs/repair.md`; a test fails when the page differs). A row whose
+outcome changes changes all three at once.
 
 Outcomes:
 - `repaired`: the client receives exactly the original calls (the change is recorded);
@@ -44,11 +44,11 @@ LEAKED: Final = "leaked_into_content"
 @dataclass(frozen=True, slots=True)
 class DefectClass:
     id: str  # the mutation's name in the generator, and the row's key
-    family: str  # the README groups rows by it
+    family: str  # the published table groups rows by it
     kind: str  # what tapfix records when it meets this class
     preserves: bool
     outcome: dict[Surface, Outcome]  # the surfaces where the class exists
-    claim: str  # one line for the README
+    claim: str  # one line for the published table
     notes: tuple[str, ...] = field(default=())
 
 
@@ -142,7 +142,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         UNKNOWN_TOOL,
         True,
         _all("passed"),
-        "a name that matches no offered tool: passed through as sent, flagged `unknown_tool`",
+        "a name that matches no offered tool: passed through as sent, flagged `invalid_tool_call`",
     ),
     # -- duplicated fragments ---------------------------------------------------------------------------
     DefectClass(
@@ -299,7 +299,7 @@ README_END: Final = "<!-- /defect-table -->"
 
 
 def render_markdown() -> str:
-    """The README's table: one row per defect class, one column per surface."""
+    """The published table: one row per defect class, one column per surface."""
     lines = [
         "| defect | chat | responses | messages |",
         "| --- | --- | --- | --- |",
@@ -349,7 +349,7 @@ def replace_block(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[1:2] == ["--readme"]:
-        path = argv[2] if len(argv) > 2 else "README.md"
+        path = argv[2] if len(argv) > 2 else "docs/repair.md"
         with open(path, encoding="utf-8") as f:
             text = f.read()
         new = replace_block(text)
