@@ -35,7 +35,7 @@ from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.names import match_name
-from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, reasoning_leak
+from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, length_cut, reasoning_leak
 from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, OutCall, Part
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -88,8 +88,13 @@ def plan_choice(
     leaked = content_leaks(
         calls, parts, consumed, schemas, at_start, plan, choice, path_prefix, formats, flag_unpinned, context
     )
-    if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts):
-        leaked = reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+    searched = reasoning if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts) else None
+    if searched is not None:
+        leaked = reasoning_leak(searched, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+    if finish == "length" and schemas and not plan.fatal:
+        plan.fatal = length_cut(calls, call_seqs, parts, consumed, schemas, formats, at_start, context, searched)
+        if plan.fatal is not None:
+            plan.defect(plan.fatal.kind)
     if plan.fatal:
         return plan
     if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:

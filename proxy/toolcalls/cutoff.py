@@ -1,0 +1,273 @@
+"""A turn that `max_tokens` ended (finish `length`, `max_tokens`, an incomplete response): was it cut
+inside a call, or before the next one?
+
+Two questions, asked only of such a turn, over the text the model wrote (content, reasoning, or what
+followed the last structured call):
+
+- `cut_markup`: does the text end inside a call written as a format's markup? A registered opener (the
+  whole opener: a piece of one is also how prose ends, `I want to`), or a marker-less format's head at
+  the start of the content, followed by text that the format reads as a call of an offered tool once
+  the rest arrives. The rest is derived from the format's own rendering (`ToolFormat.render`), never
+  from a list kept here: what follows the place the text stopped at in a rendered call, what follows
+  a string value, or the open JSON closed and what the format writes after its arguments. Whether the
+  markup stands where a call may stand is `Formats.find`'s rule, asked of the completed text, so a
+  cut example in prose stays prose exactly as the complete one would.
+- `length_signs`: with complete calls, is there a sign that more was coming? An opener of a further
+  call (complete or cut) and any other text or argument bytes after the last complete call are text
+  after it; a calls section the format closes, left open, is markup its format reads as not closed.
+  The finish rewrite (`length` → `tool_calls`) would remove the only sign that later calls were lost,
+  so any of these makes the turn the retryable error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat
+from tapfix.proxy.toolcalls.formats.registry import Formats, Found
+from tapfix.proxy.toolcalls.schema import ToolSchemas
+
+# The arguments a format renders for the completions: a plain value, and one with the characters that
+# make some formats write a value otherwise (CDATA, escapes).
+_PROBE_KEY = "p"
+_PROBES = ("VALUE", 'V"<\n>V')
+_ALIGN = 3  # characters of the text's end a completion must continue
+_MAX_STARTS = 16  # opener positions tried in one text
+_MAX_MARKUPS = 64  # markups read from one text
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    at: int  # where the cut markup starts in the text
+    format: str  # the registered format it reads as, once completed
+    name: str  # the offered tool it calls
+
+
+@dataclass(frozen=True, slots=True)
+class Last:
+    end: int  # where the last complete markup ends
+    closed: bool  # its format's end marker was seen
+    format: str
+
+
+def cut_markup(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0) -> Cut | None:
+    """A call written as markup, from `start` on, that runs to the end of `text` and reads as a call of an
+    offered tool once the rest arrives: the model was writing it when the turn ended."""
+    offered = schemas.names
+    if not offered or not text[start:].strip():
+        return None
+    for at, fmts in _starts(text, formats, at_start, start):
+        tail = text[at:]
+        for fmt in fmts:
+            for name in _names(tail, offered):
+                for rest in _completions(fmt, name, _spelled(tail, list(schemas.properties(name) or ())), tail):
+                    if _reads_as_call(fmt, tail + rest, offered) and _counts(text, rest, offered, formats, at_start):
+                        return Cut(at, fmt.name, name)
+    return None
+
+
+def last_markup(text: str, offered: list[str], formats: Formats, at_start: bool, start: int = 0) -> Last | None:
+    """The last markup from `start` on that reads as offered calls (`Formats.find`, as the leak readers
+    use it): where it ends and whether its format saw its end marker."""
+    last: Found | None = None
+    masked = text
+    for _ in range(_MAX_MARKUPS):
+        found = formats.find(masked, offered, at_start=at_start)
+        if found is None:
+            break
+        lo, hi = found.markup.start, max(found.markup.end, found.markup.start + 1)
+        masked = masked[:lo] + " " * (hi - lo) + masked[hi:]
+        if found.confirmed and lo >= start and (last is None or hi > last.markup.end):
+            last = found
+    if last is None:
+        return None
+    return Last(last.markup.end, last.markup.closed, last.fmt.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Sign:
+    reason: str  # what says the turn was cut
+    name: str | None = None  # the tool of the call it cut, when markup names it
+
+
+def length_signs(
+    text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, after_calls: bool, start: int = 0
+) -> Sign | None:
+    """Why a turn that `max_tokens` ended must not pass as complete, judged on `text` from `start` on (the
+    content, or what followed the last structured call when `after_calls`); None when nothing says so.
+
+    With markup that reads as calls: its section left open, or text after it. With calls before `text`:
+    any text. With no call at all: markup cut short (`cut_markup`)."""
+    offered = schemas.names
+    last = last_markup(text, offered, formats, at_start, start) if formats.has_opener(text) or at_start else None
+    if last is not None:
+        if not last.closed:
+            return Sign(f"the {last.format} markup of the last call was left open")
+        if text[last.end :].strip():
+            return Sign(f"text after the last complete call: {_quote(text[last.end :])}")
+        return None
+    if after_calls and text[start:].strip():
+        return Sign(f"text after the last complete call: {_quote(text[start:])}")
+    return cut_sign(text, schemas, formats, at_start, start)
+
+
+def cut_sign(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0) -> Sign | None:
+    cut = cut_markup(text, schemas, formats, at_start, start)
+    if cut is None:
+        return None
+    return Sign(f"a call of {cut.name!r} written as {cut.format} markup was cut off", cut.name)
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+# -- where a cut call may start -------------------------------------------------------------------------
+def _starts(text: str, formats: Formats, at_start: bool, start: int) -> list[tuple[int, list[ToolFormat]]]:
+    """Where a cut call may start: a marker-less format's head at the start of the content, and whole
+    openers (the first and the last few: a call held from its opener, or the last thing written)."""
+    out: list[tuple[int, list[ToolFormat]]] = []
+    if at_start and start == 0 and formats.anchored:
+        lead = len(text) - len(text.lstrip())
+        if text[lead : lead + 1] in formats.anchor_heads:
+            out.append((lead, list(formats.anchored)))
+    if formats.opener_re is not None:
+        found = [(m.start(), formats.by_opener[m.group()]) for m in formats.opener_re.finditer(text, start)]
+        half = _MAX_STARTS // 2
+        out += found if len(found) <= _MAX_STARTS else found[:half] + found[-half:]
+    return out
+
+
+def _spelled(tail: str, words: list[str]) -> list[str]:
+    """The words (offered names, property names) the tail spells whole, or ends with the start of
+    (longest first): the completions need no other, since the rest of the markup doesn't depend on them."""
+    out = [w for w in words if w in tail or any(_ends_with_start(tail, w[:k]) for k in range(1, len(w)))]
+    return sorted(out, key=len, reverse=True)
+
+
+def _ends_with_start(text: str, start: str) -> bool:
+    """`text` ends with `start`, not in the middle of a word (`what` doesn't end with the start of `tool`)."""
+    return text.endswith(start) and (len(text) == len(start) or not text[-len(start) - 1].isalnum())
+
+
+def _names(tail: str, offered: list[str]) -> list[str]:
+    """The offered names a call in the tail may have: those it spells (whole or cut); when none, the cut came
+    before the name, where every name reads alike, so one stands for all."""
+    return _spelled(tail, offered) or offered[:1]
+
+
+# -- what the rest of a cut call may be -----------------------------------------------------------------
+def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iterator[str]:
+    """The rest of a call the text stopped inside of, from the format's rendering of a call of `name`:
+
+    - what follows the same last characters in the rendered call (the text stopped in the opener, the
+      name, the framing);
+    - what follows a word of the rendering (it stopped inside a key or a parameter's name);
+    - what follows a string value of one of the tool's properties (inside a value at the arguments' top
+      level, in any syntax: some formats close a value with its property's name);
+    - the open JSON (or Python literal) closed, then what the format writes after its last bracket."""
+    rendered = _render(fmt, name, _PROBE_KEY, _PROBES[0])
+    if rendered is None:
+        return
+    seen: set[str] = set()
+
+    def fresh(rest: str) -> bool:
+        new = rest not in seen
+        seen.add(rest)
+        return new
+
+    renders = [(key, probe, _render(fmt, name, key, probe)) for key in [*keys, _PROBE_KEY] for probe in _PROBES]
+    for _, probe, whole in renders:
+        at = whole.rfind(probe) if whole is not None else -1
+        if whole is not None and at >= 0 and fresh(whole[at + len(probe) :]):
+            yield whole[at + len(probe) :]
+    brackets = max(rendered.rfind(c) for c in "}])")
+    after = rendered[brackets + 1 :] if brackets >= 0 else ""
+    closed = _close_open(tail) or ""
+    if (closed or after) and fresh(closed + after):
+        yield closed + after
+    end = tail[-_ALIGN:]
+    for _, _, whole in renders:
+        for k in range(1, len(whole or "")):
+            assert whole is not None
+            aligned = whole[:k].endswith(end)
+            word_end = whole[k - 1].isalnum() and not whole[k].isalnum() and not whole[k].isspace()
+            if (aligned or word_end) and fresh(whole[k:]):
+                yield whole[k:]
+
+
+def _render(fmt: ToolFormat, name: str, key: str, value: str) -> str | None:
+    try:
+        return fmt.render([(name, {key: value})])
+    except (ValueError, NotImplementedError, TypeError, KeyError):
+        return None
+
+
+def _close_open(text: str) -> str | None:
+    """What closes the JSON (or Python literal) open at the end of `text`: the open string (and an escape
+    it stopped inside), a value for a key or a `:` left waiting, the open brackets. None: nothing is open."""
+    stack: list[str] = []
+    keys: list[bool] = []  # per open bracket: an object that expects a key next
+    quote = ""
+    escaped = in_key = after_key = False
+    last = ""
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+                after_key, last = in_key, ch
+            continue
+        if ch in "\"'":
+            quote = ch
+            in_key = bool(keys) and keys[-1]
+        elif ch in "{[(":
+            stack.append(ch)
+            keys.append(ch == "{")
+        elif ch in "}])" and stack and "{[(".index(stack[-1]) == "}])".index(ch):
+            stack.pop()
+            keys.pop()
+        elif ch in ":," and keys:
+            keys[-1] = ch == "," and stack[-1] == "{"
+        if not ch.isspace():
+            after_key = after_key and ch in "\"'"
+            last = ch
+    if not stack and not quote:
+        return None
+    rest = ("\\" if escaped else "") + quote
+    if (quote and in_key) or (not quote and after_key):
+        rest += ": null"
+    elif not quote and last == ":":
+        rest += " null"
+    elif not quote and last == "=":
+        rest += "None"
+    elif not quote and last == "," and stack[-1] != "(":
+        rest += ' "": null' if stack[-1] == "{" else " null"
+    return rest + "".join("}])"["{[(".index(c)] for c in reversed(stack))
+
+
+def _reads_as_call(fmt: ToolFormat, markup: str, offered: list[str]) -> bool:
+    """The cheap check first: the format alone reads the completed markup as offered calls, to its end."""
+    try:
+        read = fmt.parse(markup, 0)
+    except (ValueError, IndexError, RecursionError, KeyError, TypeError):
+        return False
+    return read is not None and _offered(read, offered) and read.end >= len(markup.rstrip())
+
+
+def _offered(read: Markup, offered: list[str]) -> bool:
+    if not read.calls:
+        return False
+    return all(n in offered if n is not None else len(offered) == 1 for n, _ in read.calls)
+
+
+def _counts(text: str, rest: str, offered: list[str], formats: Formats, at_start: bool) -> bool:
+    """Whether the completed markup is a call where it stands (`Formats.find`'s rule, every decoy with it):
+    a call that reaches into the completion."""
+    found = formats.find(text + rest, offered, at_start=at_start)
+    return found is not None and found.confirmed and found.markup.end > len(text)
