@@ -24,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tapfix.proxy.toolcalls.defects import MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat
 from tapfix.proxy.toolcalls.formats.registry import Formats, Found
+from tapfix.proxy.toolcalls.plan_types import Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 # The arguments a format renders for the completions: a plain value, and one with the characters that
@@ -105,11 +107,49 @@ def length_signs(
         if not last.closed:
             return Sign(f"the {last.format} markup of the last call was left open")
         if text[last.end :].strip():
-            return Sign(f"text after the last complete call: {_quote(text[last.end :])}")
+            return Sign(f"text after the last complete call: {quote(text[last.end :])}")
         return None
     if after_calls and text[start:].strip():
-        return Sign(f"text after the last complete call: {_quote(text[start:])}")
+        return Sign(f"text after the last complete call: {quote(text[start:])}")
     return cut_sign(text, schemas, formats, at_start, start)
+
+
+def turn_sign(
+    text: str,
+    schemas: ToolSchemas,
+    formats: Formats,
+    last_call: str | None = None,
+    reasoning: str | None = None,
+    context: str = "",
+    at_start: bool = True,
+) -> Sign | None:
+    """A turn that `max_tokens` ended: why it was cut inside or after its calls, or None.
+
+    `text`: what the model wrote after its last structured call (`last_call`, that call's name), or the
+    whole turn's text when it made none (`context`: what of the content before `text` still encloses it,
+    an open `<think>` or fence; `at_start`: `text` starts the content); `reasoning`: the reasoning, when it
+    was searched for the turn's call."""
+    if last_call is not None:
+        sign = length_signs(text, schemas, formats, at_start=False, after_calls=True)
+        return Sign(sign.reason, sign.name or last_call) if sign is not None else None
+    if text.strip():
+        whole = context + text
+        return length_signs(whole, schemas, formats, at_start and not context, after_calls=False, start=len(context))
+    return reasoning_sign(reasoning, schemas, formats) if reasoning else None
+
+
+def reasoning_sign(text: str, schemas: ToolSchemas, formats: Formats) -> Sign | None:
+    """The reasoning of a turn `max_tokens` ended, searched for the turn's call (nothing visible followed
+    it): the markup it ends with left open, or markup cut short."""
+    read = last_markup(text, schemas.names, formats, at_start=False)
+    if read is not None and not text[read.end :].strip():  # the call the reasoning ends with
+        return None if read.closed else Sign(f"the {read.format} markup of the last call was left open")
+    return cut_sign(text, schemas, formats, at_start=False)
+
+
+def cut_off(sign: Sign) -> Fatal:
+    """The unrecoverable verdict of a turn `max_tokens` ended where `sign` says it cut a call."""
+    return Fatal(sign.name or "?", f"max_tokens reached: {sign.reason}", MISSING_LAST_CHUNK)
 
 
 def cut_sign(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0) -> Sign | None:
@@ -119,7 +159,7 @@ def cut_sign(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, 
     return Sign(f"a call of {cut.name!r} written as {cut.format} markup was cut off", cut.name)
 
 
-def _quote(text: str, limit: int = 60) -> str:
+def quote(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return repr(text if len(text) <= limit else text[:limit] + "…")
 

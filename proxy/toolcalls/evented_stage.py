@@ -25,8 +25,9 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
-from tapfix.proxy.sse import comment
+from tapfix.proxy.sse import comment, event_data
 from tapfix.proxy.toolcalls.arguments import repair_arguments
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
@@ -207,10 +208,32 @@ class HoldingStage:
         # client would get (that call, as sent, and the rest of the stream) waits there the same way.
         self.defer_unknown_tool = False
         self._deferring = False
+        # Issue 31: what a text part gave when it may be a call `max_tokens` cut (it ended inside a call's
+        # markup, or after its recovered calls with a sign that more was coming) waits for the turn's end:
+        # `settle` sends it, or the error when max_tokens ended the turn. Comments still go out.
+        self.until_end: list[bytes] | None = None
+        self.until_sign: Sign | None = None
 
     @property
     def holding(self) -> bool:
         return bool(self.calls)
+
+    def wait_for_end(self, sign: Sign) -> None:
+        """From now on the output waits for the turn's end (`settle`): `sign` says what it may have cut."""
+        if self.until_end is None:
+            self.until_end, self.until_sign = [], sign
+
+    def settle(self, cut: bool) -> list[bytes]:
+        """At the turn's end: what waited goes out, or, when `max_tokens` ended the turn (`cut`), the error
+        (what waited is held output then, which the policy's error drops or keeps)."""
+        waited, sign = self.until_end, self.until_sign
+        self.until_end = self.until_sign = None
+        if waited is None:
+            return []
+        if not cut or sign is None:
+            return waited
+        self.held = waited + self.held
+        return self.fatal(cut_off(sign))
 
     def feed(self, event: bytes) -> list[bytes]:
         if self.ended:
@@ -220,17 +243,23 @@ class HoldingStage:
             if b"\r\n" in event:
                 self.nl = b"\r\n"
         out: list[bytes] = []
-        if self.holding and self._clock() - self._last_out >= self._keepalive_s:
+        waiting = self.holding or self.until_end is not None
+        if waiting and self._clock() - self._last_out >= self._keepalive_s:
             out.append(comment("tapfix: holding tool call", self.nl))
         out += self.on_event(event)
         if self._deferring:
             self.deferred += out
             return []
+        if self.until_end is not None:
+            self.until_end += [e for e in out if event_data(e) is not None]
+            out = [e for e in out if event_data(e) is None]
         if out:
             self._last_out = self._clock()
         return out
 
     def flush(self) -> list[bytes]:
+        if not self.ended and self.until_end is not None:  # the stream ended before the turn did
+            return self.settle(cut=True)
         if self.ended or not self.holding:
             return []
         call = next(iter(self.calls.values()))

@@ -15,7 +15,7 @@ import json
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import dumps, repair_arguments
-from tapfix.proxy.toolcalls.cutoff import Sign, cut_sign, last_markup, length_signs
+from tapfix.proxy.toolcalls.cutoff import cut_off, turn_sign
 from tapfix.proxy.toolcalls.defects import MISSING_FRAGMENT, MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
@@ -230,27 +230,19 @@ def length_cut(
     content after the last one opened is text after it. Without them: the content's leaked markup (left
     open, or text after it) or markup cut short; the reasoning's, when it was searched for the call."""
     keep = [k for k in range(len(parts)) if k not in consumed]
-    sign: Sign | None
-    if calls:
-        last = max(range(len(calls)), key=lambda k: seqs[k])
-        call = calls[last]
-        texts = [f for f in call.frags if isinstance(f, str)]
-        if not "".join(texts).strip() and len(texts) == len(call.frags):
-            why = "max_tokens reached after a further call was opened, before its arguments"
-            return Fatal(call.name or "?", why, MISSING_LAST_CHUNK)
-        after = "".join(parts[k].text for k in keep if parts[k].seq > seqs[last])
-        sign = length_signs(after, schemas, formats, at_start=False, after_calls=True)
-        if sign is not None:
-            sign = Sign(sign.reason, sign.name or call.name)
-    elif reasoning is not None and not any(parts[k].text.strip() for k in keep):
-        read = last_markup(reasoning, schemas.names, formats, at_start=False)
-        if read is not None and not reasoning[read.end :].strip():  # the call the reasoning ends with
-            sign = None if read.closed else Sign(f"the {read.format} markup of the last call was left open")
-        else:
-            sign = cut_sign(reasoning, schemas, formats, at_start=False)
-    else:
-        full = context + "".join(parts[k].text for k in keep)
-        sign = length_signs(full, schemas, formats, at_start and not context, after_calls=False, start=len(context))
-    if sign is None:
-        return None
-    return Fatal(sign.name or "?", f"max_tokens reached: {sign.reason}", MISSING_LAST_CHUNK)
+    if not calls:
+        text = "".join(parts[k].text for k in keep)
+        sign = turn_sign(text, schemas, formats, reasoning=reasoning, context=context, at_start=at_start)
+        return cut_off(sign) if sign is not None else None
+    last = max(range(len(calls)), key=lambda k: seqs[k])
+    call = calls[last]
+    texts = [f for f in call.frags if isinstance(f, str)]
+    if not "".join(texts).strip() and len(texts) == len(call.frags):
+        return Fatal(
+            call.name or "?",
+            "max_tokens reached after a further call was opened, before its arguments",
+            MISSING_LAST_CHUNK,
+        )
+    after = "".join(parts[k].text for k in keep if parts[k].seq > seqs[last])
+    sign = turn_sign(after, schemas, formats, last_call=call.name or "?")
+    return cut_off(sign) if sign is not None else None

@@ -25,6 +25,7 @@ from typing import Any
 from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, quote
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_stage import (
     DenseIndex,
@@ -74,6 +75,8 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         self.ids = IdLedger("call_", capture_id)
         self.split_ids: dict[str, Any] = {}  # item -> the other call_id its `.done` carried than its `.added`
         self.seq = 0
+        self.cut_turn = False
+        self.texts_before_call = 0  # message items opened before the last function_call item
 
     def on_event(self, event: bytes) -> list[bytes]:
         if event.startswith(_TEXT_DELTAS) and self.leaks.active:
@@ -111,9 +114,14 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             return self.hold(event)
         item = as_dict(obj.get("item"))
         leaked: list[bytes] = []
+        if kind in ("response.completed", "response.incomplete"):
+            self.cut_turn = kind == "response.incomplete"
         if self.leaks.active:
             if kind in ("response.completed", "response.incomplete"):
                 leaked = self._end_turn()
+                if self.until_end is not None and not self.ended:
+                    self.until_end += leaked
+                    leaked = self.settle(self.cut_turn)
                 if self.ended:
                     return leaked
                 if self.holding:
@@ -133,6 +141,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                 self._open_text(self._key(obj, item))
             position = self._place(obj, item)
             if item.get("type") == "function_call":
+                self.texts_before_call = len(self.texts)
                 key = self._key(obj, item)
                 opened = self.calls[key] = HeldCall(key, item.get("name") or None, item.get("call_id") or None)
                 opened.position = position
@@ -169,6 +178,9 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                 Fatal(call.name or "?", cut_by_upstream_error(message), "missing_last_chunk"), upstream=event
             )
         elif kind in ("response.completed", "response.incomplete"):
+            sign = self._calls_cut() if self.cut_turn else None
+            if sign is not None:
+                return self.fatal(cut_off(sign))
             for c in self.calls.values():
                 c.closed = True
                 if kind == "response.incomplete":
@@ -179,6 +191,18 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             return out + [self._terminal(event, obj)]
         self.held.append(event)
         return []
+
+    def _calls_cut(self) -> Sign | None:
+        """With function_call items held when max_tokens ended the response: an item whose
+        `output_item.done` never came (a further call cut, even one whose arguments read whole), or text
+        after the last call."""
+        unclosed = [c for c in self.calls.values() if not c.closed]
+        if unclosed:
+            return Sign("the stream stopped inside a function_call item (no output_item.done)", unclosed[-1].name)
+        after = "".join(h.whole_text() for h in self.texts[self.texts_before_call :])
+        if after.strip():
+            return Sign(f"text after the last complete call: {quote(after)}", list(self.calls.values())[-1].name)
+        return None
 
     def _track_seq(self, event: bytes) -> None:
         at = event.find(b'"sequence_number":')

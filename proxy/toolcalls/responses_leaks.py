@@ -15,6 +15,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import cut_off, length_signs, reasoning_sign
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
     Leaked,
@@ -50,6 +51,7 @@ class ResponsesLeaks(HoldingStage):
     sent: list[SentCall]
     done_items: list[Any]
     seq: int
+    cut_turn: bool  # max_tokens ended the response (known at its terminal event)
 
     def init_leaks(self, tool_format: str | None) -> None:
         self.leaks = LeakDetector(self.schemas, tool_format)
@@ -131,9 +133,14 @@ class ResponsesLeaks(HoldingStage):
         if hold is None:
             return []
         where = f"$.output[?(@.id=='{self.text_key}')].content"
+        whole = hold.whole_text()
         leaked = hold.finish(where)
         if leaked is None:
             return []
+        if leaked.fatal is None:
+            sign = length_signs(whole, self.leaks.schemas, self.leaks.formats, hold.at_start, after_calls=False)
+            if sign is not None:  # a call max_tokens cut, if that is what ends the response: wait for it
+                self.wait_for_end(sign)
         if leaked.fatal is not None:
             if self.policy != "passthrough":
                 return self.fatal(leaked.fatal)
@@ -168,6 +175,9 @@ class ResponsesLeaks(HoldingStage):
             return out
         text = "".join(p if isinstance(p, str) else decode_raw(p) for p in (self.reasoning or self.summary))
         where = f"$.output[?(@.id=='{self.reasoning_key}')].content"
+        sign = reasoning_sign(text, self.leaks.schemas, self.leaks.formats) if self.cut_turn and text else None
+        if sign is not None:
+            return out + self.fatal(cut_off(sign))
         leaked = self.leaks.reasoning(text, where) if text else None
         if leaked is None:
             return out
