@@ -200,15 +200,16 @@ def _names(tail: str, offered: list[str]) -> list[str]:
 
 # -- what the rest of a cut call may be -----------------------------------------------------------------
 def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iterator[str]:
-    """The rest of a call the text stopped inside of, from the format's rendering of a call of `name`:
+    """The rest of a call the text stopped inside of, from the format's renderings of a call of `name` (with
+    each property the tail spells, with two properties, and two calls: what separates members and calls):
 
-    - what follows the same last characters in the rendered call (the text stopped in the opener, the
-      name, the framing);
+    - what follows the same last characters in a rendering (the text stopped in the opener, the name, the
+      framing, between calls);
     - what follows a word of the rendering (it stopped inside a key or a parameter's name);
     - what follows a string value of one of the tool's properties (inside a value at the arguments' top
       level, in any syntax: some formats close a value with its property's name);
     - the open JSON (or Python literal) closed, then what the format writes after its last bracket."""
-    rendered = _render(fmt, name, _PROBE_KEY, _PROBES[0])
+    rendered = _render(fmt, name, {_PROBE_KEY: _PROBES[0]})
     if rendered is None:
         return
     seen: set[str] = set()
@@ -218,10 +219,13 @@ def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iter
         seen.add(rest)
         return new
 
-    renders = [(key, probe, _render(fmt, name, key, probe)) for key in [*keys, _PROBE_KEY] for probe in _PROBES]
-    for _, probe, whole in renders:
-        at = whole.rfind(probe) if whole is not None else -1
-        if whole is not None and at >= 0 and fresh(whole[at + len(probe) :]):
+    probed = [(probe, _render(fmt, name, {key: probe})) for key in [*keys, _PROBE_KEY] for probe in _PROBES]
+    probed.append((_PROBES[0], _render(fmt, name, {_PROBE_KEY: _PROBES[0], _PROBE_KEY * 2: _PROBES[0]})))
+    probed.append((_PROBES[0], _render(fmt, name, {_PROBE_KEY: _PROBES[0]}, twice=True)))
+    renders = [(probe, whole) for probe, whole in probed if whole is not None]
+    for probe, whole in renders:
+        at = whole.rfind(probe)
+        if at >= 0 and fresh(whole[at + len(probe) :]):
             yield whole[at + len(probe) :]
     brackets = max(rendered.rfind(c) for c in "}])")
     after = rendered[brackets + 1 :] if brackets >= 0 else ""
@@ -229,18 +233,18 @@ def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iter
     if (closed or after) and fresh(closed + after):
         yield closed + after
     end = tail[-_ALIGN:]
-    for _, _, whole in renders:
-        for k in range(1, len(whole or "")):
-            assert whole is not None
+    for _, whole in renders:
+        for k in range(1, len(whole)):
             aligned = whole[:k].endswith(end)
             word_end = whole[k - 1].isalnum() and not whole[k].isalnum() and not whole[k].isspace()
             if (aligned or word_end) and fresh(whole[k:]):
                 yield whole[k:]
 
 
-def _render(fmt: ToolFormat, name: str, key: str, value: str) -> str | None:
+def _render(fmt: ToolFormat, name: str, args: dict[str, str], twice: bool = False) -> str | None:
+    """The format's markup of a call of `name` (two calls with `twice`: what separates calls)."""
     try:
-        return fmt.render([(name, {key: value})])
+        return fmt.render([(name, args)] * (2 if twice else 1))
     except (ValueError, NotImplementedError, TypeError, KeyError):
         return None
 

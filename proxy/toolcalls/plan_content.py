@@ -234,7 +234,7 @@ def length_cut(
         text = "".join(parts[k].text for k in keep)
         sign = turn_sign(text, schemas, formats, reasoning=reasoning, context=context, at_start=at_start)
         return cut_off(sign) if sign is not None else None
-    last = max(range(len(calls)), key=lambda k: seqs[k])
+    last = max(range(len(calls)), key=lambda k: (seqs[k], k))  # the last opened
     call = calls[last]
     texts = [f for f in call.frags if isinstance(f, str)]
     if not "".join(texts).strip() and len(texts) == len(call.frags):
