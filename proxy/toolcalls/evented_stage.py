@@ -69,6 +69,7 @@ class Verdict:
     kinds: list[str] = field(default_factory=list)
     reason: str = ""
     fatal: Fatal | None = None
+    glued: list[tuple[str, str]] = field(default_factory=list)  # calls split off its arguments (glued.py)
 
 
 def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) -> Verdict:
@@ -111,6 +112,7 @@ def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) 
         verdict.arguments = res.text
         verdict.kinds += res.kinds
         verdict.reason = "; ".join(res.fixes) or res.kinds[0]
+        verdict.glued = res.glued
     if verdict.arguments is None and verdict.name is not None:
         verdict.arguments = text if call.frags else res.text
     return verdict

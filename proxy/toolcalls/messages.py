@@ -271,7 +271,7 @@ class MessagesToolCallRepair(MessagesLeaks):
             else:
                 out.append(raw)
         self.held, self.calls = [], {}
-        return out
+        return out + self.new_calls([c for v in verdicts.values() for c in v.glued])
 
     def _delta(self, index: int, arguments: str) -> bytes:
         delta = {"type": "input_json_delta", "partial_json": arguments}
@@ -364,6 +364,9 @@ def repair_messages_body(
             new["id"] = tool_id
         edited = edited or new != block
         content.append(new)
+        for glued_name, glued_args in verdict.glued:  # calls split off its input follow it
+            glued_id, _ = ids.assign(None, len(content))
+            content.append({"type": "tool_use", "id": glued_id, "name": glued_name, "input": json.loads(glued_args)})
     fixed: dict[str, Any] = {"content": content}
     if uses and stop in _ENDS_WITH_CALLS:
         if upstream_uses:  # recovered calls alone: their leaked_into_content row says why

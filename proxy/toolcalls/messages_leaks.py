@@ -158,8 +158,15 @@ class MessagesLeaks(HoldingStage):
         return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
 
     def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
+        out = self.new_calls(leaked.calls)
+        self.add(leak_change(leaked, where, what))
+        return out
+
+    def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's arguments, as tool_use blocks of their
+        own after the blocks so far (ids minted)."""
         out: list[bytes] = []
-        for name, arguments in leaked.calls:
+        for name, arguments in calls:
             position = len(self.blocks.positions)
             self.blocks.position(("leak", position), position)
             self.blocks.shifted = True
@@ -169,7 +176,6 @@ class MessagesLeaks(HoldingStage):
             self.minted.update(events)
             out += events
         self.tool_use_sent = True
-        self.add(leak_change(leaked, where, what))
         return out
 
 

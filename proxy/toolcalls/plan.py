@@ -127,7 +127,8 @@ def plan_choice(
             return plan
         results.append(res)
         names.append(name)
-    _check_finish(finish, names + [n for n, _ in leaked], named, plan, choice)
+    glued = [n for r in results for n, _ in r.glued]
+    _check_finish(finish, names + glued + [n for n, _ in leaked], named, plan, choice)
     clean = (
         not leaked
         and not late
@@ -155,11 +156,15 @@ def plan_choice(
                         "arguments": call.raw_arguments(),
                         "id": call.id,
                     },
-                    {"name": name, "arguments": res.text, "id": call_id},
+                    {"name": name, "arguments": res.text, "id": call_id}
+                    | ({"glued": [{"name": n, "arguments": a} for n, a in res.glued]} if res.glued else {}),
                     "; ".join(res.fixes + call.reasons + [k for k in call.kinds if k not in res.kinds]) or kind,
                 )
             )
         index += 1
+        for glued_name, glued_args in res.glued:  # calls split off this one's arguments follow it
+            plan.calls.append(OutCall(index, _make_id(seed, choice, index), glued_name, glued_args))
+            index += 1
     for name, text in leaked:
         call_id = _make_id(seed, choice, index)
         plan.calls.append(OutCall(index, call_id, name, text))

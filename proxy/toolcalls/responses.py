@@ -283,7 +283,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         out = self._rebuild(self.held) if rebuild else self.held
         self._remember(verdicts)
         self.held, self.calls = [], {}
-        return out
+        return out + self.new_calls([c for v in verdicts.values() for c in v.glued])
 
     def _remember(self, verdicts: dict[str, Verdict]) -> None:
         """What each released call looks like to the client, for the terminal object."""

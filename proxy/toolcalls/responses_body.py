@@ -29,7 +29,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     unknown_tool_change,
 )
 from tapfix.proxy.toolcalls.plan_types import STAGE
-from tapfix.proxy.toolcalls.responses_leaks import leak_output, message_text, reasoning_text
+from tapfix.proxy.toolcalls.responses_leaks import call_item, item_id, leak_output, message_text, reasoning_text
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 
@@ -106,6 +106,9 @@ def repair_responses_body(
             new["call_id"] = call_id
         edited = edited or new != item
         output.append(new)
+        for glued_name, glued_args in verdict.glued:  # calls split off its arguments follow it
+            call_id, _ = ids.assign(None, len(output))
+            output.append(call_item(item_id(capture_id, len(output)), call_id, glued_name, glued_args, True))
     if not edited:
         return body, changes, "untouched"
     return orjson.dumps({**obj, "output": output}), changes, "repaired"

@@ -188,8 +188,15 @@ class ResponsesLeaks(HoldingStage):
         return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
 
     def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
+        out = self.new_calls(leaked.calls)
+        self.add(leak_change(leaked, where, what))
+        return out
+
+    def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's arguments, as items of their own after
+        the items so far (ids minted; the terminal object will list them)."""
         out: list[bytes] = []
-        for name, arguments in leaked.calls:
+        for name, arguments in calls:
             position = len(self.items.positions)
             iid = item_id(self.capture_id, position)
             self.items.position(iid, position)
@@ -200,7 +207,6 @@ class ResponsesLeaks(HoldingStage):
             item = call_item(iid, call_id, name, arguments, True)
             self.done_items.append(item)
             self.sent.append(SentCall(position, item, {}, recovered=True))
-        self.add(leak_change(leaked, where, what))
         return out
 
     def _flag_format(self, markup: str, where: str) -> None:
