@@ -18,12 +18,13 @@ from typing import Any
 from tapfix.proxy.toolcalls.defects import (
     AMBIGUOUS_ESCAPE,
     DUPLICATED,
+    GLUED,
     INVALID_JSON,
     MISSING_FRAGMENT,
     MISSING_LAST_CHUNK,
 )
 from tapfix.proxy.toolcalls.escapes import EscapeReading, PathToken, read_escapes, with_literal
-from tapfix.proxy.toolcalls.glued import GLUED, Glued, split_glued
+from tapfix.proxy.toolcalls.glued import Glued, split_glued
 from tapfix.proxy.toolcalls.jsonfix import MISSING, Parsed, is_debris, loads_tolerant, strip_gemma_delimiters
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 

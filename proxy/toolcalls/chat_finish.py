@@ -18,10 +18,10 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, event_data, format_event
+from tapfix.proxy.toolcalls.defects import FINISH_REPEATED
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, chunk_json
 from tapfix.proxy.toolcalls.plan_types import STAGE
 
-FINISH_REPEATED = "finish_repeated"
 _FINISHES = (b'"finish_reason":"', b'"finish_reason": "')
 
 

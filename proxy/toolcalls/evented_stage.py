@@ -153,6 +153,13 @@ class DenseIndex:
         self.positions: dict[Any, int] = {}
         self.shifted = False
 
+    def make_room(self, after: int, count: int) -> None:
+        """`count` positions right after `after` for items tapfix adds there: the later ones move up."""
+        for key, pos in self.positions.items():
+            if pos > after:
+                self.positions[key] = pos + count
+        self.shifted = True
+
     def position(self, key: Any, given: Any) -> tuple[int, bool]:
         """(the dense position of `key`, whether this is its first appearance with another index)."""
         pos = self.positions.get(key)
@@ -162,6 +169,22 @@ class DenseIndex:
         moved = given != pos
         self.shifted = self.shifted or moved
         return pos, moved
+
+
+def make_room(
+    calls: dict[Any, HeldCall], verdicts: dict[Any, Verdict], index: DenseIndex
+) -> dict[Any, list[tuple[int, str, str]]]:
+    """Room right after each call that had calls glued into its arguments (`glued.py`), in order: per call,
+    the positions its glued calls take, with their names and arguments. Later items and calls move up."""
+    room: dict[Any, list[tuple[int, str, str]]] = {}
+    for key in sorted((k for k, v in verdicts.items() if v.glued), key=lambda k: calls[k].position):
+        call, glued = calls[key], verdicts[key].glued
+        index.make_room(call.position, len(glued))
+        for other in calls.values():
+            if other.position > call.position:
+                other.position += len(glued)
+        room[key] = [(call.position + 1 + j, name, args) for j, (name, args) in enumerate(glued)]
+    return room
 
 
 def event_name(event: bytes) -> str | None:

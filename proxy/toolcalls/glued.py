@@ -28,8 +28,6 @@ from typing import Any
 
 from tapfix.proxy.toolcalls.jsonfix import is_debris
 from tapfix.proxy.toolcalls.schema import ToolSchemas
-
-GLUED = "glued_call"  # the defect kind
 _WRAPPER_KEYS = frozenset({"name", "arguments", "parameters", "type", "id"})
 _DECODER = json.JSONDecoder()
 

@@ -38,6 +38,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     as_dict,
     decide,
     fatal_change,
+    make_room,
     normalize_tools,
     parse,
     repair_change,
@@ -234,6 +235,7 @@ class MessagesToolCallRepair(MessagesLeaks):
             call = self.calls[key]
             if self.judge(verdict, call, f"$.content[{call.position}].input"):
                 repaired[key] = (verdict.arguments, verdict.name, call.out_id)
+        room = make_room(self.calls, verdicts, self.blocks)
         if not repaired and not self.blocks.shifted and not self.minted:
             released, self.held, self.calls = self.held, [], {}
             return released
@@ -268,10 +270,13 @@ class MessagesToolCallRepair(MessagesLeaks):
                     sent.add(index)
                     out.append(self._delta(position, arguments))
                 out.append(self._renumber(raw, obj))
+                out += self.new_calls_at(room.pop(index, []))  # calls split off its input follow it
             else:
                 out.append(raw)
+        for left in room.values():  # a block that never saw its stop: its glued calls still follow the blocks
+            out += self.new_calls_at(left)
         self.held, self.calls = [], {}
-        return out + self.new_calls([c for v in verdicts.values() for c in v.glued])
+        return out
 
     def _delta(self, index: int, arguments: str) -> bytes:
         delta = {"type": "input_json_delta", "partial_json": arguments}

@@ -163,12 +163,15 @@ class MessagesLeaks(HoldingStage):
         return out
 
     def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
-        """Calls tapfix read out of text or split off another call's arguments, as tool_use blocks of their
-        own after the blocks so far (ids minted)."""
+        """Calls tapfix read out of text, as tool_use blocks of their own after the blocks so far."""
+        return self.new_calls_at([(len(self.blocks.positions) + k, name, args) for k, (name, args) in enumerate(calls)])
+
+    def new_calls_at(self, calls: list[tuple[int, str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's input, as tool_use blocks of their own at
+        the given indexes (made free for them; ids minted)."""
         out: list[bytes] = []
-        for name, arguments in calls:
-            position = len(self.blocks.positions)
-            self.blocks.position(("leak", position), position)
+        for position, name, arguments in calls:
+            self.blocks.positions[("added", position)] = position
             self.blocks.shifted = True
             self.inserted += 1
             tool_id, _ = self.ids.assign(None, position)

@@ -35,6 +35,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     as_dict,
     decide,
     event_name,
+    make_room,
     parse,
 )
 from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
@@ -74,6 +75,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         self.items = DenseIndex()
         self.ids = IdLedger("call_", capture_id)
         self.split_ids: dict[str, Any] = {}  # item -> the other call_id its `.done` carried than its `.added`
+        self.room: dict[Any, list[tuple[int, str, str]]] = {}  # item -> the calls split off it, at their places
         self.seq = 0
         self.cut_turn = False
         self.texts_before_call = 0  # message items opened before the last function_call item
@@ -280,10 +282,14 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             if rebuild_call:
                 self.repaired[key] = (verdict.arguments, verdict.name, call.out_id)
                 rebuild = True
+        self.room = make_room(self.calls, verdicts, self.items)
         out = self._rebuild(self.held) if rebuild else self.held
+        for left in self.room.values():  # an item that never saw its `.done`: its glued calls still follow
+            out += self.new_calls_at(left)
+        self.room = {}
         self._remember(verdicts)
         self.held, self.calls = [], {}
-        return out + self.new_calls([c for v in verdicts.values() for c in v.glued])
+        return out
 
     def _remember(self, verdicts: dict[str, Verdict]) -> None:
         """What each released call looks like to the client, for the terminal object."""
@@ -350,6 +356,8 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                         new_item["arguments"] = arguments
                     self.done_items.append(new_item)
                 out.append(named_event(kind, {**obj, "item": new_item}, self.nl))
+                if kind.endswith(".done"):
+                    out += self.new_calls_at(self.room.pop(key, []))
                 continue
             out.append(named_event(kind, obj, self.nl))
         return out

@@ -193,13 +193,16 @@ class ResponsesLeaks(HoldingStage):
         return out
 
     def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
-        """Calls tapfix read out of text or split off another call's arguments, as items of their own after
-        the items so far (ids minted; the terminal object will list them)."""
+        """Calls tapfix read out of text, as items of their own after the items so far."""
+        return self.new_calls_at([(len(self.items.positions) + k, name, args) for k, (name, args) in enumerate(calls)])
+
+    def new_calls_at(self, calls: list[tuple[int, str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's arguments, as items of their own at the
+        given output positions (made free for them; ids minted; the terminal object will list them)."""
         out: list[bytes] = []
-        for name, arguments in calls:
-            position = len(self.items.positions)
+        for position, name, arguments in calls:
             iid = item_id(self.capture_id, position)
-            self.items.position(iid, position)
+            self.items.positions[iid] = position
             self.items.shifted = True
             self.inserted += 1
             call_id, _ = self.ids.assign(None, position)
