@@ -28,6 +28,7 @@ from typing import Any
 
 from tapfix.proxy.toolcalls.jsonfix import is_debris
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+
 _WRAPPER_KEYS = frozenset({"name", "arguments", "parameters", "type", "id"})
 _DECODER = json.JSONDecoder()
 
