@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from tapfix.proxy.mock.mutations_leak import PROSE, TAG, THOUGHTS, Text, carried, hostile_pieces, text_events
@@ -25,6 +26,8 @@ from tapfix.proxy.mock.mutations_wire import Event, Wire, chat_chunk, ensure_fra
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
 _AFTER = ("Now I will", "\n\nNext, I", "好的，接下来")
+# A tokenizer's special tokens: a model writes each whole, so no max_tokens cut falls inside one.
+_SPECIAL = re.compile(r"<\|[^<>\n]*?\|>|<\|\w+>|<\w+\|>|<｜[^<>\n｜]*｜>?|\]<\]\w+\[>\[|\[[A-Z_]+\]|\[unused\d+\]")
 
 
 # -- a finish sent twice ---------------------------------------------------------------------------
@@ -184,5 +187,8 @@ def _cut_point(name: str, calls: list[tuple[str, Any]], markup: str, rng: random
             whole.add(fmt.render(calls[:k]).strip())
         except ValueError:
             continue
-    points = [k for k in range(start, len(markup)) if markup[:k].strip() not in whole]
+    atomic = [range(m.start() + 1, m.end()) for m in _SPECIAL.finditer(markup)]
+    points = [
+        k for k in range(start, len(markup)) if markup[:k].strip() not in whole and not any(k in a for a in atomic)
+    ]
     return rng.choice(points) if points else None

@@ -21,8 +21,11 @@ followed the last structured call):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from tapfix.proxy.toolcalls.defects import MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat
@@ -32,11 +35,13 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 # The arguments a format renders for the completions: a plain value, and one with the characters that
 # make some formats write a value otherwise (CDATA, escapes).
-_PROBE_KEY = "p"
+_PROBE_KEY = "qx"
 _PROBES = ("VALUE", 'V"<\n>V')
 _ALIGN = 3  # characters of the text's end a completion must continue
 _MAX_STARTS = 16  # opener positions tried in one text
 _MAX_MARKUPS = 64  # markups read from one text
+_LITERALS = ("true", "false", "null", "True", "False", "None")
+_LITERAL_END = re.compile(r"(?:^|[\s,:=\[(])(t|tr|tru|f|fa|fal|fals|n|nu|nul|T|Tr|Tru|F|Fa|Fal|Fals|N|No|Non)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,8 @@ def cut_markup(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool
         for fmt in fmts:
             for name in _names(tail, offered):
                 for rest in _completions(fmt, name, _spelled(tail, list(schemas.properties(name) or ())), tail):
+                    if not _claimed(fmt, text + rest, at):  # what follows the opener: no parse of what can't be
+                        continue
                     if _reads_as_call(fmt, tail + rest, offered) and _counts(text, rest, offered, formats, at_start):
                         return Cut(at, fmt.name, name)
     return None
@@ -219,72 +226,113 @@ def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iter
         seen.add(rest)
         return new
 
-    probed = [(probe, _render(fmt, name, {key: probe})) for key in [*keys, _PROBE_KEY] for probe in _PROBES]
+    probed: list[tuple[Any, str | None]] = [
+        (probe, _render(fmt, name, {key: probe})) for key in [*keys, _PROBE_KEY] for probe in _PROBES
+    ]
     probed.append((_PROBES[0], _render(fmt, name, {_PROBE_KEY: _PROBES[0], _PROBE_KEY * 2: _PROBES[0]})))
     probed.append((_PROBES[0], _render(fmt, name, {_PROBE_KEY: _PROBES[0]}, twice=True)))
+    probed.append((None, _render(fmt, name, {_PROBE_KEY: 1})))  # a value that isn't a string
     renders = [(probe, whole) for probe, whole in probed if whole is not None]
-    for probe, whole in renders:
-        at = whole.rfind(probe)
+    for probe, whole in renders:  # the commonest cut: inside a value
+        at = whole.rfind(probe) if isinstance(probe, str) else -1
         if at >= 0 and fresh(whole[at + len(probe) :]):
             yield whole[at + len(probe) :]
+    quotes = _quotes(rendered, _PROBES[0])
+    closed = _close_open(tail, quotes) or ""
+    for probe, whole in renders:
+        at = whole.rfind(probe) if isinstance(probe, str) else -1
+        if at >= 0 and closed and fresh(closed + whole[at + len(probe) :]):
+            yield closed + whole[at + len(probe) :]  # JSON inside a value the format frames (DSML, XML)
     brackets = max(rendered.rfind(c) for c in "}])")
     after = rendered[brackets + 1 :] if brackets >= 0 else ""
-    closed = _close_open(tail) or ""
     if (closed or after) and fresh(closed + after):
         yield closed + after
-    end = tail[-_ALIGN:]
+    member = _member(rendered, quotes)  # inside a key at any depth: its value, then what closes
+    if member:
+        done = member + (_close_open(tail + member, quotes) or "") + after
+        if fresh(done):
+            yield done
+    ends = [tail[-_ALIGN:]] + ([tail[-1]] if not tail[-1].isalnum() and not tail[-1].isspace() else [])
     for _, whole in renders:
-        for k in range(1, len(whole)):
-            aligned = whole[:k].endswith(end)
-            word_end = whole[k - 1].isalnum() and not whole[k].isalnum() and not whole[k].isspace()
-            if (aligned or word_end) and fresh(whole[k:]):
+        for k in _cut_points(whole, tuple(ends)):
+            if fresh(whole[k:]):
                 yield whole[k:]
 
 
-def _render(fmt: ToolFormat, name: str, args: dict[str, str], twice: bool = False) -> str | None:
+def _render(fmt: ToolFormat, name: str, args: dict[str, Any], twice: bool = False) -> str | None:
     """The format's markup of a call of `name` (two calls with `twice`: what separates calls)."""
+    return _rendered(fmt, name, tuple(args.items()), twice)
+
+
+@lru_cache(maxsize=1024)
+def _rendered(fmt: ToolFormat, name: str, args: tuple[tuple[str, Any], ...], twice: bool) -> str | None:
     try:
-        return fmt.render([(name, args)] * (2 if twice else 1))
+        return fmt.render([(name, dict(args))] * (2 if twice else 1))
     except (ValueError, NotImplementedError, TypeError, KeyError):
         return None
 
 
-def _close_open(text: str) -> str | None:
-    """What closes the JSON (or Python literal) open at the end of `text`: the open string (and an escape
-    it stopped inside), a value for a key or a `:` left waiting, the open brackets. None: nothing is open."""
+def _cut_points(whole: str, ends: tuple[str, ...]) -> list[int]:
+    """Where in a rendering the text may have stopped: after the same last characters, or inside a word."""
+    return sorted({k for end in ends for k in _ends_at(whole, end)} | set(_word_ends(whole)))
+
+
+@lru_cache(maxsize=4096)
+def _ends_at(whole: str, end: str) -> tuple[int, ...]:
+    return tuple(k for k in range(1, len(whole)) if whole[:k].endswith(end))
+
+
+@lru_cache(maxsize=1024)
+def _word_ends(whole: str) -> tuple[int, ...]:
+    return tuple(
+        k for k in range(1, len(whole)) if whole[k - 1].isalnum() and not whole[k].isalnum() and not whole[k].isspace()
+    )
+
+
+def _close_open(text: str, quotes: tuple[str, ...] = ('"', "'")) -> str | None:
+    """What closes the JSON (or Python literal, or a format's own value syntax) open at the end of `text`:
+    the open string (and an escape it stopped inside), a literal or a value for a key or a `:` left
+    waiting, the open brackets. `quotes`: what delimits a string (a format may write its own, `<|"|>`).
+    None: nothing is open."""
     stack: list[str] = []
     keys: list[bool] = []  # per open bracket: an object that expects a key next
     quote = ""
-    escaped = in_key = after_key = False
-    last = ""
-    for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-                after_key, last = in_key, ch
-            continue
-        if ch in "\"'":
-            quote = ch
-            in_key = bool(keys) and keys[-1]
-        elif ch in "{[(":
-            stack.append(ch)
-            keys.append(ch == "{")
-        elif ch in "}])" and stack and "{[(".index(stack[-1]) == "}])".index(ch):
+    escaped = after_key = False
+    last_end = 0
+    for m in _tokens(quotes).finditer(text):
+        token, last_end = m.group(), m.end()
+        after_key = False
+        opened = next((q for q in quotes if token.startswith(q) and len(token) >= len(q)), "")
+        if opened and token not in "{}[]():,=":
+            closed = any(m.group(f"c{k}") is not None for k in range(len(quotes)))
+            if not closed:
+                quote = opened
+                escaped = len(opened) == 1 and (len(token) - len(token.rstrip("\\"))) % 2 == 1
+                after_key = bool(keys) and keys[-1]  # still inside the key
+                break
+            after_key = bool(keys) and keys[-1]
+        elif token in "{[(":
+            stack.append(token)
+            keys.append(token == "{")
+        elif token in "}])" and stack and "{[(".index(stack[-1]) == "}])".index(token):
             stack.pop()
             keys.pop()
-        elif ch in ":," and keys:
-            keys[-1] = ch == "," and stack[-1] == "{"
-        if not ch.isspace():
-            after_key = after_key and ch in "\"'"
-            last = ch
+        elif token in ":," and keys:
+            keys[-1] = token == "," and stack[-1] == "{"
+    rest_text = text[last_end:]
+    if not quote and rest_text.strip():
+        after_key = False
+    stripped = text.rstrip()
+    last = stripped[-1:] if not quote else ""
+    literal = None if quote else _LITERAL_END.search(text)
+    rest = ""
+    if literal is not None:  # a literal cut short: `tr` of `true`
+        word = literal.group(1)
+        last, rest = "", next(w[len(word) :] for w in _LITERALS if w.startswith(word))
     if not stack and not quote:
-        return None
-    rest = ("\\" if escaped else "") + quote
-    if (quote and in_key) or (not quote and after_key):
+        return rest or None
+    rest += ("\\" if escaped else "") + quote
+    if after_key:
         rest += ": null"
     elif not quote and last == ":":
         rest += " null"
@@ -293,6 +341,49 @@ def _close_open(text: str) -> str | None:
     elif not quote and last == "," and stack[-1] != "(":
         rest += ' "": null' if stack[-1] == "{" else " null"
     return rest + "".join("}])"["{[(".index(c)] for c in reversed(stack))
+
+
+@lru_cache(maxsize=16)
+def _tokens(quotes: tuple[str, ...]) -> re.Pattern[str]:
+    """The tokens `_close_open` reads: whole strings (to their closing delimiter, `cK` when it came, or the
+    end of the text), brackets and separators; everything else is skipped in C."""
+    strings = []
+    for k, q in enumerate(quotes):
+        e = re.escape(q)
+        body = f"(?:\\\\.|[^\\\\{e}])*" if len(q) == 1 else f"(?:(?!{e}).)*"
+        end = "\\\\?\\Z" if len(q) == 1 else "\\Z"  # the text may stop inside an escape
+        strings.append(f"{e}{body}(?:(?P<c{k}>{e})|{end})")
+    return re.compile("|".join(strings) + r"|[{}\[\]():,=]", re.S)
+
+
+def _member(rendered: str, quotes: tuple[str, ...]) -> str:
+    """What follows the probe's key in a rendering, through its value and the value's closing delimiter:
+    `": "VALUE"` in JSON, `:<|"|>VALUE<|"|>` in Gemma 4's syntax ("" when the format writes no such thing)."""
+    key, value = rendered.find(_PROBE_KEY), rendered.rfind(_PROBES[0])
+    if key < 0 or value < key:
+        return ""
+    end = value + len(_PROBES[0])
+    quote = next((q for q in quotes if rendered.startswith(q, end)), "")
+    return rendered[key + len(_PROBE_KEY) : end + len(quote)]
+
+
+def _quotes(rendered: str, value: str) -> tuple[str, ...]:
+    """How the format delimits a string value, read off its rendering of one (`"` in JSON, `<|"|>` in
+    Gemma 4's syntax); JSON's and Python's quotes when it writes none (XML-style values)."""
+    at = rendered.find(value)
+    left, right = rendered[:at], rendered[at + len(value) :]
+    common = max((k for k in range(1, 8) if left.endswith(right[:k]) and k <= len(right)), default=0)
+    delimiter = right[:common]
+    if at < 0 or not delimiter or delimiter.isspace() or any(c.isalnum() for c in delimiter):
+        return ('"', "'")
+    return (delimiter,)
+
+
+def _claimed(fmt: ToolFormat, text: str, at: int) -> bool:
+    try:
+        return fmt.claims(text, at)
+    except (ValueError, IndexError):
+        return False
 
 
 def _reads_as_call(fmt: ToolFormat, markup: str, offered: list[str]) -> bool:

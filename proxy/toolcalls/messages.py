@@ -240,12 +240,13 @@ class MessagesToolCallRepair(MessagesLeaks):
             released, self.held, self.calls = self.held, [], {}
             return released
         self.repaired.update(repaired)
+        minted = set(self.minted)  # built before this message ended (the calls split off below are not held)
         out: list[bytes] = []
         sent: set[int] = set()
         for raw in self.held:
             obj = parse(raw)
             index = obj.get("index") if obj else None
-            if raw in self.minted:
+            if raw in minted:
                 out.append(raw)
                 continue
             if obj is None or not isinstance(index, int) or index not in repaired:
