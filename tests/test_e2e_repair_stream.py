@@ -2,10 +2,10 @@
 serving the broken answers, read by the openai SDK (Chat Completions, Responses) and the anthropic SDK
 (Messages), streamed and not, `max_retries=0`.
 
-- item 10, a leaked call cut by `max_tokens`, and item 13, a `length` turn with a complete call and text
-  after it: the first attempt is broken and a second one is healthy, so regeneration hands the SDK the
-  healthy call; when every attempt is broken the SDK raises the retryable error (never half-written
-  markup, never a call with the sign of more removed);
+- item 10, a leaked call cut by `max_tokens`, and item 13, a `length` turn with a complete call and a sign
+  of more (its calls section left open; text after a structured call): the first attempt is broken and
+  a second one is healthy, so regeneration hands the SDK the healthy call; when every attempt is broken
+  the SDK raises the retryable error (never half-written markup, never a call with the sign removed);
 - item 11, a trailing `stop` after `finish_reason: "tool_calls"`: the SDK's stream helper, which keeps the
   last finish it read, finishes with `tool_calls`;
 - item 12, a second call glued into the first call's arguments: the SDK gets two calls.
@@ -64,9 +64,15 @@ def calls(
 
 
 CUT = '<tool_call>\n{"name": "write", "arguments": {"filePath": "a.txt", "content": "hi'
+KIMI_OPEN = (  # one complete call, its calls section left open
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>"
+    '{"command": "ls"}<|tool_call_end|>'
+)
 BROKEN = {
     "cut10": text([CUT[:9], CUT[9:40], CUT[40:]], "length"),  # a leaked call cut by max_tokens
-    "more13": calls(("bash", json.dumps(LS)), after=[chunk({"content": "Now I will"})], finish="length"),
+    "open13": text([KIMI_OPEN[:30], KIMI_OPEN[30:]], "length"),
+    # text after a complete structured call: only a stream says it came after (a body's content comes first)
+    "after13": calls(("bash", json.dumps(LS)), after=[chunk({"content": "Now I will"})], finish="length"),
 }
 HEALTHY = calls(("write", json.dumps(HI)))
 TRAILING_STOP = calls(("write", json.dumps(HI)), after=[chunk(finish="tool_calls")], finish="stop")
@@ -146,7 +152,7 @@ def messages(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any]
 
 CLIENTS = {"chat": chat, "responses": responses, "messages": messages}
 FINISHED = {"chat": "tool_calls", "responses": "completed", "messages": "tool_use"}
-CASES = [(kind, s, st) for kind in BROKEN for s in SURFACES for st in (True, False)]
+CASES = [(kind, s, st) for kind in BROKEN for s in SURFACES for st in (True, False) if st or kind != "after13"]
 IDS = [f"{k}-{s}-{'stream' if st else 'whole'}" for k, s, st in CASES]
 
 

@@ -40,7 +40,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 )
 from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, patch_texts
-from tapfix.proxy.toolcalls.responses_terminal import reconcile_output
+from tapfix.proxy.toolcalls.responses_terminal import reconcile_output, without_gaps
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
 _TEXT_DELTAS = (
@@ -379,7 +379,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         return named_event(kind, {**obj, "response": {**response, "output": output}}, self.nl)
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-        keep = [self._renumber(raw) for raw in held if b"function_call" not in raw]
+        keep = without_gaps([self._renumber(raw) for raw in held], self.nl)
         events = responses_tool_call_error_events(
             fatal,
             self.policy,
