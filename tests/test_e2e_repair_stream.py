@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,7 @@ LS = {"command": "ls"}
 SURFACES = ["chat", "responses", "messages"]
 
 
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None) -> dict[str, Any]:
-    return chat_chunk(delta, finish, id="chatcmpl-qa31")
+chunk = partial(chat_chunk, id="chatcmpl-qa31")
 
 
 def text(pieces: list[str], finish: str) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def text(pieces: list[str], finish: str) -> dict[str, Any]:
         "stream": [
             chunk({"role": "assistant", "content": ""}),
             *[chunk({"content": p}) for p in pieces],
-            chunk(finish=finish),
+            chunk(finish_reason=finish),
         ]
     }
 
@@ -60,7 +60,7 @@ def calls(
         stream += [
             chunk({"tool_calls": [tool_call_delta(k, arguments=args[i : i + 9])]}) for i in range(0, len(args), 9)
         ]
-    return {"stream": [*stream, *(after or []), chunk(finish=finish)]}
+    return {"stream": [*stream, *(after or []), chunk(finish_reason=finish)]}
 
 
 CUT = '<tool_call>\n{"name": "write", "arguments": {"filePath": "a.txt", "content": "hi'
@@ -75,7 +75,7 @@ BROKEN = {
     "after13": calls(("bash", json.dumps(LS)), after=[chunk({"content": "Now I will"})], finish="length"),
 }
 HEALTHY = calls(("write", json.dumps(HI)))
-TRAILING_STOP = calls(("write", json.dumps(HI)), after=[chunk(finish="tool_calls")], finish="stop")
+TRAILING_STOP = calls(("write", json.dumps(HI)), after=[chunk(finish_reason="tool_calls")], finish="stop")
 GLUED = calls(("write", json.dumps(HI) + "bash" + json.dumps(LS)))
 
 

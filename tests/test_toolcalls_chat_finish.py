@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tapfix.proxy.toolcalls import ChatToolCallRepair
 
-from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.builders import chat_chunk, named_event, random_splits, sse, sse_json, tool, tool_call_chunk
 from tests.support.stage_io import client_view, run_stage
 
 TOOLS = [tool("bash", {"command": {"type": "string"}}, ["command"])]
@@ -118,24 +118,18 @@ def test_without_tools_nothing_is_looked_at() -> None:
 def test_messages_keeps_tool_use_on_a_trailing_message_delta() -> None:
     """The same defect on Messages: every `message_delta` after a tool_use block went out says `tool_use`
     (what the stage did before issue 31; held here so it stays so)."""
-    from tapfix.proxy.sse import named_event
     from tapfix.proxy.toolcalls import MessagesToolCallRepair
 
-    def ev(kind: str, body: dict[str, Any]) -> bytes:
-        return named_event(kind, {"type": kind, **body})
-
     block = {"type": "tool_use", "id": "toolu_a", "name": "bash", "input": {}}
+    json_delta = {"type": "input_json_delta", "partial_json": '{"command": "ls"}'}
     events = [
-        ev("content_block_start", {"index": 0, "content_block": block}),
-        ev(
-            "content_block_delta",
-            {"index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"command": "ls"}'}},
-        ),
-        ev("content_block_stop", {"index": 0}),
-        ev("message_delta", {"delta": {"stop_reason": "tool_use", "stop_sequence": None}}),
-        ev("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None}}),
+        named_event({"type": "content_block_start", "index": 0, "content_block": block}),
+        named_event({"type": "content_block_delta", "index": 0, "delta": json_delta}),
+        named_event({"type": "content_block_stop", "index": 0}),
+        named_event({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}}),
+        named_event({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}}),
     ]
     stage = MessagesToolCallRepair([{"name": "bash", "input_schema": TOOLS[0]["function"]["parameters"]}])
     out = b"".join(e for raw in events for e in stage.feed(raw))
-    stops = [line for line in out.split(b"\n") if b"stop_reason" in line]
-    assert len(stops) == 2 and all(b'"stop_reason":"tool_use"' in line for line in stops)
+    stops = [e["delta"]["stop_reason"] for e in sse_json(out) if e["type"] == "message_delta"]
+    assert stops == ["tool_use", "tool_use"]

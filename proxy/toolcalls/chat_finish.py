@@ -61,7 +61,7 @@ class OneFinish:
                 new.append(ch)
                 continue
             ci = ch.get("index", 0) if isinstance(ch.get("index", 0), int) else 0
-            delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+            delta: dict[str, Any] = ch["delta"] if isinstance(ch.get("delta"), dict) else {}
             if delta.get("tool_calls"):
                 self.finished.discard(ci)  # calls after the finish: they end with their own
             finish = ch.get("finish_reason")
