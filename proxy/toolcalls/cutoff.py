@@ -40,6 +40,7 @@ _PROBES = ("VALUE", 'V"<\n>V')
 _ALIGN = 3  # characters of the text's end a completion must continue
 _MAX_STARTS = 16  # opener positions tried in one text
 _MAX_MARKUPS = 64  # markups read from one text
+_WINDOW = 512  # characters around an opener a format's `claims` may look at
 _LITERALS = ("true", "false", "null", "True", "False", "None")
 _LITERAL_END = re.compile(r"(?:^|[\s,:=\[(])(t|tr|tru|f|fa|fal|fals|n|nu|nul|T|Tr|Tru|F|Fa|Fal|Fals|N|No|Non)$")
 
@@ -66,10 +67,12 @@ def cut_markup(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool
         return None
     for at, fmts in _starts(text, formats, at_start, start):
         tail = text[at:]
+        closing: dict[tuple[str, ...], tuple[str, str]] = {}  # the tail's open JSON closed, per string syntax
         for fmt in fmts:
             for name in _names(tail, offered):
-                for rest in _completions(fmt, name, _spelled(tail, list(schemas.properties(name) or ())), tail):
-                    if not _claimed(fmt, text + rest, at):  # what follows the opener: no parse of what can't be
+                keys = _spelled(tail, list(schemas.properties(name) or ()))
+                for rest in _completions(fmt, name, keys, tail, closing):
+                    if not _claimed(fmt, text, at, rest):  # what follows the opener: no parse of what can't be
                         continue
                     if _reads_as_call(fmt, tail + rest, offered) and _counts(text, rest, offered, formats, at_start):
                         return Cut(at, fmt.name, name)
@@ -81,13 +84,13 @@ def last_markup(text: str, offered: list[str], formats: Formats, at_start: bool,
     use it): where it ends and whether its format saw its end marker."""
     last: Found | None = None
     masked = text
-    for _ in range(_MAX_MARKUPS):
-        found = formats.find(masked, offered, at_start=at_start)
-        if found is None:
-            break
+    for k in range(_MAX_MARKUPS):
+        found = formats.find(masked, offered, at_start=at_start and k == 0)  # the head only reads once
+        if found is None or not found.confirmed:
+            break  # `find` gives an unconfirmed markup only when no markup left reads as calls
         lo, hi = found.markup.start, max(found.markup.end, found.markup.start + 1)
         masked = masked[:lo] + " " * (hi - lo) + masked[hi:]
-        if found.confirmed and lo >= start and (last is None or hi > last.markup.end):
+        if lo >= start and (last is None or hi > last.markup.end):
             last = found
     if last is None:
         return None
@@ -206,7 +209,9 @@ def _names(tail: str, offered: list[str]) -> list[str]:
 
 
 # -- what the rest of a cut call may be -----------------------------------------------------------------
-def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iterator[str]:
+def _completions(
+    fmt: ToolFormat, name: str, keys: list[str], tail: str, closing: dict[tuple[str, ...], tuple[str, str]]
+) -> Iterator[str]:
     """The rest of a call the text stopped inside of, from the format's renderings of a call of `name` (with
     each property the tail spells, with two properties, and two calls: what separates members and calls):
 
@@ -238,7 +243,10 @@ def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iter
         if at >= 0 and fresh(whole[at + len(probe) :]):
             yield whole[at + len(probe) :]
     quotes = _quotes(rendered, _PROBES[0])
-    closed = _close_open(tail, quotes) or ""
+    if quotes not in closing:
+        closure = _close_open(tail, quotes) or ""
+        closing[quotes] = (closure, closure[len(closure.rstrip("}])")) :])  # all of it; its brackets
+    closed, brackets_closed = closing[quotes]
     for probe, whole in renders:
         at = whole.rfind(probe) if isinstance(probe, str) else -1
         if at >= 0 and closed and fresh(closed + whole[at + len(probe) :]):
@@ -249,7 +257,7 @@ def _completions(fmt: ToolFormat, name: str, keys: list[str], tail: str) -> Iter
         yield closed + after
     member = _member(rendered, quotes)  # inside a key at any depth: its value, then what closes
     if member:
-        done = member + (_close_open(tail + member, quotes) or "") + after
+        done = member + brackets_closed + after
         if fresh(done):
             yield done
     ends = [tail[-_ALIGN:]] + ([tail[-1]] if not tail[-1].isalnum() and not tail[-1].isspace() else [])
@@ -324,7 +332,7 @@ def _close_open(text: str, quotes: tuple[str, ...] = ('"', "'")) -> str | None:
         after_key = False
     stripped = text.rstrip()
     last = stripped[-1:] if not quote else ""
-    literal = None if quote else _LITERAL_END.search(text)
+    literal = None if quote else _LITERAL_END.search(text[-8:])
     rest = ""
     if literal is not None:  # a literal cut short: `tr` of `true`
         word = literal.group(1)
@@ -379,9 +387,12 @@ def _quotes(rendered: str, value: str) -> tuple[str, ...]:
     return (delimiter,)
 
 
-def _claimed(fmt: ToolFormat, text: str, at: int) -> bool:
+def _claimed(fmt: ToolFormat, text: str, at: int, rest: str) -> bool:
+    """`fmt.claims` on the completed text, around the opener (a format looks a few characters either side)."""
+    lo = max(0, at - _WINDOW)
+    near = text[lo:] + rest if len(text) - at <= _WINDOW else text[lo : at + _WINDOW]
     try:
-        return fmt.claims(text, at)
+        return fmt.claims(near, at - lo)
     except (ValueError, IndexError):
         return False
 
