@@ -174,7 +174,10 @@ def feed(stage: Any, evs: list[bytes]) -> bytes:
 @pytest.mark.parametrize(("text", "want"), SPLIT.values(), ids=SPLIT.keys())
 def test_responses_and_messages_split_the_glued_call(text: str, want: list[tuple[str, Any]], seed: int) -> None:
     s = script(want[0][0], text, seed)
-    r_out = feed(ResponsesToolCallRepair(R_TOOLS, capture_id="cap-glue"), responses_events(s, {}, "g" * 64, 1, "m", 9))
+    r_stage = ResponsesToolCallRepair(R_TOOLS, capture_id="cap-glue")
+    r_out = feed(r_stage, responses_events(s, {}, "g" * 64, 1, "m", 9))
+    split = next(c for c in r_stage.changes if c.kind == "glued_call")
+    assert [(g["name"], json.loads(g["arguments"])) for g in split.after["glued"]] == want[1:]
     r_view = responses_view(r_out)  # also: the terminal object lists the same calls, ids unique, indexes dense
     assert r_view["errors"] == [] and [(c["name"], json.loads(c["arguments"])) for c in r_view["calls"]] == want
     m_out = feed(MessagesToolCallRepair(M_TOOLS, capture_id="cap-glue"), messages_events(s, "g" * 64, "m", 9))

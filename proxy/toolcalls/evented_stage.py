@@ -311,7 +311,7 @@ class HoldingStage:
                 verdict.kinds[0] if verdict.kinds else "repair",
                 where,
                 {"name": call.name, "arguments": "".join(call.frags) or call.final, "id": call.call_id},
-                {"name": verdict.name or call.name, "arguments": after, "id": call.call_id},
+                {"name": verdict.name or call.name, "arguments": after, "id": call.call_id} | _glued(verdict),
                 verdict.reason or "repaired",
             )
         )
@@ -428,6 +428,11 @@ def repair_change(
         verdict.kinds[0] if verdict.kinds else default_kind,
         where,
         {"name": name, "arguments": before},
-        {"name": verdict.name or name, "arguments": after},
+        {"name": verdict.name or name, "arguments": after} | _glued(verdict),
         verdict.reason or default_reason,
     )
+
+
+def _glued(verdict: Verdict) -> dict[str, Any]:
+    """The calls split off a call's arguments, for its change row (nothing when none)."""
+    return {"glued": [{"name": n, "arguments": a} for n, a in verdict.glued]} if verdict.glued else {}
