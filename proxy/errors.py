@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import format_event, named_event
 from tapfix.proxy.surfaces import Surface
 

@@ -105,9 +105,9 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
       tapfix demo --db /tmp/demo.db
     """
     from tapfix.proxy.cli.demo import run_demo
-    from tapfix.proxy.cli.run import make_settings, run_proxy
+    from tapfix.proxy.cli.run import run_proxy
 
-    sys.exit(run_demo(listen, mock_listen, db, run_proxy, make_settings))
+    sys.exit(run_demo(listen, mock_listen, db, run_proxy))
 
 
 @main.command()
@@ -204,7 +204,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     failed = False
     if config_path is not None:
         from tapfix.proxy.config.file import Config, ConfigError
-        from tapfix.proxy.config.preflight import render, run_checks
+        from tapfix.proxy.request.preflight import render, run_checks
 
         try:
             config = Config.load(config_path)

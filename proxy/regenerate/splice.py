@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
 from tapfix.proxy.regenerate.echo import PrefixEcho
@@ -38,6 +37,7 @@ from tapfix.proxy.regenerate.eligibility import (
 from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
 from tapfix.proxy.regenerate.repeat import RepeatDrop, repeated_kinds
 from tapfix.proxy.regenerate.unreadable import Unreadable
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
 from tapfix.proxy.surfaces import Surface
 

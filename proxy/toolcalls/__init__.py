@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import EVENT_END, comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak

@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import comment
 from tapfix.proxy.toolcalls.arguments import repair_arguments
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX

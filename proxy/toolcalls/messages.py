@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_leaks import (

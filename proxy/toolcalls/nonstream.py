@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.plan import named_tool, plan_choice

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_stage import (

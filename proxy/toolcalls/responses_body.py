@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_leaks import LeakDetector
 from tapfix.proxy.toolcalls.evented_stage import (
