@@ -245,3 +245,30 @@ def test_no_import_cycles(graph):
         inside = [_where(graph, a, b) for a in cycle for b in edges[a] if b in cycle]
         violations.append(" <-> ".join(cycle) + "".join(f"\n      {edge}" for edge in inside))
     _fail_with("import cycles", violations)
+
+
+def _package_of(module: str) -> str | None:
+    """The package of `tapfix.proxy` a module lives in (`config` for tapfix.proxy.config.file); None for
+    the top-level modules (tapfix.proxy.sse, tapfix.proxy.repair_policy: the words every package shares)."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["tapfix", "proxy"]:
+        return None
+    return parts[2] if (PACKAGES["proxy"] / parts[2]).is_dir() else None
+
+
+def test_config_stands_on_the_shared_modules_only(graph):
+    """config/ (the declared settings, the config file) is imported by the packages that take settings, so
+    it imports none of them: only proxy's top-level modules, where shared words such as `ToolRepairPolicy`
+    live. A base for the layers contract."""
+    seen = [
+        (importer, imported)
+        for importer, imported in _edges(graph)
+        if _package_of(importer) == "config" and imported.startswith("tapfix.")
+    ]
+    assert ("tapfix.proxy.config.settings", "tapfix.proxy.repair_policy") in seen, "the check sees config's imports"
+    violations = [
+        _where(graph, importer, imported)
+        for importer, imported in seen
+        if _package_of(imported) not in (None, "config") or imported.startswith("tapfix.addons")
+    ]
+    _fail_with("tapfix.proxy.config imports a package above it", violations)
