@@ -20,7 +20,7 @@ from typing import Any, Literal
 from tapfix.proxy.config.model import ENGINE_DIALECT, ParamPolicy, ReasoningSettings
 from tapfix.proxy.config.settings import declared
 from tapfix.proxy.config.shape import key_name, shape_problems
-from tapfix.proxy.store_url import is_postgres_url, url_like_problem
+from tapfix.proxy.vocabulary.store_url import is_postgres_url, url_like_problem
 
 # Values config.schema.json allows (the file is validated before these are read).
 KeyStyle = Literal["openai", "anthropic"]  # how the key is sent: Authorization: Bearer, or x-api-key

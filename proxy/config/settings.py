@@ -21,7 +21,7 @@ from typing import Literal, get_args
 
 from tapfix.proxy.config.declare import SETTING, PerTable, Range, Setting, setting
 from tapfix.proxy.config.model import QUICK_ENGINES
-from tapfix.proxy.repair_policy import TOOL_REPAIR_POLICIES, ToolRepairPolicy
+from tapfix.proxy.vocabulary.repair_policy import TOOL_REPAIR_POLICIES, ToolRepairPolicy
 
 ProxyMode = Literal["reverse", "regular"]
 

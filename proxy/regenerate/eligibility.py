@@ -32,8 +32,8 @@ from typing import Any, Final, Literal
 
 from tapfix.proxy.config.declare import SettingError as SettingError
 from tapfix.proxy.config.settings import setting_named
-from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, UNKNOWN_TOOL
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 WINDOW_S: Final = 60.0
 

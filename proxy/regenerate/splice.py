@@ -37,9 +37,9 @@ from tapfix.proxy.regenerate.eligibility import (
 from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
 from tapfix.proxy.regenerate.repeat import RepeatDrop, repeated_kinds
 from tapfix.proxy.regenerate.unreadable import Unreadable
-from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 class RelayHandle(Protocol):

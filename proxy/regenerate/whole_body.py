@@ -36,8 +36,8 @@ from tapfix.proxy.regenerate.eligibility import (
 )
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.splice import Decision, admit_next
-from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 @dataclass(frozen=True, slots=True)

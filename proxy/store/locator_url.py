@@ -1,4 +1,5 @@
-"""Which `--db` values are URLs (`tapfix.proxy.store_url` judges the text), as the store's own error.
+"""Which `--db` values are URLs (`tapfix.proxy.vocabulary.store_url` judges the text), as the store's
+own error.
 
 A typo such as `postgressql://user:pw@host/db` must never become a SQLite file named after the URL:
 `refuse_url_like` raises `NotAStoreLocator`, a `StoreError` every command reports in one line.
@@ -7,7 +8,7 @@ A typo such as `postgressql://user:pw@host/db` must never become a SQLite file n
 from __future__ import annotations
 
 from tapfix.proxy.store.database import StoreError
-from tapfix.proxy.store_url import url_like_problem
+from tapfix.proxy.vocabulary.store_url import url_like_problem
 
 
 class NotAStoreLocator(StoreError):

@@ -15,7 +15,6 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.repair_policy import ToolRepairPolicy
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_leaks import LeakDetector
 from tapfix.proxy.toolcalls.evented_stage import (
@@ -30,6 +29,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.plan_types import STAGE
 from tapfix.proxy.toolcalls.responses_leaks import leak_output
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 def repair_responses_body(

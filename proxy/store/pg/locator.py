@@ -4,7 +4,8 @@ The URL is libpq's own, handed to psycopg as it is, so `PGPASSWORD`, `~/.pgpass`
 (`postgresql:///?service=NAME`) and every libpq parameter work without tapfix knowing them.
 
 A password in the URL is never shown: the banner, health, logs and errors show `mask_password(url)`
-(`tapfix.proxy.store_url`, with `is_postgres_url`: text only, so the config file judges `db` alike),
+(`tapfix.proxy.vocabulary.store_url`, with `is_postgres_url`: text only, so the config file judges `db`
+alike),
 `user:***@`, and a `password=` query parameter as `password=***`. Masking is deliberately greedy: the
 user info runs to the last `@` (before a `#`), so a password with an unescaped `@`, `:`, `/` or `?`
 is hidden whole wherever libpq would cut it; the price is that an `@` later in the URL (in a query
@@ -19,9 +20,9 @@ from types import ModuleType
 from urllib.parse import unquote
 
 from tapfix.proxy.store.database import StoreError
-from tapfix.proxy.store_url import ANY_SCHEME, MASK, mask_password
-from tapfix.proxy.store_url import POSTGRES_URL as _SCHEME
-from tapfix.proxy.store_url import is_postgres_url as is_postgres_url
+from tapfix.proxy.vocabulary.store_url import ANY_SCHEME, MASK, mask_password
+from tapfix.proxy.vocabulary.store_url import POSTGRES_URL as _SCHEME
+from tapfix.proxy.vocabulary.store_url import is_postgres_url as is_postgres_url
 
 EXTRA = "tapfix[postgres]"
 
