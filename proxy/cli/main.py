@@ -17,6 +17,7 @@ from tapfix.proxy.cli.captures import captures
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
@@ -92,7 +93,7 @@ main.add_command(captures)
 
 
 @main.command()
-@listen_option("127.0.0.1:8080", "where the proxy listens")
+@listen_option(setting_named("listen").shown_default() or "", "where the proxy listens")
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )

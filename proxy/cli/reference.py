@@ -271,13 +271,14 @@ def _row(*cells: str) -> str:
 
 
 def rendered() -> dict[Path, str]:
-    """Every generated file's text as it should be."""
+    """Every generated file's text as it should be: the page, the schema, and README.md's table while the
+    README holds one (between README_BEGIN and README_END)."""
     schema = config_schema(json.loads(SCHEMA.read_text(encoding="utf-8")))
-    return {
-        PAGE: page(schema),
-        README: replace_block(README.read_text(encoding="utf-8")),
-        SCHEMA: schema_text(schema),
-    }
+    files = {PAGE: page(schema), SCHEMA: schema_text(schema)}
+    readme = README.read_text(encoding="utf-8")
+    if README_BEGIN in readme:  # the README may link to the page instead of holding a table
+        files[README] = replace_block(readme)
+    return files
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ tool-call formats, a link target spans may carry.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import click
 from tapfix.proxy.cli.options import Duration, FiniteFloatRange, ListenAddress, Size, deprecated_alias
 from tapfix.proxy.cli.user_errors import UserError
 from tapfix.proxy.config.declare import Setting
-from tapfix.proxy.config.settings import Settings, declared
+from tapfix.proxy.config.settings import Settings, declared, setting_named
 from tapfix.proxy.quantities import finite
 from tapfix.proxy.store.held import MIN_HELD_BYTES
 from tapfix.proxy.store.locator import StoreLocator
@@ -116,6 +117,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "max_age_s": _max_age,
     "max_db_bytes": _max_size,
 }
+# The store queue's floor is the store's (proxy/store/held.py): under it the queue holds next to nothing.
 _QUEUE_BYTES = Size(MIN_HELD_BYTES, "the store queue must hold at least a few exchanges' bodies")
 
 
@@ -203,7 +205,7 @@ def settings_from(values: dict[str, Any]) -> Settings:
             try:
                 check(values[name])
             except ValueError as e:
-                flag = next(s.flag for s in declared() if s.name == name)
+                flag = setting_named(name).flag
                 raise click.BadParameter(str(e).removeprefix(f"{flag} "), param_hint=f"'{flag}'") from e
     values = {s.name: values[s.name] for s in declared() if s.flag and s.name in values}
     for s in declared():
@@ -241,6 +243,4 @@ def with_config_file(settings: Settings) -> Settings:
             changed[s.name] = param.type.convert(config.run_settings[s.name], param, ctx)
         except click.BadParameter as e:
             raise UserError(f"{settings.config_path}: {s.key}: {e.message}") from e
-    import dataclasses
-
     return dataclasses.replace(settings, **changed)
