@@ -1,5 +1,6 @@
 """Issue 19's settings: `tapfix run --regenerate N` / `--regenerate-budget SECONDS` and their config keys,
-range-checked by proxy/regenerate/eligibility (a bad flag is exit 2, a bad config key names the file)."""
+range-checked as proxy/config/settings.py declares them (a bad flag is exit 2, a bad config key names the
+file)."""
 
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def _flags() -> Iterable[Setting]:
 
 def _flag_cell(s: Setting) -> str:
     assert s.flag is not None
-    value = s.metavar or ("|".join(s.choices) if s.kind == "choice" else "")
+    value = s.metavar or ("{" + ",".join(s.choices) + "}" if s.kind == "choice" else "")  # no `|`: tables split on it
     names = f"{s.short} / {s.flag}" if s.short else s.flag
     old = f" (was `{'`, `'.join(s.old_flags)}`)" if s.old_flags else ""
     return f"`{names}{' ' + value if value else ''}`{old}"
