@@ -103,13 +103,12 @@ def run_demo(
     mock_listen: tuple[str, int],
     db: StoreLocator,
     run_proxy: Callable[..., int],
-    make_settings: Callable[[dict[str, Any]], Settings],
 ) -> int:
     mock_host, mock_port = mock_listen
     mock_port = _pick_port(mock_host, mock_port)
     server = start_mock_thread(mock_host, mock_port)
     mock_url = url(mock_host, mock_port)
-    settings = make_settings({"upstream": mock_url, "listen": listen, "db": db})
+    settings = Settings(upstream=mock_url, listen=listen, db=str(db.path))  # demo's store is a SQLite file
     try:
         return run_proxy(settings, banner=lambda base: click.echo(banner(base, mock_url, db)))
     finally:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import EVENT_END, comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
@@ -30,6 +29,7 @@ from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
 from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error
 from tapfix.proxy.toolcalls.prefix import PrefixGate, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 TOOL_CALLS = "$.choices[0].delta.tool_calls"  # where a Chat Completions call lives in a chunk
 

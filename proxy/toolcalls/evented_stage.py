@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
 from tapfix.proxy.sse import comment, event_data
 from tapfix.proxy.toolcalls.arguments import repair_arguments
@@ -32,6 +31,7 @@ from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 POLICIES = ("error", "fail_fast", "passthrough")
 

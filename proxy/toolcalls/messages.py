@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
@@ -47,6 +46,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.messages_leaks import MessagesLeaks, leak_content
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 _ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to tool_use when a tool_use went out
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events
 from tapfix.proxy.sse import named_event
 from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, quote
@@ -41,6 +40,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, patch_texts
 from tapfix.proxy.toolcalls.responses_terminal import reconcile_output, without_gaps
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
 _TEXT_DELTAS = (

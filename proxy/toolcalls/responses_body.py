@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, turn_sign
@@ -31,6 +30,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.plan_types import STAGE
 from tapfix.proxy.toolcalls.responses_leaks import call_item, item_id, leak_output, message_text, reasoning_text
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 def repair_responses_body(

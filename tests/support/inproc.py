@@ -4,7 +4,7 @@ on port 0, and the command line through click's CliRunner. The calls mirror test
 `.log()`, `.stop()`), so a test moves between the tiers by its imports.
 
 The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command
-(`settings_from_options`), `prepare` (store, upstreams, policy, the capture writer's thread), `serve`
+(`settings_from`, `checked`), `prepare` (store, upstreams, policy, the capture writer's thread), `serve`
 on an event loop of its own thread, and on stop what SIGTERM does (the shutdown grace) and what the
 process does before it exits (`drain`: the writer's queue, the exports). What a process gave for
 free, each owned here:
@@ -44,10 +44,11 @@ from typing import Any, ClassVar
 
 import click
 from click.testing import CliRunner
-from tapfix.addons.runner.master import Serving, drain, prepare, serve
+from tapfix.addons.runner.master import Serving, drain, serve
 from tapfix.proxy.cli.main import main, mock_options
 from tapfix.proxy.cli.run import run as run_command
-from tapfix.proxy.cli.run import settings_from_options
+from tapfix.proxy.cli.run import checked, prepared
+from tapfix.proxy.cli.settings_options import settings_from
 
 START_TIMEOUT_S = 20.0
 MOCK_THREAD = "tapfix-demo-mock"  # what proxy/cli/demo.py names the mock's thread
@@ -167,7 +168,7 @@ class InprocProxy:
         self._env.__enter__()
         try:
             with run_command.make_context("run", list(args)) as ctx:
-                self.settings = settings_from_options(dict(ctx.params))
+                self.settings = checked(settings_from(dict(ctx.params)))
             self._handler = _ProxyLog(self.log_path, self.settings.verbose)
             root, tapfix_log = logging.getLogger(), logging.getLogger("tapfix")
             root.addHandler(self._handler)
@@ -175,7 +176,7 @@ class InprocProxy:
             tapfix_log.setLevel(logging.INFO)  # as cli/run.py sets them up
             if self.settings.verbose:
                 root.setLevel(logging.INFO)
-            self.runtime = prepare(self.settings)
+            _, _, self.runtime = prepared(self.settings)
             listening = threading.Event()
 
             def on_listening(serving: Serving) -> None:
