@@ -13,7 +13,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from tapfix.proxy.cli.settings_options import settings_command, with_config_file
@@ -22,9 +22,6 @@ from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
-
-if TYPE_CHECKING:
-    from tapfix.addons.runner.runtime import Runtime
 
 Banner = Callable[[str], None]
 
@@ -63,8 +60,9 @@ def checked(settings: Settings) -> Settings:
     return settings
 
 
-def prepared(settings: Settings) -> tuple[StoreLocator, Any, Runtime]:
-    """The store, the OTLP export (None: off) and the runtime (upstreams, policy, the capture writer): what
+def prepared(settings: Settings) -> tuple[StoreLocator, Any, Any]:
+    """The store, the OTLP export (None: off) and the runtime (addons/runner/runtime.py: upstreams, policy,
+    the capture writer; typed Any: the CLI imports no addon when it loads): what
     `tapfix run` makes before it listens; a problem is one `UserError` line."""
     from tapfix.addons.runner.master import prepare
     from tapfix.proxy.config.upstream import UpstreamURLError

@@ -1,7 +1,7 @@
 """The reference of `tapfix run`'s settings, generated from their declarations (config/settings.py).
 
     python -m tapfix.proxy.cli.settings_reference            # print docs/reference/settings.md
-    python -m tapfix.proxy.cli.settings_reference --write    # rewrite it, docs/running.md's flag table and the config schema
+    python -m tapfix.proxy.cli.settings_reference --write    # rewrite it, docs/running.md's table, the schema
     python -m tapfix.proxy.cli.settings_reference --check    # exit 1 when any of the three differs
 
 Three outputs, each derived and never edited by hand: the page docs/reference/settings.md (every option,
@@ -150,8 +150,8 @@ def page(schema: dict[str, Any]) -> str:
         "",
         "Every setting of `tapfix run` is declared once, in `proxy/config/settings.py`: its flag, its config",
         "key, its default, its range and its help. `tapfix run --help`, the config file's keys and their",
-        "JSON Schema (`schemas/config.schema.json`), this page and the flag table of [running](../running.md) are derived",
-        "from that declaration, and a test fails when any of them differs.",
+        "JSON Schema (`schemas/config.schema.json`), this page and the flag table of [running](../running.md)",
+        "are derived from that declaration, and a test fails when any of them differs.",
         "",
         "## `tapfix run` options",
         "",

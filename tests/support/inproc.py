@@ -46,8 +46,8 @@ import click
 from click.testing import CliRunner
 from tapfix.addons.runner.master import Serving, drain, serve
 from tapfix.proxy.cli.main import main, mock_options
-from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.cli.run import checked, prepared
+from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.cli.settings_options import settings_from
 
 START_TIMEOUT_S = 20.0
