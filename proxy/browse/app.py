@@ -27,7 +27,7 @@ from tapfix.proxy.browse.fts import SearchIndex
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
 from tapfix.proxy.browse.source import BrowseStore, Page
 from tapfix.proxy.browse.stats import Stats
-from tapfix.proxy.browse.svg import histogram_svg
+from tapfix.proxy.browse.charts import histogram_svg
 from tapfix.proxy.browse.views import render
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.reader import CaptureNotFound

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.browse.svg import analyze, histogram_svg, timeline_svg
+from tapfix.proxy.browse.charts import analyze, histogram_svg, timeline_svg
 
 
 def steady(n: int, start: float = 100.0, gap: float = 20.0) -> list[tuple[float, int]]:
