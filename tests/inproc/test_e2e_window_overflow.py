@@ -161,8 +161,8 @@ def test_an_overflow_error_event_inside_a_200_stream_is_rewritten(tmp_path, upst
         data = json.loads(received.removeprefix(b"data: "))
         assert data["error"]["code"] == "context_length_exceeded" and data["error"]["param"] == "messages"
         db = proxy.extra["db"]
-        assert cli("captures", "export", capture_id, "--response", "--db", str(db)).stdout == event
         assert "context_overflow" in json.loads(wait_capture(db, capture_id)["flags"])
+        assert cli("captures", "export", capture_id, "--response", "--db", str(db)).stdout == event
     finally:
         proxy.stop()
 
