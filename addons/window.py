@@ -112,7 +112,8 @@ class Window:
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
         if parsed is None or target is None:
             return
-        served = parsed.get("model") if isinstance(parsed.get("model"), str) else ""
+        model = parsed.get("model")
+        served = model if isinstance(model, str) else ""
         engine = self.runtime.engine_of(name)
         window = self.configured(ex) or await self.reported(target, served, engine)
         if window is None:

@@ -89,7 +89,8 @@ def test_never_below_the_floor_and_never_up(tmp_path, mock):
         near_full = conversation(WINDOW - 60)  # leaves under 100
         with pytest.raises(openai.BadRequestError) as raised:  # clamped to the floor: vLLM still refuses
             client.chat.completions.create(model="m", messages=near_full, max_tokens=32000)
-        assert raised.value.code != "context_length_exceeded"  # the engine's own refusal of prompt plus max_tokens, not an overflow
+        # the engine's own refusal of prompt plus max_tokens, not an overflow
+        assert raised.value.code != "context_length_exceeded"
         capture_id = raised.value.response.headers["x-tapfix-capture-id"]
         assert forwarded(proxy, capture_id)["max_tokens"] == 100
         small = client.chat.completions.with_raw_response.create(model="m", messages=conversation(10), max_tokens=50)
