@@ -133,6 +133,13 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
 @db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL", postgres=True)
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
+@click.option(
+    "--context-window",
+    type=click.IntRange(min=1),
+    metavar="TOKENS",
+    help="play a vLLM with this max_model_len: /tokenize counts, a prompt (or prompt plus max_tokens) that "
+    "doesn't fit gets vLLM's 400",
+)
 def mock(
     listen: tuple[str, int],
     cases: tuple[Path, ...],
@@ -141,6 +148,7 @@ def mock(
     db: StoreLocator,
     capture: str | None,
     fast: bool,
+    context_window: int | None,
 ) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture.
 
@@ -152,7 +160,7 @@ def mock(
     from tapfix.proxy.mock import serve
 
     host, port = listen
-    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast)
+    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast, context_window)
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
     serve(opts, host=host, port=port)
 
@@ -164,6 +172,7 @@ def mock_options(
     db: StoreLocator,
     capture: str | None,
     fast: bool,
+    context_window: int | None = None,
 ) -> MockOptions:
     """`mock`'s options as MockOptions, checked (cases, scenario, the capture) before anything binds.
     The in-process test tier starts the mock through this too."""
@@ -183,6 +192,7 @@ def mock_options(
         cases=list(cases),
         scenario=Path(scenario) if scenario else None,
         chunk_delay_ms=chunk_delay_ms,
+        context_window=context_window,
         recorded=recorded,
         fast=fast,
     )
