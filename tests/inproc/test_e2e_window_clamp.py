@@ -146,3 +146,29 @@ def test_config_mode_lists_every_model_with_its_window(tmp_path, mock):
         assert listed["big"]["context_length"] == WINDOW and listed["big"]["max_model_len"] == WINDOW
     finally:
         proxy.stop()
+
+
+CHECK_CONFIG = """
+[upstreams.gpu0]
+base_url = "{url}"
+engine = "vllm"
+
+[models.asked]
+upstream = "gpu0"
+upstream_model = "tapfix-mock"
+
+[models.set]
+upstream = "gpu0"
+upstream_model = "tapfix-mock"
+context_window = 1024
+"""
+
+
+def test_check_prints_each_models_window_and_where_it_came_from(tmp_path, mock):
+    config = tmp_path / "tapfix.toml"
+    config.write_text(CHECK_CONFIG.format(url=mock.url))
+    result = cli("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout
+    lines = {line.split()[1]: line for line in result.stdout.decode().splitlines() if line.startswith("model ")}
+    assert "window 2,048 tokens (GET /v1/models)" in lines["asked"]
+    assert "window 1,024 tokens (config context_window; the engine says 2,048)" in lines["set"]
