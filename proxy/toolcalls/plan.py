@@ -33,6 +33,7 @@ from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, repair_arguments
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.formats import Formats
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, reasoning_leak
@@ -57,14 +58,16 @@ def plan_choice(
     reasoning: str | None = None,
     reasoning_field: str = "reasoning_content",
     flag_unpinned: bool = True,
-    context: str = "",
+    context: Context | None = None,
+    reasoning_context: Context | None = None,
 ) -> ChoicePlan:
     """`index_base`/`sent_ids`: calls this choice already sent (tool calls arriving after a finish);
     `named`: the tool a named `tool_choice` forces (`named_tool`), whose call may finish with `stop`;
     `formats`: the armed tool-call formats (None: every registered one); `reasoning`: the choice's
     reasoning text, searched for a call only when nothing visible followed it (the caller says so by
     passing it); `flag_unpinned`: with a pinned format, flag another format's markup in the content;
-    `context`: an open `<think>` or fence of the content sent before `parts` (`leaks.open_context`)."""
+    `context` / `reasoning_context`: what the content / reasoning sent before `parts` / `reasoning` left
+    open (`blocks.Context`)."""
     plan = ChoicePlan()
     formats = formats or formats_for(None)
     late = [c for c in calls if c.id is not None and c.id in sent_ids]
@@ -89,7 +92,8 @@ def plan_choice(
         calls, parts, consumed, schemas, at_start, plan, choice, path_prefix, formats, flag_unpinned, context
     )
     if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts):
-        leaked = reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+        where = f"{path_prefix}.{reasoning_field}"
+        leaked = reasoning_leak(reasoning, schemas, formats, plan, choice, where, reasoning_context)
     if plan.fatal:
         return plan
     if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:

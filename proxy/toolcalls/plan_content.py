@@ -18,6 +18,7 @@ from tapfix.proxy.toolcalls.arguments import dumps, repair_arguments
 from tapfix.proxy.toolcalls.defects import MISSING_FRAGMENT
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
 from tapfix.proxy.toolcalls.leaks import (
     LEAKED_INTO_REASONING,
@@ -84,7 +85,7 @@ def content_leaks(
     path_prefix: str,
     formats: Formats,
     flag_unpinned: bool,
-    context: str,
+    context: Context | None,
 ) -> list[tuple[str, str]]:
     """Call markup in the content not `consumed` by a continuation: (name, arguments) of each call it
     confirmed, its region cut from the content; a leaked start of a call that also arrived structured is
@@ -151,13 +152,19 @@ def _typed_calls(leak: Leak, schemas: ToolSchemas, plan: ChoicePlan) -> list[tup
 
 
 def reasoning_leak(
-    reasoning: str, schemas: ToolSchemas, formats: Formats, plan: ChoicePlan, choice: int, path: str
+    reasoning: str,
+    schemas: ToolSchemas,
+    formats: Formats,
+    plan: ChoicePlan,
+    choice: int,
+    path: str,
+    context: Context | None = None,
 ) -> list[tuple[str, str]]:
     """Markup last in the reasoning, nothing visible after it: a reasoning parser took the turn's call.
     The calls go out as tool_calls before the finish; the reasoning already went out as it was."""
     if not schemas:
         return []
-    leak = find_reasoning_leak(reasoning, schemas, formats)
+    leak = find_reasoning_leak(reasoning, schemas, formats, context)
     leaked = _typed_calls(leak, schemas, plan) if leak is not None else None
     if leak is None or not leaked:
         return []
