@@ -34,7 +34,7 @@ from tapfix.proxy.toolcalls.prefix import admit_event
 
 
 _UNREAD_BATCH = 64  # fast-path events read into the watches at once
-_RECHECK_MIN = 32  # characters a held leak grows by before it is looked at again
+_RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
 
 
 class ChatToolCallRepair(ChatJudge):
@@ -254,13 +254,14 @@ class ChatToolCallRepair(ChatJudge):
 
     def _recheck(self, cs: ChoiceState) -> str:
         """A held leak: 'no' once nothing held may still become a call (markup inside a container, or
-        followed by prose), looked at again as the held text grows by a quarter (linear in all)."""
+        followed by prose): looked at again on every delta while short, then as it grows by a quarter
+        (linear in all)."""
         if cs.recheck < 0:
             return "leak"
         text = "".join(p.text for p in cs.parts)
         if len(text) < cs.recheck:
             return "leak"
-        cs.recheck = len(text) + max(_RECHECK_MIN, len(text) // 4)
+        cs.recheck = len(text) + (len(text) // 4 if len(text) > _RECHECK_FREE else 0)
         return "no" if settled(text, self._schemas, self._formats, cs.watch.context) else "leak"
 
     def _flag_foreign(self, cs: ChoiceState, ci: int) -> None:

@@ -153,10 +153,13 @@ class Context:
         """A line's kind from its start: blank, a fence's run, or the container it opens."""
         body = line.lstrip(" \t")
         width = _width(line[: len(line) - len(body)])
-        if not body:
-            return "blank" if complete else ("code" if width >= 4 else "")
+        under_list = bool(self.list_indent) and width >= self.list_indent
+        if not body and complete:
+            return "blank"
         if width >= 4:
-            return "list" if self.list_indent and width >= self.list_indent else "code"
+            return "list" if under_list else "code"
+        if not body:
+            return "list" if under_list else ""  # a point at the start of a line's text
         if m := _FENCE.match(line):
             run = m.group(1)
             if run[0] == "~" or "`" not in line[m.end() :]:
@@ -167,7 +170,7 @@ class Context:
         elif item := _LIST_ITEM.match(body):
             kind = "list"
             self.list_indent = width + len(item.group(1)) + min(len(item.group(2)), 4)
-        elif self.list_indent and width >= self.list_indent:
+        elif under_list:
             kind = "list"  # a list item's content after a blank line
         elif body[0] == "|" or (self.para and "|" in body and _DELIMITER_ROW.fullmatch(body.rstrip())):
             kind = "table"
