@@ -2,12 +2,14 @@
 or the parser gave up), read through the registry of formats (`formats/`).
 
 This module holds no format's syntax: every format reads its own markup, and the rules every format
-shares (offered names, `<think>` and inline-code decoys, fences) are `formats/registry.py`'s. What is
-decided here is where in a message the search runs and what the caller is told:
-- content: every markup that reads as calls (prose before, between and after them stays content);
+shares (offered names, the call position: `formats/placement.py`) are the registry's. What is decided
+here is where in a message the search runs and what the caller is told:
+- content: every markup in call position that reads as calls (prose before and after it stays content);
 - reasoning: only the markup that comes last in the reasoning (the caller checks that no content or
   call followed in the turn);
-- while streaming: whether the text so far must be held (`hold_verdict`).
+- while streaming: whether the text so far must be held (`hold_verdict`), and whether held text has
+  settled as text and can go out (`settled`); what the text already sent leaves open is a
+  `blocks.Context` the caller keeps.
 A pinned format arms only itself; `foreign_markup` says whether another registered format's markup
 would have been a call, so it can be flagged while it passes through.
 """

@@ -162,9 +162,9 @@ def _verdict(
     """'call', 'text' or 'open' (the text may still go either way) for the run that ends at `end`."""
     end = _trim(text, end)
     eol = text.find("\n", end)
-    rest = text[end : eol if eol >= 0 else len(text)]
-    if _is_prose(formats, rest):
-        return "open" if not final and eol < 0 and _may_be_structure(formats, rest) else "text"
+    prose = _prose(formats, text[end : eol if eol >= 0 else len(text)], final)
+    if prose is not None:
+        return prose
     if eol < 0:
         return "call" if final else "open"
     if point.ended:
@@ -173,35 +173,32 @@ def _verdict(
     while True:
         nl = text.find("\n", pos)
         line = text[pos : nl if nl >= 0 else len(text)]
-        last = nl < 0
         if not line.strip():
-            return "open" if last and not final else "call"
+            return "open" if nl < 0 and not final else "call"
         start = pos + len(line) - len(line.lstrip())
         fmts = by_pos.get(start)
         found = formats.read_at(text, start, fmts, offered, final)[0] if fmts is not None else None
         if found is not None:
             after = _trim(text, found.markup.end)
             nl = text.find("\n", after)
-            last = nl < 0
-            rest = text[after : nl if nl >= 0 else len(text)]
-            if _is_prose(formats, rest):
-                return "open" if last and not final and _may_be_structure(formats, rest) else "text"
-        elif _is_prose(formats, line) and not TAGS_ONLY.fullmatch(line):
-            return "open" if last and not final and _may_be_structure(formats, line) else "text"
-        if last:
+            prose = _prose(formats, text[after : nl if nl >= 0 else len(text)], final)
+        else:
+            prose = None if TAGS_ONLY.fullmatch(line) else _prose(formats, line, final)
+        if prose is not None:
+            return prose
+        if nl < 0:
             return "call" if final else "open"
         pos = nl + 1
 
 
-def _is_prose(formats: Formats, rest: str) -> bool:
-    """Whether text after markup is prose: anything but whitespace, special tokens and further markup
-    (an opener, read or not: a damaged call is no sentence)."""
+def _prose(formats: Formats, rest: str, final: bool) -> str | None:
+    """None when text after markup is no prose (whitespace, special tokens, further markup: an opener,
+    read or not, since a damaged call is no sentence); else 'text', or 'open' while a stream may still
+    make it something else. A stream decides only on a word (a letter or digit first): punctuation may
+    still be markup going on (`; {` of a second call), a `<` a tag, `Actio` an opener."""
     tail = SPECIAL.sub("", rest).strip()
-    return bool(tail) and not formats.opener_at(tail, 0)
-
-
-def _may_be_structure(formats: Formats, rest: str) -> bool:
-    """Text at the end of a stream that may still turn out not to be prose: the start of a special token
-    or a tag (`<|im_`), or of an opener (`<tool_`)."""
-    tail = SPECIAL.sub("", rest).strip()
-    return (tail.startswith("<") and ">" not in tail and len(tail) < 50) or tail in formats.starts
+    if not tail or formats.opener_at(tail, 0):
+        return None
+    if final:
+        return "text"
+    return "text" if tail[0].isalnum() and tail not in formats.starts else "open"

@@ -5,13 +5,15 @@ regex search finds where any of them may start, and applies the rules every form
 
 - a call counts only when the request offered tools and its name is an offered tool (a format that
   carries no name: exactly one tool was offered);
-- markup inside a closed `<think>…</think>` of the content, or inside inline code (`` `…` ``), is a decoy;
-- a fenced block is a call only for a format whose call syntax is a fence, opening with that format's
-  tag, and only when it is the last thing in the text; another format's markup inside a fenced block
-  (```` ``` ````…```` ``` ````) is an example, a decoy;
+- markup counts only in a call position (`placement.py`): at block level, not inside any container
+  (fences of backticks or tildes, indented code, `<pre>`/`<code>`, inline code, quotes, a list item, a
+  table row, a blockquote, a `<think>` that closes after it), with no prose after it on its line, and
+  none after it in its paragraph when the prose before it doesn't end a sentence;
+- a fence format's markup (its call syntax is a fence, ```` ```tool_code ````) is a call only when it is
+  the last thing in the text;
 - markup in the reasoning field counts only when it comes last there (the caller checks that no content
   or call follows in the turn);
-- prose that mentions markup stays prose: the markup must read completely as calls.
+- markup must read completely as calls: prose that mentions a marker stays prose.
 """
 
 from __future__ import annotations
