@@ -18,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import openai
 import pytest
 from tapfix.proxy.mock.messages import messages_body, messages_events
 from tapfix.proxy.mock.mutations_leak import hostile_pieces
@@ -31,6 +32,8 @@ from tapfix.proxy.toolcalls import (
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
 from tests.support.builders import chat_chunk, sse, sse_event, tool
+from tests.support.procs import start_proxy
+from tests.support.rawserver import RawRequest, RawServer, sse_response
 from tests.support.stage_io import client_view, run_stage
 from tests.test_toolformats_evented import (
     m_calls,
@@ -133,7 +136,11 @@ def _chat_stream(text: str, pieces: list[str], tools: list[Any] = TOOLS) -> tupl
 
 def _chat_body(text: str, tools: list[Any] = TOOLS) -> tuple[bytes, bytes, str]:
     body = json.dumps(
-        {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
     ).encode()
     out, _, outcome = repair_chat_completion(body, tools, capture_id="cap-31")
     return body, out, outcome
@@ -231,7 +238,9 @@ MIXED = [
 def test_the_stream_decides_as_the_body_for_every_split(text: str) -> None:
     _, out, _ = _chat_body(text)
     message = json.loads(out)["choices"][0]["message"]
-    want_calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    want_calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []
+    ]
     want_text = message["content"] or ""
     for k in range(1, len(text)):
         for pieces in ([text[:k], text[k:]],):
@@ -296,10 +305,74 @@ def test_the_reasoning_rule_holds_the_position_rule_too(reasoning: str, is_call:
         view = client_view(run_stage(ChatToolCallRepair(TOOLS), [data]))
         assert [c["name"] for c in view.calls] == (["bash"] if is_call else [])
     body = json.dumps(
-        {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "", "reasoning_content": reasoning}, "finish_reason": "stop"}]}
+        {
+            "id": "x",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "", "reasoning_content": reasoning},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
     ).encode()
     out, _, _ = repair_chat_completion(body, TOOLS)
     assert bool(json.loads(out)["choices"][0]["message"].get("tool_calls")) == is_call
     s = text_script([], reasoning=list(reasoning))
     assert bool(r_calls(run_r(s, r_tools(TOOLS))[0])) == is_call
     assert bool(m_calls(run_m(s, m_tools(TOOLS))[0])[0]) == is_call
+
+
+# -- through a real proxy, as an agent's SDK reads it -------------------------------------------------
+def _answer(request: RawRequest) -> list[tuple[float, bytes]]:
+    """The upstream (a server without a tool parser): the model's text as plain content, streamed in small
+    deltas or whole. The model named in the request picks the text."""
+    req = json.loads(request.body)
+    text = REPORTED if req["model"] == "reported" else f"I'll clean up now.\n{HERMES}"
+    if req.get("stream"):
+        pieces = [text[k : k + 7] for k in range(0, len(text), 7)]
+        return sse_response(
+            [ROLE_EVENT, *[sse_event(chunk({"content": p})) for p in pieces], sse_event(STOP)] + [b"data: [DONE]\n\n"]
+        )
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
+    ).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    return [(0.0, head + body)]
+
+
+ROLE_EVENT = sse_event(ROLE)
+
+
+@pytest.mark.e2e
+def test_the_reported_sentence_reaches_an_sdk_as_text_through_the_proxy(tmp_path: Any) -> None:
+    """The field report's sentence, served by an upstream without a parser, with `write` and `bash`
+    offered: through `tapfix run`, the openai SDK gets the sentence as content and no `bash` call,
+    streamed and not; the same upstream's real leaked call still reaches it as a call."""
+    upstream = RawServer(_answer)
+    proxy = start_proxy(tmp_path, upstream.url)
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        for model, want_calls, want_text in (("reported", [], REPORTED), ("real", [CALL], "I'll clean up now.\n")):
+            kw: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
+            message = client.chat.completions.create(**kw).choices[0].message
+            calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+            assert calls == want_calls and (message.content or "") == want_text
+            text, parts = "", {}
+            for event in client.chat.completions.create(**kw, stream=True):
+                for choice in event.choices:
+                    text += choice.delta.content or ""
+                    for tc in choice.delta.tool_calls or []:
+                        entry = parts.setdefault(tc.index, ["", ""])
+                        entry[0] += (tc.function and tc.function.name) or ""
+                        entry[1] += (tc.function and tc.function.arguments) or ""
+            assert [(n, json.loads(a)) for n, a in parts.values()] == want_calls and text == want_text
+    finally:
+        proxy.stop()
+        upstream.close()

@@ -22,8 +22,8 @@ from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
-from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.formats.blocks import Context
+from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
 from tapfix.proxy.toolcalls.leaks import UNPINNED, Leak, foreign_markup, formats_for, is_xml_args
 from tapfix.proxy.toolcalls.plan_types import STAGE
 from tapfix.proxy.toolcalls.schema import ToolSchemas
@@ -44,6 +44,7 @@ class TextWatch:
     foreign: str | None = None
     context: Context = field(default_factory=Context)
     reasoning_context: Context = field(default_factory=Context)
+    foreign_context: Context | None = None  # what the content before `foreign` left open
 
     @property
     def active(self) -> bool:
@@ -51,7 +52,8 @@ class TextWatch:
 
     def carried(self) -> TextWatch:
         """The watch a message that goes on keeps across a released hold."""
-        return TextWatch(self.reasoning, self.reasoning_field, self.foreign, self.context, self.reasoning_context)
+        kept = (self.reasoning, self.reasoning_field, self.foreign)
+        return TextWatch(*kept, self.context, self.reasoning_context, self.foreign_context)
 
     def sent(self, text: str) -> None:
         """Content went out: read what of it stays open."""
@@ -97,14 +99,14 @@ class TextWatch:
         everyone = formats_for(None)
         head = content.lstrip()[:1]
         if everyone.has_opener(content) or everyone.may_start(content) or (at_start and head in everyone.anchor_heads):
-            self.foreign = content
+            self.foreign, self.foreign_context = content, self.context.copy()
 
     def flag_foreign(
         self, choice: int, schemas: ToolSchemas, at_start: bool, pinned: Formats, pinned_name: str | None
     ) -> Change | None:
         """At the finish: the change that flags another registered format's markup, if it was a call."""
         text, self.foreign = self.foreign or "", None
-        leak = foreign_markup(text, schemas, at_start, pinned)
+        leak = foreign_markup(text, schemas, at_start, pinned, self.foreign_context)
         if leak is None:
             return None
         other = next(f for f in leak.formats if f not in pinned.names)

@@ -32,7 +32,6 @@ from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
 
-
 _UNREAD_BATCH = 64  # fast-path events read into the watches at once
 _RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
 

@@ -71,7 +71,7 @@ def hold_verdict(
             if found is None:
                 return "maybe"
             return "leak" if found.confirmed else "no"
-    if (k := formats.start_len(text)) and not (context or Context()).copy().feed(text[:-k]).point().container:
+    if (k := formats.start_len(text)) and not (context or Context()).point(text[:-k]).container:
         return "maybe"
     return "no"
 
@@ -127,9 +127,11 @@ def find_reasoning_leak(
     return Leak(lo, len(text), list(found.calls), names, [(lo, len(text))], [found.fmt.name])
 
 
-def foreign_markup(text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats) -> Leak | None:
+def foreign_markup(
+    text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats, context: Context | None = None
+) -> Leak | None:
     """With a format pinned: markup of another registered format that would have been a call."""
-    leak = find_leak(text, schemas, at_start, formats_for(None))
+    leak = find_leak(text, schemas, at_start, formats_for(None), context)
     if leak is None or not leak.confirmed or set(leak.formats) <= set(pinned.names):
         return None
     return leak

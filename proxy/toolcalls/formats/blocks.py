@@ -20,7 +20,7 @@ _LIST_ITEM = re.compile(r"([-*+]|\d{1,9}[.)])([ \t]+)")
 _DELIMITER_ROW = re.compile(r"\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*")
 _TOKEN = re.compile(r"`+|<[^<>\n]{1,64}>")
 _HTML_OPEN = re.compile(r"<(pre|code)(?:\s[^<>]*)?>", re.I)
-_QUOTES = re.compile("[\"“”„«»「」『』‘’]")
+_QUOTES = re.compile('["“”„«»「」『』‘’]')
 # A special token (`<|im_end|>`, `<｜end▁of▁sentence｜>`, `<tool_call|>`, `</s>`): structure, not prose.
 SPECIAL = re.compile(r"<[|｜][^<>\n]{0,48}>|<[^<>|｜\s]{1,48}[|｜]>|</s>|<eos>|<end_of_turn>|<seed:eos>")
 # A line holding only tags and special tokens (`</answer>`, `<|tool_calls_section_end|>`): no prose.
@@ -29,7 +29,7 @@ _TERMINATORS = frozenset(".!?。！？…｡．")
 _CLOSERS = "\"'”’)]»」』*_"  # what may close a sentence after its full stop
 _PAIRS = {"“": "”", "„": "“”", "«": "»", "「": "」", "『": "』", "‘": "’"}
 _MAX_QUOTES = 8
-_LONG_LINE = 4096  # the current line is read in pieces past this
+_LONG_LINE = 256  # the current line is read in pieces past this (cut where no token can be)
 CONTAINERS = ("fence", "html", "code", "quote", "list", "table", "inline_code", "quoted")
 
 
@@ -47,7 +47,19 @@ class Point:
 class Context:
     """What a text leaves open for what follows it; `feed` reads more text, `point` says where its end stands."""
 
-    __slots__ = ("fence", "html", "think", "para", "block", "list_indent", "quotes", "code_run", "ended", "line", "kind")
+    __slots__ = (
+        "fence",
+        "html",
+        "think",
+        "para",
+        "block",
+        "list_indent",
+        "quotes",
+        "code_run",
+        "ended",
+        "line",
+        "kind",
+    )
 
     def __init__(self) -> None:
         self.fence = ""  # the open fence's run (```` ``` ````, `~~~~`): lines are code up to its close
@@ -88,9 +100,12 @@ class Context:
             self._read_piece()
         return self
 
-    def point(self) -> Point:
-        """Where the end of what was read stands (the start of what comes next)."""
+    def point(self, more: str = "") -> Point:
+        """Where the end of what was read, and `more` after it, stands (the start of what comes next);
+        nothing is read for good."""
         probe = self.copy()
+        if more:
+            probe.feed(more)
         kind = probe._line(probe.line, complete=False)
         container = kind if kind in CONTAINERS else probe.block
         if not container and probe.fence:

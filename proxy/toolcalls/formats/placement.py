@@ -20,14 +20,40 @@ as it can't become a call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat
 from tapfix.proxy.toolcalls.formats.blocks import SPECIAL, TAGS_ONLY, Context, Point
 
-if TYPE_CHECKING:
-    from tapfix.proxy.toolcalls.formats.registry import Formats, Found
-
 _MAX_MARKUPS = 256  # markups placed in one text: more is not a model's turn
+
+
+@dataclass(slots=True)
+class Found:
+    """Markup a format read: its calls naming offered tools (all of them when confirmed), every name."""
+
+    fmt: ToolFormat
+    markup: Markup
+    calls: list[tuple[str, Any]] = field(default_factory=list)  # offered names only, when confirmed
+    names: list[str | None] = field(default_factory=list)  # every name the markup held
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.calls) and len(self.calls) == len(self.markup.calls)
+
+
+class Formats(Protocol):
+    """What placing needs of the registry's `Formats`: where markup may start and what reads there."""
+
+    starts: frozenset[str]
+
+    def candidates(self, text: str, at_start: bool) -> list[tuple[int, list[ToolFormat]]]: ...
+
+    def read_at(
+        self, text: str, at: int, fmts: list[ToolFormat], offered: list[str], final: bool = True
+    ) -> tuple[Found | None, int | None]: ...
+
+    def opener_at(self, text: str, at: int) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -102,7 +128,7 @@ def _run(
     at: int,
     first: Found,
     ctx: Context,
-    by_pos: dict[int, list],  # type: ignore[type-arg]
+    by_pos: dict[int, list[ToolFormat]],
     offered: list[str],
     final: bool,
 ) -> tuple[list[Found], int]:
@@ -155,7 +181,7 @@ def _verdict(
     text: str,
     end: int,
     point: Point,
-    by_pos: dict[int, list],  # type: ignore[type-arg]
+    by_pos: dict[int, list[ToolFormat]],
     offered: list[str],
     final: bool,
 ) -> str:

@@ -20,30 +20,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat
 from tapfix.proxy.toolcalls.formats.blocks import Context
-from tapfix.proxy.toolcalls.formats.placement import Placement, place
+from tapfix.proxy.toolcalls.formats.placement import Found, Placement, place
 
 ANCHOR_LIMIT = 4096  # bytes of content held at its start for a format without a marker
 
 
 class UnknownFormat(ValueError):
     """A `tool_format` / `--tool-format` name that isn't registered; the message lists the names."""
-
-
-@dataclass(slots=True)
-class Found:
-    fmt: ToolFormat
-    markup: Markup
-    calls: list[tuple[str, Any]] = field(default_factory=list)  # offered names only, when confirmed
-    names: list[str | None] = field(default_factory=list)  # every name the markup held
-
-    @property
-    def confirmed(self) -> bool:
-        return bool(self.calls) and len(self.calls) == len(self.markup.calls)
 
 
 class Formats:
@@ -113,7 +100,9 @@ class Formats:
         return self.opener_re is not None and self.opener_re.match(text, at) is not None
 
     # -- finding ------------------------------------------------------------------------------------
-    def find(self, text: str, offered: list[str], at_start: bool = True, context: Context | None = None) -> Found | None:
+    def find(
+        self, text: str, offered: list[str], at_start: bool = True, context: Context | None = None
+    ) -> Found | None:
         """The first markup in call position in `text` that reads as calls (a confirmed one first).
         `context`: what the text before `text` left open (`blocks.Context`)."""
         if not offered:
