@@ -19,7 +19,10 @@ from functools import partial
 from typing import Any
 
 import openai
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tapfix.proxy.mock.messages import messages_body, messages_events
 from tapfix.proxy.mock.mutations_leak import hostile_pieces
 from tapfix.proxy.mock.responses import responses_body, responses_events
@@ -250,6 +253,73 @@ def test_the_stream_decides_as_the_body_for_every_split(text: str) -> None:
             assert view.content == want_text, pieces
     _, out, _ = _chat_stream(text, list(text))
     assert client_view(out).content == want_text
+
+
+FRAGMENTS = st.sampled_from(
+    [
+        HERMES,
+        MARKUPS["mistral_v11"],
+        MARKUPS["qwen3_coder"],
+        MARKUPS["kimi_k2"],
+        MARKUPS["gemma"],
+        MARKUPS["llama3_json"],
+        MARKUPS["pythonic"],
+        MARKUPS["phi4_mini"],
+        MARKUPS["harmony"],
+        "Let me check.",
+        "Never let a model emit",
+        " unchecked",
+        " ",
+        "\n",
+        "\n\n",
+        "```\n",
+        "~~~\n",
+        "`",
+        "- ",
+        "1. ",
+        "> ",
+        "| ",
+        '"',
+        "“",
+        "”",
+        "    ",
+        "<think>",
+        "</think>",
+        "<pre>",
+        "</pre>",
+        "<|im_end|>",
+        "好的。",
+        ":",
+    ]
+)
+
+
+@given(parts=st.lists(FRAGMENTS, min_size=1, max_size=12), data=st.data())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_mix_of_prose_and_markup_streams_as_its_body_reads(parts: list[str], data: st.DataObject) -> None:
+    """Whatever the prose, containers and markup, and wherever the deltas are cut, a stream's client gets
+    what the non-streamed body gives: the same calls and the same text, on all three surfaces."""
+    text = "".join(parts)
+    _, out, _ = _chat_body(text)
+    message = json.loads(out)["choices"][0]["message"]
+    want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(text) - 1)), max_size=12))))
+    pieces = [p for p in (text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)) if p]
+    _, out, _ = _chat_stream(text, pieces)
+    view = client_view(out)
+    assert [(c["name"], json.loads(c["arguments"])) for c in view.calls] == want
+    assert view.content.strip() == (message["content"] or "").strip()  # (a blank one is None beside calls)
+    assert view.content == (message["content"] or "") or not view.content.strip()
+    s = text_script(pieces)
+    rt = r_tools(TOOLS)
+    body = responses_body(text_script([text]), {"tools": rt}, "f" * 64, 1_760_000_000, "m", 10)
+    whole = orjson.loads(repair_responses_body(body, rt, capture_id="cap-31")[0])
+    data_r = run_r(s, rt)[0]
+    assert r_calls(data_r) == [
+        (i["name"], json.loads(i["arguments"])) for i in whole["output"] if i["type"] == "function_call"
+    ]
+    assert r_text(data_r) == "".join(c["text"] for i in whole["output"] if i["type"] == "message" for c in i["content"])
+    assert m_calls(run_m(s, m_tools(TOOLS))[0])[0] == r_calls(data_r)
 
 
 # -- streaming stays streaming -------------------------------------------------------------------------

@@ -113,8 +113,7 @@ def content_leaks(
         reason = "leaked start of a call that also arrived structured; dropped"
     else:
         return []
-    for start, end in leak.regions or [(leak.start, leak.end)]:
-        _cut_region(full, keep, parts, start, end, plan)
+    _cut_regions(keep, parts, leak.regions or [(leak.start, leak.end)], plan)
     plan.defect("leaked_into_content")
     plan.changes.append(
         Change(
@@ -203,15 +202,20 @@ def _flag_unpinned(
     )
 
 
-def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan) -> None:
+def _cut_regions(keep: list[int], parts: list[Part], regions: list[tuple[int, int]], plan: ChoicePlan) -> None:
+    """Cut the markup's regions (offsets in the kept parts joined) out of each part they touch; a part
+    may hold several regions and the prose between them."""
     offset = 0
     for k in keep:
         text = parts[k].text
         lo, hi = offset, offset + len(text)
         offset = hi
-        if hi <= start or lo >= end:
+        inside = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in regions if a < hi and b > lo]
+        if not inside:
             continue
-        new = text[: max(0, start - lo)] + text[max(0, end - lo) :] if lo < start or hi > end else ""
-        if lo >= start and hi <= end:
-            new = ""
-        plan.content_edits[k] = new
+        kept, pos = [], 0
+        for a, b in inside:
+            kept.append(text[pos:a])
+            pos = b
+        kept.append(text[pos:])
+        plan.content_edits[k] = "".join(kept)

@@ -265,13 +265,14 @@ class Context:
         self.ended = True
 
     def _read_piece(self) -> None:
-        """Read the front of a long line now, cut where no token can be: not inside a tag's reach, next to
-        a backtick, a backslash or a quote."""
+        """Read the front of a long line now, cut where no token can be: not after a `<` that isn't closed,
+        next to a backtick, after a backslash or before a quote."""
         line = self.line
         for cut in range(len(line) - 128, max(len(line) - 128 - _LONG_LINE, 64), -1):
-            if line[cut] in "`<>\\" or line[cut + 1] == "`" or _QUOTES.match(line, cut + 1):
+            if line[cut] in "`<\\" or line[cut + 1] == "`" or _QUOTES.match(line, cut + 1):
                 continue
-            if "<" in line[cut - 64 : cut + 1]:
+            lt = line.rfind("<", cut - 64, cut + 1)  # a tag can't hold a `<`: only the last one may be open
+            if lt >= 0 and line.find(">", lt, cut + 1) < 0:
                 continue
             self.line = ""
             self._line(line[: cut + 1], complete=False)

@@ -114,8 +114,8 @@ def place(
             return out
         if verdict == "call":
             out.calls += run
-            ctx.skip(text[at:end])
-            fed = end
+            fed = _trim(text, end)  # the whitespace a format read past is read as text: a blank line ends
+            ctx.skip(text[at:fed])  # the paragraph, a newline the line
         pos = end
         if len(out.calls) >= _MAX_MARKUPS:
             break
@@ -135,11 +135,12 @@ def _run(
     """The markup at `at` and what follows it separated only by whitespace and special tokens, no blank line."""
     run, end = [first], first.markup.end
     while len(run) < _MAX_MARKUPS:
-        nxt = _next_token(text, end)
+        tail = _trim(text, end)
+        nxt = _next_token(text, tail)
         fmts = by_pos.get(nxt) if nxt is not None else None
         if nxt is None or fmts is None:
             break
-        probe = ctx.copy().skip(text[at:end]).feed(text[end:nxt])
+        probe = ctx.copy().skip(text[at:tail]).feed(text[tail:nxt])
         if probe.point().container:
             break
         found, _ = formats.read_at(text, nxt, fmts, offered, final)
