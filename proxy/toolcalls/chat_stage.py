@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
-from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
+from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call, string_end
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
@@ -34,6 +35,28 @@ from tapfix.proxy.toolcalls.prefix import admit_event
 
 _UNREAD_BATCH = 64  # fast-path events read into the watches at once
 _RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
+
+
+def _only_content(event: bytes) -> str | None:
+    """The content of a chunk whose one choice (index 0) carries only content, read from its bytes (no
+    JSON parse); None when the chunk is anything else (the caller parses it)."""
+    at = event.find(b'"content":')
+    if at < 0 or event.find(b'"content":', at + 1) >= 0 or b'"reasoning' in event or event.count(b'"index"') != 1:
+        return None
+    if b'"index":0' not in event and b'"index": 0' not in event:
+        return None
+    start = at + 10 + (event[at + 10 : at + 11] == b" ")
+    if event[start : start + 1] != b'"':
+        return None
+    start += 1
+    end = string_end(event, start)
+    if end < 0:
+        return None
+    raw = event[start:end]
+    try:
+        return raw.decode() if b"\\" not in raw else str(orjson.loads(b'"' + raw + b'"'))
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None
 
 
 class ChatToolCallRepair(ChatJudge):
@@ -104,9 +127,15 @@ class ChatToolCallRepair(ChatJudge):
 
     def _read_unread(self) -> None:
         """Read the text of the events the fast path let through into each choice's watch (what they
-        leave open: a fence, a quote, the paragraph's last sentence...), as the slow path would have."""
+        leave open: a fence, a quote, the paragraph's last sentence...), as the slow path would have:
+        each choice's content of the batch at once."""
         events, self._unread = self._unread, []
+        texts: dict[int, list[str]] = {}
         for event in events:
+            content = _only_content(event)
+            if content is not None:
+                texts.setdefault(0, []).append(content)
+                continue
             data = event_data(event)
             obj = json_object(data) if data is not None else None
             choices = obj.get("choices") if obj is not None else None
@@ -116,13 +145,19 @@ class ChatToolCallRepair(ChatJudge):
                     continue
                 ci = ch.get("index", 0)
                 ci = ci if isinstance(ci, int) else 0
-                cs = self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
-                cs.watch.watch_reasoning(delta, False, self._formats)
+                if "reasoning_content" in delta or "reasoning" in delta:
+                    self._choice(ci).watch.watch_reasoning(delta, False, self._formats)
                 content = delta.get("content")
                 if isinstance(content, str) and content:
-                    if content.strip():
-                        cs.at_start = False
-                    cs.watch.sent(content)
+                    texts.setdefault(ci, []).append(content)
+        for ci, parts in texts.items():
+            cs, text = self._choice(ci), "".join(parts)
+            if cs.at_start and text.strip():
+                cs.at_start = False
+            cs.watch.sent(text)
+
+    def _choice(self, ci: int) -> ChoiceState:
+        return self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
 
     def _feed(self, event: bytes) -> list[bytes]:
         if self._unread:

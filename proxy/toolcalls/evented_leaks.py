@@ -295,7 +295,7 @@ class TextHold:
             self.recheck = 0
             return True
         k = self.det.partial(text)
-        return k > 0 and not self._context().point(text[:-k]).container
+        return k > 0 and (len(text) > _RECHECK_FREE or not self._context().point(text[:-k]).container)
 
     def _text_only(self, text: str) -> bool:
         return self.det.formats.place(text, self.det.offered, False, self._context(), final=False).text_only

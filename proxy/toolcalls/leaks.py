@@ -27,6 +27,7 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 UNPINNED = "unpinned_tool_format"  # markup of a registered format other than the pinned one
 LEAKED_INTO_REASONING = "leaked_into_reasoning"
+_LOOK_LIMIT = 2048  # held text up to this long is read for its containers on every delta
 
 
 @lru_cache(maxsize=64)
@@ -71,8 +72,11 @@ def hold_verdict(
             if found is None:
                 return "maybe"
             return "leak" if found.confirmed else "no"
-    if (k := formats.start_len(text)) and not (context or Context()).point(text[:-k]).container:
-        return "maybe"
+    if k := formats.start_len(text):
+        # Inside a container the start can't become a call: no hold. (Held text past a few KB is held on
+        # without looking: reading it again on every delta would cost quadratic time.)
+        if len(text) > _LOOK_LIMIT or not (context or Context()).point(text[:-k]).container:
+            return "maybe"
     return "no"
 
 
