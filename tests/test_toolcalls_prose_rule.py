@@ -137,7 +137,7 @@ def _chat_stream(text: str, pieces: list[str], tools: list[Any] = TOOLS) -> tupl
     return data, run_stage(stage, wire), stage
 
 
-def _chat_body(text: str, tools: list[Any] = TOOLS) -> tuple[bytes, bytes, str]:
+def _chat_body(text: str, tools: list[Any] = TOOLS, **kw: Any) -> tuple[bytes, bytes, str]:
     body = json.dumps(
         {
             "id": "x",
@@ -145,7 +145,8 @@ def _chat_body(text: str, tools: list[Any] = TOOLS) -> tuple[bytes, bytes, str]:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         }
     ).encode()
-    out, _, outcome = repair_chat_completion(body, tools, capture_id="cap-31")
+    out, changes, outcome = repair_chat_completion(body, tools, capture_id="cap-31", **kw)
+    assert outcome != "untouched" or changes == [], changes  # nothing flagged either
     return body, out, outcome
 
 
@@ -157,6 +158,8 @@ def _splits(text: str) -> list[list[str]]:
 @pytest.mark.parametrize(("fmt", "text"), CELLS)
 def test_markup_in_a_container_stays_text_on_chat(fmt: str, text: str) -> None:
     body, out, outcome = _chat_body(text)
+    assert outcome == "untouched" and out == body
+    body, out, outcome = _chat_body(text, tool_format=fmt)  # its own format pinned: the same
     assert outcome == "untouched" and out == body
     for pieces in _splits(text):
         data, out, stage = _chat_stream(text, pieces)
