@@ -28,7 +28,8 @@ from tapfix.proxy.toolcalls import formats
 from tapfix.proxy.toolcalls.arguments import repair_arguments
 from tapfix.proxy.toolcalls.formats.base import XmlArgs, dumps, typed_xml_args
 from tapfix.proxy.toolcalls.formats.blocks import Context
-from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT, Formats, Found
+from tapfix.proxy.toolcalls.formats.placement import Found
+from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT, Formats
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
