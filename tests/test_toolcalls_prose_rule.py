@@ -28,6 +28,7 @@ from tapfix.proxy.mock.mutations_leak import hostile_pieces
 from tapfix.proxy.mock.responses import responses_body, responses_events
 from tapfix.proxy.toolcalls import (
     ChatToolCallRepair,
+    chat_stage,
     repair_chat_completion,
     repair_messages_body,
     repair_responses_body,
@@ -335,6 +336,31 @@ def _sent_as_fed(stage: ChatToolCallRepair, pieces: list[str]) -> list[str]:
                 out += ch["delta"].get("content") or ""
         seen.append(out)
     return seen[1:]
+
+
+CHUNK_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+DELTAS = st.one_of(
+    st.builds(lambda t: {"content": t}, CHUNK_TEXT),
+    st.just({"role": "assistant", "content": ""}),
+    st.just({}),
+    st.builds(lambda t: {"reasoning_content": t}, CHUNK_TEXT),
+    st.just({"content": None}),
+)
+
+
+@given(
+    deltas=st.lists(st.tuples(DELTAS, st.sampled_from([0, 0, 0, 1, 10])), min_size=1, max_size=8), ascii_=st.booleans()
+)
+@settings(max_examples=300, deadline=None)
+def test_the_fast_paths_deltas_are_read_as_a_json_parser_reads_them(deltas: list[Any], ascii_: bool) -> None:
+    """The chunks the fast path lets through are read from their bytes in batches; whenever that reading
+    answers, it is the content a JSON parser reads (else the stage parses them one by one)."""
+    events = [sse_event(chat_chunk(d, index=i), ensure_ascii=ascii_) for d, i in deltas]
+    got = chat_stage._contents(events)
+    if got is not None:
+        want = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events)
+        assert got == want
+        assert all(i == 0 and "reasoning_content" not in d for d, i in deltas)
 
 
 def test_markup_in_a_container_is_not_held_at_all() -> None:

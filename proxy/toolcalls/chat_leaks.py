@@ -159,7 +159,7 @@ def _text_ends_in_word_start(event: bytes, formats: Formats) -> bool:
                 at = event.find(key, start)
                 continue
             start += 1
-            end = string_end(event, start)
+            end = _string_end(event, start)
             if end < 0:
                 return True  # a string that doesn't end (a cut event): the slow path judges it
             if end > start and event[end - 1] in ends:
@@ -169,7 +169,7 @@ def _text_ends_in_word_start(event: bytes, formats: Formats) -> bool:
     return False
 
 
-def string_end(event: bytes, start: int) -> int:
+def _string_end(event: bytes, start: int) -> int:
     """Where the JSON string that starts at `start` ends (its closing quote), -1 when it doesn't."""
     end = event.find(b'"', start)
     while end > 0 and event[end - 1] == _BACKSLASH:

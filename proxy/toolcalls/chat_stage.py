@@ -19,6 +19,7 @@ on what it held (release, rebuild, error event) are `ChatJudge`'s, in `chat_judg
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -26,7 +27,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
-from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call, string_end
+from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
@@ -37,24 +38,24 @@ _UNREAD_BATCH = 64  # fast-path events read into the watches at once
 _RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
 
 
-def _only_content(event: bytes) -> str | None:
-    """The content of a chunk whose one choice (index 0) carries only content, read from its bytes (no
-    JSON parse); None when the chunk is anything else (the caller parses it)."""
-    at = event.find(b'"content":')
-    if at < 0 or event.find(b'"content":', at + 1) >= 0 or b'"reasoning' in event or event.count(b'"index"') != 1:
+_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
+_OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
+
+
+def _contents(events: list[bytes]) -> str | None:
+    """The content of a batch of chunks that each carry one choice (index 0) and no reasoning, read
+    from their bytes in one pass (no JSON parse): their strings joined, as one string; None when a chunk
+    is anything else (the caller parses them one by one). Escapes don't span strings, so the joined raw
+    strings unescape at once."""
+    blob = b"".join(events)
+    if blob.find(b'"reasoning') >= 0 or blob.count(b'"index"') != len(events) or _OTHER_CHOICE.search(blob):
         return None
-    if b'"index":0' not in event and b'"index": 0' not in event:
-        return None
-    start = at + 10 + (event[at + 10 : at + 11] == b" ")
-    if event[start : start + 1] != b'"':
-        return None
-    start += 1
-    end = string_end(event, start)
-    if end < 0:
-        return None
-    raw = event[start:end]
+    raws = [m.group(1) for m in _CONTENT.finditer(blob)]
+    if len(raws) != blob.count(b'"content":'):
+        return None  # a content that isn't a string (null, logprobs' list)
+    raw = b"".join(raws)
     try:
-        return raw.decode() if b"\\" not in raw else str(orjson.loads(b'"' + raw + b'"'))
+        return raw.decode() if raw.find(b"\\") < 0 else str(orjson.loads(b'"' + raw + b'"'))
     except (UnicodeDecodeError, orjson.JSONDecodeError):
         return None
 
@@ -130,12 +131,11 @@ class ChatToolCallRepair(ChatJudge):
         leave open: a fence, a quote, the paragraph's last sentence...), as the slow path would have:
         each choice's content of the batch at once."""
         events, self._unread = self._unread, []
-        texts: dict[int, list[str]] = {}
+        if (text := _contents(events)) is not None:
+            events, texts = [], {0: [text]}
+        else:
+            texts = {}
         for event in events:
-            content = _only_content(event)
-            if content is not None:
-                texts.setdefault(0, []).append(content)
-                continue
             data = event_data(event)
             obj = json_object(data) if data is not None else None
             choices = obj.get("choices") if obj is not None else None
