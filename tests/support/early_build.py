@@ -62,7 +62,10 @@ def start(config: pytest.Config) -> list[subprocess.Popen]:
         with open(log, "wb") as out:
             started.append(
                 subprocess.Popen(
-                    ["nice", "-n", "10", str(suite.script)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    ["nice", "-n", "10", str(suite.script)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             )
     return started

@@ -172,7 +172,9 @@ class VllmServer:
                 break
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"vllm ({self.name}) not ready after {timeout:.0f}s; its log ends:\n" + self.log()[-6000:])
+                raise TimeoutError(
+                    f"vllm ({self.name}) not ready after {timeout:.0f}s; its log ends:\n" + self.log()[-6000:]
+                )
             time.sleep(0.5)
         return self
 

@@ -16,10 +16,8 @@ import httpx
 import jinja2
 import pytest
 
-from tests.realengine.tiny_model import BYTES
-from tests.vllm import tiny_qwen3
 from tests.vllm.engine import MAX_MODEL_LEN, MODEL, VllmServer
-from tests.vllm.wire import CHAT, chat_body
+from tests.vllm.wire import CHAT, chat_body, rendered_prompt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -30,21 +28,8 @@ def post(server: VllmServer, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=60)
 
 
-def token_text(token_strs: list[str]) -> str:
-    """The text of tokens given as vLLM's `token_strs` (byte-level symbols; added tokens as they are)."""
-    out = bytearray()
-    for piece in token_strs:
-        if piece in dict(tiny_qwen3.ADDED):
-            out += piece.encode()
-        else:
-            out += bytes(BYTES.index(c) for c in piece)
-    return out.decode()
-
-
 def rendered(server: VllmServer, messages: list[dict], **extra: object) -> str:
-    answer = post(server, "/tokenize", {"model": MODEL, "messages": messages, "return_token_strs": True, **extra})
-    assert answer.status_code == 200, answer.text
-    return token_text(answer.json()["token_strs"])
+    return rendered_prompt(server, {"messages": messages, **extra})
 
 
 def test_v1_models_reports_the_window(vllm: VllmServer, tiny_qwen3_dir) -> None:

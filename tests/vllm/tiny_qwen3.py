@@ -248,7 +248,11 @@ def safetensors(tensors: dict[str, np.ndarray]) -> bytes:
     data = bytearray()
     for name in sorted(tensors):
         raw = bf16_bytes(tensors[name])
-        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(tensors[name].shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
         data += raw
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)

@@ -11,8 +11,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from tests.realengine.tiny_model import BYTES
 from tests.support.builders import tool
-from tests.vllm.engine import MODEL
+from tests.support.procs import Proc, cli, wait_capture
+from tests.vllm import tiny_qwen3
+from tests.vllm.engine import MODEL, VllmServer
 from tests.vllm.served.forcing_plan import directive
 
 CHAT = "/v1/chat/completions"
@@ -127,3 +132,33 @@ def messages_blocks(body: bytes, stream: bool) -> list[dict[str, Any]]:
     for index, text in partial.items():
         blocks[index]["input"] = json.loads(text)
     return [blocks[i] for i in sorted(blocks)]
+
+
+def token_text(token_strs: list[str]) -> str:
+    """The text of tokens given as vLLM's `token_strs` (byte-level symbols; added tokens as they are)."""
+    out = bytearray()
+    for piece in token_strs:
+        if piece in dict(tiny_qwen3.ADDED):
+            out += piece.encode()
+        else:
+            out += bytes(BYTES.index(c) for c in piece)
+    return out.decode()
+
+
+def rendered_prompt(server: VllmServer, body: dict[str, Any]) -> str:
+    """The prompt vLLM builds for a chat request, as text: its /tokenize renders it as a generation does."""
+    keys = ("messages", "tools", "continue_final_message", "add_generation_prompt", "chat_template_kwargs")
+    request = {"model": MODEL, "return_token_strs": True, **{k: body[k] for k in keys if k in body}}
+    answer = httpx.post(server.url + "/tokenize", json=request, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return token_text(answer.json()["token_strs"])
+
+
+def shown(proxy: Proc, response: httpx.Response) -> dict[str, Any]:
+    """The capture of a response through tapfix, as `tapfix captures show --json` prints it."""
+    capture_id = response.headers["x-tapfix-capture-id"]
+    wait_capture(proxy.extra["db"], capture_id)
+    result = cli("captures", "show", capture_id, "--json", "--db", str(proxy.extra["db"]))
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    captured: dict[str, Any] = json.loads(result.stdout)
+    return captured
