@@ -80,11 +80,13 @@ def test_stream_is_vllm_framed_with_usage_and_done() -> None:
         "logprobs": None,
         "finish_reason": None,
     }
-    assert usage["choices"] == [] and set(usage["usage"]) == {
+    assert usage["choices"] == [] and list(usage["usage"]) == [
         "prompt_tokens",
         "total_tokens",
         "completion_tokens",
-    }
+        "completion_tokens_details",  # vLLM with a reasoning parser: 0 when the answer didn't reason
+    ]
+    assert usage["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     assert objs[-2]["choices"][0]["finish_reason"] == "stop" and objs[-2]["choices"][0]["delta"] == {}
     assert usage["system_fingerprint"].startswith("vllm-0.32.0-") and "system_fingerprint" not in objs[-2]
     # Re-serializing compactly gives the same bytes: the wire is compact JSON, key order kept.

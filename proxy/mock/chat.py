@@ -1,13 +1,17 @@
 """The mock's Chat Completions wire format: byte builders for vLLM's OpenAI-compatible chunks.
 
-Every end-to-end test compares bytes, so the chunks copy what vLLM 0.32.0 puts on the wire (checked
-against the real server's bytes by tests/vllm/test_mock.py; pydantic `model_dump_json(exclude_unset=True)`):
+Every end-to-end test compares bytes, so the chunks copy what vLLM 0.32.0 puts on the wire when it serves a
+Qwen3-style model with a tool-call and a reasoning parser (`--tool-call-parser hermes --reasoning-parser
+qwen3`, the usual agent deployment; checked against the real server's bytes by tests/vllm/test_mock.py;
+pydantic `model_dump_json(exclude_unset=True)`):
 key order id, object, created, model, choices; `"prompt_token_ids":null,"prompt_text":null` on the role
 chunk; `"token_ids":null` on each later choice; a tool call's deltas with `"content":null`, its first one
 keyed id, type, index, function with the name alone; the finish chunk with an empty delta,
 `"stop_reason":null` and the server's `system_fingerprint` (on the usage chunk instead when one follows);
-the usage chunk with `"choices":[]`, usage keys prompt, total, completion and, when the answer reasoned,
-`completion_tokens_details` (dumped with `exclude_none`). Reasoning goes in `reasoning`.
+the usage chunk with `"choices":[]`, usage keys prompt, total, completion and `completion_tokens_details`
+(the reasoning tokens, 0 for an answer that didn't reason; dumped with `exclude_none`). Reasoning goes in
+`reasoning`. (Without any parser vLLM ends a text answer with `"delta":{"content":""}` and leaves the
+reasoning count out; the mock doesn't imitate that configuration.)
 
 Chunks are assembled from pre-encoded byte prefixes: only the small delta is serialized per chunk.
 """
@@ -115,9 +119,8 @@ class Reply:
         self.completion_tokens = used
         return self
 
-    def reasoning_tokens(self) -> int | None:
-        """vLLM counts reasoning tokens when a reasoning parser is on: the mock's answers that reason."""
-        return len(self.reasoning_pieces) if self.reasoning_pieces else None
+    def reasoning_tokens(self) -> int:
+        return len(self.reasoning_pieces)
 
 
 class ChunkBuilder:
@@ -171,14 +174,13 @@ class ChunkBuilder:
             + b"}\n\n"
         )
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> bytes:
         usage: dict[str, object] = {
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
         }
-        if reasoning_tokens is not None:
-            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return self._head + b'[],"usage":' + dumps(usage) + self._fingerprint + b"}\n\n"
 
 
@@ -204,14 +206,13 @@ def stream_events(
     return events
 
 
-def usage_object(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, object]:
-    details = None if reasoning_tokens is None else {"reasoning_tokens": reasoning_tokens}
+def usage_object(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict[str, object]:
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
-        "completion_tokens_details": details,
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
 

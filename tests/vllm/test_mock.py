@@ -67,29 +67,36 @@ def kind(chunk: dict[str, Any]) -> str:
 
 
 def stream_shapes(body: bytes) -> dict[str, set[Any]]:
+    """The shapes of a stream's chunks by kind. The finish chunk's delta is left out of its shape: vLLM
+    sends it empty, or with the last piece of text when that token arrived with the finish (timing decides,
+    so only the empty form is one the mock must match: `finish delta`)."""
     shapes: dict[str, set[Any]] = {}
     for _, data in sse_events(body):
-        if isinstance(data, dict):
-            shapes.setdefault(kind(data), set()).add(shape(data))
+        if not isinstance(data, dict):
+            continue
+        chunk_kind = kind(data)
+        if chunk_kind == "finish":
+            delta = data["choices"][0].pop("delta")
+            if delta:
+                assert set(delta) <= {"content", "reasoning"}, delta
+            else:
+                shapes.setdefault("finish delta", set()).add(shape(delta))
+        shapes.setdefault(chunk_kind, set()).add(shape(data))
     return shapes
 
 
-# name -> (the server, the real vLLM's request, the mock's request for the same kind of answer). An answer
-# without reasoning comes from the server without a reasoning parser: with one, vLLM's usage always carries
-# `completion_tokens_details`, and the mock's answers that reason stand for that server.
-QUESTIONS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+# name -> (the real vLLM's request, the mock's request for the same kind of answer). The mock imitates vLLM
+# with a tool-call and a reasoning parser (proxy/mock/chat.py): the `vllm` server's configuration.
+QUESTIONS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "text": (
-        "vllm_no_auto",
         chat_body([{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": False}),
         {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hi"}]},
     ),
     "reasoning": (
-        "vllm",
         chat_body([{"role": "user", "content": "hi"}]),
         {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"},
     ),
     "call": (
-        "vllm",
         chat_body(ask("Create hello.py.", think() + hermes_call("write", WRITE_ARGS)), tools=TOOLS),
         {
             "model": MOCK_MODEL,
@@ -110,12 +117,10 @@ EXPECTED = {
 }
 
 
-def both(request: pytest.FixtureRequest, mock: Proc, name: str, **extra: Any) -> tuple[httpx.Response, httpx.Response]:
-    server, real, imitation = QUESTIONS[name]
-    url = request.getfixturevalue(server).url
-    answers = [
-        httpx.post(u + CHAT, json={**body, **extra}, timeout=120) for u, body in ((url, real), (mock.url, imitation))
-    ]
+def both(vllm: VllmServer, mock: Proc, name: str, **extra: Any) -> tuple[httpx.Response, httpx.Response]:
+    real, imitation = QUESTIONS[name]
+    pairs = ((vllm.url, real), (mock.url, imitation))
+    answers = [httpx.post(url + CHAT, json={**body, **extra}, timeout=120) for url, body in pairs]
     assert all(a.status_code == 200 for a in answers), [a.text[:300] for a in answers]
     assert answers[0].headers["content-type"] == answers[1].headers["content-type"]
     return answers[0], answers[1]
@@ -123,20 +128,21 @@ def both(request: pytest.FixtureRequest, mock: Proc, name: str, **extra: Any) ->
 
 @pytest.mark.parametrize("usage", [True, False], ids=["include_usage", "no_usage"])
 @pytest.mark.parametrize("name", list(QUESTIONS))
-def test_streamed_chunks_have_vllms_shape(request: pytest.FixtureRequest, mock: Proc, name: str, usage: bool) -> None:
+def test_streamed_chunks_have_vllms_shape(vllm: VllmServer, mock: Proc, name: str, usage: bool) -> None:
     extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True} if usage else None}
-    real, imitation = both(request, mock, name, **extra)
+    real, imitation = both(vllm, mock, name, **extra)
     want, got = stream_shapes(real.content), stream_shapes(imitation.content)
     kinds = {"role", "finish"} | ({"usage"} if usage else set()) | EXPECTED[name]
     assert kinds <= set(want) and kinds <= set(got), (set(want), set(got))
     for chunk_kind in set(want) & set(got):
         assert got[chunk_kind] == want[chunk_kind], chunk_kind
+    assert got["finish delta"] == {()}, "the mock ends with an empty delta, as vLLM does when no text rides along"
     assert real.content.endswith(b"data: [DONE]\n\n") and imitation.content.endswith(b"data: [DONE]\n\n")
 
 
 @pytest.mark.parametrize("name", list(QUESTIONS))
-def test_whole_answers_have_vllms_shape(request: pytest.FixtureRequest, mock: Proc, name: str) -> None:
-    real, imitation = both(request, mock, name)
+def test_whole_answers_have_vllms_shape(vllm: VllmServer, mock: Proc, name: str) -> None:
+    real, imitation = both(vllm, mock, name)
     assert shape(imitation.json()) == shape(real.json())
 
 
