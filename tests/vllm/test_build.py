@@ -49,8 +49,13 @@ def test_install_script_reuses_its_cache(vllm_install: Install) -> None:
 def test_an_existing_venv_is_used_as_it_is(vllm_install: Install, tmp_path: Path) -> None:
     """TAPFIX_VLLM names a venv: the script links it (no install) and adds only the template beside it."""
     venv = (vllm_install.dir / "venv").resolve()
+    # the sdist the template comes from, as a cache that has it holds it (no second download)
+    sdists = sorted(cache_root().glob("*/sdist/llama_cpp_python-*.tar.gz"))
+    assert sdists, "the install took its template from a cached sdist"
+    (tmp_path / "cache" / "vllm" / "sdist").mkdir(parents=True)
+    (tmp_path / "cache" / "vllm" / "sdist" / sdists[0].name).symlink_to(sdists[0])
     env = {**os.environ, "TAPFIX_VLLM": str(venv), "TAPFIX_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     [line] = result.stdout.splitlines()
     out = Path(line)

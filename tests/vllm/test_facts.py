@@ -58,8 +58,8 @@ def test_tokenize_renders_a_chat_request_with_the_chat_template(vllm: VllmServer
 def overflow_prompt(server: VllmServer) -> tuple[list[dict], int]:
     """A user message whose rendered prompt is one token over the window, and its token count."""
     base = post(server, "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}).json()["count"]
-    # "x" has no merge: a token per character
-    messages = [{"role": "user", "content": "x" * (MAX_MODEL_LEN + 1 - base)}]
+    # each digit is a pre-token of its own (Qwen2's split): a token per character
+    messages = [{"role": "user", "content": "1" * (MAX_MODEL_LEN + 1 - base)}]
     count = post(server, "/tokenize", {"model": MODEL, "messages": messages}).json()["count"]
     assert count == MAX_MODEL_LEN + 1
     return messages, count

@@ -68,8 +68,8 @@ def kind(chunk: dict[str, Any]) -> str:
 
 def stream_shapes(body: bytes) -> dict[str, set[Any]]:
     """The shapes of a stream's chunks by kind. The finish chunk's delta is left out of its shape: vLLM
-    sends it empty, or with the last piece of text when that token arrived with the finish (timing decides,
-    so only the empty form is one the mock must match: `finish delta`)."""
+    sends it empty, or with the last piece of text or of a call's arguments when that token arrived with
+    the finish (timing decides, so only the empty form is one the mock must match: `finish delta`)."""
     shapes: dict[str, set[Any]] = {}
     for _, data in sse_events(body):
         if not isinstance(data, dict):
@@ -78,7 +78,7 @@ def stream_shapes(body: bytes) -> dict[str, set[Any]]:
         if chunk_kind == "finish":
             delta = data["choices"][0].pop("delta")
             if delta:
-                assert set(delta) <= {"content", "reasoning"}, delta
+                assert set(delta) <= {"content", "reasoning", "tool_calls"}, delta
             else:
                 shapes.setdefault("finish delta", set()).add(shape(delta))
         shapes.setdefault(chunk_kind, set()).add(shape(data))

@@ -77,7 +77,7 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "wrong_model": ({**chat_body(HI), "model": "gpt-4o"}, {"status": 404}),
     "max_tokens_over_the_window": (chat_body(HI, max_tokens=MAX_MODEL_LEN + 1), {"status": 400}),
     "stream_context_overflow": (
-        chat_body([{"role": "user", "content": "x" * MAX_MODEL_LEN}], stream=True),
+        chat_body([{"role": "user", "content": "1" * MAX_MODEL_LEN}], stream=True),  # a token per digit
         {"status": 400},
     ),
 }

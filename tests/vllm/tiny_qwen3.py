@@ -21,7 +21,7 @@ Constraints from vLLM (../shared/vllm-cpu.md): the CPU attention accepts head si
 here); the markers the parsers look for must each be a single token of the vocabulary (several match by
 token id), added with `special: false` as the real tokenizers have them; `<|im_end|>` is the end of
 sequence. The tokenizer is byte-level BPE with Qwen2's pre-tokenizer split, written as a `tokenizers` JSON
-file, with merges only for the chain's words.
+file, with merges for the chain's words first, then pairs (`PAIRS`).
 
 The files are byte for byte reproducible (`MODEL_SHA256`, checked by a test that rebuilds them): numpy
 writes the bf16 safetensors, JSON is written with sorted keys, and the chat template is llama.cpp's copy
@@ -43,7 +43,7 @@ from tests.realengine.tiny_model import BYTES, encode_piece
 TEMPLATE_NAME = "Qwen-Qwen3-0.6B.jinja"
 CONTEXT_LENGTH = 32768  # fits an agent's first turn (opencode's is about 31 KB, a token per byte or so)
 # The directory as write_model writes it with the template of llama-cpp-python 0.3.36's llama.cpp.
-MODEL_SHA256 = "6aefa878e2114eaf2dd7d1de08ac620345505ed978e021ed2fe765cb34478cd7"
+MODEL_SHA256 = "39e97c98411b0ff7cad6c9c100b26d6a3db2e40365953b913a03f1349358493f"
 
 END = "<|im_end|>"
 NEWLINE = "\n"
@@ -84,7 +84,10 @@ ADDED = [
     ("<|tool_call_argument_begin|>", False),
 ]
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 128, 4, 2, 32, 256, 2
+# One layer with one attention head of 32 (the smallest head size vLLM's CPU attention takes): the weights
+# are zero, but vLLM still computes attention over the whole prompt, and an agent's first turn is ~10,000
+# tokens, so each head and layer costs seconds of prefill on a busy core.
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 128, 1, 1, 32, 256, 1
 LOGIT = 2.0  # times the normalized one-hot's sqrt(HIDDEN) = 11.3: a margin of 22.6 logits
 RMS_EPS = 1e-6
 # Qwen2's pre-tokenizer (as in Qwen2/Qwen3's tokenizer.json)
@@ -95,9 +98,17 @@ PRE_TOKENIZER_REGEX = (
 SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
 
+# Merges of two symbols, as a trained BPE has them by the thousand: letter pairs (a word takes about half its
+# length in tokens), a space before a letter, and the punctuation pairs of JSON. Fewer tokens per text make
+# every forced answer and every prompt cheaper (a token is a decode step; the prompt's attention is quadratic).
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+PAIRS = [(a, b) for a in LETTERS for b in LETTERS] + [(" ", a) for a in LETTERS]
+PAIRS += [("{", '"'), ('"', ":"), ('"', ","), (" ", '"'), ('"', "}"), ("}", "}")]
+
+
 class Tokenizer:
-    """The vocabulary: 256 byte tokens (GPT-2's byte symbols), the merges that reach the chain's words, then
-    the added tokens. `ids` maps a token's text (as the model writes it) to its id."""
+    """The vocabulary: 256 byte tokens (GPT-2's byte symbols), the merges that reach the chain's words, the
+    pair merges, then the added tokens. `ids` maps a token's text (as the model writes it) to its id."""
 
     def __init__(self) -> None:
         self.stored: list[str] = list(BYTES)  # id -> the token's text in byte symbols
@@ -108,6 +119,8 @@ class Tokenizer:
             symbols = encode_piece(piece)
             for end in range(2, len(symbols) + 1):  # left to right: O+k, Ok+a, Oka+y
                 self._merge(symbols[: end - 1], symbols[end - 1])
+        for left, right in PAIRS:  # ranked after the chain's, so the chain's words stay whole
+            self._merge(encode_piece(left), encode_piece(right))
         self.vocab_size_bpe = len(self.stored)
         self.added = [(len(self.stored) + i, text, special) for i, (text, special) in enumerate(ADDED)]
         # Byte tokens 128-255 alone are no text: only the ones that decode are named.
