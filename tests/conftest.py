@@ -39,9 +39,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-engine tests last: a cold machine builds llama-server and installs vLLM meanwhile
-    (tests/support/early_build.py)."""
-    items.sort(key=lambda item: early_build.last(Path(str(item.path))))
+    """The vLLM tests first and the llama.cpp ones last (tests/support/early_build.py `order`: a cold
+    machine builds llama-server meanwhile)."""
+    items.sort(key=lambda item: early_build.order(Path(str(item.path))))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,8 +1,8 @@
 """The slow installs of the real-engine suites start with the run, in the background, so a cold machine
 builds them while the rest of the suite runs: llama.cpp's llama-server (scripts/build-llama-server, for
-tests/realengine/) and vLLM's CPU build (scripts/install-vllm, for tests/vllm/). Those tests run last and by
-then find them (each script holds a lock: their fixture's own call waits for this one, then prints the
-cached result).
+tests/realengine/) and vLLM's CPU build (scripts/install-vllm, for tests/vllm/). Each script holds a lock:
+a fixture's own call waits for the running one, then prints the cached result. `order` says when each
+suite's tests run.
 
 Started by the process that runs the session (xdist's controller, or plain pytest), only for the suites the
 run covers and doesn't deselect by marker, niced so the tests keep the cores they need; stopped at the end
@@ -83,6 +83,11 @@ def stop(procs: list[subprocess.Popen]) -> None:
             proc.wait(10)
 
 
-def last(path: Path) -> bool:
-    """Whether a test file belongs to a suite that runs last (its engine is built meanwhile)."""
-    return any(suite.directory in path.parents for suite in SUITES)
+def order(path: Path) -> int:
+    """Where a test file runs: the vLLM suite first (its install, 3 to 4 minutes cold, is started before the
+    suite by .ci/run and is well on its way by then; its servers and tests then run beside the rest of the
+    suite on the other worker instead of after it), the llama.cpp suite last (its cold build takes 15 minutes).
+    """
+    if VLLM in path.parents:
+        return 0
+    return 2 if REALENGINE in path.parents else 1

@@ -35,7 +35,7 @@ from tests.vllm.wire import (
     chat_choice,
     hermes_call,
     messages_blocks,
-    sse_events,
+    parsed_events,
     think,
 )
 
@@ -147,7 +147,7 @@ def test_the_client_gets_exactly_what_vllm_sent(proxy: Proc, relay: Relay, name:
     else:
         assert (answer.calls, answer.finish_reason) == ([], "stop")
     if expect.get("usage"):
-        *_, (_, last), (_, done) = sse_events(response.body)
+        *_, (_, last), (_, done) = parsed_events(response.body)
         assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0 and done == "[DONE]"
 
 
@@ -167,7 +167,7 @@ def test_a_call_with_broken_json_arguments_is_repaired_or_failed_cleanly(proxy: 
         json.loads(call["arguments"])  # vLLM passed the broken arguments on
     capture_id = received.headers["x-tapfix-capture-id"]
     changes = recorded_changes(proxy.extra["db"], capture_id)
-    events = sse_events(received.body)
+    events = parsed_events(received.body)
     errors = [data for _, data in events if isinstance(data, dict) and "error" in data]
     got = chat_choice(received.body, True)
     if errors:  # failed: a retryable error event, no call bytes, and the capture records the failure
@@ -207,7 +207,7 @@ def test_messages_with_thinking_and_tool_use_pass_through(proxy: Proc, relay: Re
     assert blocks[0]["thinking"] == THINKING
     assert (blocks[2]["name"], blocks[2]["input"]) == ("write", WRITE_ARGS)
     if stream:
-        names = [name for name, _ in sse_events(exchange.response.body)]
+        names = [name for name, _ in parsed_events(exchange.response.body)]
         assert names[0] == "message_start" and names[-1] == "message_stop" and None not in names
     else:
         assert json.loads(exchange.response.body)["stop_reason"] == "tool_use"
@@ -226,7 +226,7 @@ def test_responses_with_reasoning_and_a_function_call_pass_through(proxy: Proc, 
     received, exchange, _ = through(proxy, relay, "/v1/responses", body)
     assert exchange.response.status == 200, exchange.response.body[:500]
     if stream:
-        events = sse_events(exchange.response.body)
+        events = parsed_events(exchange.response.body)
         [completed] = [data for name, data in events if name == "response.completed"]
         output = completed["response"]["output"]
     else:

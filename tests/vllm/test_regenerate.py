@@ -36,8 +36,8 @@ from tests.vllm.wire import (
     ask,
     chat_choice,
     hermes_call,
+    parsed_events,
     rendered_prompt,
-    sse_events,
     think,
 )
 
@@ -126,7 +126,7 @@ def test_a_cut_call_after_reasoning_and_text_is_continued_from_what_the_client_r
     assert read.error is None, read.error
     assert [(c["name"], json.loads(c["arguments"])) for c in read.calls.values()] == [("write", WRITE_ARGS)]
     assert read.finish == ["tool_calls"]
-    assert read.ids == {data["id"] for _, data in sse_events(first.upstream) if isinstance(data, dict)}
+    assert read.ids == {data["id"] for _, data in parsed_events(first.upstream) if isinstance(data, dict)}
     assert (read.reasoning, read.content) == (attempt_1.reasoning, attempt_1.content)
 
     # Attempt 2 as vLLM received it: the request plus the text the client read, continued.

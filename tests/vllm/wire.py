@@ -54,7 +54,7 @@ def chat_body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 400, **extra}
 
 
-def sse_events(body: bytes) -> list[tuple[str | None, Any]]:
+def parsed_events(body: bytes) -> list[tuple[str | None, Any]]:
     """(event name, parsed data) per SSE event; `[DONE]` as the string."""
     out: list[tuple[str | None, Any]] = []
     for block in body.decode().split("\n\n"):
@@ -95,7 +95,7 @@ def chat_choice(body: bytes, stream: bool) -> Choice:
         choice.finish_reason = data["finish_reason"]
         return choice
     calls: dict[int, dict[str, str]] = {}
-    for _, data in sse_events(body):
+    for _, data in parsed_events(body):
         if not isinstance(data, dict):
             continue
         for c in data.get("choices") or []:
@@ -118,7 +118,7 @@ def messages_blocks(body: bytes, stream: bool) -> list[dict[str, Any]]:
         return json.loads(body)["content"]
     blocks: dict[int, dict[str, Any]] = {}
     partial: dict[int, str] = {}
-    for name, data in sse_events(body):
+    for name, data in parsed_events(body):
         if name == "content_block_start":
             blocks[data["index"]] = dict(data["content_block"])
         elif name == "content_block_delta":
