@@ -47,8 +47,9 @@ SAID = "I will write the file now.\n"
 MESSAGES = ask("Write hello.py.", think() + SAID + hermes_call("write", WRITE_ARGS))
 # Right after vLLM's first tool_calls delta (the id and the name), the chunked body ends cleanly.
 AFTER_THE_FIRST_CALL_DELTA = Cut(b'"tool_calls"', event_end=True)
-# Inside the third tool_calls delta (an argument fragment), then a TCP reset.
-RESET_MID_ARGUMENTS = Cut(b'"tool_calls"', nth=3, offset=8, reset=True)
+# Inside the first fragment of the call's arguments (one byte into its JSON string), then a TCP reset. Both
+# cuts hold however vLLM happened to group the tokens into chunks.
+RESET_MID_ARGUMENTS = Cut(b'"arguments":"', offset=len(b'"arguments":"') + 1, reset=True)
 CUTS = {"end_after_first_call_delta": AFTER_THE_FIRST_CALL_DELTA, "reset_mid_arguments": RESET_MID_ARGUMENTS}
 
 
