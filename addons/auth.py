@@ -24,6 +24,7 @@ from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.errors import unauthorized
+from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
 TOKEN_ENV = "TAPFIX_TOKEN"
@@ -115,4 +116,5 @@ class TokenAuth:
             self._logged_at = now
             peer = flow.client_conn.peername[0] if flow.client_conn.peername else "?"
             log.warning("rejected a request without the tapfix token from %s (%d so far)", peer, self.rejected)
-        flow.response = json_response(status, unauthorized(message), headers=extra)
+        answer = unauthorized(surface_for(flow.request.path), message, status)
+        flow.response = json_response(answer.status, answer.body, headers=extra)

@@ -106,6 +106,7 @@ class RecordMalformed:
     def _answered(ex: Exchange, sent: bytes) -> None:
         if not sent:
             return
+        ex.answered_by_tapfix()  # mitmproxy's 400, in tapfix's process: no upstream saw the request
         head, _, body = sent.partition(b"\r\n\r\n")
         response = http1.read_response_head(head.split(b"\r\n"))
         ex.status = response.status_code

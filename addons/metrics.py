@@ -4,7 +4,8 @@ Always on: the aggregation (`tapfix.proxy.telemetry.aggregate`) is fed by a capt
 so a scrape only renders what the writer thread already keeps (`tapfix.proxy.telemetry.prometheus`).
 Placed beside health, after the token check, so with a token a scraper sends it (`authorization:
 Bearer TOKEN` in Prometheus' scrape config).
-Rendering runs in a worker thread: a scrape never holds the event loop while it formats.
+Rendering (and gzip, when the scraper accepts it, as Prometheus does) runs in a worker thread: a scrape
+never holds the event loop while it formats or compresses.
 """
 
 from __future__ import annotations
@@ -29,5 +30,9 @@ class Metrics:
         if exposition is None:  # a runtime built without one (in-process tests): nothing to serve
             flow.response = http.Response.make(404, b"no metrics\n", {"content-type": "text/plain"})
             return
-        body, content_type = await asyncio.to_thread(exposition.exposition, flow.request.headers.get("accept"))
-        flow.response = http.Response.make(200, body, {"content-type": content_type})
+        accept, encoding = flow.request.headers.get("accept"), flow.request.headers.get("accept-encoding")
+        body, headers = await asyncio.to_thread(exposition.scrape, accept, encoding)
+        response = http.Response.make(200, b"", headers)
+        response.raw_content = body  # already encoded as its content-encoding says (or plain)
+        response.headers["content-length"] = str(len(body))
+        flow.response = response

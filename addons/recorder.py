@@ -63,14 +63,14 @@ class RecordExchange:
         if ex is None or ex.ended_at is not None:
             return
         message = flow.error.msg if flow.error else "unknown error"
-        if SHUTDOWN_FLAG in ex.flags:  # the grace ended it: neither side broke anything
+        if ex.tapfix_answered:
+            pass  # tapfix answered it (the router, the shutdown): its error is what the client was told
+        elif SHUTDOWN_FLAG in ex.flags:  # the grace ended it: neither side broke anything
             ex.error = f"tapfix shut down before the exchange ended ({message})"
         elif ended_normally(ex):
             pass  # the client had the stream's end: closing after it is no disconnect, and no error
-        elif "upstream_unreachable" in ex.flags:
-            pass  # the router answered it (addons/router.py): its error is what the client was told
         else:
-            ex.error = message
+            ex.error = ex.error or message  # set: what tapfix already told the client (its error event)
             if "client" in message.lower():
                 ex.flags.add("client_disconnected")
             elif flow.response is None:
@@ -87,10 +87,13 @@ class RecordExchange:
         forwarded_headers = _fields(request.headers)
         if forwarded_headers != ex.request_headers:
             ex.forwarded_headers = forwarded_headers
-        ex.upstream_url = request_url(request) if ex.upstream_url == "" else ex.upstream_url
+        if ex.upstream_url == "" and not ex.tapfix_answered:  # tapfix's own answer names no upstream
+            ex.upstream_url = request_url(request)
         response = flow.response
         if response is not None:
-            ex.status = response.status_code if ex.status is None else ex.status  # set: what tapfix sent instead
+            if ex.status is None and not ("client_disconnected" in ex.flags and not response.stream):
+                # set: what tapfix sent instead; none when a whole answer was still held as the client left
+                ex.status = response.status_code
             ex.response_headers = _fields(response.headers)
             ex.content_type = response.headers.get("content-type", "")
             if not response.stream and ex.response is None and not ex.response_chunks:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable
 
 from mitmproxy import http
@@ -72,6 +71,10 @@ class RegenerateBody:
         ex.changes.extend(regen.later_changes())  # as a stream's parent holds every attempt's stage records
         if good is not None:
             _answer(ex, response, good)
+        if not flow.client_conn.connected:
+            # Nothing went out: the answer held for the client (its status and all) never reached it.
+            ex.flags.add("client_disconnected")
+            ex.error = ex.error or "the client disconnected while the answer was regenerated"
         records = attempt_records(ex, regen, regen)
         if records:
             ex.extra["attempt_records"] = records  # the recorder writes them after their parent
@@ -100,10 +103,12 @@ def _readable(attempt: Attempt) -> bytes | None:
     if not codings(encoding):
         return body
     try:
-        return decode_whole(body, encoding)
+        decoded = decode_whole(body, encoding)
     except DecodeError as e:
-        attempt.error = f"the attempt's body can't be decoded: {e}"
+        attempt.fail(f"the attempt's body can't be decoded: {e}", "undecodable_body")
         return None
+    attempt.decoded = [decoded]
+    return decoded
 
 
 async def _while_connected(fetch: Awaitable[None], flow: http.HTTPFlow, attempt: Attempt) -> None:
@@ -116,7 +121,7 @@ async def _while_connected(fetch: Awaitable[None], flow: http.HTTPFlow, attempt:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                attempt.error, attempt.ended = "the client disconnected: the attempt was cancelled", time.perf_counter()
+                attempt.cancel()
                 return
         task.result()
     except BaseException:

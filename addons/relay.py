@@ -26,7 +26,7 @@ from mitmproxy import http
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import Attempt, RelaySession
-from tapfix.proxy.response.decoding import codings
+from tapfix.proxy.response.decoding import DecodeError, Decoder, codings
 from tapfix.proxy.sse import last_event_end
 
 log = logging.getLogger("tapfix")
@@ -156,19 +156,16 @@ class Relay:
         writer.write(wire.response_head(response.status_code, response.reason_phrase, response.headers.multi_items()))
         # A compressed stream can't carry a plain marker after it (the pipeline decodes what it reads):
         # it goes through whole, as one attempt.
-        splice = (
-            response.status_code == 200
-            and "text/event-stream" in response.headers.get("content-type", "")
-            and not codings(response.headers.get("content-encoding", ""))
-        )
-        deadline: float | None = None
-        cut = False  # the upstream broke off the last attempt streamed: mitmproxy must see a reset too
+        stream = wire.unspliceable(response.status_code, response.headers.get("content-type", "")) is None
+        splice = stream and not codings(response.headers.get("content-encoding", ""))
         try:
+            last = await self._pump(response, attempt, writer, whole_events=splice)
+        finally:
+            await response.aclose()
+        cut = attempt.error is not None  # the upstream broke off the last attempt: mitmproxy must see a reset too
+        if splice and await session.spliced:
+            loop = asyncio.get_running_loop()
             while True:
-                last = await self._pump(response, attempt, writer, deadline, whole_events=splice)
-                cut = attempt.error is not None
-                if not splice or not await session.spliced:
-                    break
                 decision = session._arm()
                 writer.write(wire.chunk(wire.marker_after(last, session.marker)))
                 await writer.drain()
@@ -176,65 +173,138 @@ class Relay:
                 if plan is None:
                     break
                 body_next, timeout_s = plan
-                deadline = asyncio.get_running_loop().time() + timeout_s
                 attempt = Attempt(len(session.attempts) + 1, body_next, headers)
                 session.attempts.append(attempt)
                 try:
-                    response = await _keepalive_until(
-                        self._send(method, url, headers, body_next), reader, writer, session.keepalive_s, deadline
-                    )
-                except (httpx.HTTPError, TimeoutError) as e:
-                    attempt.error, attempt.ended = _why(e), time.perf_counter()
-                    cut = False
-                    break  # the pipeline sees the end with no marker: its deferred error event goes out
-                _note(attempt, response)
-                if response.status_code != 200:
-                    attempt.chunks.append(await response.aread())
-                    attempt.times.append(time.perf_counter())
-                    attempt.ended = time.perf_counter()
-                    attempt.error = f"the upstream answered {response.status_code}"
-                    cut = False
-                    break
-            if cut:
-                # As the upstream did: no last chunk, so mitmproxy's error hook ends the client's stream
-                # with the retryable error event a direct reset gets (addons/stream.py, `error`).
-                writer.transport.abort()
-                return
-            writer.write(wire.LAST_CHUNK)
-            await writer.drain()
+                    later = _Later(reader, writer, session.keepalive_s, loop.time() + timeout_s)
+                    last = await self._later(later, attempt, method, url, headers)
+                finally:
+                    session.release()  # its admission slot, as soon as it ended
+                cut = attempt.error is not None and not attempt.failed
+        if cut:
+            # As the upstream did: no last chunk, so mitmproxy's error hook ends the client's stream
+            # with the retryable error event a direct reset gets (addons/stream.py, `error`).
+            writer.transport.abort()
+            return
+        writer.write(wire.LAST_CHUNK)
+        await writer.drain()
+
+    async def _later(
+        self, later: _Later, attempt: Attempt, method: str, url: str, headers: list[tuple[str, str]]
+    ) -> bytes:
+        """A later attempt, its headers and body within `later.deadline` (what is left of the budget), with
+        keep-alives while nothing comes. Its events go out when its answer is an event stream the pipeline
+        can read, decoded when it came compressed; any other answer fails the attempt (`Attempt.fail`): its
+        body is read for the record, and nothing of it reaches the client. Returns the stream's last bytes."""
+        try:
+            response = await later.wait(self._send(method, url, headers, attempt.body))
+        except _ClientLeft:
+            attempt.cancel()
+            raise
+        except (httpx.HTTPError, TimeoutError) as e:
+            attempt.fail(_why(e))
+            attempt.ended = time.perf_counter()
+            return b""
+        try:
+            _note(attempt, response)
+            why = wire.unspliceable(response.status_code, response.headers.get("content-type", ""))
+            decoder = None
+            encoding = response.headers.get("content-encoding", "")
+            if why is None and codings(encoding):
+                try:
+                    decoder = Decoder(encoding)
+                except DecodeError as e:
+                    why = f"the attempt's answer can't be decoded: {e}"
+                    attempt.flags.add("undecodable_body")
+            if why is None:
+                return await self._pump(response, attempt, later.writer, True, later, decoder)
+            attempt.fail(why)
+            await self._record_rest(response, attempt, later)
+            return b""
         finally:
             await response.aclose()
+
+    @staticmethod
+    async def _record_rest(response: httpx.Response, attempt: Attempt, later: _Later) -> None:
+        """A failed attempt's body, for its record only, read within the deadline (a body that stalls
+        holds nobody past the budget)."""
+        chunks = response.aiter_raw()
+        try:
+            while True:
+                data = await later.wait(anext(chunks, None))
+                if data is None:
+                    break
+                attempt.chunks.append(data)
+                attempt.times.append(time.perf_counter())
+        except _ClientLeft:
+            attempt.cancel()
+            raise
+        except (httpx.HTTPError, OSError, TimeoutError) as e:
+            attempt.error = f"{attempt.error}; then {_why(e)}"
+        attempt.ended = time.perf_counter()
 
     @staticmethod
     async def _pump(
         response: httpx.Response,
         attempt: Attempt,
         writer: asyncio.StreamWriter,
-        deadline: float | None,
         whole_events: bool = False,
+        later: _Later | None = None,
+        decoder: Decoder | None = None,
     ) -> bytes:
         """Forward the upstream's bytes (recorded on `attempt` as they came); the stream's last 4 bytes sent.
         With `whole_events` (an SSE stream), bytes after the last whole event wait for the rest of it: when
         the upstream breaks off inside an event, that piece is never sent (the client would read broken
-        JSON before the retryable error), though the record keeps it."""
+        JSON before the retryable error), though the record keeps it. A later attempt's reads wait within
+        its deadline, keep-alives going out meanwhile (`later`); `decoder` undoes its Content-Encoding."""
         last = pending = b""
+        sent = False
+        if decoder is not None:
+            attempt.decoded = []
+        chunks = response.aiter_raw()
         try:
-            async with asyncio.timeout_at(deadline):
-                async for data in response.aiter_raw():
-                    attempt.chunks.append(data)
-                    attempt.times.append(time.perf_counter())
-                    if whole_events:
-                        data = pending + data
-                        end = last_event_end(data)
-                        data, pending = data[:end], data[end:]
-                    if data:
-                        writer.write(wire.chunk(data))
-                        await writer.drain()
-                        last = (last + data)[-4:]  # the stream's tail, wherever the reads fell
+            while True:
+                data = await (anext(chunks, None) if later is None else later.wait(anext(chunks, None)))
+                if data is None:
+                    break
+                attempt.chunks.append(data)
+                attempt.times.append(time.perf_counter())
+                if decoder is not None:
+                    data = decoder.feed(data)
+                    assert attempt.decoded is not None
+                    attempt.decoded.append(data)
+                if whole_events:
+                    data = pending + data
+                    end = last_event_end(data)
+                    data, pending = data[:end], data[end:]
+                if data:
+                    writer.write(wire.chunk(data))
+                    await writer.drain()
+                    sent = True
+                    last = (last + data)[-4:]  # the stream's tail, wherever the reads fell
+            if decoder is not None:
+                tail = decoder.finish()
+                if tail and attempt.decoded:
+                    attempt.decoded[-1] += tail
+                pending += tail
+        except _ClientLeft:
+            attempt.cancel()
+            raise
+        except DecodeError as e:
+            attempt.flags.add("undecodable_body")
+            if not sent:
+                attempt.fail(f"the attempt's answer can't be decoded: {e}")
+            else:
+                attempt.error = f"the attempt's answer stopped decoding: {e}"
         except (httpx.HTTPError, OSError, TimeoutError) as e:
             if isinstance(e, ConnectionError) and writer.is_closing():
+                if later is not None:
+                    attempt.cancel()
                 raise  # mitmproxy dropped the connection: the client left
-            attempt.error = _why(e)
+            if later is not None and not sent:
+                attempt.fail(_why(e))  # nothing of it came: no answer
+            else:
+                attempt.error = _why(e)
         if pending and attempt.error is None:  # a clean end: what is left goes too, as it came
             writer.write(wire.chunk(pending))
             await writer.drain()
@@ -242,6 +312,26 @@ class Relay:
         attempt.ended = time.perf_counter()
         await response.aclose()
         return last
+
+
+class _ClientLeft(ConnectionResetError):
+    """mitmproxy closed the relay's connection while a later attempt was awaited: the client left."""
+
+
+class _Later:
+    """How a later attempt waits: within `deadline` (loop time), a keep-alive to the client every `every_s`
+    while nothing comes, and cancelled when the client leaves. (No dataclass in an addon file: see
+    proxy/regenerate/session.py.)"""
+
+    __slots__ = ("reader", "writer", "every_s", "deadline")
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, every_s: float, deadline: float
+    ) -> None:
+        self.reader, self.writer, self.every_s, self.deadline = reader, writer, every_s, deadline
+
+    def wait[T](self, waitable: Awaitable[T]) -> Awaitable[T]:
+        return _keepalive_until(waitable, self.reader, self.writer, self.every_s, self.deadline)
 
 
 def _note(attempt: Attempt, response: httpx.Response) -> None:
@@ -278,7 +368,7 @@ async def _keepalive_until[T](
             if done:
                 return task.result()
             if reader.at_eof():
-                raise ConnectionResetError("mitmproxy closed the connection: the client left")
+                raise _ClientLeft("mitmproxy closed the connection: the client left")
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError
             if loop.time() >= next_keepalive:

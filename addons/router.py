@@ -12,7 +12,7 @@ from mitmproxy import flow as mitm_flow
 from mitmproxy import http
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import server_hooks
-from tapfix.addons.runner.http import json_response
+from tapfix.addons.runner.http import answer_locally, json_response
 from tapfix.addons.runner.reset_tail import REPLY_ATTR
 from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
@@ -57,8 +57,8 @@ class Router:
         why = await self.runtime.unreachable(target)
         if why is not None:
             ex.flags.add("upstream_unreachable")
-            ex.error = f"upstream {target.url} unreachable: {why}"
-            flow.response = json_response(502, upstream_unreachable(ex.error), ex.id)
+            error = f"upstream {target.url} unreachable: {why}"
+            answer_locally(flow, ex, upstream_unreachable(surface_for(ex.path), error))
             return
         self._through_relay(flow, ex, target)
 
@@ -101,17 +101,13 @@ class Router:
             return  # regular mode, a host tapfix doesn't record: mitmproxy's own answer, as for any proxy
         target = self.runtime.targets.get(ex.extra.get("target", "")) if ex is not None else None
         upstream = target.url if target is not None else self._origin_of(flow.request)
-        error = f"upstream {upstream} unreachable: {message}"
-        body = upstream_unreachable(error)
-        setattr(
-            flow.client_conn,
-            REPLY_ATTR,
-            http1.assemble_response(json_response(502, body, ex.id if ex else None, {"connection": "close"})),
-        )
+        answer = upstream_unreachable(surface_for(flow.request.path), f"upstream {upstream} unreachable: {message}")
+        reply = json_response(answer.status, answer.body, ex.id if ex else None, {"connection": "close"})
+        setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(reply))
         if ex is not None:
             ex.flags.add("upstream_unreachable")
-            ex.error = error
-            ex.status, ex.client_response = 502, body
+            ex.answered_by_tapfix(answer.error_text())
+            ex.status, ex.client_response = answer.status, answer.body
 
     @staticmethod
     def _origin_of(request: http.Request) -> str:
@@ -124,7 +120,7 @@ class Router:
             and not policy.config.is_quick
             and flow.request.path.split("?")[0].rstrip("/").endswith("/models")
         ):
-            flow.response = json_response(200, orjson.dumps(models_listing(policy.config)), ex.id)
+            answer_locally(flow, ex, (200, orjson.dumps(models_listing(policy.config))))
             return True
         return False
 
@@ -143,8 +139,7 @@ class Router:
         if not outcome.store_bodies:
             ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
         if outcome.error is not None:
-            status, body = outcome.error
-            flow.response = json_response(status, body, ex.id)
+            answer_locally(flow, ex, outcome.error)
             return None
         if outcome.body is not flow.request.raw_content:
             flow.request.raw_content = outcome.body

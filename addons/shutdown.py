@@ -19,19 +19,16 @@ from typing import Any
 
 from mitmproxy import http
 from mitmproxy.net.http import http1
-from tapfix.addons.runner.http import json_response
+from tapfix.addons.runner.http import answer_locally, json_response
 from tapfix.addons.runner.reset_tail import REPLY_ATTR
-from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, SHUTDOWN_MESSAGE, Runtime, exchange_of
+from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of, request_url
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
-from tapfix.proxy.errors import error_json
+from tapfix.proxy.errors import shutting_down
+from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
 ENDING_S = 3.0  # after the grace: how long the cut exchanges get to run their error hooks
 _POLL_S = 0.05
-
-
-def shutdown_body() -> bytes:
-    return error_json(SHUTDOWN_MESSAGE, "server_error", SHUTDOWN_FLAG)
 
 
 class Shutdown:
@@ -50,7 +47,7 @@ class Shutdown:
             self.in_flight.add(flow)
             return
         ex = exchange_of(flow)
-        flow.response = json_response(503, shutdown_body(), ex.id if ex else None, {"connection": "close"})
+        answer_locally(flow, ex, shutting_down(surface_for(flow.request.path)), {"connection": "close"})
         if ex is not None:
             ex.flags.add(SHUTDOWN_FLAG)
 
@@ -101,11 +98,13 @@ class Shutdown:
             if ex is not None:
                 ex.flags.add(SHUTDOWN_FLAG)
             if flow.response is None or not flow.response.stream:  # the client has no head yet
-                body = shutdown_body()
-                reply = json_response(503, body, ex.id if ex else None, {"connection": "close"})
+                answer = shutting_down(surface_for(flow.request.path))
+                reply = json_response(answer.status, answer.body, ex.id if ex else None, {"connection": "close"})
                 setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(reply))
                 if ex is not None:
-                    ex.status, ex.client_response = 503, body
+                    sent = flow.server_conn.timestamp_tcp_setup is not None  # it went upstream, unanswered
+                    ex.answered_by_tapfix(answer.error_text(), request_url(flow.request) if sent else "")
+                    ex.status, ex.client_response = answer.status, answer.body
             handler = proxyserver.connections.get(flow.client_conn.id)
             if handler is not None and flow.server_conn in handler.transports:
                 handler.close_connection(flow.server_conn)

@@ -91,8 +91,8 @@ class StreamOwner:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or response is None:
-            return
+        if ex is None or response is None or ex.tapfix_answered:
+            return  # tapfix's own answer (mitmproxy runs this hook for it too): no upstream head came
         ex.response_started_at = time.perf_counter()
         ex.upstream_status = response.status_code
         response.headers["x-tapfix-capture-id"] = ex.id
@@ -192,8 +192,12 @@ class StreamOwner:
                 ex.extra["attempt_records"] = records
         if stage is not None:
             ex.changes.extend(stage.changes)
-            if stage.outcome != "untouched":
-                ex.flags.add(f"toolcall_{stage.outcome}")
+            # The flag says what the client got: when a later attempt failed and the client got an earlier
+            # one's error events, that attempt's verdict (its stage's records are in already).
+            answered_by = splice.answered_by if isinstance(splice, AttemptSplice) else None
+            outcome = (answered_by or stage).outcome
+            if outcome != "untouched":
+                ex.flags.add(f"toolcall_{outcome}")
         rename = ex.extra.pop("reasoning_rename", None)
         if rename is not None and (change := rename.change()) is not None:
             ex.changes.append(change)
@@ -287,6 +291,9 @@ class StreamOwner:
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return
         if flow.error and "client" in flow.error.msg.lower():
+            session = relayed_session(ex)
+            if session is not None:
+                session.client_left()
             self.collect(ex)
             return  # nobody is left to tell
         if ended_normally(ex):
@@ -297,7 +304,9 @@ class StreamOwner:
         pipeline.cut = True
         held = pipeline(b"")
         tail = held if isinstance(held, bytes) else b"".join(held)
-        if pipeline.passes_encoded:  # the client reads compressed bytes: a plain event would corrupt them
+        if pipeline.passes_encoded or pipeline.broken:
+            # The client reads compressed bytes (a plain event would corrupt them), or the pipeline already
+            # ended the stream with its own error (it stopped decoding, or stopped being SSE).
             self.collect(ex)
             return
         if tail.rstrip().endswith(b"data: [DONE]"):

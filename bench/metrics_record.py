@@ -1,6 +1,6 @@
 """What recording one exchange's metrics costs the capture writer's thread: µs per 256-chunk stream.
 
-Why: the per-chunk histogram (`gen_ai.client.operation.time_per_output_chunk`) takes ~255 values per
+Why: the per-chunk histogram (`gen_ai.client.inference.time_per_output_chunk`) takes ~255 values per
 256-chunk stream, and the writer thread holds the GIL against the event loop while it records. tapfix
 records an exchange once into its own aggregation (`tapfix.proxy.telemetry.aggregate`), which both
 `/tapfix/metrics` and the OTLP export read. For reference the script also times what recording each

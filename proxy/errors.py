@@ -1,12 +1,21 @@
 """Every error tapfix itself emits, in the shape each client reads: one place to keep them agreeing.
 
+Each error is in the request's surface's own shape (DESIGN.md): on
+chat, completions and Responses (and any other path) OpenAI's `{"error": {"message", "type", "param",
+"code"}}`; on Messages Anthropic's `{"type": "error", "error": {"type", "message"}}`, typed by
+Anthropic's own words (`invalid_request_error`, `authentication_error`, `not_found_error`, `api_error`,
+`overloaded_error`), since the anthropic SDK and Claude Code read only that shape.
+
 Two families:
 
-- **Answers instead of forwarding** (`request_error`, `unauthorized`, `upstream_unreachable`): an
-  OpenAI error object `{"error": {"message", "type", "param", "code"}}`, which every agent
-  surfaces as is. A 4xx is `invalid_request_error`, so agents stop instead of retrying.
+- **Answers instead of forwarding** (`request_error`, `internal_error`, `unauthorized`,
+  `upstream_unreachable`, `shutting_down`), one function per error, each taking the surface (the
+  addons answer through `addons/runner/http.answer_locally`): a `LocalAnswer`, the status, the body
+  and the error object in it (what the capture's `error` column holds: the exchange is tapfix's,
+  never the upstream's). A 4xx is `invalid_request_error`, so agents stop instead of retrying.
 - **Errors inside a response** (a tool call tapfix can't recover, an upstream reset mid-stream): in
-  the stream's own framing per surface, worded so agents retry or stop as the policy wants. Agents
+  the stream's own framing per surface (`reset_event` takes the surface; the tool-call error has a
+  function per surface, called by that surface's stage), worded so agents retry or stop as the policy wants. Agents
   decide from the words alone (clients.md §8): policy "error" carries all three retry signals
   (server-error words, a numeric 5xx code, "server error" in the message) so opencode, omp and pi
   regenerate the turn; "fail_fast" carries none of them, in any field, so every agent stops.
@@ -18,47 +27,102 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.sse import format_event, named_event
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 TOOL_CALL_UNRECOVERABLE = "tool_call_unrecoverable"
+SHUTDOWN_REASON = "proxy_shutdown"
+SHUTDOWN_MESSAGE = "tapfix server error: the proxy is shutting down (server unavailable); retry the request"
 # What opencode, omp and pi read as "transient, retry": kept out of every fail_fast field.
 _TRANSIENT = re.compile(
     r"server[ _]error|unavailable|timeout|timed out|internal|overloaded|exhausted|terminated|try again|"
     r"connection|network|fetch failed|upstream connect|rate limit|429|5\d\d",
     re.I,
 )
+# Anthropic's error type for a status (its API's own table); any other 4xx is invalid_request_error,
+# any other 5xx api_error. The anthropic SDK picks its exception by status, Claude Code shows the type.
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    407: "authentication_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 # -- answers instead of forwarding --------------------------------------------------------------
-def error_json(message: str, kind: str, code: str | None = None, param: str | None = None) -> bytes:
-    """OpenAI's error object. json, not orjson: a model name may hold a lone surrogate escape,
-    which only ASCII output can carry."""
-    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+@dataclass(frozen=True, slots=True)
+class LocalAnswer:
+    """What tapfix answers itself: `status`, `body` (JSON in the surface's shape) and `error`, the error
+    object inside the body as the client reads it."""
+
+    status: int
+    body: bytes
+    error: dict[str, Any]
+
+    def error_text(self) -> str:
+        """The error object as JSON text, as the capture's `error` column holds it."""
+        try:
+            return orjson.dumps(self.error).decode()
+        except TypeError:  # a lone surrogate (a model name): ASCII escapes carry it
+            return json.dumps(self.error)
 
 
-def request_error(status: int, message: str, code: str, param: str | None = None) -> tuple[int, bytes]:
-    """A 4xx `invalid_request_error` (status, body): the request can't be served as sent."""
-    return status, error_json(message, "invalid_request_error", code, param)
+def _answer(
+    surface: Surface | None, status: int, message: str, kind: str, code: str | None = None, param: str | None = None
+) -> LocalAnswer:
+    """The body in the surface's shape. `kind`, `code` and `param` are OpenAI's fields; Messages gets
+    Anthropic's type for the status instead. json, not orjson: a model name may hold a lone surrogate
+    escape, which only ASCII output can carry."""
+    if surface == "messages":
+        error: dict[str, Any] = {"type": anthropic_type(status), "message": message}
+        return LocalAnswer(status, json.dumps({"type": "error", "error": error}).encode(), error)
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return LocalAnswer(status, json.dumps({"error": error}).encode(), error)
 
 
-def internal_error(message: str) -> tuple[int, bytes]:
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def request_error(
+    surface: Surface | None, status: int, message: str, code: str, param: str | None = None
+) -> LocalAnswer:
+    """A 4xx: the request can't be served as sent (OpenAI `invalid_request_error`, with `code`;
+    Anthropic's type for the status: `not_found_error` for an unknown model, else mostly
+    `invalid_request_error`). Agents stop on it."""
+    return _answer(surface, status, message, "invalid_request_error", code, param)
+
+
+def internal_error(surface: Surface | None, message: str) -> LocalAnswer:
     """A 500: tapfix itself failed on this request and can't tell where to forward it."""
-    return 500, error_json(message, "tapfix_error", "internal")
+    return _answer(surface, 500, message, "tapfix_error", "internal")
 
 
-def unauthorized(message: str) -> bytes:
-    """The 401 body OpenAI-compatible clients recognise as a bad key (`invalid_api_key`): they stop."""
-    return error_json(message, "invalid_request_error", "invalid_api_key")
+def unauthorized(surface: Surface | None, message: str, status: int = 401) -> LocalAnswer:
+    """The 401 (407 for a proxy CONNECT) clients recognise as a bad key (OpenAI `invalid_api_key`,
+    Anthropic `authentication_error`): they stop."""
+    return _answer(surface, status, message, "invalid_request_error", "invalid_api_key")
 
 
-def upstream_unreachable(message: str) -> bytes:
-    """The 502 body when the upstream refuses connections (never mitmproxy's HTML page)."""
-    return error_json(message, "upstream_unreachable")
+def upstream_unreachable(surface: Surface | None, message: str) -> LocalAnswer:
+    """The 502 when the upstream refuses connections (never mitmproxy's HTML page): agents retry it."""
+    return _answer(surface, 502, message, "upstream_unreachable")
+
+
+def shutting_down(surface: Surface | None) -> LocalAnswer:
+    """The 503 a request gets while tapfix drains for shutdown (Anthropic `overloaded_error`): agents
+    retry it, on another connection."""
+    return _answer(surface, 503, SHUTDOWN_MESSAGE, "server_error", SHUTDOWN_REASON)
 
 
 # -- a tool call tapfix can't recover ------------------------------------------------------------

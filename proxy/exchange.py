@@ -13,6 +13,10 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.ids import new_capture_id
 
+# The flag of an exchange tapfix answered itself (an unknown model, a refused request, an unreachable
+# upstream, the shutdown's 503, the models listing): no upstream answered it, whatever its status.
+TAPFIX_ANSWERED = "tapfix_answered"
+
 
 @dataclass(slots=True)
 class Exchange:
@@ -87,6 +91,19 @@ class Exchange:
         self.tools = tools if isinstance(tools, list) and tools else None
         self.tool_choice = parsed.get("tool_choice")
         self.choices_asked = parsed.get("n")
+
+    def answered_by_tapfix(self, error: str | None = None, upstream: str = "") -> None:
+        """tapfix answered this request itself: flagged, the upstream URL only where the request had
+        gone (`upstream`: the shutdown may end one the upstream never answered), and `error`, the
+        error object the client got as JSON text, as its error."""
+        self.flags.add(TAPFIX_ANSWERED)
+        self.upstream_url = upstream
+        if error is not None:
+            self.error = error
+
+    @property
+    def tapfix_answered(self) -> bool:
+        return TAPFIX_ANSWERED in self.flags
 
     def response_body(self) -> bytes:
         """What the upstream answered, whole."""

@@ -18,6 +18,10 @@ import re
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 )
+# The headers an agent names its session with, first found wins (store/sessions.py): opencode's, then
+# Claude Code's (on every request it sends, its subagents' too). Lower case. No secret (exports keep
+# them); a replay's own record leaves them out (they would file the copy under the original session).
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id")
 _ESCAPE = re.compile(rb"\\(\\|x[0-9a-fA-F]{2})")
 
 

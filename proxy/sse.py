@@ -112,6 +112,19 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(parts)
 
 
+# A line of server-sent events: a comment, a field with a value (`name:`), or a known field alone.
+_SSE_LINE = re.compile(rb"(?::|[A-Za-z][A-Za-z0-9_.-]*:|(?:data|event|id|retry)[ \t]*$)")
+
+
+def is_sse(event: bytes) -> bool:
+    """Whether an event (as the splitter hands it out, or a stream's unterminated tail) reads as
+    server-sent events: every line a comment or a field. An HTML page, a JSON body or binary junk sent
+    as `text/event-stream` is not, and nothing in it is an answer a client could read."""
+    if event.startswith(b"data:") and b"\n" not in event[:-2] and b"\r" not in event:
+        return True  # the common one-line event
+    return all(_SSE_LINE.match(line) for line in _LINE_END.split(event) if line)
+
+
 def format_event(data: bytes, newline: bytes = b"\n") -> bytes:
     """A one-line `data:` event, the way vLLM and SGLang frame them."""
     return b"data: " + data + newline + newline

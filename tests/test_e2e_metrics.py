@@ -5,6 +5,7 @@ then `other`); with a token, the endpoint wants it like every other path."""
 
 from __future__ import annotations
 
+import gzip
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -102,18 +103,20 @@ def test_a_scrape_counts_requests_tokens_and_repairs_and_bounds_the_model_label(
     assert total(samples, "tapfix_requests_total", model="m-a", status_class="2xx", surface="chat") == 3
     assert total(samples, "tapfix_requests_total", model="m-b", status_class="2xx") == 1
     assert total(samples, "tapfix_requests_total", model="fail-me", status_class="5xx") == 1
-    name = "gen_ai_client_token_usage"
-    assert total(samples, f"{name}_sum", model="m-a", token_type="input") == usage["input"] > 0
-    assert total(samples, f"{name}_sum", model="m-a", token_type="output") == usage["output"] > 0
-    assert total(samples, f"{name}_count", model="m-a", token_type="input") == 3
-    assert total(samples, f"{name}_sum", model="m-b", token_type="output") == answer.usage.completion_tokens
-    duration = "gen_ai_client_operation_duration_seconds"
+    used = "gen_ai_client_inference_usage_{}_tokens_total"
+    assert total(samples, used.format("input"), model="m-a", modality="unknown") == usage["input"] > 0
+    assert total(samples, used.format("output"), model="m-a") == usage["output"] > 0
+    assert total(samples, used.format("output"), model="m-b") == answer.usage.completion_tokens
+    per = "gen_ai_client_inference_operation_{}_tokens"
+    assert total(samples, per.format("input") + "_count", model="m-a") == 3
+    assert total(samples, per.format("input") + "_sum", model="m-a") == usage["input"]
+    duration = "gen_ai_client_inference_duration_seconds"
     assert total(samples, f"{duration}_count", model="m-a", operation="chat") == 3
     assert total(samples, f"{duration}_count", model="fail-me", error_type="500") == 1
     assert total(samples, f"{duration}_bucket", model="m-a", le="+Inf") == 3
     # Streams only: one first chunk per stream, one interval per chunk after the first.
-    assert total(samples, "gen_ai_client_operation_time_to_first_chunk_seconds_count", model="m-a") == 3
-    assert total(samples, "gen_ai_client_operation_time_to_first_chunk_seconds_count", model="m-b") == 0
+    assert total(samples, "gen_ai_client_inference_time_to_first_chunk_seconds_count", model="m-a") == 3
+    assert total(samples, "gen_ai_client_inference_time_to_first_chunk_seconds_count", model="m-b") == 0
     conn = sqlite3.connect(f"file:{proxy.extra['db']}?mode=ro", uri=True)
     try:
         chunk_counts = [n for (n,) in conn.execute("select chunk_count from exchanges where model = 'm-a'")]
@@ -128,14 +131,14 @@ def test_a_scrape_counts_requests_tokens_and_repairs_and_bounds_the_model_label(
         ).fetchall()
     finally:
         conn.close()
-    per_chunk = "gen_ai_client_operation_time_per_output_chunk_seconds_count"
+    per_chunk = "gen_ai_client_inference_time_per_output_chunk_seconds_count"
     assert total(samples, per_chunk, model="m-a") == sum(n - 1 for n in chunk_counts) > 0
     assert kinds, "the corpus case must be repaired"
     for kind, count in kinds:
         assert total(samples, "tapfix_repairs_total", model="repair-me", kind=kind) == count
     # A regeneration's own records (the verdict, the new attempt's seed) are no repairs.
     assert {s.labels["kind"] for s in samples["tapfix_repairs_total"]} == {kind for kind, _ in kinds}
-    assert total(samples, "tapfix_requests_total") == rows
+    assert total(samples, "tapfix_requests_total") == rows - attempts, "client requests: attempts are counted apart"
     # The first attempt's call was cut (unrecoverable); tapfix asked again, and the client got the second.
     assert total(samples, "tapfix_regenerations_total", model="regen-me", outcome="ok") >= 1
     assert total(samples, "tapfix_regenerations_total", model="never-whole", outcome="unrecoverable") >= 1
@@ -167,7 +170,25 @@ def test_openmetrics_when_the_scraper_asks(stack) -> None:
     r = httpx.get(f"{proxy.url}/tapfix/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/openmetrics-text")
     names = {family.name for family in openmetrics_families(r.text)}
-    assert {"tapfix_requests", "gen_ai_client_operation_duration_seconds", "tapfix_writer_queue_depth"} <= names
+    assert {"tapfix_requests", "gen_ai_client_inference_duration_seconds", "tapfix_writer_queue_depth"} <= names
+
+
+def test_the_scrape_is_gzipped_when_the_scraper_accepts_it(stack) -> None:
+    """Prometheus sends `Accept-Encoding: gzip`: the text repeats every label on every bucket line."""
+    _, proxy = stack
+    url = f"{proxy.url}/tapfix/metrics"
+    plain = httpx.get(url, headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers and b"tapfix_requests" in plain.content
+    with httpx.stream("GET", url, headers={"accept-encoding": "gzip"}) as r:
+        raw = b"".join(r.iter_raw())
+        assert r.headers["content-encoding"] == "gzip" and "accept-encoding" in r.headers["vary"].lower()
+    text = gzip.decompress(raw)
+    assert {f.name for f in text_string_to_metric_families(text.decode())} == {
+        f.name for f in text_string_to_metric_families(plain.text)
+    }
+    assert len(raw) < len(text) / 3
+    refused = httpx.get(url, headers={"accept-encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers
 
 
 def test_with_a_token_the_endpoint_wants_it(stack, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ in health and logged once, and traffic never notices."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -84,10 +85,12 @@ def test_a_run_exports_the_catalogue_over_otlp_http(receiver_class, mock, tmp_pa
         assert proxy.stop() == 0
         receiver.close()
     latest = receiver.latest()  # the flush at exit: cumulative totals of the whole run
-    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in latest[sc.METRIC_TOKEN_USAGE]}
-    assert tokens["input"].total == sum(i for i, _ in used) and tokens["input"].count == 2
-    assert tokens["output"].total == sum(o for _, o in used)
-    attributes = tokens["input"].attributes
+    (used_in,) = latest[sc.METRIC_USAGE_INPUT_TOKENS]
+    (used_out,) = latest[sc.METRIC_USAGE_OUTPUT_TOKENS]
+    assert (used_in.value, used_out.value) == (sum(i for i, _ in used), sum(o for _, o in used))
+    (per_in,) = latest[sc.METRIC_OPERATION_INPUT_TOKENS]
+    assert per_in.total == sum(i for i, _ in used) and per_in.count == 2
+    attributes = per_in.attributes
     assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m-a" and attributes[sc.GEN_AI_OPERATION_NAME] == "chat"
     assert attributes[sc.TAPFIX_UPSTREAM] == "default" and attributes[sc.TAPFIX_SURFACE] == "chat"
     for name, points in latest.items():
@@ -95,7 +98,7 @@ def test_a_run_exports_the_catalogue_over_otlp_http(receiver_class, mock, tmp_pa
         assert all(p.unit == inst.unit for p in points), name
         if inst.kind == "histogram":
             assert all(p.bounds == inst.buckets for p in points), name
-    (duration,) = latest[sc.METRIC_OPERATION_DURATION]
+    (duration,) = latest[sc.METRIC_INFERENCE_DURATION]
     assert duration.count == 2 and duration.total > 0
     resources = {(r.get("service.name"), scope) for r, scope, _ in receiver.points()}
     assert resources == {("tapfix", sc.INSTRUMENTATION_SCOPE)}
@@ -124,6 +127,35 @@ def test_a_receiver_without_metrics_is_counted_and_logged_once(receiver_class, m
     ]  # not the banner
     assert len(ours) == 1 and "OTLP metrics export to" in ours[0] and "404" in ours[0], log
     assert "Traceback" not in log, log
+
+
+def test_no_sdk_line_leaks_when_the_export_is_shut_down_during_a_retry(
+    receiver_class, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver answering 503 makes the SDK's exporter retry with backoff; shutting down (tapfix's exit)
+    while it waits must not let the SDK's own lines out ("Shutdown in progress, aborting retry.")."""
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
+
+    receiver = receiver_class(metrics_status=503)
+    export = export_config(receiver.url, {}, None)
+    assert export is not None
+    aggregation = Aggregation(Labeller(), {QUEUE_DEPTH: lambda: 1.0})
+    meters = OtlpMetrics.exporting(aggregation, export, {"OTEL_METRIC_EXPORT_INTERVAL": "3600000"})
+    caplog.set_level(logging.DEBUG)
+    exporting = threading.Thread(target=meters.export_now)  # the export thread's export, retrying
+    exporting.start()
+    try:
+        assert _until(lambda: receiver.rejected >= 2), receiver.rejected  # retried once: in its backoff now
+        meters.shutdown()  # what tapfix's exit does
+        exporting.join(15)
+        assert not exporting.is_alive()
+    finally:
+        receiver.close()
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry")]
+    assert not sdk, [f"{r.name}: {r.getMessage()}" for r in sdk]
+    ours = [r.getMessage() for r in caplog.records if r.name == "tapfix.telemetry"]
+    assert len(ours) == 1 and "OTLP metrics export to" in ours[0], ours  # tapfix's own line, once
 
 
 def test_a_grpc_receiver_without_the_metrics_service_is_counted_not_raised(

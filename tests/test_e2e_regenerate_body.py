@@ -222,15 +222,23 @@ def test_a_slow_attempt_2_holds_no_other_client(stack: Proc) -> None:
 
 
 LEAVE_S = 1.5  # the client's read timeout: it hangs up while attempt 2 is awaited
+LEAVING_BODIES = {
+    "/v1/chat/completions": chat_body(),
+    "/v1/responses": {"model": "m", "input": PROMPT, "tools": [RESPONSES_WRITE]},
+    "/v1/messages": {"model": "m", "max_tokens": 1000, "messages": messages(), "tools": [MESSAGES_WRITE]},
+}
 
 
+@pytest.mark.parametrize("path", list(LEAVING_BODIES))
 @pytest.mark.parametrize("stack", [(slow_second_attempt(3 * SLOW_S), "--regenerate", "1")], indirect=True)
-def test_a_client_leaving_during_attempt_2_cancels_it(stack: Proc) -> None:
+def test_a_client_leaving_during_attempt_2_cancels_it(stack: Proc, path: str) -> None:
     """The pending attempt is cancelled within the 0.2 s close check, not when the mock would answer
-    (12 s later); the mock did get it (asked again, the conversation is on its third attempt: 418)."""
+    (12 s later); the mock did get it (asked again, the conversation is on its third attempt: 418). The
+    records say the client left (issue 31, item 9): it received nothing (no status), and the cancelled
+    attempt is no upstream error."""
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
-            stack.url + "/v1/chat/completions", json=chat_body(stream=False), timeout=httpx.Timeout(30, read=LEAVE_S)
+            stack.url + path, json={**LEAVING_BODIES[path], "stream": False}, timeout=httpx.Timeout(30, read=LEAVE_S)
         )
     db = stack.extra["db"]
     deadline = time.monotonic() + 10
@@ -248,10 +256,13 @@ def test_a_client_leaving_during_attempt_2_cancels_it(stack: Proc) -> None:
         assert time.monotonic() < deadline, "the client-facing capture was never written"
         time.sleep(0.05)
     found = rows(db, parent[0], 2)
-    assert [(r["attempt"], r["status"]) for r in found] == [(1, 502), (2, None)]
-    assert "client disconnected" in found[1]["error"]
+    assert [(r["attempt"], r["status"]) for r in found] == [(1, None), (2, None)], "nobody received an answer"
+    first, second = (set(json.loads(r["flags"])) for r in found)
+    assert {"client_disconnected", "regenerated"} <= first and "upstream_error" not in first, first
+    assert "client_disconnected" in second and "upstream_error" not in second, second
+    assert "client disconnected" in found[0]["error"] and "client disconnected" in found[1]["error"]
     assert found[1]["duration_ms"] < (LEAVE_S + 1.5) * 1000, "cancelled when the client left"
     skips = [json.loads(c["after"]) for c in found[0]["changes"] if c["kind"] == "skip"]
     assert skips == ["client_gone"]
-    again = post(stack, "/v1/chat/completions", chat_body())
+    again = post(stack, path, LEAVING_BODIES[path])
     assert again.status_code == 418, "the mock saw attempt 2 (this is the conversation's third ask)"

@@ -154,6 +154,8 @@ def test_a_client_leaving_during_attempt_2_is_recorded_and_tapfix_keeps_serving(
     parent, second = found
     assert {"client_disconnected", "regenerated"} <= set(json.loads(parent["flags"])), parent["flags"]
     assert second["status"] is None, "attempt 2 never had an answer"
+    cancelled = set(json.loads(second["flags"]))
+    assert "client_disconnected" in cancelled and "upstream_error" not in cancelled, "cancelled: no upstream error"
 
     again = httpx.post(mock.url + "/v1/chat/completions", json=tool_body(), timeout=5)
     assert again.status_code == 418, "the mock saw attempt 2 (this is the conversation's third ask)"

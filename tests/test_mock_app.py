@@ -111,7 +111,7 @@ def test_streamed_tool_call_is_vllm_style_and_parses() -> None:
     ]
     opener, fragments = calls[0], calls[1:]
     assert list(opener) == ["id", "type", "index", "function"]
-    # vLLM's parsers open a call with its name alone (tests/vllm/test_mock.py compares with the real bytes)
+    # vLLM's parsers open a call with its name alone (tests/process/vllm/test_mock.py compares with the real bytes)
     assert opener["id"].startswith("chatcmpl-tool-") and opener["function"] == {"name": "write"}
     assert len(fragments) >= 3 and all(list(f) == ["index", "function"] for f in fragments)
     args = json.loads("".join(f["function"]["arguments"] for f in fragments))

@@ -63,7 +63,7 @@ def test_llamacpp_continues_reasoning_alone():
 @pytest.mark.parametrize(("engine", "field"), [("vllm", "reasoning"), ("sglang", "reasoning_content")])
 def test_vllm_and_sglang_continue_content_but_not_reasoning_alone(engine, field):
     """The reasoning goes in the field the engine's chat template gets: vLLM reads `reasoning` from an
-    assistant message and drops `reasoning_content` (tests/vllm/test_facts.py, against vLLM 0.32.0)."""
+    assistant message and drops `reasoning_content` (tests/process/vllm/test_facts.py, against vLLM 0.32.0)."""
     result = attempt(chat(), engine, Received(content="Sure.", reasoning="Hmm."))
     assert isinstance(result, NextAttempt) and result.how == "continuation"
     assert result.body["messages"][-1] == {"role": "assistant", "content": "Sure.", field: "Hmm."}

@@ -26,7 +26,7 @@ from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import stage_for
 from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
-from tests.support.builders import named_event, random_splits
+from tests.support.builders import named_event, random_splits, streamed_case
 from tests.test_mock_attempts import SURFACE_BODIES
 from tests.test_regenerate_splice import FakeRelay
 
@@ -322,3 +322,38 @@ def test_unknown_tool_off_or_spent_the_call_goes_out_as_sent(path: str) -> None:
     data, splice = relayed(path, both, body, 0, settings=RegenerateSettings(1, unknown_tool=True))
     assert [c["name"] for c in VALID[path](data)] == ["rm_rf"]
     assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh"), (False, "attempts_spent")]
+
+
+# ---- issue 31, item 5: an attempt that answers in text alone is the answer ---------------------------
+
+
+TEXT_ANSWER = {
+    "rules": [
+        {
+            "when": {"attempt": 1},
+            "do": "serve_case",
+            "case": streamed_case("a1", ["I will write it."], ['{"pa'], "length"),
+        },
+        {"do": "serve_case", "case": streamed_case("a2", ["I cannot write files here."], None, "stop")},
+    ]
+}
+
+
+@pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_a_later_attempt_that_answers_in_text_follows_what_the_client_read(path: str, seed: int) -> None:
+    body = body_for(path, think=False)
+    data, splice = relayed(path, answers(path, body, TEXT_ANSWER), body, seed)
+    assert VALID[path](data) == [] and "error" not in [k for k, _ in objects(data)]
+    view = client_view(SURFACE[path], [data])  # type: ignore[arg-type]
+    assert view.received.content == "I will write it.I cannot write files here."
+    assert [i["type"] for i in view.items] == ["message", "message"] if path == RESPONSES else ["text", "text"]
+    assert len({i.get("id") for i in view.items}) == len(view.items) or path == MESSAGES, "ids stay distinct"
+    ends = [o for k, o in objects(data) if k in ("response.completed", "message_delta")]
+    assert len(ends) == 1
+    if path == RESPONSES:
+        assert [i["type"] for i in ends[0]["response"]["output"]] == ["message", "message"]
+    else:
+        assert ends[0]["delta"]["stop_reason"] == "end_turn"
+    assert not [c for d in splice.decisions for c in d.changes if c.kind == "drop"]

@@ -7,7 +7,7 @@ import json
 import random
 from typing import Any
 
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.regenerate import wire
@@ -50,6 +50,7 @@ class FakeRelay:
         self.bodies: list[dict[str, Any]] = []
         self.timeouts: list[float] = []
         self.ended = 0
+        self.failures: dict[int, str] = {}
 
     def end(self) -> None:
         self.ended += 1
@@ -59,6 +60,13 @@ class FakeRelay:
         self.timeouts.append(timeout_s)
         if ticket is not None:
             ticket.release()
+
+    # An attempt's failure as the relay would report it, by attempt number (`failures` scripts them).
+    def failure(self) -> str | None:
+        return self.failures.get(len(self.bodies) + 1)
+
+    def mark_failed(self, reason: str, *flags: str) -> None:
+        self.failures.setdefault(len(self.bodies) + 1, reason)
 
 
 def chat_pipeline(
@@ -90,10 +98,12 @@ def relayed(
     admission: Admission | None = None,
     seed: int = 0,
     engine: str | None = None,
+    failures: dict[int, str] | None = None,
 ) -> tuple[bytes, FakeRelay, AttemptSplice]:
     """Run the attempts' bytes, each followed by the relay's marker, through a spliced pipeline, cut at
-    random places (the marker too)."""
+    random places (the marker too). `failures`: the attempts the relay found no readable answer in."""
     pipeline, relay, splice = chat_pipeline(request, settings, admission, engine)
+    relay.failures.update(failures or {})
     wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
     out = []
     for piece in random_splits(wire_bytes, random.Random(seed)):
@@ -165,9 +175,11 @@ def test_received_from_reads_content_reasoning_and_a_sent_call() -> None:
 @example(b"\x00\n", 0)  # a line ended but not the event: one line end more, not two (a stray blank line)
 @example(b"x\r", 0)
 @example(b"x\r\n", 0)
+@example(b"\n", 180)  # the stream already ended its event: the relay passes the stream's tail, not the last read
 def test_the_marker_is_one_whole_event_wherever_the_upstream_stopped(last: bytes, seed: int) -> None:
     marker = wire.new_marker()
-    data = b"data: x\n\n" + last + wire.marker_after(last, marker)
+    stream = b"data: x\n\n" + last
+    data = stream + wire.marker_after(stream[-4:], marker)  # as addons/relay.py keeps it: the last 4 bytes
     splitter = SSESplitter()
     events = []
     for piece in random_splits(data, random.Random(seed)):
@@ -196,3 +208,106 @@ def test_a_request_head_parses_and_the_relay_headers_stay_home() -> None:
     assert wire.forwardable(headers) == [("Authorization", "Bearer k")]
     out = wire.response_head(200, "OK", [("content-type", "text/event-stream"), ("content-length", "9")])
     assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length" not in out and out.endswith(b"chunked\r\n\r\n")
+
+
+# -- issue 31: failed attempts, streams that aren't SSE -----------------------------------------------
+GARBAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01"
+
+
+@settings(deadline=None)  # the whole pipeline per example, on a shared machine
+@given(st.integers(0, 10_000))
+def test_a_failed_later_attempt_is_followed_by_the_next(seed: int) -> None:
+    """Attempt 2 brought nothing readable (the relay says why): judged like attempt 1, so attempt 3 goes."""
+    data, relay, splice = relayed(
+        [broken(), b"", healthy("third")], settings=RegenerateSettings(2), seed=seed, failures={2: "a 500"}
+    )
+    view = client_view(data)
+    assert view.errors == [] and view.done == 1 and [c["name"] for c in view.calls] == ["read"]
+    assert {c["id"] for c in view.chunks} == {"first"}, "attempt 3 carries the client's completion id"
+    assert [d.made for d in splice.decisions] == [True, True] and len(relay.bodies) == 2
+    assert [c.before for d in splice.decisions for c in d.changes if c.kind == "regenerate"] == ["unrecoverable"] * 2
+
+
+@settings(deadline=None)  # the whole pipeline per example, on a shared machine
+@given(st.integers(0, 10_000))
+def test_a_failed_last_attempt_gives_the_client_the_replaced_attempts_error(seed: int) -> None:
+    data, relay, splice = relayed([broken(), b""], seed=seed, failures={2: "a 500"})
+    view = client_view(data)
+    assert view.calls == [] and len(view.errors) == 1 and view.done == 1
+    assert view.errors[0]["tapfix"]["reason"] == "tool_call_unrecoverable"
+    assert splice.answered_by is splice.stage_history[0] and splice.answered_by.outcome == "unrecoverable"
+    assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh_seed"), (False, "attempts_spent")]
+
+
+@settings(deadline=None)  # the whole pipeline per example, on a shared machine
+@given(st.integers(0, 10_000))
+def test_a_first_attempt_that_is_not_sse_is_regenerated(seed: int) -> None:
+    data, relay, splice = relayed([GARBAGE, healthy()], seed=seed)
+    assert b"<html>" not in data and b"\x00" not in data
+    view = client_view(data)
+    assert view.errors == [] and len(view.calls) == 1
+    assert relay.failures[1].startswith("upstream server error: the upstream's answer is not an event stream")
+    assert [c.before for d in splice.decisions for c in d.changes if c.kind == "regenerate"] == ["unreadable"]
+
+
+@settings(deadline=None)  # the whole pipeline per example, on a shared machine
+@given(st.integers(0, 10_000))
+def test_a_stream_never_sse_ends_with_the_retryable_error_recorded(seed: int) -> None:
+    pipeline, relay, splice = chat_pipeline()
+    wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in (GARBAGE, GARBAGE))
+    out = []
+    for piece in random_splits(wire_bytes, random.Random(seed)) + [b""]:
+        got = pipeline(piece)
+        out += [got] if isinstance(got, bytes) else got
+    view = client_view(b"".join(out))
+    assert len(view.errors) == 1 and view.errors[0]["tapfix"]["reason"] == "not_sse" and view.done == 1
+    ex = pipeline.exchange
+    assert {"not_sse", "upstream_error"} <= ex.flags and "not an event stream" in str(ex.error)
+    assert [c.kind for c in ex.changes if c.stage == "stream"] == ["inject"]
+
+
+@settings(deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([0, 1, 2]))
+def test_without_a_splice_a_stream_that_stops_being_sse_ends_with_the_retryable_error(seed: int, after: int) -> None:
+    """What came before goes through the stages (a held call ends as on a reset); nothing after is sent."""
+    events = [ROLE, chat_chunk({"content": "Let me read it."}, id="first"), tool_call_chunk(0, "c", "read", '{"pa')]
+    data = sse(events[: after + 1], done=False) + GARBAGE + b"\n\ndata: {}\n\n"
+    ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
+    pipeline = StreamPipeline(ex, [ChatToolCallRepair(TOOLS, capture_id=ex.id)])
+    out = []
+    for piece in random_splits(data, random.Random(seed)) + [b""]:
+        got = pipeline(piece)
+        out += [got] if isinstance(got, bytes) else got
+    sent = b"".join(out)
+    assert b"<html>" not in sent and sent == b"".join(ex.client_response_chunks or [])
+    view = client_view(sent)
+    assert len(view.errors) == 1 and view.done == 1 and view.calls == []
+    held_call = after == 2
+    reason = view.errors[0]["tapfix"]["reason"]
+    assert reason == ("tool_call_unrecoverable" if held_call else "not_sse"), view.errors
+    assert "not_sse" in ex.flags, "the upstream's bytes aren't SSE, whatever ended the client's stream"
+
+
+@settings(deadline=None)  # the whole pipeline per example, on a shared machine
+@given(st.integers(0, 10_000))
+def test_a_text_only_later_attempt_is_the_answer(seed: int) -> None:
+    first = sse(
+        [
+            ROLE,
+            chat_chunk({"content": "Let me read it."}, id="first"),
+            tool_call_chunk(0, "c1", "read", '{"pa', chunk_id="first"),
+            chat_chunk({}, "length", id="first"),
+        ]
+    )
+    second = sse(
+        [
+            chat_chunk({"role": "assistant", "content": ""}, id="second"),
+            chat_chunk({"content": "I can't read files."}, id="second"),
+            chat_chunk({}, "stop", id="second"),
+        ]
+    )
+    data, relay, splice = relayed([first, second], seed=seed)
+    view = client_view(data)
+    assert view.content == "Let me read it.I can't read files." and view.calls == [] and view.errors == []
+    assert view.finish_reasons == ["stop"] and view.done == 1
+    assert not [c for d in splice.decisions for c in d.changes if c.kind == "drop"]

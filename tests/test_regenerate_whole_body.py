@@ -12,7 +12,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.regenerate.eligibility import Admission, AdmissionSettings, RegenerateSettings
 from tapfix.proxy.regenerate.records import REGENERATED, attempt_records
 from tapfix.proxy.regenerate.session import Attempt
-from tapfix.proxy.regenerate.whole_body import BodyOutcome, WholeBodyRegeneration, needs_another
+from tapfix.proxy.regenerate.whole_body import BodyOutcome, WholeBodyRegeneration, needs_another, not_an_answer
 from tapfix.proxy.toolcalls import body_repair_for
 
 from tests.support.builders import message_tool_call, tool
@@ -209,3 +209,35 @@ def test_the_records_are_the_streams_with_whole_bodies() -> None:
     assert "toolcall_unrecoverable" in records[0].flags and "toolcall_unrecoverable" not in records[1].flags
     assert [c.kind for c in records[1].changes][:2] == ["regenerate", "inject"]
     assert regen.later_changes() == [c for r in regen.stage_history[1:] for c in r.changes]
+
+
+# -- issue 31, item 7: a 200 that isn't the surface's answer is a failed attempt -----------------------
+@pytest.mark.parametrize(
+    ("surface", "body"),
+    [
+        ("chat", b"<html><body><h1>502 Bad Gateway</h1></body></html>"),
+        ("chat", b'{"detail": "busy"}'),
+        ("responses", b'{"id": "resp", "object": "response"}'),
+        ("messages", b'{"type": "error", "error": {"type": "overloaded_error"}}'),
+        ("messages", b"data: {}\n\n"),
+    ],
+)
+def test_a_200_that_is_no_answer_is_a_failed_attempt_and_the_next_follows(surface: str, body: bytes) -> None:
+    assert not_an_answer(surface, body) is not None  # type: ignore[arg-type]
+    regen = make(settings=RegenerateSettings(2))
+    send = regen.plan()
+    assert send is not None
+    assert regen.judge(send.attempt, answer(send.attempt, body), stages) is None
+    assert send.attempt.failed and send.attempt.error and regen.stage_history[-1].outcome == "untouched"
+    later = regen.plan()
+    assert later is not None and later.attempt.number == 3, "judged like attempt 1: its trigger still holds"
+
+
+@pytest.mark.parametrize("surface", ["chat", "responses", "messages"])
+def test_each_surfaces_answer_is_an_answer(surface: str) -> None:
+    bodies = {
+        "chat": FINE,
+        "responses": b'{"id": "r", "object": "response", "output": []}',
+        "messages": b'{"id": "m", "type": "message", "content": []}',
+    }
+    assert not_an_answer(surface, bodies[surface]) is None  # type: ignore[arg-type]

@@ -284,3 +284,91 @@ def test_the_lookups_use_their_indexes(tmp_path):
     used = " | ".join(plans.values())
     assert "idx_exchanges_chain_hash" in used and "idx_exchanges_response_id" in used
     assert "idx_sessions_wants" in used and "SCAN e" not in used and "SCAN exchanges" not in used
+
+
+# -- Claude Code's session header, and threads within a session (issue 31 item 17) ----------------------
+CLAUDE = "X-Claude-Code-Session-Id"
+
+
+def _threads(db: Any) -> dict[str, tuple[str | None, str | None]]:
+    conn = sqlite3.connect(db)
+    try:
+        return {row[0]: (row[1], row[2]) for row in conn.execute("select id, session_id, thread_id from exchanges")}
+    finally:
+        conn.close()
+
+
+def test_claude_codes_session_header_names_the_session(tmp_path):
+    """A turn the client retried after an error lands in the session its header names, not one of its own."""
+    db = tmp_path / "s.db"
+    user = {"role": "user", "content": "write hello.txt"}
+    failed = _turn([user], "", status=502, request_headers=[(CLAUDE, "cc-session-1")])
+    retried = _turn([user], "done", request_headers=[(CLAUDE, "cc-session-1")])
+    follow = [user, {"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks"}]
+    later = _turn(follow, "ok", request_headers=[(CLAUDE.lower(), "cc-session-1")])
+    _write(db, failed, retried, later)
+    by_id, counts = _sessions(db)
+    assert by_id == {failed.id: "cc-session-1", retried.id: "cc-session-1", later.id: "cc-session-1"}
+    assert counts == {"cc-session-1": 3}
+
+
+def test_x_session_id_wins_over_claude_codes_header(tmp_path):
+    db = tmp_path / "s.db"
+    both = _turn([{"role": "user", "content": "hi"}], "yo", request_headers=[(CLAUDE, "cc"), ("x-session-id", "ses")])
+    _write(db, both)
+    assert _sessions(db)[0] == {both.id: "ses"}
+
+
+def test_a_session_holds_several_threads(tmp_path):
+    """Claude Code's subagents (and its side requests) send the main agent's session id: one session, a
+    thread per chain of requests that extend each other. A thread is named by its first exchange's id;
+    each later exchange joins the thread of the exchange it continues (the longest prefix, in its session)."""
+    db = tmp_path / "s.db"
+    header = [(CLAUDE, "cc-2")]
+    main_user = {"role": "user", "content": "refactor the parser"}
+    sub_user = {"role": "user", "content": "subagent: find every caller of parse()"}
+    main1 = _turn([main_user], "I'll ask a subagent.", request_headers=header)
+    sub1 = _turn([sub_user], "searching", request_headers=header)
+    title = _turn(
+        [{"role": "user", "content": "a title for: refactor the parser"}], "Parser refactor", request_headers=header
+    )
+    sub2 = _turn(
+        [sub_user, {"role": "assistant", "content": "searching"}, {"role": "user", "content": "3 results"}],
+        "callers: a, b, c",
+        request_headers=header,
+    )
+    main2 = _turn(
+        [main_user, {"role": "assistant", "content": "I'll ask a subagent."}, {"role": "user", "content": "a, b, c"}],
+        "done",
+        request_headers=header,
+    )
+    main3 = _turn(
+        [*orjson.loads(main2.request)["messages"], {"role": "assistant", "content": "done"},
+         {"role": "user", "content": "and tests?"}],
+        "added",
+        request_headers=header,
+    )  # fmt: skip
+    _write(db, main1, sub1, title, sub2, main2, main3)
+    threads = _threads(db)
+    assert {session for session, _ in threads.values()} == {"cc-2"}
+    assert threads[main1.id][1] == threads[main2.id][1] == threads[main3.id][1] == main1.id
+    assert threads[sub1.id][1] == threads[sub2.id][1] == sub1.id
+    assert threads[title.id][1] == title.id
+
+
+def test_threads_without_an_id_from_the_agent(tmp_path):
+    """Sessions found by prefix have threads too: the session's first exchange starts its first thread."""
+    db = tmp_path / "s.db"
+    user = {"role": "user", "content": "hi"}
+    one = _turn([user], "hello")
+    two = _turn([user, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}], "bye")
+    _write(db, one, two)
+    threads = _threads(db)
+    assert threads[one.id] == threads[two.id] == (f"s-{one.id}", one.id)
+
+
+def test_copies_and_attempts_have_no_thread(tmp_path):
+    db = tmp_path / "s.db"
+    replay = _turn([{"role": "user", "content": "hi"}], "hello", session_hint="replay-1", tags={"replay"})
+    _write(db, replay)
+    assert _threads(db)[replay.id] == ("replay-1", None)

@@ -25,7 +25,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.aggregate import Aggregation, HistogramAggregate
-from tapfix.proxy.telemetry.metrics import CATALOGUE, OTHER, QUEUE_DEPTH, TIME_PER_OUTPUT_CHUNK, Labeller
+from tapfix.proxy.telemetry.metrics import CATALOGUE, CATALOGUES, OTHER, QUEUE_DEPTH, TIME_PER_OUTPUT_CHUNK, Labeller
 from tapfix.proxy.telemetry.observe import TurnFanout
 from tapfix.proxy.telemetry.prometheus import PrometheusExposition
 from tapfix.proxy.telemetry.turn import Turn, TurnContext
@@ -137,6 +137,9 @@ def test_the_scrape_and_the_otlp_export_hold_the_same_numbers_series_by_series(t
     points = receiver.latest()
     prom = _prometheus(aggregation)
     unused = {sc.METRIC_CAPTURE_FAILURES, sc.METRIC_UNRECOVERABLE_CALLS}  # nothing failed in this traffic
+    unused |= {sc.METRIC_OPERATION_DURATION}  # no embeddings
+    unused |= {sc.METRIC_USAGE_CACHE_READ_INPUT_TOKENS, sc.METRIC_USAGE_CACHE_WRITE_INPUT_TOKENS}  # not reported
+    unused |= {sc.METRIC_USAGE_REASONING_OUTPUT_TOKENS}
     assert set(points) == {i.name for i in CATALOGUE} - unused
     series = 0
     for inst in CATALOGUE:
@@ -164,15 +167,22 @@ def test_the_scrape_and_the_otlp_export_hold_the_same_numbers_series_by_series(t
     }
     assert len(scraped) == series
 
-    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.METRIC_TOKEN_USAGE]}
-    assert (tokens["input"].count, tokens["input"].total, tokens["output"].total) == (4, 44, 12)
-    attributes = tokens["input"].attributes
+    # Token usage: counters of every token (the cost), and the per-exchange distribution beside them.
+    (used_in,) = points[sc.METRIC_USAGE_INPUT_TOKENS]
+    (used_out,) = points[sc.METRIC_USAGE_OUTPUT_TOKENS]
+    assert (used_in.value, used_out.value) == (44, 12)
+    assert used_in.attributes[sc.GEN_AI_TOKEN_MODALITY] == sc.TOKEN_MODALITY_UNKNOWN  # engines don't split it
+    (per_in,) = points[sc.METRIC_OPERATION_INPUT_TOKENS]
+    (per_out,) = points[sc.METRIC_OPERATION_OUTPUT_TOKENS]
+    assert (per_in.count, per_in.total, per_out.total) == (4, 44, 12)
+    attributes = per_in.attributes
     assert attributes[sc.GEN_AI_REQUEST_MODEL] == "m" and attributes[sc.GEN_AI_PROVIDER_NAME] == "vllm"
     assert attributes[sc.GEN_AI_OPERATION_NAME] == "chat" and attributes[sc.TAPFIX_UPSTREAM] == "local"
+    assert sum(p.count or 0 for p in points[sc.METRIC_INFERENCE_DURATION]) == 4
     # Three streams of four chunks (three and [DONE]): three intervals each; the non-streamed answer none.
-    (per_chunk,) = points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+    (per_chunk,) = points[sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK]
     assert per_chunk.count == 9 and sum(per_chunk.buckets) == 9
-    assert sum(p.count or 0 for p in points[sc.METRIC_TIME_TO_FIRST_CHUNK]) == 3
+    assert sum(p.count or 0 for p in points[sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK]) == 3
     (repairs,) = points[sc.METRIC_REPAIRS]
     assert (repairs.value, repairs.attributes[sc.TAPFIX_REPAIR_KIND]) == (1, "invalid_json")
     (regenerations,) = points[sc.METRIC_REGENERATIONS]
@@ -201,11 +211,44 @@ def test_delta_temporality_exports_what_changed_since_the_last_export(
         meters.shutdown()
     for points in (first, third):
         (requests,) = points[sc.METRIC_REQUESTS]
-        assert requests.value == 4 and requests.temporality == 1
-        (per_chunk,) = points[sc.METRIC_TIME_PER_OUTPUT_CHUNK]
+        assert requests.value == 3 and requests.temporality == 1  # the client requests, not the attempt
+        (per_chunk,) = points[sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK]
         assert per_chunk.count == 9 and sum(per_chunk.buckets) == 9 and per_chunk.temporality == 1
     assert third[sc.METRIC_REQUESTS][0].start_ns > first[sc.METRIC_REQUESTS][0].time_ns  # since the second
-    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 8
+    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 6
+
+
+@pytest.mark.e2e  # the loopback OTLP receiver listens
+def test_the_v1_41_names_stay_for_a_release_behind_tapfix_genai_semconv(tmp_path: Path, receiver) -> None:
+    """TAPFIX_GENAI_SEMCONV=1.41.0: semantic-conventions v1.41.0's names, in the scrape and over OTLP."""
+    from tapfix.proxy.telemetry.config import export_config
+    from tapfix.proxy.telemetry.otel_metrics import OtlpMetrics
+
+    export = export_config(receiver.url, {sc.NAMING_VARIABLE: "1.41.0"}, None)
+    assert export is not None and export.naming == sc.LEGACY
+    aggregation = Aggregation(Labeller(), {QUEUE_DEPTH: lambda: 0.0}, CATALOGUES[export.naming])
+    _traffic(tmp_path, [aggregation])
+    meters = OtlpMetrics.exporting(aggregation, export, {})
+    assert meters.export_now()
+    meters.shutdown()
+    points = receiver.latest()
+    assert not {n for n in points if n.startswith("gen_ai.client.inference.")}
+    tokens = {p.attributes[sc.LEGACY_GEN_AI_TOKEN_TYPE]: p for p in points[sc.LEGACY_METRIC_TOKEN_USAGE]}
+    assert (tokens["input"].count, tokens["input"].total, tokens["output"].total) == (4, 44, 12)
+    assert sum(p.count or 0 for p in points[sc.METRIC_OPERATION_DURATION]) == 4
+    assert sum(p.count or 0 for p in points[sc.LEGACY_METRIC_TIME_TO_FIRST_CHUNK]) == 3
+    assert {scope for _, scope, _ in receiver.points()} == {sc.INSTRUMENTATION_SCOPE}
+    scraped = {name for name, _ in _prometheus(aggregation)}
+    assert "gen_ai_client_token_usage_count" in scraped and "gen_ai_client_operation_duration_seconds_count" in scraped
+    assert not {n for n in scraped if n.startswith("gen_ai_client_inference")}
+
+
+def test_an_unknown_naming_is_a_usage_error() -> None:
+    import click
+    from tapfix.proxy.telemetry.config import export_config
+
+    with pytest.raises(click.UsageError, match="TAPFIX_GENAI_SEMCONV 'v2': give genai-0.1.0 or 1.41.0"):
+        export_config(None, {sc.NAMING_VARIABLE: "v2"}, None)  # export off: checked all the same
 
 
 _REQUEST_LABELS = {"model": "m", "status_class": "2xx", "surface": "chat", "upstream": "local"}
@@ -264,7 +307,8 @@ def test_a_sink_that_raises_is_counted_logged_once_and_spares_the_others(
         fanout = _traffic(tmp_path, [broken, aggregation])
     assert fanout.health()["sink_errors"] == {"broken": 4}
     assert len([r for r in caplog.records if r.name == "tapfix.telemetry"]) == 1
-    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 4
+    # Three client requests; the fourth exchange is a regeneration attempt, counted apart.
+    assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 3
 
 
 def test_config_mode_labels_only_the_served_names_and_quick_mode_the_first_fifty() -> None:

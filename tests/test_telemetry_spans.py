@@ -125,7 +125,7 @@ def test_an_exchange_is_one_client_span_with_its_own_ids_times_and_attributes(st
     }  # no before/after without content
     assert span.events[0].timestamp == span.start_time and span.events[1].timestamp == span.end_time
     assert export.health()["exported"] == 1 and export.health()["dropped"] == 0
-    # the README's names table (made from semconv) lists every attribute and event name a span carries
+    # docs/opentelemetry.md's names table (made from semconv) lists every attribute and event name a span carries
     listed = {line.split("`")[1] for line in sc.names_table().splitlines()[2:]}
     emitted = {k for k in a if not k.startswith(sc.TAPFIX_REPAIRS_PREFIX) or k == sc.TAPFIX_REPAIRS_COUNT}
     emitted |= {e.name for e in span.events} | {k for e in span.events for k in e.attributes}
@@ -153,6 +153,36 @@ def test_content_goes_where_the_mode_says_redacted_and_never_without_bodies(stor
     assert sc.GEN_AI_INPUT_MESSAGES not in b and sc.GEN_AI_OUTPUT_MESSAGES not in b
     assert not [e for e in no_bodies.events if e.name == sc.EVENT_INFERENCE_DETAILS]
     assert all(sc.CHANGE_BEFORE not in e.attributes for e in no_bodies.events)
+
+
+def test_content_hides_every_secret_the_store_hides_in_headers(store):
+    """The store hides a credential header's whole value, whatever it looks like; span content hides that
+    same value wherever the prompt or a change carries it, and what reads as a credential in text."""
+    token = "9f8e7d6c5b4a39281706"  # not key-looking: only the header it came in says it's a secret
+    prompt = (
+        f"Use token {token}. config: {{'password': 'hunter2!x', 'x-api-key': 'abcd1234efgh'}} "
+        "then curl -H 'Authorization: Basic dXNlcjpwYXNz' 'https://h/x?api_key=QWERTY&page=2'"
+    )
+    request = {"model": "qwen", "messages": [{"role": "user", "content": prompt}]}
+    body = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"ok {token}"}, "finish_reason": "stop"}]
+    }
+    ex = exchange(
+        "/v1/chat/completions",
+        request,
+        status=200,
+        content_type="application/json",
+        response=json.dumps(body).encode(),
+        request_headers=[("Authorization", f"Bearer {token}"), ("user-agent", "curl/8")],
+    )
+    ex.changes.append(Change("policy", "override", "headers.x-upstream", f"Bearer {token}", "x", "routed"))
+    (span,), _ = _spans(store, [ex], content="SPAN_ONLY")
+    a = dict(span.attributes)
+    sent = a[sc.GEN_AI_INPUT_MESSAGES] + a[sc.GEN_AI_OUTPUT_MESSAGES]
+    sent += "".join(str(e.attributes.get(sc.CHANGE_BEFORE, "")) for e in span.events)
+    for secret in (token, "hunter2!x", "abcd1234efgh", "dXNlcjpwYXNz", "QWERTY"):
+        assert secret not in sent, secret
+    assert "page=2" in sent and "Use token [redacted]" in sent  # the rest of the words are left alone
 
 
 def test_errors_get_error_status_and_ids_are_made_when_the_exchange_has_none(store):
@@ -217,8 +247,8 @@ def test_an_unreachable_or_rejecting_receiver_is_counted_and_logged_once_never_r
         server.server_close()
 
 
-def test_the_readme_lists_every_name_semconv_holds():
-    """The README's names table is `names_table()` itself, so what the docs say tapfix emits can't drift."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_docs_list_every_name_semconv_holds():
+    """docs/opentelemetry.md's names table is `names_table()` itself, so what the docs say tapfix emits can't drift."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "opentelemetry.md").read_text()
     begin, end = "<!-- semconv names: begin -->\n", "\n<!-- semconv names: end -->"
-    assert readme[readme.index(begin) + len(begin) : readme.index(end)] == sc.names_table()
+    assert page[page.index(begin) + len(begin) : page.index(end)] == sc.names_table()

@@ -188,7 +188,33 @@ def test_a_responses_body_and_a_messages_stream(store):
         6,
         10,
     )  # cache counted in, per the conventions
+    assert turn.cache_write_tokens == 2  # Messages' cache_creation_input_tokens: the conventions' cache_write
     assert json.loads(turn.request_params[sc.GEN_AI_REQUEST_REASONING_LEVEL]) == thinking
+
+
+@pytest.mark.parametrize(
+    "path, request_body, engine, provider",
+    [
+        # Quick mode without --engine: the provider whose API the client speaks, as the conventions name it.
+        ("/v1/chat/completions", {"model": "m", "messages": []}, None, "openai"),
+        ("/v1/responses", {"model": "m", "input": "hi"}, None, "openai"),
+        ("/v1/completions", {"model": "m", "prompt": "hi"}, None, "openai"),
+        ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": []}, None, "anthropic"),
+        ("/v1/embeddings", {"model": "m", "input": "hi"}, None, "openai"),
+        # An engine tapfix knows (--engine, or an upstream's engine) wins.
+        ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": []}, "llama.cpp", "llama.cpp"),
+    ],
+)
+def test_the_provider_name_is_never_missing(store, path, request_body, engine, provider):
+    """gen_ai.provider.name is required by the conventions, on spans and on every GenAI metric."""
+    from tapfix.proxy.telemetry.config import ExportConfig
+    from tapfix.proxy.telemetry.spans import attributes_of
+
+    ex = _exchange(path, request_body, status=200, content_type="application/json", response=b"{}")
+    turn = _turn(store, ex, TurnContext(engine_of=lambda _target: engine))
+    assert turn.provider == provider
+    cfg = ExportConfig("http://r/v1/traces", "http://r/v1/metrics", "http/protobuf", {}, 1.0, "NO_CONTENT", None)
+    assert attributes_of(turn, cfg)[sc.GEN_AI_PROVIDER_NAME] == provider
 
 
 def test_repairs_errors_and_lost_exchanges(store):

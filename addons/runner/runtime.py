@@ -14,6 +14,8 @@ from mitmproxy.net.http import url
 from mitmproxy.proxy.mode_specs import ReverseMode
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
+from tapfix.proxy.errors import SHUTDOWN_MESSAGE as SHUTDOWN_MESSAGE  # the words stream.py ends a cut stream with
+from tapfix.proxy.errors import SHUTDOWN_REASON
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.regenerate.eligibility import Admissions, RegenerateSettings
 from tapfix.proxy.request.routing import resolve
@@ -24,8 +26,7 @@ log = logging.getLogger("tapfix")
 REACHABLE_FOR_S = 2.0
 META = "tapfix"
 # An exchange the shutdown grace ended (addons/shutdown.py): what it is flagged, what its client is told.
-SHUTDOWN_FLAG = "proxy_shutdown"
-SHUTDOWN_MESSAGE = "tapfix server error: the proxy is shutting down (server unavailable); retry the request"
+SHUTDOWN_FLAG = SHUTDOWN_REASON
 _ENDED = "ended_normally"  # ex.extra: the verdict of `ended_normally`
 
 
@@ -42,6 +43,7 @@ class Runtime:
     started: float = field(default_factory=time.time)
     relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
+    export: Any = None  # issue 20: tapfix.proxy.telemetry.config.ExportConfig from --otlp / OTEL_*; None: off
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
     # Each telemetry part's counters, under its own key in /tapfix/health's "telemetry".
     telemetry_health: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
+from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_error, upstream_error
 from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 if TYPE_CHECKING:
@@ -118,6 +119,21 @@ class Detail:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # regeneration attempts made for it
     previous: str | None = None
     next: str | None = None
+
+    @property
+    def tapfix_answered(self) -> bool:
+        return answered_by_tapfix(self.capture)
+
+    @property
+    def destination(self) -> str:
+        return destination(self.capture)
+
+    @property
+    def error_label(self) -> str:
+        """Whose words the error column holds: the engine's, tapfix's own answer's, or the connection's."""
+        if upstream_error(self.capture) is not None:
+            return "upstream error"
+        return "tapfix's error" if tapfix_error(self.capture) is not None else "error"
 
 
 def load_detail(store: BrowseStore, capture_id: str) -> Detail:

@@ -68,7 +68,7 @@ EXCHANGE = """{% extends "base" %}
 <h1>exchange <span class="id">{{ c.id }}</span></h1>
 <dl class="facts">
 <dt>started</dt><dd>{{ c.started_at }}</dd>
-<dt>request</dt><dd>{{ c.method }} {{ c.path }} → {{ c.upstream_url or '-' }}</dd>
+<dt>request</dt><dd>{{ c.method }} {{ c.path }} → {{ d.destination }}</dd>
 <dt>client</dt><dd>{{ c.user_agent or '-' }} <span class="muted">({{ c.client_addr or '-' }})</span></dd>
 <dt>model</dt><dd>{{ c.model or '-' }}{% if c.served_model %} → served as {{ c.served_model }}{% endif %}</dd>
 <dt>status</dt><dd>{{ c.status or '-' }} · {% if c.stream %}streamed{% else %}not streamed{% endif %} · finish_reason {{ c.finish_reason or '-' }}</dd>
@@ -76,7 +76,7 @@ EXCHANGE = """{% extends "base" %}
 <dt>tokens</dt><dd>{{ c.prompt_tokens if c.prompt_tokens is not none else '-' }} in, {{ c.completion_tokens if c.completion_tokens is not none else '-' }} out</dd>
 {% if c.flags %}<dt>flags</dt><dd>{% for fl in c.flags %}<a class="flag" href="/?flag={{ fl|urlencode }}">{{ fl }}</a> {% endfor %}</dd>{% endif %}
 {% if c.tags %}<dt>tags</dt><dd>{% for t in c.tags %}<span class="tag">{{ t }}</span> {% endfor %}</dd>{% endif %}
-{% if c.error %}<dt>error</dt><dd class="error">{{ c.error }}</dd>{% endif %}
+{% if c.error %}<dt>{{ d.error_label }}</dt><dd class="error">{{ c.error }}</dd>{% endif %}
 {% if c.session_id %}<dt>session</dt><dd><a href="/session/{{ c.session_id|urlencode }}">{{ c.session_id }}</a>
 {% if d.previous %} · <a href="/exchange/{{ d.previous }}">previous turn</a>{% endif %}{% if d.next %} · <a href="/exchange/{{ d.next }}">next turn</a>{% endif %}</dd>{% endif %}
 {% if c.source_id %}<dt>replay of</dt><dd><a href="/exchange/{{ c.source_id }}">{{ c.source_id }}</a></dd>{% endif %}
@@ -97,7 +97,7 @@ EXCHANGE = """{% extends "base" %}
 <section><h2>changes ({{ d.changes|length }})</h2>
 {% if d.changes %}<table class="changes"><thead><tr><th>stage</th><th>kind</th><th>path</th><th>what tapfix did</th><th>why</th></tr></thead><tbody>
 {% for ch in d.changes %}<tr><td>{{ ch.stage }}</td><td>{{ ch.kind }}</td><td><code>{{ ch.path or '' }}</code></td><td>{{ ch.explanation }}</td><td>{{ ch.reason or '' }}</td></tr>{% endfor %}
-</tbody></table>{% else %}<p class="muted">none: the request and the response passed unchanged.</p>{% endif %}
+</tbody></table>{% else %}<p class="muted">none: {% if d.tapfix_answered %}tapfix answered the request itself.{% else %}the request and the response passed unchanged.{% endif %}</p>{% endif %}
 </section>
 <section><h2>request</h2>
 {% if d.forwarded is not none %}<h3>as sent → as forwarded</h3>

@@ -10,20 +10,26 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from tapfix.proxy.cli.captures import captures
-from tapfix.proxy.cli.options import db_option, listen_option
+from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
 
+if TYPE_CHECKING:
+    from tapfix.proxy.mock import MockOptions
+
 
 class LazyGroup(click.Group):
-    """Commands that live in their own modules load only when used, so `captures` starts fast.
+    """Commands that live in their own modules load only when used, so `captures` starts fast, and
+    `tapfix --help` lists them from their summaries (`summaries`, the first line of each one's help: a
+    test keeps the two equal) without importing them (probe alone pulls httpx and jsonschema).
 
     It is also the last stop for a store error a command let through: one line, never a traceback.
     """
@@ -33,6 +39,27 @@ class LazyGroup(click.Group):
         "probe": "tapfix.proxy.cli.probe:probe",
         "replay": "tapfix.proxy.cli.replay:replay",
     }
+    summaries = {
+        "browse": "Browse captures in a web browser: filters, search, diffs, stream timelines, sessions, stats.",
+        "probe": "Deep health probe: prove the model works (answers, streams, calls tools, reasons, sees, recalls).",
+        "replay": "Resend a captured request (or a whole session) N times and compare the runs.",
+    }
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's own listing, with the commands not loaded yet shown from their summaries."""
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy and name not in self.commands:
+                stand_in = click.Command(name, help=self.summaries[name])  # click's own shortening
+                rows.append((name, stand_in.get_short_help_str(limit)))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
@@ -69,7 +96,7 @@ main.add_command(captures)
 
 
 @main.command()
-@listen_option("127.0.0.1:8080", "where the proxy listens")
+@listen_option(setting_named("listen").shown_default() or "", "where the proxy listens")
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )
@@ -82,9 +109,9 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
       tapfix demo --db /tmp/demo.db
     """
     from tapfix.proxy.cli.demo import run_demo
-    from tapfix.proxy.cli.run import make_settings, run_proxy
+    from tapfix.proxy.cli.run import run_proxy
 
-    sys.exit(run_demo(listen, mock_listen, db, run_proxy, make_settings))
+    sys.exit(run_demo(listen, mock_listen, db, run_proxy))
 
 
 @main.command()
@@ -122,9 +149,26 @@ def mock(
       tapfix mock --listen 127.0.0.1:8000 --chunk-delay-ms 20
       tapfix mock --capture 01J9Z3 --db captures/tapfix.db
     """
-    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app, serve
+    from tapfix.proxy.mock import serve
 
     host, port = listen
+    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast)
+    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
+    serve(opts, host=host, port=port)
+
+
+def mock_options(
+    cases: tuple[Path, ...],
+    scenario: str | None,
+    chunk_delay_ms: int,
+    db: StoreLocator,
+    capture: str | None,
+    fast: bool,
+) -> MockOptions:
+    """`mock`'s options as MockOptions, checked (cases, scenario, the capture) before anything binds.
+    The in-process test tier starts the mock through this too."""
+    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app
+
     recorded = None
     if capture:
         from tapfix.proxy.replay.server import recorded_response
@@ -144,8 +188,7 @@ def mock(
     )
     with reported(ScenarioError, ValueError, OSError):
         create_app(opts)  # validates cases and the scenario before binding
-    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
-    serve(opts, host=host, port=port)
+    return opts
 
 
 @main.command()
@@ -153,7 +196,7 @@ def mock(
 @db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)", postgres=True)
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=5.0,
     show_default=True,
     help="seconds per upstream (and for the store)",
@@ -181,7 +224,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     failed = False
     if config_path is not None:
         from tapfix.proxy.config.file import Config, ConfigError
-        from tapfix.proxy.config.preflight import render, run_checks
+        from tapfix.proxy.request.preflight import render, run_checks
 
         try:
             config = Config.load(config_path)

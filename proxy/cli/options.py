@@ -13,13 +13,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from tapfix.proxy.config.model import QUICK_ENGINES
 from tapfix.proxy.net import parse_listen
+from tapfix.proxy.quantities import finite, human_bytes, parse_duration, parse_size
 from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.locator_url import NotAStoreLocator
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The engines quick mode (`--upstream`) knows how to talk to: reasoning dialect and sampling parameters.
-ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai")
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
 
 
@@ -40,42 +41,74 @@ class ListenAddress(click.ParamType):  # type: ignore[type-arg, unused-ignore]  
             self.fail(str(e), param, ctx)
 
 
-class _Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
-    """A retention quantity written as the config's `[retention]` writes it, read by `tapfix.proxy.store.retention`."""
+class Duration(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
+    """`7d`, `12h`, `30m`, `90s`, `1y`, `1h30m` or plain seconds → seconds (`tapfix.proxy.quantities`)."""
 
-    parser = ""  # the name of the parse function in tapfix.proxy.store.retention
+    name = "AGE"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from tapfix.proxy.store import retention
-
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
-            return value
+            return float(value)
         try:
-            return getattr(retention, self.parser)(str(value))
+            return parse_duration(str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
 
 
-class Duration(_Quantity):
-    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds."""
-
-    name = "AGE"
-    parser = "parse_duration"
-
-
-class Size(_Quantity):
-    """`500M`, `2G`, `100k` or plain bytes → bytes."""
+class Size(click.ParamType):  # type: ignore[type-arg, unused-ignore]  # generic from click 8.5 on
+    """`256MiB`, `500M`, `2G`, `100k`, `10B` → bytes (`tapfix.proxy.quantities`); `minimum`: the least the
+    option can work with, refused below it (the message names it and `why`)."""
 
     name = "SIZE"
-    parser = "parse_size"
+
+    def __init__(self, minimum: int = 0, why: str = "") -> None:
+        self.minimum, self.why = minimum, why
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            size = parse_size(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if size < self.minimum:
+            self.fail(
+                f"{str(value).strip()!r} ({human_bytes(size)}) is below the minimum, {human_bytes(self.minimum)}: "
+                f"{self.why}",
+                param,
+                ctx,
+            )
+        return size
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, with NaN and ±infinity refused first: they pass every comparison a range makes.
+    Every float option with a range uses it (`tapfix.proxy.quantities.finite`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return super().convert(value, param, ctx)  # not a number at all: click's own message
+        try:
+            finite(number, f"{value!r}")
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    return StoreLocator.resolve(value)
+    try:
+        return StoreLocator.resolve(value)
+    except NotAStoreLocator as e:  # a URL-like value with a wrong scheme is a usage error (exit 2)
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def _locate_postgres(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    return StoreLocator.resolve(value, postgres=True)
+    try:
+        return StoreLocator.resolve(value, postgres=True)
+    except NotAStoreLocator as e:
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def db_option(help: str = DB_HELP, *, postgres: bool = False) -> Callable[[F], F]:
@@ -98,7 +131,7 @@ def listen_option(default: str, help: str | None = None, *names: str) -> Callabl
 
 
 def engine_option(help: str) -> Callable[[F], F]:
-    return click.option("--engine", type=click.Choice(ENGINES), help=help)
+    return click.option("--engine", type=click.Choice(QUICK_ENGINES), help=help)
 
 
 def key_env_option(help: str) -> Callable[[F], F]:

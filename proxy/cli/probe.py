@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
-from tapfix.proxy.cli.options import db_option, engine_option, json_option, key_env_option
+from tapfix.proxy.cli.options import FiniteFloatRange, db_option, engine_option, json_option, key_env_option
 from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
 from tapfix.proxy.store.locator import StoreLocator
@@ -66,12 +66,12 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--needle-depth",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=0.5,
     show_default=True,
     help="long_context: where the passphrase sits, 0 = start, 1 = end",
 )
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="seconds per request")
+@click.option("--timeout", type=FiniteFloatRange(min=0.1), default=60.0, show_default=True, help="seconds per request")
 def probe(
     upstream: str | None,
     config_path: Path | None,

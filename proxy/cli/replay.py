@@ -17,7 +17,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from tapfix.proxy.cli.options import db_option, json_option, key_env_option
+from tapfix.proxy.cli.options import FiniteFloatRange, db_option, json_option, key_env_option
 from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
@@ -62,7 +62,7 @@ from tapfix.proxy.store.writer import StoreError
 @click.option("--session", "session_id", metavar="SID", help="replay a whole agent session, turn by turn")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=600.0,
     show_default=True,
     help="seconds without a byte",

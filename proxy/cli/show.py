@@ -6,6 +6,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_error, upstream_error
 from tapfix.proxy.store.reader import body_id_of
 
 if TYPE_CHECKING:
@@ -35,9 +36,9 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
         f"  connection record: a request head that didn't parse; its first {c.get('request_size') or 0} bytes are"
         " the request body (`captures export --request`)"
         if "connection" in (c.get("tags") or [])
-        else f"  {c['method']} {c['path']}  →  {c.get('upstream_url') or '-'}",
+        else f"  {c['method']} {c['path']}  →  {destination(c)}",
         f"  client: {c.get('user_agent') or '-'} ({c.get('client_addr') or '-'})"
-        f"   session: {c.get('session_id') or '-'}",
+        f"   session: {c.get('session_id') or '-'}" + (f"   thread: {c['thread_id']}" if c.get("thread_id") else ""),
         f"  model: {c.get('model') or '-'}"
         + (f" → served as {c['served_model']}" if c.get("served_model") not in (None, c.get("model")) else ""),
         f"  status: {c.get('status') or '-'}   stream: {'yes' if c.get('stream') else 'no'}"
@@ -65,7 +66,9 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
             f"  [{ch['stage']}] {ch['kind']} {ch['path']}: {_value(ch['before'])} → {_value(ch['after'])}"
             + (f"  ({ch['reason']})" if ch.get("reason") else "")
         )
-    if not c["change_rows"]:
+    if not c["change_rows"] and answered_by_tapfix(c):
+        lines.append("  none: tapfix answered the request itself")
+    elif not c["change_rows"]:
         lines.append("  none: the request and response passed unchanged")
     request = reader.capture_body(c, "request")
     lines += ["", f"request as sent by the client ({len(request)} bytes):", _pretty(request)]
@@ -99,26 +102,15 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def upstream_error(capture: dict[str, Any]) -> dict[str, Any] | None:
-    """The engine's own error object when the `error` column holds one (flag `upstream_error`);
-    otherwise the column is tapfix's or mitmproxy's words about the connection."""
-    text = capture.get("error")
-    if not text or "upstream_error" not in (capture.get("flags") or ()) or text[:1] != "{":
-        return None
-    try:
-        error = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return error if isinstance(error, dict) else None
-
-
 def _error_lines(c: dict[str, Any]) -> list[str]:
-    error = upstream_error(c)
+    error, whose = upstream_error(c), "upstream error"
+    if error is None:
+        error, whose = tapfix_error(c), "error tapfix answered with"
     if error is None:
         return [f"  error: {c['error']}"]
     about = [f"{key} {_plain(error[key])}" for key in ("type", "code") if error.get(key) not in (None, "")]
     message = error.get("message")
-    lines = [f"  upstream error{' (' + ', '.join(about) + ')' if about else ''}:"]
+    lines = [f"  {whose}{' (' + ', '.join(about) + ')' if about else ''}:"]
     lines.append(_indent(message if isinstance(message, str) else orjson.dumps(error).decode()))
     return lines
 
@@ -173,6 +165,7 @@ def capture_json(reader: CaptureReader, capture: dict[str, Any]) -> dict[str, An
         },
         "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
         "upstream_error": upstream_error(c),
+        "tapfix_error": tapfix_error(c),
         "choices": reader.read_choices(c["id"]),
         "bodies": {
             which: body_json(reader.capture_body(c, which)) if body_id_of(c, which) is not None else None
@@ -191,6 +184,7 @@ _METADATA = (
     "client_addr",
     "user_agent",
     "session_id",
+    "thread_id",
     "source_id",
     "attempt_of",
     "attempt",

@@ -3,13 +3,15 @@
 It only reads (`store/tail.py`): a read-only connection that never migrates or locks, polled a few
 times a second, so it can watch a store that `tapfix run` (one process or several) is writing. A
 store that isn't there yet is waited for, as `tail -F` waits for a file: a tail is often started
-before the proxy. Ctrl-C ends it with status 0; so does a reader that goes away (`| head`).
+before the proxy. Ctrl-C ends it with status 0; so does a reader that goes away (`| head`): between
+polls it waits on its stdout, whose write end reports an error as soon as a pipe's reader closes it, so
+`tail | head -1` returns when `head` does, not at the next capture.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import select
 import sqlite3
 import sys
 import time
@@ -19,12 +21,16 @@ import click
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.quantities import DURATION_EXAMPLES, is_duration, parse_duration
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.reader import CaptureFilter, CaptureNotFound
 from tapfix.proxy.store.writer import StoreError
 
 POLL_S = 0.25
-_AGE = re.compile(r"^\d+(?:\.\d+)?[smhdw]$", re.I)  # an age has its unit; anything else is a capture id
+
+
+class ReaderGone(Exception):
+    """stdout is a pipe whose reader closed it: nothing more to say."""
 
 
 @click.command("tail")
@@ -32,12 +38,13 @@ _AGE = re.compile(r"^\d+(?:\.\d+)?[smhdw]$", re.I)  # an age has its unit; anyth
 @click.option(
     "--since",
     metavar="AGE|ID",
-    help="start with the exchanges completed in the last AGE (90s, 30m, 12h, 7d) or after capture ID (a prefix"
+    callback=lambda _ctx, _param, value: _since(value),
+    help=f"start with the exchanges completed in the last AGE ({DURATION_EXAMPLES}) or after capture ID (a prefix"
     " will do); default: from now",
 )
 @json_option("one JSON object a line, as `captures list --json`")
 @filter_options
-def tail(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter) -> None:
+def tail(db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter) -> None:
     """Print each exchange as it completes, in the order the writer stored them.
 
     The columns and filters are `captures list`'s; a regeneration attempt follows its client request,
@@ -54,11 +61,22 @@ def tail(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFil
         _follow(db, since, as_json, filters, out)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a tail ends
-    except BrokenPipeError:  # the reader left: nothing more to say, and nothing to flush at exit
+    except (BrokenPipeError, ReaderGone):  # the reader left: nothing more to say, and nothing to flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
 
 
-def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
+def _since(value: str | None) -> str | float | None:
+    """An age (seconds) when `--since` is written as one, else the capture id as given. A negative age is a
+    usage error of its own, never a capture id that isn't there."""
+    if value is None or not is_duration(value):
+        return value
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--since'") from None
+
+
+def _follow(db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
 
     if db.postgres is not None:
@@ -66,7 +84,7 @@ def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: Capture
         return
     from tapfix.proxy.store.tail import Tail
 
-    conn, identity = _wait_for(db)
+    conn, identity = _wait_for(db, out)
     with reported(StoreError, sqlite3.Error):
         follow = Tail(conn, _start(conn, since), filters)
     if not as_json:  # once the store is there and the start found: an error is then the only output
@@ -79,14 +97,16 @@ def _follow(db: StoreLocator, since: str | None, as_json: bool, filters: Capture
                 json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
             )
             _write(out, "".join(lines))
-        time.sleep(POLL_S)
+        _pause(out)
         if _identity(db) != identity:  # deleted, or replaced by a new store: follow the new one from its start
             conn.close()
-            conn, identity = _wait_for(db)
+            conn, identity = _wait_for(db, out)
             follow = Tail(conn, 0, filters)
 
 
-def _follow_postgres(db: StoreLocator, since: str | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
+def _follow_postgres(
+    db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter, out: IO[str]
+) -> None:
     """The same loop on a PostgreSQL store (store/pg/tail.py): a server has no file to wait for or
     to see replaced, and its cursor is a transaction horizon, not a rowid."""
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
@@ -107,21 +127,20 @@ def _follow_postgres(db: StoreLocator, since: str | None, as_json: bool, filters
                 json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
             )
             _write(out, "".join(lines))
-        time.sleep(POLL_S)
+        _pause(out)
 
 
-def _start(conn: Any, since: str | None, tail: Any = None) -> Any:
-    """The cursor `--since` names, through `tail` (store/tail.py, or store/pg/tail.py for its reader)."""
-    from tapfix.proxy.store.retention import parse_duration
-
+def _start(conn: Any, since: str | float | None, tail: Any = None) -> Any:
+    """The cursor `--since` names (an age in seconds, or a capture id), through `tail` (store/tail.py, or
+    store/pg/tail.py for its reader)."""
     if tail is None:
         from tapfix.proxy.store import tail as sqlite_tail
 
         tail = sqlite_tail
     if since is None:
         return tail.latest(conn)
-    if _AGE.match(since.strip()):
-        return tail.completed_within(conn, parse_duration(since))
+    if isinstance(since, float):
+        return tail.completed_within(conn, since)
     try:
         return tail.after_capture(conn, since)
     except CaptureNotFound as e:
@@ -130,7 +149,7 @@ def _start(conn: Any, since: str | None, tail: Any = None) -> Any:
         raise
 
 
-def _wait_for(db: StoreLocator) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
+def _wait_for(db: StoreLocator, out: IO[str]) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
     """The store, once a writer has made it; says once on stderr that it is waiting."""
     told = False
     while True:
@@ -141,7 +160,7 @@ def _wait_for(db: StoreLocator) -> tuple[sqlite3.Connection, tuple[int, int] | N
         if not told:
             click.echo(f"tapfix: waiting for a capture store at {db} (`tapfix run` creates it)", err=True)
             told = True
-        time.sleep(POLL_S)
+        _pause(out)
 
 
 def _identity(db: StoreLocator) -> tuple[int, int] | None:
@@ -151,6 +170,20 @@ def _identity(db: StoreLocator) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _pause(out: IO[str], seconds: float = POLL_S) -> None:
+    """Wait `seconds` between polls, watching `out`: `ReaderGone` as soon as it is a pipe whose reader has
+    closed it (poll reports POLLERR on the write end; a file or a terminal never does while it is usable)."""
+    try:
+        fd = out.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's buffer) or no poll(): just wait
+        time.sleep(seconds)
+        return
+    poller.register(fd, 0)  # no events asked: only POLLERR, POLLHUP and POLLNVAL are reported
+    if poller.poll(seconds * 1000):
+        raise ReaderGone
 
 
 def _write(out: IO[str], text: str) -> None:

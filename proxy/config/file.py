@@ -1,35 +1,30 @@
 """The TOML configuration: upstreams, the models served through them, and per-model policy.
 
-Validated with the JSON Schema in `schemas/config.schema.json`, then with the checks a schema
-can't express (references between tables, alias clashes, bounds). Every error names the file, the
-path inside it, what was found and what was expected, so a user can fix it without reading code.
+Validated with the JSON Schema in `schemas/config.schema.json` (config/shape.py), then with the checks
+a schema can't express (references between tables, alias clashes, bounds), all reported at once. Every
+error names the file, the path inside it, what was found and what was expected, so a user can fix it
+without reading code.
 Credentials are never written in the file: an upstream names the environment variable that holds
 its key (`api_key_env`).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
-from tapfix.proxy.config.settings import ProxyMode
-from tapfix.proxy.request.reasoning_levels import ENGINE_DIALECT, ReasoningSettings
-from tapfix.proxy.request.sampling import ParamPolicy
+from tapfix.proxy.config.model import ENGINE_DIALECT, ParamPolicy, ReasoningSettings
+from tapfix.proxy.config.settings import declared
+from tapfix.proxy.config.shape import key_name, shape_problems
+from tapfix.proxy.vocabulary.store_url import is_postgres_url, url_like_problem
 
 # Values config.schema.json allows (the file is validated before these are read).
 KeyStyle = Literal["openai", "anthropic"]  # how the key is sent: Authorization: Bearer, or x-api-key
 FieldChoice = Literal["keep", "reasoning", "reasoning_content"]  # "keep" = as the upstream sent it
-
-_LITERAL_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer"}
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class ConfigError(Exception):
@@ -51,6 +46,8 @@ class Upstream:
     insecure: bool = False
     connect_timeout: float | None = None
     read_timeout: float | None = None
+    regenerate_concurrency: int | None = None  # issue 19: None: the declared default (config/settings.py)
+    regenerate_per_minute: int | None = None
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The upstream's own credential (from the environment variable the config names), as it expects it."""
@@ -95,20 +92,14 @@ class ReasoningFieldPolicy:
 class Config:
     upstreams: Mapping[str, Upstream]
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
-    listen: str | None = None
-    db: str | None = None
-    mode: ProxyMode = "reverse"
+    # The run settings the file gives (config/settings.py declares their keys), by `Settings` attribute,
+    # as the file wrote them (`db` resolved against the file's folder); a flag given to `tapfix run` wins.
+    run_settings: Mapping[str, Any] = field(default_factory=dict)
     strict: bool = False
     reasoning_field: ReasoningFieldPolicy = field(default_factory=ReasoningFieldPolicy)
-    tool_repair: Mapping[str, Any] = field(default_factory=dict)
     probe: Mapping[str, Any] = field(default_factory=dict)
     security: Mapping[str, Any] = field(default_factory=dict)
     retention: Mapping[str, Any] = field(default_factory=dict)
-    shutdown_grace: float | None = None  # seconds; `tapfix run --shutdown-grace` wins
-    regenerate: int | None = None  # issue 19; `tapfix run --regenerate` wins
-    regenerate_budget: float | None = None
-    regenerate_unknown_tool: bool | None = None
-    regenerate_admission: Mapping[str, Any] = field(default_factory=dict)  # upstream → AdmissionSettings
     source: str | None = None  # the file it came from
     quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
 
@@ -153,7 +144,7 @@ def quick(
     if reasoning_dialect is not None:
         flags["reasoning"] = {"dialect": reasoning_dialect}
     checked = {"upstreams": {"default": data}, "models": {"*": flags}}
-    _validate(checked, "command line")
+    validate(checked, "command line")
     upstream = _upstream("default", data)
     if engine is None:
         upstream = Upstream("default", upstream.base_url, None, upstream.api_key_env)
@@ -169,9 +160,11 @@ def quick(
 
 
 def load(path: str | Path) -> Config:
+    """The config in `path`. A UTF-8 byte-order mark (Windows editors write one) is read past: TOML has no
+    use for it, and tomllib would refuse the first line for it."""
     file = Path(path)
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        data = tomllib.loads(file.read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise ConfigError(f"{file}: cannot read the config file ({e.strerror or e})") from e
     except UnicodeDecodeError as e:
@@ -182,137 +175,142 @@ def load(path: str | Path) -> Config:
 
 
 def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path | None = None) -> Config:
-    """Validate a parsed config and build it; relative paths resolve against `base_dir`."""
-    _validate(data, source)
+    """Validate a parsed config and build it; relative paths resolve against `base_dir`.
+
+    Every problem is reported at once: the schema's, then the checks it can't express (references
+    between tables, alias clashes, bounds, numbers that must be finite). The latter run on every part
+    the schema let through, so one mistake never hides another; a part the schema refused is left to
+    its message."""
+    problems = shape_problems(data, source)
+    shaped = not problems  # the schema passed: every part has the shape the code below reads
     base = base_dir or Path(".")
-    upstreams = {name: _upstream(name, u) for name, u in data["upstreams"].items()}
-    problems: list[str] = []
+    upstreams: dict[str, Upstream] = {}
+    for name, u in _tables(data.get("upstreams")):
+        with _unless_shaped(shaped):
+            upstreams[name] = _upstream(name, u)
+    names = [name for name, _ in _tables(data.get("upstreams"), everything=True)]
     models: dict[str, ModelConfig] = {}
     claimed: dict[str, str] = {}  # every routable name → where it was declared
-    for name, m in data["models"].items():
-        where = f"models.{_key(name)}"
-        if name in claimed:
-            problems.append(f"{source}: {where}: found the name {name!r}, which is already {claimed[name]}")
-        claimed[name] = f"the model {where}"
-        upstream = m.get("upstream")
-        if upstream is None:
-            if len(upstreams) != 1:
-                problems.append(f"{source}: {where}: missing key 'upstream', expected one of {', '.join(upstreams)}")
-                continue
-            upstream = next(iter(upstreams))
-        elif upstream not in upstreams:
-            problems.append(f"{source}: {where}.upstream: found {upstream!r}, expected one of {', '.join(upstreams)}")
-            continue
-        for alias in m.get("aliases", []):
-            if alias in claimed:
-                problems.append(f"{source}: {where}.aliases: found {alias!r}, which is already {claimed[alias]}")
-            claimed[alias] = f"an alias of {where}"
-        sampling = {p: _param(f"{source}: {where}.sampling.{p}", v, problems) for p, v in m.get("sampling", {}).items()}
-        gc = m.get("generation_config")
-        gc_path = None if gc is None else _resolve(base, gc)
-        r = m.get("reasoning", {})
-        engine = upstreams[upstream].engine
-        reasoning = ReasoningSettings(
-            dialect=r.get("dialect") or ENGINE_DIALECT.get(engine or ""),
-            levels=tuple(r["levels"]) if "levels" in r else None,
-            template_var=r.get("template_var"),
-            field=r.get("field", "reasoning_effort"),
-            reject_unmappable=r.get("reject_unmappable", bool(data.get("strict", False))),
-            default_level=r.get("default_level", "medium"),
-            budgets=dict(r.get("budgets", {})),
-        )
-        if reasoning.levels and reasoning.default_level not in reasoning.levels and "default_level" in r:
-            problems.append(
-                f"{source}: {where}.reasoning.default_level: found {reasoning.default_level!r}, "
-                f"expected one of the accepted levels {', '.join(reasoning.levels)}"
-            )
-        tool_format = m.get("tool_format")
-        if tool_format is not None and tool_format not in _tool_format_names():
-            problems.append(
-                f"{source}: {where}.tool_format: found {tool_format!r}, expected one of the registered tool-call "
-                f"formats: {', '.join(_tool_format_names())}"
-            )
-        models[name] = ModelConfig(
-            name=name,
-            upstream=upstream,
-            upstream_model=m.get("upstream_model", name),
-            aliases=tuple(m.get("aliases", [])),
-            sampling=sampling,
-            generation_config=gc_path,
-            reasoning=reasoning,
-            store_bodies=m.get("store_bodies", True),
-            tool_format=tool_format,
-            regenerate=_model_attempts(m.get("regenerate"), f"{source}: {where}.regenerate", problems),
-            regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
-        )
-    admission = _regeneration(data, source, problems)
+    for name, m in _tables(data.get("models")):
+        with _unless_shaped(shaped):
+            model = _model(name, m, source, names, upstreams, claimed, base, data, problems)
+            if model is not None:
+                models[name] = model
+    if isinstance(db := data.get("db"), str) and (why := url_like_problem(db)) is not None:
+        problems.append(f"{source}: db: {why}")
     if problems:
         raise ConfigError("\n".join(problems), problems)
     rf = data.get("reasoning_field", {})
     return Config(
         upstreams=upstreams,
         models=models,
-        listen=data.get("listen"),
-        db=_store(base, data["db"]) if "db" in data else None,
-        mode=data.get("mode", "reverse"),
+        run_settings=run_settings(data, base),
         strict=data.get("strict", False),
         reasoning_field=ReasoningFieldPolicy(rf.get("default", "keep"), dict(rf.get("clients", {}))),
-        tool_repair=dict(data.get("tool_repair", {})),
         probe=dict(data.get("probe", {})),
         security=dict(data.get("security", {})),
         retention=dict(data.get("retention", {})),
-        shutdown_grace=data.get("shutdown_grace"),
-        regenerate=data.get("regenerate"),
-        regenerate_budget=data.get("regenerate_budget"),
-        regenerate_unknown_tool=data.get("regenerate_unknown_tool"),
-        regenerate_admission=admission,
         source=source,
     )
 
 
-def _regeneration(data: Mapping[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
-    """Range-check `regenerate`, `regenerate_budget` and each `[upstreams.X] regenerate_concurrency` /
-    `regenerate_per_minute` (issue 19); the upstreams' AdmissionSettings, by upstream name."""
-    from tapfix.proxy.regenerate import eligibility as el
-
-    for key, check in (("regenerate", el.check_attempts), ("regenerate_budget", el.check_budget)):
-        if key in data:
-            try:
-                check(data[key], key)
-            except el.SettingError as e:
-                problems.append(f"{source}: {e}")
-    out: dict[str, Any] = {}
-    for name, u in data["upstreams"].items():
-        if "regenerate_concurrency" not in u and "regenerate_per_minute" not in u:
+def run_settings(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The declared run settings the (validated) file gives, by `Settings` attribute; a dotted key is a
+    table's (`tool_repair.mode`). A store path is relative to the file's folder, a URL stays a URL."""
+    found: dict[str, Any] = {}
+    for s in declared():
+        if s.key is None:
             continue
-        where = f"upstreams.{_key(name)}"
-        try:
-            concurrency = el.check_concurrency(u.get("regenerate_concurrency", 2), f"{where}.regenerate_concurrency")
-            per_minute = el.check_per_minute(u.get("regenerate_per_minute", 30), f"{where}.regenerate_per_minute")
-        except el.SettingError as e:
-            problems.append(f"{source}: {e}")
-            continue
-        out[name] = el.AdmissionSettings(concurrency, per_minute)
-    return out
+        *tables, last = s.key.split(".")
+        table: Any = data
+        for name in tables:
+            table = table.get(name, {}) if isinstance(table, Mapping) else {}
+        if isinstance(table, Mapping) and last in table:
+            value = table[last]
+            found[s.name] = _store(base, value) if s.kind == "store" else value
+    return found
 
 
-def _model_attempts(value: Any, where: str, problems: list[str]) -> int | None:
-    """A model's own `regenerate`, range-checked like the global one; None when it has none."""
-    from tapfix.proxy.regenerate import eligibility as el
+def _tables(value: Any, everything: bool = False) -> list[tuple[str, Mapping[str, Any]]]:
+    """The (name, table) entries of a table of tables; entries that aren't tables are the schema's to report
+    (`everything`: keep them, for the names)."""
+    if not isinstance(value, Mapping):
+        return []
+    return [(name, t) for name, t in value.items() if everything or isinstance(t, Mapping)]
 
-    if value is None:
-        return None
+
+@contextmanager
+def _unless_shaped(shaped: bool) -> Iterator[None]:
+    """Run a semantic check; when the schema already refused something, a part it refused may not have the
+    shape the check reads: that part is skipped (its problem is already reported), the rest still checked."""
     try:
-        return el.check_attempts(value, where)
-    except el.SettingError as e:
-        problems.append(str(e))
+        yield
+    except (KeyError, TypeError, AttributeError, ValueError):
+        if shaped:
+            raise
+
+
+def _model(
+    name: str,
+    m: Mapping[str, Any],
+    source: str,
+    names: list[str],
+    upstreams: Mapping[str, Upstream],
+    claimed: dict[str, str],
+    base: Path,
+    data: Mapping[str, Any],
+    problems: list[str],
+) -> ModelConfig | None:
+    """One `[models.NAME]` table, its problems appended to `problems` (None when it can't be built)."""
+    where = f"models.{key_name(name)}"
+    if name in claimed:
+        problems.append(f"{source}: {where}: found the name {name!r}, which is already {claimed[name]}")
+    claimed[name] = f"the model {where}"
+    upstream = m.get("upstream")
+    if upstream is None:
+        if len(names) != 1:
+            problems.append(f"{source}: {where}: missing key 'upstream', expected one of {', '.join(names)}")
+            return None
+        upstream = names[0]
+    elif upstream not in names:
+        problems.append(f"{source}: {where}.upstream: found {upstream!r}, expected one of {', '.join(names)}")
         return None
-
-
-def _tool_format_names() -> list[str]:
-    from tapfix.proxy.toolcalls.formats import names
-
-    return names()
+    for alias in m.get("aliases", []):
+        if alias in claimed:
+            problems.append(f"{source}: {where}.aliases: found {alias!r}, which is already {claimed[alias]}")
+        claimed[alias] = f"an alias of {where}"
+    sampling = {p: _param(f"{source}: {where}.sampling.{p}", v, problems) for p, v in m.get("sampling", {}).items()}
+    gc = m.get("generation_config")
+    gc_path = None if gc is None else _resolve(base, gc)
+    r = m.get("reasoning", {})
+    engine = upstreams[upstream].engine if upstream in upstreams else None
+    reasoning = ReasoningSettings(
+        dialect=r.get("dialect") or ENGINE_DIALECT.get(engine or ""),
+        levels=tuple(r["levels"]) if "levels" in r else None,
+        template_var=r.get("template_var"),
+        field=r.get("field", "reasoning_effort"),
+        reject_unmappable=r.get("reject_unmappable", bool(data.get("strict", False))),
+        default_level=r.get("default_level", "medium"),
+        budgets=dict(r.get("budgets", {})),
+    )
+    if reasoning.levels and reasoning.default_level not in reasoning.levels and "default_level" in r:
+        problems.append(
+            f"{source}: {where}.reasoning.default_level: found {reasoning.default_level!r}, "
+            f"expected one of the accepted levels {', '.join(reasoning.levels)}"
+        )
+    return ModelConfig(
+        name=name,
+        upstream=upstream,
+        upstream_model=m.get("upstream_model", name),
+        aliases=tuple(m.get("aliases", [])),
+        sampling=sampling,
+        generation_config=gc_path,
+        reasoning=reasoning,
+        store_bodies=m.get("store_bodies", True),
+        tool_format=m.get("tool_format"),  # a registered name: the schema lists them
+        regenerate=m.get("regenerate"),
+        regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
+    )
 
 
 def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
@@ -327,6 +325,8 @@ def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
         insecure=u.get("insecure", False),
         connect_timeout=u.get("connect_timeout"),
         read_timeout=u.get("read_timeout"),
+        regenerate_concurrency=u.get("regenerate_concurrency"),
+        regenerate_per_minute=u.get("regenerate_per_minute"),
     )
 
 
@@ -349,8 +349,6 @@ def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:
 
 def _store(base: Path, value: str) -> str:
     """`db`: a PostgreSQL URL as it is, a path relative to the config file's folder."""
-    from tapfix.proxy.store.pg.locator import is_postgres_url
-
     return value if is_postgres_url(value) else str(_resolve(base, value))
 
 
@@ -359,119 +357,7 @@ def _resolve(base: Path, value: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
-_VALIDATOR: Draft202012Validator | None = None
-
-
-def schema() -> dict[str, Any]:
-    text = (files("tapfix.schemas") / "config.schema.json").read_text(encoding="utf-8")
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
-
-
-def _validate(data: Mapping[str, Any], source: str) -> None:
-    global _VALIDATOR
-    literal = _literal_credentials(data)
-    problems = [f"{source}: {where}: {message}" for where, message in literal.items()]
-    if _VALIDATOR is None:
-        _VALIDATOR = Draft202012Validator(schema())
-    errors = sorted(_VALIDATOR.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
-    for e in errors:
-        for where, message in _describe(e):
-            if where not in literal:
-                problems.append(f"{source}: {where}: {message}")
+def validate(data: Mapping[str, Any], source: str) -> None:
+    problems = shape_problems(data, source)
     if problems:
         raise ConfigError("\n".join(problems), problems)
-
-
-def _literal_credentials(data: Mapping[str, Any]) -> dict[str, str]:
-    found = {}
-    upstreams = data.get("upstreams")
-    if isinstance(upstreams, dict):
-        for name, u in upstreams.items():
-            if isinstance(u, dict):
-                for key in u:
-                    if key.lower().replace("-", "_") in _LITERAL_KEYS:
-                        found[f"upstreams.{_key(name)}.{_key(key)}"] = (
-                            'found a credential written in the file, expected api_key_env = "SOME_ENV_VAR" '
-                            "naming the environment variable that holds it"
-                        )
-    return found
-
-
-def _describe(e: ValidationError) -> list[tuple[str, str]]:
-    """(path in the file, "found ..., expected ...") for one schema error."""
-    where = _dotted(e.absolute_path)
-    v = e.validator
-    # The config schema is all objects, so the failing subschema is one too (jsonschema also allows `true`).
-    at: Mapping[str, Any] = e.schema if isinstance(e.schema, Mapping) else {}
-    if v == "additionalProperties":
-        allowed = ", ".join(sorted(at.get("properties", {})))
-        extra = [k for k in e.instance if k not in at.get("properties", {})] if isinstance(e.instance, dict) else []
-        prefix = f"{where}." if where else ""
-        return [(f"{prefix}{_key(k)}", f"found an unknown key, expected one of {allowed}") for k in extra]
-    if v == "required":
-        missing = re.findall(r"'([^']+)' is a required property", e.message)
-        name = missing[0] if missing else "?"
-        sub = at.get("properties", {}).get(name, {})
-        prefix = f"{where}." if where else ""
-        return [(f"{prefix}{_key(name)}", f"missing, expected {_expectation(sub, name)}")]
-    found = _found(e)
-    expected = at.get("x-expected")
-    if expected is None:
-        if v in ("enum", "type"):
-            expected = _expectation({v: e.validator_value}, "")
-        elif v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[v]
-            expected = f"a number {op} {e.validator_value}"
-        elif v == "minProperties":
-            expected = "at least one entry"
-        elif v == "uniqueItems":
-            expected = "no duplicates"
-        else:
-            expected = e.message
-    return [(where or "(top level)", f"found {found}, expected {expected}")]
-
-
-def _expectation(sub: Mapping[str, Any], name: str) -> str:
-    if "x-expected" in sub:
-        return str(sub["x-expected"])
-    if "enum" in sub:
-        return "one of " + ", ".join(str(x) for x in sub["enum"])
-    if "$ref" in sub:
-        return f"a [{name}] table" if name else "a table"
-    types = sub.get("type", [])
-    words = {
-        "object": f"a [{name}.NAME] table" if name else "a table",
-        "array": "a list",
-        "integer": "an integer",
-        "number": "a number",
-        "string": "a string",
-        "boolean": "true or false",
-    }
-    names = types if isinstance(types, list) else [types]
-    return " or ".join(words.get(str(t), str(t)) for t in names) or "a value"
-
-
-def _found(e: ValidationError) -> str:
-    value = e.instance
-    if e.validator == "pattern" and list(e.absolute_path)[-1:] == ["api_key_env"] and isinstance(value, str):
-        return f"{value[:3]}… (redacted, {len(value)} characters)"
-    kind = {
-        dict: "a table",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-    }.get(type(value), type(value).__name__)
-    if isinstance(value, dict | list):
-        return kind
-    return f"{value!r} ({kind})"
-
-
-def _dotted(path: Any) -> str:
-    return ".".join(_key(str(p)) for p in path)
-
-
-def _key(name: str) -> str:
-    return name if _BARE_KEY.fullmatch(name) else json.dumps(name)

@@ -13,9 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+from tapfix.proxy.mock.after_tool import closing_answer, last_call, retry_with_absolute_path
 from tapfix.proxy.mock.chat import Reply, ToolCall
+from tapfix.proxy.mock.edit_formats import edit_answer
 from tapfix.proxy.mock.jsonish import obj
+from tapfix.proxy.mock.reading import ToolResult, prompt_message, turn_index, working_directory
 from tapfix.proxy.mock.toolargs import analyze, is_custom, pick_tool, tool_call_arguments, tool_name
 from tapfix.proxy.mock.vision import decode_data_url, dominant_colour
 
@@ -135,16 +137,26 @@ def reasoning_text(level: int, task: str, tool: str | None) -> str:
 def respond(req: dict[str, Any], call_id: str, knobs: Knobs = ALL_ABILITIES) -> Reply:
     """The scripted model's reply to a chat request (before tokenization and max_tokens)."""
     messages = [m for m in req.get("messages") or [] if isinstance(m, dict)]
-    last = messages[-1] if messages else {}
-    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    turn = turn_index(messages)  # a trailing system message never hides the prompt or the tool result
+    last = messages[turn] if messages else {}
+    user = prompt_message(messages, text_of)
     prompt = _prompt_text(text_of(user.get("content")))
-    intent = analyze(prompt)
+    workdir = working_directory(
+        [text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
+        + [_all_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    )
+    intent = analyze(prompt, workdir)
     tools = [t for t in req.get("tools") or [] if isinstance(t, dict)]
     choice = req.get("tool_choice")
     level = 3 if knobs.ignore_effort else effort_level(req)
 
     if last.get("role") == "tool":
-        content = _after_tool(messages)
+        called, result = last_call(messages[:turn]), tool_result(last)
+        retry = retry_with_absolute_path(called, result, workdir, call_id)
+        if retry is not None:
+            reasoning = reasoning_text(level, "retry with an absolute path", retry.name)
+            return Reply(tool_calls=[retry], reasoning=reasoning, finish_reason="tool_calls")
+        content = closing_answer(called, result)
         return Reply(content=content, reasoning=reasoning_text(level, "report the tool result", None))
 
     tool: dict[str, Any] | None = None
@@ -165,8 +177,29 @@ def respond(req: dict[str, Any], call_id: str, knobs: Knobs = ALL_ABILITIES) -> 
             reasoning=reasoning_text(level, task, tool_name(tool)),
             finish_reason="stop" if named else "tool_calls",
         )
-    content = answer_text(messages, user, prompt, knobs, system=_system_text(messages))
+    system = _system_text(messages)
+    taught = "\n".join([system, *(_all_text(m.get("content")) for m in messages if m.get("role") == "user")])
+    content = (edit_answer(taught, intent) if not tools else None) or answer_text(
+        messages, user, prompt, knobs, system=system
+    )
     return Reply(content=content, reasoning=reasoning_text(level, _task(prompt), None))
+
+
+def tool_result(message: dict[str, Any]) -> ToolResult:
+    """A tool message as the mock reads it: its text, its images and the client's error flag."""
+    content = message.get("content")
+    return ToolResult(_all_text(content), image_urls(content), flagged=bool(message.get("is_error")))
+
+
+def _all_text(content: Any) -> str:
+    """Every text of a content, reminders included (`text_of` leaves them out of the user's words)."""
+    if isinstance(content, str):
+        return content
+    return (
+        "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        if isinstance(content, list)
+        else ""
+    )
 
 
 def _system_text(messages: list[dict[str, Any]]) -> str:
@@ -251,50 +284,3 @@ def _arith(a: float, op: str, b: float) -> str | None:
     else:
         value = a / b
     return str(int(value)) if value == int(value) else f"{value:.4g}"
-
-
-def _after_tool(messages: list[dict[str, Any]]) -> str:
-    """A short closing answer about the last tool call and its result."""
-    result = text_of(messages[-1].get("content")).strip()
-    call: dict[str, Any] = {}
-    for m in reversed(messages):
-        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list) and m["tool_calls"]:
-            call = obj(m["tool_calls"][-1])
-            break
-    fn = obj(call.get("function"))
-    name = str(fn.get("name") or "tool")
-    raw = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
-    try:
-        args = orjson.loads(raw or "{}")
-    except (orjson.JSONDecodeError, TypeError):
-        args = {}
-    args = args if isinstance(args, dict) else {}
-    path = next((str(v) for k, v in args.items() if k.lower() in {"path", "filepath", "file_path", "filename"}), None)
-    text = " ".join(v for v in (raw, *args.values()) if isinstance(v, str))
-    command = args.get("command") or args.get("cmd")
-    if isinstance(command, list):  # an argv: ["bash", "-lc", "..."]
-        command = command[-1] if command and all(isinstance(c, str) for c in command) else None
-    added = re.search(r"^\*\*\* Add File: (.+)$", text, re.M)
-    created = added or (re.search(r"printf .*> *'?([^'\s;&|]+)'?$", command) if isinstance(command, str) else None)
-    low = name.lower()
-    if re.search(r"error|failed|denied|not found|no such file", result[:200], re.I):
-        return f"The {name} tool reported a problem: {result[:160]}"
-    if created:
-        return f"Done. I created {created.group(1).strip()} with the requested content."
-    updated = re.search(r"^\*\*\* Update File: (.+)$", text, re.M)
-    if updated:
-        return f"Done. I edited {updated.group(1).strip()}."
-    if ("write" in low or "create" in low) and "stdin" not in low:
-        return f"Done. I created {path or 'the file'} with the requested content."
-    if "read" in low or "view" in low or "cat" in low:
-        snippet = result[:200]
-        return (
-            f"Here is what {path or 'the file'} contains:\n\n{snippet}"
-            if snippet
-            else f"{path or 'The file'} is empty."
-        )
-    if "edit" in low or "replace" in low:
-        return f"Done. I edited {path or 'the file'}."
-    if command:
-        return f"The command `{command}` finished." + (f" Output:\n\n{result[:200]}" if result else "")
-    return f"Done. The {name} call completed."

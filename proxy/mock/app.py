@@ -48,7 +48,7 @@ from tapfix.proxy.mock.surface_script import (
     from_reply,
     last_role,
 )
-from tapfix.proxy.mock.wire import SSE_HEADERS, Plan, Send, compress, json_headers, paced
+from tapfix.proxy.mock.wire import SSE_HEADERS, Op, Plan, Send, Sleep, compress, json_headers, paced, split_body
 
 _ATTEMPT_MEMORY = 100_000
 _HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -213,7 +213,8 @@ def _respond(
     if rule is not None and rule.do == "garbage":
         junk = str(rule.params.get("body", "<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01")).encode()
         content_type = str(rule.params.get("content_type", "text/event-stream; charset=utf-8")).encode()
-        return Plan(int(rule.params.get("status", 200)), [(b"content-type", content_type)], [Send(junk)])
+        ops = _stalled([Send(junk)], rule.params)
+        return Plan(int(rule.params.get("status", 200)), [(b"content-type", content_type)], ops)
     stream = bool(req.get("stream"))
     params = rule.params if rule else {}
     delay = float(params.get("chunk_delay_ms", state.opts.chunk_delay_ms)) / 1000
@@ -354,7 +355,17 @@ def _http_error(rule: Rule) -> Plan:
     else:
         data = dumps(body)
     headers = [(k.lower().encode(), v.encode()) for k, v in rule.params.get("headers", {}).items()]
-    return Plan(status, _headers(json_headers(data)) + headers, [Send(data)])
+    return Plan(status, _headers(json_headers(data)) + headers, _stalled([Send(data)], rule.params))
+
+
+def _stalled(ops: list[Op], params: dict[str, Any]) -> list[Op]:
+    """`stall_s` on an error or garbage reply: its body's first half, that long a pause, then the rest
+    (an upstream that stalls while it answers with an error)."""
+    seconds = float(params.get("stall_s", 0))
+    if seconds <= 0:
+        return ops
+    first, second = split_body(b"".join(op.data for op in ops if isinstance(op, Send)))
+    return [first, Sleep(seconds), second]
 
 
 def _replay_plan(recorded: RecordedResponse, fast: bool) -> Plan:

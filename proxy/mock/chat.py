@@ -2,7 +2,7 @@
 
 Every end-to-end test compares bytes, so the chunks copy what vLLM 0.32.0 puts on the wire when it serves a
 Qwen3-style model with a tool-call and a reasoning parser (`--tool-call-parser hermes --reasoning-parser
-qwen3`, the usual agent deployment; checked against the real server's bytes by tests/vllm/test_mock.py;
+qwen3`, the usual agent deployment; checked against the real server's bytes by tests/process/vllm/test_mock.py;
 pydantic `model_dump_json(exclude_unset=True)`):
 key order id, object, created, model, choices; `"prompt_token_ids":null,"prompt_text":null` on the role
 chunk; `"token_ids":null` on each later choice; a tool call's deltas with `"content":null`, its first one
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import orjson
 
 DONE = b"data: [DONE]\n\n"
-VLLM_VERSION = "0.32.0"  # the vLLM whose bytes the mock copies (tests/vllm/ runs it)
+VLLM_VERSION = "0.32.0"  # the vLLM whose bytes the mock copies (tests/process/vllm/ runs it)
 
 # A word with its leading space, a run of punctuation, or a newline: roughly one BPE token each.
 _TOKEN = re.compile(r"\n|[ \t]*[A-Za-z0-9_']+|[ \t]*[^\sA-Za-z0-9_']|[ \t]+")

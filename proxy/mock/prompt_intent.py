@@ -45,7 +45,7 @@ INTENTS: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
 ]
 
 _URL = re.compile(r"https?://[^\s\"'`<>)]+")
-_FILE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Za-z_][\w-]*\.[A-Za-z0-9]{1,10})(?![\w/])")
+_FILE = re.compile(r"(?<![\w/.-])((?:/?[\w.-]+/)*[A-Za-z_][\w-]*\.[A-Za-z0-9]{1,10})(?![\w/])")
 _BACKTICK = re.compile(r"`([^`\n]+)`")
 _QUOTED_CONTENT = re.compile(
     r"(?:containing|contains|with (?:the )?(?:text|content|contents|words?|line)|that says|saying)"
@@ -90,10 +90,12 @@ class Intent:
     summary: str
     patch: str = ""  # the apply_patch text for a write (Add File) or an edit (Update File)
     prompt: str = ""  # the prompt, lower-cased (a tool about a topic is only used when it is named)
+    workdir: str | None = None  # where the client works (reading.working_directory), for absolute paths
+    absolute_paths: bool = False  # the tool being filled asks for absolute paths (toolargs sets it)
 
 
-def analyze(prompt: str) -> Intent:
-    """What the user asks for, read with a few regular expressions."""
+def analyze(prompt: str, workdir: str | None = None) -> Intent:
+    """What the user asks for, read with a few regular expressions; `workdir` is where the client works."""
     low = prompt.lower()
     kind = next((name for name, pattern, _ in INTENTS if pattern.search(low)), None)
     url_match = _URL.search(prompt)
@@ -127,6 +129,7 @@ def analyze(prompt: str) -> Intent:
         f"{verb} {target}",
         patch=_patch(kind, filename or "README.md", content),
         prompt=low,
+        workdir=workdir,
     )
 
 

@@ -30,10 +30,10 @@ BEHAVIOURS: dict[str, set[str]] = {
     "ignore_effort": set(),
     "serve_case": {"case"},
     "break_tool_call": {"mode"},
-    "http_error": {"status", "body", "headers"},
+    "http_error": {"status", "body", "headers", "stall_s"},
     "reset_mid_stream": {"after_chunks"},
     "stall": {"seconds", "after_chunks"},
-    "garbage": {"status", "body", "content_type"},
+    "garbage": {"status", "body", "content_type", "stall_s"},
     "malformed_sse": {"kind", "size", "after_chunks"},
     "crlf": {"ping"},
     "delay_ms": {"ms"},
@@ -228,7 +228,7 @@ def _check_params(label: str, do: str, params: dict[str, Any]) -> None:
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum):
             raise ScenarioError(f"{label}: `{key}` must be a number >= {minimum}")
 
-    for key in ("delay_ms", "chunk_delay_ms", "ms", "seconds", "after_chunks", "size", "tokens"):
+    for key in ("delay_ms", "chunk_delay_ms", "ms", "seconds", "after_chunks", "size", "tokens", "stall_s"):
         number(key)
     if do == "degenerate" and params.get("style", "cjk_drift") not in STYLES:
         raise ScenarioError(f"{label}: `style` must be one of {list(STYLES)}")

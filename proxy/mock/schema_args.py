@@ -14,6 +14,7 @@ from typing import Any
 
 from tapfix.proxy.mock.jsonish import arr, obj
 from tapfix.proxy.mock.prompt_intent import Intent
+from tapfix.proxy.mock.reading import absolute, wants_absolute
 
 # Enum values to prefer, per intent, for an action-like property (`command: view|create|str_replace`).
 ACTION_KEYS = {"command", "action", "operation", "op", "mode", "cmd"}
@@ -184,6 +185,8 @@ def _string(name: str, schema: dict[str, Any], intent: Intent) -> str:
     if key in PATH_NAMES:
         directory = key in {"dir", "directory"} or intent.kind in ("list", "search")
         text = intent.filename or ("." if directory else "README.md")
+        if intent.absolute_paths or wants_absolute(schema.get("description")):
+            text = absolute(text, intent.workdir)  # under the working directory the client declared
     elif key in CONTENT_NAMES:
         text = intent.content
     elif key in COMMAND_NAMES:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from tapfix.proxy.mock.chat import Reply
 from tapfix.proxy.mock.jsonish import arr, obj
+from tapfix.proxy.mock.reading import turn_role
 
 PartKind = Literal["reasoning", "text", "call"]
 # The two surfaces this module renders for (chat has its own renderer in mock/chat.py).
@@ -120,6 +121,37 @@ def _text(content: Any) -> str:
     return "\n".join(t for t in texts if t and not t.lstrip().startswith("<system-reminder>"))
 
 
+def _image_url(part: dict[str, Any]) -> str | None:
+    """The URL of an image part of any surface: chat `image_url`, Responses `input_image`, Anthropic
+    `image` (a base64 `source` becomes a data: URL)."""
+    kind = part.get("type")
+    if kind == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+    elif kind == "input_image":
+        url = part.get("image_url")
+    elif kind == "image":
+        source = obj(part.get("source"))
+        if source.get("type") == "base64" and isinstance(source.get("data"), str):
+            url = f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+        else:
+            url = source.get("url")
+    else:
+        return None
+    return url if isinstance(url, str) else None
+
+
+def _content(content: Any) -> Any:
+    """A content as the script reads it: the text, or text and image parts in chat's shape when it
+    holds images (so an image in a user message or a tool result is seen on every surface)."""
+    parts = [p for p in arr(content) if isinstance(p, dict)]
+    images = [url for url in map(_image_url, parts) if url]
+    if not images:
+        return _text(content)
+    text = [{"type": "text", "text": t} for t in [_text(content)] if t]
+    return text + [{"type": "image_url", "image_url": {"url": url}} for url in images]
+
+
 def chat_from_responses(req: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     if isinstance(req.get("instructions"), str):
@@ -132,7 +164,7 @@ def chat_from_responses(req: dict[str, Any]) -> dict[str, Any]:
         if kind == "message":
             role = item.get("role") if item.get("role") in ("user", "assistant", "system") else "user"
             role = "system" if item.get("role") == "developer" else role
-            messages.append({"role": role, "content": _text(item.get("content"))})
+            messages.append({"role": role, "content": _content(item.get("content"))})
         elif kind in ("function_call", "custom_tool_call"):
             args = (item.get("arguments") or "{}") if kind == "function_call" else (item.get("input") or "")
             call = {
@@ -147,7 +179,7 @@ def chat_from_responses(req: dict[str, Any]) -> dict[str, Any]:
                 {
                     "role": "tool",
                     "tool_call_id": item.get("call_id"),
-                    "content": output if isinstance(output, str) else _text(output),
+                    "content": output if isinstance(output, str) else _content(output),
                 }
             )
     # Function tools stay flat (the script reads both shapes); custom (freeform) tools keep
@@ -181,8 +213,9 @@ def chat_from_messages(req: dict[str, Any]) -> dict[str, Any]:
         results = [b for b in blocks if b.get("type") == "tool_result"]
         uses = [b for b in blocks if b.get("type") == "tool_use"]
         for b in results:
-            content_text = _text(b.get("content"))
-            result = {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": content_text}
+            result = {"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": _content(b.get("content"))}
+            if b.get("is_error") is True:
+                result["is_error"] = True  # Anthropic's flag for a failed call (the script reads it)
             messages.append(result)
         if uses:
             calls = [
@@ -194,8 +227,8 @@ def chat_from_messages(req: dict[str, Any]) -> dict[str, Any]:
                 for b in uses
             ]
             messages.append({"role": "assistant", "content": _text(content), "tool_calls": calls})
-        elif not results or _text(content):
-            messages.append({"role": m.get("role") or "user", "content": _text(content)})
+        elif not results or _text(content) or any(_image_url(b) for b in blocks):
+            messages.append({"role": m.get("role") or "user", "content": _content(content)})
     tools = [
         {"type": "function", "function": {"name": t.get("name"), "parameters": t.get("input_schema") or {}}}
         for t in map(obj, arr(req.get("tools")))
@@ -227,12 +260,15 @@ def chat_from_messages(req: dict[str, Any]) -> dict[str, Any]:
 
 # -- the role of the last message, for the scenario condition `last_role` -------------------------
 def last_role(req: dict[str, Any], surface: str) -> str | None:
-    """`user`, `assistant`, `system`/`developer`, or `tool` when the last item is a tool result.
+    """The role whose turn it is: `user`, `assistant`, or `tool` when a tool result is the last thing
+    said; `system`/`developer` only when nothing else is there. Instructions (system and developer
+    messages, which Claude Code sends after the prompt too) never decide the turn
+    (`reading.turn_role`).
 
-    chat: the last message's role (`function` counts as `tool`); responses: the last `input` item
-    (a string is a user message; `function_call_output` and `custom_tool_call_output` are `tool`, a
-    call or reasoning item `assistant`); messages: the last message's role, `tool` for a user message
-    whose content is all `tool_result` blocks; completions: always `user` (a prompt).
+    chat: a message's role (`function` counts as `tool`); responses: an `input` item (a string is a
+    user message; `function_call_output` and `custom_tool_call_output` are `tool`, a call or reasoning
+    item `assistant`); messages: a message's role, `tool` for a user message whose content is all
+    `tool_result` blocks; completions: always `user` (a prompt).
     """
     if surface == "completions":
         return "user"
@@ -240,21 +276,21 @@ def last_role(req: dict[str, Any], surface: str) -> str | None:
         items = req.get("input")
         if isinstance(items, str):
             return "user"
-        listed = [i for i in arr(items) if isinstance(i, dict)]
-        if not listed:
-            return None
-        item = listed[-1]
-        kind = item.get("type", "message")
-        if kind == "message":
-            return str(item.get("role") or "user")
-        return "tool" if str(kind).endswith("_output") else "assistant"
-    messages = [m for m in arr(req.get("messages")) if isinstance(m, dict)]
-    if not messages:
-        return None
-    last = messages[-1]
-    role = last.get("role")
+        return turn_role([_item_role(i) for i in arr(items) if isinstance(i, dict)])
+    return turn_role([_message_role(m, surface) for m in arr(req.get("messages")) if isinstance(m, dict)])
+
+
+def _item_role(item: dict[str, Any]) -> str | None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        return str(item.get("role") or "user")
+    return "tool" if str(kind).endswith("_output") else "assistant"
+
+
+def _message_role(message: dict[str, Any], surface: str) -> str | None:
+    role = message.get("role")
     if surface == "messages" and role == "user":
-        blocks = arr(last.get("content"))
+        blocks = arr(message.get("content"))
         if blocks and all(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
             return "tool"
     if role == "function":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from tapfix.proxy.mock.jsonish import arr, obj
@@ -26,6 +27,7 @@ from tapfix.proxy.mock.prompt_intent import INTENTS, Intent
 
 # `analyze` and `build_arguments` are re-exported (`as`): agent_script.py and mutations_turns.py import them from here.
 from tapfix.proxy.mock.prompt_intent import analyze as analyze
+from tapfix.proxy.mock.reading import wants_absolute
 from tapfix.proxy.mock.schema_args import (
     ACTION_KEYS,
     ACTION_VALUES,
@@ -209,7 +211,7 @@ def tool_call_arguments(tool: dict[str, Any], intent: Intent) -> str:
     """The call's arguments as sent: JSON for a function tool, the raw text for a custom tool."""
     if is_custom(tool):
         return intent.patch if _is_patch_tool(tool) else intent.command if _shell(tool) else intent.content
-    args = build_arguments(tool_schema(tool), intent)
+    args = build_arguments(tool_schema(tool), replace(intent, absolute_paths=wants_absolute(tool_description(tool))))
     if _is_patch_tool(tool):
         props = _props(tool)
         key = next((k for k in props if prop_key(k) in PATCH_NAMES), None)

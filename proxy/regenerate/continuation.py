@@ -20,7 +20,7 @@ mechanism and its source):
      `continue_final_message`; SGLang tokenizes the content on its own), so content must be non-empty;
      a reasoning-only prefix has nothing to cut at and is not continued. Received reasoning rides along
      in the field the engine hands the chat template (`_REASONING_FIELD`): vLLM reads an assistant
-     message's `reasoning` (0.32.0 drops `reasoning_content`: tests/vllm/test_facts.py), SGLang and
+     message's `reasoning` (0.32.0 drops `reasoning_content`: tests/process/vllm/test_facts.py), SGLang and
      llama.cpp `reasoning_content`. A template that drops it, or strips the content's edge whitespace,
      continues from less than the client has: check on the target model.
    - Never an empty prefix: with nothing received, no trailing message (llama.cpp drops an empty one

@@ -25,7 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tapfix.proxy.regenerate.continuation import Received
+from tapfix.proxy.changes import Change
+from tapfix.proxy.regenerate.continuation import STAGE, Received
 from tapfix.proxy.sse import SSESplitter, named_event
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.evented_stage import as_dict, event_name, parse
@@ -35,6 +36,8 @@ _TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "resp
 # Items (blocks) that carry text; a new attempt's one is dropped when the client already has its type.
 _TEXT_KINDS: Final = frozenset({"message", "reasoning", "text", "thinking", "redacted_thinking"})
 _CALL_KINDS: Final = frozenset({"function_call", "custom_tool_call", "tool_use", "server_tool_use"})
+# Where an attempt that never called a tool has answered: its held text goes out before these.
+_FINISHES: Final = frozenset({"response.completed", "response.incomplete", "message_delta"})
 
 
 @dataclass
@@ -52,8 +55,8 @@ class ClientView:
     def item_ids(self) -> set[str]:
         return {i["id"] for i in self.items if isinstance(i.get("id"), str)}
 
-    def seam(self, attempt: int) -> EventedSeam:
-        return EventedSeam(self, attempt)
+    def seam(self, attempt: int, changes: list[Change] | None = None) -> EventedSeam:
+        return EventedSeam(self, attempt, changes)
 
 
 def _objects(client_chunks: Sequence[bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -104,11 +107,19 @@ def client_view(surface: Surface, client_chunks: Sequence[bytes]) -> ClientView:
 
 
 class EventedSeam:
-    """The last stage of a Responses or Messages attempt 2+: its events rewritten to continue the client's."""
+    """The last stage of a Responses or Messages attempt 2+: its events rewritten to continue the client's.
 
-    def __init__(self, view: ClientView, attempt: int) -> None:
+    A text item (block) of a type the client has is held until the attempt calls a tool (then it is a
+    repeat: dropped, a `drop` row in `changes`) or finishes without one (then it is the answer: it goes
+    out, numbered after the client's items, before the terminal event)."""
+
+    def __init__(self, view: ClientView, attempt: int, changes: list[Change] | None = None) -> None:
         self.view = view
         self.attempt = attempt
+        self.changes = changes if changes is not None else []
+        self.held: dict[int, list[bytes]] = {}  # text items of a type the client has, by the attempt's index
+        self.held_ids: dict[int, str] = {}
+        self.calling = False  # the attempt opened a tool call: held text is a repeat
         self.responses = view.surface == "responses"
         self.seq = view.last_seq
         self.base = len(view.items)
@@ -128,12 +139,17 @@ class EventedSeam:
             return []
         key = "output_index" if self.responses else "index"
         index = obj.get(key)
+        if kind in _FINISHES and self.held:
+            return [*self._release(), *self.feed(event)]  # it answered without a call: its text goes out
         if not isinstance(index, int) or isinstance(index, bool):
             if not self.responses:
                 return [event]  # message_delta, message_stop, ping, error: nothing to renumber
             index = None
+        if index is not None and index in self.held:
+            self.held[index].append(event)
+            return []
         if index is not None and index not in self.positions and index not in self.dropped:
-            if not self._place(index, kind, obj):
+            if not self._place(index, kind, obj, event):
                 return []
         if index is not None and index in self.dropped:
             return []
@@ -145,21 +161,50 @@ class EventedSeam:
         nl = b"\r\n" if b"\r\n" in event else b"\n"
         return [named_event(kind, out, nl)]
 
-    def _place(self, index: int, kind: str, obj: dict[str, Any]) -> bool:
+    def _place(self, index: int, kind: str, obj: dict[str, Any], event: bytes) -> bool:
         """Give a new item (block) its place after the client's, or drop it (text the client has). False: dropped."""
         opening = kind in ("response.output_item.added", "content_block_start")
         item = as_dict(obj.get("item") if self.responses else obj.get("content_block")) if opening else {}
         item_type = item.get("type")
         item_id = item.get("id")
+        if item_type in _CALL_KINDS and not self.calling:
+            self.calling = True
+            for held in list(self.held):
+                self._drop(held, self.held_ids.get(held))
+            self.held = {}
         if item_type in _TEXT_KINDS and item_type in self.view.kinds:
-            self.dropped.add(index)
+            if self.calling:
+                self._drop(index, item_id if isinstance(item_id, str) else None)
+                return False
+            self.held[index] = [event]
             if isinstance(item_id, str):
-                self.dropped_ids.add(item_id)
+                self.held_ids[index] = item_id
             return False
         self.positions[index] = self.base + len(self.positions)
         if isinstance(item_id, str) and item_id in self.view.item_ids:
             self.renamed[item_id] = f"{item_id}_{self.attempt}"
         return True
+
+    def _drop(self, index: int, item_id: str | None) -> None:
+        self.dropped.add(index)
+        if item_id is not None:
+            self.dropped_ids.add(item_id)
+        if not any(c.path == f"attempt[{self.attempt}].text" for c in self.changes):
+            reason = f"attempt {self.attempt} starts from scratch: text of a kind the client has is not repeated"
+            self.changes.append(Change(STAGE, "drop", f"attempt[{self.attempt}].text", None, None, reason))
+
+    def _release(self) -> list[bytes]:
+        """The held text items, placed after the client's (and the attempt's earlier ones), in order."""
+        held, self.held = self.held, {}
+        out: list[bytes] = []
+        for index, events in sorted(held.items()):
+            self.positions[index] = self.base + len(self.positions)
+            item_id = self.held_ids.get(index)
+            if item_id is not None and item_id in self.view.item_ids:
+                self.renamed[item_id] = f"{item_id}_{self.attempt}"
+            for event in events:
+                out += self.feed(event)
+        return out
 
     def _renumber(self, out: dict[str, Any]) -> None:
         """A Responses event's sequence_number, item ids and terminal object, continuing the client's."""
@@ -192,6 +237,10 @@ class EventedSeam:
         return kept
 
     def flush(self) -> list[bytes]:
+        """The attempt ended with neither a call nor a finish: held text is no answer."""
+        for index in list(self.held):
+            self._drop(index, self.held_ids.get(index))
+        self.held = {}
         return []
 
     def remap(self, events: list[bytes]) -> list[bytes]:

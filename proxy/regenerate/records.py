@@ -38,6 +38,8 @@ class AttemptLike(Protocol):
     started: float
     ended: float | None
     error: str | None
+    flags: set[str]
+    decoded: list[bytes] | None
 
 
 class SessionLike(Protocol):
@@ -60,6 +62,8 @@ class RelayedSession(RelayHandle, SessionLike, Protocol):
     """What the stream owner needs of addons/relay.py's RelaySession (addons don't import each other)."""
 
     def declare(self, spliced: bool) -> None: ...
+
+    def client_left(self) -> None: ...
 
 
 def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | None) -> list[Exchange]:
@@ -90,8 +94,9 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
             changes.extend(stage.changes)
             if stage.outcome != "untouched":
                 flags.add(f"toolcall_{stage.outcome}")
-        if attempt.error is not None:
-            flags.add("upstream_error")
+        flags |= attempt.flags
+        if attempt.error is not None and "client_disconnected" not in attempt.flags:
+            flags.add("upstream_error")  # a client that left cancelled it: no fault of the upstream's
         out.append(
             replace(
                 ex,
@@ -110,8 +115,8 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
                 client_response_chunks=None,
                 response=b"".join(attempt.chunks) if whole else None,
                 client_response=None,
-                decoded_chunks=None,
-                decoded_response=None,
+                decoded_chunks=None if whole or attempt.decoded is None else list(attempt.decoded),
+                decoded_response=b"".join(attempt.decoded) if whole and attempt.decoded is not None else None,
                 ended_at=attempt.ended,
                 error=attempt.error,
                 changes=changes,
@@ -122,7 +127,7 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
                 span_id=new_span_id() if ex.span_id is not None else None,
                 parent_span_id=ex.span_id if ex.span_id is not None else ex.parent_span_id,
                 mark=attempt.started,
-                extra={},
+                extra={"target": ex.extra["target"]} if "target" in ex.extra else {},  # its upstream, for telemetry
             )
         )
     return out

@@ -28,6 +28,25 @@ class Attempt:
     started: float = field(default_factory=time.perf_counter)
     ended: float | None = None
     error: str | None = None
+    # The attempt brought no answer the pipeline can read (a non-200 status, not an event stream, a coding
+    # that can't be undone, no answer within the budget, not SSE): `error` says why. A later attempt's
+    # failure is judged like an unrecoverable call (proxy/regenerate/splice.py), never forwarded.
+    failed: bool = False
+    flags: set[str] = field(default_factory=set)  # its record's own (`client_disconnected`, `not_sse`, ...)
+    decoded: list[bytes] | None = None  # its body with the Content-Encoding undone, one piece per chunk
+
+    def cancel(self) -> None:
+        """The client left while it was awaited: cancelled, which is no upstream error."""
+        self.error = "the client disconnected: the attempt was cancelled"
+        self.flags.add("client_disconnected")
+        self.ended = time.perf_counter()
+
+    def fail(self, reason: str, *flags: str) -> None:
+        """Mark it failed (the first reason stays: it is the cause)."""
+        self.failed = True
+        if self.error is None:
+            self.error = reason
+        self.flags.update(flags)
 
 
 class RelaySession:
@@ -68,7 +87,26 @@ class RelaySession:
             self.tickets.append(ticket)
         self._decide((body, timeout_s))
 
+    def failure(self) -> str | None:
+        """Why the last attempt brought no answer the pipeline can read (None: it did, or it broke off
+        mid-stream, which the pipeline sees for itself)."""
+        last = self.attempts[-1] if self.attempts else None
+        return last.error if last is not None and last.failed else None
+
+    def mark_failed(self, reason: str, *flags: str) -> None:
+        """The pipeline found the last attempt's answer unreadable (its stream isn't SSE)."""
+        if self.attempts:
+            self.attempts[-1].fail(reason, *flags)
+
+    def client_left(self) -> None:
+        """The client left: a later attempt still awaited is cancelled (the relay sees the close within
+        `wire.CLOSE_CHECK_S`, after the records are made, so they say so now)."""
+        for attempt in self.attempts[1:]:
+            if attempt.ended is None:
+                attempt.cancel()
+
     def release(self) -> None:
+        """Free the admission slots held (at each later attempt's end, and when the session ends)."""
         for ticket in self.tickets:
             ticket.release()
         self.tickets = []

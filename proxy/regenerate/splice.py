@@ -6,9 +6,10 @@ if the tool-call stage deferred an unrecoverable verdict (`defer_fatal`) and the
 attempt (eligibility.should_regenerate, the upstream's Admission, continuation.next_attempt), the relay
 is handed the next attempt's body and the pipeline gets fresh stages led by a `Seam`, so the new
 attempt's chunks continue what the client has; otherwise the relay is told to end and the deferred
-error event goes out, as it would have without regeneration. Every decision is kept in `decisions`
-for the records: why each attempt was made, or why none was. No mitmproxy import: the relay handle is
-a Protocol.
+error event goes out, as it would have without regeneration. An attempt that brought no answer the
+pipeline can read (issue 31: the relay's `failure()`, or a stream that isn't SSE) is judged like the one
+it replaced. Every decision is kept in `decisions` for the records: why each attempt was made, or why
+none was. No mitmproxy import: the relay handle is a Protocol.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any, Protocol
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
 from tapfix.proxy.regenerate.echo import PrefixEcho
 from tapfix.proxy.regenerate.eligibility import (
+    UNREADABLE,
     Admission,
     Refused,
     RegenerateSettings,
@@ -34,9 +35,11 @@ from tapfix.proxy.regenerate.eligibility import (
     should_regenerate,
 )
 from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
-from tapfix.proxy.regenerate.repeat import RepeatDrop, repeat_changes, repeated_kinds
+from tapfix.proxy.regenerate.repeat import RepeatDrop, repeated_kinds
+from tapfix.proxy.regenerate.unreadable import Unreadable
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 class RelayHandle(Protocol):
@@ -45,6 +48,10 @@ class RelayHandle(Protocol):
     def end(self) -> None: ...
 
     def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None: ...
+
+    def failure(self) -> str | None: ...
+
+    def mark_failed(self, reason: str, *flags: str) -> None: ...
 
 
 @dataclass
@@ -242,14 +249,41 @@ class AttemptSplice:
         # The error events of the attempt being retried: what the client gets if the next attempt
         # brings no event at all (its request failed, or it answered with no body).
         self.fallback: list[bytes] = []
+        # What the attempt being retried was judged (outcome, defects, its tool-call stage): a failed
+        # later attempt is judged the same, since the trouble it was to fix is still there.
+        self.judged: tuple[str, set[str], Any] | None = None
+        self.first_id: str | None = None  # the client's completion id (chat), across attempts
+        self.answered_by: Any = None  # the earlier stage whose error events the client got, if any
+        self.unreadable_sent = False  # the client got the retryable error of a stream that isn't SSE
 
-    def attempt_end(self, stages: list[Any], client_chunks: Sequence[bytes]) -> tuple[list[bytes], list[Any] | None]:
-        """(bytes to send now, the next attempt's stages or None). Called once per attempt end."""
+    def attempt_end(
+        self, stages: list[Any], client_chunks: Sequence[bytes], unreadable: Unreadable | None = None
+    ) -> tuple[list[bytes], list[Any] | None]:
+        """(bytes to send now, the next attempt's stages or None). Called once per attempt end.
+
+        Another attempt is considered when this one's tool-call stage deferred its verdict, or when the
+        attempt failed: the relay found no answer the pipeline can read (a status, a content type, a
+        coding, the budget), or the pipeline found its stream isn't SSE (`unreadable`). A failed attempt
+        is judged like the one it replaced (attempt 1 has none: trigger `unreadable`); when no other
+        attempt follows, the client gets that attempt's error events, or `unreadable`'s."""
         stage = next((s for s in stages if hasattr(s, "deferred")), None)
         if stage is not None:
             self.stage_history.append(stage)
         deferred = list(stage.deferred) if stage is not None else []
-        if stage is None or not deferred:
+        if unreadable is not None:
+            self.relay.mark_failed(unreadable.reason, "not_sse")
+        failure = self.relay.failure()
+        if stage is not None and deferred:
+            outcome, defects, replaced = stage.outcome, set(stage.defects), stage
+            stage.deferred = []
+            errors = _remapped(stages, deferred)
+        elif failure is not None and self.judged is not None:
+            outcome, defects, replaced = self.judged
+            errors = self.fallback
+        elif failure is not None and unreadable is not None:
+            outcome, defects, replaced = UNREADABLE, set(), None
+            errors = list(unreadable.events)
+        else:
             self.relay.end()
             return self._unanswered(stages), None
         self.fallback = []
@@ -259,8 +293,8 @@ class AttemptSplice:
         now = self.clock()
         verdict = should_regenerate(
             self.settings,
-            outcome=stage.outcome,
-            defects=stage.defects,
+            outcome=outcome,
+            defects=defects,
             policy=self.policy,
             tool_call_sent=received.tool_call_sent or bool(getattr(stage, "_streamed", False)),
             stream_valid_prefix=bool(getattr(stage, "stream_valid_prefix", False)),
@@ -272,31 +306,39 @@ class AttemptSplice:
         )
         step = admit_next(verdict, number, self.request, self.surface, self.engine, received, self.admission)
         if isinstance(step, Decision):
-            return self._no(stage, stages, step)
+            self.decisions.append(step)
+            self.relay.end()
+            self._answered(replaced, errors, unreadable)
+            return errors, None
         plan = step.plan
         if self.budget_started is None:
             self.budget_started = now
         self.attempts_made += 1
-        stage.deferred = []
+        self.judged = (outcome, defects, replaced)
+        self.fallback = errors
         # A chat attempt from scratch doesn't say again what the client read (repeat.py); a continuation
         # carries on from it, and Responses/Messages have their seam's own rule.
         repeats = repeated_kinds(received) if view is None and plan.how != "continuation" else ()
-        self.decisions.append(step.decision(number, repeat_changes(repeats, number)))
-        self.fallback = _remapped(stages, deferred)
+        decision = step.decision(number)
+        self.decisions.append(decision)
         self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, step.ticket)
         if view is not None:
-            return [], [*self.make_stages(), view.seam(number)]
+            return [], [*self.make_stages(), view.seam(number, decision.changes)]
         envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
         first_id = envelope.get("id") if isinstance(envelope.get("id"), str) else None
-        return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages(), RepeatDrop(repeats)]
+        if first_id is None and self.first_id is not None:
+            first_id = self.first_id
+        self.first_id = first_id
+        repeat = RepeatDrop(repeats, number, decision.changes)
+        return [], [Seam(first_id, dict(plan.prefix)), *self.make_stages(), repeat]
 
-    def _no(self, stage: Any, stages: list[Any], skip: Decision) -> tuple[list[bytes], None]:
-        """No further attempt: the deferred error event goes out now (and only now)."""
-        deferred = _remapped(stages, list(stage.deferred))
-        stage.deferred = []
-        self.decisions.append(skip)
-        self.relay.end()
-        return deferred, None
+    def _answered(self, replaced: Any, errors: list[bytes], unreadable: Unreadable | None) -> None:
+        """The error events of `replaced` (an earlier attempt's tool-call stage), or `unreadable`'s, are
+        what the client gets: the record says so (addons/stream.py, `collect`)."""
+        if unreadable is not None and errors == unreadable.events:
+            self.unreadable_sent = True
+        elif replaced is not None:
+            self.answered_by = replaced
 
     def at_end(self, stages: list[Any]) -> list[bytes]:
         """The relay ended without a marker (a later attempt's request failed or timed out): a deferred
@@ -313,6 +355,8 @@ class AttemptSplice:
         if seam is None or seam.seen or not self.fallback:
             return []
         out, self.fallback = self.fallback, []
+        if self.judged is not None:
+            self.answered_by = self.judged[2]
         return out
 
 

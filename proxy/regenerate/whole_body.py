@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import Received, SeedSource, system_seed
 from tapfix.proxy.regenerate.eligibility import (
     Admission,
@@ -37,6 +37,7 @@ from tapfix.proxy.regenerate.eligibility import (
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.splice import Decision, admit_next
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,25 @@ def needs_another(first: BodyOutcome, settings: RegenerateSettings, policy: Tool
     if settings.attempts == 0 or policy not in ("error", "fail_fast"):
         return False
     return trigger_for(first.outcome, first.defects, settings.unknown_tool) is not None
+
+
+# The field a whole answer of each surface can't do without: a body without it is no answer (an HTML page,
+# an error object, a proxy's JSON), whatever its status says.
+_ANSWER_FIELD: Final = {"chat": "choices", "responses": "output", "messages": "content"}
+
+
+def not_an_answer(surface: Surface, body: bytes) -> str | None:
+    """Why `body` can't be read as `surface`'s whole answer (None: it can): not a JSON object, or one
+    without the list the answer is made of."""
+    wanted = _ANSWER_FIELD.get(surface)
+    if wanted is None:
+        return None
+    parsed = json_object(body)
+    if parsed is None:
+        return f"the attempt's answer is not JSON (it starts {body[:40]!r})"
+    if not isinstance(parsed.get(wanted), list):
+        return f"the attempt's answer is JSON without `{wanted}`, not a {surface} answer"
+    return None
 
 
 class WholeBodyRegeneration:
@@ -157,7 +177,9 @@ class WholeBodyRegeneration:
         """The attempt's answer (`body` decoded; None when there is none to read) through `stages`:
         what the client gets when it is good, else None (the next `plan()` decides what follows)."""
         if attempt.error is None and attempt.status != 200:
-            attempt.error = f"the upstream answered {attempt.status}"
+            attempt.fail(f"the upstream answered {attempt.status}")
+        if attempt.error is None and body is not None and (why := not_an_answer(self.surface, body)) is not None:
+            attempt.fail(why)
         if attempt.error is not None or body is None:
             self.stage_history.append(StageRecord())  # its record says why (the status, the error)
             return None

@@ -53,6 +53,15 @@ def marker_after(last: bytes, marker: bytes) -> bytes:
     return b"\n\n" + marker
 
 
+def unspliceable(status: int, content_type: str) -> str | None:
+    """Why an upstream answer is no event stream the pipeline can splice (None: it is one)."""
+    if status != 200:
+        return f"the upstream answered {status}"
+    if "text/event-stream" not in content_type:
+        return f"the upstream answered {content_type or 'no content type'}, not an event stream"
+    return None
+
+
 def chunk(data: bytes) -> bytes:
     """One HTTP/1.1 chunk (nothing for no data: an empty chunk would end the body)."""
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b""

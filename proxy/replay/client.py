@@ -26,7 +26,7 @@ import orjson
 from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.http_headers import HOP_BY_HOP, head_bytes
+from tapfix.proxy.http_headers import HOP_BY_HOP, SESSION_HEADERS, head_bytes
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Edit, SpliceError, splice
 from tapfix.proxy.replay.edits import ReplayError, check_edits
@@ -259,8 +259,8 @@ def to_exchange(result: RunResult, session_hint: str, wall: float) -> Exchange:
         tools=req.tools,
         request=req.body,
         forwarded=req.body,
-        # x-session-id stays out of the record: it would file the replay under the original session.
-        request_headers=[(k, v) for k, v in req.headers if k.lower() != "x-session-id"],
+        # The session headers stay out of the record: they would file the replay under the original session.
+        request_headers=[(k, v) for k, v in req.headers if k.lower() not in SESSION_HEADERS],
         status=result.status,
         response_headers=result.response_headers,
         content_type=result.content_type,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.http_headers import HOP_BY_HOP, head_bytes
+from tapfix.proxy.http_headers import HOP_BY_HOP, SESSION_HEADERS, head_bytes
 from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 from tapfix.proxy.store.writer import StoreError, unpack_timing
@@ -85,7 +85,7 @@ def safe_headers(headers: Any) -> list[tuple[str, str]]:
         lower = name.lower()
         if lower in _SKIP_HEADERS or lower in SECRET_HEADERS or lower.startswith("x-tapfix-"):
             continue
-        if REDACTED in value or (_SECRET_NAME.search(lower) and lower != "x-session-id"):
+        if REDACTED in value or (_SECRET_NAME.search(lower) and lower not in SESSION_HEADERS):
             continue
         out.append((name, value))
     return out

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
-from tapfix.proxy.errors import internal_error, request_error
+from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.reasoning import apply_reasoning
 from tapfix.proxy.request.routing import RouteError, resolve
@@ -38,7 +38,7 @@ REQUEST_DECODED_LIMIT = 64 * 1024 * 1024  # a compressed request inflating past 
 class Outcome:
     body: bytes  # what to forward (the original object when unchanged)
     changes: list[Change] = field(default_factory=list)
-    error: tuple[int, bytes] | None = None  # answer the client with this instead of forwarding
+    error: LocalAnswer | None = None  # answer the client with this instead of forwarding
     upstream: Upstream | None = None  # None: the single upstream (quick mode)
     upstream_headers: dict[str, str] = field(default_factory=dict)  # headers to set upstream
     remove_headers: list[str] = field(default_factory=list)  # client headers not to forward
@@ -91,7 +91,7 @@ class RequestPolicy:
             if not self.config.is_quick and len(self.config.upstreams) == 1:
                 outcome.upstream = next(iter(self.config.upstreams.values()))
             elif not self.config.is_quick:
-                outcome.error = internal_error("tapfix could not process this request")
+                outcome.error = internal_error(surface_for(path), "tapfix could not process this request")
             return outcome
 
     def _apply_decoded(self, path: str, body: bytes, headers: Mapping[str, str], encoding: str) -> Outcome:
@@ -103,6 +103,7 @@ class RequestPolicy:
         except DecodedTooLarge:
             outcome = Outcome(body=body, flags={"request_too_large"})
             outcome.error = request_error(
+                surface_for(path),
                 413,
                 f"request body decodes to more than {REQUEST_DECODED_LIMIT // (1024 * 1024)} MiB "
                 f"(Content-Encoding: {encoding}); send it smaller",
@@ -149,7 +150,7 @@ class RequestPolicy:
             if outcome.surface is None:
                 return self._unroutable(outcome)  # other paths are forwarded untouched
             outcome.model = parsed.get("model") if isinstance(parsed.get("model"), str) else None
-            outcome.error = (route.status, route.body)
+            outcome.error = route.answer(outcome.surface)
             return outcome
         outcome.model, outcome.served_model, outcome.upstream = (
             route.model,
@@ -200,9 +201,8 @@ class RequestPolicy:
             outcome.upstream = upstreams[0]
             self._credentials(outcome, upstreams[0])
         elif outcome.surface is not None:
-            outcome.error = request_error(
-                400, "request body is not a JSON object with a 'model'; tapfix routes by model", "invalid_body"
-            )
+            message = "request body is not a JSON object with a 'model'; tapfix routes by model"
+            outcome.error = request_error(outcome.surface, 400, message, "invalid_body")
         return outcome
 
     def _credentials(self, outcome: Outcome, upstream: Upstream | None) -> None:

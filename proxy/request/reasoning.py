@@ -17,12 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tapfix.proxy.errors import request_error
+from tapfix.proxy.config.model import DIALECT_LEVELS, ReasoningSettings
+from tapfix.proxy.errors import LocalAnswer, request_error
 from tapfix.proxy.jsonsplice import Delete, Path, Set, json_path
 from tapfix.proxy.request.reasoning_levels import (
-    DIALECT_LEVELS,
     ReasoningResult,
-    ReasoningSettings,
     clamp_level,
     level_from_budget,
     parse_level,
@@ -156,7 +155,7 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
         accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
     for s in (s for s in signals if s.on is None):
         if settings.reject_unmappable:
-            result.error = _error(s, accepted)
+            result.error = _error(s, accepted, surface)
             result.add("reject", s.path, s.value, None, f"can't be mapped; answered 400 ({_expected(accepted)})")
             return result
         result.add("warning", s.path, s.value, s.value, f"can't be mapped; passed through ({_expected(accepted)})")
@@ -301,6 +300,6 @@ def _expected(accepted: tuple[str, ...]) -> str:
     return f"levels {', '.join(accepted)}, an integer 0-100 or a fraction 0-1"
 
 
-def _error(s: Signal, accepted: tuple[str, ...]) -> tuple[int, bytes]:
+def _error(s: Signal, accepted: tuple[str, ...], surface: Surface) -> LocalAnswer:
     message = f"reasoning value {s.value!r} at {json_path(s.path)} can't be mapped; expected {_expected(accepted)}"
-    return request_error(400, message, "unsupported_reasoning_value", param=".".join(s.path))
+    return request_error(surface, 400, message, "unsupported_reasoning_value", param=".".join(s.path))

@@ -15,8 +15,9 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ModelConfig, Upstream
-from tapfix.proxy.errors import request_error
+from tapfix.proxy.errors import LocalAnswer, request_error
 from tapfix.proxy.request.sampling import GenerationConfigError, load_generation_config
+from tapfix.proxy.surfaces import Surface
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +37,15 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class RouteError:
+    """A model tapfix can't route: a 400 (no usable name) or a 404 (not served), answered in the
+    request's surface's shape (`answer`)."""
+
     status: int
-    body: bytes
+    message: str
+    code: str
+
+    def answer(self, surface: Surface | None) -> LocalAnswer:
+        return request_error(surface, self.status, self.message, self.code, param="model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +87,7 @@ def _served(config: Config) -> str:
 
 
 def _error(status: int, message: str, code: str) -> RouteError:
-    return RouteError(*request_error(status, message, code, param="model"))
+    return RouteError(status, message, code)
 
 
 def models_listing(config: Config) -> dict[str, Any]:

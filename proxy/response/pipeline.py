@@ -10,6 +10,11 @@ bytes and the decoded pieces are only kept for the record (`Exchange.decoded_chu
 armed they read, and the client gets, the decoded text (the owner drops Content-Encoding). Bytes
 that don't decode are flagged `undecodable_body`: before any text came out they pass as they came,
 stages off; after, the stream ends with a retryable error event (what follows can't be read).
+
+With stages armed the pipeline reads the stream, so it must be SSE: from the first event that isn't (an
+HTML page or binary junk sent as `text/event-stream`), nothing more of it is sent and the stream ends
+with the retryable error a reset gets, flagged `not_sse` (a relayed stream: the splice judges the attempt
+failed, and another attempt may follow).
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ from typing import TYPE_CHECKING, Protocol
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.regenerate.unreadable import Unreadable
 from tapfix.proxy.response.decoding import DecodeError, Decoder
-from tapfix.proxy.sse import EVENT_END, SSESplitter
+from tapfix.proxy.sse import EVENT_END, SSESplitter, ends_stream, is_sse
 from tapfix.proxy.surfaces import surface_for
 
 if TYPE_CHECKING:
     from tapfix.proxy.regenerate.splice import AttemptSplice
+
+NOT_SSE = "not_sse"
+NOT_SSE_MESSAGE = "upstream server error: the upstream's answer is not an event stream"
 
 
 class Stage(Protocol):
@@ -51,6 +60,7 @@ class StreamPipeline:
         "_clock",
         "splice",
         "cut",
+        "foreign",
     )
 
     def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
@@ -65,6 +75,7 @@ class StreamPipeline:
         self._clock = time.perf_counter
         self.splice: AttemptSplice | None = None  # a relayed stream's (issue 19, proxy/regenerate/splice.py)
         self.cut = False  # set by the error hook: the upstream broke off, an unfinished event is no event
+        self.foreign: bytes | None = None  # the current attempt's first event that isn't SSE: nothing after is read
         if stages:
             exchange.client_response_chunks = []
         if decoder is not None:
@@ -107,7 +118,55 @@ class StreamPipeline:
         splice = self.splice
         if splice is not None:
             return self._run_spliced(splice, events, final)
+        readable = self._sse_only(events)
+        if self.foreign is not None:
+            return self._not_sse(readable)
         return self._through(events, final)
+
+    def _sse_only(self, events: list[bytes]) -> list[bytes]:
+        """The events before the first that isn't SSE (kept in `foreign`; none once one was seen)."""
+        if self.foreign is not None:
+            return []
+        for i, event in enumerate(events):
+            if not is_sse(event):
+                self.foreign = event
+                return events[:i]
+        return events
+
+    def _not_sse(self, readable: list[bytes]) -> bytes | list[bytes]:
+        """The stream stopped being SSE: what came before goes through the stages, which flush (a held call
+        ends as it would on a reset), then the retryable error unless a stage ended the stream; the rest of
+        the upstream's bytes are dropped (the record keeps them)."""
+        self.finished = self.broken = True
+        self.exchange.flags.add(NOT_SSE)  # the upstream's bytes, whatever ends the client's stream
+        sent = self._through(readable, True)
+        out = [sent] if isinstance(sent, bytes) else sent
+        assert self.exchange.client_response_chunks is not None
+        if not ends_stream(self.exchange.client_response_chunks):
+            event = self.not_sse_error()
+            self.exchange.client_response_chunks.append(event)
+            out.append(event)
+            self.record_not_sse_error()
+        return out
+
+    def not_sse_reason(self) -> str:
+        """For the record: what the upstream sent instead of an event (its first bytes)."""
+        return f"{NOT_SSE_MESSAGE} (it sent {(self.foreign or b'')[:60]!r})"
+
+    def not_sse_error(self) -> bytes:
+        """The retryable error event that ends a stream that stopped being SSE (the upstream's bytes are
+        not quoted to the client: they are what it couldn't read)."""
+        event, _ = reset_event(surface_for(self.exchange.path), NOT_SSE_MESSAGE, self.exchange.id, NOT_SSE)
+        return event
+
+    def record_not_sse_error(self) -> None:
+        """The client got `not_sse_error()`: recorded on the exchange (flags, error, the change)."""
+        ex = self.exchange
+        _, error = reset_event(surface_for(ex.path), NOT_SSE_MESSAGE, ex.id, NOT_SSE)
+        ex.flags.update((NOT_SSE, "upstream_error"))
+        ex.error = ex.error or self.not_sse_reason()
+        reason = "the upstream's answer stopped being SSE; what followed is not sent, the client gets a retryable error"
+        ex.changes.append(Change("stream", "inject", "$.error", None, error, reason))
 
     def _run_spliced(self, splice: AttemptSplice, events: list[bytes], final: bool) -> list[bytes]:
         """A relayed stream: split at the attempt-end marker (never forwarded); the attempt's stages are
@@ -119,18 +178,26 @@ class StreamPipeline:
         start = 0
         for i, event in enumerate(events):
             if event == marker:
-                sent = self._through(events[start:i], True)
+                sent = self._through(self._sse_only(events[start:i]), True)
                 out += [sent] if isinstance(sent, bytes) else sent
                 assert self.exchange.client_response_chunks is not None
-                now, stages = splice.attempt_end(self.stages, self.exchange.client_response_chunks)
+                unreadable = None
+                if self.foreign is not None:  # the attempt failed: the splice decides what follows
+                    if splice.attempts_made == 0:
+                        self.exchange.flags.add(NOT_SSE)  # the record's upstream bytes are attempt 1's
+                    unreadable = Unreadable(self.not_sse_reason(), [self.not_sse_error()])
+                now, stages = splice.attempt_end(self.stages, self.exchange.client_response_chunks, unreadable)
+                if unreadable is not None and splice.unreadable_sent:
+                    self.record_not_sse_error()
                 if now:
                     data = b"".join(now)
                     self.exchange.client_response_chunks.append(data)
                     out.append(data)
                 if stages is not None:
                     self.stages = stages
+                self.foreign = None
                 start = i + 1
-        sent = self._through(events[start:], final)
+        sent = self._through(self._sse_only(events[start:]), final)
         out += [sent] if isinstance(sent, bytes) else sent
         if final:  # the relay ended without a marker (an attempt failed or timed out): a deferred error goes out
             tail = splice.at_end(self.stages)

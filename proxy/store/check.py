@@ -88,8 +88,10 @@ def _check_sqlite(locator: StoreLocator) -> StoreCheck:
 
 
 def _sqlite_order() -> list[str]:
+    from tapfix.proxy.store.database import tapfix_migrations
+
+    migrations = tapfix_migrations()  # first: it imports sqlite-utils without numpy
     from sqlite_utils import Database
-    from tapfix.proxy.store.schema import migrations
 
     return [m.name for m in migrations.pending(Database(memory=True))]
 

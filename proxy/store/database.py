@@ -15,13 +15,15 @@ Every tapfix store records its applied migrations in sqlite-utils' `_sqlite_migr
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sqlite_utils import Database
-from tapfix.proxy.store.schema import migrations
+from tapfix.proxy.store.sqlite_utils_lite import MIGRATION_SET
+
+if TYPE_CHECKING:
+    from sqlite_utils.migrations import Migrations
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -45,6 +47,9 @@ def open_for_writing(path: Path | str) -> sqlite3.Connection:
         conn.execute("pragma synchronous = normal")
         conn.execute("pragma journal_size_limit = 8388608")
         conn.execute("pragma foreign_keys = off")
+        migrations = tapfix_migrations()
+        from sqlite_utils import Database
+
         migrations.apply(Database(conn))
     except StoreError:
         conn.close()
@@ -117,7 +122,7 @@ def check_store(conn: sqlite3.Connection, path: Path | str) -> bool:
         applied = [
             str(r[0])
             for r in conn.execute(
-                "select name from _sqlite_migrations where migration_set = ? order by rowid", (migrations.name,)
+                "select name from _sqlite_migrations where migration_set = ? order by rowid", (MIGRATION_SET,)
             )
         ]
     if not applied and tables == ["_sqlite_migrations"]:
@@ -140,10 +145,23 @@ def check_store(conn: sqlite3.Connection, path: Path | str) -> bool:
 @functools.cache
 def known_migrations() -> frozenset[str]:
     """The migrations this tapfix ships (all of them are pending on an empty database)."""
+    migrations = tapfix_migrations()
+    from sqlite_utils import Database
+
     return frozenset(m.name for m in migrations.pending(Database(memory=True)))
 
 
+def tapfix_migrations() -> Migrations:
+    """The store's migrations (store/schema.py), imported on first use: sqlite-utils costs a command that
+    never migrates a store (`tapfix --help`) most of its start-up (schema.py imports it without numpy)."""
+    from tapfix.proxy.store.schema import migrations
+
+    return migrations
+
+
 def _version() -> str:
+    import importlib.metadata  # only for the refusal's message
+
     try:
         return importlib.metadata.version("tapfix")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree without metadata

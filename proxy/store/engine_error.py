@@ -2,8 +2,8 @@
 
 Read from the upstream's bytes, never from what the client received: when tapfix replaces a broken
 stream's end with its own retryable error event, the store still says what the engine reported.
-Only an answer that really came from the upstream counts (tapfix's local answers — an unknown
-model, an unreachable upstream — have no upstream first byte).
+Only an answer that really came from the upstream counts: tapfix's own answers (an unknown model, an
+unreachable upstream, …: flag `tapfix_answered`) have no upstream first byte, and are never read here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def upstream_view(ex: Exchange, assembled: Assembled, client: bytes, upstream: b
 
 def upstream_error(ex: Exchange, upstream_answer: Assembled | None, upstream: bytes) -> str | None:
     """JSON text of the engine's error object, or None. `upstream_answer` is `upstream_view`'s."""
-    if ex.response_started_at is None or ex.status is None or upstream_answer is None:
+    if ex.tapfix_answered or ex.response_started_at is None or ex.status is None or upstream_answer is None:
         return None
     try:
         error = engine_error(upstream_answer.error)

@@ -54,6 +54,7 @@ def exchange_row(
         "status": ex.status,
         "error": error or ex.error,
         "session_id": link.session_id,
+        "thread_id": link.thread_id,
         "chain_hash": link.chain_hash,
         "response_id": link.response_id,
         "source_id": ex.source_id,

@@ -24,6 +24,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
 
+from tapfix.proxy.quantities import human_bytes
+
 if TYPE_CHECKING:
     from tapfix.proxy.exchange import Exchange
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 # bytes bind (2,600 exchanges, 52 s at 50/s): raise them with `--store-queue-bytes` on such a fleet.
 MAX_HELD = 10_000
 MAX_HELD_BYTES = 256 * 1024 * 1024
+MIN_HELD_BYTES = 1024 * 1024  # `--store-queue-bytes` below this holds next to nothing: surely a missing unit
 FIRST_RETRY_S = 0.2
 MAX_RETRY_S = 5.0
 
@@ -63,6 +66,7 @@ class Held:
         self.max_exchanges, self.max_bytes = max_exchanges, max_bytes
         self._items: deque[tuple[Exchange, int]] = deque()
         self.bytes = 0
+        self.bound_hit: Literal["exchanges", "bytes"] | None = None  # the bound the last drop was for
         self.state: State = "starting" if starting else "ok"
         self.since: float | None = time.time() if starting else None
         self.reason = starting
@@ -80,10 +84,20 @@ class Held:
             self.bytes += size
         dropped: list[Exchange] = []
         while len(self._items) > self.max_exchanges or (self.bytes > self.max_bytes and len(self._items) > 1):
+            self.bound_hit = "exchanges" if len(self._items) > self.max_exchanges else "bytes"
             ex, size = self._items.popleft()
             self.bytes -= size
             dropped.append(ex)
         return dropped
+
+    def why_full(self) -> str:
+        """What the last drop was for, naming the bound that was hit and the option that sets it."""
+        if self.bound_hit == "bytes":
+            return (
+                f"the store queue is full ({self.max_bytes} bytes, {human_bytes(self.max_bytes)} of bodies: "
+                "--store-queue-bytes)"
+            )
+        return f"the store queue is full ({self.max_exchanges} exchanges: --store-queue)"
 
     def take(self, n: int) -> list[Exchange]:
         """The oldest `n` (or fewer), out of the hold: written now, or `put_back` if that fails."""

@@ -3,7 +3,8 @@
 Commands receive a `StoreLocator`, never a bare path, and open the store through it, so a second
 backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
 same `--db` value, and the commands stay as they are. A `postgresql://` or `postgres://` URL is a
-PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown). A
+PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown); any
+other value that looks like a URL is refused, naming its scheme (store/locator_url.py). A
 command whose PostgreSQL side is built passes `postgres=True`; every other one is refused in one place
 (`_postgres_store`), naming what it lacks, until its side is built.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tapfix.proxy.store.database import open_when_ready
+from tapfix.proxy.store.locator_url import NotAStoreLocator, refuse_url_like
 from tapfix.proxy.store.pg.locator import PostgresLocator, is_postgres_url
 from tapfix.proxy.store.reader import SqliteReader
 from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
@@ -65,6 +67,10 @@ class StoreLocator:
         the commands whose PostgreSQL side is built (`postgres`); others refuse it (`StoreError`, the
         password masked)."""
         text = os.fspath(value) if value else os.environ.get(ENV) or DEFAULT_DB
+        try:
+            refuse_url_like(text)  # a typo (`postgressql://…`) never becomes a SQLite file
+        except NotAStoreLocator as e:
+            raise NotAStoreLocator(f"${ENV}={e}" if not value else str(e)) from None
         if is_postgres_url(text):
             locator = PostgresLocator.parse(text)
             if not postgres:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sqlite3
 import tempfile
 import time
@@ -32,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tapfix.proxy.quantities import human_bytes, parse_duration, parse_size
 
 log = logging.getLogger("tapfix.retention")
 
@@ -41,28 +42,8 @@ _NEEDED = (
     + " union ".join(f"select {c} from exchanges where {c} is not null" for c in BODY_COLUMNS)
     + " union select b.base_id from bodies b join needed n on b.id = n.id where b.base_id is not null)"
 )
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 Purge = Callable[..., "PurgeReport"]  # (conn, older_than_s, max_bytes, *, now) -> PurgeReport
 MIN_AGE_S = 60.0  # a shorter --max-age purges each capture moments after it is written
-
-
-def parse_duration(text: str) -> float:
-    """`7d`, `12h`, `30m`, `90s`, `2w` or plain seconds → seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a duration: expected a number and a unit, e.g. 7d, 12h, 30m, 90s")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def parse_size(text: str) -> int:
-    """`500M`, `2G`, `100k`, `1.5GB` or plain bytes → bytes (binary units)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a size: expected a number and a unit, e.g. 500M, 2G")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 def check_max_age(seconds: float | None, name: str = "--max-age") -> None:
@@ -77,8 +58,10 @@ def check_max_age(seconds: float | None, name: str = "--max-age") -> None:
 @functools.cache
 def empty_store_bytes(page_size: int = 4096) -> int:
     """What a store with no capture uses (schema, indexes, migration records): a size cap's floor."""
+    from tapfix.proxy.store.database import tapfix_migrations
+
+    migrations = tapfix_migrations()  # first: it imports sqlite-utils without numpy
     from sqlite_utils import Database
-    from tapfix.proxy.store.schema import migrations
 
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:
@@ -103,13 +86,6 @@ def check_max_size(max_bytes: int | None, floor: int | None = None, name: str = 
             f"alone uses {floor} bytes ({human_bytes(floor)}), so every capture would be deleted; "
             f"give at least {floor} bytes"
         )
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 @dataclass

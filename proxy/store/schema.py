@@ -8,11 +8,14 @@ Plain tables with readable column names, so `sqlite-utils` and Datasette work ou
 
 from __future__ import annotations
 
-from sqlite_utils import Database
-from sqlite_utils.db import Table
-from sqlite_utils.migrations import Migrations
+from tapfix.proxy.store.sqlite_utils_lite import MIGRATION_SET, import_sqlite_utils
 
-migrations = Migrations("tapfix")
+import_sqlite_utils()  # before sqlite-utils is first imported: without numpy (see that module)
+from sqlite_utils import Database  # noqa: E402
+from sqlite_utils.db import Table  # noqa: E402
+from sqlite_utils.migrations import Migrations  # noqa: E402
+
+migrations = Migrations(MIGRATION_SET)
 
 
 @migrations()
@@ -218,3 +221,15 @@ def m006_exchange_bodies(db: Database) -> None:
         from exchanges
         """
     )
+
+
+@migrations()
+def m007_threads(db: Database) -> None:
+    """Threads within a session (store/sessions.py): the id of the first exchange of the chain of requests
+    an exchange belongs to. One session may hold several (Claude Code's subagents send the main agent's
+    session id). Rows written before it have none: a lookup reads their own id instead."""
+    for statement in (
+        "alter table exchanges add column thread_id text",
+        "create index idx_exchanges_thread_id on exchanges (thread_id) where thread_id is not null",
+    ):
+        db.execute(statement)

@@ -1,9 +1,10 @@
 """Group exchanges into agent sessions: one session is one agent run, shown and replayed turn by turn.
 
 In order:
-1. an id the agent sends: opencode's `x-session-id` header, a replay's own session, the Responses
-   API's `prompt_cache_key`; `previous_response_id` joins the session of the exchange that returned
-   that response;
+1. an id the agent sends: opencode's `x-session-id` header, Claude Code's `X-Claude-Code-Session-Id`
+   (on every request it sends, its subagents' too), a replay's own session, the Responses API's
+   `prompt_cache_key`; `previous_response_id` joins the session of the exchange that returned that
+   response;
 2. a first turn (no assistant message in its conversation) starts a new session;
 3. a later turn joins the session of the exchange it continues: the one whose conversation plus the
    reply the client received is the longest prefix of this request's conversation (see
@@ -15,6 +16,15 @@ Everything is read from the store inside the writer's transaction, never from a 
 several `tapfix run` writing one database agree. Their writers are not ordered, though: a turn may be
 written before the turn it continues (another process's writer is a batch behind). Such a turn starts
 a session that `wants` its parent, and the parent, once written, takes that session in.
+
+**Threads.** A session may hold several chains of requests that extend each other: Claude Code's main
+agent, each subagent it starts and its side requests (a title, a summary) all send one session id. A
+thread is named by the id of its first exchange (`thread_id`): an exchange that continues another (the
+longest prefix, looked up in its own session when the agent named the session) joins that exchange's
+thread, one that continues none starts its own. What needs one conversation chain (prefix comparisons,
+upstream affinity) works on threads. A turn written before the turn it continues starts a thread of its
+own (its session is still taken in as above). Copies (replays, probes) and regeneration attempts have
+no thread: nothing continues them.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from typing import TYPE_CHECKING
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.sse import event_data
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
@@ -41,10 +52,12 @@ _RESPONSE_PREFIX = "resp:"  # a `wants` naming a Responses response id rather th
 @dataclass(frozen=True, slots=True)
 class SessionSQL:
     """The statements sessions need, in a backend's dialect (qmark parameters on every backend).
-    `continued` takes `{values}`: one `(?, ?)` per parent hash."""
+    `continued` and `continued_in` take `{values}`: one `(?, ?)` per parent hash. The lookups return the
+    thread of the exchange found too (its `thread_id`, else its own id: a row written before threads)."""
 
     by_response: str
     continued: str
+    continued_in: str  # the same lookup, in one session (the agent named it): the thread only
     record: str
     orphan: str
     adopt: str
@@ -56,15 +69,18 @@ class SessionSQL:
 
 
 SQLITE_SESSION_SQL = SessionSQL(
-    by_response="select session_id from exchanges where response_id = ? and session_id is not null"
-    " order by rowid desc limit 1",
+    by_response="select session_id, coalesce(thread_id, id) from exchanges where response_id = ?"
+    " and session_id is not null order by rowid desc limit 1",
     continued="with p(h, k) as (values {values})"
-    " select e.session_id from p join exchanges e on e.chain_hash = p.h"
+    " select e.session_id, coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
     " left join sessions s on s.id = e.session_id"
     " where e.session_id is not null"
     " order by p.k desc, (e.client_addr is ? and e.user_agent is ?) desc,"
     " coalesce(s.tip_hash = e.chain_hash, 0) desc, e.rowid"
     " limit 1",
+    continued_in="with p(h, k) as (values {values})"
+    " select coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
+    " where e.session_id = ? order by p.k desc, e.rowid desc limit 1",
     record="insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
     " values (?, ?, ?, ?, ?, 1, ?, ?)"
     " on conflict(id) do update set exchanges = exchanges + 1,"
@@ -86,6 +102,7 @@ class SessionLink:
     chain_hash: str | None = None  # its conversation followed by its reply (None: nothing to continue)
     response_id: str | None = None  # a Responses response id, for `previous_response_id`
     wants: str | None = None  # the parent a session's first turn could not find yet
+    thread_id: str | None = None  # the first exchange of its chain of requests (None: a copy, an attempt)
 
 
 def _spans(body: bytes, arrays: tuple[str, ...] = ()) -> tuple[Spans, Items]:
@@ -110,9 +127,10 @@ def _string(body: bytes, spans: Spans, key: str) -> str | None:
 
 
 def explicit_key(ex: Exchange, spans: Spans) -> str | None:
-    for name, value in ex.request_headers:
-        if name.lower() == "x-session-id" and value:
-            return value[:_ID_MAX]
+    named = {name.lower(): value for name, value in ex.request_headers if value}
+    for header in SESSION_HEADERS:
+        if header in named:
+            return named[header][:_ID_MAX]
     if ex.session_hint:
         return ex.session_hint
     return _string(ex.readable_request(), spans, "prompt_cache_key")
@@ -155,29 +173,40 @@ class SessionTracker:
         own = not ex.session_hint and not ({"replay", "probe"} & ex.tags)
         chain = conversation.chained(reply_parts(reply)) if conversation and answered and own else None
         rid = response_id(client) if surface == "responses" and answered and own else None
+        thread = ex.id if own else None  # a chain's first exchange names its thread
+        parents = conversation.parents if conversation is not None else []
         key = explicit_key(ex, spans)
         if key:
-            return SessionLink(key, chain, rid)
+            if own and parents:
+                thread = self._thread_in(conn, parents, key) or thread
+            return SessionLink(key, chain, rid, thread_id=thread)
         previous = _string(body, spans, "previous_response_id")
         if previous:
             row = conn.execute(self.sql.by_response, (previous,)).fetchone()
             if row is not None:
-                return SessionLink(row[0], chain, rid)
-            return SessionLink(f"s-{ex.id}", chain, rid, wants=_RESPONSE_PREFIX + previous)
+                return SessionLink(row[0], chain, rid, thread_id=str(row[1]) if own else None)
+            return SessionLink(f"s-{ex.id}", chain, rid, wants=_RESPONSE_PREFIX + previous, thread_id=thread)
         if conversation is None:
             return SessionLink(None)
-        if not conversation.parents:
-            return SessionLink(f"s-{ex.id}", chain, rid)
-        found = self._continued(conn, conversation.parents, ex)
+        if not parents:
+            return SessionLink(f"s-{ex.id}", chain, rid, thread_id=thread)
+        found = self._continued(conn, parents, ex)
         if found is not None:
-            return SessionLink(found, chain, rid)
-        return SessionLink(f"s-{ex.id}", chain, rid, wants=conversation.parents[-1])
+            return SessionLink(found[0], chain, rid, thread_id=found[1] if own else None)
+        return SessionLink(f"s-{ex.id}", chain, rid, wants=parents[-1], thread_id=thread)
 
-    def _continued(self, conn: Executes, parents: list[str], ex: Exchange) -> str | None:
-        """One indexed lookup: the session of the exchange behind the longest matching prefix."""
+    def _continued(self, conn: Executes, parents: list[str], ex: Exchange) -> tuple[str, str] | None:
+        """One indexed lookup: the session and thread of the exchange behind the longest matching prefix."""
         values = ", ".join("(?, ?)" for _ in parents)
         args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
         row = conn.execute(self.sql.continued.format(values=values), [*args, ex.client_addr, ex.user_agent]).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def _thread_in(self, conn: Executes, parents: list[str], session_id: str) -> str | None:
+        """The thread of the exchange behind the longest matching prefix in this session, if any."""
+        values = ", ".join("(?, ?)" for _ in parents)
+        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
+        row = conn.execute(self.sql.continued_in.format(values=values), [*args, session_id]).fetchone()
         return None if row is None else str(row[0])
 
     def record(self, conn: Executes, link: SessionLink, ex: Exchange) -> None:

@@ -220,9 +220,7 @@ class CaptureWriter:
     def _hold(self, exchanges: list[Exchange]) -> None:
         dropped = self.held.add(exchanges)
         if dropped:
-            self._lost(
-                dropped, cause="queue_full", why=f"the store queue is full ({self.held.max_exchanges} exchanges)"
-            )
+            self._lost(dropped, cause="queue_full", why=self.held.why_full())
 
     def _retain(self) -> None:
         """Between batches, on this thread: traffic only enqueues, so it never waits on a purge."""
@@ -266,9 +264,7 @@ class CaptureWriter:
         self.held.put_back(batch)
         dropped = self.held.add([])
         if dropped:
-            self._lost(
-                dropped, cause="queue_full", why=f"the store queue is full ({self.held.max_exchanges} exchanges)"
-            )
+            self._lost(dropped, cause="queue_full", why=self.held.why_full())
 
     def _write_alone(self, ex: Exchange, failed: Exception | None) -> None:
         """After `ex` failed (`failed`) in a transaction of its own: keep what can be kept."""

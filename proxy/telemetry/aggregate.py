@@ -19,7 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tapfix.proxy.telemetry.metrics import CATALOGUE, Instrument, Labeller, key_of, observations
+from tapfix.proxy.telemetry.metrics import CURRENT, Catalogue, Instrument, Labeller, key_of, observations
 from tapfix.proxy.telemetry.turn import Turn
 
 Key = tuple[str | None, ...]  # a series: its label values in the instrument's label order (None: unknown)
@@ -129,19 +129,26 @@ class Aggregation:
     """A `TurnFanout` sink: the catalogue's counters and histograms, fed `observations(turn)` on the
     writer thread; gauges (the write queue's depth) are read when a snapshot is taken, never pushed."""
 
-    def __init__(self, labeller: Labeller, gauges: dict[Instrument, Callable[[], float]] | None = None) -> None:
+    def __init__(
+        self,
+        labeller: Labeller,
+        gauges: dict[Instrument, Callable[[], float]] | None = None,
+        catalogue: Catalogue = CURRENT,
+    ) -> None:
         self.labeller = labeller
+        self.catalogue = catalogue
         self.started = time.time()  # the start of every cumulative series
         self.gauges = dict(gauges or {})
-        self.counters = {i: CounterAggregate(i) for i in CATALOGUE if i.kind == "counter"}
-        self.histograms = {i: HistogramAggregate(i, i.buckets or ()) for i in CATALOGUE if i.kind == "histogram"}
+        instruments = catalogue.instruments
+        self.counters = {i: CounterAggregate(i) for i in instruments if i.kind == "counter"}
+        self.histograms = {i: HistogramAggregate(i, i.buckets or ()) for i in instruments if i.kind == "histogram"}
         self._record: dict[Instrument, Callable[[Key, Sequence[float]], None]] = {
             **{i: a.record_many for i, a in self.counters.items()},
             **{i: a.record_many for i, a in self.histograms.items()},
         }
 
     def __call__(self, turn: Turn) -> None:
-        for inst, values, labels in observations(turn, self.labeller):
+        for inst, values, labels in observations(turn, self.labeller, self.catalogue):
             self._record[inst](key_of(inst, labels), values)
 
     def snapshot(self) -> Snapshot:

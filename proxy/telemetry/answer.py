@@ -18,6 +18,7 @@ class Usage:
     output: int | None = None
     reasoning: int | None = None
     cached: int | None = None
+    cache_write: int | None = None  # Messages' cache_creation_input_tokens
 
 
 def response_identity(ex: Exchange) -> tuple[str | None, str | None]:
@@ -77,7 +78,8 @@ def usage_counts(usage: dict[str, Any] | None) -> Usage:
     if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:  # Messages
         if input_tokens is not None:
             input_tokens += (cache_read or 0) + (_int(usage.get("cache_creation_input_tokens")) or 0)
-        return Usage(input_tokens, _int(usage.get("output_tokens")), None, cache_read)
+        cache_write = _int(usage.get("cache_creation_input_tokens"))
+        return Usage(input_tokens, _int(usage.get("output_tokens")), None, cache_read, cache_write)
     return Usage(  # Responses (and Messages without cache fields)
         input_tokens,
         _int(usage.get("output_tokens")),

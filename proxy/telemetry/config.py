@@ -10,6 +10,9 @@ configured for other programs works for tapfix too:
   (`http/protobuf` by default, or `grpc`), each with a per-signal form that wins over the generic one.
 - `OTEL_SDK_DISABLED=true` turns export off whatever else is set.
 - `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`: whether prompts and answers leave the host.
+- `TAPFIX_GENAI_SEMCONV`: `1.41.0` keeps semantic-conventions v1.41.0's names for one release.
+
+An endpoint of Langfuse's gets `x-langfuse-ingestion-version: 4` (its real-time ingestion).
 
 A value that can't be right (a URL without scheme or host, an unknown protocol or content mode) is a
 usage error at start-up, exit 2, never a receiver that silently gets nothing.
@@ -23,6 +26,7 @@ from typing import Literal, cast, get_args
 from urllib.parse import unquote, urlsplit
 
 import click
+from tapfix.proxy.telemetry import semconv as sc
 
 Protocol = Literal["http/protobuf", "grpc"]
 ContentMode = Literal["NO_CONTENT", "SPAN_ONLY", "EVENT_ONLY", "SPAN_AND_EVENT"]
@@ -35,6 +39,10 @@ DEFAULT_TIMEOUT_S = 10.0  # the spec's default, 10 000 ms
 # is down would otherwise keep Ctrl-C waiting through the exporters' retries for the whole timeout.
 EXIT_FLUSH_S = 2.0
 DEFAULT_SERVICE_NAME = "tapfix"
+# Langfuse v4 takes OTLP spans in real time only with this header (without it, data arrives ~10 minutes
+# late); tapfix sends it to a Langfuse endpoint unless the headers already name it. Each exchange is one
+# span, exported once and whole (never re-exported to update it), as v4 ingestion wants.
+LANGFUSE_VERSION_HEADER = "x-langfuse-ingestion-version"
 _DEFAULT_BASE = {"http/protobuf": "http://localhost:4318", "grpc": "http://localhost:4317"}
 _PREFIX = "OTEL_EXPORTER_OTLP_"
 
@@ -64,6 +72,7 @@ class ExportConfig:
     metrics: SignalConfig | None = None  # None: the same protocol, headers and timeout as traces
     service_name: str = DEFAULT_SERVICE_NAME  # OTEL_SERVICE_NAME, else the resource's service.name, else tapfix
     resource_attributes: dict[str, str] = field(default_factory=dict)
+    naming: sc.Naming = sc.CURRENT  # TAPFIX_GENAI_SEMCONV: the GenAI conventions' names, or v1.41.0's
 
     def signal(self, name: Signal) -> SignalConfig:
         """The exporter settings of `name`, for the span exporter (traces) and the metric one."""
@@ -88,6 +97,7 @@ class ExportConfig:
 def export_config(otlp: str | None, env: Mapping[str, str], browse_url: str | None) -> ExportConfig | None:
     """The export settings, or None when export is off: no `--otlp` and no OTLP endpoint variable, or
     `OTEL_SDK_DISABLED=true`. Raises `click.UsageError` (exit 2) for a value that can't be right."""
+    naming = semconv_naming(env)  # checked even with export off: /tapfix/metrics uses it too
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     content = _content_mode(env)
@@ -115,7 +125,16 @@ def export_config(otlp: str | None, env: Mapping[str, str], browse_url: str | No
         metrics=None if same else metrics,
         service_name=env.get("OTEL_SERVICE_NAME", "").strip() or resource.get("service.name") or DEFAULT_SERVICE_NAME,
         resource_attributes=resource,
+        naming=naming,
     )
+
+
+def semconv_naming(env: Mapping[str, str]) -> sc.Naming:
+    """`TAPFIX_GENAI_SEMCONV`: which GenAI conventions' names spans and metrics use; a usage error otherwise."""
+    try:
+        return sc.naming_of(env)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
 
 
 def _signal(env: Mapping[str, str], signal: Signal, base: str | None, explicit: str | None) -> SignalConfig:
@@ -128,7 +147,19 @@ def _signal(env: Mapping[str, str], signal: Signal, base: str | None, explicit: 
         endpoint = root if protocol == "grpc" else f"{root.rstrip('/')}/v1/{signal}"
     headers = _pairs(_PREFIX + "HEADERS", _var(env, "HEADERS") or "")
     headers |= _pairs(f"{_PREFIX}{upper}_HEADERS", _var(env, f"{upper}_HEADERS") or "")
+    if is_langfuse(endpoint) and not any(k.lower() == LANGFUSE_VERSION_HEADER for k in headers):
+        headers[LANGFUSE_VERSION_HEADER] = "4"
     return SignalConfig(endpoint, protocol, headers, _timeout(env, upper))
+
+
+def is_langfuse(endpoint: str) -> bool:
+    """Langfuse's OTLP endpoint (cloud or self-hosted: `<host>/api/public/otel`, or a langfuse.com host)."""
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError:
+        return False
+    host = (parts.hostname or "").lower()
+    return "/api/public/otel" in parts.path or host == "langfuse.com" or host.endswith(".langfuse.com")
 
 
 def _var(env: Mapping[str, str], name: str) -> str | None:

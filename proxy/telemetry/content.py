@@ -2,8 +2,10 @@
 
 `gen_ai.input.messages` / `gen_ai.output.messages` / `gen_ai.system_instructions` hold JSON arrays
 of `{role, parts: [{type, ...}]}` whatever the surface, so a receiver renders chat, Responses and
-Messages turns alike. Built on the writer thread, redacted like the store (key-looking values),
-and only when bodies are stored: `--no-bodies` wins over any content mode.
+Messages turns alike. Built on the writer thread, with every secret the store would hide redacted
+(`store.redact.redact_content`: the exchange's own credential header values wherever they appear,
+key-looking values, bearer credentials, secret-named fields, secret URL query keys), and only when
+bodies are stored: `--no-bodies` wins over any content mode.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled
-from tapfix.proxy.store.redact import redact_text
+from tapfix.proxy.store.redact import redact_content
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +25,9 @@ class TurnContent:
     system_instructions: str | None
 
 
-def turn_content(surface: str, body: dict[str, Any], assembled: Assembled | None) -> TurnContent:
+def turn_content(
+    surface: str, body: dict[str, Any], assembled: Assembled | None, secrets: tuple[str, ...] = ()
+) -> TurnContent:
     system: list[dict[str, Any]] = []
     if surface == "messages":
         system = _parts(body.get("system"))
@@ -37,11 +41,13 @@ def turn_content(surface: str, body: dict[str, Any], assembled: Assembled | None
         messages = [{"role": "user", "parts": _parts(body.get("prompt"))}]
     else:
         messages = [_message(m) for m in body.get("messages") or [] if isinstance(m, dict)]
-    return TurnContent(_dump(messages), _dump(_output(assembled)), _dump(system) if system else None)
+    return TurnContent(
+        _dump(messages, secrets), _dump(_output(assembled), secrets), _dump(system, secrets) if system else None
+    )
 
 
-def _dump(value: Any) -> str:
-    return redact_text(orjson.dumps(value).decode())
+def _dump(value: Any, secrets: tuple[str, ...]) -> str:
+    return redact_content(orjson.dumps(value).decode(), secrets)
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:

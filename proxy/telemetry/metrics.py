@@ -2,9 +2,9 @@
 
 `aggregate.py` records each exchange's observations once; `/tapfix/metrics` (`prometheus.py`) and
 the OTLP export (`otel_metrics.py`) both read that one aggregation, so a dashboard built on one reads
-the same numbers from the other. The GenAI
-semantic conventions' client metrics come first (their names, units, attributes and bucket advice);
-tapfix's own follow: repairs, unrecoverable calls, regenerations, capture failures, the write queue.
+the same numbers from the other. The GenAI conventions' client metrics come first (their names, units,
+attributes and bucket advice, in the naming `TAPFIX_GENAI_SEMCONV` picks: a `Catalogue`); tapfix's own
+follow: repairs, unrecoverable calls, regenerations, capture failures, the write queue.
 
 Every label value is bounded (`Labeller`): never user text, at most `LABEL_LIMIT` distinct values
 per label, then `other`; the model label is the configured public name in config mode (anything
@@ -42,7 +42,8 @@ class Label:
 OPERATION = Label("operation", sc.GEN_AI_OPERATION_NAME)
 PROVIDER = Label("provider", sc.GEN_AI_PROVIDER_NAME)
 MODEL = Label("model", sc.GEN_AI_REQUEST_MODEL)  # the configured public name, bounded
-TOKEN_TYPE = Label("token_type", sc.GEN_AI_TOKEN_TYPE)
+TOKEN_TYPE = Label("token_type", sc.LEGACY_GEN_AI_TOKEN_TYPE)  # v1.41.0's token usage histogram
+MODALITY = Label("modality", sc.GEN_AI_TOKEN_MODALITY)
 ERROR_TYPE = Label("error_type", sc.ERROR_TYPE)
 UPSTREAM = Label("upstream", sc.TAPFIX_UPSTREAM)
 SURFACE = Label("surface", sc.TAPFIX_SURFACE)
@@ -76,45 +77,99 @@ class Instrument:
         return {"s": "seconds", "By": "bytes"}.get(self.unit, "" if self.unit.startswith("{") else self.unit)
 
 
-# The GenAI semantic conventions' client metrics (SEMCONV_VERSION), with their advised buckets.
-TOKEN_USAGE = Instrument(
-    sc.METRIC_TOKEN_USAGE,
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+_FIRST_CHUNK_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+_PER_CHUNK_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+def _usage(name: str, what: str) -> Instrument:
+    return Instrument(name, "counter", "{token}", what, (*_GENAI, MODALITY))
+
+
+# The GenAI conventions' client metrics (semconv.SEMCONV_VERSION), with their bucket advice.
+INFERENCE_DURATION = Instrument(
+    sc.METRIC_INFERENCE_DURATION,
     "histogram",
-    "{token}",
-    "Number of input and output tokens used, per exchange.",
-    (*_GENAI, TOKEN_TYPE),
-    (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864),
+    "s",
+    "GenAI inference duration: from the client's request to the end of the answer.",
+    (*_GENAI, ERROR_TYPE),
+    _DURATION_BUCKETS,
 )
 OPERATION_DURATION = Instrument(
     sc.METRIC_OPERATION_DURATION,
     "histogram",
     "s",
-    "GenAI operation duration: from the client's request to the end of the answer.",
+    "GenAI operation duration (operations other than inference: embeddings).",
     (*_GENAI, ERROR_TYPE),
-    (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
+    _DURATION_BUCKETS,
 )
 TIME_TO_FIRST_CHUNK = Instrument(
-    sc.METRIC_TIME_TO_FIRST_CHUNK,
+    sc.METRIC_INFERENCE_TIME_TO_FIRST_CHUNK,
     "histogram",
     "s",
     "Time to the first chunk of a streamed answer.",
     _GENAI,
-    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    _FIRST_CHUNK_BUCKETS,
 )
 TIME_PER_OUTPUT_CHUNK = Instrument(
-    sc.METRIC_TIME_PER_OUTPUT_CHUNK,
+    sc.METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK,
     "histogram",
     "s",
     "Time between consecutive chunks of a streamed answer, one value per chunk after the first.",
     _GENAI,
-    (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
+    _PER_CHUNK_BUCKETS,
+)
+USAGE_INPUT = _usage(sc.METRIC_USAGE_INPUT_TOKENS, "Input (prompt) tokens used, cached ones included.")
+USAGE_OUTPUT = _usage(sc.METRIC_USAGE_OUTPUT_TOKENS, "Output (completion) tokens used, reasoning included.")
+USAGE_CACHE_READ = _usage(sc.METRIC_USAGE_CACHE_READ_INPUT_TOKENS, "Input tokens served from the provider's cache.")
+USAGE_CACHE_WRITE = _usage(sc.METRIC_USAGE_CACHE_WRITE_INPUT_TOKENS, "Input tokens written to the provider's cache.")
+USAGE_REASONING = _usage(sc.METRIC_USAGE_REASONING_OUTPUT_TOKENS, "Output tokens used for reasoning.")
+OPERATION_INPUT = Instrument(
+    sc.METRIC_OPERATION_INPUT_TOKENS, "histogram", "{token}", "Input tokens per exchange.", _GENAI, _TOKEN_BUCKETS
+)
+OPERATION_OUTPUT = Instrument(
+    sc.METRIC_OPERATION_OUTPUT_TOKENS, "histogram", "{token}", "Output tokens per exchange.", _GENAI, _TOKEN_BUCKETS
+)
+# v1.41.0's, for TAPFIX_GENAI_SEMCONV=1.41.0 (one release).
+LEGACY_TOKEN_USAGE = Instrument(
+    sc.LEGACY_METRIC_TOKEN_USAGE,
+    "histogram",
+    "{token}",
+    "Number of input and output tokens used, per exchange.",
+    (*_GENAI, TOKEN_TYPE),
+    _TOKEN_BUCKETS,
+)
+LEGACY_OPERATION_DURATION = Instrument(
+    sc.METRIC_OPERATION_DURATION,
+    "histogram",
+    "s",
+    "GenAI operation duration: from the client's request to the end of the answer.",
+    (*_GENAI, ERROR_TYPE),
+    _DURATION_BUCKETS,
+)
+LEGACY_TIME_TO_FIRST_CHUNK = Instrument(
+    sc.LEGACY_METRIC_TIME_TO_FIRST_CHUNK,
+    "histogram",
+    "s",
+    TIME_TO_FIRST_CHUNK.description,
+    _GENAI,
+    _FIRST_CHUNK_BUCKETS,
+)
+LEGACY_TIME_PER_OUTPUT_CHUNK = Instrument(
+    sc.LEGACY_METRIC_TIME_PER_OUTPUT_CHUNK,
+    "histogram",
+    "s",
+    TIME_PER_OUTPUT_CHUNK.description,
+    _GENAI,
+    _PER_CHUNK_BUCKETS,
 )
 # tapfix's own.
 REQUESTS = Instrument(
     sc.METRIC_REQUESTS,
     "counter",
     "{request}",
-    "Exchanges through the proxy, by answer status class.",
+    "Client requests through the proxy, by answer status class (regeneration attempts are counted apart).",
     (MODEL, UPSTREAM, SURFACE, STATUS_CLASS),
 )
 REPAIRS = Instrument(
@@ -152,18 +207,52 @@ QUEUE_DEPTH = Instrument(
     "Exchanges waiting for the capture writer, read at scrape or collection time.",
     (),
 )
-CATALOGUE: tuple[Instrument, ...] = (
-    TOKEN_USAGE,
+_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, REGENERATIONS, CAPTURE_FAILURES, QUEUE_DEPTH)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Catalogue:
+    """The instruments one naming emits (`semconv.Naming`), and which of them records what."""
+
+    naming: sc.Naming
+    instruments: tuple[Instrument, ...]
+    inference_duration: Instrument
+    other_duration: Instrument  # embeddings
+    time_to_first_chunk: Instrument
+    time_per_output_chunk: Instrument
+
+
+CURRENT = Catalogue(
+    sc.CURRENT,
+    (
+        USAGE_INPUT,
+        USAGE_OUTPUT,
+        USAGE_CACHE_READ,
+        USAGE_CACHE_WRITE,
+        USAGE_REASONING,
+        OPERATION_INPUT,
+        OPERATION_OUTPUT,
+        INFERENCE_DURATION,
+        OPERATION_DURATION,
+        TIME_TO_FIRST_CHUNK,
+        TIME_PER_OUTPUT_CHUNK,
+        *_TAPFIX,
+    ),
+    INFERENCE_DURATION,
     OPERATION_DURATION,
     TIME_TO_FIRST_CHUNK,
     TIME_PER_OUTPUT_CHUNK,
-    REQUESTS,
-    REPAIRS,
-    UNRECOVERABLE,
-    REGENERATIONS,
-    CAPTURE_FAILURES,
-    QUEUE_DEPTH,
 )
+LEGACY = Catalogue(
+    sc.LEGACY,
+    (LEGACY_TOKEN_USAGE, LEGACY_OPERATION_DURATION, LEGACY_TIME_TO_FIRST_CHUNK, LEGACY_TIME_PER_OUTPUT_CHUNK, *_TAPFIX),
+    LEGACY_OPERATION_DURATION,
+    LEGACY_OPERATION_DURATION,
+    LEGACY_TIME_TO_FIRST_CHUNK,
+    LEGACY_TIME_PER_OUTPUT_CHUNK,
+)
+CATALOGUES = {c.naming: c for c in (CURRENT, LEGACY)}
+CATALOGUE = CURRENT.instruments  # what tapfix emits by default
 
 
 class Bounded:
@@ -222,12 +311,13 @@ class Labeller:
 Observation = tuple[Instrument, Sequence[float], dict[Label, str | None]]
 
 
-def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
+def observations(turn: Turn, labeller: Labeller, catalogue: Catalogue = CURRENT) -> Iterator[Observation]:
     """What one finished exchange adds to each instrument: the single recipe of every number."""
     if turn.outcome in ("kept", "lost"):
         yield CAPTURE_FAILURES, (1,), {OUTCOME: turn.outcome}
     base = labeller.base(turn)
-    yield REQUESTS, (1,), base
+    if turn.attempt_of is None:  # a regeneration attempt is no client request: REGENERATIONS counts it
+        yield REQUESTS, (1,), base
     for kind, count in sorted(turn.repairs.items()):
         yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
     if turn.unrecoverable:
@@ -237,16 +327,43 @@ def observations(turn: Turn, labeller: Labeller) -> Iterator[Observation]:
         yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}
     if not turn.is_genai:  # not an inference (or embeddings) call: no GenAI metrics
         return
-    for token_type, tokens in ((sc.TOKEN_TYPE_INPUT, turn.input_tokens), (sc.TOKEN_TYPE_OUTPUT, turn.output_tokens)):
-        if tokens is not None:
-            yield TOKEN_USAGE, (tokens,), base | {TOKEN_TYPE: token_type}
+    inference = turn.operation != sc.OP_EMBEDDINGS
+    if catalogue is LEGACY:
+        for token_type, tokens in (
+            (sc.LEGACY_TOKEN_TYPE_INPUT, turn.input_tokens),
+            (sc.LEGACY_TOKEN_TYPE_OUTPUT, turn.output_tokens),
+        ):
+            if tokens is not None:
+                yield LEGACY_TOKEN_USAGE, (tokens,), base | {TOKEN_TYPE: token_type}
+    elif inference:
+        yield from _usage_observations(turn, base)
     if turn.duration_s is not None:
         error = labeller.value(ERROR_TYPE, turn.error_type)
-        yield OPERATION_DURATION, (turn.duration_s,), base | {ERROR_TYPE: error}
+        duration = catalogue.inference_duration if inference else catalogue.other_duration
+        yield duration, (turn.duration_s,), base | {ERROR_TYPE: error}
     if turn.stream and turn.time_to_first_chunk_s is not None:
-        yield TIME_TO_FIRST_CHUNK, (turn.time_to_first_chunk_s,), base
+        yield catalogue.time_to_first_chunk, (turn.time_to_first_chunk_s,), base
     if turn.stream and turn.chunk_intervals_s:
-        yield TIME_PER_OUTPUT_CHUNK, turn.chunk_intervals_s, base
+        yield catalogue.time_per_output_chunk, turn.chunk_intervals_s, base
+
+
+def _usage_observations(turn: Turn, base: dict[Label, str | None]) -> Iterator[Observation]:
+    """Token counts: the usage counters (the provider doesn't split them by modality: `unknown`), and
+    the per-exchange distribution of input and output tokens."""
+    counted = base | {MODALITY: sc.TOKEN_MODALITY_UNKNOWN}
+    for instrument, tokens in (
+        (USAGE_INPUT, turn.input_tokens),
+        (USAGE_OUTPUT, turn.output_tokens),
+        (USAGE_CACHE_READ, turn.cached_tokens),
+        (USAGE_CACHE_WRITE, turn.cache_write_tokens),
+        (USAGE_REASONING, turn.reasoning_tokens),
+    ):
+        if tokens is not None:
+            yield instrument, (tokens,), counted
+    if turn.input_tokens is not None:
+        yield OPERATION_INPUT, (turn.input_tokens,), base
+    if turn.output_tokens is not None:
+        yield OPERATION_OUTPUT, (turn.output_tokens,), base
 
 
 def key_of(instrument: Instrument, labels: Mapping[Label, str | None]) -> tuple[str | None, ...]:

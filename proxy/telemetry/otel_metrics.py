@@ -10,7 +10,8 @@ the process's start as start time, or delta, the last exported snapshot subtract
 
 A receiver that is down, or that takes traces only (Phoenix answers 404 on `/v1/metrics`; a gRPC one
 UNIMPLEMENTED), must never break or flood anything: each failed export is counted, the first one is
-logged once, and the SDK's own line per failure is swallowed (kept as `last_error` in health).
+logged once, and the SDK's own line per failure is swallowed (kept as `last_error` in health), for
+the process's whole life: an export still retrying at exit logs once more after the shutdown.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.aggregate import Aggregation, HistogramPoint, Snapshot
 from tapfix.proxy.telemetry.config import EXIT_FLUSH_S, ExportConfig
-from tapfix.proxy.telemetry.metrics import CATALOGUE, attributes
+from tapfix.proxy.telemetry.metrics import CURRENT, Catalogue, attributes
 
 log = logging.getLogger("tapfix.telemetry")
 # Where the OTLP exporters log each failure: the HTTP metric exporter's own logger, and the gRPC
@@ -67,6 +68,25 @@ class _Swallow(logging.Filter):
         return False
 
 
+_swallowed: list[tuple[str, _Swallow]] = []
+
+
+def _swallow_sdk_lines() -> list[tuple[str, _Swallow]]:
+    """The exporters' loggers silenced for the rest of the process (installed once, never removed): an
+    export still retrying when tapfix shuts the exporter down logs once more ("Shutdown in progress,
+    aborting retry.") from its own thread, after any shutdown step that took the filters away."""
+    if not _swallowed:
+        for name, swallow in (
+            (_HTTP_LOGGER, _Swallow(only_metrics=False)),
+            (_GRPC_LOGGER, _Swallow(only_metrics=True)),
+        ):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.WARNING)  # reach the filter even where a parent logger is silenced
+            logger.addFilter(swallow)
+            _swallowed.append((name, swallow))
+    return _swallowed
+
+
 class CountingExporter(MetricExporter):
     """Wraps the OTLP exporter: never raises into the export thread, counts, logs the first failure."""
 
@@ -82,11 +102,9 @@ class CountingExporter(MetricExporter):
         self.last_error: str | None = None
         self.closing = False  # set before the flush at exit
         self._last_failed = False
-        self._filters = [(_HTTP_LOGGER, _Swallow(only_metrics=False)), (_GRPC_LOGGER, _Swallow(only_metrics=True))]
-        for name, swallow in self._filters:
-            logger = logging.getLogger(name)
-            logger.setLevel(logging.WARNING)  # reach the filter even where a parent logger is silenced
-            logger.addFilter(swallow)
+        self._filters = _swallow_sdk_lines()
+        for _, swallow in self._filters:
+            swallow.last = None  # this exporter's failures only
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         if self.closing and self._last_failed:  # a receiver that failed the last time: don't hold the exit
@@ -116,11 +134,7 @@ class CountingExporter(MetricExporter):
         return self.inner.force_flush(timeout_millis)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        try:
-            self.inner.shutdown(timeout_millis=timeout_millis)
-        finally:
-            for name, swallow in self._filters:
-                logging.getLogger(name).removeFilter(swallow)
+        self.inner.shutdown(timeout_millis=timeout_millis)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -166,14 +180,19 @@ def export_interval(env: Mapping[str, str]) -> float:
 
 
 def metrics_data(
-    now: Snapshot, last: Snapshot | None, started: float, delta: Mapping[str, bool], resource: Resource
+    now: Snapshot,
+    last: Snapshot | None,
+    started: float,
+    delta: Mapping[str, bool],
+    resource: Resource,
+    catalogue: Catalogue = CURRENT,
 ) -> MetricsData:
     """One export of the catalogue from `now`. A kind ("counter", "histogram") that `delta` marks gets
     `now - last` over the time since `last.taken` (a series unchanged since is left out), every other
     the totals since `started`. An instrument without a series is left out, as the SDK does."""
     at = int(now.taken * NANOS)
     metrics: list[Metric] = []
-    for inst in CATALOGUE:
+    for inst in catalogue.instruments:
         is_delta = delta.get(inst.kind, False)
         before = last if is_delta else None
         start = int((before.taken if before is not None else started) * NANOS)
@@ -201,7 +220,8 @@ def metrics_data(
             continue
         if data.data_points:
             metrics.append(Metric(inst.name, inst.description, inst.unit, data))
-    scope = ScopeMetrics(InstrumentationScope(sc.INSTRUMENTATION_SCOPE, None, sc.SCHEMA_URL), metrics, sc.SCHEMA_URL)
+    schema = sc.LEGACY_SCHEMA_URL if catalogue.naming == sc.LEGACY else sc.SCHEMA_URL
+    scope = ScopeMetrics(InstrumentationScope(sc.INSTRUMENTATION_SCOPE, None, schema), metrics, schema)
     return MetricsData([ResourceMetrics(resource, [scope], resource.schema_url)])
 
 
@@ -279,7 +299,8 @@ class OtlpMetrics:
             return False
         try:
             snapshot = self.aggregation.snapshot()
-            data = metrics_data(snapshot, self._last, self.aggregation.started, self.delta, self.resource)
+            catalogue = self.aggregation.catalogue
+            data = metrics_data(snapshot, self._last, self.aggregation.started, self.delta, self.resource, catalogue)
             result = self.exporter.export(data, timeout_millis=timeout_ms)
             if result is MetricExportResult.SUCCESS:  # a failed delta is sent again, in the next one
                 self._last = snapshot

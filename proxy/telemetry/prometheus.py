@@ -8,6 +8,7 @@ prometheus_client's global one, which would mix in the process collectors and wh
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from tapfix.proxy.telemetry.aggregate import Aggregation
-from tapfix.proxy.telemetry.metrics import CATALOGUE, label_values
+from tapfix.proxy.telemetry.metrics import label_values
 
 
 class AggregationCollector(Collector):
@@ -24,12 +25,13 @@ class AggregationCollector(Collector):
 
     def __init__(self, aggregation: Aggregation) -> None:
         self.aggregation = aggregation
+        self.instruments = aggregation.catalogue.instruments
         # The `le` label of each histogram's buckets, formatted as prometheus_client's own Histogram does.
-        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in CATALOGUE}  # type: ignore[no-untyped-call]
+        self._le = {inst: [floatToGoString(b) for b in inst.buckets or ()] + ["+Inf"] for inst in self.instruments}  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.aggregation.snapshot()
-        for inst in CATALOGUE:
+        for inst in self.instruments:
             names = [label.prometheus for label in inst.labels]
             common: dict[str, Any] = dict(labels=names, unit=inst.prometheus_unit)
             if inst.kind == "counter":
@@ -53,7 +55,7 @@ class AggregationCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples: the registry checks names for duplicates once, at register."""
-        for inst in CATALOGUE:
+        for inst in self.instruments:
             family = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily, "gauge": GaugeMetricFamily}
             yield family[inst.kind](inst.prometheus_name, inst.description, unit=inst.prometheus_unit)
 
@@ -72,3 +74,29 @@ class PrometheusExposition:
 
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+    def scrape(self, accept: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        """A scrape's body and headers: the exposition, gzipped when the scraper accepts gzip (Prometheus
+        always does: the text repeats every label on every bucket line and shrinks ~20 times)."""
+        body, content_type = self.exposition(accept)
+        headers = {"content-type": content_type, "vary": "accept-encoding"}
+        if accepts_gzip(accept_encoding):
+            body = gzip.compress(body, compresslevel=6)
+            headers["content-encoding"] = "gzip"
+        return body, headers
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """`gzip` (or `*`) listed in Accept-Encoding with a q-value above 0."""
+    for item in (accept_encoding or "").split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+        return True
+    return False

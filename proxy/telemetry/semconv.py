@@ -1,19 +1,43 @@
-"""Every OpenTelemetry name tapfix emits, as a literal, in one place (the README's table is made from it).
+"""Every OpenTelemetry name tapfix emits, as a literal, in one place (docs/opentelemetry.md's table is made from it).
 
-The GenAI names follow semantic conventions v1.41.0, the last release of open-telemetry/
-semantic-conventions that holds the GenAI conventions (they moved to semantic-conventions-genai
-after it). What that release lacks and tapfix knows is named after newer GenAI drafts where one
-exists (`gen_ai.request.reasoning.level`), and under `tapfix.*` otherwise. Literals, not imports from
+The GenAI names follow semantic-conventions-genai v0.1.0, the first release of the GenAI conventions
+in their own repository (open-telemetry/semantic-conventions-genai, docs/gen-ai/client-inference.md):
+the inference metrics are `gen_ai.client.inference.*` (#521), token usage is counted by
+`gen_ai.client.inference.usage.*` counters beside per-operation histograms (#374), and cache writes
+are `cache_write` (#440). The names of semantic-conventions v1.41.0, the last release before the move,
+stay available for one release (`LEGACY_*`, with `TAPFIX_GENAI_SEMCONV=1.41.0`) so dashboards can move
+over. What tapfix knows and the conventions don't name is under `tapfix.*`. Literals, not imports from
 `opentelemetry.semconv`: this module is read with export off, when opentelemetry isn't installed.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Final, Literal
 
-SEMCONV_VERSION: Final = "1.41.0"
-SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
+SEMCONV_VERSION: Final = "semantic-conventions-genai 0.1.0"
+# The GenAI repository publishes no schema URL of its own yet (its README says TODO): the base
+# conventions v0.1.0 builds on.
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.45.0"
+LEGACY_SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.41.0"
 INSTRUMENTATION_SCOPE: Final = "tapfix"
+
+# Which names tapfix emits: the current conventions, or v1.41.0's for one more release.
+Naming = Literal["genai-0.1.0", "1.41.0"]
+NAMINGS: Final[tuple[Naming, ...]] = ("genai-0.1.0", "1.41.0")
+CURRENT: Final[Naming] = "genai-0.1.0"
+LEGACY: Final[Naming] = "1.41.0"
+NAMING_VARIABLE: Final = "TAPFIX_GENAI_SEMCONV"
+
+
+def naming_of(env: Mapping[str, str]) -> Naming:
+    """The naming `TAPFIX_GENAI_SEMCONV` asks for (the current one when unset); ValueError for another value."""
+    value = env.get(NAMING_VARIABLE, "").strip() or CURRENT
+    for naming in NAMINGS:
+        if value == naming:
+            return naming
+    raise ValueError(f"{NAMING_VARIABLE} {value!r}: give {' or '.join(NAMINGS)}")
+
 
 # --- spans: the inference span (span name `{gen_ai.operation.name} {gen_ai.request.model}`) ------
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
@@ -40,6 +64,7 @@ GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.usage.cache_write.input_tokens"
 GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
@@ -57,14 +82,21 @@ OP_CHAT: Final = "chat"
 OP_TEXT_COMPLETION: Final = "text_completion"
 OP_EMBEDDINGS: Final = "embeddings"
 
-# --- metrics (helper METRICS records them) ------------------------------------------------------
-METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+# --- metrics (metrics.py's catalogue) ------------------------------------------------------------
+METRIC_INFERENCE_DURATION: Final = "gen_ai.client.inference.duration"
+METRIC_INFERENCE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.inference.time_to_first_chunk"
+METRIC_INFERENCE_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.inference.time_per_output_chunk"
+METRIC_USAGE_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.input_tokens"
+METRIC_USAGE_OUTPUT_TOKENS: Final = "gen_ai.client.inference.usage.output_tokens"
+METRIC_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.cache_read.input_tokens"
+METRIC_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.client.inference.usage.cache_write.input_tokens"
+METRIC_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.client.inference.usage.reasoning.output_tokens"
+METRIC_OPERATION_INPUT_TOKENS: Final = "gen_ai.client.inference.operation.input_tokens"
+METRIC_OPERATION_OUTPUT_TOKENS: Final = "gen_ai.client.inference.operation.output_tokens"
+# Operations other than inference (embeddings) keep the general duration.
 METRIC_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
-METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
-METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
-GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
-TOKEN_TYPE_INPUT: Final = "input"
-TOKEN_TYPE_OUTPUT: Final = "output"
+GEN_AI_TOKEN_MODALITY: Final = "gen_ai.token.modality"
+TOKEN_MODALITY_UNKNOWN: Final = "unknown"  # engines don't break usage down by modality
 # tapfix's own metrics (Prometheus: dots become underscores, counters end in `_total`).
 METRIC_REQUESTS: Final = "tapfix.requests"
 METRIC_REPAIRS: Final = "tapfix.repairs"
@@ -108,24 +140,47 @@ ERROR_RESET: Final = "tapfix.reset"  # the connection ended without a complete a
 ERROR_NO_ANSWER: Final = "tapfix.no_answer"  # the upstream never answered
 ERROR_UPSTREAM: Final = "tapfix.upstream_error"  # an error object inside a 200 answer
 
-# --- the README's table -------------------------------------------------------------------------
+# --- v1.41.0's names, emitted instead of their successors with TAPFIX_GENAI_SEMCONV=1.41.0 ----------
+LEGACY_METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+LEGACY_METRIC_TIME_TO_FIRST_CHUNK: Final = "gen_ai.client.operation.time_to_first_chunk"
+LEGACY_METRIC_TIME_PER_OUTPUT_CHUNK: Final = "gen_ai.client.operation.time_per_output_chunk"
+LEGACY_GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+LEGACY_TOKEN_TYPE_INPUT: Final = "input"
+LEGACY_TOKEN_TYPE_OUTPUT: Final = "output"
+LEGACY_GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
+
+# --- the docs' table -----------------------------------------------------------------------------
 _KINDS = (
+    ("LEGACY_METRIC_", "metric (1.41.0 naming)"),
+    ("LEGACY_GEN_AI_TOKEN_TYPE", "metric attribute (1.41.0 naming)"),
+    ("LEGACY_TOKEN_TYPE_", "gen_ai.token.type value (1.41.0 naming)"),
+    ("LEGACY_GEN_AI_", "span attribute (1.41.0 naming)"),
     ("METRIC_", "metric"),
-    ("GEN_AI_TOKEN_TYPE", "metric attribute"),
+    ("GEN_AI_TOKEN_MODALITY", "metric attribute"),
+    ("TOKEN_MODALITY_", "gen_ai.token.modality value"),
     ("TAPFIX_STATUS_CLASS", "metric attribute (tapfix)"),
     ("TAPFIX_REPAIR_KIND", "metric attribute (tapfix)"),
     ("TAPFIX_ATTEMPT_OUTCOME", "metric attribute (tapfix)"),
     ("EVENT_", "span event"),
     ("CHANGE_", "change event attribute"),
     ("OP_", "gen_ai.operation.name value"),
-    ("TOKEN_TYPE_", "gen_ai.token.type value"),
     ("ERROR_TYPE", "span attribute"),
     ("ERROR_", "error.type value"),
     ("TAPFIX_REPAIRS_PREFIX", "span attribute prefix (+ repair kind)"),
     ("TAPFIX_", "span attribute (tapfix)"),
     ("", "span attribute"),
 )
-_NOT_NAMES = frozenset({"SEMCONV_VERSION", "SCHEMA_URL", "INSTRUMENTATION_SCOPE"})
+_NOT_NAMES = frozenset(
+    {
+        "SEMCONV_VERSION",
+        "SCHEMA_URL",
+        "LEGACY_SCHEMA_URL",
+        "INSTRUMENTATION_SCOPE",
+        "CURRENT",
+        "LEGACY",
+        "NAMING_VARIABLE",
+    }
+)
 
 
 def names_table() -> str:

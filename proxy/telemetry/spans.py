@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from tapfix.proxy.changes import Change
-from tapfix.proxy.store.redact import redact_text
+from tapfix.proxy.store.redact import redact_content
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.config import ExportConfig
 from tapfix.proxy.telemetry.turn import Turn
@@ -37,7 +37,7 @@ def resource_of(cfg: ExportConfig) -> Resource:
 
 
 @functools.cache
-def scope() -> InstrumentationScope:
+def scope(naming: sc.Naming = sc.CURRENT) -> InstrumentationScope:
     """tapfix's instrumentation scope (read once: the package metadata lookup costs more than a span)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -45,7 +45,8 @@ def scope() -> InstrumentationScope:
         tapfix_version: str | None = version("tapfix")
     except PackageNotFoundError:  # pragma: no cover - a source tree run without installing
         tapfix_version = None
-    return InstrumentationScope(sc.INSTRUMENTATION_SCOPE, tapfix_version, sc.SCHEMA_URL)
+    schema = sc.LEGACY_SCHEMA_URL if naming == sc.LEGACY else sc.SCHEMA_URL
+    return InstrumentationScope(sc.INSTRUMENTATION_SCOPE, tapfix_version, schema)
 
 
 def span_of(turn: Turn, cfg: ExportConfig, resource: Resource, instrumentation: InstrumentationScope) -> ReadableSpan:
@@ -58,7 +59,8 @@ def span_of(turn: Turn, cfg: ExportConfig, resource: Resource, instrumentation: 
     start = int(turn.started_at * 1e9)
     end = start + int((turn.duration_s or 0.0) * 1e9)
     content = cfg.captures_content and turn.store_bodies
-    events = [_change_event(c, start if _on_request(c) else end, content) for c in turn.changes]
+    hidden = turn.secrets if content else None
+    events = [_change_event(c, start if _on_request(c) else end, hidden) for c in turn.changes]
     attributes = attributes_of(turn, cfg)
     if turn.content is not None and turn.store_bodies:
         messages = _content_attributes(turn)
@@ -105,6 +107,10 @@ def attributes_of(turn: Turn, cfg: ExportConfig) -> dict[str, Any]:
     _put(a, sc.GEN_AI_USAGE_OUTPUT_TOKENS, turn.output_tokens)
     _put(a, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, turn.reasoning_tokens)
     _put(a, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, turn.cached_tokens)
+    cache_write = sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS
+    if cfg.naming == sc.LEGACY:
+        cache_write = sc.LEGACY_GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS
+    _put(a, cache_write, turn.cache_write_tokens)
     _put(a, sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, turn.time_to_first_chunk_s)
     _put(a, sc.GEN_AI_CONVERSATION_ID, turn.session_id)
     _put(a, sc.SERVER_ADDRESS, turn.server_address)
@@ -145,23 +151,24 @@ def _content_attributes(turn: Turn) -> dict[str, Any]:
     return a
 
 
-def _change_event(change: Change, timestamp: int, content: bool) -> Event:
+def _change_event(change: Change, timestamp: int, secrets: tuple[str, ...] | None) -> Event:
+    """One change as a span event; its before and after (content) only when `secrets` is given."""
     a: dict[str, Any] = {
         sc.CHANGE_STAGE: change.stage,
         sc.CHANGE_KIND: change.kind,
         sc.CHANGE_PATH: change.path,
         sc.CHANGE_REASON: change.reason,
     }
-    if content:
-        a[sc.CHANGE_BEFORE] = _json(change.before)
-        a[sc.CHANGE_AFTER] = _json(change.after)
+    if secrets is not None:
+        a[sc.CHANGE_BEFORE] = _json(change.before, secrets)
+        a[sc.CHANGE_AFTER] = _json(change.after, secrets)
     return Event(sc.EVENT_CHANGE, a, timestamp=timestamp)
 
 
-def _json(value: Any) -> str:
-    return redact_text(orjson.dumps(value, default=str).decode())
+def _json(value: Any, secrets: tuple[str, ...]) -> str:
+    return redact_content(orjson.dumps(value, default=str).decode(), secrets)
 
 
 def spans_of(turns: Sequence[Turn], cfg: ExportConfig, resource: Resource) -> list[ReadableSpan]:
-    instrumentation = scope()
+    instrumentation = scope(cfg.naming)
     return [span_of(t, cfg, resource, instrumentation) for t in turns]

@@ -20,6 +20,7 @@ from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.reasoning import detect
+from tapfix.proxy.store.redact import secret_values
 from tapfix.proxy.store.writer import Written
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.telemetry import semconv as sc
@@ -36,6 +37,8 @@ _OPERATIONS = {
     "messages": sc.OP_CHAT,
     "completions": sc.OP_TEXT_COMPLETION,
 }
+# Each surface's API, as `gen_ai.provider.name`'s well-known values name its provider.
+_API_PROVIDERS = {"chat": "openai", "completions": "openai", "responses": "openai", "messages": "anthropic"}
 # Request fields as forwarded -> the span attribute that names them (first present wins).
 _PARAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (sc.GEN_AI_REQUEST_MAX_TOKENS, ("max_completion_tokens", "max_tokens", "max_output_tokens")),
@@ -57,7 +60,7 @@ class Turn:
     outcome: str
     surface: str  # tapfix.proxy.surfaces name, or "other"
     operation: str  # gen_ai.operation.name ("chat", "text_completion", "embeddings", ...), or "other"
-    provider: str | None  # the engine
+    provider: str | None  # the engine, else the provider whose API the surface is (`provider_of`)
     upstream: str | None  # the configured upstream's name
     public_model: str | None  # as the client asked
     request_model: str | None  # as forwarded
@@ -92,6 +95,8 @@ class Turn:
     content: TurnContent | None = None  # only when TurnContext.capture_content and bodies are stored
     server_address: str | None = None
     server_port: int | None = None
+    cache_write_tokens: int | None = None
+    secrets: tuple[str, ...] = ()  # credential values of its headers, redacted from content (content only)
 
     @property
     def is_genai(self) -> bool:
@@ -129,12 +134,15 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
     upstream = ex.extra.get("target")
     status = ex.status
     address, port = _server(ex.upstream_url)
+    secrets = None  # only content leaving the host needs them
+    if context.capture_content and ex.store_bodies:
+        secrets = tuple(secret_values([*ex.request_headers, *(ex.forwarded_headers or ())]))
     return Turn(
         capture_id=ex.id,
         outcome=written.outcome,
         surface=surface,
         operation=operation,
-        provider=context.engine_of(upstream),
+        provider=provider_of(context.engine_of(upstream), surface, operation),
         upstream=upstream,
         public_model=ex.model,
         request_model=_request_model(ex, body),
@@ -165,10 +173,24 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
         request_params=_request_params(body, ex.stream),
         session_id=row.get("session_id"),
         store_bodies=ex.store_bodies,
-        content=turn_content(surface, body, assembled) if context.capture_content and ex.store_bodies else None,
+        content=turn_content(surface, body, assembled, secrets) if secrets is not None else None,
         server_address=address,
         server_port=port,
+        cache_write_tokens=usage.cache_write,
+        secrets=secrets or (),
     )
+
+
+def provider_of(engine: str | None, surface: str, operation: str = "other") -> str | None:
+    """`gen_ai.provider.name`, which the conventions require: the engine when tapfix knows it (`--engine`,
+    an upstream's `engine`), else the provider whose API the client speaks, named as the conventions
+    list it (Messages is Anthropic's API, the others OpenAI's). The attribute is the instrumentation's
+    best knowledge, which the conventions allow to differ from the real upstream behind a proxy."""
+    if engine:
+        return engine
+    if operation == sc.OP_EMBEDDINGS:
+        return "openai"  # /v1/embeddings is OpenAI's API
+    return _API_PROVIDERS.get(surface)
 
 
 def _operation(surface: str, path: str) -> str:

@@ -1,4 +1,5 @@
-"""Run the real coding agents (opencode, omp) headless, each in a throw-away HOME, under a hard timeout.
+"""Run the real coding agents (opencode, omp, Codex CLI, Claude Code) headless, each in a throw-away HOME,
+under a hard timeout.
 
 How to drive them and what they send is in ../shared/clients.md (and docs/agents.md). Each agent runs in
 its own process group, so a timeout or an explicit stop kills it together with its children (opencode
@@ -299,7 +300,65 @@ def start_codex(sandbox: Sandbox, base_url: str, prompt: str, *, model: str = MO
     return AgentProcess("codex", argv, sandbox, sandbox.env({"CODEX_HOME": str(codex_home)}))
 
 
-STARTERS = {"opencode": start_opencode, "omp": start_omp, "codex": start_codex}
+# Claude Code offline and headless: no telemetry, error reports, update checks, surveys or other traffic
+# beyond the API (the switches ../shared/evidence/clients3/run3.sh found it needs).
+CLAUDE_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+    "DO_NOT_TRACK": "1",
+    "IS_SANDBOX": "1",
+}
+
+
+def start_claude(
+    sandbox: Sandbox,
+    base_url: str,
+    prompt: str,
+    *,
+    model: str = MODEL,
+    api_key_header: bool = False,
+    permission_mode: str = "acceptEdits",
+    args: tuple[str, ...] = (),
+    env: dict | None = None,
+) -> AgentProcess:
+    """Claude Code (`claude -p`) on the Messages API. `base_url` is the server's root or its `/v1` (Claude
+    Code adds `/v1/messages` itself); every model slot (main, small/fast, haiku, sonnet, opus) is `model`.
+    The key goes as a bearer token (`ANTHROPIC_AUTH_TOKEN`), or as `x-api-key` with `api_key_header`.
+    `permission_mode` `acceptEdits` lets it write files; `default` refuses every write (headless, nobody
+    grants it). stdout is one JSON object, the run's result (`claude_result`)."""
+    check_port(base_url)
+    root = base_url.rstrip("/").removesuffix("/v1")
+    key = {"ANTHROPIC_API_KEY": API_KEY} if api_key_header else {"ANTHROPIC_AUTH_TOKEN": API_KEY}
+    models = {
+        name: model
+        for name in (
+            "ANTHROPIC_MODEL",
+            "ANTHROPIC_SMALL_FAST_MODEL",
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL",
+            "ANTHROPIC_DEFAULT_OPUS_MODEL",
+        )
+    }
+    argv = [str(BIN / "claude"), "-p", "--output-format", "json", "--permission-mode", permission_mode, *args, prompt]
+    extra = {**CLAUDE_ENV, **key, **models, "ANTHROPIC_BASE_URL": root, **(env or {})}
+    return AgentProcess("claude", argv, sandbox, sandbox.env(extra))
+
+
+def claude_result(run: AgentRun) -> dict:
+    """Claude Code's result object (`type: result`): `result` (the final text), `is_error`, `num_turns`..."""
+    text = run.stdout.strip()
+    data = json.loads(text[text.index("{") :]) if "{" in text else {}
+    if isinstance(data, list):  # --verbose prints every message; the result is the last one
+        data = data[-1] if data else {}
+    assert data.get("type") == "result", run.describe()
+    return data
+
+
+STARTERS = {"opencode": start_opencode, "omp": start_omp, "codex": start_codex, "claude": start_claude}
 
 
 def run_agent(agent: str, sandbox: Sandbox, base_url: str, prompt: str, *, timeout: float = 90, **kw) -> AgentRun:

@@ -2,7 +2,9 @@
 protocol's own messages (`opentelemetry-proto`), as a collector would.
 
 Phoenix takes traces only, so the metrics tests need a receiver of their own. `metrics=False` makes it
-answer `/v1/metrics` with 404 as Phoenix does; traces are always accepted (and only counted).
+answer `/v1/metrics` with 404 as Phoenix does; traces are always accepted, and kept with the headers
+they came with (`trace_exports`). `prefix` puts the OTLP paths under a base path, as Langfuse's
+`/api/public/otel` does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,16 @@ class Point:
     time_ns: int = 0
 
 
+@dataclass(frozen=True)
+class ReceivedSpan:
+    """One span as received: its name, status (code: 0 unset, 1 ok, 2 error; the message) and attributes."""
+
+    name: str
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any]
+
+
 def _value(any_value: Any) -> Any:
     kind = any_value.WhichOneof("value")
     return getattr(any_value, kind) if kind else None
@@ -51,11 +66,14 @@ def _attributes(kvs: Any) -> dict[str, Any]:
 class OtlpReceiver:
     """Listens on 127.0.0.1 (a free port); `url` is the base URL to give `tapfix run --otlp`."""
 
-    def __init__(self, *, metrics: bool = True) -> None:
+    def __init__(self, *, metrics: bool = True, prefix: str = "", metrics_status: int = 200) -> None:
         self.accept_metrics = metrics
+        self.metrics_status = metrics_status  # e.g. 503: a receiver that is failing (the exporter retries)
+        self.prefix = prefix
         self.requests: list[ExportMetricsServiceRequest] = []
         self.rejected = 0  # metrics requests answered 404
         self.trace_requests = 0
+        self.trace_exports: list[tuple[dict[str, str], ExportTraceServiceRequest]] = []  # (headers, request)
         self._lock = threading.Lock()
         receiver = self
 
@@ -64,7 +82,8 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
-                status, answer = receiver._handle(self.path, body)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                status, answer = receiver._handle(self.path, body, headers)
                 self.send_response(status)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(answer)))
@@ -82,20 +101,29 @@ class OtlpReceiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.server.server_address[1]}{self.prefix}"
 
-    def _handle(self, path: str, body: bytes) -> tuple[int, bytes]:
+    def _handle(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if not path.startswith(self.prefix):
+            return 404, b""
+        path = path[len(self.prefix) :]
         with self._lock:
             if path == "/v1/metrics":
                 if not self.accept_metrics:
                     self.rejected += 1
                     return 404, b"404 page not found"
+                if self.metrics_status != 200:
+                    self.rejected += 1
+                    return self.metrics_status, b"unavailable"
                 request = ExportMetricsServiceRequest()
                 request.ParseFromString(body)
                 self.requests.append(request)
                 return 200, ExportMetricsServiceResponse().SerializeToString()
             if path == "/v1/traces":
                 self.trace_requests += 1
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                self.trace_exports.append((headers, request))
                 return 200, ExportTraceServiceResponse().SerializeToString()
         return 404, b""
 
@@ -122,6 +150,18 @@ class OtlpReceiver:
                     for metric in sm.metrics:
                         out.setdefault(metric.name, []).extend(_points(metric))
         return out
+
+    def spans(self) -> list[ReceivedSpan]:
+        """Every span received so far."""
+        with self._lock:
+            bodies = [request for _, request in self.trace_exports]
+        return [
+            ReceivedSpan(span.name, span.status.code, span.status.message, _attributes(span.attributes))
+            for body in bodies
+            for rs in body.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -2,7 +2,7 @@
 
 The set is PostgreSQL's own (migrations are one set per backend), and reaches the schema of SQLite's
 whole list (store/schema.py m001...m006) with the same tables, columns and views, so one reader's
-SQL and `captures copy` carry over; tests/test_store_pg_schema.py compares the column names, so
+SQL and `captures copy` carry over; tests/process/test_store_pg_schema.py compares the column names, so
 the two can't drift. What differs, and why:
 
 - Day partitions. `exchanges` is partitioned by range on `started_at` (timestamptz, UTC days);
@@ -255,6 +255,12 @@ create index exchanges_tags on exchanges using gin ((tags::jsonb) jsonb_path_ops
 create index sessions_last_at on sessions (last_at, id);
 """
 
+# Threads within a session (store/sessions.py; SQLite's m007_threads): the first exchange of the chain.
+THREADS = """
+alter table exchanges add column thread_id text collate "C";
+create index exchanges_thread_id on exchanges (thread_id) where thread_id is not null;
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
@@ -262,6 +268,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg003_body_functions", FUNCTIONS + EXCHANGE_BODIES),
     ("pg004_commit_order", COMMIT_ORDER),
     ("pg005_browse_indexes", BROWSE_INDEXES),
+    ("pg006_threads", THREADS),
 )
 
 # The SQLite migration (store/schema.py) whose schema each of these reaches: how `captures copy` tells
@@ -272,4 +279,5 @@ REACHES: dict[str, str] = {
     "pg003_body_functions": "m006_exchange_bodies",
     "pg004_commit_order": "m006_exchange_bodies",  # PostgreSQL's own columns (`captures tail`): no SQLite step
     "pg005_browse_indexes": "m006_exchange_bodies",  # indexes only (the browser's filters): no SQLite step
+    "pg006_threads": "m007_threads",
 }

@@ -53,15 +53,18 @@ SEARCH_TEXT_MAX = 100_000  # characters: a tsvector must stay under 1 MB
 NUL_STANDS_FOR = "\ufffd"
 
 POSTGRES_SESSION_SQL = SessionSQL(
-    by_response="select session_id from exchanges where response_id = ? and session_id is not null"
-    " order by id desc limit 1",
+    by_response="select session_id, coalesce(thread_id, id) from exchanges where response_id = ?"
+    " and session_id is not null order by id desc limit 1",
     continued="with p(h, k) as (values {values})"
-    " select e.session_id from p join exchanges e on e.chain_hash = p.h"
+    " select e.session_id, coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
     " left join sessions s on s.id = e.session_id"
     " where e.session_id is not null"
     " order by p.k desc, (e.client_addr is not distinct from ? and e.user_agent is not distinct from ?) desc,"
     " coalesce(s.tip_hash = e.chain_hash, false) desc, e.id"
     " limit 1",
+    continued_in="with p(h, k) as (values {values})"
+    " select coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
+    " where e.session_id = ? order by p.k desc, e.id desc limit 1",
     record="insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
     " values (?, ?, ?, ?, ?, 1, ?, ?)"
     " on conflict (id) do update set exchanges = sessions.exchanges + 1,"
