@@ -32,6 +32,7 @@ from tests.process.vllm.wire import (
     ask,
     chat_body,
     chat_choice,
+    exactly,
     hermes_call,
     messages_blocks,
     parsed_events,
@@ -66,6 +67,20 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         chat_body(ask("Write hello.py.", think() + WRITE_CALL), tools=TOOLS),
         {"reasoning": THINKING, "calls": [("write", WRITE_ARGS)]},
     ),
+    # Forced by vLLM's own structured outputs instead of the directive: the model closes its reasoning itself,
+    # then the regex holds its content to the call, and the hermes parser reads it as one.
+    **{
+        f"{mode}_tool_call_by_structured_outputs": (
+            chat_body(
+                [{"role": "user", "content": "Write hello.py."}],
+                tools=TOOLS,
+                structured_outputs={"regex": exactly(WRITE_CALL)},
+                **({"stream": True} if mode == "stream" else {}),
+            ),
+            {"reasoning": OWN_REASONING, "calls": [("write", WRITE_ARGS)]},
+        )
+        for mode in ("stream", "whole")
+    },
     "stream_text_then_call": (
         chat_body(ask("Write hello.py.", think() + "I will write the file.\n" + WRITE_CALL), tools=TOOLS, stream=True),
         {"content": "\n\nI will write the file.\n", "calls": [("write", WRITE_ARGS)]},

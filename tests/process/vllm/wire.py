@@ -32,12 +32,19 @@ READ = tool("read", {"path": {"type": "string"}}, ["path"], description="Read a 
 TOOLS = [WRITE, READ]
 WRITE_ARGS = {"path": "/tmp/hello.py", "content": "print('hello')\n"}
 READ_ARGS = {"path": "src/main.py"}
+REGEX_META = frozenset(".^$*+?()[]{}|\\/-")
 THINKING = "\nThe user wants hello.py. I will call write.\n"  # what vLLM's qwen3 parser gives as reasoning
 
 
 def hermes_call(name: str, arguments: dict[str, Any]) -> str:
     """A call as Hermes/Qwen markup: what a Qwen model writes and vLLM's `hermes` parser reads."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def exactly(text: str) -> str:
+    """A regex for vLLM's `structured_outputs` that matches `text` alone (xgrammar's syntax: metacharacters
+    escaped, a newline as `\\n`)."""
+    return "".join("\\n" if c == "\n" else "\\" + c if c in REGEX_META else c for c in text)
 
 
 def think(reasoning: str = THINKING) -> str:
