@@ -88,7 +88,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def order(path: Path) -> int:
-    """Where a test file runs: the vLLM suite first (its install, 3 to 4 minutes cold, is started before the
+    """Where a test file runs: the vLLM suite first (its install, 3 to 8 minutes cold, is started before the
     suite by .ci/run and is well on its way by then; its servers and tests then run beside the rest of the
     suite on the other worker instead of after it), the llama.cpp suite last (its cold build takes 15 minutes).
     """
