@@ -1,9 +1,10 @@
-"""The vLLM suite's parts are what they claim to be: the tiny model rebuilds to its recorded digest, the
-install script reuses its cache, names a missing Python 3.11, and takes an existing venv. The forcing rules,
-pure, are tested in tests/unit/test_vllm_forcing_plan.py."""
+"""The vLLM suite's parts are what they claim to be: the tiny model rebuilds to its recorded digest; the
+install script reuses its cache, names a missing Python 3.11, takes an existing venv, fails cleanly and waits
+for another run's lock. The forcing rules, pure, are tested in tests/unit/test_vllm_forcing_plan.py."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from tests.process.realengine.engine import cache_root
 from tests.process.vllm import tiny_qwen3
 from tests.process.vllm.engine import INSTALL_SCRIPT, NO_PYTHON, Install
+from tests.support.ci import unavailable
 
 
 @pytest.mark.vllm
@@ -74,3 +76,53 @@ def test_install_script_names_a_missing_python_311(tmp_path: Path) -> None:
     assert "Python 3.11" in result.stderr and "TAPFIX_VLLM_PYTHON" in result.stderr
     assert result.stdout == ""
     assert not list((tmp_path / "cache" / "vllm").glob("0.*"))
+
+
+def test_a_failed_install_prints_its_log_and_leaves_nothing_a_later_run_would_use(tmp_path: Path) -> None:
+    """pip can't find torch (no index, an empty wheel folder): the script exits 1 with the log's tail on stderr,
+    prints no directory, and the half-built venv has no `.complete`, so a later run installs again."""
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "TAPFIX_VLLM"))}
+    env |= {
+        "TAPFIX_CACHE": str(tmp_path / "cache"),
+        "TAPFIX_VLLM_ROUTE": "cpu",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(empty),
+    }
+    result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env, timeout=300)
+    if result.returncode == NO_PYTHON:
+        unavailable(f"vLLM suite: {result.stderr.strip()}")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "the install failed; the last 60 lines of" in result.stderr
+    assert "torch==2.13.0" in result.stderr.split("the install failed", 1)[1]  # pip's own words, from the log
+    [half_built] = (tmp_path / "cache" / "vllm").glob("0.*")
+    assert not (half_built / ".complete").exists()
+
+
+@pytest.mark.vllm
+def test_a_second_run_waits_for_the_first_ones_lock(vllm_install: Install, tmp_path: Path) -> None:
+    """Two runs never share a half-built venv: while one holds the cache's lock, another prints nothing and
+    makes nothing; it goes on once the lock is free."""
+    venv = (vllm_install.dir / "venv").resolve()
+    sdists = sorted(cache_root().glob("*/sdist/llama_cpp_python-*.tar.gz"))
+    (tmp_path / "cache" / "vllm" / "sdist").mkdir(parents=True)
+    (tmp_path / "cache" / "vllm" / "sdist" / sdists[0].name).symlink_to(sdists[0])
+    env = {**os.environ, "TAPFIX_VLLM": str(venv), "TAPFIX_CACHE": str(tmp_path / "cache")}
+    with open(tmp_path / "cache" / "vllm" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a first run holds it
+        waiting = subprocess.Popen(
+            [str(INSTALL_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                waiting.wait(3)
+            assert not list((tmp_path / "cache" / "vllm").glob("external-*"))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err
+    [line] = out.splitlines()
+    assert (Path(line) / "venv").resolve() == venv
