@@ -26,6 +26,8 @@ from tapfix.proxy.mock.chat import (
     completion_events,
     dumps,
     error_body,
+    invalid_json_body,
+    missing_field_body,
     models_body,
     reply_body,
     stream_events,
@@ -180,12 +182,12 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
     body = await request.body()
     try:
         req = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        return _json(400, error_body(f"Invalid JSON body: {e}", 400))
+    except orjson.JSONDecodeError:
+        return _json(400, invalid_json_body(body))
     if not isinstance(req, dict):
         return _json(400, error_body("The request body must be a JSON object", 400))
     if chat and not isinstance(req.get("messages"), list):
-        return _json(400, error_body("Field required: messages", 400, param="messages"))
+        return _json(400, missing_field_body("messages", len(req)))
     if chat and state.opts.context_window and (refused := refusal(req, "chat", state.opts.context_window)):
         return _json(400, refused)
     try:
