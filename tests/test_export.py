@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.export import curl_script, export_capture, python_script, write_bundle
-from tapfix.proxy.store.reader import SqliteReader, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import SqliteReader, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.ci import unavailable
 from tests.support.procs import cli

@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.reader import load_capture
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.procs import cli, free_port, start_mock, start_proxy, wait_capture
 
@@ -138,7 +139,7 @@ def test_tapfix_processes_starting_together_share_one_whole_ca(tmp_path):
 def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     from tapfix.proxy.replay.client import build_request
     from tapfix.proxy.replay.export import bundle_files, curl_script, python_script
-    from tapfix.proxy.store.reader import SqliteReader
+    from tapfix.proxy.store.sqlite.reader import SqliteReader
 
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)

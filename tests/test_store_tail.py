@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tapfix.proxy.store.database import StoreError, open_when_ready
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import CaptureFilter
-from tapfix.proxy.store.tail import Tail, after_capture, completed_within, latest
-from tapfix.proxy.store.writer import open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading, open_when_ready
+from tapfix.proxy.store.sqlite.tail import Tail, after_capture, completed_within, latest
 
 from tests.test_store_attempts import exchange, regenerated, write
 

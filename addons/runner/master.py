@@ -255,7 +255,7 @@ def open_writer(settings: Settings, retention: Any) -> CaptureWriter:
     """The capture writer; an unusable store is a one-line `StoreError`. A PostgreSQL server that is down
     is waited for (traffic flows, exchanges are held), unless `--strict`: then it refuses to start."""
     from tapfix.addons.runner.setup import StartupError
-    from tapfix.proxy.store.database import StoreError
+    from tapfix.proxy.store.errors import StoreUnreachable
 
     options: dict[str, Any] = {"retention": retention}
     if settings.store_queue is not None:
@@ -263,11 +263,9 @@ def open_writer(settings: Settings, retention: Any) -> CaptureWriter:
     if settings.store_queue_bytes is not None:
         options["max_held_bytes"] = settings.store_queue_bytes
     try:
-        return settings.db.writer(wait=not settings.strict, **options)
-    except StoreError as e:
-        if settings.strict and settings.db.postgres is not None:
-            raise StartupError(f"--strict: {e}") from None
-        raise
+        return settings.db.backend().writer(wait=not settings.strict, **options)
+    except StoreUnreachable as e:  # a server that is down, which --strict refuses to wait for
+        raise StartupError(f"--strict: {e}") from None
 
 
 def check_exposure(settings: Settings) -> None:

@@ -18,8 +18,8 @@ from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.net import url
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 
 class LazyGroup(click.Group):
@@ -153,7 +153,7 @@ def mock(
         from tapfix.proxy.replay.server import recorded_response
 
         with reported(StoreError):
-            reader = db.open_reader()
+            reader = db.backend().reader()
             try:
                 recorded = recorded_response(reader, capture)
             finally:
@@ -195,8 +195,6 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     """
     import os
 
-    from tapfix.proxy.store.check import check_store
-
     given = click.get_current_context().get_parameter_source("db") is click.core.ParameterSource.COMMANDLINE
     store = given or (config_path is None and bool(os.environ.get("TAPFIX_DB")))
     if config_path is None and not store:
@@ -214,7 +212,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
         click.echo(render(config, statuses, problems))
         failed = any(p.severity == "error" for p in problems)
     if store:
-        report = check_store(db, timeout)
+        report = db.backend().check(timeout)
         click.echo(report.render())
         failed = failed or report.failed
     sys.exit(1 if failed else 0)

@@ -19,8 +19,8 @@ import orjson
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, engine_option, json_option, key_env_option
 from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 if TYPE_CHECKING:
     from tapfix.proxy.probe.report import ProbeReport
@@ -147,7 +147,7 @@ def probe(
 
 def _writer(db: StoreLocator) -> CaptureWriter:
     try:
-        return db.writer(wait=False)  # a one-shot command: a server that is down is an error now
+        return db.backend().writer(wait=False)  # a one-shot command: a server that is down is an error now
     except StoreError as e:
         raise InputError(f"--db: {e}") from e
 

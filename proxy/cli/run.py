@@ -29,9 +29,9 @@ from tapfix.proxy.cli.options import (
 from tapfix.proxy.cli.user_errors import UserError
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import parse_listen, url
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.held import MIN_HELD_BYTES
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 Banner = Callable[[str], None]
 

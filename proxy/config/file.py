@@ -395,10 +395,10 @@ def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:
 
 
 def _store(base: Path, value: str) -> str:
-    """`db`: a PostgreSQL URL as it is, a path relative to the config file's folder."""
-    from tapfix.proxy.store.pg.locator import is_postgres_url
+    """`db`: a path relative to the config file's folder, or a server's URL as it is."""
+    from tapfix.proxy.store.locator import resolve_in
 
-    return value if is_postgres_url(value) else str(_resolve(base, value))
+    return resolve_in(base, value)
 
 
 def _store_problem(value: Any) -> str | None:

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from tapfix.proxy.http_headers import HOP_BY_HOP, SESSION_HEADERS, head_bytes
 from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.exchange_row import unpack_timing
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
-from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.reader import CaptureReader
+    from tapfix.proxy.store.parts import CaptureReader
 
 _SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)

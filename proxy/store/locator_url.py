@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.locator import is_postgres_url, mask_password
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")

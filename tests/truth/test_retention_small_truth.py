@@ -11,11 +11,12 @@ import json
 import os
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
 import pytest
-from tapfix.proxy.store.retention import purge, used_bytes
+from tapfix.proxy.store.sqlite.retention import purge, used_bytes
 
 from tests.support.procs import TAPFIX, cli, free_port, start_mock, start_proxy, wait_capture
 
@@ -130,7 +131,7 @@ def test_truth_9_purge_dry_run(filled: Path, tmp_path: Path) -> None:
     floor = _floor(db, tmp_path)
     before, used = _counts(db), _used(db)
     assert used > floor + 200_000, "the premise: the captures use far more than the empty store"
-    target = str(floor + (used - floor) // 2)
+    target = f"{floor + (used - floor) // 2}B"  # bytes: a size without a unit is refused under 1 MiB
 
     code, out, err = _purge(db, "--max-size", target, "--dry-run", "--json")
     assert code == 0, err
@@ -166,7 +167,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
     floor = _floor(db, tmp_path)
     before = _counts(db)
     assert floor > 50 * 1024, "the premise of the issue's 50K: the empty store alone is larger"
-    for size in ("50K", str(floor - 1)):
+    for size in ("50K", f"{floor - 1}B"):
         code, out, err = _purge(db, "--max-size", size)
         assert code != 0, out
         assert f"{floor} bytes" in err and "--max-size" in err, err
@@ -184,7 +185,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
     assert code != 0 and f"{floor} bytes" in err, err
 
     # The floor itself is a valid target: everything goes, and the store ends at or under it.
-    code, out, err = _purge(db, "--max-size", str(floor), "--json")
+    code, out, err = _purge(db, "--max-size", f"{floor}B", "--json")
     assert code == 0, err
     assert json.loads(out)["exchanges"] == REQUESTS and _used(db) <= floor
 
@@ -212,6 +213,10 @@ def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None
 
 def test_truth_9_min_age_boundary_accepted(filled: Path, tmp_path: Path) -> None:
     db = _copy(filled, tmp_path / "c.db")
+    conn = sqlite3.connect(db)
+    newest = conn.execute("select max(ts) from exchanges").fetchone()[0]
+    conn.close()
+    _age(db, newest - time.time())  # the copy's captures end now, however long ago the module filled them
     _age(db, 3600, "rowid in (select rowid from exchanges order by ts limit 5)")
     code, out, err = _purge(db, "--max-age", "1m", "--json")
     assert code == 0, err

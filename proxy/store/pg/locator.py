@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from urllib.parse import unquote
 
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 
 EXTRA = "tapfix[postgres]"
 _SCHEME = re.compile(r"(postgres(?:ql)?)://", re.IGNORECASE)

@@ -237,7 +237,7 @@ alter sequence exchanges_commit_seq owned by exchanges.commit_seq;
 create index exchanges_commit_order on exchanges (commit_xid, commit_seq);
 """
 
-# What the browser's filters need besides pg001's `(column, id)` indexes (browse/pg_queries.py `where`),
+# What the browser's filters need besides pg001's `(column, id)` indexes (store/pg/filters.py `where`),
 # each the shape of the condition it serves, so a page of "this filter, newest first" walks one index:
 # - the client filter is a prefix of the user agent, compared bytewise (`collate "C"`), whatever the
 #   database's collation: it replaces pg001's `(user_agent, id)`, which served no query once this exists;

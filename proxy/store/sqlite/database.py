@@ -1,4 +1,4 @@
-"""Opening the capture store, and knowing whose it is: a store knows its own version.
+"""Opening a SQLite capture store, and knowing whose it is: a store knows its own version.
 
 Every tapfix store records its applied migrations in sqlite-utils' `_sqlite_migrations` table (set
 "tapfix"). Before anything is read or written, that record is checked:
@@ -20,16 +20,13 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tapfix.proxy.store.sqlite_utils_lite import MIGRATION_SET
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.sqlite.sqlite_utils_lite import MIGRATION_SET
 
 if TYPE_CHECKING:
     from sqlite_utils.migrations import Migrations
 
 BUSY_TIMEOUT_MS = 5000
-
-
-class StoreError(Exception):
-    """A database that can't be opened or isn't a tapfix capture store."""
 
 
 def open_for_writing(path: Path | str) -> sqlite3.Connection:
@@ -151,10 +148,42 @@ def known_migrations() -> frozenset[str]:
     return frozenset(m.name for m in migrations.pending(Database(memory=True)))
 
 
+def used_bytes(conn: sqlite3.Connection) -> int:
+    """Bytes the database uses: pages minus free pages (deletes free pages, VACUUM shrinks the file)."""
+    page_size = conn.execute("pragma page_size").fetchone()[0]
+    pages = conn.execute("pragma page_count").fetchone()[0]
+    free = conn.execute("pragma freelist_count").fetchone()[0]
+    return int((pages - free) * page_size)
+
+
+@functools.cache
+def empty_store_bytes(page_size: int = 4096) -> int:
+    """What a store with no capture uses (schema, indexes, migration records): a size cap's floor."""
+    migrations = tapfix_migrations()  # first: it imports sqlite-utils without numpy
+    from sqlite_utils import Database
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute(f"pragma page_size = {int(page_size)}")
+        migrations.apply(Database(conn))
+        return used_bytes(conn)
+    finally:
+        conn.close()
+
+
+def latest_version() -> str:
+    """The schema this tapfix's stores reach, named by SQLite's last migration (on every backend: a
+    PostgreSQL store's version is the SQLite migration its own set reaches, store/pg/schema.py `REACHES`)."""
+    migrations = tapfix_migrations()
+    from sqlite_utils import Database
+
+    return str(list(migrations.pending(Database(memory=True)))[-1].name)
+
+
 def tapfix_migrations() -> Migrations:
-    """The store's migrations (store/schema.py), imported on first use: sqlite-utils costs a command that
+    """The store's migrations (store/sqlite/schema.py), imported on first use: sqlite-utils costs a command that
     never migrates a store (`tapfix --help`) most of its start-up (schema.py imports it without numpy)."""
-    from tapfix.proxy.store.schema import migrations
+    from tapfix.proxy.store.sqlite.schema import migrations
 
     return migrations
 

@@ -1,5 +1,5 @@
-"""The browser's filters in PostgreSQL's SQL: `where(f)` is `Filters.where` (filters.py, SQLite's)
-with %s parameters, each condition the shape an index of pg001/pg005 serves (store/pg/schema.py)."""
+"""The browser's filters (store/filters.py) in PostgreSQL's SQL: `where(f)`, each condition the shape an
+index of pg001/pg005 serves (store/pg/schema.py)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ import datetime
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.browse.filters import ERRORS, Filters, parse_time
+from tapfix.proxy.store.filters import ERRORS, Filters, parse_time
 
 DAY = "(e.started_at at time zone 'UTC')::date"  # the day partition of an exchange's changes and bodies
 
 
 class Rows(Protocol):
-    """A PostgreSQL store's query runner (pg_queries.py `PostgresStore.rows`)."""
+    """A PostgreSQL store's query runner (store/pg/browse.py `PostgresBrowse.rows`)."""
 
     def rows(self, sql: str, args: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]: ...
 
 
 def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
-    """`Filters.where` in PostgreSQL's SQL (%s parameters), each condition the shape an index serves."""
+    """The filters in PostgreSQL's SQL (%s parameters), each condition the shape an index serves."""
     clauses: list[str] = []
     args: list[Any] = []
     for column, value in (("model", f.model), ("path", f.path), ("session_id", f.session)):
