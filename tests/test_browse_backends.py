@@ -202,6 +202,7 @@ def test_postgresql_filters_are_served_by_indexes(site: Site) -> None:
     from tapfix.proxy.store.filters import search_terms
     from tapfix.proxy.store.pg.browse import LIST_COLUMNS, search_where
     from tapfix.proxy.store.pg.filters import where
+    from tapfix.proxy.store.pg.reader import pyformat
 
     expected = {
         "model": (Filters(model="qwen3"), "exchanges_model"),
@@ -229,7 +230,7 @@ def test_postgresql_filters_are_served_by_indexes(site: Site) -> None:
             found, found_args = search_where(search_terms(f.q))
             sql = f"explain select {LIST_COLUMNS} from exchanges e where {' and '.join([*found, *clauses])}"
             plan = "\n".join(
-                r[0] for r in conn.execute(f"{sql} order by e.id desc limit 51".encode(), [*found_args, *args])
+                r[0] for r in conn.execute(pyformat(f"{sql} order by e.id desc limit 51"), [*found_args, *args])
             )
             used = {parent for part, parent in parents if f" {part} " in plan}
             assert index in used, (name, plan)

@@ -16,7 +16,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import BODY_KINDS
 from tapfix.proxy.store.errors import CaptureNotFound, StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.parts import CaptureReader
+from tapfix.proxy.store.reader import CaptureReader
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.sql_store import Filled, store_cases, write_all

@@ -19,7 +19,8 @@ from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.exchange_row import unpack_timing
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.parts import BrowseQueries, CaptureReader
+    from tapfix.proxy.store.parts import BrowseQueries
+    from tapfix.proxy.store.reader import CaptureReader
 
 PRETTY_LIMIT = 400_000  # characters shown inline; the download links give every byte
 DIFF_LINES_LIMIT = 30_000

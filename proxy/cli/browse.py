@@ -19,7 +19,7 @@ TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 
 
 @click.command()
-@db_option(postgres=True)
+@db_option()
 @listen_option("127.0.0.1:8081")
 @click.option(
     "--token",

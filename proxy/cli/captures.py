@@ -21,8 +21,7 @@ from tapfix.proxy.cli.tail import tail
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.parts import CaptureReader
-from tapfix.proxy.store.reader import CaptureFilter
+from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
 
 
 def _reader(db: StoreLocator) -> CaptureReader:
@@ -43,7 +42,7 @@ def captures() -> None:
 
 
 @captures.command("list")
-@db_option(postgres=True)
+@db_option()
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
 @filter_options
@@ -88,7 +87,7 @@ def _empty_list(reader: CaptureReader, filters: CaptureFilter) -> str:
 
 @captures.command("show")
 @click.argument("capture_id")
-@db_option(postgres=True)
+@db_option()
 @json_option("one JSON object: metadata, timings, flags, changes and bodies (schemas/capture.schema.json)")
 def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings.
@@ -112,7 +111,7 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
 
 @captures.command("export")
 @click.argument("capture_id")
-@db_option(postgres=True)
+@db_option()
 @click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")

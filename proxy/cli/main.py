@@ -96,7 +96,7 @@ main.add_command(captures)
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )
-@db_option()
+@db_option(file_only=True)
 def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator) -> None:
     """Proxy + embedded scripted upstream + SQLite, ready for a client; prints how to use it.
 
@@ -126,7 +126,7 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
     "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md",
 )
 @click.option("--chunk-delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
-@db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL", postgres=True)
+@db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL")
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
 def mock(
@@ -173,7 +173,7 @@ def mock(
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="the config to check")
-@db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)", postgres=True)
+@db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)")
 @click.option(
     "--timeout",
     type=FiniteFloatRange(min=0, min_open=True),

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 @db_option(
     "capture database for the probe's requests, tagged 'probe': a SQLite file or a postgresql:// URL"
     " (default: $TAPFIX_DB or captures/tapfix.db)",
-    postgres=True,
 )
 @click.option("--no-capture", is_flag=True, help="do not record the probe's requests")
 @key_env_option("quick mode: send the key in this environment variable as Authorization: Bearer")

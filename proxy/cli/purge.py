@@ -28,7 +28,7 @@ from tapfix.proxy.store.retention import LimitRefused, check_max_age
 
 
 @click.command("purge")
-@db_option(postgres=True)
+@db_option()
 @max_age_option("delete exchanges older than this: 7d, 12h, 30m, 90s")
 @max_size_option("then delete the oldest until the store uses at most this: 500M, 2G")
 @click.option(

@@ -25,7 +25,7 @@ from tapfix.proxy.store.locator import StoreLocator
 
 @click.command()
 @click.argument("capture_id", required=False)
-@db_option(postgres=True)
+@db_option()
 @click.option("--upstream", metavar="URL", help="send here (default: the capture's upstream origin)")
 @click.option("--times", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="runs")
 @click.option(

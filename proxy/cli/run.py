@@ -8,7 +8,6 @@ so an unusable `--db` is one line, not a server that dies on its first request.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,9 +61,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--reasoning-dialect", metavar="NAME", help="override the engine's reasoning-effort dialect")
 @key_env_option("send the key in this environment variable upstream (quick mode)")
 @listen_option("127.0.0.1:8080")
-@db_option(
-    "capture database: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB or captures/tapfix.db)", postgres=True
-)
+@db_option("capture database: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB or captures/tapfix.db)")
 @click.option("--mode", type=click.Choice(["reverse", "regular"]), default="reverse", show_default=True)
 @click.option(
     "--intercept",
@@ -282,7 +279,7 @@ def _config_defaults(kw: dict[str, Any]) -> None:
         except ValueError as e:
             raise UserError(f"{kw['config_path']}: listen {e}") from e
     if config.db and from_file("db"):
-        kw["db"] = StoreLocator.resolve(config.db, postgres=True)
+        kw["db"] = StoreLocator.resolve(config.db)
     if config.mode and from_file("mode"):
         kw["mode"] = config.mode
     mode = (config.tool_repair or {}).get("mode")
@@ -351,7 +348,7 @@ def run_proxy(settings: Settings, banner: Banner | None = None) -> int:
         from tapfix.addons.runner.master import prepare
 
         runtime = prepare(settings)
-    except (UpstreamURLError, ValueError, StoreError, OSError, sqlite3.Error) as e:  # StartupError: a ValueError
+    except (UpstreamURLError, ValueError, StoreError, OSError) as e:  # StartupError: a ValueError
         raise UserError(str(e)) from e
     from tapfix.addons.runner.master import run as run_master
 

@@ -10,7 +10,7 @@ from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_
 from tapfix.proxy.store.reader import body_id_of
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.parts import CaptureReader
+    from tapfix.proxy.store.reader import CaptureReader
 
 
 def _pretty(body: bytes, limit: int = 4000) -> str:

@@ -37,7 +37,7 @@ class ReaderGone(Exception):
 
 
 @click.command("tail")
-@db_option(postgres=True)
+@db_option()
 @click.option(
     "--since",
     metavar="AGE|ID",

@@ -33,7 +33,7 @@ from tapfix.proxy.store.exchange_row import unpack_timing
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.parts import CaptureReader
+    from tapfix.proxy.store.reader import CaptureReader
 
 _SKIP_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie", "set-cookie"}
 _SECRET_NAME = re.compile(r"key|token|secret|auth|password|cookie|session-?secret", re.I)

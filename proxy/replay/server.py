@@ -17,7 +17,7 @@ from tapfix.proxy.store.exchange_row import unpack_timing
 from tapfix.proxy.store.redact import REDACTED
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.parts import CaptureReader
+    from tapfix.proxy.store.reader import CaptureReader
 
 # Framing is the mock's own business (it re-chunks); the others were added by tapfix, not the upstream.
 _DROP_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding"}

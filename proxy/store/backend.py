@@ -5,7 +5,7 @@ of them knows which database it is. Each backend implements all of it: SQLite's 
 (`SqliteStore`), PostgreSQL's in store/pg/ (`PostgresStore`), with the parts it hands out (parts.py:
 a writer's connection, readers, a tail, the browser's queries). What is the same on every backend is
 written once, beside this module: the writer's logic (writer.py, over a `WriteBackend`), the reader's
-(reader.py `ReaderBase`), a copy's (copy.py), retention's limits and report (retention.py), the
+(reader.py `CaptureReader`), a copy's (copy.py), retention's limits and report (retention.py), the
 browser's pages (pages.py) and filters (filters.py). The same exchanges give the same rows, bytes and
 pages on every backend (tests/test_store_reader_backends.py, tests/test_browse_backends.py).
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from tapfix.proxy.store.check import StoreCheck
     from tapfix.proxy.store.copy import CopySource, CopyTarget
-    from tapfix.proxy.store.parts import BrowseQueries, CaptureReader, Follower
-    from tapfix.proxy.store.reader import CaptureFilter
+    from tapfix.proxy.store.parts import BrowseQueries, Follower
+    from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
     from tapfix.proxy.store.retention import PurgeReport
     from tapfix.proxy.store.writer import CaptureWriter
 
@@ -46,9 +46,9 @@ class StoreBackend(Protocol):
         """A reader (list, show, export): read-only, never migrates; `StoreError` when there is no store."""
         ...
 
-    def tail(self, since: Since, filters: CaptureFilter) -> Follower | None:
-        """`captures tail` from `since`: None while no writer has made the store yet (ask again later);
-        `CaptureNotFound` for a capture id it doesn't have."""
+    def tail(self, since: Since, filters: CaptureFilter) -> Follower:
+        """`captures tail` from `since` (a capture id or prefix: `CaptureNotFound` when the store lacks it).
+        A store that a writer hasn't made yet is waited for (its follower's `poll` is None meanwhile)."""
         ...
 
     def purge(

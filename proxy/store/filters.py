@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 # An exchange that failed: no status, an HTTP error, or an error the engine sent in a 200 (PostgreSQL's
@@ -64,6 +64,22 @@ class Filters:
 
     def active(self) -> bool:
         return any(getattr(self, f.name) for f in fields(self))
+
+    def alike(self) -> tuple[list[str], list[Any]]:
+        """The conditions every backend spells alike (qmark SQL on `exchanges e`), with their arguments: a
+        column equal to a value, and the status. Each backend adds its own for the rest
+        (store/sqlite/filters.py, store/pg/filters.py)."""
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("model", self.model), ("path", self.path), ("session_id", self.session)):
+            if value:
+                where.append(f"e.{column} = ?")
+                args.append(value)
+        if self.status:
+            kind, values = self.status_test()
+            where.append({"error": ERRORS, "class": "e.status >= ? and e.status < ?", "code": "e.status = ?"}[kind])
+            args += values
+        return where, args
 
     def status_test(self) -> tuple[Literal["error", "class", "code"], list[int]]:
         """What `status=` asks for, checked once for both backends: 'error', a class (its bounds) or a code."""

@@ -1,6 +1,5 @@
 """What the browser's queries return (store/backend.py `BrowseQueries`), on every backend: a page of the
-list, of sessions, one session's turns, the stats page's numbers; and `CachedStore`, the caching and
-threads both backends' queries share.
+list, of sessions, one session's turns, the stats page's numbers (the queries themselves: queries.py).
 
 The same exchanges give the same pages on every backend (tests/test_browse_backends.py). What differs,
 and why:
@@ -23,15 +22,11 @@ to chunks per second (most engines send one token per chunk).
 from __future__ import annotations
 
 import statistics
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
-T = TypeVar("T")
 PAGE = 50
 TURNS_PAGE = 50
 
@@ -150,57 +145,3 @@ class Stats:
 
 def _pct(ordered: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-
-
-class CachedStore:
-    """Stale-while-revalidate caching of aggregates, and work on threads of its own, for either backend."""
-
-    transient: tuple[type[Exception], ...] = ()  # what a background refresh shrugs off (the next one retries)
-
-    def __init__(self) -> None:
-        self._cache: dict[str, tuple[float, Any]] = {}
-        self._refreshing: set[str] = set()
-
-    def cached(self, key: str, ttl: float, compute: Callable[[], T]) -> T:
-        """Only the very first request waits for an aggregate over the whole store; later ones get the
-        last value while a thread recomputes it."""
-        hit = self._cache.get(key)
-        if hit is None:
-            value = compute()
-            self._cache[key] = (time.monotonic(), value)
-            while len(self._cache) > 128:  # one entry per filter combination: keep the newest
-                self._cache.pop(next(iter(self._cache)))
-            return value
-        if time.monotonic() - hit[0] >= ttl and key not in self._refreshing:
-            self._refreshing.add(key)
-            threading.Thread(target=self._refresh, args=(key, compute), daemon=True).start()
-        return hit[1]  # type: ignore[no-any-return]  # one key is always computed by the same function
-
-    def in_thread(self, compute: Callable[[], Any]) -> None:
-        """Run `compute` (say, warming a cache at start) on its own thread."""
-        threading.Thread(target=self._refresh, args=(None, compute), daemon=True).start()
-
-    def _refresh(self, key: str | None, compute: Callable[[], Any]) -> None:
-        try:
-            value = compute()
-            if key is not None:
-                self._cache[key] = (time.monotonic(), value)
-        except self.transient:
-            pass  # keep the stale value; the next request tries again
-        finally:
-            if key is not None:
-                self._refreshing.discard(key)
-            self.thread_done()
-
-    def thread_done(self) -> None:
-        """A thread of `_refresh` ends: release what it holds."""
-
-    def start(self) -> None:
-        """The browser starts serving: background work may begin (SQLite's search index keeps up)."""
-
-    def catch_up(self) -> None:
-        """Bring search up to date with the store now (SQLite's sidecar; PostgreSQL's is the writer's)."""
-
-    def stats_complete(self) -> bool:
-        """Whether the stats page's numbers are whole (SQLite's derived ones wait for the search index)."""
-        return True

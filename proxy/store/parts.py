@@ -1,6 +1,6 @@
 """The parts a capture store hands out (store/backend.py `StoreBackend`), each implemented by every backend:
-a writer's connection (`WriteBackend`, under the one `CaptureWriter`), a reader, a tail, the browser's
-queries.
+a writer's connection (`WriteBackend`, under the one `CaptureWriter`), a tail, the browser's queries
+(and a reader: store/reader.py `CaptureReader`, whose logic is shared).
 
 One parameter style for all SQL the writer and its helpers (sessions, choices, copy) send through a
 `WriteBackend`: qmark (`?`), SQLite's own; the PostgreSQL backend translates it once per statement.
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tapfix.proxy.exchange import Exchange
     from tapfix.proxy.store.filters import Filters
     from tapfix.proxy.store.pages import Page, SessionPage, SessionTurns, Stats
+    from tapfix.proxy.store.reader import CaptureReader
     from tapfix.proxy.store.retention import Retention
     from tapfix.proxy.store.sessions import SessionSQL
 
@@ -77,29 +78,6 @@ class WriteBackend(Executes, Protocol):
     def close(self) -> None: ...
 
 
-class CaptureReader(Protocol):
-    """What `captures list`, `show` and `export` (and the browser's capture page, replay, the mock's
-    `--capture`) read through (store/reader.py `ReaderBase`)."""
-
-    backend: str
-
-    def list_captures(
-        self,
-        *,
-        limit: int = 20,
-        flag: str | None = None,
-        tag: str | None = None,
-        session: str | None = None,
-        trace: str | None = None,
-    ) -> list[dict[str, Any]]: ...
-    def known_flags(self) -> list[str]: ...
-    def resolve_id(self, prefix: str) -> str: ...
-    def load_capture(self, capture_id: str) -> dict[str, Any]: ...
-    def capture_body(self, capture: dict[str, Any], which: str) -> bytes: ...
-    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]: ...
-    def close(self) -> None: ...
-
-
 class Follower(Protocol):
     """`captures tail`'s side of a store: each poll gives the exchanges committed since the last one,
     in commit order, as `captures list --json` rows; None while the store is gone (a SQLite file
@@ -110,9 +88,9 @@ class Follower(Protocol):
 
 
 class BrowseQueries(Protocol):
-    """Every read the browser makes (store/pages.py says what differs between backends). `reading()`
-    lends a `CaptureReader` for one request: the capture page, body downloads and bundles read
-    through it, as `captures show` does."""
+    """Every read the browser makes (store/queries.py `BrowseBase`; store/pages.py says what differs
+    between backends). `reading()` lends a `CaptureReader` for one request: the capture page, body
+    downloads and bundles read through it, as `captures show` does."""
 
     backend: str
 

@@ -1,5 +1,5 @@
 """The read side of a store, what every backend shares: the captures list's filters and columns, a row
-as the CLI shows it, and `ReaderBase`, the reader's logic over a backend's SQL.
+as the CLI shows it, and `CaptureReader`, the reader's logic over a backend's SQL.
 
 Why one logic over two dialects: `captures list`, `show` and `export` must give the same rows and
 bytes for the same exchanges on every backend (tests/test_store_reader_backends.py). The queries
@@ -31,7 +31,7 @@ CHUNK = 500  # parents per look-up of their attempts
 @dataclass(frozen=True, slots=True)
 class CaptureFilter:
     """What `captures list` and `captures tail` select by: client requests with this flag, tag, session
-    or trace id (None: any). An attempt goes with its client request (see `ReaderBase.list_captures`)."""
+    or trace id (None: any). An attempt goes with its client request (see `CaptureReader.list_captures`)."""
 
     flag: str | None = None
     tag: str | None = None
@@ -81,9 +81,11 @@ def body_id_of(capture: dict[str, Any], which: str) -> int | None:
     return body_id
 
 
-class ReaderBase:
-    """A `CaptureReader` (store/backend.py) from a backend's SQL: the backend supplies the methods that
-    raise `NotImplementedError` (each returning rows as `decode_row` made them), the rest is here."""
+class CaptureReader:
+    """What `captures list`, `show` and `export` (and the browser's capture page, replay, the mock's
+    `--capture`) read through, on every backend (`StoreBackend.reader()`). A backend supplies the
+    methods that raise `NotImplementedError` (each returning rows as `decode_row` made them), and
+    `known_flags` and `read_choices`; the rest is here, once."""
 
     backend: str
 
@@ -153,7 +155,15 @@ class ReaderBase:
     def close(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> ReaderBase:
+    def known_flags(self) -> list[str]:
+        """Every flag some capture in the store carries (what `captures list --flag` can match)."""
+        raise NotImplementedError
+
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
+        """Every choice of an `n > 1` answer, by index; [] for a one-choice answer."""
+        raise NotImplementedError
+
+    def __enter__(self) -> CaptureReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger("tapfix.retention")
 # A backend's purge, bound to its store: (older_than_s, max_bytes, now) -> what it deleted.
 Purge = Callable[[float | None, int | None, float], "PurgeReport"]
 MIN_AGE_S = 60.0  # a shorter --max-age purges each capture moments after it is written
+HEALTH = ("max_age_s", "max_bytes", "runs", "purged", "days_dropped", "last_error")  # what health shows, in order
 
 
 class LimitRefused(ValueError):
@@ -144,11 +145,4 @@ class Retention:
         return report
 
     def health(self) -> dict[str, Any]:
-        return {
-            "max_age_s": self.max_age_s,
-            "max_bytes": self.max_bytes,
-            "runs": self.runs,
-            "purged": self.purged,
-            "days_dropped": self.days_dropped,
-            "last_error": self.last_error,
-        }
+        return {key: getattr(self, key) for key in HEALTH}

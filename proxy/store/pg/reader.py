@@ -1,7 +1,7 @@
 """The read side of a PostgreSQL store: what `captures list`, `show` and `export` need, with the rows
 and bytes SQLite's reader (store/sqlite/reader.py) gives for the same exchanges.
 
-The reader's logic is store/reader.py's `ReaderBase` (shared with SQLite, tested row for row:
+The reader's logic is store/reader.py's `CaptureReader` (shared with SQLite, tested row for row:
 tests/test_store_reader_backends.py); here is its SQL in PostgreSQL's dialect, and the connection.
 
 - Rows come back as SQLite's do: `started_at` as the writer's ISO text (UTC, milliseconds), the
@@ -29,17 +29,20 @@ from psycopg.rows import dict_row, tuple_row
 from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.locator import PostgresLocator
-from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, ReaderBase, decode_row
+from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, CaptureReader, decode_row
 
 LIST = f"{LIST_COLUMNS}, attempt_of, attempt, trace_id"
 # By the full primary key or the day: PostgreSQL reads one partition of each table, not every day's.
-LOAD = "select * from exchanges where id = %s and started_at = %s"
-CHANGES = (
-    "select stage, kind, path, before, after, reason from changes where exchange_id = %s and day = %s order by seq"
-)
-CHOICES = f'select {CHOICE_COLUMNS} from choices where exchange_id = %s and day = %s order by "index"'
-BODY = "select tapfix_body_rebuild(%s, %s) as b"  # the one decoder of PostgreSQL's deltas (store/pg/bodies.py)
+LOAD = "select * from exchanges where id = ? and started_at = ?"
+CHANGES = "select stage, kind, path, before, after, reason from changes where exchange_id = ? and day = ? order by seq"
+CHOICES = f'select {CHOICE_COLUMNS} from choices where exchange_id = ? and day = ? order by "index"'
+BODY = "select tapfix_body_rebuild(?, ?) as b"  # the one decoder of PostgreSQL's deltas (store/pg/bodies.py)
 PG_ONLY = ("search_text", "search", "commit_xid", "commit_seq")  # columns SQLite's exchanges lack
+
+
+def pyformat(sql: str) -> bytes:
+    """qmark SQL (`?`, the style every backend's SQL is written in) as psycopg takes it (`%s`)."""
+    return sql.replace("%", "%%").replace("?", "%s").encode()
 
 
 def iso(when: datetime.datetime | str | None) -> str | None:
@@ -50,14 +53,14 @@ def iso(when: datetime.datetime | str | None) -> str | None:
 
 
 def filter_clauses(filters: CaptureFilter, table: str = "exchanges") -> tuple[list[str], list[Any]]:
-    """The filters as SQL conditions on `table` (a name or an alias of exchanges), with their arguments."""
+    """The filters as SQL conditions (qmark) on `table` (a name or an alias of exchanges), with their arguments."""
     where: list[str] = []
     args: list[Any] = []
     for key, value in filters.sought():
         if key in ("flag", "tag"):
-            where.append(f"exists (select 1 from json_array_elements_text({table}.{key}s::json) v where v = %s)")
+            where.append(f"exists (select 1 from json_array_elements_text({table}.{key}s::json) v where v = ?)")
         else:
-            where.append(f"{table}.{'session_id' if key == 'session' else 'trace_id'} = %s")
+            where.append(f"{table}.{'session_id' if key == 'session' else 'trace_id'} = ?")
         args.append(value)
     return where, args
 
@@ -87,7 +90,7 @@ def connect(locator: PostgresLocator, purpose: str, **options: Any) -> psycopg.C
         raise StoreError(f"{locator}: can't connect ({said(locator, e)})") from None
 
 
-class PostgresReader(ReaderBase):
+class PostgresReader(CaptureReader):
     """One read-only use of a PostgreSQL store (`close()` when done)."""
 
     backend = "postgresql"
@@ -118,7 +121,7 @@ class PostgresReader(ReaderBase):
     def rows(self, sql: str, args: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         """The rows; a database error as a one-line `StoreError` (the password masked)."""
         try:
-            return self.conn.execute(sql.encode(), args).fetchall()
+            return self.conn.execute(pyformat(sql), args).fetchall()
         except psycopg.Error as e:
             raise StoreError(f"{self.locator}: {said(self.locator, e)}") from None
 
@@ -131,7 +134,7 @@ class PostgresReader(ReaderBase):
         return [decode(row) for row in self.rows(sql, args)]
 
     def _attempts(self, parents: list[str]) -> list[dict[str, Any]]:
-        sql = f"select {LIST} from exchanges where attempt_of = any(%s) order by attempt_of, attempt, id"
+        sql = f"select {LIST} from exchanges where attempt_of = any(?) order by attempt_of, attempt, id"
         return [decode(row) for row in self.rows(sql, [parents])]
 
     def known_flags(self) -> list[str]:
@@ -143,7 +146,7 @@ class PostgresReader(ReaderBase):
 
     def _ids_from(self, prefix: str) -> list[str]:
         rows = self.rows(
-            "select id, started_at from exchanges where id >= %s and id < %s order by id limit 3",
+            "select id, started_at from exchanges where id >= ? and id < ? order by id limit 3",
             (prefix, prefix + "\uffff"),
         )
         for row in rows:
@@ -168,7 +171,7 @@ class PostgresReader(ReaderBase):
     def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
         """Every choice of an `n > 1` answer, by index, as SQLite's `read_choices`."""
         with self.conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(CHOICES.encode(), (exchange_id, self._day_of(exchange_id)))
+            cur.execute(pyformat(CHOICES), (exchange_id, self._day_of(exchange_id)))
             return [choice_row(r) for r in cur.fetchall()]
 
     def _body(self, capture: dict[str, Any], body_id: int) -> bytes | None:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from tapfix.proxy.store.backend import Since, StoreBackend
     from tapfix.proxy.store.check import StoreCheck
     from tapfix.proxy.store.copy import CopySource, CopyTarget
-    from tapfix.proxy.store.parts import BrowseQueries, CaptureReader, Follower
-    from tapfix.proxy.store.reader import CaptureFilter
+    from tapfix.proxy.store.parts import BrowseQueries, Follower
+    from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
     from tapfix.proxy.store.retention import PurgeReport
     from tapfix.proxy.store.writer import CaptureWriter
 
@@ -44,7 +44,7 @@ class PostgresStore:
 
         return PostgresReader(self.locator)
 
-    def tail(self, since: Since, filters: CaptureFilter) -> Follower | None:
+    def tail(self, since: Since, filters: CaptureFilter) -> Follower:
         """A server has no file to wait for: the store is there, or the reader says why not."""
         from tapfix.proxy.store.pg.reader import PostgresReader
         from tapfix.proxy.store.pg.tail import PostgresTail, cursor

@@ -51,7 +51,7 @@ def after_capture(reader: PostgresReader, capture_id: str) -> Cursor:
     """The cursor for `--since ID`: the exchanges committed after that one (a prefix is enough)."""
     found = reader.resolve_id(capture_id)
     row = reader.rows(
-        "select coalesce(commit_xid::text::bigint, 0) as x, coalesce(commit_seq, 0) as s from exchanges where id = %s",
+        "select coalesce(commit_xid::text::bigint, 0) as x, coalesce(commit_seq, 0) as s from exchanges where id = ?",
         (found,),
     )[0]
     return (int(row["x"]), int(row["s"]))
@@ -100,7 +100,7 @@ class PostgresTail:
     def _query(self) -> tuple[str, list[Any]]:
         sql = (
             f"select commit_xid::text::bigint as x, commit_seq as s, {LIST} from exchanges"
-            " where (commit_xid, commit_seq) > (%s::xid8, %s) and commit_xid < %s::xid8"
+            " where (commit_xid, commit_seq) > (?::xid8, ?) and commit_xid < ?::xid8"
         )
         own, args = filter_clauses(self.filters, "exchanges")
         if own:

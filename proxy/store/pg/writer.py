@@ -40,6 +40,7 @@ from tapfix.proxy.store.errors import StoreError, StoreUnreachable
 from tapfix.proxy.store.pg.body_writer import PostgresBodyWriter, utc_day
 from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.pg.migrate import add_days, migrate
+from tapfix.proxy.store.pg.reader import pyformat
 from tapfix.proxy.store.sessions import SessionSQL
 from tapfix.proxy.store.turns import messages_of, parse_json, search_document
 from tapfix.proxy.store.writer import CaptureWriter
@@ -109,10 +110,6 @@ _CAUSES = (
 )
 
 
-def _qmark(sql: str) -> str:
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
 def _text(value: Any) -> Any:
     return value.replace("\x00", NUL_STANDS_FOR) if isinstance(value, str) and "\x00" in value else value
 
@@ -130,7 +127,7 @@ class PostgresBackend:
     def __init__(self, locator: PostgresLocator | str, *, wait: bool = False) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
         self.location = str(self.locator)
-        self._sql: dict[str, str] = {}
+        self._sql: dict[str, bytes] = {}
         self._day: datetime.date | None = None
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self.unreachable: str | None = None
@@ -170,15 +167,15 @@ class PostgresBackend:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[tuple[Any, ...]]:
         translated = self._sql.get(sql)
         if translated is None:
-            translated = self._sql[sql] = _qmark(sql)
+            translated = self._sql[sql] = pyformat(sql)
         self._pipelined()
-        return self.conn.execute(translated.encode(), [_text(p) for p in params])
+        return self.conn.execute(translated, [_text(p) for p in params])
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             self._pipelined()
             with self.conn.cursor() as cur:
-                cur.executemany(_qmark(sql).encode(), [[_text(p) for p in row] for row in rows])
+                cur.executemany(pyformat(sql), [[_text(p) for p in row] for row in rows])
 
     def _pipelined(self) -> None:
         """Inside a batch's transaction, statements go in pipeline mode: one that returns nothing the

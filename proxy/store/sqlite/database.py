@@ -14,9 +14,11 @@ Every tapfix store records its applied migrations in sqlite-utils' `_sqlite_migr
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +39,7 @@ def open_for_writing(path: Path | str) -> sqlite3.Connection:
         if not path.exists():
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    try:
+    with _closed_on_error(conn, f"{path}: not a usable tapfix capture database"):
         conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
         check_store(conn, path)  # before WAL mode or a migration touches the file
         conn.execute("pragma journal_mode = wal")
@@ -48,13 +50,34 @@ def open_for_writing(path: Path | str) -> sqlite3.Connection:
         from sqlite_utils import Database
 
         migrations.apply(Database(conn))
+    return conn
+
+
+@contextlib.contextmanager
+def _closed_on_error(conn: sqlite3.Connection, unusable: str) -> Iterator[None]:
+    """The connection closed on any error; the database's own as a `StoreError` saying `unusable`."""
+    try:
+        yield
     except StoreError:
         conn.close()
         raise
     except sqlite3.DatabaseError as e:
         conn.close()
-        raise StoreError(f"{path}: not a usable tapfix capture database ({e})") from e
-    return conn
+        raise StoreError(f"{unusable} ({e})") from e
+
+
+def unusable(path: Path, e: Exception, doing: str) -> StoreError:
+    """What the operating system or SQLite said about a path it can't use, as one line naming the cause."""
+    return StoreError(f"{path}: can't {doing} the capture database ({_reason(path, e)})")
+
+
+def _reason(path: Path, e: Exception) -> str:
+    if path.is_dir():
+        return "that is a folder; name a file in it"
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            return f"{parent} is a file, not a folder"
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 def read_only_uri(path: Path | str) -> str:
@@ -67,18 +90,9 @@ def open_for_reading(path: Path | str) -> sqlite3.Connection:
     path = Path(path)
     if not path.exists():
         raise StoreError(f"no capture database at {path} (run `tapfix run` or `tapfix demo` first, or pass --db)")
-    conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
-        if not check_store(conn, path):
-            raise StoreError(f"no captures in {path} yet: it is empty (run `tapfix run` or `tapfix demo` first)")
-    except StoreError:
-        conn.close()
-        raise
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
+    conn = _read_only(path)
+    if conn is None:
+        raise StoreError(f"no captures in {path} yet: it is empty (run `tapfix run` or `tapfix demo` first)")
     return conn
 
 
@@ -86,20 +100,17 @@ def open_when_ready(path: Path | str) -> sqlite3.Connection | None:
     """`open_for_reading` for a reader that waits for the store (`captures tail`): None while there is
     none yet (no file, or one a writer hasn't migrated yet); `StoreError` for what no wait would fix."""
     path = Path(path)
-    if not path.exists():
-        return None
+    return _read_only(path) if path.exists() else None
+
+
+def _read_only(path: Path) -> sqlite3.Connection | None:
+    """A read-only connection to a tapfix store, or None for an empty database (a new store)."""
     conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    try:
+    with _closed_on_error(conn, f"{path} is not a tapfix capture database"):
         conn.execute(f"pragma busy_timeout = {BUSY_TIMEOUT_MS}")
         if check_store(conn, path):
             return conn
-    except StoreError:
-        conn.close()
-        raise
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise StoreError(f"{path} is not a tapfix capture database ({e})") from e
     conn.close()
     return None
 

@@ -6,22 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from tapfix.proxy.store.filters import ERRORS, Filters, parse_time
+from tapfix.proxy.store.filters import Filters, parse_time
 
 
 def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
     """The filters in SQLite's SQL (qmark parameters), each condition the shape an index serves."""
-    where: list[str] = []
-    args: list[Any] = []
-    for column, value in (("model", f.model), ("path", f.path), ("session_id", f.session)):
-        if value:
-            where.append(f"e.{column} = ?")
-            args.append(value)
+    where, args = f.alike()
     if f.client:  # a prefix: "opencode" matches "opencode/0.4.1 ai-sdk/..."; served by the index
         where.append("e.user_agent >= ? and e.user_agent < ?")
         args += [f.client, f.client + "\U0010ffff"]
-    if f.status:
-        where.append(_status_sql(f, args))
     for column, value in (("flags", f.flag), ("tags", f.tag)):
         if value:  # values are identifiers: their quoted JSON form can only match an element
             where.append(f"e.{column} != '[]' and instr(e.{column}, ?) > 0")
@@ -38,9 +31,3 @@ def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
             where.append(f"e.ts {op} ?")
             args.append(parse_time(value, now))
     return where, args
-
-
-def _status_sql(f: Filters, args: list[Any]) -> str:
-    kind, values = f.status_test()
-    args += values
-    return {"error": ERRORS, "class": "e.status >= ? and e.status < ?", "code": "e.status = ?"}[kind]

@@ -1,4 +1,4 @@
-"""SQLite's reader (`captures list`, `show`, `export`, the browser's capture page): `ReaderBase` over one
+"""SQLite's reader (`captures list`, `show`, `export`, the browser's capture page): `CaptureReader` over one
 read-only connection. A store from before a migration is read as it is (a reader never migrates):
 before m004 it has no attempts, before m005 no trace ids, before the `choices` table no choices.
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
 from tapfix.proxy.store.errors import StoreError
-from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, ReaderBase, decode_row
+from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, CaptureReader, decode_row
 from tapfix.proxy.store.sqlite.bodies import read_body
 
 # A store from before migration m004 (a reader never migrates) has no attempts: every row is client-facing.
@@ -82,8 +82,8 @@ def read_choices(conn: sqlite3.Connection, exchange_id: str) -> list[dict[str, A
     return [choice_row(r) for r in rows]
 
 
-class SqliteReader(ReaderBase):
-    """`ReaderBase` on one read-only SQLite connection (rows as `sqlite3.Row`)."""
+class SqliteReader(CaptureReader):
+    """`CaptureReader` on one read-only SQLite connection (rows as `sqlite3.Row`)."""
 
     backend = "sqlite"
 
@@ -147,16 +147,9 @@ class SqliteReader(ReaderBase):
 # The reader's methods on a connection, for scripts and tests that hold one.
 
 
-def list_captures(
-    conn: sqlite3.Connection,
-    *,
-    limit: int = 20,
-    flag: str | None = None,
-    tag: str | None = None,
-    session: str | None = None,
-    trace: str | None = None,
-) -> list[dict[str, Any]]:
-    return SqliteReader(conn).list_captures(limit=limit, flag=flag, tag=tag, session=session, trace=trace)
+def list_captures(conn: sqlite3.Connection, **filters: Any) -> list[dict[str, Any]]:
+    """`CaptureReader.list_captures` (`limit` and the filters by name)."""
+    return SqliteReader(conn).list_captures(**filters)
 
 
 def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:

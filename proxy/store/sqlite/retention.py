@@ -19,10 +19,11 @@ Counts come from SQLite's `changes()`: Python's `rowcount` is -1 for a `WITH …
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,7 @@ def dry_run(
 
 def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None:
     """One transaction: these exchanges, their changes, orphaned sessions, then unneeded bodies."""
-    _begin(conn)
-    try:
+    with _transaction(conn):
         marks = ",".join("?" * len(ids))
         sessions = [
             r[0]
@@ -152,16 +152,19 @@ def _step(conn: sqlite3.Connection, ids: list[str], report: PurgeReport) -> None
                 sessions,
             )
         _collect(conn, report)
-        conn.execute("commit")
-    except BaseException:
-        _rollback(conn)
-        raise
 
 
 def _collect_in_tx(conn: sqlite3.Connection, report: PurgeReport) -> None:
+    with _transaction(conn):
+        _collect(conn, report)
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """Committed at the end, rolled back on any error; the write lock taken up front."""
     _begin(conn)
     try:
-        _collect(conn, report)
+        yield
         conn.execute("commit")
     except BaseException:
         _rollback(conn)

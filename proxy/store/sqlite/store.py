@@ -2,7 +2,7 @@
 
 Opening through it turns what the operating system says about an unusable path (a read-only file
 system, a missing parent under /proc, a file where a folder should be) into a `StoreError` with one
-line to show, so no command prints a traceback for a bad `--db`.
+line to show (store/sqlite/database.py `unusable`), so no command prints a traceback for a bad `--db`.
 """
 
 from __future__ import annotations
@@ -12,28 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.sqlite.database import unusable
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.backend import Since, StoreBackend
     from tapfix.proxy.store.check import StoreCheck
     from tapfix.proxy.store.copy import CopySource, CopyTarget
-    from tapfix.proxy.store.parts import BrowseQueries, CaptureReader, Follower
-    from tapfix.proxy.store.reader import CaptureFilter
+    from tapfix.proxy.store.parts import BrowseQueries, Follower
+    from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
     from tapfix.proxy.store.retention import PurgeReport
     from tapfix.proxy.store.writer import CaptureWriter
-
-
-def _unusable(path: Path, e: Exception, doing: str) -> StoreError:
-    return StoreError(f"{path}: can't {doing} the capture database ({_reason(path, e)})")
-
-
-def _reason(path: Path, e: Exception) -> str:
-    if path.is_dir():
-        return "that is a folder; name a file in it"
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            return f"{parent} is a file, not a folder"
-    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 class SqliteStore:
@@ -54,7 +42,7 @@ class SqliteStore:
         try:
             return open_for_writing(self.path) if write else open_for_reading(self.path)
         except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "write to" if write else "read") from e
+            raise unusable(self.path, e, "write to" if write else "read") from e
 
     def writer(self, *, wait: bool = True, **options: Any) -> CaptureWriter:
         """A file is never waited for: `wait` changes nothing here."""
@@ -64,31 +52,18 @@ class SqliteStore:
         try:
             return CaptureWriter(SqliteBackend(self.path), **options)
         except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "write to") from e
+            raise unusable(self.path, e, "write to") from e
 
     def reader(self) -> CaptureReader:
         from tapfix.proxy.store.sqlite.reader import SqliteReader
 
         return SqliteReader(self._open())
 
-    def tail(self, since: Since, filters: CaptureFilter) -> Follower | None:
-        from tapfix.proxy.store.sqlite.database import open_when_ready
-        from tapfix.proxy.store.sqlite.tail import Following, cursor
+    def tail(self, since: Since, filters: CaptureFilter) -> Follower:
+        """The file is waited for, as `tail -F` waits: made later, it is followed from its start."""
+        from tapfix.proxy.store.sqlite.tail import Following
 
-        try:
-            conn = open_when_ready(self.path)
-        except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "read") from e
-        if conn is None:
-            return None
-        try:
-            return Following(self.path, conn, cursor(conn, since), filters)
-        except sqlite3.Error as e:
-            conn.close()
-            raise StoreError(str(e)) from e
-        except BaseException:
-            conn.close()
-            raise
+        return Following(self.path, since, filters)
 
     def purge(
         self, max_age_s: float | None, max_bytes: int | None, *, vacuum: bool = False, dry_run: bool = False

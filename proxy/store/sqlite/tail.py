@@ -24,7 +24,7 @@ from typing import Any
 
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import CaptureFilter, decode_row, with_parent
-from tapfix.proxy.store.sqlite.database import open_when_ready
+from tapfix.proxy.store.sqlite.database import open_when_ready, unusable
 from tapfix.proxy.store.sqlite.reader import filter_clauses, has_attempts, list_columns, resolve_id
 
 CHUNK = 500  # rows a query returns at most: a tail started far back prints in pieces
@@ -96,15 +96,6 @@ class Tail:
         return sql + f" order by exchanges.rowid limit {CHUNK}", args
 
 
-def cursor(conn: sqlite3.Connection, since: str | float | None) -> int:
-    """The cursor `--since` names: an age in seconds, a capture id (or prefix), or None for "from now"."""
-    if since is None:
-        return latest(conn)
-    if isinstance(since, float):
-        return completed_within(conn, since)
-    return after_capture(conn, since)
-
-
 def identity(path: Path) -> tuple[int, int] | None:
     """Which file the path names (device, inode); None while there is none."""
     try:
@@ -115,22 +106,50 @@ def identity(path: Path) -> tuple[int, int] | None:
 
 
 class Following:
-    """`captures tail` on a SQLite file, a `Follower` (store/backend.py): `Tail` on the file the path
-    names, and when the path is replaced (deleted, or a new store made at it), the new store from its
-    start, once a writer has made it (`poll` is None meanwhile). A database error is a `StoreError`."""
+    """`captures tail` on a SQLite file, a `Follower` (store/parts.py): `Tail` on the store the path names.
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, start: int, filters: CaptureFilter) -> None:
+    A store that isn't there yet (no file, or one a writer hasn't migrated yet) is waited for (`poll`
+    is None meanwhile) and followed from its start: everything in it was committed after the tail
+    began. So is a new store made where the followed one was (the path deleted or replaced). `since`
+    (an age in seconds, a capture id or prefix; None for "from now") applies to the first store met.
+    A database error is a `StoreError`, a `since` naming no capture `CaptureNotFound`."""
+
+    def __init__(self, path: Path, since: str | float | None, filters: CaptureFilter) -> None:
         self.path = path
         self.filters = filters
-        self.tail: Tail | None = Tail(conn, start, filters)
-        self.identity = identity(path)
+        self.tail: Tail | None = None
+        self.identity: tuple[int, int] | None = None
+        self._since: str | float | None = since
+        self._waited = False  # a store met later is new to this tail: followed from its start
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            conn = open_when_ready(self.path)
+        except (OSError, sqlite3.Error) as e:
+            raise unusable(self.path, e, "read") from e
+        if conn is None:
+            self._waited = True
+            return
+        try:
+            if self._since is not None:
+                start = cursor(conn, self._since)
+            else:
+                start = 0 if self._waited else latest(conn)
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(str(e)) from e
+        except BaseException:
+            conn.close()
+            raise
+        self._since, self._waited = None, True
+        self.tail, self.identity = Tail(conn, start, self.filters), identity(self.path)
 
     def poll(self) -> list[dict[str, Any]] | None:
         if self.tail is None:
-            conn = open_when_ready(self.path)
-            if conn is None:
+            self._open()
+            if self.tail is None:
                 return None
-            self.tail, self.identity = Tail(conn, 0, self.filters), identity(self.path)
         try:
             rows = self.tail.poll()
         except sqlite3.Error as e:
@@ -143,3 +162,10 @@ class Following:
         if self.tail is not None:
             self.tail.conn.close()
             self.tail = None
+
+
+def cursor(conn: sqlite3.Connection, since: str | float) -> int:
+    """The cursor `--since` names: an age in seconds, or a capture id (or prefix)."""
+    if isinstance(since, float):
+        return completed_within(conn, since)
+    return after_capture(conn, since)
