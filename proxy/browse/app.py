@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from tapfix.proxy.browse import static
+from tapfix.proxy.browse.charts import histogram_svg
 from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
 from tapfix.proxy.browse.session_turns import session_view
-from tapfix.proxy.browse.svg import histogram_svg
 from tapfix.proxy.browse.views import render
 from tapfix.proxy.store.errors import CaptureNotFound, StoreError
 from tapfix.proxy.store.filters import FilterError, Filters

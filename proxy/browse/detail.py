@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
+from tapfix.proxy.browse.charts import StreamTiming, analyze, timeline_svg
 from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_error, upstream_error
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.exchange_row import unpack_timing

@@ -7,7 +7,7 @@ a writer's connection, readers, a tail, the browser's queries). What is the same
 written once, beside this module: the writer's logic (writer.py, over a `WriteBackend`), the reader's
 (reader.py `CaptureReader`), a copy's (copy.py), retention's limits and report (retention.py), the
 browser's pages (pages.py) and filters (filters.py). The same exchanges give the same rows, bytes and
-pages on every backend (tests/test_store_reader_backends.py, tests/test_browse_backends.py).
+pages on every backend (tests/unit/test_store_reader_backends.py, tests/unit/test_browse_backends.py).
 
 Errors: a backend raises `StoreError` (store/errors.py) with one line to show, its password masked,
 for whatever its database says where a command meets it.

@@ -35,15 +35,6 @@ def _postgres_store(locator: PostgresLocator) -> NoReturn:
     )
 
 
-def resolve_in(folder: Path, value: str) -> str:
-    """A `db` written in a file in `folder` (a config file's): a SQLite file's path relative to `folder`
-    (`~` expanded), a server's URL as it is."""
-    if is_postgres_url(value):
-        return value
-    path = Path(value).expanduser()
-    return str(path if path.is_absolute() else folder / path)
-
-
 @dataclass(frozen=True)
 class StoreLocator:
     path: Path

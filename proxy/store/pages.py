@@ -1,7 +1,7 @@
 """What the browser's queries return (store/backend.py `BrowseQueries`), on every backend: a page of the
 list, of sessions, one session's turns, the stats page's numbers (the queries themselves: queries.py).
 
-The same exchanges give the same pages on every backend (tests/test_browse_backends.py). What differs,
+The same exchanges give the same pages on every backend (tests/unit/test_browse_backends.py). What differs,
 and why:
 
 - Order. SQLite lists by `rowid` (write order: the order exchanges completed); PostgreSQL has no

@@ -1,7 +1,7 @@
 """The browser's queries (store/parts.py `BrowseQueries`), what every backend shares: `BrowseBase`, the logic
 of each page's reads over a backend's SQL, and `CachedStore`, the caching and threads under it.
 
-Why one logic: the same exchanges give the same pages on every backend (tests/test_browse_backends.py),
+Why one logic: the same exchanges give the same pages on every backend (tests/unit/test_browse_backends.py),
 so what is done with the rows (a page cut from `limit + 1`, an attempt's reasons, a session's
 neighbours and totals, a session's turns with their bodies) is written once. The SQL is in qmark
 style (`?`) for both; a statement the databases spell alike is here, one they spell apart is the

@@ -2,7 +2,7 @@
 as the CLI shows it, and `CaptureReader`, the reader's logic over a backend's SQL.
 
 Why one logic over two dialects: `captures list`, `show` and `export` must give the same rows and
-bytes for the same exchanges on every backend (tests/test_store_reader_backends.py). The queries
+bytes for the same exchanges on every backend (tests/unit/test_store_reader_backends.py). The queries
 differ where the databases do (JSON arrays are `json_each` on SQLite and `json_array_elements_text`
 on PostgreSQL; timestamps are text there and timestamptz here); what is done with their rows (an
 attempt listed under its parent, an id prefix resolved, a body told missing) is here, once.

@@ -2,7 +2,7 @@
 and bytes SQLite's reader (store/sqlite/reader.py) gives for the same exchanges.
 
 The reader's logic is store/reader.py's `CaptureReader` (shared with SQLite, tested row for row:
-tests/test_store_reader_backends.py); here is its SQL in PostgreSQL's dialect, and the connection.
+tests/unit/test_store_reader_backends.py); here is its SQL in PostgreSQL's dialect, and the connection.
 
 - Rows come back as SQLite's do: `started_at` as the writer's ISO text (UTC, milliseconds), the
   search columns (PostgreSQL only) left out, JSON columns parsed by `decode_row`.
