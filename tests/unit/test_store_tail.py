@@ -1,5 +1,5 @@
-"""`captures tail`'s read side (proxy/store/tail.py) on stores the real `CaptureWriter` wrote: commit order
-(a replaced row comes again, where its new commit put it), filters that take attempts with their client
+"""`captures tail`'s read side on SQLite (proxy/store/sqlite/tail.py) on stores the real `CaptureWriter` wrote:
+commit order (a replaced row comes again, where its new commit put it), filters that take attempts with their client
 request, the `--since` cursors, and a store whose newest rows were deleted."""
 
 from __future__ import annotations
