@@ -15,7 +15,7 @@ import sys
 import threading
 
 # The store's record in sqlite-utils' `_sqlite_migrations` table (schema.py's `Migrations`), read by
-# readers that never import sqlite-utils (store/database.py checks whose store it is).
+# readers that never import sqlite-utils (store/sqlite/database.py checks whose store it is).
 MIGRATION_SET = "tapfix"
 _SKIPPED = ("numpy", "pandas")
 _lock = threading.Lock()

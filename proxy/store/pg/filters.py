@@ -1,5 +1,5 @@
-"""The browser's filters in PostgreSQL's SQL: `where(f)` is `Filters.where` (filters.py, SQLite's)
-with %s parameters, each condition the shape an index of pg001/pg005 serves (store/pg/schema.py)."""
+"""The browser's filters (store/filters.py) in PostgreSQL's SQL: `where(f)`, each condition the shape an
+index of pg001/pg005 serves (store/pg/schema.py)."""
 
 from __future__ import annotations
 
@@ -7,33 +7,26 @@ import datetime
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.browse.filters import ERRORS, Filters, parse_time
+from tapfix.proxy.store.filters import Filters, parse_time
 
 DAY = "(e.started_at at time zone 'UTC')::date"  # the day partition of an exchange's changes and bodies
 
 
 class Rows(Protocol):
-    """A PostgreSQL store's query runner (pg_queries.py `PostgresStore.rows`)."""
+    """A PostgreSQL store's query runner (store/pg/browse.py `PostgresBrowse.rows`)."""
 
     def rows(self, sql: str, args: list[Any] | tuple[Any, ...] = ()) -> list[dict[str, Any]]: ...
 
 
 def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
-    """`Filters.where` in PostgreSQL's SQL (%s parameters), each condition the shape an index serves."""
-    clauses: list[str] = []
-    args: list[Any] = []
-    for column, value in (("model", f.model), ("path", f.path), ("session_id", f.session)):
-        if value:
-            clauses.append(f"e.{column} = %s")
-            args.append(value)
+    """The filters in PostgreSQL's SQL (qmark parameters), each condition the shape an index serves."""
+    clauses, args = f.alike()
     if f.client:  # a prefix, bytewise: the index on (user_agent collate "C", id)
-        clauses.append('e.user_agent collate "C" >= %s and e.user_agent collate "C" < %s')
+        clauses.append('e.user_agent collate "C" >= ? and e.user_agent collate "C" < ?')
         args += [f.client, f.client + "\U0010ffff"]
-    if f.status:
-        clauses.append(_status_sql(f, args))
     for column, value in (("flags", f.flag), ("tags", f.tag)):
         if value:  # the partial GIN index on (column::jsonb) where column <> '[]'
-            clauses.append(f"e.{column} <> '[]' and e.{column}::jsonb @> %s::jsonb")
+            clauses.append(f"e.{column} <> '[]' and e.{column}::jsonb @> ?::jsonb")
             args.append(orjson.dumps([value]).decode())
     if f.changes or f.repairs:
         clauses.append("e.changes_count > 0")
@@ -43,12 +36,6 @@ def where(f: Filters, now: float | None = None) -> tuple[list[str], list[Any]]:
         )
     for value, op in ((f.since, ">="), (f.until, "<")):
         if value:  # started_at, not ts: the partition key, so whole days are pruned
-            clauses.append(f"e.started_at {op} %s")
+            clauses.append(f"e.started_at {op} ?")
             args.append(datetime.datetime.fromtimestamp(parse_time(value, now), datetime.UTC))
     return clauses, args
-
-
-def _status_sql(f: Filters, args: list[Any]) -> str:
-    kind, values = f.status_test()
-    args += values
-    return {"error": ERRORS, "class": "e.status >= %s and e.status < %s", "code": "e.status = %s"}[kind]

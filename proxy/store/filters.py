@@ -1,5 +1,5 @@
-"""The list page's filters, as typed in the form, shared by both backends; `Filters.where` is their
-SQL for SQLite (PostgreSQL's is pg_filters.py `where`)."""
+"""The browser's list and stats filters, as typed in the form: what the store's queries select by.
+Each backend's SQL for them is its own (store/sqlite/filters.py, store/pg/filters.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 from urllib.parse import urlencode
-
-import orjson
 
 # An exchange that failed: no status, an HTTP error, or an error the engine sent in a 200 (PostgreSQL's
 # partial index exchanges_errors, pg005, has this predicate)
@@ -41,7 +39,7 @@ def parse_time(value: str, now: float | None = None) -> float:
 
 @dataclass
 class Filters:
-    """The list page's filters, as typed in the form (strings), with their SQL."""
+    """The list page's filters, as typed in the form (strings)."""
 
     q: str = ""
     model: str = ""
@@ -67,33 +65,20 @@ class Filters:
     def active(self) -> bool:
         return any(getattr(self, f.name) for f in fields(self))
 
-    def where(self, now: float | None = None) -> tuple[list[str], list[Any]]:
+    def alike(self) -> tuple[list[str], list[Any]]:
+        """The conditions every backend spells alike (qmark SQL on `exchanges e`), with their arguments: a
+        column equal to a value, and the status. Each backend adds its own for the rest
+        (store/sqlite/filters.py, store/pg/filters.py)."""
         where: list[str] = []
         args: list[Any] = []
         for column, value in (("model", self.model), ("path", self.path), ("session_id", self.session)):
             if value:
                 where.append(f"e.{column} = ?")
                 args.append(value)
-        if self.client:  # a prefix: "opencode" matches "opencode/0.4.1 ai-sdk/..."; served by the index
-            where.append("e.user_agent >= ? and e.user_agent < ?")
-            args += [self.client, self.client + "\U0010ffff"]
         if self.status:
-            where.append(self._status_sql(args))
-        for column, value in (("flags", self.flag), ("tags", self.tag)):
-            if value:  # values are identifiers: their quoted JSON form can only match an element
-                where.append(f"e.{column} != '[]' and instr(e.{column}, ?) > 0")
-                args.append(orjson.dumps(value).decode())
-        if self.changes:
-            where.append("e.changes_count > 0")
-        if self.repairs:
-            where.append(
-                "e.changes_count > 0 and exists (select 1 from changes c"
-                " where c.exchange_id = e.id and c.stage = 'toolcalls')"
-            )
-        for value, op in ((self.since, ">="), (self.until, "<")):
-            if value:
-                where.append(f"e.ts {op} ?")
-                args.append(parse_time(value, now))
+            kind, values = self.status_test()
+            where.append({"error": ERRORS, "class": "e.status >= ? and e.status < ?", "code": "e.status = ?"}[kind])
+            args += values
         return where, args
 
     def status_test(self) -> tuple[Literal["error", "class", "code"], list[int]]:
@@ -107,7 +92,21 @@ class Filters:
             return "code", [int(status)]
         raise FilterError(f"status {self.status!r}: use a code (200), a class (4xx) or 'error'")
 
-    def _status_sql(self, args: list[Any]) -> str:
-        kind, values = self.status_test()
-        args += values
-        return {"error": ERRORS, "class": "e.status >= ? and e.status < ?", "code": "e.status = ?"}[kind]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def search_terms(query: str) -> list[tuple[str, bool]]:
+    """User words → (text, is a prefix) for every word or "quoted phrase"; `word*` is a prefix.
+
+    Control characters separate words like a space: FTS5 rejects a NUL even inside a quoted term,
+    and the tokenizer never indexes control characters anyway. Both backends search by these terms
+    (store/sqlite/search_index.py `to_match`, store/pg/browse.py `search_where`)."""
+    terms = []
+    for phrase, word in re.findall(r'"([^"]*)"|(\S+)', _CONTROL.sub(" ", query)):
+        text = (phrase or word).replace('"', "")
+        prefix = bool(word) and text.endswith("*")
+        text = text.rstrip("*")
+        if text.strip():
+            terms.append((text, prefix))
+    return terms

@@ -1,4 +1,4 @@
-"""The stats page on PostgreSQL: stats.py's numbers in PostgreSQL's SQL (`where` from pg_filters.py).
+"""The stats page's numbers (store/pages.py `Stats`) in PostgreSQL's SQL, `where` from store/pg/filters.py.
 
 One number SQLite's page has and this one lacks: "lacked sampling parameters, derived from the
 request bodies" comes from SQLite's search sidecar, which PostgreSQL has no need of; the count from
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tapfix.proxy.browse.filters import ERRORS
-from tapfix.proxy.browse.pg_filters import DAY, Rows, where
-from tapfix.proxy.browse.stats import Stats
+from tapfix.proxy.store.filters import ERRORS
+from tapfix.proxy.store.pages import Stats
+from tapfix.proxy.store.pg.filters import DAY, Rows, where
 from tapfix.proxy.store.pg.reader import iso
 
 if TYPE_CHECKING:
-    from tapfix.proxy.browse.filters import Filters
+    from tapfix.proxy.store.filters import Filters
 
 
 def compute_stats(store: Rows, f: Filters) -> Stats:
@@ -68,10 +68,5 @@ def compute_stats(store: Rows, f: Filters) -> Stats:
         f" e.chunk_count as chunks from exchanges e where e.first_token_ms is not null{also}",
         args,
     ):
-        ttft, duration = r["ttft"], r["duration"]
-        s.ttft_ms.append(ttft)
-        produced = r["tokens"] or r["chunks"]
-        if duration and produced and duration - ttft > 1:
-            s.decode_rate.append(produced / ((duration - ttft) / 1000))
-    s.ttft_summary, s.rate_summary = s.summary(s.ttft_ms), s.summary(s.decode_rate)
-    return s
+        s.add_timing(r["ttft"], r["duration"], r["tokens"], r["chunks"])
+    return s.summarize()

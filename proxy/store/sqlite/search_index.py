@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sqlite3
 import threading
 import zlib
 from pathlib import Path
 
-from tapfix.proxy.browse.turns import lacks_sampling, messages_of, new_in_turn, parse_json, search_document
-from tapfix.proxy.store.bodies import DECODED_MAX_BODIES, BodyReader
-from tapfix.proxy.store.database import read_only_uri
-from tapfix.proxy.store.writer import BUSY_TIMEOUT_MS, open_for_reading
+from tapfix.proxy.store.filters import search_terms
+from tapfix.proxy.store.sqlite.bodies import DECODED_MAX_BODIES, BodyReader
+from tapfix.proxy.store.sqlite.database import BUSY_TIMEOUT_MS, open_for_reading, read_only_uri
+from tapfix.proxy.store.turns import lacks_sampling, messages_of, new_in_turn, parse_json, search_document
 
 log = logging.getLogger("tapfix.browse")
 SCHEMA = """
@@ -42,27 +41,9 @@ def sidecar_path(db_path: Path) -> Path:
     return db_path.with_name(db_path.name + ".fts.sqlite")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def search_terms(query: str) -> list[tuple[str, bool]]:
-    """User words → (text, is a prefix) for every word or "quoted phrase"; `word*` is a prefix.
-
-    Control characters separate words like a space: FTS5 rejects a NUL even inside a quoted term,
-    and the tokenizer never indexes control characters anyway. PostgreSQL's search reads the same
-    terms (pg_queries.py)."""
-    terms = []
-    for phrase, word in re.findall(r'"([^"]*)"|(\S+)', _CONTROL.sub(" ", query)):
-        text = (phrase or word).replace('"', "")
-        prefix = bool(word) and text.endswith("*")
-        text = text.rstrip("*")
-        if text.strip():
-            terms.append((text, prefix))
-    return terms
-
-
 def to_match(query: str) -> str:
-    """User words → a safe FTS5 query: every word or "quoted phrase" must appear; `word*` is a prefix."""
+    """User words (store/filters.py `search_terms`) → a safe FTS5 query: every word or "quoted phrase"
+    must appear; `word*` is a prefix."""
     return " ".join(f'"{text}"' + ("*" if prefix else "") for text, prefix in search_terms(query))
 
 
@@ -216,3 +197,22 @@ class SearchIndex:
             except (sqlite3.Error, OSError) as e:  # a locked or vanished db: try again later
                 log.warning("search index: %s", e)
             self._stop.wait(interval)
+
+
+def purge_sidecar(db: Path) -> int:
+    """After a purge: the index holds prompt text too, so the rows of purged exchanges go (their count)."""
+    sidecar = sidecar_path(db)
+    if not sidecar.exists():
+        return 0
+    conn = sqlite3.connect(str(sidecar), isolation_level=None)
+    try:
+        conn.execute("attach database ? as cap", (str(db),))
+        before = conn.total_changes
+        for table in ("doc", "facts"):
+            if conn.execute("select 1 from sqlite_master where name = ?", (table,)).fetchone():
+                conn.execute(f"delete from {table} where rowid not in (select rowid from cap.exchanges)")
+        return conn.total_changes - before
+    except sqlite3.Error:
+        return 0  # an index the browser can rebuild; never fail the purge over it
+    finally:
+        conn.close()

@@ -1,4 +1,8 @@
-"""SQLite's side of `captures copy` (store/copy.py): a file read as a source, or written as a target."""
+"""SQLite's side of `captures copy` (store/copy.py): a file read as a source, or written as a target.
+
+A store's schema version is named by SQLite's migrations on every backend (PostgreSQL's set maps each
+of its migrations to one: store/pg/schema.py `REACHES`; this tapfix's is store/sqlite/database.py
+`latest_version`)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from tapfix.proxy.store.backend import SqliteBackend
-from tapfix.proxy.store.bodies import BodyReader
 from tapfix.proxy.store.copy import (
     BODY_COLUMNS,
     CHANGE_COLUMNS,
@@ -17,8 +19,10 @@ from tapfix.proxy.store.copy import (
     Capture,
     Key,
 )
-from tapfix.proxy.store.database import open_for_reading
-from tapfix.proxy.store.schema import migrations
+from tapfix.proxy.store.sqlite.bodies import BodyReader
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.schema import migrations
+from tapfix.proxy.store.sqlite.writer import SqliteBackend
 
 CHUNK = 500  # ids per `in (...)`: far under SQLite's parameter limit
 
@@ -33,13 +37,6 @@ def sqlite_version(conn: sqlite3.Connection) -> str | None:
     except sqlite3.OperationalError:  # no migrations table: an empty file
         return None
     return None if row is None else str(row[0])
-
-
-def latest_version() -> str:
-    """The schema this tapfix's stores reach: SQLite's last migration."""
-    from sqlite_utils import Database
-
-    return str(list(migrations.pending(Database(memory=True)))[-1].name)
 
 
 def file_version(path: Path) -> str | None:

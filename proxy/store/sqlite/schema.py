@@ -1,4 +1,4 @@
-"""The capture database schema, as ordered named migrations. A shipped migration is never edited.
+"""The SQLite capture database's schema, as ordered named migrations. A shipped migration is never edited.
 
 Plain tables with readable column names, so `sqlite-utils` and Datasette work out of the box:
 `exchanges` (one row per request, regeneration attempts included), `changes` (what tapfix changed),
@@ -8,7 +8,7 @@ Plain tables with readable column names, so `sqlite-utils` and Datasette work ou
 
 from __future__ import annotations
 
-from tapfix.proxy.store.sqlite_utils_lite import MIGRATION_SET, import_sqlite_utils
+from tapfix.proxy.store.sqlite.sqlite_utils_lite import MIGRATION_SET, import_sqlite_utils
 
 import_sqlite_utils()  # before sqlite-utils is first imported: without numpy (see that module)
 from sqlite_utils import Database  # noqa: E402
