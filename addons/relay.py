@@ -24,9 +24,9 @@ from collections.abc import Awaitable
 import httpx
 from mitmproxy import http
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.proxy.content_encoding import DecodeError, Decoder, codings
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import Attempt, RelaySession
-from tapfix.proxy.response.decoding import DecodeError, Decoder, codings
 from tapfix.proxy.sse import last_event_end
 
 log = logging.getLogger("tapfix")
