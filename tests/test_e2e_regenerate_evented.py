@@ -19,8 +19,8 @@ import pytest
 from tests import test_e2e_regenerate as chat_e2e
 from tests.support.procs import Proc, wait_capture
 from tests.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, rows
-from tests.test_mock_attempts import WRITE
-from tests.test_regenerate_evented_seam import objects, valid_messages, valid_responses
+from tests.unit.test_mock_attempts import WRITE
+from tests.unit.test_regenerate_evented_seam import objects, valid_messages, valid_responses
 
 pytestmark = pytest.mark.e2e
 

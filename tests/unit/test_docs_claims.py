@@ -19,7 +19,7 @@ from tapfix.proxy.toolcalls.evented_stage import HoldingStage
 
 from tests.support.builders import tool
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 

@@ -11,7 +11,7 @@ from tapfix.proxy.regenerate.splice import AttemptSplice
 
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
-from tests.test_regenerate_splice import FakeRelay, relayed
+from tests.unit.test_regenerate_splice import FakeRelay, relayed
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 

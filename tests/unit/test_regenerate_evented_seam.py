@@ -27,8 +27,8 @@ from tapfix.proxy.toolcalls import stage_for
 from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
 from tests.support.builders import named_event, random_splits
-from tests.test_mock_attempts import SURFACE_BODIES
-from tests.test_regenerate_splice import FakeRelay
+from tests.unit.test_mock_attempts import SURFACE_BODIES
+from tests.unit.test_regenerate_splice import FakeRelay
 
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 SURFACE = {RESPONSES: "responses", MESSAGES: "messages"}
@@ -284,7 +284,7 @@ def test_text_of_a_type_the_client_lacks_goes_out_and_a_clashing_id_is_renamed()
 
 def test_on_chat_too_a_later_attempt_that_brings_nothing_gives_the_first_ones_error() -> None:
     from tests.support.stage_io import client_view as chat_view
-    from tests.test_regenerate_splice import broken, chat_pipeline
+    from tests.unit.test_regenerate_splice import broken, chat_pipeline
 
     pipeline, relay, _ = chat_pipeline()
     first = broken()

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, ScenarioError, create_app
 from tapfix.proxy.mock.scenario import RequestFacts, load_scenario, parse_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "proxy" / "mock" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "proxy" / "mock" / "scenarios"
 WRITE_TOOL = {
     "type": "function",
     "function": {

@@ -13,7 +13,7 @@ from tapfix.proxy.cli.main import main as tapfix
 from tapfix.proxy.cli.reference import render
 from tapfix.proxy.config import reference as config_reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 CONFIG_PAGE = ROOT / "docs" / "reference" / "config.md"
 

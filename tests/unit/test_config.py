@@ -7,7 +7,7 @@ from jsonschema import Draft202012Validator
 from tapfix.proxy.config.file import Config, ConfigError, load
 from tapfix.proxy.request.sampling import ParamPolicy
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "workstation.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workstation.toml"
 
 MINIMAL = """
 [upstreams.gpu0]

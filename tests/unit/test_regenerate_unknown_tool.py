@@ -13,10 +13,10 @@ from tapfix.proxy.config.file import ConfigError, load
 from tapfix.proxy.regenerate.eligibility import RegenerateSettings
 from tapfix.proxy.regenerate.splice import AttemptSplice
 
-from tests.addons.flows import runtime
+from tests.support.flows import runtime
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
-from tests.test_regenerate_splice import relayed
+from tests.unit.test_regenerate_splice import relayed
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 
