@@ -15,8 +15,6 @@ import pytest
 import uvicorn
 from tapfix.proxy.mock import MockOptions, RecordedResponse, uvicorn_config
 
-pytestmark = pytest.mark.e2e
-
 from tests.conftest import corpus_dir  # noqa: E402
 from tests.support.builders import sse  # noqa: E402
 

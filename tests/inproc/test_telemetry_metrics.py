@@ -126,7 +126,6 @@ def _as_prometheus(inst: Any, attributes: dict[str, Any]) -> frozenset[tuple[str
     return frozenset((label.prometheus, str(attributes.get(label.attribute, ""))) for label in inst.labels)
 
 
-@pytest.mark.e2e  # the loopback OTLP receiver listens
 def test_the_scrape_and_the_otlp_export_hold_the_same_numbers_series_by_series(tmp_path: Path, receiver) -> None:
     aggregation = _aggregation()
     fanout = _traffic(tmp_path, [aggregation])
@@ -191,7 +190,6 @@ def test_the_scrape_and_the_otlp_export_hold_the_same_numbers_series_by_series(t
     assert resources == {("tapfix", sc.INSTRUMENTATION_SCOPE)}
 
 
-@pytest.mark.e2e  # the loopback OTLP receiver listens
 def test_delta_temporality_exports_what_changed_since_the_last_export(
     tmp_path: Path, receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,7 +216,6 @@ def test_delta_temporality_exports_what_changed_since_the_last_export(
     assert _prometheus(aggregation)[("tapfix_requests_total", frozenset(_REQUEST_LABELS.items()))] == 6
 
 
-@pytest.mark.e2e  # the loopback OTLP receiver listens
 def test_the_v1_41_names_stay_for_a_release_behind_tapfix_genai_semconv(tmp_path: Path, receiver) -> None:
     """TAPFIX_GENAI_SEMCONV=1.41.0: semantic-conventions v1.41.0's names, in the scrape and over OTLP."""
     from tapfix.proxy.telemetry.config import export_config

@@ -10,15 +10,13 @@ and the string `shell_command`, `update_plan`, `view_image`, and `apply_patch` b
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import jsonschema
 import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, create_app
 from tapfix.proxy.mock.agent_script import respond
-from tapfix.proxy.mock.prompt_intent import analyze, create_command
+from tapfix.proxy.mock.prompt_intent import analyze
 from tapfix.proxy.mock.schema_args import build_arguments
 from tapfix.proxy.mock.surface_script import chat_from_responses
 
@@ -325,20 +323,6 @@ def test_a_todo_writer_is_no_file_writer() -> None:
     }
     reply = respond({"messages": [{"role": "user", "content": PROMPT}], "tools": [todo, bash]}, "id")
     assert [c.name for c in reply.tool_calls] == ["bash"]
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize(
-    ("filename", "content"),
-    [
-        ("hello.txt", "Hello, world!\n"),
-        ("notes/it's.md", "it's 100% done\\n, not 50%\n\nbye"),
-        ("dash.txt", "-n starts with a dash\n"),
-    ],
-)
-def test_the_creating_command_writes_exactly_the_content(tmp_path: Path, filename: str, content: str) -> None:
-    subprocess.run(["sh", "-c", create_command(filename, content)], cwd=tmp_path, check=True)
-    assert (tmp_path / filename).read_text() == content
 
 
 # -- over HTTP: what Codex sees on /v1/responses --------------------------------------------------

@@ -12,11 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli.main import LazyGroup, main
-
-pytestmark = pytest.mark.e2e  # fresh interpreters
 
 
 def _modules_after(code: str) -> list[str]:

@@ -14,11 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.e2e
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "install-phoenix"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-phoenix"
 
 
 def _version() -> str:
