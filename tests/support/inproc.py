@@ -30,6 +30,7 @@ free, each owned here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -346,14 +347,47 @@ def mock_and_proxy(tmp: Path, scenario: str | dict[str, Any], *proxy_args: str) 
         mock.stop()
 
 
+class WouldServe(RuntimeError):
+    """A command run through `cli` got past its checks and went on to serve (it would serve here forever)."""
+
+
+@contextmanager
+def _no_serving(args: tuple[str, ...]) -> Iterator[None]:
+    """Each way a command starts serving (the proxy's master loop, the mock's and the browser's uvicorn) raises
+    WouldServe while `cli` runs: a refusal that stopped refusing fails its test instead of hanging it."""
+    import uvicorn
+    from tapfix.addons.runner import master
+    from tapfix.proxy import mock
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise WouldServe(f"`tapfix {' '.join(args)}` went on to serve: cli() runs commands that end")
+
+    saved = [(master, "run", master.run), (mock, "serve", mock.serve), (uvicorn, "run", uvicorn.run)]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 def cli(
-    *args: str, env: Mapping[str, str | None] | None = None, input: bytes | None = None
+    *args: str,
+    env: Mapping[str, str | None] | None = None,
+    input: bytes | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """`tapfix ARGS` through click's CliRunner: the result as a finished process gives it (exit code,
     stdout and stderr bytes). An exception the command let through fails the test with its traceback,
-    where the process would have printed it and exited 1. `env`: set while it runs (None: unset). Only
-    commands that end: a command that serves (`run`, `mock`, `browse`, `demo`) would serve here forever."""
-    result = CliRunner().invoke(main, list(args), env=env, input=input, prog_name="tapfix")
+    where the process would have printed it and exited 1. `env`: set while it runs (None: unset); `cwd`:
+    the working directory while it runs. Only commands that end: one that gets as far as serving (`run`,
+    `mock`, `browse`, `demo` past their checks) raises WouldServe. `timeout`: taken for procs.cli's
+    signature; nothing here waits on a process."""
+    del timeout
+    with _no_serving(args), contextlib.chdir(cwd or Path.cwd()):
+        result = CliRunner().invoke(main, list(args), env=env, input=input, prog_name="tapfix")
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(["tapfix", *args], result.exit_code, result.stdout_bytes, result.stderr_bytes)
