@@ -3,9 +3,11 @@ on port 0, and the command line through click's CliRunner. The calls mirror test
 (`start_proxy`, `start_mock`, `mock_and_proxy`, `cli`, the handle's `.url`, `.port`, `.extra["db"]`,
 `.log()`, `.stop()`), so a test moves between the tiers by its imports.
 
-The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command
-(`settings_from_options`), `prepare` (store, upstreams, policy, the capture writer's thread), `serve`
-on an event loop of its own thread, and on stop what SIGTERM does (the shutdown grace) and what the
+The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command and
+taken through its callback (what its decorators do, such as a deprecated spelling mapped to its option
+and the warning that says so, happens here too; the settings are what it hands `run_proxy`), `prepare`
+(store, upstreams, policy, the capture writer's thread), `serve` on an event loop of its own thread,
+and on stop what SIGTERM does (the shutdown grace) and what the
 process does before it exits (`drain`: the writer's queue, the exports). What a process gave for
 free, each owned here:
 
@@ -35,6 +37,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -48,7 +51,9 @@ from click.testing import CliRunner
 from tapfix.addons.runner.master import Serving, drain, prepare, serve
 from tapfix.proxy.cli.main import main, mock_options
 from tapfix.proxy.cli.run import run as run_command
-from tapfix.proxy.cli.run import settings_from_options
+from tapfix.proxy.config.settings import Settings
+
+run_module = sys.modules["tapfix.proxy.cli.run"]  # the module whose run_proxy the command calls
 
 START_TIMEOUT_S = 20.0
 MOCK_THREAD = "tapfix-demo-mock"  # what proxy/cli/demo.py names the mock's thread
@@ -106,6 +111,30 @@ def _environment(env: dict[str, str] | None) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _run_settings(args: list[str], log_path: Path) -> Settings:
+    """What `tapfix run ARGS` hands `run_proxy`: the command's own callback runs (its decorators, its checks),
+    with `run_proxy` standing in to take the settings. What it says on stderr goes to the log, as a
+    process's stderr does."""
+    taken: list[Settings] = []
+
+    def take(settings: Settings, banner: Any = None) -> int:
+        taken.append(settings)
+        return 0
+
+    original = run_module.run_proxy
+    run_module.run_proxy = take
+    try:
+        with open(log_path, "a", encoding="utf-8") as err, contextlib.redirect_stderr(err):
+            with run_command.make_context("run", args) as ctx:
+                ctx.invoke(run_command.callback, **ctx.params)  # type: ignore[arg-type]
+    except SystemExit:
+        pass
+    finally:
+        run_module.run_proxy = original
+    assert taken, f"`tapfix run {' '.join(args)}` ended before it had settings"
+    return taken[0]
 
 
 @dataclass
@@ -167,8 +196,7 @@ class InprocProxy:
         self._env = _environment(self.env)
         self._env.__enter__()
         try:
-            with run_command.make_context("run", list(args)) as ctx:
-                self.settings = settings_from_options(dict(ctx.params))
+            self.settings = _run_settings(list(args), self.log_path)
             self._handler = _ProxyLog(self.log_path, self.settings.verbose)
             root, tapfix_log = logging.getLogger(), logging.getLogger("tapfix")
             root.addHandler(self._handler)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tapfix.proxy.cli.main import main
 from tapfix.proxy.quantities import parse_size
 
-from tests.support.procs import cli
+from tests.support.inproc import cli
 
 KI, MI, GI = 1024, 1024**2, 1024**3
 
@@ -70,7 +70,6 @@ def test_purge_max_size_takes_the_same_parser() -> None:
     assert result.exit_code == 2 and "has no unit" in result.output, result.output
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("value", "says"),
     [("10", "has no unit"), ("10B", "below the minimum"), ("512k", "below the minimum"), ("-1G", "negative")],

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli import main
 from tapfix.proxy.net import is_loopback, parse_listen, url
-
-from tests.support.procs import TAPFIX
 
 
 @pytest.mark.parametrize(
@@ -116,26 +111,3 @@ def test_commands_refuse_a_bad_listen_before_starting(args: list[str]) -> None:
     assert result.exit_code == 2, result.output
     assert f"'{args[-1]}'" in result.stderr and "Invalid value for '--" in result.stderr
     assert "Traceback" not in result.output
-
-
-@pytest.mark.e2e
-def test_mock_prints_an_ipv6_url_in_brackets(tmp_path: Path) -> None:
-    with socket.socket(socket.AF_INET6) as s:
-        s.bind(("::1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "mock.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*TAPFIX, "mock", "--listen", f"[::1]:{port}"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            try:
-                socket.create_connection(("::1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        assert f"http://[::1]:{port}/v1" in log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 from tapfix.proxy.cli import main
 
-from tests.cli.conftest import Store
+from tests.support.capture_store import Store
 
 BODIES = ("request", "forwarded", "response", "client_response")
 EXPORT_FLAG = {

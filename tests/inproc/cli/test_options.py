@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner, Result
 from tapfix.proxy.cli import main
 
-from tests.cli.conftest import Store
-from tests.support.procs import cli, start_proxy
+from tests.support.capture_store import Store
+from tests.support.inproc import cli, start_proxy
 
 UPSTREAM = ["--upstream", "http://127.0.0.1:9"]
 
@@ -109,7 +109,6 @@ def test_old_run_spelling_warns_before_anything_starts() -> None:
     assert result.stderr.splitlines()[0] == "tapfix: --upstream-key-env is deprecated, use --key-env (same meaning)"
 
 
-@pytest.mark.e2e
 def test_old_run_spellings_still_set_the_same_thing(tmp_path: Path) -> None:
     proxy = start_proxy(
         tmp_path,
@@ -166,7 +165,6 @@ def test_an_unusable_db_is_one_line(tmp_path: Path, db: str, args: list[str]) ->
     assert len(lines) == 1 and lines[0].startswith("Error: ") and path in lines[0], lines
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("db", UNUSABLE)
 def test_demo_with_an_unusable_db_is_one_line(tmp_path: Path, db: str) -> None:
     path = _unusable(tmp_path, db)
