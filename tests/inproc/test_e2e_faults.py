@@ -1,20 +1,18 @@
-"""Bad input and faults through a real proxy process: nothing crashes, nothing hangs, nothing is lost."""
+"""Bad input and faults through the real proxy (in the test process): nothing crashes, nothing hangs, nothing
+is lost. SIGTERM's drain and a port in use, which need the process: tests/process/test_e2e_faults.py."""
 
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import time
 
 import httpx
 import pytest
 
 from tests.support.builders import split_every, tool
-from tests.support.procs import cli, free_port, start_proxy, wait_capture
+from tests.support.inproc import cli, start_proxy
+from tests.support.procs import free_port, wait_capture
 from tests.support.rawserver import RawRequest, RawServer, sse_response
-
-pytestmark = pytest.mark.e2e
 
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
 JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -177,31 +175,6 @@ def test_upstream_path_prefix_is_joined_without_doubling_v1(raw, proxy_for, root
     proxy = proxy_for(server.url + root)
     httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []})
     assert server.requests[-1].path == expected
-
-
-def test_sigterm_drains_the_capture_queue(raw, tmp_path):
-    server = raw(_json_ok)
-    proxy = start_proxy(tmp_path, server.url, db=tmp_path / "drain.db")
-    ids = []
-    with httpx.Client() as client:
-        for i in range(30):
-            response = client.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "n": i})
-            ids.append(response.headers["x-tapfix-capture-id"])
-    assert proxy.stop(signal.SIGTERM) == 0
-    listed = cli("captures", "list", "--json", "--limit", "0", "--db", str(tmp_path / "drain.db"))
-    assert {json.loads(line)["id"] for line in listed.stdout.splitlines()} >= set(ids)
-
-
-def test_port_in_use_is_a_clear_error(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = cli(
-            "run", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "x.db")
-        )
-    assert result.returncode != 0
-    assert b"could not listen" in result.stderr or b"in use" in result.stderr
 
 
 @pytest.mark.parametrize("with_tools", [False, True], ids=["plain", "repair-armed"])
