@@ -357,16 +357,18 @@ def start_mock(tmp: Path, *args: str) -> InprocMock:
 
 
 @contextmanager
-def mock_and_proxy(tmp: Path, scenario: str | dict[str, Any], *proxy_args: str) -> Iterator[tuple[Any, Any]]:
+def mock_and_proxy(
+    tmp: Path, scenario: str | dict[str, Any], *proxy_args: str, shared: bool = False
+) -> Iterator[tuple[InprocMock, InprocProxy]]:
     """The mock with `--scenario` (a name, a file, or a dict written to one) and the proxy in front of it,
-    both stopped at the end."""
+    both stopped at the end; `shared`: a module's proxy (see InprocProxy)."""
     if isinstance(scenario, dict):
         path = tmp / "scenario.json"
         path.write_text(json.dumps(scenario))
         scenario = str(path)
     mock = start_mock(tmp, "--scenario", scenario)
     try:
-        proxy = start_proxy(tmp, mock.url, *proxy_args)
+        proxy = start_proxy(tmp, mock.url, *proxy_args, shared=shared)
         try:
             yield mock, proxy
         finally:

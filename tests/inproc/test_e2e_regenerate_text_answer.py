@@ -16,11 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import Proc, mock_and_proxy
+from tests.inproc.test_e2e_regenerate import rows
+from tests.support.inproc import InprocProxy, mock_and_proxy
 from tests.support.sdk_turn import SURFACES, Surface, Turn, ask
-from tests.test_e2e_regenerate import rows
-
-pytestmark = pytest.mark.e2e
 
 PREAMBLE = ["I will ", "create ", "the file ", "now."]
 ANSWER = "Actually, I cannot write files here; please create it yourself."
@@ -69,13 +67,13 @@ ENDS = {"chat": "stop", "responses": "completed", "messages": "end_turn"}
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     tmp: Path = tmp_path_factory.mktemp("text-answer")
-    with mock_and_proxy(tmp, SCENARIO, "--regenerate", "1") as (_, handle):
+    with mock_and_proxy(tmp, SCENARIO, "--regenerate", "1", shared=True) as (_, handle):
         yield handle
 
 
-def regenerated(proxy: Proc, turn: Turn) -> tuple[dict[str, Any], dict[str, Any]]:
+def regenerated(proxy: InprocProxy, turn: Turn) -> tuple[dict[str, Any], dict[str, Any]]:
     assert turn.capture_id, turn
     parent, second = rows(proxy.extra["db"], turn.capture_id, 2)
     assert "regenerated" in json.loads(parent["flags"]) and second["attempt"] == 2 and second["status"] == 200
@@ -83,7 +81,7 @@ def regenerated(proxy: Proc, turn: Turn) -> tuple[dict[str, Any], dict[str, Any]
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-def test_streamed_a_text_answer_follows_what_the_client_read(proxy: Proc, surface: Surface) -> None:
+def test_streamed_a_text_answer_follows_what_the_client_read(proxy: InprocProxy, surface: Surface) -> None:
     turn = ask(proxy.url, surface, "text-answer", stream=True)
     assert turn.error is None, turn.error
     assert turn.text == "".join(PREAMBLE) + ANSWER, "attempt 2's answer, after attempt 1's text"
@@ -94,7 +92,7 @@ def test_streamed_a_text_answer_follows_what_the_client_read(proxy: Proc, surfac
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-def test_streamed_a_preamble_before_a_call_is_not_said_twice(proxy: Proc, surface: Surface) -> None:
+def test_streamed_a_preamble_before_a_call_is_not_said_twice(proxy: InprocProxy, surface: Surface) -> None:
     turn = ask(proxy.url, surface, "preamble-then-call", stream=True)
     assert turn.error is None, turn.error
     assert turn.text == "".join(PREAMBLE), "attempt 2's own preamble is a repeat: dropped"
@@ -108,7 +106,7 @@ def test_streamed_a_preamble_before_a_call_is_not_said_twice(proxy: Proc, surfac
     ("model", "text", "calls"), [("text-answer", ANSWER, 0), ("preamble-then-call", "Sure, writing it.", 1)]
 )
 def test_not_streamed_the_client_gets_attempt_2s_answer(
-    proxy: Proc, surface: Surface, model: str, text: str, calls: int
+    proxy: InprocProxy, surface: Surface, model: str, text: str, calls: int
 ) -> None:
     turn = ask(proxy.url, surface, model, stream=False)
     assert turn.error is None, turn.error

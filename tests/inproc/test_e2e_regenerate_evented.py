@@ -16,13 +16,12 @@ import httpx
 import openai
 import pytest
 
-from tests import test_e2e_regenerate as chat_e2e
-from tests.support.procs import Proc, wait_capture
-from tests.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, rows
+from tests.inproc import test_e2e_regenerate as chat_e2e
+from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, rows
+from tests.support.inproc import InprocProxy
+from tests.support.procs import wait_capture
 from tests.unit.test_mock_attempts import WRITE
 from tests.unit.test_regenerate_evented_seam import objects, valid_messages, valid_responses
-
-pytestmark = pytest.mark.e2e
 
 PROMPT = "Create a file hello.txt containing a greeting"
 PARAMETERS = WRITE["function"]["parameters"]
@@ -43,13 +42,13 @@ stack = chat_e2e.stack  # the fixture: `tapfix mock --scenario S` and `tapfix ru
 REGENERATE_1 = [("break_args_first_attempt", "--regenerate", "1")]
 
 
-def raw_stream(proxy: Proc, path: str, **extra: Any) -> tuple[str, bytes]:
+def raw_stream(proxy: InprocProxy, path: str, **extra: Any) -> tuple[str, bytes]:
     with httpx.stream("POST", proxy.url + path, json={**BODIES[path], **extra}, timeout=30) as r:
         assert r.status_code == 200
         return r.headers["x-tapfix-capture-id"], b"".join(r.iter_raw())
 
 
-def parent_id(proxy: Proc) -> str:
+def parent_id(proxy: InprocProxy) -> str:
     """The client-facing capture (an SDK stream helper hides the response headers)."""
     db = proxy.extra["db"]
     for _ in range(200):
@@ -68,7 +67,7 @@ def parent_id(proxy: Proc) -> str:
     raise AssertionError("no client-facing capture recorded")
 
 
-def check_store(proxy: Proc, capture_id: str) -> None:
+def check_store(proxy: InprocProxy, capture_id: str) -> None:
     found = rows(proxy.extra["db"], capture_id, 2)
     assert [(r["attempt"], r["attempt_of"]) for r in found] == [(1, None), (2, capture_id)]
     parent, second = found
@@ -79,7 +78,7 @@ def check_store(proxy: Proc, capture_id: str) -> None:
 
 
 @pytest.mark.parametrize("stack", REGENERATE_1, indirect=True)
-def test_the_openai_sdk_streaming_responses_gets_one_valid_function_call(stack: Proc) -> None:
+def test_the_openai_sdk_streaming_responses_gets_one_valid_function_call(stack: InprocProxy) -> None:
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
     kinds: list[str] = []
     with client.responses.stream(model="m", input=PROMPT, tools=RESPONSES_TOOLS) as stream:  # type: ignore[arg-type]
@@ -95,7 +94,7 @@ def test_the_openai_sdk_streaming_responses_gets_one_valid_function_call(stack: 
 
 
 @pytest.mark.parametrize("stack", REGENERATE_1, indirect=True)
-def test_the_anthropic_sdk_streaming_messages_gets_one_valid_tool_use(stack: Proc) -> None:
+def test_the_anthropic_sdk_streaming_messages_gets_one_valid_tool_use(stack: InprocProxy) -> None:
     client = anthropic.Anthropic(base_url=stack.url, api_key="k", max_retries=0, timeout=30)
     with client.messages.stream(
         model="m",
@@ -114,7 +113,7 @@ def test_the_anthropic_sdk_streaming_messages_gets_one_valid_tool_use(stack: Pro
 
 @pytest.mark.parametrize("path", list(BODIES))
 @pytest.mark.parametrize("stack", REGENERATE_1, indirect=True)
-def test_the_client_reads_one_valid_stream_with_no_marker(stack: Proc, path: str) -> None:
+def test_the_client_reads_one_valid_stream_with_no_marker(stack: InprocProxy, path: str) -> None:
     capture_id, data = raw_stream(stack, path)
     assert b"tapfix-attempt-end" not in data
     calls = (valid_responses if path == "/v1/responses" else valid_messages)(data)
@@ -124,7 +123,7 @@ def test_the_client_reads_one_valid_stream_with_no_marker(stack: Proc, path: str
 
 @pytest.mark.parametrize("path", list(BODIES))
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "0")], indirect=True)
-def test_regenerate_0_is_todays_error_event(stack: Proc, path: str) -> None:
+def test_regenerate_0_is_todays_error_event(stack: InprocProxy, path: str) -> None:
     capture_id, data = raw_stream(stack, path)
     kinds = [k for k, _ in objects(data)]
     assert kinds.count("error") == 1
@@ -139,7 +138,7 @@ def test_regenerate_0_is_todays_error_event(stack: Proc, path: str) -> None:
 
 @pytest.mark.parametrize("path", list(BODIES))
 @pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)
-def test_every_attempt_broken_is_todays_retryable_error_event(stack: Proc, path: str) -> None:
+def test_every_attempt_broken_is_todays_retryable_error_event(stack: InprocProxy, path: str) -> None:
     capture_id, data = raw_stream(stack, path)
     kinds = [k for k, _ in objects(data)]
     assert kinds.count("error") == 1 and kinds.count("message_start") + kinds.count("response.created") == 1
@@ -154,7 +153,7 @@ def test_every_attempt_broken_is_todays_retryable_error_event(stack: Proc, path:
 
 
 @pytest.mark.parametrize("stack", REGENERATE_1, indirect=True)
-def test_a_deterministic_messages_request_is_skipped(stack: Proc) -> None:
+def test_a_deterministic_messages_request_is_skipped(stack: InprocProxy) -> None:
     capture_id, data = raw_stream(stack, "/v1/messages", temperature=0)
     assert [k for k, _ in objects(data)].count("error") == 1
     found = rows(stack.extra["db"], capture_id, 1, timeout=1.0)

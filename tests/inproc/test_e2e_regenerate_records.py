@@ -19,12 +19,10 @@ import httpx
 import pytest
 from tapfix.proxy.telemetry import semconv as sc
 
+from tests.inproc.test_e2e_regenerate import rows
 from tests.support.ci import unavailable
-from tests.support.procs import Proc, start_mock, start_proxy
+from tests.support.inproc import InprocProxy, start_mock, start_proxy
 from tests.support.sdk_turn import SURFACES, Turn, ask
-from tests.test_e2e_regenerate import rows
-
-pytestmark = pytest.mark.e2e
 
 BROKEN = {"do": "break_tool_call", "mode": "truncate"}
 SCENARIO = {
@@ -39,7 +37,7 @@ ASKED = [(surface, "500-later") for surface in SURFACES] + [("chat", "html-later
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Any, list[Turn]]]:
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InprocProxy, Any, list[Turn]]]:
     """The proxy, its OTLP receiver, and the turns asked through it (streamed, the real SDKs)."""
     try:
         import opentelemetry.sdk.trace  # noqa: F401 - tapfix[otel], what `--otlp` needs
@@ -68,7 +66,9 @@ def _until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
     return result
 
 
-def test_the_client_gets_the_retryable_error_and_the_capture_says_so(exported: tuple[Proc, Any, list[Turn]]) -> None:
+def test_the_client_gets_the_retryable_error_and_the_capture_says_so(
+    exported: tuple[InprocProxy, Any, list[Turn]],
+) -> None:
     proxy, _, turns = exported
     for turn in turns:
         assert turn.error is not None and "server error" in turn.error_text, turn
@@ -77,7 +77,9 @@ def test_the_client_gets_the_retryable_error_and_the_capture_says_so(exported: t
         assert attempt["attempt_of"] == parent["id"] and "upstream_error" in json.loads(attempt["flags"])
 
 
-def test_spans_say_what_the_client_got_and_where_each_attempt_went(exported: tuple[Proc, Any, list[Turn]]) -> None:
+def test_spans_say_what_the_client_got_and_where_each_attempt_went(
+    exported: tuple[InprocProxy, Any, list[Turn]],
+) -> None:
     _, receiver, turns = exported
     ids = {str(t.capture_id) for t in turns}
 
@@ -98,7 +100,7 @@ def test_spans_say_what_the_client_got_and_where_each_attempt_went(exported: tup
         assert span.status_code == 2, "the attempt the client couldn't use is an error"
 
 
-def _samples(proxy: Proc, name: str) -> list[tuple[dict[str, str], float]]:
+def _samples(proxy: InprocProxy, name: str) -> list[tuple[dict[str, str], float]]:
     text = httpx.get(proxy.url + "/tapfix/metrics", timeout=10).text
     out = []
     for line in text.splitlines():
@@ -109,7 +111,7 @@ def _samples(proxy: Proc, name: str) -> list[tuple[dict[str, str], float]]:
     return out
 
 
-def test_metrics_count_attempts_apart_from_client_requests(exported: tuple[Proc, Any, list[Turn]]) -> None:
+def test_metrics_count_attempts_apart_from_client_requests(exported: tuple[InprocProxy, Any, list[Turn]]) -> None:
     proxy, _, turns = exported
     requests = _until(
         lambda: (got := _samples(proxy, "tapfix_requests_total")) and sum(v for _, v in got) >= len(turns) and got

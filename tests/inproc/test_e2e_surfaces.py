@@ -14,9 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.procs import cli, start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import cli, start_mock, start_proxy
+from tests.support.procs import wait_capture
 
 SCHEMA = {
     "type": "object",
@@ -40,7 +39,7 @@ def stack(tmp_path_factory):
     )
     mock = start_mock(tmp, "--scenario", str(tmp / "scenario.json"))
     gen = str(tmp / "generation_config.json")
-    proxy = start_proxy(tmp, mock.url, "--engine", "vllm", "--generation-config", gen)
+    proxy = start_proxy(tmp, mock.url, "--engine", "vllm", "--generation-config", gen, shared=True)
     yield mock, proxy
     proxy.stop()
     mock.stop()

@@ -18,11 +18,10 @@ import httpx
 import pytest
 from tapfix.addons import KEEPALIVE_S
 
-from tests.support.procs import Proc, start_mock, start_proxy, wait_capture
+from tests.inproc.test_e2e_regenerate import WRITE, rows
+from tests.support.inproc import InprocMock, InprocProxy, start_mock, start_proxy
+from tests.support.procs import wait_capture
 from tests.support.stage_io import client_view
-from tests.test_e2e_regenerate import WRITE, rows
-
-pytestmark = pytest.mark.e2e
 
 SLOW_MODEL = "m"  # only this model's tool conversations are broken, then slow; any other is healthy
 
@@ -41,7 +40,7 @@ def slow_second_attempt(delay_s: float) -> dict[str, Any]:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Proc, Proc]]:
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[InprocMock, InprocProxy]]:
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(slow_second_attempt(request.param)))
     mock = start_mock(tmp_path, "--scenario", str(path))
@@ -72,7 +71,7 @@ def connections_to(port: int) -> set[str]:
     return found
 
 
-def assert_served(proxy: Proc) -> None:
+def assert_served(proxy: InprocProxy) -> None:
     """A plain request and a relayed tool request from other clients both complete, quickly."""
     started = time.monotonic()
     plain = httpx.post(proxy.url + "/v1/chat/completions", json=plain_body(), timeout=5)
@@ -84,7 +83,9 @@ def assert_served(proxy: Proc) -> None:
 
 
 @pytest.mark.parametrize("stack", [KEEPALIVE_S + 1.5], indirect=True)
-def test_keep_alives_reach_the_waiting_client_and_others_are_served_meanwhile(stack: tuple[Proc, Proc]) -> None:
+def test_keep_alives_reach_the_waiting_client_and_others_are_served_meanwhile(
+    stack: tuple[InprocMock, InprocProxy],
+) -> None:
     proxy, _ = stack
     lines: list[tuple[float, str]] = []
     raw = bytearray()
@@ -131,7 +132,7 @@ LEAVE_DELAY_S = (
 )  # attempt 2's headers this late: the mock is still silent ~K + 4 s after the client left
 
 
-def leave_at_the_first_keep_alive(proxy: Proc) -> str:
+def leave_at_the_first_keep_alive(proxy: InprocProxy) -> str:
     """Stream a broken-then-slow request and hang up once a keep-alive shows attempt 2 is awaited."""
     with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=tool_body(), timeout=30) as r:
         capture_id = r.headers["x-tapfix-capture-id"]
@@ -143,7 +144,9 @@ def leave_at_the_first_keep_alive(proxy: Proc) -> str:
 
 
 @pytest.mark.parametrize("stack", [LEAVE_DELAY_S], indirect=True)
-def test_a_client_leaving_during_attempt_2_is_recorded_and_tapfix_keeps_serving(stack: tuple[Proc, Proc]) -> None:
+def test_a_client_leaving_during_attempt_2_is_recorded_and_tapfix_keeps_serving(
+    stack: tuple[InprocMock, InprocProxy],
+) -> None:
     proxy, mock = stack
     capture_id = leave_at_the_first_keep_alive(proxy)
     assert len(connections_to(mock.port)) == 1, "attempt 2's request is open at the mock"
@@ -162,7 +165,7 @@ def test_a_client_leaving_during_attempt_2_is_recorded_and_tapfix_keeps_serving(
 
 
 @pytest.mark.parametrize("stack", [LEAVE_DELAY_S], indirect=True)
-def test_a_client_leaving_during_attempt_2_cancels_it_at_once(stack: tuple[Proc, Proc]) -> None:
+def test_a_client_leaving_during_attempt_2_cancels_it_at_once(stack: tuple[InprocMock, InprocProxy]) -> None:
     proxy, mock = stack
     capture_id = leave_at_the_first_keep_alive(proxy)
     left = time.monotonic()

@@ -22,12 +22,11 @@ import httpx
 import pytest
 from tapfix.addons import KEEPALIVE_S
 
-from tests.support.procs import Proc, free_port, start, start_mock, start_proxy, wait_capture
+from tests.inproc.test_e2e_regenerate import rows
+from tests.support.inproc import InprocMock, InprocProxy, start, start_mock, start_proxy
+from tests.support.procs import wait_capture
 from tests.support.sdk_turn import CHAT_TOOLS, SURFACES, Surface, Turn, ask, prompt
 from tests.support.stage_io import client_view
-from tests.test_e2e_regenerate import rows
-
-pytestmark = pytest.mark.e2e
 
 BUDGET_S = 3.0
 SLACK_S = 5.0  # a shared, loaded machine: the bound is the budget plus this, never the stall (60 s)
@@ -68,7 +67,7 @@ SCENARIO: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocMock]:
     tmp = tmp_path_factory.mktemp("failed-attempts")
     path = tmp / "scenario.json"
     path.write_text(json.dumps(SCENARIO))
@@ -81,7 +80,7 @@ MODELS = sorted({rule["when"]["model"] for rule in SCENARIO["rules"]})
 SCENARIO["models"] = MODELS  # what the mock's /v1/models lists (config mode's preflight asks)
 
 
-def config(mock: Proc, regenerate: int, budget: float) -> str:
+def config(mock: InprocMock, regenerate: int, budget: float) -> str:
     """Config mode, for the upstream's admission: this module asks for far more attempts a minute than
     `regenerate_per_minute`'s default lets through."""
     lines = [f"regenerate = {regenerate}", f"regenerate_budget = {budget}", "", "[upstreams.mock]"]
@@ -90,22 +89,20 @@ def config(mock: Proc, regenerate: int, budget: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def proxy(mock: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    handle = start_configured(tmp_path_factory.mktemp("failed-attempts-proxy"), config(mock, 2, BUDGET_S))
+def proxy(mock: InprocMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
+    handle = start_configured(tmp_path_factory.mktemp("failed-attempts-proxy"), config(mock, 2, BUDGET_S), shared=True)
     yield handle
     handle.stop()
 
 
-def start_configured(tmp: Path, text: str) -> Proc:
+def start_configured(tmp: Path, text: str, shared: bool = False) -> InprocProxy:
     (tmp / "tapfix.toml").write_text(text)
-    port = free_port()
-    args = ["run", "--config", str(tmp / "tapfix.toml"), "--listen", f"127.0.0.1:{port}", "--db", str(tmp / "c.db")]
-    handle = start(args, port, tmp / f"proxy-{port}.log")
+    handle = start(["--config", str(tmp / "tapfix.toml"), "--db", str(tmp / "c.db")], tmp / "proxy.log", shared=shared)
     handle.extra["db"] = tmp / "c.db"
     return handle
 
 
-def records(proxy: Proc, turn: Turn, count: int) -> list[dict[str, Any]]:
+def records(proxy: InprocProxy, turn: Turn, count: int) -> list[dict[str, Any]]:
     """The client-facing capture and its attempts, flags parsed."""
     assert turn.capture_id, turn
     found = rows(proxy.extra["db"], turn.capture_id, count)
@@ -135,7 +132,7 @@ def assert_one_call(turn: Turn) -> None:
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_compressed_later_attempt_reaches_the_sdk_decoded(
-    proxy: Proc, surface: Surface, stream: bool, encoding: str
+    proxy: InprocProxy, surface: Surface, stream: bool, encoding: str
 ) -> None:
     turn = ask(proxy.url, surface, f"compressed-{encoding}", stream)
     assert_one_call(turn)
@@ -160,7 +157,7 @@ THEN_GOOD = {
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("model", list(THEN_GOOD))
 def test_an_unreadable_later_attempt_is_followed_by_the_next(
-    proxy: Proc, surface: Surface, stream: bool, model: str
+    proxy: InprocProxy, surface: Surface, stream: bool, model: str
 ) -> None:
     turn = ask(proxy.url, surface, model, stream)
     assert_one_call(turn)
@@ -182,7 +179,7 @@ ALWAYS = {"lie-always": {"undecodable_body"}, "html-always": set(), "json-always
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("model", list(ALWAYS))
 def test_every_later_attempt_unreadable_is_the_retryable_error(
-    proxy: Proc, surface: Surface, stream: bool, model: str
+    proxy: InprocProxy, surface: Surface, stream: bool, model: str
 ) -> None:
     turn = ask(proxy.url, surface, model, stream)
     assert_retryable(turn, surface, stream)
@@ -202,7 +199,7 @@ def test_every_later_attempt_unreadable_is_the_retryable_error(
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("surface", SURFACES)
 def test_a_later_attempt_whose_error_body_stalls_ends_within_the_budget(
-    proxy: Proc, surface: Surface, stream: bool
+    proxy: InprocProxy, surface: Surface, stream: bool
 ) -> None:
     started = time.monotonic()
     turn = ask(proxy.url, surface, "stall-5xx", stream, timeout=30)
@@ -216,7 +213,7 @@ def test_a_later_attempt_whose_error_body_stalls_ends_within_the_budget(
     assert skips == ["budget_spent"]
 
 
-def _stream_chat(proxy: Proc, model: str, timeout: float = 30) -> tuple[str, bytes, float]:
+def _stream_chat(proxy: InprocProxy, model: str, timeout: float = 30) -> tuple[str, bytes, float]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt()}], "tools": CHAT_TOOLS, "stream": True}
     started = time.monotonic()
     with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=timeout) as r:
@@ -224,7 +221,7 @@ def _stream_chat(proxy: Proc, model: str, timeout: float = 30) -> tuple[str, byt
         return r.headers["x-tapfix-capture-id"], data, time.monotonic() - started
 
 
-def test_stalled_attempts_free_their_admission_slots(proxy: Proc) -> None:
+def test_stalled_attempts_free_their_admission_slots(proxy: InprocProxy) -> None:
     """Two stalled attempts at once fill the upstream's two slots (regenerate_concurrency's default); each
     frees its slot when the budget ends it, so the next broken call is regenerated, not refused."""
     ended: list[tuple[str, bytes, float]] = []
@@ -244,14 +241,14 @@ def test_stalled_attempts_free_their_admission_slots(proxy: Proc) -> None:
 
 
 @pytest.fixture
-def waiting_proxy(mock: Proc, tmp_path: Path) -> Iterator[Proc]:
+def waiting_proxy(mock: InprocMock, tmp_path: Path) -> Iterator[InprocProxy]:
     """A budget longer than the keep-alive interval, so a keep-alive is due while an attempt stalls."""
     handle = start_proxy(tmp_path, mock.url, "--regenerate", "1", "--regenerate-budget", str(KEEPALIVE_S + 2))
     yield handle
     handle.stop()
 
 
-def test_keep_alives_reach_the_client_while_a_later_attempt_stalls(waiting_proxy: Proc) -> None:
+def test_keep_alives_reach_the_client_while_a_later_attempt_stalls(waiting_proxy: InprocProxy) -> None:
     budget = KEEPALIVE_S + 2
     capture_id, data, waited = _stream_chat(waiting_proxy, "stall-5xx")
     assert waited < budget + SLACK_S, f"the client waited {waited:.1f} s with a {budget:g} s budget"
@@ -264,7 +261,7 @@ def test_keep_alives_reach_the_client_while_a_later_attempt_stalls(waiting_proxy
 
 # -- 16: a stream that isn't SSE, on a request tapfix must read ----------------------------------------
 @pytest.mark.parametrize("surface", SURFACES)
-def test_a_first_attempt_that_is_not_sse_is_regenerated(proxy: Proc, surface: Surface) -> None:
+def test_a_first_attempt_that_is_not_sse_is_regenerated(proxy: InprocProxy, surface: Surface) -> None:
     turn = ask(proxy.url, surface, "notsse-first", stream=True)
     assert_one_call(turn)
     parent, second = records(proxy, turn, 2)
@@ -275,7 +272,7 @@ def test_a_first_attempt_that_is_not_sse_is_regenerated(proxy: Proc, surface: Su
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-def test_a_stream_that_is_never_sse_ends_with_the_retryable_error(proxy: Proc, surface: Surface) -> None:
+def test_a_stream_that_is_never_sse_ends_with_the_retryable_error(proxy: InprocProxy, surface: Surface) -> None:
     turn = ask(proxy.url, surface, "notsse-always", stream=True)
     assert_retryable(turn, surface, stream=True)
     assert "not an event stream" in turn.error_text
@@ -288,16 +285,16 @@ def test_a_stream_that_is_never_sse_ends_with_the_retryable_error(proxy: Proc, s
 
 
 @pytest.fixture(scope="module")
-def direct_proxy(mock: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def direct_proxy(mock: InprocMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     """No regeneration: the stream owner reads the upstream's stream itself."""
-    handle = start_proxy(tmp_path_factory.mktemp("not-sse-direct"), mock.url, "--regenerate", "0")
+    handle = start_proxy(tmp_path_factory.mktemp("not-sse-direct"), mock.url, "--regenerate", "0", shared=True)
     yield handle
     handle.stop()
 
 
 @pytest.mark.parametrize("surface", SURFACES)
 def test_without_regeneration_a_stream_that_is_not_sse_ends_with_the_retryable_error(
-    direct_proxy: Proc, surface: Surface
+    direct_proxy: InprocProxy, surface: Surface
 ) -> None:
     turn = ask(direct_proxy.url, surface, "notsse-always", stream=True)
     assert_retryable(turn, surface, stream=True)
@@ -314,7 +311,7 @@ def test_without_regeneration_a_stream_that_is_not_sse_ends_with_the_retryable_e
     assert upstream_bytes >= 1, "the record keeps what the upstream sent"
 
 
-def test_a_stream_tapfix_need_not_read_still_passes_as_it_came(direct_proxy: Proc, mock: Proc) -> None:
+def test_a_stream_tapfix_need_not_read_still_passes_as_it_came(direct_proxy: InprocProxy, mock: InprocMock) -> None:
     """No tools: nothing reads the stream, so the upstream's bytes go through untouched, as before."""
     body = {"model": "notsse-always", "messages": [{"role": "user", "content": prompt()}], "stream": True}
     direct = httpx.post(mock.url + "/v1/chat/completions", json=body, timeout=10).content

@@ -17,10 +17,9 @@ import pytest
 
 from tests.support.builders import tool
 from tests.support.ci import unavailable
-from tests.support.procs import Proc, mock_and_proxy, wait_capture
+from tests.support.inproc import InprocProxy, mock_and_proxy
+from tests.support.procs import wait_capture
 from tests.support.stage_io import client_view
-
-pytestmark = pytest.mark.e2e
 
 WRITE = tool(
     "write",
@@ -34,7 +33,7 @@ ALWAYS_BROKEN = {"rules": [{"when": {"has_tools": True}, "do": "break_tool_call"
 
 
 @pytest.fixture
-def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[InprocProxy]:
     with mock_and_proxy(tmp_path, *request.param) as (mock, proxy):
         proxy.extra["upstream_authority"] = mock.url.split("://", 1)[1]
         yield proxy
@@ -78,14 +77,14 @@ def all_exchanges(db: Path) -> int:
         conn.close()
 
 
-def raw_stream(proxy: Proc, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, bytes]:
+def raw_stream(proxy: InprocProxy, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, bytes]:
     with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
         data = b"".join(r.iter_raw())
         return r.headers["x-tapfix-capture-id"], data
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -> None:
+def test_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: InprocProxy) -> None:
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
     raw = client.chat.completions.with_raw_response.create(
         model="m",
@@ -117,7 +116,7 @@ def test_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None:
+def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: InprocProxy) -> None:
     body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True}
     capture_id, data = raw_stream(stack, body, {"traceparent": TRACEPARENT})
     assert b"tapfix-attempt-end" not in data
@@ -137,7 +136,7 @@ def test_the_client_reads_one_role_chunk_no_marker_no_error(stack: Proc) -> None
 
 
 @pytest.fixture
-def exporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Proc]:
+def exporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InprocProxy]:
     """OTLP export on, to a receiver that isn't there (failures are counted, never raised), so tapfix has
     a span of its own; a short exporter timeout keeps the flush at exit short."""
     try:
@@ -150,7 +149,7 @@ def exporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Proc]
         yield proxy
 
 
-def test_with_export_on_the_attempt_resends_tapfix_traceparent_and_is_a_child_span(exporting: Proc) -> None:
+def test_with_export_on_the_attempt_resends_tapfix_traceparent_and_is_a_child_span(exporting: InprocProxy) -> None:
     body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True}
     capture_id, data = raw_stream(exporting, body, {"traceparent": TRACEPARENT})
     assert client_view(data).errors == []
@@ -167,7 +166,7 @@ def test_with_export_on_the_attempt_resends_tapfix_traceparent_and_is_a_child_sp
 
 
 @pytest.mark.parametrize("stack", [(ALWAYS_BROKEN, "--regenerate", "1")], indirect=True)
-def test_every_attempt_broken_ends_with_todays_error_event(stack: Proc) -> None:
+def test_every_attempt_broken_ends_with_todays_error_event(stack: InprocProxy) -> None:
     capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
     view = client_view(data)
     assert view.calls == [] and len(view.errors) == 1 and view.done == 1
@@ -179,7 +178,7 @@ def test_every_attempt_broken_ends_with_todays_error_event(stack: Proc) -> None:
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_a_deterministic_request_is_not_regenerated_without_continuation(stack: Proc) -> None:
+def test_a_deterministic_request_is_not_regenerated_without_continuation(stack: InprocProxy) -> None:
     body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True, "temperature": 0}
     capture_id, data = raw_stream(stack, body)
     view = client_view(data)
@@ -191,7 +190,7 @@ def test_a_deterministic_request_is_not_regenerated_without_continuation(stack: 
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "0")], indirect=True)
-def test_regenerate_0_is_todays_error(stack: Proc) -> None:
+def test_regenerate_0_is_todays_error(stack: InprocProxy) -> None:
     capture_id, data = raw_stream(stack, {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True})
     view = client_view(data)
     assert view.calls == [] and len(view.errors) == 1
@@ -200,7 +199,7 @@ def test_regenerate_0_is_todays_error(stack: Proc) -> None:
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_a_request_for_two_choices_is_not_regenerated(stack: Proc) -> None:
+def test_a_request_for_two_choices_is_not_regenerated(stack: InprocProxy) -> None:
     """A regenerated choice can't be asked for alone: `n: 2` goes straight to the upstream, as today."""
     body = {"model": "m", "messages": messages(), "tools": [WRITE], "stream": True, "n": 2}
     capture_id, data = raw_stream(stack, body)

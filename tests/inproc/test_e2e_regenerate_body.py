@@ -21,11 +21,9 @@ import pytest
 from tapfix.proxy.browse.queries import Filters, Store
 from tapfix.proxy.browse.stats import compute_stats
 
-from tests.support.procs import Proc, cli, mock_and_proxy, start_proxy
-from tests.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, rows
-from tests.test_e2e_regenerate_timing import plain_body, slow_second_attempt
-
-pytestmark = pytest.mark.e2e
+from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, rows
+from tests.inproc.test_e2e_regenerate_timing import plain_body, slow_second_attempt
+from tests.support.inproc import InprocProxy, cli, mock_and_proxy, start_proxy
 
 RESPONSES_WRITE = {"type": "function", "name": "write", "parameters": WRITE["function"]["parameters"]}
 MESSAGES_WRITE = {"name": "write", "description": "Write a file", "input_schema": WRITE["function"]["parameters"]}
@@ -33,13 +31,14 @@ PROMPT = "Create a file hello.txt containing a greeting"
 
 
 @pytest.fixture
-def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proc]:
-    with mock_and_proxy(tmp_path, *request.param) as (mock, proxy):
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[InprocProxy]:
+    # shared: it steps aside while a test runs a second proxy (one in-process proxy at a time)
+    with mock_and_proxy(tmp_path, *request.param, shared=True) as (mock, proxy):
         proxy.extra["upstream"] = mock.url
         yield proxy
 
 
-def post(proxy: Proc, path: str, body: dict[str, Any]) -> httpx.Response:
+def post(proxy: InprocProxy, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(proxy.url + path, json={**body, "stream": False}, timeout=30)
 
 
@@ -62,7 +61,7 @@ def regenerated_once(db: Path, capture_id: str, others: int = 0) -> tuple[dict[s
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_chat_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -> None:
+def test_chat_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: InprocProxy) -> None:
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
     raw = client.chat.completions.with_raw_response.create(
         model="m",
@@ -83,7 +82,7 @@ def test_chat_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Pr
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_responses_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -> None:
+def test_responses_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: InprocProxy) -> None:
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
     raw = client.responses.with_raw_response.create(model="m", input=PROMPT, tools=[RESPONSES_WRITE])  # type: ignore[list-item]
     response = raw.parse()
@@ -95,7 +94,7 @@ def test_responses_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stac
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_messages_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: Proc) -> None:
+def test_messages_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack: InprocProxy) -> None:
     client = anthropic.Anthropic(base_url=stack.url, api_key="k", max_retries=0, timeout=30)
     raw = client.messages.with_raw_response.create(
         model="m",
@@ -111,7 +110,7 @@ def test_messages_a_call_broken_on_the_first_attempt_reaches_the_sdk_whole(stack
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "0")], indirect=True)
-def test_regenerate_0_is_todays_502(stack: Proc) -> None:
+def test_regenerate_0_is_todays_502(stack: InprocProxy) -> None:
     client = openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=30)
     with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="m", messages=messages(), tools=[WRITE])  # type: ignore[arg-type,list-item]
@@ -138,7 +137,7 @@ def _error_shape(r: httpx.Response) -> tuple[int, Any, Any, Any]:
     ],
 )
 def test_every_attempt_broken_is_todays_error_and_every_attempt_is_stored(
-    stack: Proc, tmp_path: Path, path: str, body: dict[str, Any]
+    stack: InprocProxy, tmp_path: Path, path: str, body: dict[str, Any]
 ) -> None:
     r = post(stack, path, body)
     # today's answer: the same proxy's upstream, without regeneration
@@ -163,7 +162,7 @@ def test_every_attempt_broken_is_todays_error_and_every_attempt_is_stored(
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
 @pytest.mark.parametrize("deterministic", [{"temperature": 0}, {"seed": 7}])
-def test_a_deterministic_request_is_not_regenerated(stack: Proc, deterministic: dict[str, Any]) -> None:
+def test_a_deterministic_request_is_not_regenerated(stack: InprocProxy, deterministic: dict[str, Any]) -> None:
     r = post(stack, "/v1/chat/completions", chat_body(**deterministic))
     assert r.status_code == 502
     found = rows(stack.extra["db"], r.headers["x-tapfix-capture-id"], 1, timeout=1.0)
@@ -176,7 +175,7 @@ def test_a_deterministic_request_is_not_regenerated(stack: Proc, deterministic: 
 @pytest.mark.parametrize(
     "stack", [("break_args_first_attempt", "--regenerate", "1", "--tool-repair", "fail_fast")], indirect=True
 )
-def test_fail_fast_regenerates_too(stack: Proc) -> None:
+def test_fail_fast_regenerates_too(stack: InprocProxy) -> None:
     r = post(stack, "/v1/chat/completions", chat_body())
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
@@ -184,7 +183,7 @@ def test_fail_fast_regenerates_too(stack: Proc) -> None:
 
 
 @pytest.mark.parametrize("stack", [("break_args_first_attempt", "--regenerate", "1")], indirect=True)
-def test_captures_list_and_stats_count_one_client_request(stack: Proc) -> None:
+def test_captures_list_and_stats_count_one_client_request(stack: InprocProxy) -> None:
     r = post(stack, "/v1/chat/completions", chat_body())
     assert r.status_code == 200
     capture_id = r.headers["x-tapfix-capture-id"]
@@ -204,7 +203,7 @@ SLOW_S = 4.0
 
 
 @pytest.mark.parametrize("stack", [(slow_second_attempt(SLOW_S), "--regenerate", "1")], indirect=True)
-def test_a_slow_attempt_2_holds_no_other_client(stack: Proc) -> None:
+def test_a_slow_attempt_2_holds_no_other_client(stack: InprocProxy) -> None:
     got: list[httpx.Response] = []
     waiting = threading.Thread(target=lambda: got.append(post(stack, "/v1/chat/completions", chat_body())))
     t0 = time.monotonic()
@@ -231,7 +230,7 @@ LEAVING_BODIES = {
 
 @pytest.mark.parametrize("path", list(LEAVING_BODIES))
 @pytest.mark.parametrize("stack", [(slow_second_attempt(3 * SLOW_S), "--regenerate", "1")], indirect=True)
-def test_a_client_leaving_during_attempt_2_cancels_it(stack: Proc, path: str) -> None:
+def test_a_client_leaving_during_attempt_2_cancels_it(stack: InprocProxy, path: str) -> None:
     """The pending attempt is cancelled within the 0.2 s close check, not when the mock would answer
     (12 s later); the mock did get it (asked again, the conversation is on its third attempt: 418). The
     records say the client left (issue 31, item 9): it received nothing (no status), and the cancelled
