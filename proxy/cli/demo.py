@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import uvicorn
@@ -103,13 +103,12 @@ def run_demo(
     mock_listen: tuple[str, int],
     db: StoreLocator,
     run_proxy: Callable[..., int],
-    make_settings: Callable[[dict[str, Any]], Settings],
 ) -> int:
     mock_host, mock_port = mock_listen
     mock_port = _pick_port(mock_host, mock_port)
     server = start_mock_thread(mock_host, mock_port)
     mock_url = url(mock_host, mock_port)
-    settings = make_settings({"upstream": mock_url, "listen": listen, "db": db})
+    settings = Settings(upstream=mock_url, listen=listen, db=str(db.path))  # demo's store is a SQLite file
     try:
         return run_proxy(settings, banner=lambda base: click.echo(banner(base, mock_url, db)))
     finally:

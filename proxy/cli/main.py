@@ -17,6 +17,7 @@ from tapfix.proxy.cli.captures import captures
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
@@ -95,7 +96,7 @@ main.add_command(captures)
 
 
 @main.command()
-@listen_option("127.0.0.1:8080", "where the proxy listens")
+@listen_option(setting_named("listen").shown_default() or "", "where the proxy listens")
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )
@@ -108,9 +109,9 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
       tapfix demo --db /tmp/demo.db
     """
     from tapfix.proxy.cli.demo import run_demo
-    from tapfix.proxy.cli.run import make_settings, run_proxy
+    from tapfix.proxy.cli.run import run_proxy
 
-    sys.exit(run_demo(listen, mock_listen, db, run_proxy, make_settings))
+    sys.exit(run_demo(listen, mock_listen, db, run_proxy))
 
 
 @main.command()
@@ -223,7 +224,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     failed = False
     if config_path is not None:
         from tapfix.proxy.config.file import Config, ConfigError
-        from tapfix.proxy.config.preflight import render, run_checks
+        from tapfix.proxy.request.preflight import render, run_checks
 
         try:
             config = Config.load(config_path)

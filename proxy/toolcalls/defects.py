@@ -39,6 +39,8 @@ MISSING_FRAGMENT: Final = "missing_fragment"
 MISSING_LAST_CHUNK: Final = "missing_last_chunk"
 AMBIGUOUS_ESCAPE: Final = "ambiguous_escape"
 LEAKED: Final = "leaked_into_content"
+GLUED: Final = "glued_call"
+FINISH_REPEATED: Final = "finish_repeated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,15 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         True,
         {"chat": "repaired"},
         "two calls opened in one delta: kept apart (as sent, when already well formed)",
+    ),
+    DefectClass(
+        "glued_call",
+        "indexes and ids",
+        GLUED,
+        True,
+        REPAIRED_ALL,
+        'a call glued into the arguments of the one before it, its offered name (bare, or a `{"name": …}`'
+        " object) right after that call's object: split into two calls; no name there, no split",
     ),
     # -- names ------------------------------------------------------------------------------------------
     DefectClass(
@@ -244,7 +255,16 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         FINISH_MISMATCH,
         True,
         {"chat": "repaired", "messages": "repaired"},
-        "`length` (`max_tokens`) with calls that are complete and fit the schema: kept, finish corrected",
+        "`length` (`max_tokens`) with calls that are complete and fit the schema, and nothing after them:"
+        " kept, finish corrected",
+    ),
+    DefectClass(
+        "finish_repeated",
+        "finish reason",
+        FINISH_REPEATED,
+        True,
+        {"chat": "repaired"},
+        "a second finish after the first (a trailing `stop` after `tool_calls`): dropped, one finish per choice",
     ),
     # -- information lost -------------------------------------------------------------------------------
     DefectClass(
@@ -272,6 +292,15 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "a required argument never sent",
     ),
     DefectClass(
+        "length_after_calls",
+        "information lost",
+        MISSING_LAST_CHUNK,
+        False,
+        _all("detected"),
+        "`length` (`max_tokens`) with complete calls and a sign that more was coming: a further call"
+        " opened, text after the last call, a calls section left open",
+    ),
+    DefectClass(
         "empty_tool_turn",
         "information lost",
         EMPTY_TURN,
@@ -288,6 +317,14 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         REPAIRED_ALL,
         "a call written as the model's own markup in the text (any registered format, table below), or last"
         " in the reasoning: turned back into a call",
+    ),
+    DefectClass(
+        "leaked_markup_cut",
+        "leaked markup",
+        MISSING_LAST_CHUNK,
+        False,
+        _all("detected"),
+        "a call written as markup, cut by `max_tokens` past its opener: never left as half-written text",
     ),
 )
 

@@ -76,7 +76,7 @@ def test_days_drop_whole_and_the_straddling_day_loses_only_its_older_rows(postgr
     again = runner.invoke(main, ["captures", "purge", "--db", url, "--max-age", f"{now - cutoff:.0f}s", "--vacuum"])
     assert again.exit_code == 0, again.output
     assert "purged 0 exchange(s)" in again.output and postgres.password not in again.output
-    by_size = runner.invoke(main, ["captures", "purge", "--db", url, "--max-size", "1", "--json"])
+    by_size = runner.invoke(main, ["captures", "purge", "--db", url, "--max-size", "1B", "--json"])
     assert by_size.exit_code == 0, by_size.output
     sized = orjson.loads(by_size.stdout)
     assert sized["days_dropped"] == [straddling.isoformat()] and sized["reasons"] == ["over 1 bytes"]

@@ -113,6 +113,19 @@ def tool_call_chunk(
     return chat_chunk({"tool_calls": [delta]}, id=chunk_id)
 
 
+def streamed_case(
+    cid: str, text: list[str], arguments: list[str] | None, finish: str, *, name: str = "write"
+) -> dict[str, Any]:
+    """A mock `serve_case` case (the mock draws it on every surface): a streamed chat answer of `text`
+    pieces, then, unless `arguments` is None, one `name` call whose arguments arrive in those pieces."""
+    events = [chat_chunk({"role": "assistant", "content": ""}, id=cid)]
+    events += [chat_chunk({"content": piece}, id=cid) for piece in text]
+    if arguments is not None:
+        events.append(chat_chunk({"tool_calls": [tool_call_delta(0, f"call-{cid}", name, "")]}, id=cid))
+        events += [chat_chunk({"tool_calls": [tool_call_delta(0, arguments=a)]}, id=cid) for a in arguments]
+    return {"stream": [*events, chat_chunk({}, finish, id=cid)]}
+
+
 # -- SSE framing -------------------------------------------------------------------------------------
 def sse_event(
     obj: dict[str, Any] | bytes,

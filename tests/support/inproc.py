@@ -5,9 +5,9 @@ on port 0, and the command line through click's CliRunner. The calls mirror test
 
 The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command and
 taken through its callback (what its decorators do, such as a deprecated spelling mapped to its option
-and the warning that says so, happens here too; the settings are what it hands `run_proxy`), `prepare`
-(store, upstreams, policy, the capture writer's thread), `serve` on an event loop of its own thread,
-and on stop what SIGTERM does (the shutdown grace) and what the
+and the warning that says so, happens here too; its checks, `checked`, too: the settings are what it
+hands `run_proxy`), `prepared` (store, upstreams, policy, the capture writer's thread), `serve` on an
+event loop of its own thread, and on stop what SIGTERM does (the shutdown grace) and what the
 process does before it exits (`drain`: the writer's queue, the exports). What a process gave for
 free, each owned here:
 
@@ -48,8 +48,9 @@ from typing import Any, ClassVar
 
 import click
 from click.testing import CliRunner
-from tapfix.addons.runner.master import Serving, drain, prepare, serve
+from tapfix.addons.runner.master import Serving, drain, serve
 from tapfix.proxy.cli.main import main, mock_options
+from tapfix.proxy.cli.run import prepared
 from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.config.settings import Settings
 
@@ -204,7 +205,7 @@ class InprocProxy:
             tapfix_log.setLevel(logging.INFO)  # as cli/run.py sets them up
             if self.settings.verbose:
                 root.setLevel(logging.INFO)
-            self.runtime = prepare(self.settings)
+            _, _, self.runtime = prepared(self.settings)
             listening = threading.Event()
 
             def on_listening(serving: Serving) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tapfix.proxy.config.model import ReasoningSettings
 from tapfix.proxy.jsonsplice import apply_to_dict
 from tapfix.proxy.request.reasoning import apply_reasoning
-from tapfix.proxy.request.reasoning_levels import ReasoningSettings
 
 
 def forward(body: dict, **settings) -> tuple[dict, list]:

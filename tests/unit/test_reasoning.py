@@ -4,11 +4,10 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tapfix.proxy.config.model import LEVELS, ReasoningSettings
 from tapfix.proxy.jsonsplice import apply_to_dict, splice
 from tapfix.proxy.request.reasoning import apply_reasoning, detect
 from tapfix.proxy.request.reasoning_levels import (
-    LEVELS,
-    ReasoningSettings,
     clamp_level,
     level_from_budget,
     level_from_number,

@@ -13,8 +13,8 @@ from tapfix.proxy.config.file import ConfigError, load
 from tapfix.proxy.regenerate.eligibility import RegenerateSettings
 from tapfix.proxy.regenerate.splice import AttemptSplice
 
-from tests.support.flows import runtime
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
+from tests.support.flows import runtime
 from tests.support.stage_io import client_view
 from tests.unit.test_regenerate_splice import relayed
 
@@ -100,7 +100,7 @@ def config_file(tmp_path: Path, model: str, top: str = "") -> Path:
 def test_config_keys_per_model_are_read_and_range_checked(tmp_path: Path) -> None:
     c = load(config_file(tmp_path, "regenerate = 3\nregenerate_unknown_tool = true", "regenerate_unknown_tool = false"))
     assert (c.models["qwen"].regenerate, c.models["qwen"].regenerate_unknown_tool) == (3, True)
-    assert c.regenerate_unknown_tool is False
+    assert c.run_settings["regenerate_unknown_tool"] is False
     with pytest.raises(ConfigError, match=r"models\.qwen\.regenerate"):
         load(config_file(tmp_path, "regenerate = 11"))
     with pytest.raises(ConfigError, match="regenerate_unknown_tool"):

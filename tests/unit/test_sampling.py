@@ -2,10 +2,10 @@ import json
 
 import orjson
 import pytest
+from tapfix.proxy.config.model import ParamPolicy
 from tapfix.proxy.jsonsplice import apply_to_dict, splice
 from tapfix.proxy.request.sampling import (
     GenerationConfigError,
-    ParamPolicy,
     SamplingPolicy,
     apply_sampling,
     load_generation_config,

@@ -168,3 +168,42 @@ def test_no_import_cycles(graph):
         inside = [_where(graph, a, b) for a in cycle for b in edges[a] if b in cycle]
         violations.append(" <-> ".join(cycle) + "".join(f"\n      {edge}" for edge in inside))
     _fail_with("import cycles", violations)
+
+
+def _package_of(module: str) -> str | None:
+    """The package of `tapfix.proxy` a module lives in (`config` for tapfix.proxy.config.file); None for
+    the top-level modules (tapfix.proxy.sse, tapfix.proxy.quantities)."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["tapfix", "proxy"]:
+        return None
+    return parts[2] if (PACKAGES["proxy"] / parts[2]).is_dir() else None
+
+
+# What config/ may import: proxy's top-level modules (None) and the words packages share (vocabulary/).
+BELOW_CONFIG = (None, "vocabulary", "config")
+
+
+def test_config_stands_on_the_shared_modules_only(graph):
+    """config/ (the declared settings, the config file) is imported by the packages that take settings, so
+    it imports none of them: only proxy's top-level modules and `vocabulary/`, where shared words such as
+    `ToolRepairPolicy` live. A base for the layers contract."""
+    seen = [
+        (importer, imported)
+        for importer, imported in _edges(graph)
+        if _package_of(importer) == "config" and imported.startswith("tapfix.")
+    ]
+    assert ("tapfix.proxy.config.settings", "tapfix.proxy.vocabulary.repair_policy") in seen, "sees config's imports"
+    violations = [
+        _where(graph, importer, imported)
+        for importer, imported in seen
+        if _package_of(imported) not in BELOW_CONFIG or imported.startswith("tapfix.addons")
+    ]
+    _fail_with("tapfix.proxy.config imports a package above it", violations)
+
+
+def test_the_shared_words_import_nothing_of_tapfix(graph):
+    """vocabulary/ is the bottom: what it says needs no other part of tapfix."""
+    seen = [(a, b) for a, b in _edges(graph) if _package_of(a) == "vocabulary"]
+    assert seen, "the check sees vocabulary's imports"
+    violations = [_where(graph, a, b) for a, b in seen if b.startswith("tapfix.") and _package_of(b) != "vocabulary"]
+    _fail_with("tapfix.proxy.vocabulary imports another part of tapfix", violations)

@@ -112,7 +112,7 @@ def test_truth_9_purge_dry_run(filled: Path, tmp_path: Path) -> None:
     floor = _floor(db, tmp_path)
     before, used = _counts(db), _used(db)
     assert used > floor + 200_000, "the premise: the captures use far more than the empty store"
-    target = str(floor + (used - floor) // 2)
+    target = f"{floor + (used - floor) // 2}B"  # a size in bytes takes its unit (a bare number is MiB and up)
 
     code, out, err = _purge(db, "--max-size", target, "--dry-run", "--json")
     assert code == 0, err
@@ -148,7 +148,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
     floor = _floor(db, tmp_path)
     before = _counts(db)
     assert floor > 50 * 1024, "the premise of the issue's 50K: the empty store alone is larger"
-    for size in ("50K", str(floor - 1)):
+    for size in ("50K", f"{floor - 1}B"):
         code, out, err = _purge(db, "--max-size", size)
         assert code != 0, out
         assert f"{floor} bytes" in err and "--max-size" in err, err
@@ -156,7 +156,7 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
     # `run` and the config file's [retention] refuse the same target before they start: the process tier's.
 
     # The floor itself is a valid target: everything goes, and the store ends at or under it.
-    code, out, err = _purge(db, "--max-size", str(floor), "--json")
+    code, out, err = _purge(db, "--max-size", f"{floor}B", "--json")
     assert code == 0, err
     assert json.loads(out)["exchanges"] == REQUESTS and _used(db) <= floor
 

@@ -306,7 +306,7 @@ def test_claude_codes_session_header_and_threads(tmp_path: Path) -> None:
     """Claude Code sends `X-Claude-Code-Session-Id` on every request, its subagents' too. A turn the client
     retried after a 500 is filed under that session (it used to start a session of its own), and the
     session holds one thread per chain: the main agent's turns in one, a subagent's in another."""
-    from tests.support.procs import cli, mock_and_proxy
+    from tests.support.inproc import cli, mock_and_proxy
 
     scenario = {"rules": [{"when": {"nth": 1}, "do": "http_error", "status": 500}]}
     with mock_and_proxy(tmp_path, scenario) as (_, proxy):
@@ -342,6 +342,7 @@ def test_claude_codes_session_header_and_threads(tmp_path: Path) -> None:
             model="m", max_tokens=200, messages=[{"role": "user", "content": "Subagent: list the files"}]
         ).headers["x-tapfix-capture-id"]
         assert len(main) == 2, main
+        wait_capture(db, sub)  # the last one: the writer commits in order
         every = json.loads(cli("captures", "list", "--json", "--limit", "0", "--db", str(db)).stdout.splitlines()[-1])
         failed = every["id"]  # the oldest: the 500 the SDK retried
         assert every["status"] == 500 and failed not in main

@@ -1,7 +1,8 @@
 """Preflight checks (`tapfix check`, and `tapfix run` at start): config, credentials, routes, models.
 
 A route to a provider with no credential, or a model id the server doesn't serve, fails silently at
-request time; this finds both before the first request.
+request time; this finds both before the first request. It lives beside routing (it asks what
+`routing.py` would do), above the config it reads.
 """
 
 from __future__ import annotations
