@@ -319,6 +319,7 @@ class InprocMock:
     server: Any
     log_path: Path
     port: int
+    thread: threading.Thread | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -332,11 +333,15 @@ class InprocMock:
         return any(s.is_serving() for s in self.server.servers)
 
     def stop(self) -> int:
-        """Stops listening at once, as a killed process would (connections get uvicorn's graceful second)."""
+        """Stops listening at once, as a killed process would, and returns once its thread ended: the responses
+        still open get uvicorn's graceful second, and what uvicorn says of those it cancels is said during
+        the test that stopped it (in its captured output), not after the session's summary."""
         self.server.should_exit = True
         deadline = time.monotonic() + 10
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.thread is not None:
+            self.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return 0
 
 
@@ -350,9 +355,11 @@ def start_mock(tmp: Path, *args: str) -> InprocMock:
         params = dict(ctx.params)
         host, _ = params.pop("listen")
         opts = mock_options(**params)
+    before = set(threading.enumerate())
     server = start_mock_thread(host, 0, opts)
     port = server.servers[0].sockets[0].getsockname()[1]
-    handle = InprocMock(server, _log_path(tmp, "mock"), port)
+    thread = next((t for t in threading.enumerate() if t.name == MOCK_THREAD and t not in before), None)
+    handle = InprocMock(server, _log_path(tmp, "mock"), port, thread)
     STARTED.append(handle)
     return handle
 
