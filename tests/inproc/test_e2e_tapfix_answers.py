@@ -3,7 +3,9 @@
 Every error tapfix makes is in the surface's own shape (Anthropic's on Messages, OpenAI's on chat and
 Responses), so each SDK raises its own exception carrying tapfix's message and type; and the capture says
 tapfix answered: flagged `tapfix_answered` (never `upstream_error`), no upstream, the error object (not a
-string of JSON) in the `error` column, and `captures show` / `list` / the browser say so.
+string of JSON) in the `error` column, and `captures show` / `list` / the browser say so. The proxy, the
+mock and the `captures` commands run in the test process (tests/support/inproc.py), one proxy for the
+module's config.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
-from tests.support.procs import Proc, cli, free_port, start, start_mock, wait_capture
+from tests.support.inproc import InprocProxy, cli, start, start_mock, start_proxy
+from tests.support.procs import free_port, wait_capture
 
-pytestmark = pytest.mark.e2e
 SERVED = "served models: qwen, gone"
 CONFIG = """
 [upstreams.mock]
@@ -41,16 +43,13 @@ upstream = "dead"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     tmp = tmp_path_factory.mktemp("answers")
     mock = start_mock(tmp)
     config = tmp / "tapfix.toml"
     config.write_text(CONFIG.format(mock=mock.url, dead=free_port()))
-    port = free_port()
     db = tmp / "captures.db"
-    proxy = start(
-        ["run", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--db", str(db)], port, tmp / "proxy.log"
-    )
+    proxy = start(["--config", str(config), "--db", str(db)], tmp / "proxy.log", shared=True)
     proxy.extra["db"] = db
     try:
         yield proxy
@@ -59,11 +58,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
         mock.stop()
 
 
-def _anthropic(proxy: Proc, key: str = "sk-test") -> anthropic.Anthropic:
+def _anthropic(proxy: InprocProxy, key: str = "sk-test") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0, timeout=30)
 
 
-def _openai(proxy: Proc) -> openai.OpenAI:
+def _openai(proxy: InprocProxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-test", max_retries=0, timeout=30)
 
 
@@ -71,7 +70,7 @@ def _capture_id(e: anthropic.APIStatusError | openai.APIStatusError) -> str:
     return e.response.headers["x-tapfix-capture-id"]
 
 
-def _recorded_as_tapfix_answer(proxy: Proc, capture_id: str, error: dict) -> dict:
+def _recorded_as_tapfix_answer(proxy: InprocProxy, capture_id: str, error: dict) -> dict:
     """The capture says tapfix answered: its flag, no upstream, no upstream timing, the error object."""
     db = proxy.extra["db"]
     row = wait_capture(db, capture_id)
@@ -97,7 +96,7 @@ def _recorded_as_tapfix_answer(proxy: Proc, capture_id: str, error: dict) -> dic
 
 # -- Messages: Anthropic's shape, through the anthropic SDK -----------------------------------------
 @pytest.mark.parametrize("stream", [False, True])
-def test_messages_unknown_model_is_anthropics_not_found_error(stack: Proc, stream: bool) -> None:
+def test_messages_unknown_model_is_anthropics_not_found_error(stack: InprocProxy, stream: bool) -> None:
     with pytest.raises(anthropic.NotFoundError) as raised:
         _anthropic(stack).messages.create(
             model="nope", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=stream
@@ -109,7 +108,7 @@ def test_messages_unknown_model_is_anthropics_not_found_error(stack: Proc, strea
     _recorded_as_tapfix_answer(stack, _capture_id(e), {"type": "not_found_error", "message": message})
 
 
-def test_messages_bad_model_is_anthropics_invalid_request_error(stack: Proc) -> None:
+def test_messages_bad_model_is_anthropics_invalid_request_error(stack: InprocProxy) -> None:
     with pytest.raises(anthropic.BadRequestError) as raised:
         _anthropic(stack).messages.create(model="", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
     error = raised.value.body["error"]  # type: ignore[index]
@@ -118,7 +117,7 @@ def test_messages_bad_model_is_anthropics_invalid_request_error(stack: Proc) -> 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_messages_unreachable_upstream_is_anthropics_api_error(stack: Proc, stream: bool) -> None:
+def test_messages_unreachable_upstream_is_anthropics_api_error(stack: InprocProxy, stream: bool) -> None:
     with pytest.raises(anthropic.InternalServerError) as raised:
         _anthropic(stack).messages.create(
             model="gone", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=stream
@@ -134,7 +133,7 @@ def test_messages_unreachable_upstream_is_anthropics_api_error(stack: Proc, stre
 
 
 # -- chat and Responses: OpenAI's shape, through the openai SDK -------------------------------------
-def test_chat_unknown_model_is_openais_not_found(stack: Proc) -> None:
+def test_chat_unknown_model_is_openais_not_found(stack: InprocProxy) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         _openai(stack).chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     e = raised.value
@@ -146,7 +145,7 @@ def test_chat_unknown_model_is_openais_not_found(stack: Proc) -> None:
     _recorded_as_tapfix_answer(stack, _capture_id(e), error)
 
 
-def test_responses_unknown_model_is_openais_not_found(stack: Proc) -> None:
+def test_responses_unknown_model_is_openais_not_found(stack: InprocProxy) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         _openai(stack).responses.create(model="nope", input="hi")
     e = raised.value
@@ -155,7 +154,7 @@ def test_responses_unknown_model_is_openais_not_found(stack: Proc) -> None:
 
 
 @pytest.mark.parametrize("surface", ["chat", "responses"])
-def test_unreachable_upstream_is_openais_shape(stack: Proc, surface: str) -> None:
+def test_unreachable_upstream_is_openais_shape(stack: InprocProxy, surface: str) -> None:
     client = _openai(stack)
     with pytest.raises(openai.InternalServerError) as raised:
         if surface == "chat":
@@ -168,14 +167,14 @@ def test_unreachable_upstream_is_openais_shape(stack: Proc, surface: str) -> Non
     assert "upstream_unreachable" in json.loads(row["flags"])
 
 
-def test_models_listing_is_tapfix_answer(stack: Proc) -> None:
+def test_models_listing_is_tapfix_answer(stack: InprocProxy) -> None:
     response = httpx.get(f"{stack.url}/v1/models", timeout=10)
     assert response.status_code == 200 and {m["id"] for m in response.json()["data"]} == {"qwen", "gone"}
     row = wait_capture(stack.extra["db"], response.headers["x-tapfix-capture-id"])
     assert "tapfix_answered" in json.loads(row["flags"]) and row["upstream_url"] == "" and row["error"] is None
 
 
-def test_an_upstream_answer_is_not_flagged_tapfix(stack: Proc) -> None:
+def test_an_upstream_answer_is_not_flagged_tapfix(stack: InprocProxy) -> None:
     """The other side: what the upstream answered names it, and is not tapfix's."""
     message = _anthropic(stack).messages.create(
         model="qwen", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
@@ -191,22 +190,7 @@ def test_an_upstream_answer_is_not_flagged_tapfix(stack: Proc) -> None:
 # -- 401 (not recorded: an unauthenticated caller can't fill the store) -------------------------------
 def test_wrong_token_is_each_surfaces_authentication_error(tmp_path: Path) -> None:
     mock = start_mock(tmp_path)
-    port = free_port()
-    proxy = start(
-        [
-            "run",
-            "--upstream",
-            mock.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--db",
-            str(tmp_path / "c.db"),
-            "--token",
-            "right-token-123",
-        ],
-        port,
-        tmp_path / "proxy.log",
-    )
+    proxy = start_proxy(tmp_path, mock.url, "--token", "right-token-123", db=tmp_path / "c.db")
     try:
         with pytest.raises(anthropic.AuthenticationError) as raised:
             _anthropic(proxy, "wrong-token-456").messages.create(
