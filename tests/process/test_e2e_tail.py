@@ -1,7 +1,10 @@
 """`tapfix captures tail` against a store a real `tapfix run` (in front of `tapfix mock`) is writing: the
 tails start before the store exists and wait for it; lines come in completion order (a slow stream that
 arrived first is printed after a fast one), with `list`'s columns and filters, in --json too; a writer
-restart repeats nothing; `--since ID|AGE` starts back; SIGINT and a closed stdout end it quietly with 0."""
+restart repeats nothing; `--since ID|AGE` starts back; SIGINT and a closed stdout end it quietly with 0.
+
+The tails are processes (a signal, a closed pipe, lines read as a process prints them); the writer they
+follow, the proxy and its mock, runs in the test process (tests/support/inproc.py), as `captures list` does."""
 
 from __future__ import annotations
 
@@ -19,9 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.procs import TAPFIX, Proc, start_mock, start_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, cli, start_mock, start_proxy
+from tests.support.procs import TAPFIX
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SCENARIO = {
@@ -38,6 +40,8 @@ class Tail:
 
     proc: subprocess.Popen[bytes]
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    said: list[str] = field(default_factory=list)  # its stderr, line by line, as it comes
+    said_reader: threading.Thread | None = None
 
     @classmethod
     def start(cls, db: Path, *args: str) -> Tail:
@@ -46,12 +50,26 @@ class Tail:
         )
         tail = cls(proc)
         threading.Thread(target=tail._read, daemon=True).start()
+        tail.said_reader = threading.Thread(target=tail._read_stderr, daemon=True)
+        tail.said_reader.start()
         return tail
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line.decode().rstrip("\n"))
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.said.append(line.decode().rstrip("\n"))
+
+    def waiting(self, timeout: float = 20.0) -> None:
+        """Until it said it waits for the store (it started, and found none)."""
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith("tapfix: waiting for a capture store") for line in self.said):
+            assert self.proc.poll() is None and time.monotonic() < deadline, (self.proc.returncode, self.said)
+            time.sleep(0.05)
 
     def take(self, count: int, timeout: float = 10.0) -> list[str]:
         deadline = time.monotonic() + timeout
@@ -79,16 +97,17 @@ class Tail:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-        assert self.proc.stderr is not None
-        return self.proc.returncode, self.proc.stderr.read().decode()
+        if self.said_reader is not None:
+            self.said_reader.join(5)  # to the end of what it said
+        return self.proc.returncode, "\n".join(self.said)
 
 
 @dataclass
 class World:
     tmp: Path
     db: Path
-    mock: Proc
-    proxy: Proc
+    mock: InprocMock
+    proxy: InprocProxy
     tails: dict[str, Tail]
     ids: list[str] = field(default_factory=list)  # in completion order
 
@@ -105,6 +124,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         "trace": Tail.start(db, "--json", "--trace", TRACE),
         "flag": Tail.start(db, "--flag", "upstream_error"),
     }
+    for tail in tails.values():
+        tail.waiting()  # the proxy creates the store at once when it starts: after they looked for it
     mock = start_mock(tmp, "--scenario", str(tmp / "scenario.json"))
     proxy = start_proxy(tmp, mock.url, db=db)
     world = World(tmp, db, mock, proxy, tails)
@@ -118,7 +139,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         mock.stop()
 
 
-def chat(proxy: Proc, model: str, headers: dict[str, str] | None = None, stream: bool = False) -> str:
+def chat(proxy: InprocProxy, model: str, headers: dict[str, str] | None = None, stream: bool = False) -> str:
     body: dict[str, Any] = {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
     with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
         r.read()
@@ -139,9 +160,7 @@ def test_lines_come_in_completion_order_with_list_columns_and_filters(world: Wor
     assert [r["id"] for r in rows] == world.ids, "commit order: the slow stream completed second"
     assert [r["model"] for r in rows] == ["fast", "slow", "err"] and rows[0]["trace_id"] == TRACE
     assert rows[2]["status"] == 500 and "upstream_error" in rows[2]["flags"]
-    listed = subprocess.run(
-        [*TAPFIX, "captures", "list", "--db", str(world.db), "--json"], capture_output=True, check=True
-    ).stdout.splitlines()
+    listed = cli("captures", "list", "--db", str(world.db), "--json").stdout.splitlines()
     assert sorted(rows, key=lambda r: r["id"]) == sorted((json.loads(x) for x in listed), key=lambda r: r["id"])
 
     header, *table = world.tails["table"].take(4)
