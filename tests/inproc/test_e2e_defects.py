@@ -1,4 +1,5 @@
-"""The table of truth through real processes: every row, on every surface it covers, as an SDK sees it.
+"""The table of truth through the real proxy (in the test process): every row, on every surface it covers,
+as an SDK sees it.
 
 One broken stream per (surface, row) from the defect generator (the same mutation functions as the
 property tests and bench/repair_rates.py) is served by a byte-exact upstream, goes through a real
@@ -22,10 +23,8 @@ from tapfix.proxy.mock.mutations_turns import TurnSource, corpus_turns
 from tapfix.proxy.toolcalls.defects import DEFECTS, SURFACES
 
 from tests.conftest import corpus_dir
-from tests.support.procs import start_proxy
+from tests.support.inproc import start_proxy
 from tests.support.rawserver import RawRequest, RawServer, sse_response
-
-pytestmark = pytest.mark.e2e
 
 ROWS = [(s, d) for d in DEFECTS for s in SURFACES if s in d.outcome]
 PROMPT = "do it"
@@ -51,7 +50,7 @@ def stack(tmp_path_factory):
         return sse_response(events)
 
     upstream = RawServer(respond)
-    proxy = start_proxy(tmp_path_factory.mktemp("defects"), upstream.url)
+    proxy = start_proxy(tmp_path_factory.mktemp("defects"), upstream.url, shared=True)
     yield proxy, examples
     proxy.stop()
     upstream.close()

@@ -1,4 +1,5 @@
-"""Every corpus case through real processes: `tapfix mock --case` → `tapfix run` → the openai SDK.
+"""Every corpus case through the real proxy, `tapfix mock --case` → `tapfix run` → the openai SDK (the
+mock and the proxy served in the test process).
 
 The client assembles calls strictly by index, as a spec-following agent does, and each case is judged
 by its `scoring`: repair → exactly `expected`; detect → `expected` or the error event, never a different
@@ -14,9 +15,9 @@ import openai
 import pytest
 
 from tests.conftest import corpus_dir
-from tests.support.procs import start_mock, start_proxy, wait_capture
+from tests.support.inproc import start_mock, start_proxy
+from tests.support.procs import wait_capture
 
-pytestmark = pytest.mark.e2e
 CASES = sorted(corpus_dir().glob("*.json"))
 
 
@@ -25,7 +26,7 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("corpus")
     args = [arg for case in CASES for arg in ("--case", str(case))]
     mock = start_mock(tmp, *args)
-    proxy = start_proxy(tmp, mock.url)
+    proxy = start_proxy(tmp, mock.url, shared=True)
     yield mock, proxy
     proxy.stop()
     mock.stop()

@@ -24,9 +24,7 @@ import openai
 import pytest
 
 from tests.support.builders import chat_chunk, tool, tool_call_delta
-from tests.support.procs import Proc, mock_and_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocProxy, mock_and_proxy
 
 WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
 BASH = tool("bash", {"command": {"type": "string"}}, ["command"])
@@ -100,14 +98,14 @@ def scenario() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     tmp: Path = tmp_path_factory.mktemp("repair31")
-    with mock_and_proxy(tmp, scenario(), "--regenerate", "1") as (_, proxy):
+    with mock_and_proxy(tmp, scenario(), "--regenerate", "1", shared=True) as (_, proxy):
         yield proxy
 
 
 # -- what each SDK assembles -------------------------------------------------------------------------
-def chat(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
+def chat(proxy: InprocProxy, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0, timeout=30)
     messages: Any = [{"role": "user", "content": "write a.txt"}]
     if not stream:
@@ -124,7 +122,7 @@ def chat(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any]], s
     return got, final.choices[0].finish_reason
 
 
-def responses(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
+def responses(proxy: InprocProxy, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0, timeout=30)
     if stream:
         with client.responses.stream(model=name, input="write a.txt", tools=R_TOOLS) as events:
@@ -137,7 +135,7 @@ def responses(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any
     return got, final.status
 
 
-def messages(proxy: Proc, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
+def messages(proxy: InprocProxy, name: str, stream: bool) -> tuple[list[tuple[str, Any]], str | None]:
     client = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0, timeout=30)
     prompt: Any = [{"role": "user", "content": "write a.txt"}]
     if stream:
@@ -158,14 +156,14 @@ IDS = [f"{k}-{s}-{'stream' if st else 'whole'}" for k, s, st in CASES]
 
 @pytest.mark.parametrize(("kind", "surface", "stream"), CASES, ids=IDS)
 def test_regeneration_hands_the_sdk_the_second_attempts_call(
-    proxy: Proc, kind: str, surface: str, stream: bool
+    proxy: InprocProxy, kind: str, surface: str, stream: bool
 ) -> None:
     got, finish = CLIENTS[surface](proxy, model("once", kind, surface, stream), stream)
     assert got == [("write", HI)] and finish == FINISHED[surface]
 
 
 @pytest.mark.parametrize(("kind", "surface", "stream"), CASES, ids=IDS)
-def test_every_attempt_cut_is_the_retryable_error(proxy: Proc, kind: str, surface: str, stream: bool) -> None:
+def test_every_attempt_cut_is_the_retryable_error(proxy: InprocProxy, kind: str, surface: str, stream: bool) -> None:
     error = anthropic.APIError if surface == "messages" else openai.APIError
     with pytest.raises(error) as raised:
         CLIENTS[surface](proxy, model("always", kind, surface, stream), stream)
@@ -174,13 +172,13 @@ def test_every_attempt_cut_is_the_retryable_error(proxy: Proc, kind: str, surfac
     )
 
 
-def test_a_trailing_stop_after_tool_calls_leaves_the_call_to_the_sdk(proxy: Proc) -> None:
+def test_a_trailing_stop_after_tool_calls_leaves_the_call_to_the_sdk(proxy: InprocProxy) -> None:
     got, finish = chat(proxy, model("as", "fin11", "chat", True), True)
     assert got == [("write", HI)] and finish == "tool_calls"
 
 
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-def test_a_glued_call_reaches_the_sdk_as_two_calls(proxy: Proc, surface: str, stream: bool) -> None:
+def test_a_glued_call_reaches_the_sdk_as_two_calls(proxy: InprocProxy, surface: str, stream: bool) -> None:
     got, finish = CLIENTS[surface](proxy, model("as", "glue12", surface, stream), stream)
     assert got == [("write", HI), ("bash", LS)] and finish == FINISHED[surface]
