@@ -1,5 +1,5 @@
-"""`/tapfix/metrics` through real processes: known traffic from the openai SDK through `tapfix run` to
-`tapfix mock`, the scrape parsed with prometheus_client's own parser, every number checked against
+"""`/tapfix/metrics` end to end: known traffic from the openai SDK through `tapfix run` to `tapfix mock` (both
+served in the test process), the scrape parsed with prometheus_client's own parser, every number checked against
 what the clients saw and what the store holds. Quick mode bounds the model label (the first 50 names,
 then `other`); with a token, the endpoint wants it like every other path."""
 
@@ -21,9 +21,7 @@ from tapfix.proxy.telemetry.metrics import LABEL_LIMIT
 
 from tests.conftest import corpus_dir
 from tests.support.builders import tool
-from tests.support.procs import Proc, mock_and_proxy, start_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, mock_and_proxy, start_proxy
 
 TOKEN = "metrics-token-123"
 REPAIR_CASE = "invalid_json__python_literals_True_None.json"  # repaired: True/None -> true/null
@@ -31,7 +29,7 @@ LIST_DIR = tool("list_dir", {"path": {"type": "string"}, "recursive": {"type": "
 PROMPT = [{"role": "user", "content": "list the files"}]
 
 
-def scrape(proxy: Proc, headers: dict[str, str] | None = None) -> dict[str, list[Any]]:
+def scrape(proxy: InprocProxy, headers: dict[str, str] | None = None) -> dict[str, list[Any]]:
     """Samples by sample name (`..._total`, `..._sum`, `..._bucket`), from the text format."""
     r = httpx.get(f"{proxy.url}/tapfix/metrics", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
@@ -47,7 +45,7 @@ def total(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
     return sum(s.value for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def scrape_until(proxy: Proc, requests: int, timeout: float = 15.0) -> dict[str, list[Any]]:
+def scrape_until(proxy: InprocProxy, requests: int, timeout: float = 15.0) -> dict[str, list[Any]]:
     """The writer commits within a second: scrape once it has told the recorder of every exchange it
     wrote, and of at least `requests` (a regeneration's attempts are exchanges of their own)."""
     deadline = time.monotonic() + timeout
@@ -61,7 +59,7 @@ def scrape_until(proxy: Proc, requests: int, timeout: float = 15.0) -> dict[str,
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[Proc, Proc]]:
+def stack(tmp_path_factory) -> Iterator[tuple[InprocMock, InprocProxy]]:
     tmp = tmp_path_factory.mktemp("metrics")
     scenario = {
         "rules": [
@@ -71,7 +69,7 @@ def stack(tmp_path_factory) -> Iterator[tuple[Proc, Proc]]:
             {"when": {"model": "never-whole"}, "do": "break_tool_call", "mode": "truncate"},
         ]
     }
-    with mock_and_proxy(tmp, scenario) as (mock, proxy):
+    with mock_and_proxy(tmp, scenario, shared=True) as (mock, proxy):
         yield mock, proxy
 
 

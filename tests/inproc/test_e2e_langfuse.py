@@ -4,7 +4,8 @@ ingestion to v4"): OTLP on `<host>/api/public/otel`, each request with `x-langfu
 never re-exported to update one Langfuse already accepted.
 
 The receiver here serves the OTLP paths under `/api/public/otel` as Langfuse does, keeps each export
-request with its headers, and the test checks both rules on what `tapfix run --otlp` sent.
+request with its headers, and the test checks both rules on what `tapfix run --otlp` (served in the test
+process) sent.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import pytest
 from tapfix.proxy.telemetry import semconv as sc
 
 from tests.support.ci import unavailable
-from tests.support.procs import start_mock, start_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import start_mock, start_proxy
 
 LANGFUSE_PATH = "/api/public/otel"
 

@@ -21,9 +21,7 @@ from tapfix.proxy.telemetry.aggregate import Aggregation
 from tapfix.proxy.telemetry.metrics import CATALOGUE, QUEUE_DEPTH, Labeller
 
 from tests.support.ci import unavailable
-from tests.support.procs import Proc, start_mock, start_proxy
-
-pytestmark = pytest.mark.e2e
+from tests.support.inproc import InprocMock, InprocProxy, start_mock, start_proxy
 
 PROMPT = [{"role": "user", "content": "hi"}]
 FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "200"}  # milliseconds: tapfix's export thread reads it
@@ -42,7 +40,7 @@ def receiver_class() -> Any:
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory) -> Iterator[Proc]:
+def mock(tmp_path_factory) -> Iterator[InprocMock]:
     handle = start_mock(tmp_path_factory.mktemp("otlp-mock"))
     yield handle
     handle.stop()
@@ -55,7 +53,7 @@ def _until(check: Callable[[], Any], timeout: float = 15.0) -> Any:
     return result
 
 
-def _stream(proxy: Proc, model: str) -> tuple[int, int]:
+def _stream(proxy: InprocProxy, model: str) -> tuple[int, int]:
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
     stream = client.chat.completions.create(
         model=model, messages=PROMPT, stream=True, stream_options={"include_usage": True}
@@ -64,7 +62,7 @@ def _stream(proxy: Proc, model: str) -> tuple[int, int]:
     return usage.prompt_tokens, usage.completion_tokens
 
 
-def _telemetry(proxy: Proc) -> dict[str, Any]:
+def _telemetry(proxy: InprocProxy) -> dict[str, Any]:
     return httpx.get(f"{proxy.url}/tapfix/health").json()["telemetry"]
 
 
