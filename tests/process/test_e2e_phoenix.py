@@ -7,6 +7,9 @@ streamed tool call tapfix repairs, an upstream 500, a reset stream, a tool call 
 must arrive as GenAI spans with the names,
 attributes, parents, events and status the conventions and tapfix promise, and the upstream must have
 been sent tapfix's own span as its parent.
+
+The proxy is a process (the banner it prints names where spans and metrics go); its mock is served in
+the test process.
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ import httpx
 import openai
 import pytest
 
+from tests.support.inproc import start_mock
 from tests.support.phoenix import phoenix_executable, start_phoenix
-from tests.support.procs import start_mock, start_proxy, wait_capture
-
-pytestmark = pytest.mark.e2e
+from tests.support.procs import start_proxy, wait_capture
 
 PROJECT = "tapfix-e2e"
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
