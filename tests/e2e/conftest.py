@@ -56,8 +56,8 @@ def agents_installed() -> Path:
 @dataclass
 class Store:
     """The capture store, read the way users read it: `tapfix captures list --json` for the rows and
-    `tapfix captures export` for bodies (`cli=True`), or the same reader in-process (fast: a CLI call
-    costs about a second on a small CI machine), plus the plain `changes` table for the change rows."""
+    `tapfix captures export` for bodies (`cli=True`; both through CliRunner), or the reader the export
+    uses, plus the plain `changes` table for the change rows."""
 
     db: Path
 
