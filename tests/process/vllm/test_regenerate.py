@@ -39,7 +39,7 @@ from tests.process.vllm.wire import (
     think,
 )
 from tests.support.inproc import InprocProxy
-from tests.test_e2e_regenerate import all_exchanges, rows
+from tests.inproc.test_e2e_regenerate import all_exchanges, rows
 
 pytestmark = [pytest.mark.vllm]
 
