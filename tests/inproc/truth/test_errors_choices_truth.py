@@ -249,7 +249,11 @@ def test_truth_3_midstream_error_event(stack: tuple[InprocMock, InprocProxy]) ->
 def test_truth_3_http_error_body(stack: tuple[InprocMock, InprocProxy]) -> None:
     _, proxy = stack
     status, headers, received = _post(proxy.url, "/v1/chat/completions", _chat("llama-context", stream=False))
-    assert status == 400 and json.loads(received) == CONTEXT_ERROR
+    # the client gets the overflow agents compact on, with the engine's numbers (issue 37)...
+    error = json.loads(received)["error"]
+    assert status == 400 and (error["type"], error["code"]) == ("invalid_request_error", "context_length_exceeded")
+    assert "maximum context length is 2048 tokens" in error["message"] and "10862 tokens" in error["message"]
+    # ...and the capture keeps the engine's own error, as sent
     _assert_upstream_error(proxy, headers["x-tapfix-capture-id"], CONTEXT_ERROR["error"], "llama-context")
 
 

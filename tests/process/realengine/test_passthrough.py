@@ -34,7 +34,6 @@ CHAT = "/v1/chat/completions"
 TOOLS = [tm.WRITE_TOOL]
 HI = [{"role": "user", "content": "hi"}]
 AFTER_THE_CALL = tm.after_the_call()
-TOO_LONG = [{"role": "user", "content": "hi " * 3000}]  # far past the `llama` fixture's context
 
 # name -> (request body, what the server's answer must show for the case to test what it says)
 CASES: dict[str, tuple[dict[str, Any], str]] = {
@@ -47,9 +46,11 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     "plain": ({"messages": HI}, "answer"),
     "tool_call": ({"messages": HI, "tools": TOOLS}, "call"),
     "n2": ({"messages": HI, "n": 2}, "two_answers"),
-    "context_overflow": ({"messages": TOO_LONG}, "overflow"),
-    "stream_context_overflow": ({"messages": TOO_LONG, "stream": True}, "overflow"),
 }
+# A context overflow no longer passes through byte for byte: the client gets the overflow agents compact on,
+# the capture keeps llama-server's error (issue 37; test_captures.py's test_context_overflow_keeps_the_engines_error).
+# What tapfix may ask the engine itself beside a request (issue 37): its window, and the prompt's count.
+WINDOW_READS = ("GET /v1/models ", "GET /props ", "POST /tokenize ", "POST /apply-template ")
 
 # Headers that frame one hop of HTTP/1.1, not the answer: each hop may set its own.
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade"}
@@ -116,10 +117,6 @@ def choices(body: bytes, stream: bool) -> dict[int, dict[str, Any]]:
 
 def assert_the_case_is_what_it_says(expect: str, status: int, body: bytes, stream: bool) -> None:
     """The server's own answer shows the feature the case is named for (else the case tests nothing)."""
-    if expect == "overflow":
-        assert status == 400
-        assert json.loads(body)["error"]["type"] == "exceed_context_size_error"
-        return
     assert status == 200
     answer = choices(body, stream)
     if expect == "call":
@@ -156,8 +153,10 @@ class Seen:
 
 
 def one_exchange(relay: Relay, mark: dict[int, int]) -> Exchange:
-    [exchange] = relay.exchanges_since(mark)  # tapfix sent exactly one request upstream
-    assert exchange.request.start_line.startswith(f"POST {CHAT} ")
+    """The one request tapfix sent upstream for the client's (anything else only reads the engine's window)."""
+    seen = relay.exchanges_since(mark)
+    [exchange] = [e for e in seen if e.request.start_line.startswith(f"POST {CHAT} ")]
+    assert all(e is exchange or e.request.start_line.startswith(WINDOW_READS) for e in seen), seen
     return exchange
 
 
@@ -245,11 +244,11 @@ def check_passthrough(proxy: InprocProxy, relay: Relay, body: dict[str, Any], ex
     # repair is armed but silent on valid answers: the only changes recorded are request-side ones,
     # and llama-server got the client's request with exactly those applied
     assert_forwarded(sent, exchange, changes)
-    if stream and expect != "overflow":
+    if stream:
         assert exchange.response.header("content-type") == received.headers["content-type"] == "text/event-stream"
         assert exchange.response.header("x-accel-buffering") == received.headers["x-accel-buffering"] == "no"
-    if expect != "overflow":  # the answer (tool calls, ids included) the client assembles is the server's
-        assert choices(received.body, stream) == choices(exchange.response.body, stream)
+    # the answer (tool calls, ids included) the client assembles is the server's
+    assert choices(received.body, stream) == choices(exchange.response.body, stream)
     return changes
 
 
