@@ -68,13 +68,10 @@ class LaterAttempts:
         """Sends more of `flow`'s streamed response to its client from a hook."""
         return ClientWriter(flow, self._proxyserver)
 
-    def open(self, flow: http.HTTPFlow) -> AttemptSession:
-        """The attempts of `flow`'s streamed response; attempt 1 is the request mitmproxy forwarded."""
-        request = flow.request
-        first = Attempt(1, request.raw_content or b"", wire.forwardable(request.headers.items(multi=True)))
-        if flow.response is not None:
-            first.status, first.headers = flow.response.status_code, list(flow.response.headers.items(multi=True))
-        return AttemptSession(first, self.keepalive_s)
+    def open(self) -> AttemptSession:
+        """The attempts of a streamed response. Attempt 1 is the request mitmproxy forwarded, recorded on the
+        exchange itself: its entry here only counts it (what it sent is read when a later attempt needs it)."""
+        return AttemptSession(Attempt(1, b""), self.keepalive_s)
 
     async def _send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
         assert self._client is not None
@@ -108,7 +105,7 @@ class LaterAttempts:
         SHUTDOWN: `stopping()` says the shutdown grace ended). The caller sends what ends the stream."""
         client = self.writer(flow)
         method, url = flow.request.method, flow.request.url
-        headers = session.attempts[0].headers_sent
+        headers = wire.forwardable(flow.request.headers.items(multi=True))  # what attempt 1 sent, less its hop's
         loop = asyncio.get_running_loop()
         while pipeline.pending and (plan := session.take()) is not None:
             body, timeout_s = plan

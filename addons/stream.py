@@ -180,12 +180,12 @@ class StreamOwner:
                 arm(s)
             return stages
 
-        request = json_object(flow.request.raw_content or b"") or {}
+        body = flow.request.raw_content or b""
         target = ex.extra.get("target")
-        session = ex.extra[SESSION] = attempts.open(flow)
+        session = ex.extra[SESSION] = attempts.open()
         pipeline.splice = AttemptSplice(
             session,
-            request,
+            lambda: json_object(body) or {},
             make_stages,
             settings,
             self.runtime.settings.tool_repair,

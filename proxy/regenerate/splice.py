@@ -221,7 +221,7 @@ class AttemptSplice:
     def __init__(
         self,
         session: AttemptsHandle,
-        request: dict[str, Any],
+        request: dict[str, Any] | Callable[[], dict[str, Any]],
         make_stages: Callable[[], list[Any]],
         settings: RegenerateSettings,
         policy: ToolRepairPolicy,
@@ -234,7 +234,7 @@ class AttemptSplice:
         `evented_seam.EventedSeam` after them (the attempt's tool-call stage reads it as a stream of its own)."""
         self.session = session
         self.surface = surface
-        self.request = request
+        self._request = request
         self.make_stages = make_stages
         self.settings = settings
         self.policy = policy
@@ -254,6 +254,12 @@ class AttemptSplice:
         self.first_id: str | None = None  # the client's completion id (chat), across attempts
         self.answered_by: Any = None  # the earlier stage whose error events the client got, if any
         self.unreadable_sent = False  # the client got the retryable error of a stream that isn't SSE
+
+    @property
+    def request(self) -> dict[str, Any]:
+        if callable(self._request):
+            self._request = self._request()
+        return self._request
 
     def attempt_end(
         self, stages: list[Any], client_chunks: Sequence[bytes], unreadable: Unreadable | None = None
