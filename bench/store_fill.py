@@ -152,23 +152,36 @@ def _thread_cpu_ns(tid: int) -> int:
         return 0
 
 
-def tree_cpu_s(root_pid: int) -> float:
-    """CPU seconds of a process, its live children and its reaped ones (a server's backends)."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        pid, ppid = int(entry), int(fields[1])
-        if pid == root_pid:
-            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        elif ppid == root_pid:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK_S
+class TreeCpu:
+    """CPU seconds a server's process tree has used since this meter first looked: the root and its
+    live children (the backends), each counted by its own growth. A backend that exits between two
+    looks loses only its last slice; summing snapshots instead (or the root's reaped-children total)
+    can go backwards when another client's backend exits mid-fill."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid, self._total = root_pid, 0
+        self._last = self._ticks()
+
+    def _ticks(self) -> dict[int, int]:
+        ticks: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            pid, ppid = int(entry), int(fields[1])
+            if pid == self.root_pid or ppid == self.root_pid:
+                ticks[pid] = int(fields[11]) + int(fields[12])  # utime stime
+        return ticks
+
+    def __call__(self) -> float:
+        now = self._ticks()
+        self._total += sum(max(0, t - self._last.get(pid, 0)) for pid, t in now.items())
+        self._last = now
+        return self._total / TICK_S
 
 
-__all__ = ["FLAG", "MODELS", "Fill", "Sessions", "Shape", "fill", "tree_cpu_s"]
+__all__ = ["FLAG", "MODELS", "Fill", "Sessions", "Shape", "TreeCpu", "fill"]

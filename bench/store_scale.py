@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 import psycopg  # noqa: E402
 import store_browse  # noqa: E402
-from store_fill import FLAG, MODELS, Sessions, Shape, fill, tree_cpu_s  # noqa: E402
+from store_fill import FLAG, MODELS, Sessions, Shape, TreeCpu, fill  # noqa: E402
 from tapfix.proxy.store.pg.writer import PostgresBackend  # noqa: E402
 from tapfix.proxy.store.writer import CaptureWriter  # noqa: E402
 
@@ -114,6 +114,7 @@ class Bench:
         self.work, self.shape, self.repeat, self.json_path = work, shape, repeat, json_path
         self.server, self._own_server = server, server is None  # a server of our own is stopped at the end
         self.results: dict[str, Any] = {"fills": [], "browse": {}, "fleet": {}, "machine": machine()}
+        self._server_cpu: TreeCpu | None = None
 
     def pg(self, name: str) -> str:
         if self.server is None:
@@ -122,7 +123,11 @@ class Bench:
 
     def server_cpu(self) -> float:
         pid = self.server._postmaster_pid() if self.server else None
-        return tree_cpu_s(pid) if pid else 0.0
+        if not pid:
+            return 0.0
+        if self._server_cpu is None or self._server_cpu.root_pid != pid:
+            self._server_cpu = TreeCpu(pid)
+        return self._server_cpu()
 
     def fill_store(self, kind: str, n: int) -> None:
         say(f"fill {kind} with {n:,} captures ...")

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.sse import format_event, named_event
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 TOOL_CALL_UNRECOVERABLE = "tool_call_unrecoverable"
 SHUTDOWN_REASON = "proxy_shutdown"

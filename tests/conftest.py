@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +15,9 @@ from tests.support.ci import unavailable
 from tests.support.postgres import PostgresServer, missing_reason, start_postgres
 from tests.support.procs import STARTED, start_mock, start_proxy
 
-# pytester: tests/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
+# pytester: tests/process/test_structure_e2e_guard.py runs pytest on small modules to prove the guard works.
 # e2e_guard: a test that starts a process or listens on a socket must carry the e2e marker.
-pytest_plugins = ["pytester", "tests.support.e2e_guard"]
+pytest_plugins = ["pytester", "tests.support.e2e_guard", "tests.support.process_count"]
 
 # CI runs the same examples every time (a red CI is then reproducible, never a dice roll); local runs
 # explore new ones, and hypothesis keeps what it finds in .hypothesis/.
@@ -25,12 +27,15 @@ if os.environ.get("CI"):
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000  # characters of each process's log a failing test shows
-_FIRST_PROC = pytest.StashKey[int]()
+_FIRST_PROC = pytest.StashKey[tuple[int, int]]()
 _EARLY_BUILD = pytest.StashKey[subprocess.Popen | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_EARLY_BUILD] = early_build.start(config)
+    # The SDKs name the platform in their headers, and Python learns the processor by running `uname -p`
+    # once: here, before any test, so no in-process test starts it (tests/support/e2e_guard.py).
+    platform.processor()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -44,21 +49,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[_FIRST_PROC] = len(STARTED)
+    item.stash[_FIRST_PROC] = (len(STARTED), len(_inproc_started()))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A failing test shows the logs of the tapfix processes it ran beside (the ones it started and
-    the module's that still run): on CI those logs are gone once the run ends."""
+    """A failing test shows the logs of the tapfix processes (and in-process proxies and mocks) it ran beside:
+    the ones it started and the module's that still run. On CI those logs are gone once the run ends."""
     report = yield
     if report.failed:
-        first = item.stash.get(_FIRST_PROC, len(STARTED))
+        first, first_inproc = item.stash.get(_FIRST_PROC, (len(STARTED), len(_inproc_started())))
         for k, proc in enumerate(STARTED):
             if (k >= first or proc.proc.poll() is None) and proc.log_path.exists():
                 text = proc.log_path.read_text(errors="replace")
                 report.sections.append((f"log {proc.log_path.name} (exit {proc.proc.poll()})", text[-LOG_TAIL:]))
+        for k, handle in enumerate(_inproc_started()):
+            if (k >= first_inproc or handle.alive()) and handle.log():
+                report.sections.append((f"log {handle.log_path.name} (in-process)", handle.log()[-LOG_TAIL:]))
     return report
+
+
+def _inproc_started() -> list:
+    """tests/support/inproc.py's handles, if a test imported it (it imports mitmproxy: a unit run need not)."""
+    module = sys.modules.get("tests.support.inproc")
+    return module.STARTED if module is not None else []
 
 
 def corpus_dir() -> Path:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 from tapfix.proxy.config.file import Config, ConfigError, load
-from tapfix.proxy.request.sampling import ParamPolicy
+from tapfix.proxy.config.model import ParamPolicy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "workstation.toml"
 
@@ -56,7 +56,7 @@ def test_example_loads():
     assert c.reasoning_field.for_user_agent("opencode/1.18.33 ai-sdk/provider-utils") == "reasoning_content"
     assert c.reasoning_field.for_user_agent("omp/18.2.3") is None
     assert c.probe == {"interval": 300}
-    assert c.db == str(EXAMPLE.parent / "../captures/tapfix.db")
+    assert c.run_settings["db"] == str(EXAMPLE.parent / "../captures/tapfix.db")
     assert not c.is_quick
 
 
@@ -64,11 +64,11 @@ def test_minimal_defaults(tmp_path):
     c = load(write(tmp_path, MINIMAL))
     m = c.models["qwen"]
     assert (m.upstream, m.upstream_model, m.aliases) == ("gpu0", "qwen", ())
-    assert c.mode == "reverse" and c.strict is False and c.listen is None
+    assert c.run_settings == {} and c.strict is False  # the file gives no run setting: the flags' defaults hold
     assert c.upstreams["gpu0"].base_url == "http://127.0.0.1:8000/v1"
     fleet = load(write(tmp_path, 'db = "postgresql://tapfix@db.internal/tapfix"\n' + MINIMAL))
     assert (
-        fleet.db == "postgresql://tapfix@db.internal/tapfix"
+        fleet.run_settings["db"] == "postgresql://tapfix@db.internal/tapfix"
     )  # a URL stays a URL, not a path under the config's folder
 
 

@@ -1,4 +1,4 @@
-"""The README's and docs' repair claims are the table of truth, not a copy of it that can drift.
+"""The docs' repair claims are the table of truth, not a copy of it that can drift.
 
 `proxy/toolcalls/defects.py` is the one list of defect classes; the property tests
 (tests/test_toolcalls_defects.py) check each row's outcome on each surface, and these tests check
@@ -13,7 +13,7 @@ import pytest
 from tapfix.proxy.toolcalls import defects
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "docs" / "repair.md"]
+DOCS = [ROOT / "docs" / "repair.md"]
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)

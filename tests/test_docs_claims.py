@@ -10,18 +10,20 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import get_args
 
 from tapfix.proxy.assemble import assemble
+from tapfix.proxy.changes import Stage
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
 
 from tests.support.builders import tool
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def test_the_flag_the_readme_names_for_a_call_to_a_tool_not_offered_is_the_one_set() -> None:
+def test_the_flag_the_docs_name_for_a_call_to_a_tool_not_offered_is_the_one_set() -> None:
     message = {
         "role": "assistant",
         "content": None,
@@ -32,8 +34,8 @@ def test_the_flag_the_readme_names_for_a_call_to_a_tool_not_offered_is_the_one_s
     tools = [tool("write", {"path": {"type": "string"}}, ["path"])]
     flags = response_flags(assembled, 200, False, tools=tools)
     assert "invalid_tool_call" in flags
-    readme = (ROOT / "README.md").read_text()
-    (row,) = [line for line in readme.splitlines() if "a name that matches no offered tool" in line]
+    table = (ROOT / "docs" / "repair.md").read_text()  # the defect table
+    (row,) = [line for line in table.splitlines() if "a name that matches no offered tool" in line]
     named = re.findall(r"flagged `([a-z_]+)`", row)
     assert named and set(named) <= flags, (named, flags)
     for doc in DOCS:
@@ -46,3 +48,13 @@ def test_regenerate_md_lists_as_not_built_only_what_is_not() -> None:
     assert hasattr(HoldingStage, "__init__") and "defer_unknown_tool" in HoldingStage.__init__.__code__.co_names
     for line in not_built:  # the evented stages hold a call to an unknown tool: it is built there
         assert "regenerate_unknown_tool" not in line, line
+
+
+def test_the_stages_table_names_each_stage_a_change_can_have_once() -> None:
+    """docs/changes.md's table of stages is the `Stage` type's values: none missing, none made up."""
+    text = (ROOT / "docs" / "changes.md").read_text()
+    marker = "<!-- stages: "
+    table = text[text.index(marker) :].split("\n\n", 1)[0]
+    named = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
+    assert sorted(named) == sorted(get_args(Stage)), named
+    assert len(named) == len(set(named))

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.builders import streamed_case
 from tests.support.procs import Proc, mock_and_proxy
 from tests.support.sdk_turn import SURFACES, Surface, Turn, ask
 from tests.test_e2e_regenerate import rows
@@ -29,30 +30,8 @@ CUT = ['{"filePath": "hello.txt", ', '"content": "Hello, wor']
 WHOLE = ['{"filePath": "hello.txt", ', '"content": "Hello, world!\\n"}']
 
 
-def chunk(cid: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": 1788480000,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-
-
-def case(cid: str, text: list[str], arguments: list[str] | None, finish: str) -> dict[str, Any]:
-    """A streamed chat answer (the mock draws it on every surface): text, then a `write` call cut or whole."""
-    events = [chunk(cid, {"role": "assistant", "content": ""})]
-    events += [chunk(cid, {"content": piece}) for piece in text]
-    if arguments is not None:
-        opening = {"index": 0, "id": f"call-{cid}", "type": "function", "function": {"name": "write", "arguments": ""}}
-        events.append(chunk(cid, {"tool_calls": [opening]}))
-        events += [chunk(cid, {"tool_calls": [{"index": 0, "function": {"arguments": a}}]}) for a in arguments]
-    events.append(chunk(cid, {}, finish))
-    return {"stream": events}
-
-
 def rules(model: str, later: dict[str, Any]) -> list[dict[str, Any]]:
-    first = case("chatcmpl-first", PREAMBLE, CUT, "length")
+    first = streamed_case("chatcmpl-first", PREAMBLE, CUT, "length")
     return [
         {"when": {"model": model, "attempt": 1}, "do": "serve_case", "case": first},
         {"when": {"model": model}, "do": "serve_case", "case": later},
@@ -61,8 +40,8 @@ def rules(model: str, later: dict[str, Any]) -> list[dict[str, Any]]:
 
 SCENARIO = {
     "rules": [
-        *rules("text-answer", case("chatcmpl-text", [ANSWER], None, "stop")),
-        *rules("preamble-then-call", case("chatcmpl-call", OTHER_PREAMBLE, WHOLE, "tool_calls")),
+        *rules("text-answer", streamed_case("chatcmpl-text", [ANSWER], None, "stop")),
+        *rules("preamble-then-call", streamed_case("chatcmpl-call", OTHER_PREAMBLE, WHOLE, "tool_calls")),
     ]
 }
 ENDS = {"chat": "stop", "responses": "completed", "messages": "end_turn"}

@@ -19,7 +19,7 @@ from tapfix.proxy.mock.agent_script import respond
 from tapfix.proxy.mock.reading import ToolResult, working_directory
 from tapfix.proxy.mock.vision import encode_png
 
-from tests.support.builders import tool
+from tests.support.builders import message_tool_call, tool
 
 PROMPT = "Create hello.txt containing a greeting"
 GREETING = "Hello, world!\n"
@@ -55,13 +55,13 @@ def _png(rgb: tuple[int, int, int]) -> str:
     return base64.b64encode(encode_png(4, 4, rgb)).decode()
 
 
-def _call(reply) -> dict:
+def _the_call(reply) -> dict:
     (call,) = reply.tool_calls
     return {"name": call.name, "arguments": json.loads(call.arguments)}
 
 
 def _after(result: dict, call_args: dict | None = None, tools: list | None = None) -> str:
-    call = {"id": "c1", "type": "function", "function": {"name": "write", "arguments": json.dumps(call_args or {})}}
+    call = message_tool_call(json.dumps(call_args or {}), "c1", "write")
     messages = [
         {"role": "user", "content": PROMPT},
         {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -79,7 +79,7 @@ def test_a_system_message_after_the_prompt_leaves_the_turn_to_the_prompt() -> No
         {"role": "system", "content": "Remember the git attribution rules."},
     ]
     reply = respond({"messages": messages, "tools": [WRITE]}, "c1")
-    assert _call(reply) == {"name": "write", "arguments": {"filePath": "hello.txt", "content": GREETING}}
+    assert _the_call(reply) == {"name": "write", "arguments": {"filePath": "hello.txt", "content": GREETING}}
 
 
 def test_a_system_message_after_a_tool_result_leaves_the_turn_to_the_result() -> None:
@@ -180,16 +180,16 @@ def test_the_working_directory_is_read_from_what_introduces_it(text: str, workdi
 def test_a_tool_that_wants_an_absolute_path_gets_one_under_the_working_directory() -> None:
     messages = [{"role": "user", "content": QWEN_ENV}, {"role": "user", "content": PROMPT}]
     reply = respond({"messages": messages, "tools": [QWEN_WRITE]}, "c1")
-    assert _call(reply)["arguments"] == {"file_path": "/home/dev/project/hello.txt", "content": GREETING}
+    assert _the_call(reply)["arguments"] == {"file_path": "/home/dev/project/hello.txt", "content": GREETING}
     # A tool that takes relative paths keeps them; without a declared directory nothing is made up.
-    assert _call(respond({"messages": messages, "tools": [WRITE]}, "c1"))["arguments"]["filePath"] == "hello.txt"
+    assert _the_call(respond({"messages": messages, "tools": [WRITE]}, "c1"))["arguments"]["filePath"] == "hello.txt"
     alone = [{"role": "user", "content": PROMPT}]
-    assert _call(respond({"messages": alone, "tools": [QWEN_WRITE]}, "c1"))["arguments"]["file_path"] == "hello.txt"
+    assert _the_call(respond({"messages": alone, "tools": [QWEN_WRITE]}, "c1"))["arguments"]["file_path"] == "hello.txt"
 
 
 def test_an_absolute_path_in_the_prompt_is_used_as_given() -> None:
     messages = [{"role": "user", "content": "Create /data/out/hello.txt containing a greeting"}]
-    assert _call(respond({"messages": messages, "tools": [QWEN_WRITE]}, "c1"))["arguments"]["file_path"] == (
+    assert _the_call(respond({"messages": messages, "tools": [QWEN_WRITE]}, "c1"))["arguments"]["file_path"] == (
         "/data/out/hello.txt"
     )
 
@@ -207,7 +207,7 @@ def test_a_path_refused_for_being_relative_is_sent_again_absolute_once() -> None
         {"role": "tool", "tool_call_id": "c1", "content": "File path must be absolute: hello.txt"},
     ]
     reply = respond({"messages": messages, "tools": [WRITE]}, "c2")
-    assert _call(reply) == {"name": "write", "arguments": {"filePath": "/w/hello.txt", "content": "Hi"}}
+    assert _the_call(reply) == {"name": "write", "arguments": {"filePath": "/w/hello.txt", "content": "Hi"}}
     assert reply.finish_reason == "tool_calls"
     # The absolute path failing too is a failure, not another try.
     call2 = {**call, "id": "c2", "function": {"name": "write", "arguments": '{"filePath": "/w/hello.txt"}'}}

@@ -25,7 +25,7 @@ from tapfix.proxy.toolcalls import stage_for
 from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
 from tests.support.attempts import through_attempts
-from tests.support.builders import named_event
+from tests.support.builders import named_event, streamed_case
 from tests.test_mock_attempts import SURFACE_BODIES
 from tests.test_regenerate_splice import FakeSession
 
@@ -318,22 +318,14 @@ def test_unknown_tool_off_or_spent_the_call_goes_out_as_sent(path: str) -> None:
 # ---- issue 31, item 5: an attempt that answers in text alone is the answer ---------------------------
 
 
-def _chat_case(cid: str, text: str, arguments: str | None, finish: str) -> dict[str, Any]:
-    def chunk(delta: dict[str, Any], end: str | None = None) -> dict[str, Any]:
-        return {"id": cid, "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": end}]}  # fmt: skip
-
-    events = [chunk({"role": "assistant", "content": ""}), chunk({"content": text})]
-    if arguments is not None:
-        call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "write", "arguments": arguments}}
-        events.append(chunk({"tool_calls": [call]}))
-    return {"stream": [*events, chunk({}, finish)]}
-
-
 TEXT_ANSWER = {
     "rules": [
-        {"when": {"attempt": 1}, "do": "serve_case", "case": _chat_case("a1", "I will write it.", '{"pa', "length")},
-        {"do": "serve_case", "case": _chat_case("a2", "I cannot write files here.", None, "stop")},
+        {
+            "when": {"attempt": 1},
+            "do": "serve_case",
+            "case": streamed_case("a1", ["I will write it."], ['{"pa'], "length"),
+        },
+        {"do": "serve_case", "case": streamed_case("a2", ["I cannot write files here."], None, "stop")},
     ]
 }
 

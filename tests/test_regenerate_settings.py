@@ -1,5 +1,6 @@
 """Issue 19's settings: `tapfix run --regenerate N` / `--regenerate-budget SECONDS` and their config keys,
-range-checked by proxy/regenerate/eligibility (a bad flag is exit 2, a bad config key names the file)."""
+range-checked as proxy/config/settings.py declares them (a bad flag is exit 2, a bad config key names the
+file)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli import main
-from tapfix.proxy.cli.run import make_settings
 from tapfix.proxy.config.file import ConfigError, load
-from tapfix.proxy.regenerate.eligibility import AdmissionSettings
-from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.config.settings import Settings
 
 MINIMAL = """
 {top}
@@ -41,20 +40,20 @@ def test_a_bad_regenerate_flag_is_a_usage_error(args: list[str]) -> None:
 
 
 def test_one_extra_attempt_is_the_default() -> None:
-    settings = make_settings({"listen": ("127.0.0.1", 8080), "db": StoreLocator.resolve()})
+    settings = Settings()  # what `tapfix run --upstream URL` gets without these flags
     assert (settings.regenerate, settings.regenerate_budget, settings.regenerate_unknown_tool) == (1, 60.0, False)
 
 
 def test_the_help_names_the_settings_and_the_default() -> None:
     result = CliRunner().invoke(main, ["run", "--help"])
     assert "--regenerate N" in result.output and "--regenerate-budget" in result.output
-    assert "[default: 1]" in " ".join(result.output.split()), result.output
+    assert "[default: 1; 0<=x<=10]" in " ".join(result.output.split()), result.output
 
 
 def test_config_keys_are_read_and_range_checked(tmp_path: Path) -> None:
     c = load(config(tmp_path, "regenerate = 2\nregenerate_budget = 30", "regenerate_concurrency = 4"))
-    assert (c.regenerate, c.regenerate_budget) == (2, 30)
-    assert c.regenerate_admission == {"gpu0": AdmissionSettings(4, 30)}
+    assert (c.run_settings["regenerate"], c.run_settings["regenerate_budget"]) == (2, 30)
+    assert (c.upstreams["gpu0"].regenerate_concurrency, c.upstreams["gpu0"].regenerate_per_minute) == (4, None)
     with pytest.raises(ConfigError, match="regenerate"):
         load(config(tmp_path, "regenerate = 99"))
     with pytest.raises(ConfigError, match="regenerate_per_minute"):

@@ -100,7 +100,7 @@ def config_file(tmp_path: Path, model: str, top: str = "") -> Path:
 def test_config_keys_per_model_are_read_and_range_checked(tmp_path: Path) -> None:
     c = load(config_file(tmp_path, "regenerate = 3\nregenerate_unknown_tool = true", "regenerate_unknown_tool = false"))
     assert (c.models["qwen"].regenerate, c.models["qwen"].regenerate_unknown_tool) == (3, True)
-    assert c.regenerate_unknown_tool is False
+    assert c.run_settings["regenerate_unknown_tool"] is False
     with pytest.raises(ConfigError, match=r"models\.qwen\.regenerate"):
         load(config_file(tmp_path, "regenerate = 11"))
     with pytest.raises(ConfigError, match="regenerate_unknown_tool"):

@@ -125,7 +125,7 @@ def test_an_exchange_is_one_client_span_with_its_own_ids_times_and_attributes(st
     }  # no before/after without content
     assert span.events[0].timestamp == span.start_time and span.events[1].timestamp == span.end_time
     assert export.health()["exported"] == 1 and export.health()["dropped"] == 0
-    # the README's names table (made from semconv) lists every attribute and event name a span carries
+    # docs/opentelemetry.md's names table (made from semconv) lists every attribute and event name a span carries
     listed = {line.split("`")[1] for line in sc.names_table().splitlines()[2:]}
     emitted = {k for k in a if not k.startswith(sc.TAPFIX_REPAIRS_PREFIX) or k == sc.TAPFIX_REPAIRS_COUNT}
     emitted |= {e.name for e in span.events} | {k for e in span.events for k in e.attributes}
@@ -247,8 +247,8 @@ def test_an_unreachable_or_rejecting_receiver_is_counted_and_logged_once_never_r
         server.server_close()
 
 
-def test_the_readme_lists_every_name_semconv_holds():
-    """The README's names table is `names_table()` itself, so what the docs say tapfix emits can't drift."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_docs_list_every_name_semconv_holds():
+    """docs/opentelemetry.md's names table is `names_table()` itself, so what the docs say tapfix emits can't drift."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "opentelemetry.md").read_text()
     begin, end = "<!-- semconv names: begin -->\n", "\n<!-- semconv names: end -->"
-    assert readme[readme.index(begin) + len(begin) : readme.index(end)] == sc.names_table()
+    assert page[page.index(begin) + len(begin) : page.index(end)] == sc.names_table()

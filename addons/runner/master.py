@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from tapfix.addons.shutdown import Shutdown
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.net import is_loopback
+from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import CaptureWriter
 
 log = logging.getLogger("tapfix")
@@ -51,7 +54,9 @@ def build_runtime(
     policy: Any = None,
     targets: dict[str, UpstreamTarget] | None = None,
     writer: CaptureWriter | None = None,
+    export: Any = None,
 ) -> Runtime:
+    """The runtime of one proxy process; `export`: the OTLP export settings (telemetry/config.py), None: off."""
     all_targets = dict(targets or {})
     default = all_targets.get("default")
     if default is None and settings.upstream:
@@ -60,12 +65,21 @@ def build_runtime(
     if default is None and all_targets and settings.mode == "reverse":
         default = next(iter(all_targets.values()))
     runtime = Runtime(settings=settings, writer=writer, default_target=default, policy=policy, targets=all_targets)
+    runtime.export = export
     runtime.intercept_hosts = set(settings.intercept) or {t.host for t in all_targets.values()}
     config = getattr(policy, "config", None)
-    if config is not None and config.regenerate_admission:
-        from tapfix.proxy.regenerate.eligibility import Admissions
+    if config is not None:
+        from tapfix.proxy.regenerate.eligibility import Admissions, AdmissionSettings
 
-        runtime.admissions = Admissions(dict(config.regenerate_admission))
+        defaults = AdmissionSettings()
+        runtime.admissions = Admissions(
+            {
+                name: AdmissionSettings(
+                    u.regenerate_concurrency or defaults.concurrency, u.regenerate_per_minute or defaults.per_minute
+                )
+                for name, u in config.upstreams.items()
+            }
+        )
     install_telemetry(runtime)
     return runtime
 
@@ -86,7 +100,7 @@ def install_telemetry(runtime: Runtime) -> None:
     def queue_depth() -> float:
         return float(writer.health()["queue_depth"]) if writer is not None else 0.0
 
-    export = getattr(runtime.settings, "export", None)  # tapfix.proxy.telemetry.config.ExportConfig; None: off
+    export = runtime.export
     # TAPFIX_GENAI_SEMCONV (`run` checks it at the command line): the conventions' names, or v1.41.0's.
     try:
         naming = export.naming if export is not None else semconv.naming_of(os.environ)
@@ -154,7 +168,31 @@ def _host_pattern(host: str) -> str:
     return rf"^{re.escape(host)}(:\d+)?$"
 
 
-async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> None:
+@dataclass
+class Serving:
+    """A proxy that listens, for whoever started it off the main thread (the in-process test tier): the
+    addresses it listens on (port 0 picks one) and a thread-safe stop that does what SIGTERM does."""
+
+    master: DumpMaster
+    shutdown: Shutdown
+    addresses: list[Any]
+
+    @property
+    def port(self) -> int:
+        return int(self.addresses[0][1])
+
+    def stop(self) -> None:
+        """The first call starts the shutdown grace, another ends it (as a second SIGTERM would)."""
+        self.master.event_loop.call_soon_threadsafe(self.shutdown.signal, self.master)
+
+
+async def serve(
+    settings: Settings,
+    runtime: Runtime,
+    *,
+    ready: Callable[[], None] | None = None,
+    listening: Callable[[Serving], None] | None = None,
+) -> None:
     reset_tail.install()
     raw_head.install()
     client_write.install()
@@ -178,6 +216,8 @@ async def serve(settings: Settings, runtime: Runtime, *, ready: Any = None) -> N
         master.shutdown()
         await task
         raise OSError(f"could not listen on {settings.listen_host}:{settings.listen_port} (in use?)")
+    if listening is not None:
+        listening(Serving(master, shutdown, addrs))
     if ready is not None:
         ready()
     await task
@@ -222,18 +262,27 @@ def run(settings: Settings, runtime: Runtime, *, ready: Any = None) -> int:
         print(f"tapfix: {e}", file=sys.stderr)
         return 2
     finally:
-        if runtime.writer is not None:
-            runtime.writer.close()
-            if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
-                runtime.fanout.close()
-            health = runtime.writer.health()
-            if health["failures"]:
-                print(f"tapfix: {health['failures']} capture(s) failed: {health['last_error']}", file=sys.stderr)
+        failed = drain(runtime)
+        if failed:
+            print(f"tapfix: {failed}", file=sys.stderr)
     return 0
 
 
-def prepare(settings: Settings) -> Runtime:
-    """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer."""
+def drain(runtime: Runtime) -> str | None:
+    """After mitmproxy stopped: the capture writer drains its queue (its thread ends), then the telemetry
+    exports flush what the writer's last observers gave them. Returns what failed to be captured, if any."""
+    if runtime.writer is None:
+        return None
+    runtime.writer.close()
+    if runtime.fanout is not None:  # after the writer's last observers ran: flush the exports
+        runtime.fanout.close()
+    health = runtime.writer.health()
+    return f"{health['failures']} capture(s) failed: {health['last_error']}" if health["failures"] else None
+
+
+def prepare(settings: Settings, store: StoreLocator, export: Any = None) -> Runtime:
+    """Everything `tapfix run` needs before it listens: upstreams, policy, the capture writer in `store`
+    (what `settings.db` names), the OTLP export (`export`, None: off)."""
     from tapfix.addons.runner.setup import StartupError, build_policy
     from tapfix.proxy.store.retention import Retention
 
@@ -248,25 +297,21 @@ def prepare(settings: Settings) -> Runtime:
             retention = Retention.from_config(dict(policy.config.retention))
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
-    writer = open_writer(settings, retention)
-    return build_runtime(settings, policy=policy, targets=targets, writer=writer)
+    writer = open_writer(settings, store, retention)
+    return build_runtime(settings, policy=policy, targets=targets, writer=writer, export=export)
 
 
-def open_writer(settings: Settings, retention: Any) -> CaptureWriter:
+def open_writer(settings: Settings, store: StoreLocator, retention: Any) -> CaptureWriter:
     """The capture writer; an unusable store is a one-line `StoreError`. A PostgreSQL server that is down
     is waited for (traffic flows, exchanges are held), unless `--strict`: then it refuses to start."""
     from tapfix.addons.runner.setup import StartupError
     from tapfix.proxy.store.database import StoreError
 
-    options: dict[str, Any] = {"retention": retention}
-    if settings.store_queue is not None:
-        options["max_held"] = settings.store_queue
-    if settings.store_queue_bytes is not None:
-        options["max_held_bytes"] = settings.store_queue_bytes
+    options: dict[str, Any] = {"max_held": settings.store_queue, "max_held_bytes": settings.store_queue_bytes}
     try:
-        return settings.db.writer(wait=not settings.strict, **options)
+        return store.writer(wait=not settings.strict, retention=retention, **options)
     except StoreError as e:
-        if settings.strict and settings.db.postgres is not None:
+        if settings.strict and store.postgres is not None:
             raise StartupError(f"--strict: {e}") from None
         raise
 

@@ -43,6 +43,7 @@ class Runtime:
     started: float = field(default_factory=time.time)
     attempts: Any = None  # addons/attempts.LaterAttempts when regeneration is on (issue 19); None: off
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
+    export: Any = None  # issue 20: tapfix.proxy.telemetry.config.ExportConfig from --otlp / OTEL_*; None: off
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
     # Each telemetry part's counters, under its own key in /tapfix/health's "telemetry".
     telemetry_health: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)

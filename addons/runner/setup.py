@@ -55,7 +55,7 @@ def build_policy(settings: Settings) -> tuple[Any, dict[str, UpstreamTarget]]:
 
 
 def _preflight(config: Config, settings: Settings) -> None:
-    from tapfix.proxy.config.preflight import run_checks
+    from tapfix.proxy.request.preflight import run_checks
 
     _, problems = run_checks(config, timeout=settings.connect_timeout)
     for problem in problems:

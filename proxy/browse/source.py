@@ -4,7 +4,7 @@ The pages (app.py, detail.py) ask a `BrowseStore` for rows; each backend answers
 SQLite's in queries.py (with session_turns.py and stats.py), over thread-local read-only connections
 and the search sidecar; PostgreSQL's in pg_queries.py (with pg_stats.py), over a small connection
 pool and the search columns the writer maintains. The same exchanges give the same pages on both
-(tests/test_browse_backends.py). What differs, and why:
+(tests/unit/test_browse_backends.py). What differs, and why:
 
 - Order. SQLite lists by `rowid` (write order: the order exchanges completed); PostgreSQL has no
   rowid, and lists by capture id, which sorts by arrival (proxy/ids.py). Both are the newest first,

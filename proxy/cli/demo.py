@@ -7,13 +7,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 import uvicorn
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
+
+if TYPE_CHECKING:
+    from tapfix.proxy.mock import MockOptions
 
 
 def _socket(host: str) -> socket.socket:
@@ -37,10 +40,11 @@ def _pick_port(host: str, port: int) -> int:
         return int(s.getsockname()[1])
 
 
-def start_mock_thread(host: str, port: int) -> uvicorn.Server:
+def start_mock_thread(host: str, port: int, opts: MockOptions | None = None) -> uvicorn.Server:
+    """The mock (MockOptions, default: the plain scripted model) served by a thread of this process."""
     from tapfix.proxy.mock import MockOptions, uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(MockOptions(), host, port))
+    server = uvicorn.Server(uvicorn_config(opts or MockOptions(), host, port))
     server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # the proxy owns signals
     thread = threading.Thread(target=server.run, name="tapfix-demo-mock", daemon=True)
     thread.start()
@@ -99,13 +103,12 @@ def run_demo(
     mock_listen: tuple[str, int],
     db: StoreLocator,
     run_proxy: Callable[..., int],
-    make_settings: Callable[[dict[str, Any]], Settings],
 ) -> int:
     mock_host, mock_port = mock_listen
     mock_port = _pick_port(mock_host, mock_port)
     server = start_mock_thread(mock_host, mock_port)
     mock_url = url(mock_host, mock_port)
-    settings = make_settings({"upstream": mock_url, "listen": listen, "db": db})
+    settings = Settings(upstream=mock_url, listen=listen, db=str(db.path))  # demo's store is a SQLite file
     try:
         return run_proxy(settings, banner=lambda base: click.echo(banner(base, mock_url, db)))
     finally:

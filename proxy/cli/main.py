@@ -10,16 +10,20 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from tapfix.proxy.cli.captures import captures
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.net import url
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import StoreError
+
+if TYPE_CHECKING:
+    from tapfix.proxy.mock import MockOptions
 
 
 class LazyGroup(click.Group):
@@ -92,7 +96,7 @@ main.add_command(captures)
 
 
 @main.command()
-@listen_option("127.0.0.1:8080", "where the proxy listens")
+@listen_option(setting_named("listen").shown_default() or "", "where the proxy listens")
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )
@@ -105,9 +109,9 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
       tapfix demo --db /tmp/demo.db
     """
     from tapfix.proxy.cli.demo import run_demo
-    from tapfix.proxy.cli.run import make_settings, run_proxy
+    from tapfix.proxy.cli.run import run_proxy
 
-    sys.exit(run_demo(listen, mock_listen, db, run_proxy, make_settings))
+    sys.exit(run_demo(listen, mock_listen, db, run_proxy))
 
 
 @main.command()
@@ -145,9 +149,26 @@ def mock(
       tapfix mock --listen 127.0.0.1:8000 --chunk-delay-ms 20
       tapfix mock --capture 01J9Z3 --db captures/tapfix.db
     """
-    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app, serve
+    from tapfix.proxy.mock import serve
 
     host, port = listen
+    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast)
+    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
+    serve(opts, host=host, port=port)
+
+
+def mock_options(
+    cases: tuple[Path, ...],
+    scenario: str | None,
+    chunk_delay_ms: int,
+    db: StoreLocator,
+    capture: str | None,
+    fast: bool,
+) -> MockOptions:
+    """`mock`'s options as MockOptions, checked (cases, scenario, the capture) before anything binds.
+    The in-process test tier starts the mock through this too."""
+    from tapfix.proxy.mock import MockOptions, ScenarioError, create_app
+
     recorded = None
     if capture:
         from tapfix.proxy.replay.server import recorded_response
@@ -167,8 +188,7 @@ def mock(
     )
     with reported(ScenarioError, ValueError, OSError):
         create_app(opts)  # validates cases and the scenario before binding
-    click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
-    serve(opts, host=host, port=port)
+    return opts
 
 
 @main.command()
@@ -204,7 +224,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     failed = False
     if config_path is not None:
         from tapfix.proxy.config.file import Config, ConfigError
-        from tapfix.proxy.config.preflight import render, run_checks
+        from tapfix.proxy.request.preflight import render, run_checks
 
         try:
             config = Config.load(config_path)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from tapfix.proxy.config.model import QUICK_ENGINES
 from tapfix.proxy.net import parse_listen
 from tapfix.proxy.quantities import finite, human_bytes, parse_duration, parse_size
 from tapfix.proxy.store.locator import StoreLocator
@@ -20,8 +21,6 @@ from tapfix.proxy.store.locator_url import NotAStoreLocator
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The engines quick mode (`--upstream`) knows how to talk to: reasoning dialect and sampling parameters.
-ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai")
 DB_HELP = "capture database (default: $TAPFIX_DB or captures/tapfix.db)"
 
 
@@ -132,7 +131,7 @@ def listen_option(default: str, help: str | None = None, *names: str) -> Callabl
 
 
 def engine_option(help: str) -> Callable[[F], F]:
-    return click.option("--engine", type=click.Choice(ENGINES), help=help)
+    return click.option("--engine", type=click.Choice(QUICK_ENGINES), help=help)
 
 
 def key_env_option(help: str) -> Callable[[F], F]:

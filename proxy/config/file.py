@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tapfix.proxy.config.settings import ProxyMode
-from tapfix.proxy.config.shape import is_non_finite, key_name, shape_problems
-from tapfix.proxy.request.reasoning_levels import ENGINE_DIALECT, ReasoningSettings
-from tapfix.proxy.request.sampling import ParamPolicy
+from tapfix.proxy.config.model import ENGINE_DIALECT, ParamPolicy, ReasoningSettings
+from tapfix.proxy.config.settings import declared
+from tapfix.proxy.config.shape import key_name, shape_problems
+from tapfix.proxy.vocabulary.store_url import is_postgres_url, url_like_problem
 
 # Values config.schema.json allows (the file is validated before these are read).
 KeyStyle = Literal["openai", "anthropic"]  # how the key is sent: Authorization: Bearer, or x-api-key
@@ -46,6 +46,8 @@ class Upstream:
     insecure: bool = False
     connect_timeout: float | None = None
     read_timeout: float | None = None
+    regenerate_concurrency: int | None = None  # issue 19: None: the declared default (config/settings.py)
+    regenerate_per_minute: int | None = None
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The upstream's own credential (from the environment variable the config names), as it expects it."""
@@ -90,20 +92,14 @@ class ReasoningFieldPolicy:
 class Config:
     upstreams: Mapping[str, Upstream]
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
-    listen: str | None = None
-    db: str | None = None
-    mode: ProxyMode = "reverse"
+    # The run settings the file gives (config/settings.py declares their keys), by `Settings` attribute,
+    # as the file wrote them (`db` resolved against the file's folder); a flag given to `tapfix run` wins.
+    run_settings: Mapping[str, Any] = field(default_factory=dict)
     strict: bool = False
     reasoning_field: ReasoningFieldPolicy = field(default_factory=ReasoningFieldPolicy)
-    tool_repair: Mapping[str, Any] = field(default_factory=dict)
     probe: Mapping[str, Any] = field(default_factory=dict)
     security: Mapping[str, Any] = field(default_factory=dict)
     retention: Mapping[str, Any] = field(default_factory=dict)
-    shutdown_grace: float | None = None  # seconds; `tapfix run --shutdown-grace` wins
-    regenerate: int | None = None  # issue 19; `tapfix run --regenerate` wins
-    regenerate_budget: float | None = None
-    regenerate_unknown_tool: bool | None = None
-    regenerate_admission: Mapping[str, Any] = field(default_factory=dict)  # upstream → AdmissionSettings
     source: str | None = None  # the file it came from
     quick_model: ModelConfig | None = None  # quick mode: the policy every model name gets
 
@@ -200,10 +196,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
             model = _model(name, m, source, names, upstreams, claimed, base, data, problems)
             if model is not None:
                 models[name] = model
-    admission: dict[str, Any] = {}
-    with _unless_shaped(shaped):
-        admission = _regeneration(data, source, problems)
-    if (why := _store_problem(data.get("db"))) is not None:
+    if isinstance(db := data.get("db"), str) and (why := url_like_problem(db)) is not None:
         problems.append(f"{source}: db: {why}")
     if problems:
         raise ConfigError("\n".join(problems), problems)
@@ -211,22 +204,31 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
     return Config(
         upstreams=upstreams,
         models=models,
-        listen=data.get("listen"),
-        db=_store(base, data["db"]) if "db" in data else None,
-        mode=data.get("mode", "reverse"),
+        run_settings=run_settings(data, base),
         strict=data.get("strict", False),
         reasoning_field=ReasoningFieldPolicy(rf.get("default", "keep"), dict(rf.get("clients", {}))),
-        tool_repair=dict(data.get("tool_repair", {})),
         probe=dict(data.get("probe", {})),
         security=dict(data.get("security", {})),
         retention=dict(data.get("retention", {})),
-        shutdown_grace=data.get("shutdown_grace"),
-        regenerate=data.get("regenerate"),
-        regenerate_budget=data.get("regenerate_budget"),
-        regenerate_unknown_tool=data.get("regenerate_unknown_tool"),
-        regenerate_admission=admission,
         source=source,
     )
+
+
+def run_settings(data: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The declared run settings the (validated) file gives, by `Settings` attribute; a dotted key is a
+    table's (`tool_repair.mode`). A store path is relative to the file's folder, a URL stays a URL."""
+    found: dict[str, Any] = {}
+    for s in declared():
+        if s.key is None:
+            continue
+        *tables, last = s.key.split(".")
+        table: Any = data
+        for name in tables:
+            table = table.get(name, {}) if isinstance(table, Mapping) else {}
+        if isinstance(table, Mapping) and last in table:
+            value = table[last]
+            found[s.name] = _store(base, value) if s.kind == "store" else value
+    return found
 
 
 def _tables(value: Any, everything: bool = False) -> list[tuple[str, Mapping[str, Any]]]:
@@ -296,12 +298,6 @@ def _model(
             f"{source}: {where}.reasoning.default_level: found {reasoning.default_level!r}, "
             f"expected one of the accepted levels {', '.join(reasoning.levels)}"
         )
-    tool_format = m.get("tool_format")
-    if tool_format is not None and tool_format not in _tool_format_names():
-        problems.append(
-            f"{source}: {where}.tool_format: found {tool_format!r}, expected one of the registered tool-call "
-            f"formats: {', '.join(_tool_format_names())}"
-        )
     return ModelConfig(
         name=name,
         upstream=upstream,
@@ -311,55 +307,10 @@ def _model(
         generation_config=gc_path,
         reasoning=reasoning,
         store_bodies=m.get("store_bodies", True),
-        tool_format=tool_format,
-        regenerate=_model_attempts(m.get("regenerate"), f"{source}: {where}.regenerate", problems),
+        tool_format=m.get("tool_format"),  # a registered name: the schema lists them
+        regenerate=m.get("regenerate"),
         regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
     )
-
-
-def _regeneration(data: Mapping[str, Any], source: str, problems: list[str]) -> dict[str, Any]:
-    """Range-check `regenerate`, `regenerate_budget` and each `[upstreams.X] regenerate_concurrency` /
-    `regenerate_per_minute` (issue 19); the upstreams' AdmissionSettings, by upstream name."""
-    from tapfix.proxy.regenerate import eligibility as el
-
-    for key, check in (("regenerate", el.check_attempts), ("regenerate_budget", el.check_budget)):
-        if key in data and not is_non_finite(data[key]):  # a NaN is said once, as such
-            try:
-                check(data[key], key)
-            except el.SettingError as e:
-                problems.append(f"{source}: {e}")
-    out: dict[str, Any] = {}
-    for name, u in data["upstreams"].items():
-        if "regenerate_concurrency" not in u and "regenerate_per_minute" not in u:
-            continue
-        where = f"upstreams.{key_name(name)}"
-        try:
-            concurrency = el.check_concurrency(u.get("regenerate_concurrency", 2), f"{where}.regenerate_concurrency")
-            per_minute = el.check_per_minute(u.get("regenerate_per_minute", 30), f"{where}.regenerate_per_minute")
-        except el.SettingError as e:
-            problems.append(f"{source}: {e}")
-            continue
-        out[name] = el.AdmissionSettings(concurrency, per_minute)
-    return out
-
-
-def _model_attempts(value: Any, where: str, problems: list[str]) -> int | None:
-    """A model's own `regenerate`, range-checked like the global one; None when it has none."""
-    from tapfix.proxy.regenerate import eligibility as el
-
-    if value is None:
-        return None
-    try:
-        return el.check_attempts(value, where)
-    except el.SettingError as e:
-        problems.append(str(e))
-        return None
-
-
-def _tool_format_names() -> list[str]:
-    from tapfix.proxy.toolcalls.formats import names
-
-    return names()
 
 
 def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
@@ -374,6 +325,8 @@ def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
         insecure=u.get("insecure", False),
         connect_timeout=u.get("connect_timeout"),
         read_timeout=u.get("read_timeout"),
+        regenerate_concurrency=u.get("regenerate_concurrency"),
+        regenerate_per_minute=u.get("regenerate_per_minute"),
     )
 
 
@@ -396,22 +349,7 @@ def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:
 
 def _store(base: Path, value: str) -> str:
     """`db`: a PostgreSQL URL as it is, a path relative to the config file's folder."""
-    from tapfix.proxy.store.pg.locator import is_postgres_url
-
     return value if is_postgres_url(value) else str(_resolve(base, value))
-
-
-def _store_problem(value: Any) -> str | None:
-    """Why `db` names no store (a URL with another scheme: store/locator_url.py), or None."""
-    if not isinstance(value, str):
-        return None  # the schema says what it expected
-    from tapfix.proxy.store.locator_url import NotAStoreLocator, refuse_url_like
-
-    try:
-        refuse_url_like(value)
-    except NotAStoreLocator as e:
-        return str(e)
-    return None
 
 
 def _resolve(base: Path, value: str) -> Path:

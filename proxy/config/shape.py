@@ -6,7 +6,6 @@ checks a schema can't express and reports them together with these)."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterator, Mapping
 from importlib.resources import files
@@ -59,10 +58,6 @@ def _non_finite(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, s
     elif isinstance(value, list):
         for i, item in enumerate(value):
             yield from _non_finite(item, (*path, str(i)))
-
-
-def is_non_finite(value: Any) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _literal_credentials(data: Mapping[str, Any]) -> dict[str, str]:

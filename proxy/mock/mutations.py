@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from tapfix.proxy.mock import mutations_cut as cut
 from tapfix.proxy.mock import mutations_frags as frags
 from tapfix.proxy.mock import mutations_leak as leak
 from tapfix.proxy.mock import mutations_stream as stream
@@ -41,7 +42,9 @@ _ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
     ("objects_concatenated", frags.objects_concatenated),
     ("resent_at_finish", frags.resent_at_finish),
     ("args_as_object", frags.args_as_object),
+    ("glued_call", cut.glued_call),
     ("leaked_markup", leak.leaked_markup),  # renders the text-only turn itself
+    ("leaked_markup_cut", cut.leaked_markup_cut),  # so does this one
     ("two_calls_one_delta", stream.two_calls_one_delta),
     ("unknown_tool", stream.unknown_tool),
     ("name_case", stream.name_case),
@@ -56,6 +59,8 @@ _ORDER: Final[tuple[tuple[str, Mutate], ...]] = (
     ("finish_stop_with_calls", stream.finish_stop_with_calls),
     ("finish_length_complete", stream.finish_length_complete),
     ("empty_tool_turn", stream.empty_tool_turn),
+    ("finish_repeated", cut.finish_repeated),
+    ("length_after_calls", cut.length_after_calls),
 )
 RENDERED: Final = [name for name, _ in _ORDER].index("two_calls_one_delta")
 
@@ -78,9 +83,21 @@ EXCLUSIVE: Final[frozenset[frozenset[str]]] = frozenset(
         # closed and a lost final `}`: the same text as the repairable parser bug, so undecidable.
         ("unescaped_quotes", "arguments_cut"),
         ("unescaped_quotes", "fragment_dropped"),
+        # A glued call leaves the wire one call short: the name mutations number calls as the turn does.
+        ("glued_call", "unknown_tool"),
+        ("glued_call", "name_case"),
+        ("glued_call", "name_split"),
+        ("glued_call", "name_repeated"),
+        ("length_after_calls", "finish_stop_with_calls"),
+        ("length_after_calls", "finish_length_complete"),
+        ("length_after_calls", "empty_tool_turn"),
+        ("length_after_calls", "finish_repeated"),
     )
 ) | frozenset(
-    frozenset(("leaked_markup", name)) for name, _ in _ORDER if name not in _LEAK_COMPOSES | {"leaked_markup"}
+    frozenset((leaked, name))
+    for leaked in ("leaked_markup", "leaked_markup_cut")
+    for name, _ in _ORDER
+    if name not in _LEAK_COMPOSES | {leaked}
 )
 
 

@@ -18,25 +18,23 @@ stream). And only while every one of these holds:
 `Admission` is the per-upstream budget on top (`regenerate_concurrency` attempts in flight,
 `regenerate_per_minute` started in any 60 s), so a storm of broken calls can't multiply an upstream's
 load. Everything takes the clock as a value or an injected callable, so it is pure and testable; every
-setting is range-checked with a message a CLI flag or config loader can show as is.
+setting is range-checked as config/settings.py declares it, with a message a CLI flag or config loader
+can show as is.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
+from tapfix.proxy.config.declare import SettingError as SettingError
+from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, UNKNOWN_TOOL
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
-ATTEMPTS_MAX: Final = 10
-BUDGET_MAX_S: Final = 3600.0
-CONCURRENCY_MAX: Final = 64
-PER_MINUTE_MAX: Final = 1000
 WINDOW_S: Final = 60.0
 
 Trigger = Literal["unrecoverable", "empty_tool_turn", "unknown_tool", "unreadable"]
@@ -56,48 +54,33 @@ NoReason = Literal[
 Refusal = Literal["concurrency", "per_minute"]
 
 
-class SettingError(ValueError):
-    """A regeneration setting out of range; `str(e)` names the setting, the range and the value."""
-
-
 def check_attempts(value: Any, name: str = "regenerate") -> int:
-    if not _whole(value) or not 0 <= value <= ATTEMPTS_MAX:
-        raise SettingError(f"{name} must be a whole number from 0 to {ATTEMPTS_MAX} (0 = off), got {value!r}")
-    return int(value)
+    return int(setting_named("regenerate").check(value, name))
 
 
 def check_budget(value: Any, name: str = "regenerate_budget") -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not 0 < value <= BUDGET_MAX_S:
-        raise SettingError(f"{name} must be a number of seconds above 0 and at most {BUDGET_MAX_S:g}, got {value!r}")
-    return float(value)
+    return float(setting_named("regenerate_budget").check(value, name))
 
 
 def check_concurrency(value: Any, name: str = "regenerate_concurrency") -> int:
-    if not _whole(value) or not 1 <= value <= CONCURRENCY_MAX:
-        raise SettingError(f"{name} must be a whole number from 1 to {CONCURRENCY_MAX}, got {value!r}")
-    return int(value)
+    return int(setting_named("regenerate_concurrency").check(value, name))
 
 
 def check_per_minute(value: Any, name: str = "regenerate_per_minute") -> int:
-    if not _whole(value) or not 1 <= value <= PER_MINUTE_MAX:
-        raise SettingError(f"{name} must be a whole number from 1 to {PER_MINUTE_MAX}, got {value!r}")
-    return int(value)
+    return int(setting_named("regenerate_per_minute").check(value, name))
 
 
 def check_flag(value: Any, name: str = "regenerate_unknown_tool") -> bool:
-    if not isinstance(value, bool):
-        raise SettingError(f"{name} must be true or false, got {value!r}")
-    return value
+    return bool(setting_named("regenerate_unknown_tool").check(value, name))
 
 
 @dataclass(frozen=True, slots=True)
 class RegenerateSettings:
     """Per model: `regenerate` extra attempts, `regenerate_budget` seconds, `regenerate_unknown_tool`."""
 
-    attempts: int = 1
-    budget_s: float = 60.0
-    unknown_tool: bool = False
+    attempts: int = setting_named("regenerate").default
+    budget_s: float = setting_named("regenerate_budget").default
+    unknown_tool: bool = setting_named("regenerate_unknown_tool").default
 
     def __post_init__(self) -> None:
         check_attempts(self.attempts)
@@ -109,8 +92,8 @@ class RegenerateSettings:
 class AdmissionSettings:
     """Per upstream: `regenerate_concurrency` attempts in flight, `regenerate_per_minute` started."""
 
-    concurrency: int = 2
-    per_minute: int = 30
+    concurrency: int = setting_named("regenerate_concurrency").default
+    per_minute: int = setting_named("regenerate_per_minute").default
 
     def __post_init__(self) -> None:
         check_concurrency(self.concurrency)
@@ -262,7 +245,3 @@ def choices_asked(request: Mapping[str, Any]) -> int:
     """The request's `n` for the "one choice" rule: 1 when absent or not a whole number."""
     n = request.get("n")
     return n if isinstance(n, int) and not isinstance(n, bool) else 1
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

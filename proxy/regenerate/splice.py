@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import STAGE, NextAttempt, Received, SeedSource, next_attempt, system_seed
 from tapfix.proxy.regenerate.echo import PrefixEcho
@@ -40,6 +39,7 @@ from tapfix.proxy.regenerate.repeat import RepeatDrop, repeated_kinds
 from tapfix.proxy.regenerate.unreadable import Unreadable
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 class AttemptsHandle(Protocol):

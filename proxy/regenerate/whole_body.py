@@ -24,7 +24,6 @@ from typing import Any, Final
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.continuation import Received, SeedSource, system_seed
 from tapfix.proxy.regenerate.eligibility import (
@@ -38,6 +37,7 @@ from tapfix.proxy.regenerate.eligibility import (
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.splice import Decision, admit_next
 from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tapfix.proxy.config.model import DIALECT_LEVELS, ReasoningSettings
 from tapfix.proxy.errors import LocalAnswer, request_error
 from tapfix.proxy.jsonsplice import Delete, Path, Set, json_path
 from tapfix.proxy.request.reasoning_levels import (
-    DIALECT_LEVELS,
     ReasoningResult,
-    ReasoningSettings,
     clamp_level,
     level_from_budget,
     parse_level,

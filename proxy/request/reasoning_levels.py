@@ -9,32 +9,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as _field
 from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.model import LEVELS
 from tapfix.proxy.jsonsplice import Edit, Path, json_path
 
 if TYPE_CHECKING:
     from tapfix.proxy.errors import LocalAnswer
 
-LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-DIALECTS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template", "passthrough")
-ENGINE_DIALECT = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llamacpp": "llamacpp",
-    "ollama": "ollama",
-    "tabbyapi": "tabbyapi",
-    "openai": "openai",
-    "anthropic": "passthrough",
-}
-DIALECT_LEVELS: dict[str, tuple[str, ...]] = {
-    "ollama": ("none", "low", "medium", "high"),
-    "openai": ("none", "minimal", "low", "medium", "high", "xhigh"),
-}
 # Thinking budgets in tokens → level: <=0 none, <=1024 minimal, <4096 low, <12288 medium, else high.
 # Chosen so the budget tables clients publish map back to their own level (pi/omp: minimal 1024,
 # low 2048, medium 8192, high 16384; omp's Anthropic high sends 12384).
@@ -42,20 +27,6 @@ BUDGET_THRESHOLDS = ((0, "none"), (1024, "minimal"), (4095, "low"), (12287, "med
 _OFF_WORDS = {"off", "disabled", "disable", "false", "no"}
 _ON_WORDS = {"on", "enabled", "enable", "true", "yes", "auto", "adaptive"}
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningSettings:
-    dialect: str | None = None  # None: pass every reasoning field through untouched
-    levels: tuple[str, ...] | None = None  # levels the model accepts; None = the dialect's own
-    template_var: str | None = None  # the chat-template variable the model family reads
-    field: str = "reasoning_effort"  # the field of the `int` dialect (dotted for nested)
-    reject_unmappable: bool = False
-    default_level: str = "medium"  # for "thinking on" without a level, where a level is needed
-    budgets: Mapping[str, int] = _field(default_factory=dict)  # level → thinking_budget_tokens (llama.cpp)
-
-    def accepted(self) -> tuple[str, ...]:
-        return self.levels or DIALECT_LEVELS.get(self.dialect or "", LEVELS)
 
 
 @dataclass(slots=True)

@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tapfix.proxy.config.model import LEVELS, ReasoningSettings
 from tapfix.proxy.jsonsplice import Delete, Set
 from tapfix.proxy.request.reasoning_levels import (
-    LEVELS,
     ReasoningResult,
-    ReasoningSettings,
     clamp_level,
     level_from_budget,
     parse_level,

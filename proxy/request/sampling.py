@@ -16,9 +16,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tapfix.proxy.changes import Change
+from tapfix.proxy.config.model import ParamPolicy
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, json_path
 from tapfix.proxy.surfaces import Surface
 
@@ -80,19 +81,6 @@ def wire_name(param: str, engine: str | None, surface: Surface) -> str:
         if surface == "chat" and engine == "openai":
             return "max_completion_tokens"
     return param
-
-
-# fill what the client omitted, override what it sent, clamp into [min, max], or drop the parameter.
-SamplingMode = Literal["fill", "override", "clamp", "drop"]
-
-
-@dataclass(frozen=True, slots=True)
-class ParamPolicy:
-    mode: SamplingMode = "fill"
-    value: float | int | None = None
-    min: float | int | None = None
-    max: float | int | None = None
-    reason: str = ""
 
 
 class GenerationConfigError(ValueError):

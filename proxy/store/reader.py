@@ -211,7 +211,7 @@ def capture_body(conn: sqlite3.Connection, capture: dict[str, Any], which: str) 
 class CaptureReader(Protocol):
     """What `captures list`, `show` and `export` read through, on either backend (`open_reader`):
     `SqliteReader` here, `PostgresReader` in store/pg/reader.py. The same exchanges give the same
-    rows and bytes on both (tests/test_store_reader_backends.py)."""
+    rows and bytes on both (tests/unit/test_store_reader_backends.py)."""
 
     backend: str
 

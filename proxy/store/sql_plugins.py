@@ -7,7 +7,7 @@ so `sqlite-utils query captures/tapfix.db "select tapfix_body(id, 'request') fro
 The hook markers are built with pluggy, as both tools do (`HookimplMarker("sqlite_utils")` is what
 `sqlite_utils.hookimpl` is), rather than imported from them: importing either package imports click,
 and each tool loads this module while it starts. Nothing here imports mitmproxy or click
-(tests/test_sql_plugins.py checks it in a fresh interpreter).
+(tests/process/test_sql_plugins.py checks it in a fresh interpreter).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every OpenTelemetry name tapfix emits, as a literal, in one place (the README's table is made from it).
+"""Every OpenTelemetry name tapfix emits, as a literal, in one place (docs/opentelemetry.md's table is made from it).
 
 The GenAI names follow semantic-conventions-genai v0.1.0, the first release of the GenAI conventions
 in their own repository (open-telemetry/semantic-conventions-genai, docs/gen-ai/client-inference.md):
@@ -149,7 +149,7 @@ LEGACY_TOKEN_TYPE_INPUT: Final = "input"
 LEGACY_TOKEN_TYPE_OUTPUT: Final = "output"
 LEGACY_GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: Final = "gen_ai.usage.cache_creation.input_tokens"
 
-# --- the README's table -------------------------------------------------------------------------
+# --- the docs' table -----------------------------------------------------------------------------
 _KINDS = (
     ("LEGACY_METRIC_", "metric (1.41.0 naming)"),
     ("LEGACY_GEN_AI_TOKEN_TYPE", "metric attribute (1.41.0 naming)"),

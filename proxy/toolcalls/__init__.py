@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
@@ -21,6 +20,7 @@ from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messa
 from tapfix.proxy.toolcalls.nonstream import repair_chat_completion
 from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair
 from tapfix.proxy.toolcalls.responses_body import repair_responses_body
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 _STAGES: dict[Surface, Any] = {
     "chat": ChatToolCallRepair,

@@ -18,11 +18,13 @@ from typing import Any
 from tapfix.proxy.toolcalls.defects import (
     AMBIGUOUS_ESCAPE,
     DUPLICATED,
+    GLUED,
     INVALID_JSON,
     MISSING_FRAGMENT,
     MISSING_LAST_CHUNK,
 )
 from tapfix.proxy.toolcalls.escapes import EscapeReading, PathToken, read_escapes, with_literal
+from tapfix.proxy.toolcalls.glued import Glued, split_glued
 from tapfix.proxy.toolcalls.jsonfix import MISSING, Parsed, is_debris, loads_tolerant, strip_gemma_delimiters
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -39,6 +41,7 @@ class ArgResult:
     kinds: list[str] = field(default_factory=list)  # defect classes found
     fixes: list[str] = field(default_factory=list)  # finer-grained notes for the reason text
     fatal: str | None = None
+    glued: list[tuple[str, str]] = field(default_factory=list)  # calls split off after these arguments
 
     @property
     def changed(self) -> bool:
@@ -109,7 +112,7 @@ def repair_arguments(
         result.fatal = "required argument " + ", ".join(repr(m) for m in missing) + " never sent"
         return result
     result.value = value
-    if result.kinds:
+    if result.kinds and result.kinds != [GLUED]:  # split off glued calls alone: the object as written
         result.text = dumps(value)
     return result
 
@@ -148,6 +151,9 @@ def _from_text(
     value = _strict(text, props, result)
     if value is not MISSING:
         return value
+    glued = split_glued(text, name, schemas)
+    if glued is not None:
+        return _split(glued, text, props, schemas, finish, result)
     resent = _resent_whole(strings, props)
     if resent is not None:
         result.note(DUPLICATED, "final chunk resent the whole arguments")
@@ -157,6 +163,22 @@ def _from_text(
         result.note(DUPLICATED, "fragment sent twice in a row")
         return _read(deduped, name, schemas, finish, result)
     return _read_invalid(text, name, schemas, finish, result)
+
+
+def _split(
+    glued: Glued, text: str, props: dict[str, Any] | None, schemas: ToolSchemas, finish: str | None, result: ArgResult
+) -> Any:
+    """The first call's arguments; the calls glued after them, each repaired as a call, in `result.glued`."""
+    for name, args in glued.calls:
+        sub = repair_arguments([args], name, schemas, finish)
+        if sub.fatal:
+            result.fail(f"the call of {name!r} glued after the arguments: {sub.fatal}", (sub.kinds or [GLUED])[0])
+            return MISSING
+        result.glued += [(name, sub.text), *sub.glued]
+    names = ", ".join(repr(n) for n, _ in glued.calls)
+    result.note(GLUED, f"the call of {names} glued after the arguments' object: split where its name starts")
+    result.text = glued.first_text
+    return _trusted(glued.first_text, glued.first, props, result)
 
 
 def _read(text: str, name: str | None, schemas: ToolSchemas, finish: str | None, result: ArgResult) -> Any:

@@ -1,5 +1,8 @@
 """Time the stage on one call with 1 KB, 100 KB and 1 MB arguments: `python -m tapfix.proxy.toolcalls.bench`.
 
+`leak cut`: the call written as markup in the content and cut by max_tokens (the cut check of
+`cutoff.py`); `prose, length`: prose of that size mentioning an opener every 40 characters, then max_tokens.
+
 Each case is streamed as vLLM does (one small fragment per event, already split into events) and fed
 through a fresh stage; the time is the stage's own work, per call and per event.
 """
@@ -47,6 +50,11 @@ def build(size: int, kind: str, fragment: int) -> list[bytes]:
         args = args[:-1] + ', "mode": True}'  # a Python literal: only the slow path can read it
     elif kind == "cut":
         args = args[: len(args) // 2]
+    elif kind in ("leak cut", "prose, length"):  # a call as markup in the content, cut by max_tokens (cutoff.py)
+        markup = '<tool_call>\n{"name": "write", "arguments": ' + args[: len(args) // 2]
+        text = markup if kind == "leak cut" else ("Models wrap calls in <tool_call> tags. " * (size // 40 + 1))[:size]
+        pieces = [_event({"content": text[i : i + fragment]}) for i in range(0, len(text), fragment)]
+        return [_event({"role": "assistant", "content": ""}), *pieces, _event({}, "length"), b"data: [DONE]\n\n"]
     events = [
         _event({"role": "assistant", "content": ""}),
         _event(
@@ -88,17 +96,17 @@ def main() -> None:
     parser.add_argument("--fragment", type=int, default=16, help="argument characters per event")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'case':<22}{'events':>8}{'µs/call':>14}{'µs/event':>10}")
+    print(f"{'case':<28}{'events':>8}{'µs/call':>14}{'µs/event':>10}")
     for size in (1_000, 100_000, 1_000_000):
-        for kind in ("valid", "repair", "cut"):
+        for kind in ("valid", "repair", "cut", "leak cut", "prose, length"):
             events = build(size, kind, args.fragment)
             seconds = time_case(events, repeat=args.repeat)
             label = f"{size // 1000} KB {kind}"
-            print(f"{label:<22}{len(events):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(events):>10.2f}")
+            print(f"{label:<28}{len(events):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(events):>10.2f}")
     text = [_event({"content": "word "}) for _ in range(10_000)]
     for tools, label in ((None, "content, no tools"), (TOOLS, "content, tools")):
         seconds = time_case(text, tools, args.repeat)
-        print(f"{label:<22}{len(text):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(text):>10.2f}")
+        print(f"{label:<28}{len(text):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(text):>10.2f}")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import EVENT_END, comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
+from tapfix.proxy.toolcalls.chat_finish import OneFinish
 from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
 from tapfix.proxy.toolcalls.leaks import find_leak, formats_for
@@ -29,6 +29,7 @@ from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
 from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, Part, cut_by_upstream_error
 from tapfix.proxy.toolcalls.prefix import PrefixGate, continue_streamed
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 TOOL_CALLS = "$.choices[0].delta.tool_calls"  # where a Chat Completions call lives in a chunk
 
@@ -114,6 +115,7 @@ class ChatJudge:
         # ... and with `regenerate_unknown_tool`, a message calling a tool that wasn't offered is kept
         # the same way, as it would go out, so another attempt can replace it.
         self.defer_unknown_tool = False
+        self._one_finish = OneFinish(self.changes, self.defects)  # what goes out: one finish per choice
 
     # -- hold ----------------------------------------------------------------------------------
     def _new_choice(self, at_start: bool) -> ChoiceState:

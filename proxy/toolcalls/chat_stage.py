@@ -38,6 +38,18 @@ class ChatToolCallRepair(ChatJudge):
 
     # -- public --------------------------------------------------------------------------------
     def feed(self, event: bytes) -> list[bytes]:
+        return self._going_out(self._take(event))
+
+    def _going_out(self, out: list[bytes]) -> list[bytes]:
+        """What the client gets has one finish per choice (`chat_finish.py`; requests that offered tools)."""
+        if not self._tools or not out:
+            return out
+        out = self._one_finish.out(out, self._out.nl)
+        if self._one_finish.noted and self.outcome == "untouched":
+            self.outcome = "repaired"
+        return out
+
+    def _take(self, event: bytes) -> list[bytes]:
         if self._ended:
             return []
         if self._done_sent:
@@ -75,7 +87,7 @@ class ChatToolCallRepair(ChatJudge):
         out = self._finalize(end_of_stream=True)
         if out and self._tail_open and not out[0].startswith((b"\n", b"\r")):
             out.insert(0, self._out.nl * 2)  # a cut event already went out: end it, or what follows merges
-        return out
+        return self._going_out(out)
 
     # -- intake --------------------------------------------------------------------------------
     def _interesting(self, event: bytes) -> bool:

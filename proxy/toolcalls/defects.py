@@ -2,9 +2,9 @@
 
 One home for the claim, the behaviour and the test. The defect generator (`tapfix.proxy.mock.mutations`)
 has one mutation per row, the property tests iterate over the rows and check the outcome the row
-states, and the README's repair section is rendered from the rows (`python -m
-tapfix.proxy.toolcalls.defects --readme`; a test fails when the README differs). A row whose outcome
-changes changes all three at once.
+states, and the table in docs/repair.md is rendered from the rows (`python -m
+tapfix.proxy.toolcalls.defects --readme docs/repair.md`; a test fails when the page differs). A row whose
+outcome changes changes all three at once.
 
 Outcomes:
 - `repaired`: the client receives exactly the original calls (the change is recorded);
@@ -39,16 +39,18 @@ MISSING_FRAGMENT: Final = "missing_fragment"
 MISSING_LAST_CHUNK: Final = "missing_last_chunk"
 AMBIGUOUS_ESCAPE: Final = "ambiguous_escape"
 LEAKED: Final = "leaked_into_content"
+GLUED: Final = "glued_call"
+FINISH_REPEATED: Final = "finish_repeated"
 
 
 @dataclass(frozen=True, slots=True)
 class DefectClass:
     id: str  # the mutation's name in the generator, and the row's key
-    family: str  # the README groups rows by it
+    family: str  # the published table groups rows by it
     kind: str  # what tapfix records when it meets this class
     preserves: bool
     outcome: dict[Surface, Outcome]  # the surfaces where the class exists
-    claim: str  # one line for the README
+    claim: str  # one line for the published table
     notes: tuple[str, ...] = field(default=())
 
 
@@ -111,6 +113,15 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         {"chat": "repaired"},
         "two calls opened in one delta: kept apart (as sent, when already well formed)",
     ),
+    DefectClass(
+        "glued_call",
+        "indexes and ids",
+        GLUED,
+        True,
+        REPAIRED_ALL,
+        'a call glued into the arguments of the one before it, its offered name (bare, or a `{"name": …}`'
+        " object) right after that call's object: split into two calls; no name there, no split",
+    ),
     # -- names ------------------------------------------------------------------------------------------
     DefectClass(
         "name_repeated",
@@ -142,7 +153,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         UNKNOWN_TOOL,
         True,
         _all("passed"),
-        "a name that matches no offered tool: passed through as sent, flagged `unknown_tool`",
+        "a name that matches no offered tool: passed through as sent, flagged `invalid_tool_call`",
     ),
     # -- duplicated fragments ---------------------------------------------------------------------------
     DefectClass(
@@ -244,7 +255,16 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         FINISH_MISMATCH,
         True,
         {"chat": "repaired", "messages": "repaired"},
-        "`length` (`max_tokens`) with calls that are complete and fit the schema: kept, finish corrected",
+        "`length` (`max_tokens`) with calls that are complete and fit the schema, and nothing after them:"
+        " kept, finish corrected",
+    ),
+    DefectClass(
+        "finish_repeated",
+        "finish reason",
+        FINISH_REPEATED,
+        True,
+        {"chat": "repaired"},
+        "a second finish after the first (a trailing `stop` after `tool_calls`): dropped, one finish per choice",
     ),
     # -- information lost -------------------------------------------------------------------------------
     DefectClass(
@@ -272,6 +292,15 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "a required argument never sent",
     ),
     DefectClass(
+        "length_after_calls",
+        "information lost",
+        MISSING_LAST_CHUNK,
+        False,
+        _all("detected"),
+        "`length` (`max_tokens`) with complete calls and a sign that more was coming: a further call"
+        " opened, text after the last call, a calls section left open",
+    ),
+    DefectClass(
         "empty_tool_turn",
         "information lost",
         EMPTY_TURN,
@@ -289,6 +318,14 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "a call written as the model's own markup in the text (any registered format, table below), or last"
         " in the reasoning: turned back into a call",
     ),
+    DefectClass(
+        "leaked_markup_cut",
+        "leaked markup",
+        MISSING_LAST_CHUNK,
+        False,
+        _all("detected"),
+        "a call written as markup, cut by `max_tokens` past its opener: never left as half-written text",
+    ),
 )
 
 BY_ID: Final[dict[str, DefectClass]] = {d.id: d for d in DEFECTS}
@@ -299,7 +336,7 @@ README_END: Final = "<!-- /defect-table -->"
 
 
 def render_markdown() -> str:
-    """The README's table: one row per defect class, one column per surface."""
+    """The published table: one row per defect class, one column per surface."""
     lines = [
         "| defect | chat | responses | messages |",
         "| --- | --- | --- | --- |",
@@ -349,7 +386,7 @@ def replace_block(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[1:2] == ["--readme"]:
-        path = argv[2] if len(argv) > 2 else "README.md"
+        path = argv[2] if len(argv) > 2 else "docs/repair.md"
         with open(path, encoding="utf-8") as f:
             text = f.read()
         new = replace_block(text)

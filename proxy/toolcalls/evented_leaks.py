@@ -296,6 +296,10 @@ class TextHold:
     def sent_text(self) -> str:
         return "".join(p if isinstance(p, str) else decode_raw(p) for p in self.sent)
 
+    def whole_text(self) -> str:
+        """The part's text as the model wrote it so far: what went out and what is held."""
+        return self.sent_text() + self.pending
+
     def finish(self, path: str) -> Leaked | None:
         """At the end of the part: None when nothing could be markup (nothing held, nothing to flag). A
         `Leaked` without calls carries the held events to send as they came (`events`)."""

@@ -23,14 +23,15 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import passthrough_note
-from tapfix.proxy.sse import comment
+from tapfix.proxy.sse import comment, event_data
 from tapfix.proxy.toolcalls.arguments import repair_arguments
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 POLICIES = ("error", "fail_fast", "passthrough")
 
@@ -68,6 +69,7 @@ class Verdict:
     kinds: list[str] = field(default_factory=list)
     reason: str = ""
     fatal: Fatal | None = None
+    glued: list[tuple[str, str]] = field(default_factory=list)  # calls split off its arguments (glued.py)
 
 
 def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) -> Verdict:
@@ -110,6 +112,7 @@ def decide(call: HeldCall, schemas: ToolSchemas, empty_is_object: bool = False) 
         verdict.arguments = res.text
         verdict.kinds += res.kinds
         verdict.reason = "; ".join(res.fixes) or res.kinds[0]
+        verdict.glued = res.glued
     if verdict.arguments is None and verdict.name is not None:
         verdict.arguments = text if call.frags else res.text
     return verdict
@@ -150,6 +153,13 @@ class DenseIndex:
         self.positions: dict[Any, int] = {}
         self.shifted = False
 
+    def make_room(self, after: int, count: int) -> None:
+        """`count` positions right after `after` for items tapfix adds there: the later ones move up."""
+        for key, pos in self.positions.items():
+            if pos > after:
+                self.positions[key] = pos + count
+        self.shifted = True
+
     def position(self, key: Any, given: Any) -> tuple[int, bool]:
         """(the dense position of `key`, whether this is its first appearance with another index)."""
         pos = self.positions.get(key)
@@ -159,6 +169,22 @@ class DenseIndex:
         moved = given != pos
         self.shifted = self.shifted or moved
         return pos, moved
+
+
+def make_room(
+    calls: dict[Any, HeldCall], verdicts: dict[Any, Verdict], index: DenseIndex
+) -> dict[Any, list[tuple[int, str, str]]]:
+    """Room right after each call that had calls glued into its arguments (`glued.py`), in order: per call,
+    the positions its glued calls take, with their names and arguments. Later items and calls move up."""
+    room: dict[Any, list[tuple[int, str, str]]] = {}
+    for key in sorted((k for k, v in verdicts.items() if v.glued), key=lambda k: calls[k].position):
+        call, glued = calls[key], verdicts[key].glued
+        index.make_room(call.position, len(glued))
+        for other in calls.values():
+            if other.position > call.position:
+                other.position += len(glued)
+        room[key] = [(call.position + 1 + j, name, args) for j, (name, args) in enumerate(glued)]
+    return room
 
 
 def event_name(event: bytes) -> str | None:
@@ -207,10 +233,32 @@ class HoldingStage:
         # client would get (that call, as sent, and the rest of the stream) waits there the same way.
         self.defer_unknown_tool = False
         self._deferring = False
+        # Issue 31: what a text part gave when it may be a call `max_tokens` cut (it ended inside a call's
+        # markup, or after its recovered calls with a sign that more was coming) waits for the turn's end:
+        # `settle` sends it, or the error when max_tokens ended the turn. Comments still go out.
+        self.until_end: list[bytes] | None = None
+        self.until_sign: Sign | None = None
 
     @property
     def holding(self) -> bool:
         return bool(self.calls)
+
+    def wait_for_end(self, sign: Sign) -> None:
+        """From now on the output waits for the turn's end (`settle`): `sign` says what it may have cut."""
+        if self.until_end is None:
+            self.until_end, self.until_sign = [], sign
+
+    def settle(self, cut: bool) -> list[bytes]:
+        """At the turn's end: what waited goes out, or, when `max_tokens` ended the turn (`cut`), the error
+        (what waited is held output then, which the policy's error drops or keeps)."""
+        waited, sign = self.until_end, self.until_sign
+        self.until_end = self.until_sign = None
+        if waited is None:
+            return []
+        if not cut or sign is None:
+            return waited
+        self.held = waited + self.held
+        return self.fatal(cut_off(sign))
 
     def feed(self, event: bytes) -> list[bytes]:
         if self.ended:
@@ -220,17 +268,23 @@ class HoldingStage:
             if b"\r\n" in event:
                 self.nl = b"\r\n"
         out: list[bytes] = []
-        if self.holding and self._clock() - self._last_out >= self._keepalive_s:
+        waiting = self.holding or self.until_end is not None
+        if waiting and self._clock() - self._last_out >= self._keepalive_s:
             out.append(comment("tapfix: holding tool call", self.nl))
         out += self.on_event(event)
         if self._deferring:
             self.deferred += out
             return []
+        if self.until_end is not None:
+            self.until_end += [e for e in out if event_data(e) is not None]
+            out = [e for e in out if event_data(e) is None]
         if out:
             self._last_out = self._clock()
         return out
 
     def flush(self) -> list[bytes]:
+        if not self.ended and self.until_end is not None:  # the stream ended before the turn did
+            return self.settle(cut=True)
         if self.ended or not self.holding:
             return []
         call = next(iter(self.calls.values()))
@@ -257,7 +311,7 @@ class HoldingStage:
                 verdict.kinds[0] if verdict.kinds else "repair",
                 where,
                 {"name": call.name, "arguments": "".join(call.frags) or call.final, "id": call.call_id},
-                {"name": verdict.name or call.name, "arguments": after, "id": call.call_id},
+                {"name": verdict.name or call.name, "arguments": after, "id": call.call_id} | _glued(verdict),
                 verdict.reason or "repaired",
             )
         )
@@ -374,6 +428,11 @@ def repair_change(
         verdict.kinds[0] if verdict.kinds else default_kind,
         where,
         {"name": name, "arguments": before},
-        {"name": verdict.name or name, "arguments": after},
+        {"name": verdict.name or name, "arguments": after} | _glued(verdict),
         verdict.reason or default_reason,
     )
+
+
+def _glued(verdict: Verdict) -> dict[str, Any]:
+    """The calls split off a call's arguments, for its change row (nothing when none)."""
+    return {"glued": [{"name": n, "arguments": a} for n, a in verdict.glued]} if verdict.glued else {}

@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import messages_tool_call_error
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, quote, turn_sign
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
@@ -37,6 +37,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
     as_dict,
     decide,
     fatal_change,
+    make_room,
     normalize_tools,
     parse,
     repair_change,
@@ -45,6 +46,7 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.messages_leaks import MessagesLeaks, leak_content
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 _ENDS_WITH_CALLS = ("end_turn", "stop_sequence", "max_tokens")  # corrected to tool_use when a tool_use went out
 
@@ -72,6 +74,8 @@ class MessagesToolCallRepair(MessagesLeaks):
         self.blocks = DenseIndex()
         self.ids = IdLedger("toolu_", capture_id)
         self.tool_use_sent = False
+        self.cut_turn = False  # max_tokens ended the message
+        self.texts_before_call = 0  # text blocks opened before the last tool_use block
 
     def on_event(self, event: bytes) -> list[bytes]:
         if self.leaks.active and event.startswith(b"event: content_block_delta"):
@@ -110,6 +114,7 @@ class MessagesToolCallRepair(MessagesLeaks):
             position = self._place(index)
             if block.get("type") == "tool_use":
                 self.upstream_calls = True
+                self.texts_before_call = len(self.texts)
                 opened = self.calls[index] = HeldCall(index, block.get("name") or None, block.get("id") or None)
                 opened.position = position
                 opened.out_id, opened.id_reason = self.ids.assign(block.get("id"), position)
@@ -119,16 +124,23 @@ class MessagesToolCallRepair(MessagesLeaks):
         if kind == "message_delta":
             delta = as_dict(obj.get("delta"))
             stop = delta.get("stop_reason")
+            self.cut_turn = stop == "max_tokens"
             released: list[bytes] = self._end_turn() if self.leaks.active else []
+            if self.until_end is not None and not self.ended:
+                self.until_end += released
+                released = self.settle(self.cut_turn)
             if self.ended:
                 return released
             if self.holding:
                 self.held += released
                 released = []
             if self.holding:  # the message ended with calls held: judge them on what arrived
+                sign = self._calls_cut() if self.cut_turn else None
+                if sign is not None:
+                    return self.fatal(cut_off(sign))
                 for c in self.calls.values():
                     c.closed = True
-                    c.finish = "length" if stop == "max_tokens" else c.finish
+                    c.finish = "length" if self.cut_turn else c.finish
                 released = self._finalize()
                 if self.ended:
                     return released
@@ -162,6 +174,18 @@ class MessagesToolCallRepair(MessagesLeaks):
         if not self.ended and self.holding and self._all_closed():  # the stream ended after the block's stop
             return self._finalize()
         return super().flush()
+
+    def _calls_cut(self) -> Sign | None:
+        """With tool_use blocks held when `max_tokens` ended the message: a block whose stop never came (a
+        further call cut, even one whose input reads whole), or text after the last block."""
+        unclosed = [c for c in self.calls.values() if not c.closed]
+        if unclosed:
+            return Sign("the stream stopped inside a tool_use block (no content_block_stop)", unclosed[-1].name)
+        after = "".join(h.whole_text() for h in self.texts[self.texts_before_call :])
+        if after.strip():
+            last = list(self.calls.values())[-1]
+            return Sign(f"text after the last complete call: {quote(after)}", last.name)
+        return None
 
     def _all_closed(self) -> bool:
         return all(c.closed for c in self.calls.values())
@@ -211,16 +235,18 @@ class MessagesToolCallRepair(MessagesLeaks):
             call = self.calls[key]
             if self.judge(verdict, call, f"$.content[{call.position}].input"):
                 repaired[key] = (verdict.arguments, verdict.name, call.out_id)
+        room = make_room(self.calls, verdicts, self.blocks)
         if not repaired and not self.blocks.shifted and not self.minted:
             released, self.held, self.calls = self.held, [], {}
             return released
         self.repaired.update(repaired)
+        minted = set(self.minted)  # built before this message ended (the calls split off below are not held)
         out: list[bytes] = []
         sent: set[int] = set()
         for raw in self.held:
             obj = parse(raw)
             index = obj.get("index") if obj else None
-            if raw in self.minted:
+            if raw in minted:
                 out.append(raw)
                 continue
             if obj is None or not isinstance(index, int) or index not in repaired:
@@ -245,8 +271,11 @@ class MessagesToolCallRepair(MessagesLeaks):
                     sent.add(index)
                     out.append(self._delta(position, arguments))
                 out.append(self._renumber(raw, obj))
+                out += self.new_calls_at(room.pop(index, []))  # calls split off its input follow it
             else:
                 out.append(raw)
+        for left in room.values():  # a block that never saw its stop: its glued calls still follow the blocks
+            out += self.new_calls_at(left)
         self.held, self.calls = [], {}
         return out
 
@@ -282,9 +311,13 @@ def repair_messages_body(
     content: list[Any] = []
     stop = obj.get("stop_reason")
     upstream_uses = any(isinstance(b, dict) and b.get("type") == "tool_use" for b in obj["content"])
-    blocks, leak_fatal = leak_content(obj["content"], LeakDetector(schemas, tool_format), capture_id, changes)
+    detector = LeakDetector(schemas, tool_format)
+    blocks, leak_fatal = leak_content(obj["content"], detector, capture_id, changes)
     if leak_fatal is not None:
         return _unrecoverable(body, leak_fatal, "$.content", changes, policy, capture_id)
+    cut = _cut_message(obj["content"], detector) if stop == "max_tokens" and detector.active else None
+    if cut is not None:
+        return _unrecoverable(body, cut_off(cut), "$.content", changes, policy, capture_id)
     uses = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
     if stop == "tool_use" and not uses:
         fatal = Fatal("?", "stop_reason tool_use, but the message has no tool_use block", EMPTY_TURN)
@@ -337,6 +370,9 @@ def repair_messages_body(
             new["id"] = tool_id
         edited = edited or new != block
         content.append(new)
+        for glued_name, glued_args in verdict.glued:  # calls split off its input follow it
+            glued_id, _ = ids.assign(None, len(content))
+            content.append({"type": "tool_use", "id": glued_id, "name": glued_name, "input": json.loads(glued_args)})
     fixed: dict[str, Any] = {"content": content}
     if uses and stop in _ENDS_WITH_CALLS:
         if upstream_uses:  # recovered calls alone: their leaked_into_content row says why
@@ -347,6 +383,19 @@ def repair_messages_body(
     if not edited:
         return body, changes, "untouched"
     return orjson.dumps({**obj, **fixed}), changes, "repaired"
+
+
+def _cut_message(content: list[Any], detector: LeakDetector) -> Sign | None:
+    """A message `max_tokens` ended: the text after its last tool_use block (all its text when it has none,
+    then its last thinking) judged as the stream judges it (`cutoff.turn_sign`)."""
+    blocks = [b for b in content if isinstance(b, dict)]
+    uses = [k for k, b in enumerate(blocks) if b.get("type") == "tool_use"]
+    after = blocks[uses[-1] + 1 :] if uses else blocks
+    text = "".join(str(b.get("text") or "") for b in after if b.get("type") == "text")
+    thinking = [str(b.get("thinking") or "") for b in blocks if b.get("type") == "thinking"]
+    last_call = str(blocks[uses[-1]].get("name") or "?") if uses else None
+    reasoning = thinking[-1] if thinking and not uses else None
+    return turn_sign(text, detector.schemas, detector.formats, last_call, reasoning)
 
 
 def _unrecoverable(

@@ -12,6 +12,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import cut_off, length_signs, reasoning_sign
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
     Leaked,
@@ -32,6 +33,7 @@ class MessagesLeaks(HoldingStage):
     blocks: DenseIndex
     ids: IdLedger
     tool_use_sent: bool
+    cut_turn: bool  # max_tokens ended the message (known at its message_delta)
 
     def init_leaks(self, tool_format: str | None) -> None:
         self.leaks = LeakDetector(self.schemas, tool_format)
@@ -95,9 +97,12 @@ class MessagesLeaks(HoldingStage):
     def _end_text(self) -> tuple[Leaked | None, list[bytes]]:
         hold, self.text = self.text, None
         where = f"$.content[{self._position(self.text_index)}].text"
+        whole = hold.whole_text() if hold is not None else ""
         leaked = hold.finish(where) if hold is not None else None
         if leaked is None or hold is None:
             return None, []
+        if leaked.fatal is None:
+            self._watch_cut(whole, hold.at_start)
         out: list[bytes] = []
         if leaked.fatal is not None:
             out = self.fatal(leaked.fatal)
@@ -117,6 +122,13 @@ class MessagesLeaks(HoldingStage):
             out.append(self._renumber(named_event("content_block_delta", body, self.nl)))
         return leaked, out
 
+    def _watch_cut(self, whole: str, at_start: bool) -> None:
+        """A text part that ended inside a call's markup, or after its recovered calls with a sign that more
+        was coming, is a call `max_tokens` cut if that is what ended the turn: what follows waits for it."""
+        sign = length_signs(whole, self.leaks.schemas, self.leaks.formats, at_start, after_calls=False)
+        if sign is not None:
+            self.wait_for_end(sign)
+
     def _end_turn(self) -> list[bytes]:
         """At the message's end: a text block left open is ended; markup last in the thinking, with no text
         and no call in the turn, becomes tool_use blocks (the thinking itself already went out)."""
@@ -133,6 +145,9 @@ class MessagesLeaks(HoldingStage):
             return out
         text = "".join(p if isinstance(p, str) else decode_raw(p) for p in self.reasoning)
         where = f"$.content[{self._position(self.reasoning_index)}].thinking"
+        sign = reasoning_sign(text, self.leaks.schemas, self.leaks.formats) if self.cut_turn and text else None
+        if sign is not None:
+            return out + self.fatal(cut_off(sign))
         leaked = self.leaks.reasoning(text, where) if text else None
         if leaked is None:
             return out
@@ -143,10 +158,20 @@ class MessagesLeaks(HoldingStage):
         return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
 
     def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
+        out = self.new_calls(leaked.calls)
+        self.add(leak_change(leaked, where, what))
+        return out
+
+    def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text, as tool_use blocks of their own after the blocks so far."""
+        return self.new_calls_at([(len(self.blocks.positions) + k, name, args) for k, (name, args) in enumerate(calls)])
+
+    def new_calls_at(self, calls: list[tuple[int, str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's input, as tool_use blocks of their own at
+        the given indexes (made free for them; ids minted)."""
         out: list[bytes] = []
-        for name, arguments in leaked.calls:
-            position = len(self.blocks.positions)
-            self.blocks.position(("leak", position), position)
+        for position, name, arguments in calls:
+            self.blocks.positions[("added", position)] = position
             self.blocks.shifted = True
             self.inserted += 1
             tool_id, _ = self.ids.assign(None, position)
@@ -154,7 +179,6 @@ class MessagesLeaks(HoldingStage):
             self.minted.update(events)
             out += events
         self.tool_use_sent = True
-        self.add(leak_change(leaked, where, what))
         return out
 
 

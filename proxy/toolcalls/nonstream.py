@@ -19,13 +19,13 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.plan import named_tool, plan_choice
 from tapfix.proxy.toolcalls.plan_types import STAGE, Part
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 def repair_chat_completion(

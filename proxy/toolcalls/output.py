@@ -89,7 +89,7 @@ class Writer:
             if not dirty:
                 out.append(item.raw)
             elif new_choices or any(k not in (*ENVELOPE_KEYS, "choices") for k in item.obj):
-                out.append(format_event(_dumps({**item.obj, "choices": new_choices}), self.nl))
+                out.append(format_event(chunk_json({**item.obj, "choices": new_choices}), self.nl))
         for ci, plan in plans.items():
             if plan.calls and ci not in inserted:
                 out += self.call_events(ci, plan.calls)
@@ -116,10 +116,10 @@ class Writer:
 
     def chunk(self, ci: int, delta: dict[str, Any], finish: str | None) -> bytes:
         body = {**self.envelope, "choices": [{"index": ci, "delta": delta, "finish_reason": finish}]}
-        return format_event(_dumps(body), self.nl)
+        return format_event(chunk_json(body), self.nl)
 
 
-def _dumps(obj: Any) -> bytes:
+def chunk_json(obj: Any) -> bytes:
     """orjson refuses lone surrogates (a `\\ud83d` cut from its pair, kept by a repair); escape them."""
     try:
         return orjson.dumps(obj)

@@ -35,7 +35,7 @@ from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.names import match_name
-from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, reasoning_leak
+from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, length_cut, reasoning_leak
 from tapfix.proxy.toolcalls.plan_types import STAGE, ChoicePlan, Fatal, OutCall, Part
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -88,8 +88,13 @@ def plan_choice(
     leaked = content_leaks(
         calls, parts, consumed, schemas, at_start, plan, choice, path_prefix, formats, flag_unpinned, context
     )
-    if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts):
-        leaked = reasoning_leak(reasoning, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+    searched = reasoning if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts) else None
+    if searched is not None:
+        leaked = reasoning_leak(searched, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+    if finish == "length" and schemas and not plan.fatal:
+        plan.fatal = length_cut(calls, call_seqs, parts, consumed, schemas, formats, at_start, context, searched)
+        if plan.fatal is not None:
+            plan.defect(plan.fatal.kind)
     if plan.fatal:
         return plan
     if not calls and not leaked and finish == "tool_calls" and index_base == 0 and schemas:
@@ -122,7 +127,8 @@ def plan_choice(
             return plan
         results.append(res)
         names.append(name)
-    _check_finish(finish, names + [n for n, _ in leaked], named, plan, choice)
+    glued = [n for r in results for n, _ in r.glued]
+    _check_finish(finish, names + glued + [n for n, _ in leaked], named, plan, choice)
     clean = (
         not leaked
         and not late
@@ -150,11 +156,15 @@ def plan_choice(
                         "arguments": call.raw_arguments(),
                         "id": call.id,
                     },
-                    {"name": name, "arguments": res.text, "id": call_id},
+                    {"name": name, "arguments": res.text, "id": call_id}
+                    | ({"glued": [{"name": n, "arguments": a} for n, a in res.glued]} if res.glued else {}),
                     "; ".join(res.fixes + call.reasons + [k for k in call.kinds if k not in res.kinds]) or kind,
                 )
             )
         index += 1
+        for glued_name, glued_args in res.glued:  # calls split off this one's arguments follow it
+            plan.calls.append(OutCall(index, _make_id(seed, choice, index), glued_name, glued_args))
+            index += 1
     for name, text in leaked:
         call_id = _make_id(seed, choice, index)
         plan.calls.append(OutCall(index, call_id, name, text))

@@ -15,7 +15,8 @@ import json
 from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import dumps, repair_arguments
-from tapfix.proxy.toolcalls.defects import MISSING_FRAGMENT
+from tapfix.proxy.toolcalls.cutoff import cut_off, turn_sign
+from tapfix.proxy.toolcalls.defects import MISSING_FRAGMENT, MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
@@ -208,3 +209,40 @@ def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: 
         if lo >= start and hi <= end:
             new = ""
         plan.content_edits[k] = new
+
+
+def length_cut(
+    calls: list[Call],
+    seqs: list[int],
+    parts: list[Part],
+    consumed: set[int],
+    schemas: ToolSchemas,
+    formats: Formats,
+    at_start: bool,
+    context: str,
+    reasoning: str | None,
+) -> Fatal | None:
+    """A choice that `max_tokens` ended (finish `length`): the unrecoverable verdict when it stopped inside
+    a call, or after one with a sign that more was coming (`cutoff.py`: docs/repair.md says which); None
+    when its calls (if any) are complete and nothing follows them, so the finish may become `tool_calls`.
+
+    Structured calls: the last one opened with no argument text is a further call cut at its start, and
+    content after the last one opened is text after it. Without them: the content's leaked markup (left
+    open, or text after it) or markup cut short; the reasoning's, when it was searched for the call."""
+    keep = [k for k in range(len(parts)) if k not in consumed]
+    if not calls:
+        text = "".join(parts[k].text for k in keep)
+        sign = turn_sign(text, schemas, formats, reasoning=reasoning, context=context, at_start=at_start)
+        return cut_off(sign) if sign is not None else None
+    last = max(range(len(calls)), key=lambda k: (seqs[k], k))  # the last opened
+    call = calls[last]
+    texts = [f for f in call.frags if isinstance(f, str)]
+    if not "".join(texts).strip() and len(texts) == len(call.frags):
+        return Fatal(
+            call.name or "?",
+            "max_tokens reached after a further call was opened, before its arguments",
+            MISSING_LAST_CHUNK,
+        )
+    after = "".join(parts[k].text for k in keep if parts[k].seq > seqs[last])
+    sign = turn_sign(after, schemas, formats, last_call=call.name or "?")
+    return cut_off(sign) if sign is not None else None

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import responses_tool_call_error_events
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, quote
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_stage import (
     DenseIndex,
@@ -34,11 +34,13 @@ from tapfix.proxy.toolcalls.evented_stage import (
     as_dict,
     decide,
     event_name,
+    make_room,
     parse,
 )
 from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, patch_texts
-from tapfix.proxy.toolcalls.responses_terminal import reconcile_output
+from tapfix.proxy.toolcalls.responses_terminal import reconcile_output, without_gaps
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
 _TEXT_DELTAS = (
@@ -73,7 +75,10 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         self.items = DenseIndex()
         self.ids = IdLedger("call_", capture_id)
         self.split_ids: dict[str, Any] = {}  # item -> the other call_id its `.done` carried than its `.added`
+        self.room: dict[Any, list[tuple[int, str, str]]] = {}  # item -> the calls split off it, at their places
         self.seq = 0
+        self.cut_turn = False
+        self.texts_before_call = 0  # message items opened before the last function_call item
 
     def on_event(self, event: bytes) -> list[bytes]:
         if event.startswith(_TEXT_DELTAS) and self.leaks.active:
@@ -111,9 +116,14 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             return self.hold(event)
         item = as_dict(obj.get("item"))
         leaked: list[bytes] = []
+        if kind in ("response.completed", "response.incomplete"):
+            self.cut_turn = kind == "response.incomplete"
         if self.leaks.active:
             if kind in ("response.completed", "response.incomplete"):
                 leaked = self._end_turn()
+                if self.until_end is not None and not self.ended:
+                    self.until_end += leaked
+                    leaked = self.settle(self.cut_turn)
                 if self.ended:
                     return leaked
                 if self.holding:
@@ -133,6 +143,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                 self._open_text(self._key(obj, item))
             position = self._place(obj, item)
             if item.get("type") == "function_call":
+                self.texts_before_call = len(self.texts)
                 key = self._key(obj, item)
                 opened = self.calls[key] = HeldCall(key, item.get("name") or None, item.get("call_id") or None)
                 opened.position = position
@@ -169,6 +180,9 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                 Fatal(call.name or "?", cut_by_upstream_error(message), "missing_last_chunk"), upstream=event
             )
         elif kind in ("response.completed", "response.incomplete"):
+            sign = self._calls_cut() if self.cut_turn else None
+            if sign is not None:
+                return self.fatal(cut_off(sign))
             for c in self.calls.values():
                 c.closed = True
                 if kind == "response.incomplete":
@@ -179,6 +193,18 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             return out + [self._terminal(event, obj)]
         self.held.append(event)
         return []
+
+    def _calls_cut(self) -> Sign | None:
+        """With function_call items held when max_tokens ended the response: an item whose
+        `output_item.done` never came (a further call cut, even one whose arguments read whole), or text
+        after the last call."""
+        unclosed = [c for c in self.calls.values() if not c.closed]
+        if unclosed:
+            return Sign("the stream stopped inside a function_call item (no output_item.done)", unclosed[-1].name)
+        after = "".join(h.whole_text() for h in self.texts[self.texts_before_call :])
+        if after.strip():
+            return Sign(f"text after the last complete call: {quote(after)}", list(self.calls.values())[-1].name)
+        return None
 
     def _track_seq(self, event: bytes) -> None:
         at = event.find(b'"sequence_number":')
@@ -256,7 +282,11 @@ class ResponsesToolCallRepair(ResponsesLeaks):
             if rebuild_call:
                 self.repaired[key] = (verdict.arguments, verdict.name, call.out_id)
                 rebuild = True
+        self.room = make_room(self.calls, verdicts, self.items)
         out = self._rebuild(self.held) if rebuild else self.held
+        for left in self.room.values():  # an item that never saw its `.done`: its glued calls still follow
+            out += self.new_calls_at(left)
+        self.room = {}
         self._remember(verdicts)
         self.held, self.calls = [], {}
         return out
@@ -326,6 +356,8 @@ class ResponsesToolCallRepair(ResponsesLeaks):
                         new_item["arguments"] = arguments
                     self.done_items.append(new_item)
                 out.append(named_event(kind, {**obj, "item": new_item}, self.nl))
+                if kind.endswith(".done"):
+                    out += self.new_calls_at(self.room.pop(key, []))
                 continue
             out.append(named_event(kind, obj, self.nl))
         return out
@@ -347,7 +379,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         return named_event(kind, {**obj, "response": {**response, "output": output}}, self.nl)
 
     def error_events(self, fatal: Fatal, held: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-        keep = [self._renumber(raw) for raw in held if b"function_call" not in raw]
+        keep = without_gaps([self._renumber(raw) for raw in held], self.nl)
         events = responses_tool_call_error_events(
             fatal,
             self.policy,

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.config.settings import ToolRepairPolicy
 from tapfix.proxy.errors import tool_call_error_json
 from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.toolcalls.cutoff import Sign, cut_off, turn_sign
 from tapfix.proxy.toolcalls.defects import WRONG_INDEX
 from tapfix.proxy.toolcalls.evented_leaks import LeakDetector
 from tapfix.proxy.toolcalls.evented_stage import (
@@ -28,8 +28,9 @@ from tapfix.proxy.toolcalls.evented_stage import (
     unknown_tool_change,
 )
 from tapfix.proxy.toolcalls.plan_types import STAGE
-from tapfix.proxy.toolcalls.responses_leaks import leak_output
+from tapfix.proxy.toolcalls.responses_leaks import call_item, item_id, leak_output, message_text, reasoning_text
 from tapfix.proxy.toolcalls.schema import ToolSchemas
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 def repair_responses_body(
@@ -50,7 +51,13 @@ def repair_responses_body(
     schemas = ToolSchemas(normalize_tools(tools))
     ids = IdLedger("call_", capture_id)
     changes: list[Change] = []
-    upstream_output, leak_fatal = leak_output(obj["output"], LeakDetector(schemas, tool_format), capture_id, changes)
+    detector = LeakDetector(schemas, tool_format)
+    upstream_output, leak_fatal = leak_output(obj["output"], detector, capture_id, changes)
+    if leak_fatal is None and obj.get("status") == "incomplete" and detector.active:
+        sign = _cut_output(obj["output"], detector)
+        if sign is not None:
+            leak_fatal = cut_off(sign)
+            changes.append(fatal_change(leak_fatal, "$.output"))
     if leak_fatal is not None:
         if policy == "passthrough":
             return body, changes, "unrecoverable"
@@ -99,6 +106,23 @@ def repair_responses_body(
             new["call_id"] = call_id
         edited = edited or new != item
         output.append(new)
+        for glued_name, glued_args in verdict.glued:  # calls split off its arguments follow it
+            call_id, _ = ids.assign(None, len(output))
+            output.append(call_item(item_id(capture_id, len(output)), call_id, glued_name, glued_args, True))
     if not edited:
         return body, changes, "untouched"
     return orjson.dumps({**obj, "output": output}), changes, "repaired"
+
+
+def _cut_output(output: list[Any], detector: LeakDetector) -> Sign | None:
+    """A response `max_tokens` left incomplete: the text after its last function_call item (all its text
+    when it has none, then its last reasoning) judged as the stream judges it (`cutoff.turn_sign`)."""
+    items = [i for i in output if isinstance(i, dict)]
+    calls = [k for k, i in enumerate(items) if i.get("type") == "function_call"]
+    after = items[calls[-1] + 1 :] if calls else items
+    text = "".join(message_text(i) for i in after if i.get("type") == "message")
+    reasoning = [reasoning_text(i) for i in items if i.get("type") == "reasoning"]
+    last_call = str(items[calls[-1]].get("name") or "?") if calls else None
+    return turn_sign(
+        text, detector.schemas, detector.formats, last_call, reasoning[-1] if reasoning and not calls else None
+    )

@@ -15,6 +15,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.cutoff import cut_off, length_signs, reasoning_sign
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
     Leaked,
@@ -50,6 +51,7 @@ class ResponsesLeaks(HoldingStage):
     sent: list[SentCall]
     done_items: list[Any]
     seq: int
+    cut_turn: bool  # max_tokens ended the response (known at its terminal event)
 
     def init_leaks(self, tool_format: str | None) -> None:
         self.leaks = LeakDetector(self.schemas, tool_format)
@@ -131,9 +133,14 @@ class ResponsesLeaks(HoldingStage):
         if hold is None:
             return []
         where = f"$.output[?(@.id=='{self.text_key}')].content"
+        whole = hold.whole_text()
         leaked = hold.finish(where)
         if leaked is None:
             return []
+        if leaked.fatal is None:
+            sign = length_signs(whole, self.leaks.schemas, self.leaks.formats, hold.at_start, after_calls=False)
+            if sign is not None:  # a call max_tokens cut, if that is what ends the response: wait for it
+                self.wait_for_end(sign)
         if leaked.fatal is not None:
             if self.policy != "passthrough":
                 return self.fatal(leaked.fatal)
@@ -168,6 +175,9 @@ class ResponsesLeaks(HoldingStage):
             return out
         text = "".join(p if isinstance(p, str) else decode_raw(p) for p in (self.reasoning or self.summary))
         where = f"$.output[?(@.id=='{self.reasoning_key}')].content"
+        sign = reasoning_sign(text, self.leaks.schemas, self.leaks.formats) if self.cut_turn and text else None
+        if sign is not None:
+            return out + self.fatal(cut_off(sign))
         leaked = self.leaks.reasoning(text, where) if text else None
         if leaked is None:
             return out
@@ -178,11 +188,21 @@ class ResponsesLeaks(HoldingStage):
         return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
 
     def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
+        out = self.new_calls(leaked.calls)
+        self.add(leak_change(leaked, where, what))
+        return out
+
+    def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text, as items of their own after the items so far."""
+        return self.new_calls_at([(len(self.items.positions) + k, name, args) for k, (name, args) in enumerate(calls)])
+
+    def new_calls_at(self, calls: list[tuple[int, str, str]]) -> list[bytes]:
+        """Calls tapfix read out of text or split off another call's arguments, as items of their own at the
+        given output positions (made free for them; ids minted; the terminal object will list them)."""
         out: list[bytes] = []
-        for name, arguments in leaked.calls:
-            position = len(self.items.positions)
+        for position, name, arguments in calls:
             iid = item_id(self.capture_id, position)
-            self.items.position(iid, position)
+            self.items.positions[iid] = position
             self.items.shifted = True
             self.inserted += 1
             call_id, _ = self.ids.assign(None, position)
@@ -190,7 +210,6 @@ class ResponsesLeaks(HoldingStage):
             item = call_item(iid, call_id, name, arguments, True)
             self.done_items.append(item)
             self.sent.append(SentCall(position, item, {}, recovered=True))
-        self.add(leak_change(leaked, where, what))
         return out
 
     def _flag_format(self, markup: str, where: str) -> None:

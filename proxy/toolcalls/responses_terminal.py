@@ -4,13 +4,16 @@
 its function_call items must be the calls the events carried: `reconcile_output` replaces them with
 the ones that went out (repaired, renamed or re-identified), inserts one it lacks and drops one the
 events never carried, and says where the upstream's object disagreed. The stage records that
-(`ResponsesToolCallRepair._terminal`).
+(`ResponsesToolCallRepair._terminal`). When the turn fails instead, `without_gaps` keeps the client's
+output indexes dense over the calls the error drops.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tapfix.proxy.sse import named_event
+from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 from tapfix.proxy.toolcalls.responses_leaks import SentCall
 
 
@@ -56,3 +59,30 @@ def reconcile_output(output: list[Any], sent: list[SentCall]) -> tuple[list[Any]
     for s in recovered:  # read out of text by tapfix: the upstream's object never had them (recorded already)
         new.insert(min(s.position, len(new)), s.item)
     return new, disagreements
+
+
+def without_gaps(held: list[bytes], nl: bytes) -> list[bytes]:
+    """The held events the client still gets when the calls among them are dropped: every other item keeps
+    its place, moved down over the dropped calls, so the client's output_index stays dense from 0."""
+    dropped: list[int] = []
+    keep: list[bytes] = []
+    for raw in held:
+        if b"function_call" in raw:
+            obj = parse(raw) if b"output_item.added" in raw else None
+            given = obj.get("output_index") if obj is not None else None
+            if isinstance(given, int):
+                dropped.append(given)
+            continue
+        keep.append(raw)
+    if not dropped:
+        return keep
+    out = []
+    for raw in keep:
+        obj = parse(raw) if b'"output_index"' in raw else None
+        given = obj.get("output_index") if obj is not None else None
+        if obj is None or not isinstance(given, int) or not any(p < given for p in dropped):
+            out.append(raw)
+            continue
+        moved = {**obj, "output_index": given - sum(1 for p in dropped if p < given)}
+        out.append(named_event(str(obj.get("type") or event_name(raw)), moved, nl))
+    return out

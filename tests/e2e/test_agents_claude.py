@@ -17,7 +17,7 @@ from tests.e2e.agents import GREETING, PROMPT, RUN_TIMEOUT, FileWatcher, Sandbox
 pytestmark = [pytest.mark.agents, pytest.mark.e2e]
 
 
-def _sse_events(body: bytes) -> list[dict]:
+def _event_payloads(body: bytes) -> list[dict]:
     return [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: {")]
 
 
@@ -38,12 +38,12 @@ def test_claude_codes_broken_first_turn_is_regenerated_and_the_file_written(stac
     first = next(r for r in rows if r["attempt_of"] is None)  # oldest first: the first turn
     assert "regenerated" in first["flags"], rows
     # The upstream really cut the first attempt (the scenario held for Claude Code's request) ...
-    cut = _sse_events(s.store.body(first["id"], "response"))
+    cut = _event_payloads(s.store.body(first["id"], "response"))
     assert [e["delta"]["stop_reason"] for e in cut if e["type"] == "message_delta"] == ["max_tokens"]
     # ... its retry is recorded beside it, and Claude Code got one whole call.
     (retry,) = [r for r in rows if r["attempt_of"] == first["id"]]
     assert retry["attempt"] == 2 and retry["finish_reason"] == "tool_use"
-    delivered = _sse_events(s.store.body(first["id"], "client_response"))
+    delivered = _event_payloads(s.store.body(first["id"], "client_response"))
     args = "".join(e["delta"].get("partial_json", "") for e in delivered if e["type"] == "content_block_delta")
     assert json.loads(args) == {"file_path": str(sandbox.work / "hello.txt"), "content": GREETING}
     # The request that was broken is Claude Code's, with its system message after the prompt.

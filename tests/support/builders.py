@@ -3,7 +3,7 @@ deltas, SSE framing, and the mutators that split or corrupt a stream.
 
 Tests compare bytes, so every builder keeps a fixed key order and takes a parameter wherever two tests
 need different bytes (a chunk's id, `created`, the JSON spacing, the line ending); a module that always
-wants the same variant binds it once with `functools.partial`. tests/test_structure_builders.py fails
+wants the same variant binds it once with `functools.partial`. tests/unit/test_structure_builders.py fails
 when a test module grows its own copy of one of these.
 """
 
@@ -111,6 +111,19 @@ def tool_call_chunk(
     """A chunk whose delta holds one tool-call delta (see `tool_call_delta`)."""
     delta = tool_call_delta(index, id, name, arguments, typed=typed)
     return chat_chunk({"tool_calls": [delta]}, id=chunk_id)
+
+
+def streamed_case(
+    cid: str, text: list[str], arguments: list[str] | None, finish: str, *, name: str = "write"
+) -> dict[str, Any]:
+    """A mock `serve_case` case (the mock draws it on every surface): a streamed chat answer of `text`
+    pieces, then, unless `arguments` is None, one `name` call whose arguments arrive in those pieces."""
+    events = [chat_chunk({"role": "assistant", "content": ""}, id=cid)]
+    events += [chat_chunk({"content": piece}, id=cid) for piece in text]
+    if arguments is not None:
+        events.append(chat_chunk({"tool_calls": [tool_call_delta(0, f"call-{cid}", name, "")]}, id=cid))
+        events += [chat_chunk({"tool_calls": [tool_call_delta(0, arguments=a)]}, id=cid) for a in arguments]
+    return {"stream": [*events, chat_chunk({}, finish, id=cid)]}
 
 
 # -- SSE framing -------------------------------------------------------------------------------------

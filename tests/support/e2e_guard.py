@@ -1,15 +1,29 @@
-"""The e2e-marker guard, a pytest plugin (tests/conftest.py loads it): a test that starts a process or
-listens on a socket must carry the `e2e` marker, so `-m "not e2e"` really is the fast, in-process set.
+"""The tier guard, a pytest plugin (tests/conftest.py loads it): each test runs in one of three tiers, and
+the guard fails a test that does what its tier rules out, so `scripts/test --quick` really starts nothing.
 
-While a test without the marker is set up, run or torn down, starting a process (`subprocess.Popen`,
-and with it `subprocess.run`, `asyncio`'s subprocesses and `os.popen`; `os.fork`, `os.forkpty`,
-`os.posix_spawn[p]`, `os.system`, multiprocessing's spawn) and listening on or binding a socket to a
-non-zero port fail the test. Binding to port 0 (how `free_port` asks for a port) and
-`socket.socketpair` (asyncio's self-pipe) stay allowed. A violation in another thread (a server
-thread, say) fails the test too: it is recorded and reported when the phase ends.
+- `tests/unit/`: pure functions. No process, no network socket (AF_INET/AF_INET6: no connection, no
+  listener, not even on port 0). `socket.socketpair` stays allowed (an event loop's self-pipe).
+- `tests/inproc/`: the real proxy, the mock and their clients inside the test process (tests/support/inproc.py).
+  No process. (Sockets are theirs: they listen on port 0, which mitmproxy turns into a port free on every
+  interface for TCP and UDP by binding it; traffic goes to loopback, as everywhere in the suite.)
+- `tests/process/`: what only a real process proves. Anything goes.
 
-The guard is re-entrant: a test that runs pytest in-process (`pytester.runpytest`) guards the inner
-run's tests by their own markers, not by the outer test's.
+A test that carries `postgres`, `realengine`, `vllm`, `agents` or `browser` runs an outside program (the
+marker says which): it is in the process tier wherever its file lives (a backend parametrization keeps its
+PostgreSQL variant beside the SQLite one). Every test gets its tier as a marker (`unit`, `inproc`, `process`),
+set here, never written by hand: `-m "not process"` is the quick set.
+
+A file outside the tier folders (the top of tests/, tests/cli, tests/e2e: until they move) keeps the
+e2e-marker rule: a test that starts a process or listens must carry `e2e` (its tier is then `process`);
+one that does not carry it may neither (its tier is `unit`, without the socket rule). In a tier folder the
+folder says it all: an `e2e` marker there is an error.
+
+What counts as starting a process: `subprocess.Popen` (and with it `subprocess.run`, asyncio's subprocesses,
+`os.popen`), `os.fork`, `os.forkpty`, `os.posix_spawn[p]`, `os.system`, multiprocessing's spawn. A violation
+in another thread (a server thread, say) fails the test too: it is recorded and reported when the phase ends.
+
+The guard is re-entrant: a test that runs pytest in-process (`pytester.runpytest`) guards the inner run's
+tests by their own tiers, not by the outer test's.
 """
 
 from __future__ import annotations
@@ -20,25 +34,36 @@ import socket
 import subprocess
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+TIERS = ("unit", "inproc", "process")
+OUTSIDE_PROGRAMS = ("postgres", "realengine", "vllm", "agents", "browser")  # each marker: process tier
+LEGACY = "legacy"  # a file outside the tier folders, unmarked: the e2e-marker rule
 RULE = (
-    "every test that starts a process or listens on a socket carries the e2e marker "
-    "(@pytest.mark.e2e, or pytestmark = pytest.mark.e2e in the module); see tests/support/e2e_guard.py"
+    "tests/unit: no process, no network socket; tests/inproc: no process; "
+    "tests/process: anything (a file outside these folders: a test that starts a process or listens carries "
+    "the e2e marker); see tests/support/e2e_guard.py"
 )
+# What each tier rules out (the process tier: nothing).
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "unit": frozenset({"process", "network socket"}),
+    "inproc": frozenset({"process"}),
+    LEGACY: frozenset({"process", "listen", "fixed port"}),
+    "process": frozenset(),
+}
 
 
 class UnmarkedE2E(Exception):
-    """Raised where an unmarked test starts a process or listens (not an OSError, so no retry loop
-    swallows it)."""
+    """Raised where a test does what its tier rules out (not an OSError, so no retry loop swallows it)."""
 
 
 @dataclass
 class _Phase:
     nodeid: str
-    guarded: bool
+    tier: str
     violations: list[str] = field(default_factory=list)
 
 
@@ -46,40 +71,70 @@ _phases: list[_Phase] = []
 _INHERITED = object()  # the patched name was the base class's (socket.socket.listen is _socket.socket's)
 _saved: dict[tuple[object, str], Any] = {}
 _installs = 0
+_TIER = pytest.StashKey[str]()
 
 
-def _check(what: str) -> None:
-    if _phases and _phases[-1].guarded:
-        message = f"{_phases[-1].nodeid} {what} without the e2e marker: {RULE}"
-        _phases[-1].violations.append(message)
+def tier_of(item: pytest.Item) -> str:
+    """The item's tier: an outside program's marker, else its folder, else (legacy) its e2e marker."""
+    if any(item.get_closest_marker(name) for name in OUTSIDE_PROGRAMS):
+        return "process"
+    folder = _tier_folder(Path(str(item.path)), item.config.rootpath)
+    if folder is not None:
+        return folder
+    return "process" if item.get_closest_marker("e2e") else LEGACY
+
+
+def _tier_folder(path: Path, root: Path) -> str | None:
+    try:
+        parts = path.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return None
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else None
+
+
+def _check(kind: str, what: str) -> None:
+    if not _phases:
+        return
+    phase = _phases[-1]
+    if kind in FORBIDDEN[phase.tier]:
+        where = "without the e2e marker" if phase.tier == LEGACY else f"in the {phase.tier} tier"
+        message = f"{phase.nodeid} {what} {where}: {RULE}"
+        phase.violations.append(message)
         raise UnmarkedE2E(message)
 
 
-def _wrap(owner: object, name: str, describe: Callable[..., str | None]) -> None:
+def _wrap(owner: object, name: str, describe: Callable[..., tuple[str, str] | None]) -> None:
     original = getattr(owner, name)
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        what = describe(*args, **kwargs)
-        if what is not None:
-            _check(what)
+        found = describe(*args, **kwargs)
+        if found is not None:
+            _check(*found)
         return original(*args, **kwargs)
 
     _saved[(owner, name)] = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else original
     setattr(owner, name, guarded)
 
 
-def _bind(sock: socket.socket, address: Any, *_: Any) -> str | None:
+def _bind(sock: socket.socket, address: Any, *_: Any) -> tuple[str, str] | None:
     port = address[1] if isinstance(address, tuple) and len(address) >= 2 else 0
-    return f"binds a socket to port {port}" if port else None
+    return ("fixed port", f"binds a socket to port {port}") if port else None
+
+
+def _new_socket(sock: socket.socket, family: Any = -1, type: Any = -1, proto: Any = -1, fileno: Any = None) -> Any:
+    if family in (socket.AF_INET, socket.AF_INET6) or (family == -1 and fileno is None):
+        return "network socket", "opens a network socket"
+    return None
 
 
 def _install() -> None:
-    _wrap(subprocess.Popen, "_execute_child", lambda self, args, *_, **__: f"starts a process {args!r}")
+    _wrap(subprocess.Popen, "_execute_child", lambda self, args, *_, **__: ("process", f"starts a process {args!r}"))
     for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
         if hasattr(os, name):
-            _wrap(os, name, lambda *args, _n=name, **_: f"starts a process (os.{_n})")
-    _wrap(_posixsubprocess, "fork_exec", lambda *_, **__: "starts a process (_posixsubprocess.fork_exec)")
-    _wrap(socket.socket, "listen", lambda *_: "listens on a socket")
+            _wrap(os, name, lambda *args, _n=name, **_: ("process", f"starts a process (os.{_n})"))
+    _wrap(_posixsubprocess, "fork_exec", lambda *_, **__: ("process", "starts a process (_posixsubprocess.fork_exec)"))
+    _wrap(socket.socket, "__init__", _new_socket)
+    _wrap(socket.socket, "listen", lambda *_: ("listen", "listens on a socket"))
     _wrap(socket.socket, "bind", _bind)
 
 
@@ -94,6 +149,12 @@ def _uninstall() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _installs
+    for tier, what in (
+        ("unit", "pure: no process, no network socket (set from tests/unit/ by tests/support/e2e_guard.py)"),
+        ("inproc", "the proxy and the mock in the test process, no process (set from tests/inproc/)"),
+        ("process", "starts processes (set from tests/process/ or an outside program's marker)"),
+    ):
+        config.addinivalue_line("markers", f"{tier}: {what}")
     if _installs == 0:
         _install()
     _installs += 1
@@ -106,8 +167,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _uninstall()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = item.stash[_TIER] = tier_of(item)
+        if tier != LEGACY:
+            item.add_marker(tier)
+
+
 def _guard(item: pytest.Item) -> Generator[None, None, None]:
-    phase = _Phase(item.nodeid, item.get_closest_marker("e2e") is None)
+    phase = _Phase(item.nodeid, item.stash.get(_TIER, None) or tier_of(item))
     _phases.append(phase)
     try:
         yield
@@ -122,6 +190,8 @@ def _guard(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    if item.get_closest_marker("e2e") and _tier_folder(Path(str(item.path)), item.config.rootpath):
+        pytest.fail(f"{item.nodeid} carries the e2e marker in a tier folder, which says its tier: {RULE}", False)
     return (yield from _guard(item))
 
 

@@ -81,6 +81,22 @@ class Proc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    # The calls an in-process proxy answers too (tests/support/inproc.py), so a helper serves both tiers.
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def terminate(self) -> None:
+        """SIGTERM: the first starts the shutdown grace, another ends it."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """The exit code; TimeoutError if the process still runs after `timeout`."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.proc.args} still runs after {timeout}s") from None
+
 
 def start(args: list[str], port: int, log_path: Path, env: dict | None = None) -> Proc:
     log = open(log_path, "wb")

@@ -101,9 +101,23 @@ class RawServer:
             writer.close()
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        """Stop listening, end the connections still open (a client's keep-alive one waits in `_handle`),
+        then the loop. A handler left pending would be destroyed later by the garbage collector, inside
+        whichever test runs then (an unraisable-exception warning, an error under filterwarnings)."""
+
+        async def shutdown() -> None:
+            self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
 
 
 JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from tapfix.proxy.store.writer import CaptureWriter
 
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=[pytest.mark.e2e, pytest.mark.postgres])]
+# The postgres marker puts the PostgreSQL variant in the process tier (tests/support/e2e_guard.py).
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 _numbers = itertools.count()
 
 

@@ -3,7 +3,9 @@
 The URL is libpq's own, handed to psycopg as it is, so `PGPASSWORD`, `~/.pgpass`, `PGSERVICE`
 (`postgresql:///?service=NAME`) and every libpq parameter work without tapfix knowing them.
 
-A password in the URL is never shown: the banner, health, logs and errors show `mask_password(url)`,
+A password in the URL is never shown: the banner, health, logs and errors show `mask_password(url)`
+(`tapfix.proxy.vocabulary.store_url`, with `is_postgres_url`: text only, so the config file judges `db`
+alike),
 `user:***@`, and a `password=` query parameter as `password=***`. Masking is deliberately greedy: the
 user info runs to the last `@` (before a `#`), so a password with an unescaped `@`, `:`, `/` or `?`
 is hidden whole wherever libpq would cut it; the price is that an `@` later in the URL (in a query
@@ -13,47 +15,21 @@ other text (an error message that quotes the URL).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from types import ModuleType
 from urllib.parse import unquote
 
 from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.vocabulary.store_url import ANY_SCHEME, MASK, mask_password
+from tapfix.proxy.vocabulary.store_url import POSTGRES_URL as _SCHEME
+from tapfix.proxy.vocabulary.store_url import is_postgres_url as is_postgres_url
 
 EXTRA = "tapfix[postgres]"
-_SCHEME = re.compile(r"(postgres(?:ql)?)://", re.IGNORECASE)
-_ANY_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")  # masking covers any URL: a refused typo is shown too
-_QUERY_PASSWORD = re.compile(r"(^|&)(password=)[^&#]*", re.IGNORECASE)
-MASK = "***"
-
-
-def is_postgres_url(value: str) -> bool:
-    """`postgresql://` or `postgres://`, in any case: the two prefixes libpq accepts."""
-    return _SCHEME.match(value.strip()) is not None
-
-
-def mask_password(url: str) -> str:
-    """The URL with its password shown as `***` (user info and `password=`); anything else unchanged.
-    Any scheme: a URL tapfix refuses (`postgressql://…`) is shown masked in the refusal."""
-    m = _ANY_SCHEME.match(url)
-    if m is None:
-        return url
-    rest = url[m.end() :]
-    at = rest.rfind("@")  # greedy: a raw `@`, `#`, `/` or `?` in the password stays inside what is masked
-    info, tail = (rest[: at + 1], rest[at + 1 :]) if at >= 0 else ("", rest)
-    user, colon, _ = info[:-1].partition(":")
-    if colon:
-        info = f"{user}:{MASK}@"
-    tail, hash_, fragment = tail.partition("#")
-    host, qmark, query = tail.partition("?")
-    if qmark:
-        query = _QUERY_PASSWORD.sub(rf"\1\2{MASK}", query)
-    return url[: m.end()] + info + host + qmark + query + hash_ + fragment
 
 
 def _passwords(url: str) -> list[str]:
     """Every spelling of the URL's passwords (as written and percent-decoded), longest first."""
-    m = _ANY_SCHEME.match(url)
+    m = ANY_SCHEME.match(url)
     if m is None:
         return []
     rest = url[m.end() :]

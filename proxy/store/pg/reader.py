@@ -4,7 +4,7 @@ and bytes SQLite's reader (store/reader.py) gives for the same exchanges.
 Why a second implementation rather than one SQL text for both: the queries differ where the two
 databases do (JSON arrays are `json_each` on SQLite and `json_array_elements_text` here; timestamps
 are text there and timestamptz here), and translating SQL on the fly would hide that. What must
-not differ is the result, so the two are tested row for row (tests/test_store_reader_backends.py);
+not differ is the result, so the two are tested row for row (tests/unit/test_store_reader_backends.py);
 the row decoding (`decode_row`) and the listing's shape (attempts under their parent) are shared.
 
 - Rows come back as SQLite's do: `started_at` as the writer's ISO text (UTC, milliseconds), the

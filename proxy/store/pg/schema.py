@@ -2,7 +2,7 @@
 
 The set is PostgreSQL's own (migrations are one set per backend), and reaches the schema of SQLite's
 whole list (store/schema.py m001...m006) with the same tables, columns and views, so one reader's
-SQL and `captures copy` carry over; tests/test_store_pg_schema.py compares the column names, so
+SQL and `captures copy` carry over; tests/process/test_store_pg_schema.py compares the column names, so
 the two can't drift. What differs, and why:
 
 - Day partitions. `exchanges` is partitioned by range on `started_at` (timestamptz, UTC days);

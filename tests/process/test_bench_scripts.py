@@ -1,0 +1,83 @@
+"""The bench scripts' rows against real processes: `bench/versus` reads each tree's command line, the agents'
+path rows and their `--regenerate 0` twins send each request upstream once with no later attempt (issues 19
+and 34), and the stream lane reads every delta and how late it came. The pure checks are in
+tests/unit/test_bench_scripts.py."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _bench(name: str) -> Any:
+    """A bench script as a module (they import their siblings by bare name, so bench/ goes on the path)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
+FLAG_COMMIT = "5daa0b8"  # settings: tapfix run --regenerate N; its parent rejects the flag
+
+
+def test_versus_reads_from_each_trees_cli_whether_it_knows_regenerate(tmp_path: Path) -> None:
+    versus = _bench("versus")
+    assert versus.knows_regenerate(None)  # this tree
+    for rev, knows in ((f"{FLAG_COMMIT}^", False), (FLAG_COMMIT, True)):
+        if subprocess.run(["git", "-C", str(BENCH.parent), "cat-file", "-e", rev], capture_output=True).returncode:
+            pytest.skip(f"{rev} is not in this clone")
+        pkg = tmp_path / rev / "tapfix"
+        pkg.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "-C", str(BENCH.parent), "archive", rev, "proxy", "addons", "schemas"],
+            capture_output=True,
+            check=True,
+        )
+        subprocess.run(["tar", "-x", "-C", str(pkg)], input=archive.stdout, check=True)
+        assert versus.knows_regenerate(pkg.parent) is knows, rev
+
+
+def test_every_request_reaches_the_upstream_once_on_the_agents_path_and_its_twin(tmp_path: Path) -> None:
+    runner = _bench("runner")
+    fleet = runner.Fleet(tmp_path, ["--regenerate", "1", "--engine", "vllm"])
+    rows = {r.name: r for r in runner.ROWS}
+    sent = {runner.AGENTS: 3, runner.CALLS0: 2, runner.AGENTS0: 1, runner.CAPTURE: 2}
+    try:
+        fleet.start(which=("tapfix", "tapfix0"))
+        for name, n in sent.items():
+            row = rows[name]
+            phase = runner.Phase("check", 2, 16, 0, 0, 0)
+            res = asyncio.run(runner.run_block(fleet, row, phase, n, load_body(row.tools)))
+            assert not res.errors and len(res.ttft) == n, (name, res.errors)
+        assert (fleet.later_attempts("tapfix"), fleet.later_attempts("tapfix0")) == (0, 0)
+        assert fleet.upstream_stats()["requests"] == sum(sent.values())
+        assert runner.first_attempt_check(fleet).startswith("OK  "), runner.first_attempt_check(fleet)
+        fleet.sent[runner.CALLS] = 1  # a request the upstream never saw is reported
+        assert runner.first_attempt_check(fleet).startswith("WARN"), runner.first_attempt_check(fleet)
+    finally:
+        fleet.stop()
+
+
+def test_the_stream_lane_reads_every_delta_and_how_late_it_came(tmp_path: Path) -> None:
+    runner, lane = _bench("runner"), _bench("lane")
+    fleet = runner.Fleet(tmp_path, [])
+    try:
+        fleet.start(which=())
+        port = fleet.ports["upstream"]
+        res = asyncio.run(lane.run_level("127.0.0.1", port, 3, streams=2, body=load_body(True), deltas=8, gap_ms=5))
+    finally:
+        fleet.stop()
+    assert res.errors == [] and (res.streams, res.complete, res.lost) == (6, 6, 0)
+    assert len(res.ttft) == 6 and len(res.delay) == 6 * 8
+    assert all(0 <= d < 5.0 for d in res.delay), "each delta's delay, from the upstream's own stamp"
+
+
+def load_body(tools: bool) -> bytes:
+    return bytes(_bench("load").request_body(_bench("load").AGENT_BODY, tools=tools))

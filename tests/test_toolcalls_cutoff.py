@@ -1,0 +1,74 @@
+"""`cutoff.py`: what says a turn `max_tokens` ended was cut inside or after its calls (issue 31 items 10
+and 13; docs/repair.md, "A turn max_tokens ended"), both ways, on the text.
+
+Every cut of every registered format's rendering past its opener says so (the rule asks the registry,
+not a list of openers); the whole rendering doesn't, nor prose that only mentions markup, a fenced
+example or a call of a tool that isn't offered. The stages' side: tests/test_toolcalls_length.py and
+tests/test_toolcalls_length_evented.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tapfix.proxy.toolcalls.cutoff import cut_markup, turn_sign
+from tapfix.proxy.toolcalls.formats import REGISTRY, armed
+from tapfix.proxy.toolcalls.schema import ToolSchemas
+
+from tests.support.builders import tool
+from tests.test_toolcalls_length import PROSE
+
+WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
+BASH = tool("bash", {"command": {"type": "string"}})  # nothing required: `{}` would be a whole call
+TOOLS = [WRITE, BASH]
+SCHEMAS = ToolSchemas(TOOLS)
+EVERY = armed(None)
+LS = ("bash", {"command": "ls -la"})
+WRITE_A = ("write", {"filePath": "a.txt", "content": 'hi there\nline 2 "q"'})
+
+
+def renders(name: str) -> tuple[str, str | None]:
+    """A format's markup of one call, and of two (None for a format whose template writes one per turn)."""
+    fmt = REGISTRY[name]
+    one = fmt.render([LS])
+    try:
+        two: str | None = fmt.render([LS, WRITE_A])
+    except ValueError:
+        two = None
+    return one, two
+
+
+def first_opener_end(text: str, name: str) -> int:
+    """Where a cut starts to be a cut call: past the format's opener (its first character when it has none)."""
+    if REGISTRY[name].anchored:
+        return len(text) - len(text.lstrip()) + 1
+    found = EVERY.opener_re.search(text) if EVERY.opener_re is not None else None
+    assert found is not None
+    return found.end()
+
+
+FORMATS = sorted(n for n in REGISTRY if n != "llama3_python_tag")  # its template renders no JSON arguments
+
+
+# -- the rule, on the text ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_cut_of_a_formats_markup_past_its_opener_says_the_turn_was_cut(name: str) -> None:
+    one, two = renders(name)
+    whole = two if two is not None else REGISTRY[name].render([WRITE_A])
+    start = first_opener_end(whole, name)
+    complete = {one.strip(), whole.strip()}  # one call's whole markup (trailing whitespace aside) is no cut
+    cuts = [whole[:k] for k in range(start, len(whole)) if whole[:k].strip() not in complete]
+    missed = [cut[-40:] for cut in cuts if turn_sign(cut, SCHEMAS, EVERY) is None]
+    assert not missed, f"{len(missed)} of {len(cuts)} cuts read as a finished turn, e.g. {missed[:3]}"
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_formats_whole_markup_is_no_cut(name: str) -> None:
+    one, two = renders(name)
+    for whole in filter(None, (one, two, one + "\n")):
+        assert turn_sign(whole, SCHEMAS, EVERY) is None, whole
+
+
+@pytest.mark.parametrize("text", [*PROSE, "日本語の説明です。<tool_call>タグで"])
+def test_prose_that_max_tokens_cut_is_no_cut_call(text: str) -> None:
+    assert cut_markup(text, SCHEMAS, EVERY, at_start=True) is None
+    assert turn_sign(text, SCHEMAS, EVERY) is None
