@@ -191,3 +191,15 @@ def test_a_lane_level_is_sustained_without_loss_within_one_gap_of_direct() -> No
     assert lane.sustained(cell([20.9] * 100), direct)  # +19.9 ms: within one gap
     assert not lane.sustained(cell([21.5] * 100), direct)
     assert not lane.sustained(cell([1.0] * 100, lost=1), direct)
+
+
+def test_a_verdict_shows_what_was_measured_and_passes_the_right_way() -> None:
+    verdict = _bench("runner").verdict
+    assert verdict("streams sustained on one core ≥ 128", 64.0, 128.0, "streams", at_least=True).startswith(
+        "MISS  streams sustained on one core ≥ 128: 64.00 (streams; 50% of the target)"
+    )
+    assert verdict("streams sustained on one core ≥ 128", 256.0, 128.0, "streams", at_least=True).startswith("PASS")
+    assert verdict("RSS peak, 32 streams × 1 MB bodies ≤ 150 MB", 140.0, 150.0, "MB").startswith(
+        "PASS  RSS peak, 32 streams × 1 MB bodies ≤ 150 MB: 140.00 (MB"
+    )
+    assert ": 1.38× (" in verdict("CPU/chunk ≤ 1.25× mitmproxy", 1.38, 1.25, "a vs b").replace("MISS  ", "")
