@@ -12,6 +12,7 @@ from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
 from tapfix.addons.stream import StreamOwner
 from tapfix.addons.trace_context import TraceContext
+from tapfix.addons.window import Window
 
 KEEPALIVE_S = 5.0  # a `: keep-alive` comment this often while the client waits for a later attempt
 
@@ -28,6 +29,7 @@ def default_addons(runtime: Runtime) -> list[object]:
         Router(runtime),
         TraceContext(runtime),  # after the router: it reads and writes the request as forwarded
         StreamOwner(runtime),
+        Window(runtime),  # after the stream owner: it reads the upstream's error body the owner recorded
         RecordExchange(runtime),
         RecordMalformed(runtime),
     ]

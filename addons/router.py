@@ -94,7 +94,8 @@ class Router:
             and not policy.config.is_quick
             and flow.request.path.split("?")[0].rstrip("/").endswith("/models")
         ):
-            answer_locally(flow, ex, (200, orjson.dumps(models_listing(policy.config))))
+            windows = {key: tokens for key, (tokens, _) in self.runtime.windows.items()}
+            answer_locally(flow, ex, (200, orjson.dumps(models_listing(policy.config, windows))))
             return True
         return False
 

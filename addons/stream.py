@@ -43,6 +43,13 @@ from tapfix.proxy.surfaces import Surface, is_inference, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
+from tapfix.proxy.window.rewrite import FLAG as OVERFLOW_FLAG
+from tapfix.proxy.window.rewrite import OverflowEvents
+
+# The engines that may send an overflow as an error event inside a 200 stream (SGLang's and TabbyAPI's
+# streaming handlers, llama.cpp's before it checked the prompt ahead of the headers): only their streams
+# are read for one, every other stream stays unsplit.
+IN_STREAM_OVERFLOW = ("sglang", "tabbyapi", "llamacpp")
 
 REGENERABLE = ("chat", "responses", "messages")  # the surfaces whose streams a later attempt can join
 SESSION = "attempt_session"  # ex.extra: the AttemptSession of a stream that may get later attempts
@@ -80,6 +87,11 @@ class StreamOwner:
         if rename is not None:
             ex.extra["reasoning_rename"] = rename
             stages.append(rename)
+        if surface is not None and self.runtime.engine_of(ex.extra.get("target")) in IN_STREAM_OVERFLOW:
+            window, prompt_tokens = ex.extra.get("window_hints", (None, None))
+            overflow = OverflowEvents(surface, window, prompt_tokens)
+            ex.extra["overflow_events"] = overflow
+            stages.append(overflow)
         return stages
 
     def tool_format_for(self, ex: Exchange) -> str | None:
@@ -226,6 +238,10 @@ class StreamOwner:
         rename = ex.extra.pop("reasoning_rename", None)
         if rename is not None and (change := rename.change()) is not None:
             ex.changes.append(change)
+        overflow = ex.extra.pop("overflow_events", None)
+        if isinstance(overflow, OverflowEvents) and overflow.changes:
+            ex.changes.extend(overflow.changes)
+            ex.flags.add(OVERFLOW_FLAG)
 
     def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """A whole body through the stages; a stream's records. A stream whose splice asked for another

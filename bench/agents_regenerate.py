@@ -106,8 +106,8 @@ class Others:
 def _turn_rows(db: Path) -> tuple[list[tuple[str, int]], int]:
     """(started_at, request body hash) of the tool-carrying client requests, oldest first, and the number
     of attempts under them."""
-    from tapfix.proxy.store.reader import capture_body, load_capture
-    from tapfix.proxy.store.writer import open_for_reading
+    from tapfix.proxy.store.sqlite.database import open_for_reading
+    from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
     conn = open_for_reading(db)
     conn.row_factory = sqlite3.Row

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import httpx
 import orjson
-from tapfix.proxy.browse.fts import SearchIndex, sidecar_path
 from tapfix.proxy.ids import new_capture_id
-from tapfix.proxy.store.bodies import BodyWriter
-from tapfix.proxy.store.writer import open_for_writing
+from tapfix.proxy.store.sqlite.bodies import BodyWriter
+from tapfix.proxy.store.sqlite.database import open_for_writing
+from tapfix.proxy.store.sqlite.search_index import SearchIndex, sidecar_path
 
 CLIENTS = ["opencode/0.4.2 ai-sdk/4.3.16", "omp/1.2.0", "OpenAI/Python 1.82.0", "curl/8.5.0"]
 MODELS = ["qwen3-coder-30b", "qwen3-235b", "gpt-oss-120b", "llama-3.1-8b", "glm-4.5-air"]

@@ -14,7 +14,9 @@ The leak into content or reasoning (`leaked_markup`, tapfix.proxy.mock.mutations
 table, per registered format: the examples of the main draw where it applied, plus `--leak-examples`
 more of the leak alone (format drawn uniformly, half the turns narrowed to the one tool their calls
 name), each with a decoy of the same format (markup inside a closed `<think>`, inline code, reasoning
-followed by content, a name not offered), which must pass byte for byte. `--formats` limits the leak
+followed by content, a name not offered, or an example in prose: the middle of a sentence, quotes, a
+list item, a table cell, a blockquote, `<pre>`, indented code, fences; tapfix.proxy.mock.mutations_prose),
+which must pass byte for byte; a second table counts the decoys per kind. `--formats` limits the leak
 to a comma list of format names.
 """
 
@@ -77,6 +79,8 @@ class LeakTally:
         self.bad_where: dict[str, Counter[str]] = defaultdict(Counter)  # surface/field of bad examples
         self.decoys: Counter[str] = Counter()
         self.changed: Counter[str] = Counter()
+        self.kinds: Counter[str] = Counter()  # decoys per kind
+        self.kinds_changed: Counter[str] = Counter()
         self.failures: dict[str, list[Example]] = defaultdict(list)
         self.decoy_failures: dict[str, list[tuple[str, str, bytes]]] = defaultdict(list)
 
@@ -98,6 +102,9 @@ class LeakTally:
             where = " ".join(f"{k}:{v}" for k, v in sorted(self.bad_where[fmt].items())) or "-"
             print(f"{fmt:<24} {tally.cells()}   {where:<24} {self.decoys[fmt]:>6} {self.changed[fmt]:>7}")
         print(f"{'all':<24} {total.cells()}   {'':<24} {decoys:>6} {changed:>7}")
+        print(f"\n{'decoys per kind':<24} {'decoys':>8} {'changed':>8}")
+        for kind in DECOY_KINDS:
+            print(f"{kind:<24} {self.kinds[kind]:>8} {self.kinds_changed[kind]:>8}")
         if show:
             for fmt in formats:
                 for ex in sorted(self.failures[fmt], key=lambda e: len(e.sent))[:show]:
@@ -123,8 +130,10 @@ def leak_alone(rng: random.Random, source: TurnSource, formats: list[str], tally
         decoy = run_decoy(rng, surface, source.draw(rng), fmt, kind)
         if decoy is not None:
             tally.decoys[fmt] += 1
+            tally.kinds[kind] += 1
             if not decoy.unchanged:
                 tally.changed[fmt] += 1
+                tally.kinds_changed[kind] += 1
                 tally.decoy_failures[fmt].append((surface, kind, decoy.sent))
             return
 

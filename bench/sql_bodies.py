@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 import httpx
-from tapfix.proxy.store.bodies import DECODED_MAX_BODIES
-from tapfix.proxy.store.database import read_only_uri
 from tapfix.proxy.store.sql_functions import register
+from tapfix.proxy.store.sqlite.bodies import DECODED_MAX_BODIES
+from tapfix.proxy.store.sqlite.database import read_only_uri
 from tapfix.proxy.store.writer import CaptureWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

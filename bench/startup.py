@@ -122,7 +122,9 @@ def main() -> None:
     subprocess.run([python, "-m", "compileall", "-q", "-j", "0", str(ROOT / "proxy"), str(ROOT / "addons")], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "empty.db"
-        make = "import sys; from tapfix.proxy.store.database import open_for_writing as o; o(sys.argv[1]).close()"
+        make = (
+            "import sys; from tapfix.proxy.store.sqlite.database import open_for_writing as o; o(sys.argv[1]).close()"
+        )
         subprocess.run([python, "-c", make, str(db)], check=True)
         for name, argv in (
             ("tapfix --help", [args.tapfix, "--help"]),

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import orjson
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.reader import capture_body, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from upstream import sse_events  # noqa: E402

@@ -1,9 +1,9 @@
 """Browse latency on a filled store: list, filters, search and id look-up, SQLite and PostgreSQL alike.
 
-Both run the browser's own query functions with the same `Filters`: SQLite proxy/browse/queries.py
-(`Store`, `list_exchanges`; search through its sidecar index, built first and timed), PostgreSQL
-proxy/browse/pg_queries.py (`PostgresStore`, `list_exchanges`; search on the writer's columns, the
-`search` tsvector and `search_text` with pg_trgm). The id-prefix look-up is each store's reader's.
+Both run the browser's own queries (the store's `BrowseQueries`, proxy/store/backend.py) with the same
+`Filters`: on SQLite, search goes through its sidecar index, built first and timed (proxy/store/sqlite/
+search_index.py); on PostgreSQL through the writer's columns, the `search` tsvector and `search_text`
+with pg_trgm (proxy/store/pg/browse.py). The id-prefix look-up is each store's reader's.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from tapfix.proxy.browse.fts import SearchIndex
-from tapfix.proxy.browse.queries import Filters, Store, list_exchanges
-from tapfix.proxy.store.reader import resolve_id
+from tapfix.proxy.store.filters import Filters
+from tapfix.proxy.store.locator import StoreLocator
 
 PAGE = 50
 LABELS = (
@@ -63,20 +61,22 @@ def timed(run: Callable[[], int], repeat: int) -> tuple[float, float, float, int
     return first, statistics.median(times), max(times), rows
 
 
-def sqlite_queries(db: Path, p: Probe) -> tuple[dict[str, Callable[[], int]], float, Callable[[], None]]:
-    """The browser's own functions on a SQLite store; the seconds its search index took to build."""
+def queries(db: str, p: Probe) -> tuple[dict[str, Callable[[], int]], float, Callable[[], None]]:
+    """The browser's own queries on the store `db` (a SQLite path or a postgresql:// URL); the seconds its
+    search index took to build (SQLite's sidecar; PostgreSQL has none to build)."""
+    store = StoreLocator.resolve(db, postgres=True).backend()
     t = time.perf_counter()
-    index = SearchIndex(db)
-    index.catch_up(batch=2000)
+    browse = store.browse(background=False)
+    browse.catch_up()
     built = time.perf_counter() - t
-    store = Store(db, index)
+    reader = store.reader()  # the id-prefix look-up (the browser's exchange page resolves it so too)
 
     def page(**filters: str) -> Callable[[], int]:
-        return lambda: len(list_exchanges(store, Filters(**filters), limit=PAGE).rows)
+        return lambda: len(browse.list_exchanges(Filters(**filters), limit=PAGE).rows)
 
     queries = {
         LABELS[0]: page(),
-        LABELS[1]: lambda: len(list_exchanges(store, Filters(), before=p.deep_id, limit=PAGE).rows),
+        LABELS[1]: lambda: len(browse.list_exchanges(Filters(), before=p.deep_id, limit=PAGE).rows),
         LABELS[2]: page(model=p.model),
         LABELS[3]: page(flag=p.flag),
         LABELS[4]: page(session=p.session),
@@ -84,46 +84,14 @@ def sqlite_queries(db: Path, p: Probe) -> tuple[dict[str, Callable[[], int]], fl
         LABELS[6]: page(q=p.word),
         LABELS[7]: page(q=p.substring),  # FTS5 words only: no substring search on SQLite
         LABELS[8]: page(q=p.cjk),
-        LABELS[9]: lambda: int(bool(resolve_id(store.conn(), p.id_prefix))),
-    }
-
-    def close() -> None:
-        store.conn().close()
-
-    return queries, built, close
-
-
-def pg_queries(dsn: str, p: Probe) -> tuple[dict[str, Callable[[], int]], float, Callable[[], None]]:
-    """The browser's own functions on a PostgreSQL store (proxy/browse/pg_queries.py): no index to build,
-    search is the writer's columns (the `search` tsvector, `search_text` with pg_trgm)."""
-    from tapfix.proxy.browse import pg_queries as browse
-    from tapfix.proxy.store.pg.locator import PostgresLocator
-    from tapfix.proxy.store.pg.reader import PostgresReader
-
-    store = browse.PostgresStore(PostgresLocator.parse(dsn))
-    reader = PostgresReader(dsn)  # the id-prefix look-up (the browser's exchange page resolves it so too)
-
-    def page(**filters: str) -> Callable[[], int]:
-        return lambda: len(browse.list_exchanges(store, Filters(**filters), limit=PAGE).rows)
-
-    queries = {
-        LABELS[0]: page(),
-        LABELS[1]: lambda: len(browse.list_exchanges(store, Filters(), before=p.deep_id, limit=PAGE).rows),
-        LABELS[2]: page(model=p.model),
-        LABELS[3]: page(flag=p.flag),
-        LABELS[4]: page(session=p.session),
-        LABELS[5]: page(since=_iso(p.since), until=_iso(p.until)),
-        LABELS[6]: page(q=p.word),
-        LABELS[7]: page(q=p.substring),
-        LABELS[8]: page(q=p.cjk),
         LABELS[9]: lambda: int(bool(reader.resolve_id(p.id_prefix))),
     }
 
     def close() -> None:
         reader.close()
-        store.close()
+        browse.close()
 
-    return queries, 0.0, close
+    return queries, built, close
 
 
 def _iso(ts: float) -> str:

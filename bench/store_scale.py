@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 import psycopg  # noqa: E402
 import store_browse  # noqa: E402
 from store_fill import FLAG, MODELS, Sessions, Shape, TreeCpu, fill  # noqa: E402
-from tapfix.proxy.store.pg.writer import PostgresBackend  # noqa: E402
+from tapfix.proxy.store.locator import StoreLocator  # noqa: E402
 from tapfix.proxy.store.writer import CaptureWriter  # noqa: E402
 
 from tests.support.postgres import PostgresServer, start_postgres  # noqa: E402
@@ -45,6 +45,11 @@ from tests.support.postgres import PostgresServer, start_postgres  # noqa: E402
 # Durable, and sized for a 24 GiB machine: what the README's fleet section recommends as a start.
 PG_SETTINGS = "-c fsync=on -c full_page_writes=on -c synchronous_commit=off -c shared_buffers=1GB -c max_wal_size=4GB"
 MB = 1 << 20
+
+
+def writer_of(db: Path | str) -> CaptureWriter:
+    """The store's own writer, as `tapfix run` makes it (a server that is down is an error here)."""
+    return StoreLocator.resolve(db, postgres=True).backend().writer(wait=False)
 
 
 def pg_size(dsn: str) -> dict[str, int]:
@@ -134,14 +139,14 @@ class Bench:
         sessions = Sessions(self.shape)
         if kind == "sqlite":
             db = self.work / f"scale-{n}.db"
-            writer = CaptureWriter(db)
+            writer = writer_of(db)
             result = fill([writer], sessions, n, kind, progress=self._progress(n))
             size = sqlite_size(db)
             probe, where = probe_sqlite(db), db
         else:
             dsn = self.pg(f"scale_{n}")
             empty = pg_size(dsn)["database"]
-            writer = CaptureWriter(PostgresBackend(dsn))
+            writer = writer_of(dsn)
             result = fill([writer], sessions, n, kind, server_cpu=self.server_cpu, progress=self._progress(n))
             size = pg_size(dsn)
             size["database"] -= empty
@@ -158,10 +163,7 @@ class Bench:
         self.browse(kind, n, where, probe)
 
     def browse(self, kind: str, n: int, where: Path | str, probe: store_browse.Probe) -> None:
-        if kind == "sqlite":
-            queries, built, close = store_browse.sqlite_queries(Path(where), probe)
-        else:
-            queries, built, close = store_browse.pg_queries(str(where), probe)
+        queries, built, close = store_browse.queries(str(where), probe)
         try:
             measured = store_browse.measure(queries, self.repeat)
         finally:
@@ -185,7 +187,7 @@ class Bench:
         for label, (count, which) in cases.items():
             dsn = self.pg("fleet_" + str(len(self.results["fleet"])))
             empty = pg_size(dsn)
-            writers = [CaptureWriter(PostgresBackend(dsn)) for _ in range(count)]
+            writers = [writer_of(dsn) for _ in range(count)]
             result = fill(writers, Sessions(self.shape), n, "postgresql", which=which)
             size = pg_size(dsn)
             with psycopg.connect(dsn) as conn:

@@ -8,7 +8,16 @@ from typing import Any, Literal
 # The part of tapfix that made a change: `captures show` and the browser group changes by it.
 # "telemetry": the `traceparent` tapfix forwards for its own span while OTLP export is on.
 Stage = Literal[
-    "router", "policy", "sampling", "reasoning", "reasoning_field", "toolcalls", "framing", "stream", "telemetry"
+    "router",
+    "policy",
+    "sampling",
+    "reasoning",
+    "reasoning_field",
+    "toolcalls",
+    "framing",
+    "stream",
+    "telemetry",
+    "window",
 ]
 
 

@@ -125,6 +125,65 @@ def shutting_down(surface: Surface | None) -> LocalAnswer:
     return _answer(surface, 503, SHUTDOWN_MESSAGE, "server_error", SHUTDOWN_REASON)
 
 
+# -- a prompt that does not fit the context window -----------------------------------------------
+CONTEXT_OVERFLOW = "context_length_exceeded"
+
+
+def overflow_message(surface: Surface | None, prompt_tokens: int | None, window: int | None) -> str:
+    """The overflow text the agents' pattern lists recognise (opencode's `provider/error.ts`, pi's
+    `utils/overflow.ts`): OpenAI's on chat and Responses, Anthropic's on Messages; the real numbers where
+    they are known, never made up."""
+    if surface == "messages":
+        if prompt_tokens is not None and window is not None:
+            return f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
+        if window is not None:
+            return f"prompt is too long: the prompt exceeds the {window} tokens maximum"
+        return "prompt is too long"
+    if window is None:
+        return (
+            "This model's maximum context length was exceeded (context_length_exceeded): your messages do not fit. "
+            "Please reduce the length of the messages."
+        )
+    resulted = f"{prompt_tokens} tokens" if prompt_tokens is not None else "more tokens than that"
+    return (
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in {resulted}. "
+        "Please reduce the length of the messages."
+    )
+
+
+def context_overflow(surface: Surface | None, prompt_tokens: int | None, window: int | None) -> LocalAnswer:
+    """The 400 each surface's clients read as "compact the conversation": `invalid_request_error`, code
+    `context_length_exceeded`, param `messages` (chat) or `input` (Responses); Anthropic's
+    `invalid_request_error` with "prompt is too long" on Messages."""
+    param = "input" if surface == "responses" else "messages"
+    return _answer(
+        surface, 400, overflow_message(surface, prompt_tokens, window), "invalid_request_error", CONTEXT_OVERFLOW, param
+    )
+
+
+def context_overflow_event(
+    surface: Surface | None, prompt_tokens: int | None, window: int | None, newline: bytes = b"\n", seq: int = 0
+) -> bytes:
+    """The same error once a stream has started, in the stream's own framing: chat's `data: {"error": ...}`,
+    Responses' `response.failed`, Messages' `event: error`."""
+    error = context_overflow(surface, prompt_tokens, window).error
+    if surface == "messages":
+        return named_event("error", {"type": "error", "error": error}, newline)
+    if surface == "responses":  # `error` first: the openai SDK raises on an event whose data has an `error`
+        message = error["message"]
+        failed = {
+            "object": "response",
+            "status": "failed",
+            "output": [],
+            "error": {"code": CONTEXT_OVERFLOW, "message": message},
+        }
+        head = {"type": "error", "code": CONTEXT_OVERFLOW, "message": message, "param": "input", "error": error}
+        return named_event("error", {**head, "sequence_number": seq}, newline) + named_event(
+            "response.failed", {"type": "response.failed", "sequence_number": seq + 1, "response": failed}, newline
+        )
+    return format_event(orjson.dumps({"error": error}), newline)
+
+
 # -- a tool call tapfix can't recover ------------------------------------------------------------
 class Unrecoverable(Protocol):
     """What the error needs of a defect (`tapfix.proxy.toolcalls.plan_types.Fatal`)."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -28,7 +29,7 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000  # characters of each process's log a failing test shows
 _FIRST_PROC = pytest.StashKey[tuple[int, int]]()
-_EARLY_BUILD = pytest.StashKey[subprocess.Popen | None]()
+_EARLY_BUILD = pytest.StashKey[list[subprocess.Popen]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,12 +40,30 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    early_build.stop(config.stash.get(_EARLY_BUILD, None))
+    early_build.stop(config.stash.get(_EARLY_BUILD, []))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-engine tests last: a cold machine builds llama-server meanwhile (tests/support/early_build.py)."""
-    items.sort(key=lambda item: early_build.REALENGINE in Path(str(item.path)).parents)
+    """The vLLM tests first and the llama.cpp ones last (tests/support/early_build.py `order`: a cold
+    machine builds llama-server meanwhile)."""
+    items.sort(key=lambda item: early_build.order(Path(str(item.path))))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with every file of tests/process/vllm/ in one unit, so one worker runs them all and its
+    session fixtures start each vLLM server once per run (two workers would start two of each)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    vllm = early_build.VLLM.relative_to(config.rootpath).as_posix() + "/"
+
+    class VllmTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return vllm if nodeid.startswith(vllm) else super()._split_scope(nodeid)
+
+    return VllmTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -18,8 +18,8 @@ import httpx
 import openai
 import orjson
 import pytest
-from tapfix.proxy.browse.queries import Filters, Store
-from tapfix.proxy.browse.stats import compute_stats
+from tapfix.proxy.store.filters import Filters
+from tapfix.proxy.store.locator import StoreLocator
 
 from tests.support.procs import Proc, cli, mock_and_proxy, start_proxy
 from tests.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, rows
@@ -195,7 +195,7 @@ def test_captures_list_and_stats_count_one_client_request(stack: Proc) -> None:
     got = [orjson.loads(line) for line in listed.stdout.splitlines()]
     assert [(g["attempt_of"], g["attempt"]) for g in got] == [(None, 1), (capture_id, 2)]
     assert got[0]["id"] == capture_id
-    stats = compute_stats(Store(db), Filters())
+    stats = StoreLocator.of(db).backend().browse(search=False).compute_stats(Filters())
     assert (stats.total, stats.attempts) == (1, 1)
 
 

@@ -60,11 +60,13 @@ def test_llamacpp_continues_reasoning_alone():
     assert result.body["messages"][-1] == {"role": "assistant", "content": "", "reasoning_content": "Hmm.\n"}
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_vllm_and_sglang_continue_content_but_not_reasoning_alone(engine):
+@pytest.mark.parametrize(("engine", "field"), [("vllm", "reasoning"), ("sglang", "reasoning_content")])
+def test_vllm_and_sglang_continue_content_but_not_reasoning_alone(engine, field):
+    """The reasoning goes in the field the engine's chat template gets: vLLM reads `reasoning` from an
+    assistant message and drops `reasoning_content` (tests/process/vllm/test_facts.py, against vLLM 0.32.0)."""
     result = attempt(chat(), engine, Received(content="Sure.", reasoning="Hmm."))
     assert isinstance(result, NextAttempt) and result.how == "continuation"
-    assert result.body["messages"][-1] == {"role": "assistant", "content": "Sure.", "reasoning_content": "Hmm."}
+    assert result.body["messages"][-1] == {"role": "assistant", "content": "Sure.", field: "Hmm."}
     alone = attempt(chat(), engine, Received(reasoning="Hmm."))
     assert isinstance(alone, NextAttempt) and alone.how == "fresh_seed"
     assert "reasoning alone" in alone.reason
@@ -188,8 +190,10 @@ def test_every_attempt_keeps_the_rules(request, engine, received):
         last = body["messages"][-1]
         assert engine in ("llamacpp", "vllm", "sglang") and len(body["messages"]) == 2
         assert last["role"] == "assistant" and "tool_calls" not in last
-        assert last["content"] == received.content and last.get("reasoning_content", "") == received.reasoning
-        assert last["content"] or last["reasoning_content"]  # never an empty prefix
+        reasoning = last.get("reasoning" if engine == "vllm" else "reasoning_content", "")
+        assert last["content"] == received.content and reasoning == received.reasoning
+        assert set(last) <= {"role", "content", "reasoning", "reasoning_content"} and len(last) <= 3
+        assert last["content"] or reasoning  # never an empty prefix
     else:
         assert deterministic(request) is None and body["messages"] == [USER]
         assert {k: v for k, v in body.items() if k != "seed"} == request

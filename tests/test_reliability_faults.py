@@ -107,7 +107,7 @@ def test_a_stall_shorter_than_the_client_timeout_is_recorded_in_the_timing(stack
     status, headers, received = _stream(proxy.url, _body("short-stall"), timeout=10)
     assert status == 200 and received.endswith(b"data: [DONE]\n\n")
     row = wait_capture(proxy.extra["db"], headers["x-tapfix-capture-id"])
-    from tapfix.proxy.store.writer import unpack_timing
+    from tapfix.proxy.store.exchange_row import unpack_timing
 
     offsets = [t for t, _ in unpack_timing(row["chunk_timing"])]
     assert max(b - a for a, b in zip(offsets, offsets[1:], strict=False)) >= 1400  # the 1.5 s gap, in ms
@@ -171,7 +171,7 @@ def _start_limited_proxy(tmp: Path, upstream: str, db: Path, fsize: int) -> Proc
 def test_disk_full_keeps_traffic_flowing_and_counts_failures(stack, tmp_path):
     mock, _ = stack
     db = tmp_path / "full.db"
-    from tapfix.proxy.store.writer import open_for_writing
+    from tapfix.proxy.store.sqlite.database import open_for_writing
 
     open_for_writing(db).close()  # created and migrated while there is room
     proxy = _start_limited_proxy(tmp_path, mock.url, db, fsize=db.stat().st_size + 96 * 1024)

@@ -19,7 +19,9 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import SpliceError, array_item_spans, top_level_item_spans, top_level_spans
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, MAX_PARENTS, Conversation, Parser, reply_parts
 from tapfix.proxy.store.sessions import SessionTracker, response_id
-from tapfix.proxy.store.writer import CaptureWriter, open_for_writing
+from tapfix.proxy.store.sqlite.database import open_for_writing
+from tapfix.proxy.store.sqlite.writer import SQLITE_SESSION_SQL
+from tapfix.proxy.store.writer import CaptureWriter
 
 
 def conversation(body: dict[str, Any] | bytes, surface: Any = "chat", parser: Parser | None = None) -> Conversation:
@@ -270,7 +272,7 @@ def test_the_lookups_use_their_indexes(tmp_path):
     conn = open_for_writing(tmp_path / "s.db")
     seen: list[str] = []
     conn.set_trace_callback(lambda sql: seen.append(sql))
-    tracker = SessionTracker()
+    tracker = SessionTracker(SQLITE_SESSION_SQL)
     later = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
     link = tracker.assign(conn, _turn(later, "d"), Assembled(content="d"), b"")
     tracker.record(conn, link, _turn(later, "d"))

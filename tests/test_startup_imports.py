@@ -38,7 +38,7 @@ def test_help_imports_no_store_no_probe_no_http_client() -> None:
 
 def test_opening_a_store_leaves_numpy_and_pandas_out(tmp_path: Path) -> None:
     code = (
-        "import sys\nfrom tapfix.proxy.store.database import open_for_writing, open_for_reading\n"
+        "import sys\nfrom tapfix.proxy.store.sqlite.database import open_for_writing, open_for_reading\n"
         f"open_for_writing({str(tmp_path / 'c.db')!r}).close()\n"
         f"open_for_reading({str(tmp_path / 'c.db')!r}).close()\n"
         "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pandas', 'sqlite_utils'})\n"

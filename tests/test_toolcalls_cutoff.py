@@ -3,15 +3,20 @@ and 13; docs/repair.md, "A turn max_tokens ended"), both ways, on the text.
 
 Every cut of every registered format's rendering past its opener says so (the rule asks the registry,
 not a list of openers); the whole rendering doesn't, nor prose that only mentions markup, a fenced
-example or a call of a tool that isn't offered. The stages' side: tests/test_toolcalls_length.py and
-tests/test_toolcalls_length_evented.py.
+example or a call of a tool that isn't offered. A cut example inside any container of prose stays text
+(the position rule, asked of the completed markup), whole or with its container opened by text sent
+before. The stages' side: tests/test_toolcalls_length.py and tests/test_toolcalls_length_evented.py.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from tapfix.proxy.mock.mutations_prose import CONTAINERS, in_container
 from tapfix.proxy.toolcalls.cutoff import cut_markup, turn_sign
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
@@ -72,3 +77,62 @@ def test_a_formats_whole_markup_is_no_cut(name: str) -> None:
 def test_prose_that_max_tokens_cut_is_no_cut_call(text: str) -> None:
     assert cut_markup(text, SCHEMAS, EVERY, at_start=True) is None
     assert turn_sign(text, SCHEMAS, EVERY) is None
+
+
+# -- the position rule on a cut example (docs/formats.md, "What counts as a call") --------------------------
+# Containers hold their example whatever follows it; a sentence around the markup (`mid_sentence`,
+# `wrapped_sentence`) is prose after it, which a cut removes: that cut example is read as the cut call it
+# would be at the end of a turn.
+CUT_CONTAINERS = sorted(set(CONTAINERS) - {"mid_sentence", "wrapped_sentence"})
+_SENTINEL = "\x00"
+
+
+def in_prose(kind: str, seed: int, markup: str) -> str:
+    """`markup` placed as `in_container` places it (the prose up to it, each of its lines indented as the
+    container indents them), without the prose after it."""
+    example = CONTAINERS[kind](random.Random(seed), _SENTINEL)
+    before = example[: example.index(_SENTINEL)]
+    pad = before[len(before.rstrip(" \t")) :] if kind == "indented_code" else ""
+    return before + markup.replace("\n", "\n" + pad)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_cut_example_in_a_container_stays_text(name: str) -> None:
+    """Every container's example of the format's markup, cut past its opener: no cut call, read whole or
+    with its container opened by text that went out before (the chat stage's held text and its context)."""
+    one = renders(name)[0].strip()  # as `in_container` places it
+    if in_container(random.Random(0), CUT_CONTAINERS[0], one) is None:
+        pytest.skip("a blank line inside the markup ends any container before it (no example in prose)")
+    start = first_opener_end(one, name)
+    points = range(start, len(one), max(1, (len(one) - start) // 6))
+    wrong = []
+    for kind in CUT_CONTAINERS:
+        for seed in range(2):
+            for k in points:
+                text = in_prose(kind, seed, one[:k])
+                at = len(in_prose(kind, seed, ""))
+                sent = Context().feed(text[:at])
+                if turn_sign(text, SCHEMAS, EVERY) is not None or (
+                    turn_sign(text[at:], SCHEMAS, EVERY, context=sent, at_start=False) is not None
+                ):
+                    wrong.append(text[-60:])
+    assert not wrong, f"{len(wrong)} cut examples read as cut calls, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_cut_call_after_prose_is_a_cut(name: str) -> None:
+    """The same cuts where a call stands (after a sentence, on its own line; with the sentence sent before):
+    the turn was cut inside a call."""
+    if REGISTRY[name].anchored:
+        pytest.skip("a marker-less format counts only at the start of the content")
+    one, _ = renders(name)
+    start = first_opener_end(one, name)
+    missed = []
+    for k in range(start, len(one.rstrip()), max(1, (len(one) - start) // 6)):
+        for prose in ("Let me check.\n", "Sure.\n\n", "I'll run it now."):
+            sent = Context().feed(prose)
+            if turn_sign(prose + one[:k], SCHEMAS, EVERY) is None or (
+                turn_sign(one[:k], SCHEMAS, EVERY, context=sent, at_start=False) is None
+            ):
+                missed.append((prose + one[:k])[-60:])
+    assert not missed, f"{len(missed)} cut calls read as a finished turn, e.g. {missed[:3]}"

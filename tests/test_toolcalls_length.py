@@ -30,6 +30,12 @@ PROSE = [
     "Qwen wraps each call in <tool_call> tags and the server",
     "Mistral writes [TOOL_CALLS] before the calls, then",
     'Here is the format:\n\n```\n<tool_call>\n{"name": "write", "arguments": {"content": "hi',  # a fenced example
+    # examples in the other containers (docs/formats.md, "What counts as a call")
+    'Two forms:\n\n- <tool_call>\n{"name": "write", "arguments": {"content": "hi',  # a list item
+    'It answered "<tool_call>{"name": "write", "arguments": {"content": "hi',  # quotes
+    'Example:\n\n    <tool_call>\n    {"name": "write", "arguments": {"content": "hi',  # an indented code block
+    '> <tool_call>\n> {"name": "write", "arguments": {"content": "hi',  # a blockquote
+    '| model | output |\n|---|---|\n| Qwen3 | <tool_call>{"name": "write", "arguments": {"content": "hi',  # a table
     '<tool_call>\n{"name": "delete_everything", "arguments": {"path": "/',  # no such tool was offered
     '{"name": "write", "description": "Writes a file", "parameters": {"type": "obj',  # a JSON answer, no call
     "Action: I will now write the file, then",

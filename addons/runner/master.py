@@ -305,15 +305,13 @@ def open_writer(settings: Settings, store: StoreLocator, retention: Any) -> Capt
     """The capture writer; an unusable store is a one-line `StoreError`. A PostgreSQL server that is down
     is waited for (traffic flows, exchanges are held), unless `--strict`: then it refuses to start."""
     from tapfix.addons.runner.setup import StartupError
-    from tapfix.proxy.store.database import StoreError
+    from tapfix.proxy.store.errors import StoreUnreachable
 
     options: dict[str, Any] = {"max_held": settings.store_queue, "max_held_bytes": settings.store_queue_bytes}
     try:
-        return store.writer(wait=not settings.strict, retention=retention, **options)
-    except StoreError as e:
-        if settings.strict and store.postgres is not None:
-            raise StartupError(f"--strict: {e}") from None
-        raise
+        return store.backend().writer(wait=not settings.strict, retention=retention, **options)
+    except StoreUnreachable as e:  # a server that is down, which --strict refuses to wait for
+        raise StartupError(f"--strict: {e}") from None
 
 
 def check_exposure(settings: Settings) -> None:

@@ -49,6 +49,9 @@ class Runtime:
     telemetry_health: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
     metrics: Any = None  # issue 20: what /tapfix/metrics serves (telemetry.prometheus.PrometheusExposition)
     fanout: Any = None  # issue 20: the writer's telemetry observer (telemetry.observe.TurnFanout)
+    # issue 37: each upstream's context window as its engine reported it, by (upstream, served model):
+    # (tokens, where it came from). Filled and refreshed by addons/window.py.
+    windows: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:

@@ -1,8 +1,8 @@
 """`tapfix browse`: a Starlette app over the capture store, read-only, HTML rendered on the server.
 
-Endpoints are plain functions (Starlette runs them in its thread pool) over a `BrowseStore`
-(source.py): a SQLite file on thread-local read-only connections, so the proxy can keep writing
-(WAL) while pages are served, or a PostgreSQL store through a small pool.
+Endpoints are plain functions (Starlette runs them in its thread pool) over the store's
+`BrowseQueries` (store/backend.py): the pages ask the store, whichever database it is; the SQL is
+the store's own. Reads never block the proxy writing beside them.
 """
 
 from __future__ import annotations
@@ -21,19 +21,15 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from tapfix.proxy.browse import static
+from tapfix.proxy.browse.charts import histogram_svg
 from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
-from tapfix.proxy.browse.filters import FilterError, Filters
-from tapfix.proxy.browse.fts import SearchIndex
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
-from tapfix.proxy.browse.source import BrowseStore, Page
-from tapfix.proxy.browse.stats import Stats
-from tapfix.proxy.browse.svg import histogram_svg
+from tapfix.proxy.browse.session_turns import session_view
 from tapfix.proxy.browse.views import render
+from tapfix.proxy.store.errors import CaptureNotFound, StoreError
+from tapfix.proxy.store.filters import FilterError, Filters
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.reader import CaptureNotFound
-from tapfix.proxy.store.writer import StoreError
-
-SYNC_SEARCH_BACKLOG = 500  # a search indexes this many new captures itself; the background does the rest
+from tapfix.proxy.store.pages import Page, Stats
 
 
 def create_app(
@@ -45,14 +41,12 @@ def create_app(
     index_path: Path | None = None,
     background_index: bool = True,
 ) -> Starlette:
-    """`search`, `index_path`, `background_index`: SQLite's search sidecar (fts.py); a PostgreSQL
-    store searches the columns its writer maintains."""
-    postgres = isinstance(db, StoreLocator) and db.postgres is not None
-    db_path = Path() if postgres else db.path if isinstance(db, StoreLocator) else Path(db)
-    index = SearchIndex(db_path, index_path) if search and not postgres else None
-    store = open_store(db if isinstance(db, StoreLocator) else db_path, index)
-    shown_db = str(db) if postgres else str(db_path)  # a PostgreSQL URL shows its password masked
-    replay_db = shlex.quote(str(db) if postgres else str(db_path.resolve()))
+    """`db`: a locator, or a SQLite file's path. `search`, `index_path`, `background_index`: a search index
+    the store keeps for the browser, if it needs one (`StoreBackend.browse`)."""
+    backend = StoreLocator.of(db).backend()
+    store = backend.browse(search=search, index_path=index_path, background=background_index)
+    shown_db = backend.location  # a PostgreSQL URL shows its password masked
+    replay_db = shlex.quote(backend.as_argument())
 
     def page(name: str, status_code: int = 200, **context: object) -> Response:
         return render(name, status_code, db=shown_db, **context)
@@ -62,8 +56,6 @@ def create_app(
 
     def captures(request: Request) -> Response:
         f = Filters.from_params(request.query_params)
-        if f.q and index is not None:
-            index.catch_up(limit=SYNC_SEARCH_BACKLOG, wait=False)
         try:
             result = store.list_exchanges(
                 f,
@@ -123,10 +115,10 @@ def create_app(
         return page("sessions", page=store.list_sessions(before=request.query_params.get("before", "")))
 
     def session(request: Request) -> Response:
-        view = store.load_session(request.path_params["session_id"], after=request.query_params.get("after", ""))
-        if view is None:
+        turns = store.load_session(request.path_params["session_id"], after=request.query_params.get("after", ""))
+        if turns is None:
             return error(404, f"no session {request.path_params['session_id']!r}")
-        return page("session", v=view)
+        return page("session", v=session_view(turns))
 
     def stats_of(f: Filters) -> tuple[Stats, str, str]:
         """Aggregates over the whole store take a while (~0.2-1 s at 100k): cached, refreshed behind."""
@@ -170,17 +162,14 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         def warm() -> None:  # ready before the first visit; stats only once they'd be complete
             store.facets()
-            if index is None or index.status()[0] >= index.status()[1]:
+            if store.stats_complete():
                 stats_of(Filters())
 
         store.in_thread(warm)
-        if index is not None and background_index:
-            index.start()
+        store.start()
         try:
             yield
         finally:
-            if index is not None:
-                index.stop()
             store.close()
 
     routes = [
@@ -208,19 +197,7 @@ def create_app(
         routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers={StoreError: unavailable}
     )
     app.state.store = store
-    app.state.index = index
     return app
-
-
-def open_store(db: StoreLocator | Path, index: SearchIndex | None = None) -> BrowseStore:
-    """The browser's store for a `--db` (a locator, or a SQLite path); `index`: SQLite's sidecar."""
-    if isinstance(db, StoreLocator) and db.postgres is not None:
-        from tapfix.proxy.browse.pg_queries import PostgresStore
-
-        return PostgresStore(db.postgres)
-    from tapfix.proxy.browse.queries import Store
-
-    return Store(db.path if isinstance(db, StoreLocator) else db, index)
 
 
 def _download(data: bytes, filename: str) -> Response:

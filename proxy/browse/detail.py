@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from tapfix.proxy.browse.svg import StreamTiming, analyze, timeline_svg
+from tapfix.proxy.browse.charts import StreamTiming, analyze, timeline_svg
 from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_error, upstream_error
-from tapfix.proxy.store.writer import StoreError, unpack_timing
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.exchange_row import unpack_timing
 
 if TYPE_CHECKING:
-    from tapfix.proxy.browse.source import BrowseStore
+    from tapfix.proxy.store.parts import BrowseQueries
     from tapfix.proxy.store.reader import CaptureReader
 
 PRETTY_LIMIT = 400_000  # characters shown inline; the download links give every byte
@@ -136,7 +137,7 @@ class Detail:
         return "tapfix's error" if tapfix_error(self.capture) is not None else "error"
 
 
-def load_detail(store: BrowseStore, capture_id: str) -> Detail:
+def load_detail(store: BrowseQueries, capture_id: str) -> Detail:
     with store.reading() as reader:
         capture = reader.load_capture(capture_id)  # raises CaptureNotFound
         d = Detail(capture)

@@ -6,21 +6,20 @@ Kept apart so the command's imports (Starlette, uvicorn, Jinja2) load only when 
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import click
 from tapfix.proxy.cli.options import db_option, listen_option
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.net import is_loopback, url
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 TOKEN_ENV = "TAPFIX_BROWSE_TOKEN"
 
 
 @click.command()
-@db_option(postgres=True)
+@db_option()
 @listen_option("127.0.0.1:8081")
 @click.option(
     "--token",
@@ -64,15 +63,8 @@ def browse(
             f"--listen {url(host, port).removeprefix('http://')} is reachable beyond this machine: captures hold"
             f" prompts and code, so give a --token (or set {TOKEN_ENV}), or listen on 127.0.0.1"
         )
-    with reported(StoreError):
-        if db.postgres is None:
-            db.open_for_reading().close()
-        try:
-            app = create_app(db, token=token, loopback_only=loopback, search=not no_search, index_path=index_path)
-        except (OSError, sqlite3.Error) as e:  # the search index's file, next to the db by default
-            raise UserError(
-                f"can't keep the search index ({e}): pass --index PATH somewhere writable, or --no-search"
-            ) from e
+    with reported(StoreError):  # a missing store, or a search index that can't be kept (next to it by default)
+        app = create_app(db, token=token, loopback_only=loopback, search=not no_search, index_path=index_path)
     click.echo(f"tapfix browse: {url(host, port)}/ over {db}" + ("  (token required)" if token else ""), err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 

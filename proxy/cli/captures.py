@@ -8,7 +8,6 @@ is one line. Imports stay light (click, orjson, the store) so listing starts fas
 from __future__ import annotations
 
 import os
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -20,15 +19,15 @@ from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.purge import purge
 from tapfix.proxy.cli.tail import tail
 from tapfix.proxy.cli.user_errors import UserError, reported
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
-from tapfix.proxy.store.writer import StoreError
 
 
 def _reader(db: StoreLocator) -> CaptureReader:
     """The store's reader: list, show and export read through it, whichever backend it is."""
     with reported(StoreError):
-        return db.open_reader()
+        return db.backend().reader()
 
 
 @click.group()
@@ -43,7 +42,7 @@ def captures() -> None:
 
 
 @captures.command("list")
-@db_option(postgres=True)
+@db_option()
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="0 = all")
 @json_option("one JSON object a line")
 @filter_options
@@ -59,7 +58,7 @@ def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureF
       tapfix captures list --flag runaway_length --limit 0 --json
     """
     reader = _reader(db)
-    with reported(StoreError, sqlite3.Error):
+    with reported(StoreError):
         rows = reader.list_captures(
             limit=limit, flag=filters.flag, tag=filters.tag, session=filters.session, trace=filters.trace
         )
@@ -80,7 +79,7 @@ def _empty_list(reader: CaptureReader, filters: CaptureFilter) -> str:
         return "no captures yet"
     message = f"no capture matches {filters.asked()}"
     if filters.flag:
-        with reported(sqlite3.Error):
+        with reported(StoreError):
             flags = reader.known_flags()
         message += f"; flags in this store: {', '.join(flags)}" if flags else "; no capture in this store has a flag"
     return message
@@ -88,7 +87,7 @@ def _empty_list(reader: CaptureReader, filters: CaptureFilter) -> str:
 
 @captures.command("show")
 @click.argument("capture_id")
-@db_option(postgres=True)
+@db_option()
 @json_option("one JSON object: metadata, timings, flags, changes and bodies (schemas/capture.schema.json)")
 def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
     """A readable view of one exchange: request as sent and as forwarded, response, changes, timings.
@@ -101,7 +100,7 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
     from tapfix.proxy.cli.show import capture_json, render_capture
 
     reader = _reader(db)
-    with reported(StoreError, sqlite3.Error):
+    with reported(StoreError):
         capture = reader.load_capture(capture_id)
         if as_json:
             sys.stdout.buffer.write(orjson.dumps(capture_json(reader, capture), option=orjson.OPT_INDENT_2) + b"\n")
@@ -112,7 +111,7 @@ def captures_show(capture_id: str, db: StoreLocator, as_json: bool) -> None:
 
 @captures.command("export")
 @click.argument("capture_id")
-@db_option(postgres=True)
+@db_option()
 @click.option("--original", "which", flag_value="request", help="the client's request body (the default)")
 @click.option("--forwarded", "which", flag_value="forwarded", help="the body sent upstream")
 @click.option("--response", "which", flag_value="response", help="the raw upstream response")

@@ -7,64 +7,15 @@ written; a copy that fails half way keeps what it committed, whole captures only
 
 from __future__ import annotations
 
-import sqlite3
 import sys
-from typing import Any
 
 import click
 import orjson
 from tapfix.proxy.cli.options import json_option
 from tapfix.proxy.cli.user_errors import UserError
-from tapfix.proxy.store.copy import BATCH, CopySource, CopyTarget, check_versions, copy_store
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.copy import BATCH, copy_stores
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-
-
-def _source(locator: StoreLocator) -> CopySource:
-    if locator.postgres is not None:
-        from tapfix.proxy.store.pg.copy import PostgresSource
-
-        return PostgresSource(locator.postgres)
-    from tapfix.proxy.store.copy_sqlite import SqliteSource
-
-    return SqliteSource(locator.path)
-
-
-def _version(locator: StoreLocator) -> str | None:
-    """The target's version, read-only (None: nothing there yet)."""
-    if locator.postgres is not None:
-        from tapfix.proxy.store.pg.copy import database_version
-
-        return database_version(locator.postgres)
-    from tapfix.proxy.store.copy_sqlite import file_version
-
-    return file_version(locator.path)
-
-
-def _target(locator: StoreLocator) -> CopyTarget:
-    if locator.postgres is not None:
-        from tapfix.proxy.store.pg.copy import PostgresTarget
-
-        return PostgresTarget(locator.postgres)
-    from tapfix.proxy.store.copy_sqlite import SqliteTarget
-
-    return SqliteTarget(locator.path)
-
-
-def _database_errors() -> tuple[type[Exception], ...]:
-    errors: tuple[type[Exception], ...] = (sqlite3.Error, OSError)
-    try:
-        import psycopg
-    except ImportError:
-        return errors
-    return (*errors, psycopg.Error)
-
-
-def _scrub(text: str, *locators: StoreLocator) -> str:
-    for locator in locators:
-        if locator.postgres is not None:
-            text = locator.postgres.scrub(text)
-    return " ".join(text.split())
 
 
 @click.command("copy")
@@ -89,36 +40,16 @@ def copy(source: str, target: str, resume: bool, batch: int, as_json: bool) -> N
       tapfix captures copy --from postgresql://tapfix@db/tapfix --to team.db --resume
     """
     try:
-        src = StoreLocator.resolve(source, postgres=True)
-        dst = StoreLocator.resolve(target, postgres=True)
+        src = StoreLocator.resolve(source, postgres=True).backend()
+        dst = StoreLocator.resolve(target, postgres=True).backend()
     except StoreError as e:
         raise UserError(str(e)) from e
-    if str(src) == str(dst) and (src.postgres is not None or src.path.resolve() == dst.path.resolve()):
-        raise UserError(f"--from and --to are the same store ({src})")
-    names = (str(src), str(dst))
+    if src.same_store(dst):
+        raise UserError(f"--from and --to are the same store ({src.location})")
     try:
-        reader = _source(src)
+        report = copy_stores(src, dst, resume=resume, batch=batch)
     except StoreError as e:
-        raise UserError(str(e)) from e
-    report: Any = None
-    try:
-        from tapfix.proxy.store.copy_sqlite import latest_version
-
-        check_versions(reader.version(), _version(dst), latest_version(), names)
-        writer = _target(dst)
-        try:
-            report = copy_store(reader, writer, lambda: _source(dst), names=names, resume=resume, batch=batch)
-        finally:
-            writer.close()
-    except StoreError as e:
-        raise UserError(_scrub(str(e), src, dst)) from None
-    except _database_errors() as e:
-        raise UserError(
-            f"copy from {src} to {dst} stopped: {_scrub(str(e), src, dst)}; what was committed is whole,"
-            " run the same command with --resume to continue"
-        ) from None
-    finally:
-        reader.close()
+        raise UserError(str(e)) from None
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(vars(report)) + b"\n")
     else:

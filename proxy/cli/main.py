@@ -19,8 +19,8 @@ from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.config.settings import setting_named
 from tapfix.proxy.net import url
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 if TYPE_CHECKING:
     from tapfix.proxy.mock import MockOptions
@@ -100,7 +100,7 @@ main.add_command(captures)
 @listen_option(
     "127.0.0.1:8000", "where the scripted upstream listens (another port if taken)", "--mock-listen", "mock_listen"
 )
-@db_option()
+@db_option(file_only=True)
 def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator) -> None:
     """Proxy + embedded scripted upstream + SQLite, ready for a client; prints how to use it.
 
@@ -130,9 +130,16 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
     "per-request behaviours (degenerate answers, faults, ...); see docs/mock.md",
 )
 @click.option("--chunk-delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
-@db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL", postgres=True)
+@db_option("with --capture: the capture database, a SQLite file or a postgresql:// URL")
 @click.option("--capture", metavar="ID", help="server-side replay: serve this capture's recorded response")
 @click.option("--fast", is_flag=True, help="with --capture: ignore the recorded chunk timing")
+@click.option(
+    "--context-window",
+    type=click.IntRange(min=1),
+    metavar="TOKENS",
+    help="play a vLLM with this max_model_len: /tokenize counts, a prompt (or prompt plus max_tokens) that "
+    "doesn't fit gets vLLM's 400",
+)
 def mock(
     listen: tuple[str, int],
     cases: tuple[Path, ...],
@@ -141,6 +148,7 @@ def mock(
     db: StoreLocator,
     capture: str | None,
     fast: bool,
+    context_window: int | None,
 ) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture.
 
@@ -152,7 +160,7 @@ def mock(
     from tapfix.proxy.mock import serve
 
     host, port = listen
-    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast)
+    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast, context_window)
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
     serve(opts, host=host, port=port)
 
@@ -164,6 +172,7 @@ def mock_options(
     db: StoreLocator,
     capture: str | None,
     fast: bool,
+    context_window: int | None = None,
 ) -> MockOptions:
     """`mock`'s options as MockOptions, checked (cases, scenario, the capture) before anything binds.
     The in-process test tier starts the mock through this too."""
@@ -174,7 +183,7 @@ def mock_options(
         from tapfix.proxy.replay.server import recorded_response
 
         with reported(StoreError):
-            reader = db.open_reader()
+            reader = db.backend().reader()
             try:
                 recorded = recorded_response(reader, capture)
             finally:
@@ -183,6 +192,7 @@ def mock_options(
         cases=list(cases),
         scenario=Path(scenario) if scenario else None,
         chunk_delay_ms=chunk_delay_ms,
+        context_window=context_window,
         recorded=recorded,
         fast=fast,
     )
@@ -193,7 +203,7 @@ def mock_options(
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="the config to check")
-@db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)", postgres=True)
+@db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)")
 @click.option(
     "--timeout",
     type=FiniteFloatRange(min=0, min_open=True),
@@ -215,8 +225,6 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     """
     import os
 
-    from tapfix.proxy.store.check import check_store
-
     given = click.get_current_context().get_parameter_source("db") is click.core.ParameterSource.COMMANDLINE
     store = given or (config_path is None and bool(os.environ.get("TAPFIX_DB")))
     if config_path is None and not store:
@@ -234,7 +242,7 @@ def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
         click.echo(render(config, statuses, problems))
         failed = any(p.severity == "error" for p in problems)
     if store:
-        report = check_store(db, timeout)
+        report = db.backend().check(timeout)
         click.echo(report.render())
         failed = failed or report.failed
     sys.exit(1 if failed else 0)

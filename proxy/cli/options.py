@@ -97,26 +97,17 @@ class FiniteFloatRange(click.FloatRange):
         return super().convert(value, param, ctx)
 
 
-def _locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    try:
-        return StoreLocator.resolve(value)
-    except NotAStoreLocator as e:  # a URL-like value with a wrong scheme is a usage error (exit 2)
-        raise click.BadParameter(str(e), ctx, param) from None
+def db_option(help: str = DB_HELP, *, file_only: bool = False) -> Callable[[F], F]:
+    """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default): any
+    store, or (`file_only`: `demo`, which keeps a SQLite file of its own) a file only (store/locator.py)."""
 
+    def locate(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
+        try:
+            return StoreLocator.resolve(value, postgres=not file_only)
+        except NotAStoreLocator as e:  # a URL-like value with a wrong scheme is a usage error (exit 2)
+            raise click.BadParameter(str(e), ctx, param) from None
 
-def _locate_postgres(ctx: click.Context, param: click.Parameter, value: str | None) -> StoreLocator:
-    try:
-        return StoreLocator.resolve(value, postgres=True)
-    except NotAStoreLocator as e:
-        raise click.BadParameter(str(e), ctx, param) from None
-
-
-def db_option(help: str = DB_HELP, *, postgres: bool = False) -> Callable[[F], F]:
-    """`--db PATH`, given to the command as a `StoreLocator` (from --db, $TAPFIX_DB or the default);
-    `postgres`: the command's PostgreSQL side is built, so it takes a PostgreSQL URL too (store/locator.py)."""
-    return click.option(
-        "--db", "db", metavar="PATH", default=None, callback=_locate_postgres if postgres else _locate, help=help
-    )
+    return click.option("--db", "db", metavar="PATH", default=None, callback=locate, help=help)
 
 
 def listen_option(default: str, help: str | None = None, *names: str) -> Callable[[F], F]:

@@ -19,8 +19,8 @@ import orjson
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, engine_option, json_option, key_env_option
 from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.probe.runner import ALL_CHECKS, ProbeOptions, run_config_probe, run_probe, select_checks
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 if TYPE_CHECKING:
     from tapfix.proxy.probe.report import ProbeReport
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 @db_option(
     "capture database for the probe's requests, tagged 'probe': a SQLite file or a postgresql:// URL"
     " (default: $TAPFIX_DB or captures/tapfix.db)",
-    postgres=True,
 )
 @click.option("--no-capture", is_flag=True, help="do not record the probe's requests")
 @key_env_option("quick mode: send the key in this environment variable as Authorization: Bearer")
@@ -147,7 +146,7 @@ def probe(
 
 def _writer(db: StoreLocator) -> CaptureWriter:
     try:
-        return db.writer(wait=False)  # a one-shot command: a server that is down is an error now
+        return db.backend().writer(wait=False)  # a one-shot command: a server that is down is an error now
     except StoreError as e:
         raise InputError(f"--db: {e}") from e
 

@@ -19,13 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tapfix.proxy.cli.options import FiniteFloatRange, db_option, json_option, key_env_option
 from tapfix.proxy.cli.user_errors import InputError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 
 @click.command()
 @click.argument("capture_id", required=False)
-@db_option(postgres=True)
+@db_option()
 @click.option("--upstream", metavar="URL", help="send here (default: the capture's upstream origin)")
 @click.option("--times", "-n", type=click.IntRange(min=1), default=1, show_default=True, help="runs")
 @click.option(
@@ -96,12 +96,12 @@ def replay(
     """
     from tapfix.proxy.replay.client import build_request, check_reachable, session_capture_ids
     from tapfix.proxy.replay.edits import ReplayError, parse_edits
-    from tapfix.proxy.store.reader import CaptureNotFound
+    from tapfix.proxy.store.errors import CaptureNotFound
 
     if bool(capture_id) == bool(session_id):
         raise click.UsageError("give a capture ID or --session SID (one of them)")
     try:
-        reader = db.open_reader()
+        reader = db.backend().reader()
         try:
             ids = session_capture_ids(reader, session_id) if session_id else [capture_id or ""]
             edits = parse_edits(sets, unsets)
@@ -159,7 +159,7 @@ def _run(
     from tapfix.proxy.replay.summary import render, summarize
 
     try:
-        writer = db.writer()
+        writer = db.backend().writer()
     except StoreError as e:
         raise InputError(str(e)) from e
     err = Console(stderr=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,8 +19,8 @@ from tapfix.proxy.cli.settings_options import settings_command, with_config_file
 from tapfix.proxy.cli.user_errors import UserError
 from tapfix.proxy.config.settings import Settings
 from tapfix.proxy.net import url
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.writer import StoreError
 
 Banner = Callable[[str], None]
 
@@ -72,7 +71,7 @@ def prepared(settings: Settings) -> tuple[StoreLocator, Any, Any]:
     export = export_config(settings.otlp, os.environ, settings.browse_url)  # a bad URL or OTEL_* value: exit 2
     try:
         return store, export, prepare(settings, store, export)
-    except (UpstreamURLError, ValueError, StoreError, OSError, sqlite3.Error) as e:  # StartupError: a ValueError
+    except (UpstreamURLError, ValueError, StoreError, OSError) as e:  # StartupError: a ValueError
         raise UserError(str(e)) from e
 
 

@@ -1,30 +1,33 @@
 """`tapfix captures tail`: one line per exchange as the writer commits it, for a terminal or a pipe.
 
-It only reads (`store/tail.py`): a read-only connection that never migrates or locks, polled a few
-times a second, so it can watch a store that `tapfix run` (one process or several) is writing. A
-store that isn't there yet is waited for, as `tail -F` waits for a file: a tail is often started
-before the proxy. Ctrl-C ends it with status 0; so does a reader that goes away (`| head`): between
-polls it waits on its stdout, whose write end reports an error as soon as a pipe's reader closes it, so
-`tail | head -1` returns when `head` does, not at the next capture.
+It only reads (the store's `Follower`, store/backend.py): a read-only connection that never migrates
+or locks, polled a few times a second, so it can watch a store that `tapfix run` (one process or
+several) is writing. A store that isn't there yet is waited for, as `tail -F` waits for a file: a
+tail is often started before the proxy. Ctrl-C ends it with status 0; so does a reader that goes
+away (`| head`): between polls it waits on its stdout, whose write end reports an error as soon as a
+pipe's reader closes it, so `tail | head -1` returns when `head` does, not at the next capture.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import sqlite3
 import sys
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import click
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.quantities import DURATION_EXAMPLES, is_duration, parse_duration
+from tapfix.proxy.store.errors import CaptureNotFound, StoreError
 from tapfix.proxy.store.locator import StoreLocator
-from tapfix.proxy.store.reader import CaptureFilter, CaptureNotFound
-from tapfix.proxy.store.writer import StoreError
+from tapfix.proxy.store.reader import CaptureFilter
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.backend import StoreBackend
+    from tapfix.proxy.store.parts import Follower
 
 POLL_S = 0.25
 
@@ -34,7 +37,7 @@ class ReaderGone(Exception):
 
 
 @click.command("tail")
-@db_option(postgres=True)
+@db_option()
 @click.option(
     "--since",
     metavar="AGE|ID",
@@ -79,49 +82,17 @@ def _since(value: str | None) -> str | float | None:
 def _follow(db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
 
-    if db.postgres is not None:
-        _follow_postgres(db, since, as_json, filters, out)
-        return
-    from tapfix.proxy.store.tail import Tail
-
-    conn, identity = _wait_for(db, out)
-    with reported(StoreError, sqlite3.Error):
-        follow = Tail(conn, _start(conn, since), filters)
+    store = db.backend()
+    follow = _wait_for(store, since, filters, out)
     if not as_json:  # once the store is there and the start found: an error is then the only output
         _write(out, tail_line(HEADER) + "\n")
-    while True:
-        with reported(sqlite3.Error):
-            rows = follow.poll()
-        if rows:
-            lines = (
-                json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
-            )
-            _write(out, "".join(lines))
-        _pause(out)
-        if _identity(db) != identity:  # deleted, or replaced by a new store: follow the new one from its start
-            conn.close()
-            conn, identity = _wait_for(db, out)
-            follow = Tail(conn, 0, filters)
-
-
-def _follow_postgres(
-    db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter, out: IO[str]
-) -> None:
-    """The same loop on a PostgreSQL store (store/pg/tail.py): a server has no file to wait for or
-    to see replaced, and its cursor is a transaction horizon, not a rowid."""
-    from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
-    from tapfix.proxy.store.pg import tail as pg_tail
-    from tapfix.proxy.store.pg.reader import PostgresReader
-
-    with reported(StoreError):
-        reader = db.open_reader()
-        assert isinstance(reader, PostgresReader)
-        follow = pg_tail.PostgresTail(reader, _start(reader, since, pg_tail), filters)
-    if not as_json:
-        _write(out, tail_line(HEADER) + "\n")
+    waiting = False
     while True:
         with reported(StoreError):
             rows = follow.poll()
+        if rows is None and not waiting:  # the store went away (a file deleted or replaced)
+            _waiting(store)
+        waiting = rows is None
         if rows:
             lines = (
                 json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
@@ -130,46 +101,34 @@ def _follow_postgres(
         _pause(out)
 
 
-def _start(conn: Any, since: str | float | None, tail: Any = None) -> Any:
-    """The cursor `--since` names (an age in seconds, or a capture id), through `tail` (store/tail.py, or
-    store/pg/tail.py for its reader)."""
-    if tail is None:
-        from tapfix.proxy.store import tail as sqlite_tail
-
-        tail = sqlite_tail
-    if since is None:
-        return tail.latest(conn)
-    if isinstance(since, float):
-        return tail.completed_within(conn, since)
-    try:
-        return tail.after_capture(conn, since)
-    except CaptureNotFound as e:
-        if since.strip().replace(".", "", 1).isdigit():  # seconds without their unit, most likely
-            raise UserError(f"{e}; an age for --since takes its unit: {since.strip()}s, or 10m, 12h, 7d") from e
-        raise
-
-
-def _wait_for(db: StoreLocator, out: IO[str]) -> tuple[sqlite3.Connection, tuple[int, int] | None]:
-    """The store, once a writer has made it; says once on stderr that it is waiting."""
+def _wait_for(store: StoreBackend, since: str | float | None, filters: CaptureFilter, out: IO[str]) -> Follower:
+    """The store's follower from `since`, once a writer has made the store; says once on stderr that it
+    is waiting."""
     told = False
     while True:
-        with reported(StoreError):
-            conn = db.open_when_ready()
-        if conn is not None:
-            return conn, _identity(db)  # the file just opened (made or replaced a moment ago, perhaps)
+        follow = _start(store, since, filters)
+        if follow is not None:
+            return follow
         if not told:
-            click.echo(f"tapfix: waiting for a capture store at {db} (`tapfix run` creates it)", err=True)
+            _waiting(store)
             told = True
         _pause(out)
 
 
-def _identity(db: StoreLocator) -> tuple[int, int] | None:
-    """Which file the path names (device, inode); None while there is none."""
+def _waiting(store: StoreBackend) -> None:
+    click.echo(f"tapfix: waiting for a capture store at {store.location} (`tapfix run` creates it)", err=True)
+
+
+def _start(store: StoreBackend, since: str | float | None, filters: CaptureFilter) -> Follower | None:
+    """The follower from the cursor `--since` names (an age in seconds, or a capture id)."""
     try:
-        st = os.stat(db.path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+        return store.tail(since, filters)
+    except CaptureNotFound as e:
+        if isinstance(since, str) and since.strip().replace(".", "", 1).isdigit():  # seconds without their unit
+            raise UserError(f"{e}; an age for --since takes its unit: {since.strip()}s, or 10m, 12h, 7d") from e
+        raise UserError(str(e)) from e
+    except StoreError as e:
+        raise UserError(str(e)) from e
 
 
 def _pause(out: IO[str], seconds: float = POLL_S) -> None:

@@ -70,6 +70,7 @@ class ModelConfig:
     tool_format: str | None = None  # the pinned tool-call format (toolcalls/formats); None: every one
     regenerate: int | None = None  # issue 19: this model's extra attempts; None: the global setting
     regenerate_unknown_tool: bool | None = None
+    context_window: int | None = None  # issue 37: wins over the window the engine reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +311,7 @@ def _model(
         tool_format=m.get("tool_format"),  # a registered name: the schema lists them
         regenerate=m.get("regenerate"),
         regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
+        context_window=m.get("context_window"),
     )
 
 

@@ -228,6 +228,28 @@ class Settings:
         range=Range(0, zero="at once"),
         help="on SIGTERM, let in-flight streams finish this long, then end them with a retryable error (0: at once)",
     )
+    context_window: int = setting(
+        0,
+        kind="int",
+        flag="--context-window",
+        metavar="TOKENS",
+        range=Range(0, zero="read from the engine"),
+        help="the upstream's context window in tokens (quick mode); 0: read it from the engine",
+        per=PerTable(
+            "models",
+            "context_window",
+            "This model's context window in tokens; wins over what the engine reports.",
+        ),
+    )
+    max_tokens_floor: int = setting(
+        256,
+        kind="int",
+        flag="--max-tokens-floor",
+        key="max_tokens_floor",
+        metavar="TOKENS",
+        range=Range(1),
+        help="max_tokens is clamped to what the context window leaves, never below this",
+    )
     regenerate: int = setting(
         1,
         kind="int",

@@ -26,6 +26,8 @@ from tapfix.proxy.mock.chat import (
     completion_events,
     dumps,
     error_body,
+    invalid_json_body,
+    missing_field_body,
     models_body,
     reply_body,
     stream_events,
@@ -46,6 +48,7 @@ from tapfix.proxy.mock.surface_script import (
     from_reply,
     last_role,
 )
+from tapfix.proxy.mock.window import refusal, tokenize_body
 from tapfix.proxy.mock.wire import SSE_HEADERS, Op, Plan, Send, Sleep, compress, json_headers, paced, split_body
 
 _ATTEMPT_MEMORY = 100_000
@@ -119,7 +122,12 @@ def create_app(opts: MockOptions) -> Starlette:
         rule = _match(state, request.url.path, None, 0, 0)
         if rule is not None and rule.do == "http_error":
             return _http_error(rule)
-        return _json(200, models_body(state.models, created=1_760_000_000))
+        window = state.opts.context_window
+        return _json(200, models_body(state.models, created=1_760_000_000, max_model_len=window or 32768))
+
+    async def tokenize(request: Request) -> Plan:
+        req = obj(orjson.loads(await request.body() or b"{}"))
+        return _json(200, tokenize_body(req, state.opts.context_window or 32768))
 
     async def chat(request: Request) -> Plan:
         return await _generate(state, request, chat=True)
@@ -136,6 +144,7 @@ def create_app(opts: MockOptions) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
@@ -173,12 +182,14 @@ async def _generate(state: MockState, request: Request, chat: bool) -> Plan:
     body = await request.body()
     try:
         req = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        return _json(400, error_body(f"Invalid JSON body: {e}", 400))
+    except orjson.JSONDecodeError:
+        return _json(400, invalid_json_body(body))
     if not isinstance(req, dict):
         return _json(400, error_body("The request body must be a JSON object", 400))
     if chat and not isinstance(req.get("messages"), list):
-        return _json(400, error_body("Field required: messages", 400, param="messages"))
+        return _json(400, missing_field_body("messages", len(req)))
+    if chat and state.opts.context_window and (refused := refusal(req, "chat", state.opts.context_window)):
+        return _json(400, refused)
     try:
         cont = continuation_of(req) if chat else PLAIN
     except ContinuationError as e:
@@ -268,6 +279,8 @@ async def _generate_surface(state: MockState, request: Request, surface: Evented
     field_name = "input" if surface == "responses" else "messages"
     if req.get(field_name) is None:
         return _json(400, error(f"Field required: {field_name}", 400))
+    if state.opts.context_window and (refused := refusal(req, surface, state.opts.context_window)):
+        return _json(400, refused)
     chat = (chat_from_responses if surface == "responses" else chat_from_messages)(req)
     chat["stream"] = bool(req.get("stream"))
     ids = Ids.of(body)

@@ -1,22 +1,31 @@
 """The mock's Chat Completions wire format: byte builders for vLLM's OpenAI-compatible chunks.
 
-Every end-to-end test compares bytes, so the chunks copy what current vLLM (0.11 and later, pydantic
-`model_dump_json(exclude_unset=True)`) puts on the wire: key order id, object, created, model, choices;
-`"prompt_token_ids":null` on the role chunk; `"token_ids":null` on each later choice; `"stop_reason":null`
-on the finish chunk; the usage chunk with `"choices":[]` and usage keys prompt, total, completion (dumped
-with `exclude_none`); tool-call deltas keyed id, type, index, function. Reasoning goes in `reasoning`.
+Every end-to-end test compares bytes, so the chunks copy what vLLM 0.32.0 puts on the wire when it serves a
+Qwen3-style model with a tool-call and a reasoning parser (`--tool-call-parser hermes --reasoning-parser
+qwen3`, the usual agent deployment; checked against the real server's bytes by tests/process/vllm/test_mock.py;
+pydantic `model_dump_json(exclude_unset=True)`):
+key order id, object, created, model, choices; `"prompt_token_ids":null,"prompt_text":null` on the role
+chunk; `"token_ids":null` on each later choice; a tool call's deltas with `"content":null`, its first one
+keyed id, type, index, function with the name alone; the finish chunk with an empty delta,
+`"stop_reason":null` and the server's `system_fingerprint` (on the usage chunk instead when one follows);
+the usage chunk with `"choices":[]`, usage keys prompt, total, completion and `completion_tokens_details`
+(the reasoning tokens, 0 for an answer that didn't reason; dumped with `exclude_none`). Reasoning goes in
+`reasoning`. (Without any parser vLLM ends a text answer with `"delta":{"content":""}` and leaves the
+reasoning count out; the mock doesn't imitate that configuration.)
 
 Chunks are assembled from pre-encoded byte prefixes: only the small delta is serialized per chunk.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
 import orjson
 
 DONE = b"data: [DONE]\n\n"
+VLLM_VERSION = "0.32.0"  # the vLLM whose bytes the mock copies (tests/process/vllm/ runs it)
 
 # A word with its leading space, a run of punctuation, or a newline: roughly one BPE token each.
 _TOKEN = re.compile(r"\n|[ \t]*[A-Za-z0-9_']+|[ \t]*[^\sA-Za-z0-9_']|[ \t]+")
@@ -48,6 +57,11 @@ def split_fragments(text: str, per_fragment: int = 2) -> list[str]:
     """Tool-call argument fragments: a couple of tokens each, like a tool parser's diffs."""
     tokens = split_tokens(text)
     return ["".join(tokens[i : i + per_fragment]) for i in range(0, len(tokens), per_fragment)]
+
+
+def fingerprint(model: str) -> str:
+    """vLLM's `system_fingerprint`: its version and 8 hex digits of its configuration (here: the model name)."""
+    return f"vllm-{VLLM_VERSION}-{hash_text(model) & 0xFFFFFFFF:08x}"
 
 
 def dumps(obj: object) -> bytes:
@@ -105,6 +119,9 @@ class Reply:
         self.completion_tokens = used
         return self
 
+    def reasoning_tokens(self) -> int:
+        return len(self.reasoning_pieces)
+
 
 class ChunkBuilder:
     """Builds the `data: …\\n\\n` events of one chat completion stream."""
@@ -114,6 +131,7 @@ class ChunkBuilder:
         head += str(created).encode() + b',"model":' + dumps(model) + b',"choices":'
         self._head = b"data: " + head
         self._delta_open = self._head + b'[{"index":0,"delta":'
+        self._fingerprint = b',"system_fingerprint":' + dumps(fingerprint(model))
 
     def role(self, role: str = "assistant") -> bytes:
         """The first chunk; `role` is vLLM's get_chat_request_role (the last message's role when the
@@ -121,7 +139,7 @@ class ChunkBuilder:
         return self._delta_open + (
             b'{"role":'
             + dumps(role)
-            + b',"content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}\n\n'
+            + b',"content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n\n'
         )
 
     def echo(self, text: str) -> bytes:
@@ -138,34 +156,32 @@ class ChunkBuilder:
         return self.delta({"reasoning": text})
 
     def tool_open(self, index: int, call_id: str, name: str) -> bytes:
-        call = {
-            "id": call_id,
-            "type": "function",
-            "index": index,
-            "function": {"name": name, "arguments": ""},
-        }
-        return self.delta({"tool_calls": [call]})
+        """A call's first delta: vLLM's tool parsers send the name alone, and `content: null` beside it."""
+        call = {"id": call_id, "type": "function", "index": index, "function": {"name": name}}
+        return self.delta({"content": None, "tool_calls": [call]})
 
     def tool_args(self, index: int, fragment: str) -> bytes:
-        return self.delta({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+        return self.delta({"content": None, "tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
 
-    def finish(self, reason: str, tool_calls: bool = False) -> bytes:
-        delta = b"{}" if tool_calls else b'{"content":""}'
+    def finish(self, reason: str, usage_follows: bool = False) -> bytes:
+        """The last choice chunk: an empty delta; the fingerprint goes on the usage chunk when one follows."""
         return (
             self._delta_open
-            + delta
-            + b',"logprobs":null,"finish_reason":'
+            + b'{},"logprobs":null,"finish_reason":'
             + dumps(reason)
-            + b',"stop_reason":null,"token_ids":null}]}\n\n'
+            + b',"stop_reason":null,"token_ids":null}]'
+            + (b"" if usage_follows else self._fingerprint)
+            + b"}\n\n"
         )
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        usage = {
+    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> bytes:
+        usage: dict[str, object] = {
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
         }
-        return self._head + b'[],"usage":' + dumps(usage) + b"}\n\n"
+        return self._head + b'[],"usage":' + dumps(usage) + self._fingerprint + b"}\n\n"
 
 
 def stream_events(
@@ -183,19 +199,20 @@ def stream_events(
     for index, (call, frags) in enumerate(zip(reply.tool_calls, reply.arg_pieces, strict=True)):
         events.append(builder.tool_open(index, call.id, call.name))
         events += [builder.tool_args(index, f) for f in frags]
-    events.append(builder.finish(reply.finish_reason, tool_calls=bool(reply.tool_calls)))
+    events.append(builder.finish(reply.finish_reason, usage_follows=include_usage))
     if include_usage:
-        events.append(builder.usage(prompt_tokens, reply.completion_tokens))
+        events.append(builder.usage(prompt_tokens, reply.completion_tokens, reply.reasoning_tokens()))
     events.append(DONE)
     return events
 
 
-def usage_object(prompt_tokens: int, completion_tokens: int) -> dict[str, object]:
+def usage_object(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict[str, object]:
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
 
@@ -221,14 +238,18 @@ def chat_completion(
                 "finish_reason": finish_reason,
                 "stop_reason": None,
                 "token_ids": None,
+                "routed_experts": None,
             }
         ],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint(model),
         "usage": usage,
         "prompt_logprobs": None,
         "prompt_token_ids": None,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -268,7 +289,7 @@ def reply_body(
         content = echo + (content or "")
     message = reply_message(content, reply.reasoning or None, calls, role)
     finish = "tool_calls" if calls and reply.finish_reason == "stop" else reply.finish_reason
-    usage = usage_object(prompt_tokens, reply.completion_tokens)
+    usage = usage_object(prompt_tokens, reply.completion_tokens, reply.reasoning_tokens())
     return dumps(chat_completion(completion_id, created, model, message, finish, usage))
 
 
@@ -276,6 +297,32 @@ def error_body(message: str, status: int, err_type: str | None = None, param: st
     """vLLM's ErrorResponse: `{"error": {message, type, param, code}}`."""
     kind = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
     return dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
+
+
+def validation_error_body(detail: str, loc: str) -> bytes:
+    """vLLM's 400 for a body its request model can't read (FastAPI's validation error, as its handler
+    words it): type `Bad Request`, the pydantic error's repr as the message, its location as `param`."""
+    message = f"1 validation error:\n  {{{detail}}}"
+    return dumps({"error": {"message": message, "type": "Bad Request", "param": loc, "code": 400}})
+
+
+def invalid_json_body(body: bytes) -> bytes:
+    """The 400 for a body that is not JSON: Python's json error, located by its character offset."""
+    try:
+        json.loads(body)
+    except ValueError as e:
+        what, at = (e.msg, e.pos) if isinstance(e, json.JSONDecodeError) else (str(e), 0)
+    else:  # valid for Python's json but not for orjson (a lone surrogate): located at the start
+        what, at = "JSON decode error", 0
+    detail = f"'type': 'json_invalid', 'loc': 'body.{at}', 'msg': 'JSON decode error', 'input': '<dict of 0 items>', "
+    return validation_error_body(detail + f"'ctx': {{'error': {what!r}}}", f"body.{at}")
+
+
+def missing_field_body(name: str, items: int) -> bytes:
+    """The 400 for a body without a required field (`items`: how many keys the body has)."""
+    loc = f"body.{name}"
+    detail = f"'type': 'missing', 'loc': {loc!r}, 'msg': 'Field required', 'input': '<dict of {items} items>'"
+    return validation_error_body(detail, loc)
 
 
 def models_body(model_ids: list[str], created: int, max_model_len: int = 32768) -> bytes:

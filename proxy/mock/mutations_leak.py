@@ -18,8 +18,10 @@ reading of what it rendered (pinned, `Formats.find`, XML-style values typed by t
 the original calls. A format that can't is skipped for that turn, like a mutation that doesn't apply.
 
 Decoys (`decoy_wire`) are the same markup where it is no call: inside a closed `<think>…</think>` of
-the content, inside inline code, in the reasoning with content after it, or naming a tool that isn't
-offered. They must pass byte for byte.
+the content, inside inline code, in the reasoning with content after it, naming a tool that isn't
+offered, or as an example in prose (`mutations_prose.CONTAINERS`: the middle of a sentence, quotes, a
+list item, a table cell, a blockquote, `<pre>`, an indented code block, a fence...). They must pass
+byte for byte.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from functools import cache, lru_cache
 from typing import Any, Final, Literal
 
 from tapfix.proxy.mock.messages import messages_events
+from tapfix.proxy.mock.mutations_prose import CONTAINERS, in_container
 from tapfix.proxy.mock.mutations_text import same_value
 from tapfix.proxy.mock.mutations_wire import (
     CREATED,
@@ -53,8 +56,16 @@ from tapfix.proxy.toolcalls.formats.base import typed_calls
 from tapfix.proxy.toolcalls.names import match_name
 
 Where = Literal["content", "reasoning"]
-DecoyKind = Literal["think", "inline_code", "reasoning_then_content", "unoffered_name"]
-DECOY_KINDS: Final[tuple[DecoyKind, ...]] = ("think", "inline_code", "reasoning_then_content", "unoffered_name")
+DecoyKind = str  # one of DECOY_KINDS
+# The markup inside a closed think, inline code, the reasoning followed by content, a name not offered,
+# and an example in each container of prose.
+DECOY_KINDS: Final[tuple[DecoyKind, ...]] = (
+    "think",
+    "inline_code",
+    "reasoning_then_content",
+    "unoffered_name",
+    *CONTAINERS,
+)
 FORMATS: Final[tuple[str, ...]] = tuple(sorted(REGISTRY))
 TAG: Final = "leak:"  # a leaked call's Sent.applied holds "leak:<format>:<where>"
 
@@ -122,6 +133,12 @@ def carried(name: str, calls: list[tuple[str, dict[str, Any]]], tools: list[dict
         n == m and same_value(a, b) for (n, a), (m, b) in zip(read, calls, strict=True)
     )
     return markup if same else None
+
+
+def _region(name: str, markup: str, offered: list[str]) -> str:
+    """The part of a format's render its reader reads (without the text around it a template writes)."""
+    calls = armed(name).place(markup, offered).calls
+    return markup[calls[0].markup.start : calls[-1].markup.end].strip() if calls else markup
 
 
 def narrowed(turn: Turn) -> Turn | None:
@@ -266,7 +283,12 @@ def decoy_wire(rng: random.Random, wire: Wire, name: str, kind: DecoyKind) -> Wi
         markup = carried(name, calls, wire.turn.tools)
         if markup is None or "think>" in markup:
             return None
-        if kind == "think":
+        if kind in CONTAINERS:
+            example = in_container(rng, kind, _region(name, markup, offered))
+            if example is None:
+                return None
+            parts = [Text("text", hostile_pieces(example, rng))]
+        elif kind == "think":
             text = "<think>" + rng.choice(THOUGHTS) + markup + "</think>" + rng.choice(("The answer is 4.", "", "\n"))
             parts = [Text("text", hostile_pieces(text, rng))]
         elif kind == "inline_code":

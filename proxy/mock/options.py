@@ -31,6 +31,7 @@ class MockOptions:
     recorded:       replay this captured response for every request, byte for byte
     fast:           ignore recorded timing (send everything at once)
     models:         model ids served when neither cases nor a scenario name them (default tapfix-mock)
+    context_window: play a vLLM with this max_model_len (window.py): /tokenize, and its 400s for what won't fit
     """
 
     cases: list[Path] = field(default_factory=list)
@@ -39,3 +40,4 @@ class MockOptions:
     recorded: RecordedResponse | None = None
     fast: bool = False
     models: list[str] | None = None
+    context_window: int | None = None

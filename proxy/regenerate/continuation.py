@@ -19,8 +19,10 @@ mechanism and its source):
    - vLLM, SGLang: the prompt is cut at the end of the trailing message's *content* (transformers'
      `continue_final_message`; SGLang tokenizes the content on its own), so content must be non-empty;
      a reasoning-only prefix has nothing to cut at and is not continued. Received reasoning rides along
-     as `reasoning_content` for templates that render it (a template that drops it, or strips the
-     content's edge whitespace, continues from less than the client has: check on the target model).
+     in the field the engine hands the chat template (`_REASONING_FIELD`): vLLM reads an assistant
+     message's `reasoning` (0.32.0 drops `reasoning_content`: tests/process/vllm/test_facts.py), SGLang and
+     llama.cpp `reasoning_content`. A template that drops it, or strips the content's edge whitespace,
+     continues from less than the client has: check on the target model.
    - Never an empty prefix: with nothing received, no trailing message (llama.cpp drops an empty one
      and the assistant header with it).
    - A request that already ends with an `assistant` message (the client's own prefill) is not
@@ -63,6 +65,12 @@ SEED_LIMIT: Final = 2**31
 # Engines whose Chat Completions route continues a trailing assistant message through
 # `continue_final_message`, and whether a reasoning-only prefix can be continued there.
 _CONTINUES: Final[dict[str, bool]] = {"llamacpp": True, "vllm": False, "sglang": False}
+# The assistant-message field each of those engines passes to the chat template as the reasoning.
+_REASONING_FIELD: Final[dict[str, str]] = {
+    "llamacpp": "reasoning_content",
+    "vllm": "reasoning",
+    "sglang": "reasoning_content",
+}
 # Engines whose Chat Completions route takes `seed` (None: an unknown OpenAI-compatible server; `seed`
 # is a documented Chat Completions field). TabbyAPI's is not established (docs/regenerate.md).
 _SEEDED_CHAT: Final[frozenset[str | None]] = frozenset({None, "vllm", "sglang", "llamacpp", "ollama", "openai"})
@@ -177,7 +185,7 @@ def _continued(
     message: dict[str, Any] = {"role": "assistant", "content": received.content}
     prefix = {"content": received.content}
     if received.reasoning:
-        message["reasoning_content"] = received.reasoning
+        message[_REASONING_FIELD[engine]] = received.reasoning
         prefix["reasoning"] = received.reasoning
     body = dict(request)
     body["messages"] = [*turns, message]

@@ -31,7 +31,8 @@ from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Edit, SpliceError, splice
 from tapfix.proxy.replay.edits import ReplayError, check_edits
 from tapfix.proxy.response.flags import response_flags
-from tapfix.proxy.store.reader import CaptureNotFound, CaptureReader
+from tapfix.proxy.store.errors import CaptureNotFound
+from tapfix.proxy.store.reader import CaptureReader
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
 
 # Headers httpx must write itself, or that would change what comes back (compressed bytes).

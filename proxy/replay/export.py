@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from tapfix.proxy.http_headers import HOP_BY_HOP, SESSION_HEADERS, head_bytes
 from tapfix.proxy.replay.bundle_readme import bundle_readme, safe_text
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.exchange_row import unpack_timing
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS
-from tapfix.proxy.store.writer import StoreError, unpack_timing
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.reader import CaptureReader

@@ -8,23 +8,24 @@ offsets from the request's arrival.
 
 from __future__ import annotations
 
-import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.http_headers import HOP_BY_HOP
 from tapfix.proxy.mock.options import RecordedResponse
-from tapfix.proxy.store.reader import CaptureReader, SqliteReader
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.exchange_row import unpack_timing
 from tapfix.proxy.store.redact import REDACTED
-from tapfix.proxy.store.writer import StoreError, unpack_timing
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.reader import CaptureReader
 
 # Framing is the mock's own business (it re-chunks); the others were added by tapfix, not the upstream.
 _DROP_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
-def recorded_response(store: sqlite3.Connection | CaptureReader, capture_id: str) -> RecordedResponse:
-    """The capture's raw upstream response: status, headers, and (seconds, bytes) chunks; from a SQLite
-    connection or any store's reader (`mock --capture` on PostgreSQL)."""
-    reader = SqliteReader(store) if isinstance(store, sqlite3.Connection) else store
+def recorded_response(reader: CaptureReader, capture_id: str) -> RecordedResponse:
+    """The capture's raw upstream response: status, headers, and (seconds, bytes) chunks; from any store's
+    reader (`mock --capture`)."""
     capture = reader.load_capture(capture_id)
     if capture.get("status") is None:
         raise StoreError(

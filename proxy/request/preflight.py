@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from tapfix.proxy.config.file import Config
 from tapfix.proxy.request.routing import Problem, compare_served, preflight_static
+from tapfix.proxy.window.sources import probes_for
 
 
 @dataclass
@@ -23,11 +24,39 @@ class UpstreamStatus:
     ok: bool
     detail: str
     served: list[str]
+    windows: dict[str, tuple[int, str]] = field(default_factory=dict)  # served id → (window, where it came from)
 
 
 def models_url(base_url: str) -> str:
     base = base_url.rstrip("/")
     return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
+
+
+def engine_url(base_url: str, path: str) -> str:
+    """`path` (`/v1/...`, or a root path such as llama.cpp's `/props`) on the server of `base_url`."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    return root + path
+
+
+def engine_windows(
+    client: httpx.Client, base_url: str, engine: str | None, listing: object, served: list[str]
+) -> dict[str, tuple[int, str]]:
+    """Each served model's window as its engine states it (`window/sources.py` says where), asked as
+    `tapfix run` asks it; the `/v1/models` answer already read is reused."""
+    windows: dict[str, tuple[int, str]] = {}
+    answers: dict[str, object] = {"/v1/models": listing}
+    for model in served:
+        for path, read in probes_for(engine):
+            if path not in answers:
+                try:
+                    answer = client.get(engine_url(base_url, path))
+                    answers[path] = answer.json() if answer.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    answers[path] = None
+            if found := read(answers[path], model):
+                windows[model] = (found, f"GET {path}")
+                break
+    return windows
 
 
 def check_upstreams(
@@ -52,12 +81,15 @@ def check_upstreams(
             problems.append(Problem("error", f"upstreams.{name}", detail))
             continue
         try:
-            served = [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m]
-        except ValueError:
-            served = []
-        statuses.append(
-            UpstreamStatus(name, upstream.base_url, True, f"serves {', '.join(served) or 'nothing'}", served)
-        )
+            listing = response.json()
+            served = [m["id"] for m in listing.get("data", []) if isinstance(m, dict) and "id" in m]
+        except (ValueError, AttributeError):
+            listing, served = None, []
+        with httpx.Client(headers=upstream.auth_headers(environ), timeout=timeout, verify=verify) as client:
+            windows = engine_windows(client, upstream.base_url, upstream.engine, listing, served)
+        status = UpstreamStatus(name, upstream.base_url, True, f"serves {', '.join(served) or 'nothing'}", served)
+        status.windows = windows
+        statuses.append(status)
         if not config.is_quick:
             problems += compare_served(config, name, served)
     return statuses, problems
@@ -71,11 +103,22 @@ def run_checks(
     return statuses, preflight_static(config, environ) + problems
 
 
+def window_text(configured: int | None, reported: tuple[int, str] | None) -> str:
+    """A model's window and where it came from, as `tapfix run` picks it: the config wins."""
+    if configured:
+        also = f"; the engine says {reported[0]:,}" if reported and reported[0] != configured else ""
+        return f"window {configured:,} tokens (config context_window{also})"
+    if reported:
+        return f"window {reported[0]:,} tokens ({reported[1]})"
+    return "window unknown (set context_window in its [models] table)"
+
+
 def render(config: Config, statuses: list[UpstreamStatus], problems: list[Problem]) -> str:
     lines = [f"config: {config.source or 'command line'}: valid"]
     for s in statuses:
         lines.append(f"upstream {s.name:<12} {'ok  ' if s.ok else 'FAIL'} {s.url}  {s.detail}")
     reachable = {s.name for s in statuses if s.ok}
+    reported = {s.name: s.windows for s in statuses}
     for model in config.models.values():
         if any(p.where.startswith(f"models.{model.name}") for p in problems):
             mark = "FAIL"
@@ -84,7 +127,13 @@ def render(config: Config, statuses: list[UpstreamStatus], problems: list[Proble
         else:
             mark = "ok  "
         aliases = f" (aliases: {', '.join(model.aliases)})" if model.aliases else ""
-        lines.append(f"model    {model.name:<12} {mark} → {model.upstream}/{model.upstream_model}{aliases}")
+        lines.append(
+            f"model    {model.name:<12} {mark} → {model.upstream}/{model.upstream_model}{aliases}"
+            f"  {window_text(model.context_window, reported.get(model.upstream, {}).get(model.upstream_model))}"
+        )
+    if config.is_quick:
+        for s in statuses:
+            lines += [f"model    {m:<12} {window_text(None, s.windows.get(m))}" for m in s.served]
     if problems:
         lines.append("")
         lines += [str(p) for p in problems]

@@ -90,17 +90,22 @@ def _error(status: int, message: str, code: str) -> RouteError:
     return RouteError(status, message, code)
 
 
-def models_listing(config: Config) -> dict[str, Any]:
-    """The body of `GET /v1/models`: every served model and alias (empty in quick mode)."""
+def models_listing(config: Config, windows: Mapping[tuple[str, str], int] | None = None) -> dict[str, Any]:
+    """The body of `GET /v1/models`: every served model and alias (empty in quick mode), with its context
+    window where it is known (`context_length`, OpenRouter's name, and `max_model_len`, vLLM's): the
+    config's `context_window`, else what the engine reported (`windows`, by (upstream, served model))."""
     data = []
     for m in config.models.values():
-        entry = {
+        entry: dict[str, Any] = {
             "id": m.name,
             "object": "model",
             "created": 0,
             "owned_by": m.upstream,
             "root": m.upstream_model,
         }
+        window = m.context_window or (windows or {}).get((m.upstream, m.upstream_model))
+        if window:
+            entry["context_length"] = entry["max_model_len"] = window
         data.append(entry)
         for alias in m.aliases:
             data.append({**entry, "id": alias, "parent": m.name})

@@ -1,133 +1,87 @@
-"""The seam between the capture writer and a database: what `CaptureWriter` needs, and SQLite's side of it.
+"""The one interface of a capture store, whichever database holds it: `StoreBackend`.
 
-Why a seam: the writer's logic (queue, batching, the durability window, observers, kept/lost, retries,
-sessions, redaction) is the same whatever stores the rows; what differs per database is the
-connection, how a transaction starts, what an error means, how a row replaces an older one of the
-same id, and how bodies are deltaed. So `CaptureWriter` talks to a `WriteBackend` and has one home;
-SQLite's backend is below, PostgreSQL's in store/pg/writer.py.
+Commands get a store from their `--db` (`StoreLocator.backend()`, store/locator.py) and ask it; none
+of them knows which database it is. Each backend implements all of it: SQLite's in store/sqlite/
+(`SqliteStore`), PostgreSQL's in store/pg/ (`PostgresStore`), with the parts it hands out (parts.py:
+a writer's connection, readers, a tail, the browser's queries). What is the same on every backend is
+written once, beside this module: the writer's logic (writer.py, over a `WriteBackend`), the reader's
+(reader.py `CaptureReader`), a copy's (copy.py), retention's limits and report (retention.py), the
+browser's pages (pages.py) and filters (filters.py). The same exchanges give the same rows, bytes and
+pages on every backend (tests/unit/test_store_reader_backends.py, tests/unit/test_browse_backends.py).
 
-One parameter style for all SQL the writer and its helpers (sessions, choices) send: qmark (`?`),
-SQLite's own; the PostgreSQL backend translates it once per statement text.
+Errors: a backend raises `StoreError` (store/errors.py) with one line to show, its password masked,
+for whatever its database says where a command meets it.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tapfix.proxy.store import write_errors
-from tapfix.proxy.store.bodies import BodyWriter
-from tapfix.proxy.store.database import open_for_writing
-from tapfix.proxy.store.sessions import SQLITE_SESSION_SQL, SessionSQL
-from tapfix.proxy.store.sql_executor import Executes
-
 if TYPE_CHECKING:
-    from tapfix.proxy.exchange import Exchange
-    from tapfix.proxy.store.retention import Retention
+    from tapfix.proxy.store.check import StoreCheck
+    from tapfix.proxy.store.copy import CopySource, CopyTarget
+    from tapfix.proxy.store.parts import BrowseQueries, Follower
+    from tapfix.proxy.store.reader import CaptureFilter, CaptureReader
+    from tapfix.proxy.store.retention import PurgeReport
+    from tapfix.proxy.store.writer import CaptureWriter
+
+Since = str | float | None  # `captures tail --since`: a capture id (or prefix), an age in seconds, or "from now"
 
 
-class Bodies(Protocol):
-    def put(self, data: bytes, family: str | None = None, *, level: int = 6, when: float | None = None) -> int: ...
-    def forget(self) -> None: ...
-
-
-class WriteBackend(Executes, Protocol):
-    """One write connection of one store, used by the writer thread only."""
+class StoreBackend(Protocol):
+    """One capture store: everything tapfix does with one goes through here."""
 
     name: str  # "sqlite" or "postgresql", for health and logs
-    location: str  # the store as shown in the banner and health: a path, or a URL with its password masked
-    unreachable: str | None  # why the database could not be reached at start (None: it was)
-    bodies: Bodies
-    session_sql: SessionSQL
+    location: str  # the store as shown: a path, or a URL with its password masked
+    errors: tuple[type[Exception], ...]  # what its database may raise half way through a long job (a copy)
 
-    def begin(self) -> None: ...
-    def commit(self) -> None: ...
-    def rollback(self) -> None: ...
-    def locked(self, e: Exception) -> bool:
-        """Another writer holds what this one needs: worth a retry of the same transaction."""
+    def writer(self, *, wait: bool = True, **options: Any) -> CaptureWriter:
+        """The store's `CaptureWriter` (`options`: its own), migrating the store when needed. A server
+        that can't be reached yet is waited for (`wait`: the writer holds what comes); without `wait` it
+        is `StoreUnreachable`. An unusable store is a `StoreError`."""
         ...
 
-    def environmental(self, e: Exception) -> bool:
-        """The database's trouble, not the content's: the batch is lost whole (see store/write_errors.py)."""
+    def reader(self) -> CaptureReader:
+        """A reader (list, show, export): read-only, never migrates; `StoreError` when there is no store."""
         ...
 
-    def outage(self, e: Exception) -> bool:
-        """The database is down, restarting or out of reach: the writer holds the batch and tries again
-        later, on a new connection (store/writer.py). Never on SQLite: a file is not restarted."""
+    def tail(self, since: Since, filters: CaptureFilter) -> Follower:
+        """`captures tail` from `since` (a capture id or prefix: `CaptureNotFound` when the store lacks it).
+        A store that a writer hasn't made yet is waited for (its follower's `poll` is None meanwhile)."""
         ...
 
-    def cause_of(self, e: Exception) -> str: ...
-    def day_columns(self, ex: Exchange) -> dict[str, Any]:
-        """Columns every row of `ex` in `changes` and `choices` carries besides its own ({} on SQLite)."""
+    def purge(
+        self, max_age_s: float | None, max_bytes: int | None, *, vacuum: bool = False, dry_run: bool = False
+    ) -> PurgeReport:
+        """`captures purge`: delete what is older than `max_age_s`, then the oldest while the store uses
+        more than `max_bytes`, then give space back (`vacuum`); `dry_run` counts what would go.
+        `LimitRefused` (store/retention.py) for a `max_bytes` under the store's floor."""
         ...
 
-    def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
-        """The exchange's row, replacing an earlier one of the same id, and none of its old changes."""
+    def schema_version(self) -> str | None:
+        """The SQLite migration whose schema the store reaches (None: no store there yet); read-only."""
         ...
 
-    def retain(self, retention: Retention) -> None: ...
-    def close(self) -> None: ...
+    def copy_source(self) -> CopySource: ...
+    def copy_target(self) -> CopyTarget:
+        """The store as a copy's target: made and migrated when new, as its writer would."""
+        ...
 
+    def browse(self, *, search: bool = True, index_path: Path | None = None, background: bool = True) -> BrowseQueries:
+        """The browser's queries. `search`, `index_path`, `background`: a search index the store keeps
+        for the browser (SQLite's sidecar file; PostgreSQL's writer keeps search columns itself)."""
+        ...
 
-class SqliteBackend:
-    """A SQLite file: `begin immediate` (the write lock up front, so a batch never fails half way on
-    a lock), `insert or replace`, and zlib deltas against the family's last body."""
+    def check(self, timeout: float) -> StoreCheck:
+        """`tapfix check --db`: reachable, and at which schema; read-only, never raises."""
+        ...
 
-    name = "sqlite"
-    session_sql = SQLITE_SESSION_SQL
-    unreachable: str | None = None
+    def same_store(self, other: StoreBackend) -> bool: ...
+    def scrub(self, text: str) -> str:
+        """`text` with the store's password masked wherever it appears."""
+        ...
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.location = str(self.path)
-        self.conn = open_for_writing(path)
-        self.bodies: Bodies = BodyWriter(self.conn)
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        return self.conn.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        self.conn.executemany(sql, rows)
-
-    def begin(self) -> None:
-        self.conn.execute("begin immediate")
-
-    def commit(self) -> None:
-        self.conn.execute("commit")
-
-    def rollback(self) -> None:
-        try:
-            self.conn.execute("rollback")
-        except sqlite3.Error:
-            pass
-
-    def locked(self, e: Exception) -> bool:
-        return write_errors.locked(e)
-
-    def environmental(self, e: Exception) -> bool:
-        return write_errors.environmental(e)
-
-    def outage(self, e: Exception) -> bool:
-        return False
-
-    def cause_of(self, e: Exception) -> str:
-        return write_errors.cause_of(e)
-
-    def day_columns(self, ex: Exchange) -> dict[str, Any]:
-        return {}
-
-    def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
-        columns = ", ".join(row)
-        marks = ", ".join("?" * len(row))
-        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
-        self.conn.execute("delete from changes where exchange_id = ?", (row["id"],))
-
-    def retain(self, retention: Retention) -> None:
-        retention.maybe_run(self.conn)
-
-    def close(self) -> None:
-        """Checkpoint the WAL, close."""
-        self.conn.execute("pragma wal_checkpoint(truncate)")
-        self.conn.close()
+    def as_argument(self) -> str:
+        """The store as a command line's `--db` shows it (a file's absolute path, a masked URL)."""
+        ...

@@ -7,7 +7,6 @@ that choice's own (`empty_answer` for choice 2 alone); the exchange's flags are 
 
 from __future__ import annotations
 
-import sqlite3
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -46,19 +45,6 @@ def write_choices(
             for c in assembled.choices
         ],
     )
-
-
-def read_choices(conn: sqlite3.Connection, exchange_id: str) -> list[dict[str, Any]]:
-    """Every choice of an `n > 1` answer, by index; [] for a one-choice answer, or a store from before
-    the table existed."""
-    try:
-        rows = conn.execute(
-            f'select {CHOICE_COLUMNS} from choices where exchange_id = ? order by "index"',
-            (exchange_id,),
-        ).fetchall()
-    except sqlite3.OperationalError:  # no such table: an older store, read as it is
-        return []
-    return [choice_row(r) for r in rows]
 
 
 CHOICE_COLUMNS = '"index", content, reasoning, tool_calls, finish_reason, flags'

@@ -29,12 +29,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, decode_whole
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.parts import WriteBackend
 
 BODY_COLUMNS = ("request_body_id", "forwarded_body_id", "response_body_id", "client_response_body_id")
 CHANGE_COLUMNS = ("seq", "stage", "kind", "path", "before", "after", "reason")
@@ -57,6 +60,10 @@ class CopyRefused(StoreError):
 
 class CopyMismatch(StoreError):
     """A body read back from the target is not the source's."""
+
+
+class CopyStopped(StoreError):
+    """A database failed half way: what was committed is whole, `--resume` continues."""
 
 
 @dataclass
@@ -101,7 +108,8 @@ class CopySource(Protocol):
 class CopyTarget(Protocol):
     """The target's write side: its writer's backend, plus what its backend needs before a batch."""
 
-    backend: Any  # a WriteBackend (store/backend.py)
+    @property
+    def backend(self) -> WriteBackend: ...
 
     def existing_ids(self) -> set[str]: ...
     def prepare(self, captures: list[Capture]) -> None:
@@ -113,6 +121,18 @@ class CopyTarget(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class CopyEnd(Protocol):
+    """A store as a copy's end: what `copy_stores` asks of a `StoreBackend` (store/backend.py)."""
+
+    location: str
+    errors: tuple[type[Exception], ...]
+
+    def schema_version(self) -> str | None: ...
+    def copy_source(self) -> CopySource: ...
+    def copy_target(self) -> CopyTarget: ...
+    def scrub(self, text: str) -> str: ...
 
 
 @dataclass
@@ -186,6 +206,40 @@ def _pages(source: CopySource, batch: int) -> Iterator[list[Key]]:
         after = keys[-1][0]
 
 
+def copy_stores(
+    source: CopyEnd, target: CopyEnd, *, resume: bool = False, batch: int = BATCH, out: TextIO | None = None
+) -> CopyReport:
+    """`captures copy --from source --to target`: both checked (their schema versions), then `copy_store`.
+    Every error is a `StoreError` naming the stores with their passwords masked; one a database raised
+    half way is `CopyStopped`."""
+    names = (source.location, target.location)
+    reader = source.copy_source()
+    try:
+        from tapfix.proxy.store.sqlite.database import latest_version  # versions are named by SQLite's migrations
+
+        check_versions(reader.version(), target.schema_version(), latest_version(), names)
+        writer = target.copy_target()
+        try:
+            return copy_store(reader, writer, target.copy_source, names=names, resume=resume, batch=batch, out=out)
+        finally:
+            writer.close()
+    except StoreError as e:
+        raise type(e)(_scrubbed(str(e), source, target)) from None
+    except (*source.errors, *target.errors) as e:
+        raise CopyStopped(
+            f"copy from {names[0]} to {names[1]} stopped: {_scrubbed(str(e), source, target)}; what was committed"
+            " is whole, run the same command with --resume to continue"
+        ) from None
+    finally:
+        reader.close()
+
+
+def _scrubbed(text: str, *stores: CopyEnd) -> str:
+    for store in stores:
+        text = store.scrub(text)
+    return " ".join(text.split())
+
+
 def copy_store(
     source: CopySource,
     target: CopyTarget,
@@ -231,7 +285,7 @@ def copy_store(
     return report
 
 
-def write_batch(backend: Any, captures: list[Capture], sessions: list[tuple[Any, ...]]) -> None:
+def write_batch(backend: WriteBackend, captures: list[Capture], sessions: list[tuple[Any, ...]]) -> None:
     """One transaction: the captures with their bodies (through the target's body writer), changes,
     choices, and the sessions they are in."""
     backend.begin()
@@ -246,7 +300,7 @@ def write_batch(backend: Any, captures: list[Capture], sessions: list[tuple[Any,
         raise
 
 
-def write_sessions(backend: Any, sessions: list[tuple[Any, ...]]) -> None:
+def write_sessions(backend: WriteBackend, sessions: list[tuple[Any, ...]]) -> None:
     backend.begin()
     try:
         _upsert_sessions(backend, sessions)
@@ -256,12 +310,12 @@ def write_sessions(backend: Any, sessions: list[tuple[Any, ...]]) -> None:
         raise
 
 
-def _upsert_sessions(backend: Any, sessions: list[tuple[Any, ...]]) -> None:
+def _upsert_sessions(backend: WriteBackend, sessions: list[tuple[Any, ...]]) -> None:
     if sessions:
         backend.executemany(UPSERT_SESSION, sessions)
 
 
-def _write_one(backend: Any, capture: Capture) -> None:
+def _write_one(backend: WriteBackend, capture: Capture) -> None:
     row = dict(capture.row)
     bodies = capture.bodies
     ex = Exchange(

@@ -1,51 +1,30 @@
-"""Where the capture store lives: what `--db` (or `$TAPFIX_DB`, or the default) names.
+"""Where the capture store lives: what `--db` (or `$TAPFIX_DB`, or the default) names, and the store there.
 
-Commands receive a `StoreLocator`, never a bare path, and open the store through it, so a second
-backend (a server instead of a SQLite file) plugs in here: a new kind of locator, parsed from the
-same `--db` value, and the commands stay as they are. A `postgresql://` or `postgres://` URL is a
-PostgreSQL locator (store/pg/locator.py: parsing, and the password masked wherever it is shown); any
-other value that looks like a URL is refused, naming its scheme (store/locator_url.py). A
-command whose PostgreSQL side is built passes `postgres=True`; every other one is refused in one place
-(`_postgres_store`), naming what it lacks, until its side is built.
-
-Opening through the locator also turns what the operating system says about an unusable path (a
-read-only file system, a missing parent under /proc, a file where a folder should be) into a
-`StoreError` with one line to show, so no command prints a traceback for a bad `--db`.
+Commands receive a `StoreLocator`, never a bare path, and ask it for the store (`backend()`, a
+`StoreBackend`: store/backend.py), never for a connection, so no command knows which database it
+talks to. A `postgresql://` or `postgres://` URL is a PostgreSQL locator (store/pg/locator.py:
+parsing, and the password masked wherever it is shown); any other value that looks like a URL is
+refused, naming its scheme (store/locator_url.py); anything else is a SQLite file. A command that
+takes a PostgreSQL store passes `postgres=True`; the one that can't (`demo`, which keeps a SQLite
+file of its own) is refused in one place (`_postgres_store`).
 """
 
 from __future__ import annotations
 
 import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from tapfix.proxy.store.database import open_when_ready
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator_url import NotAStoreLocator, refuse_url_like
 from tapfix.proxy.store.pg.locator import PostgresLocator, is_postgres_url
-from tapfix.proxy.store.reader import SqliteReader
-from tapfix.proxy.store.writer import StoreError, open_for_reading, open_for_writing
 
 if TYPE_CHECKING:
-    from tapfix.proxy.store.reader import CaptureReader
-    from tapfix.proxy.store.writer import CaptureWriter
+    from tapfix.proxy.store.backend import StoreBackend
 
 DEFAULT_DB = "captures/tapfix.db"
 ENV = "TAPFIX_DB"
-
-
-def _unusable(path: Path, e: Exception, doing: str) -> StoreError:
-    return StoreError(f"{path}: can't {doing} the capture database ({_reason(path, e)})")
-
-
-def _reason(path: Path, e: Exception) -> str:
-    if path.is_dir():
-        return "that is a folder; name a file in it"
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            return f"{parent} is a file, not a folder"
-    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 def _postgres_store(locator: PostgresLocator) -> NoReturn:
@@ -78,52 +57,20 @@ class StoreLocator:
             return cls(Path(), locator)
         return cls(Path(text))
 
+    @classmethod
+    def of(cls, db: StoreLocator | os.PathLike[str] | str) -> StoreLocator:
+        """A locator as it is, or a SQLite file's path as one."""
+        return db if isinstance(db, StoreLocator) else cls(Path(db))
+
     def __str__(self) -> str:
         return str(self.postgres) if self.postgres is not None else str(self.path)
 
-    def open_reader(self) -> CaptureReader:
-        """The store's reader (list, show, export), on either backend; read-only, never migrates."""
+    def backend(self) -> StoreBackend:
+        """The store this locator names (nothing is opened yet)."""
         if self.postgres is not None:
-            from tapfix.proxy.store.pg.reader import PostgresReader
+            from tapfix.proxy.store.pg.store import PostgresStore
 
-            return PostgresReader(self.postgres)
-        return SqliteReader(self.open_for_reading())
+            return PostgresStore(self.postgres)
+        from tapfix.proxy.store.sqlite.store import SqliteStore
 
-    def exists(self) -> bool:
-        return self.path.exists()
-
-    def open_for_reading(self) -> sqlite3.Connection:
-        """Read-only, never creates or migrates (see `store.writer.open_for_reading`)."""
-        try:
-            return open_for_reading(self.path)
-        except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "read") from e
-
-    def open_when_ready(self) -> sqlite3.Connection | None:
-        """Read-only like `open_for_reading`, or None while no writer has made the store yet."""
-        try:
-            return open_when_ready(self.path)
-        except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "read") from e
-
-    def open_for_writing(self) -> sqlite3.Connection:
-        """Creates (mode 0600) and migrates when needed."""
-        try:
-            return open_for_writing(self.path)
-        except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "write to") from e
-
-    def writer(self, *, wait: bool = True, **options: Any) -> CaptureWriter:
-        """The store's `CaptureWriter` (`options`: its own). A PostgreSQL server that can't be reached yet
-        is waited for (`wait`: the writer holds what comes and migrates once it is reached); without
-        `wait` (`run --strict`) it is a `StoreError`, as an unusable SQLite path always is."""
-        from tapfix.proxy.store.writer import CaptureWriter
-
-        if self.postgres is not None:
-            from tapfix.proxy.store.pg.writer import postgres_writer
-
-            return postgres_writer(self.postgres, wait=wait, **options)
-        try:
-            return CaptureWriter(self.path, **options)
-        except (OSError, sqlite3.Error) as e:
-            raise _unusable(self.path, e, "write to") from e
+        return SqliteStore(self.path)

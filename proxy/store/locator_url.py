@@ -7,7 +7,7 @@ A typo such as `postgressql://user:pw@host/db` must never become a SQLite file n
 
 from __future__ import annotations
 
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.vocabulary.store_url import url_like_problem
 
 

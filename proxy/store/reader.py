@@ -1,57 +1,37 @@
-"""Read side of the store for the CLI (and anything else that only reads): list, resolve, load."""
+"""The read side of a store, what every backend shares: the captures list's filters and columns, a row
+as the CLI shows it, and `CaptureReader`, the reader's logic over a backend's SQL.
+
+Why one logic over two dialects: `captures list`, `show` and `export` must give the same rows and
+bytes for the same exchanges on every backend (tests/unit/test_store_reader_backends.py). The queries
+differ where the databases do (JSON arrays are `json_each` on SQLite and `json_array_elements_text`
+on PostgreSQL; timestamps are text there and timestamptz here); what is done with their rows (an
+attempt listed under its parent, an id prefix resolved, a body told missing) is here, once.
+"""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
-from tapfix.proxy.store.bodies import FALLBACK_KIND, read_body
-from tapfix.proxy.store.writer import StoreError
-
-
-class CaptureNotFound(StoreError):
-    pass
-
+from tapfix.proxy.store.bodies import FALLBACK_KIND
+from tapfix.proxy.store.errors import CaptureNotFound, StoreError
 
 LIST_COLUMNS = (
     "id, started_at, method, path, model, status, user_agent, stream, changes_count, flags, tags, "
     "first_token_ms, duration_ms, finish_reason, error, session_id, source_id"
 )
-# A store from before migration m004 (a reader never migrates) has no attempts: every row is client-facing.
-_NO_ATTEMPTS = "null as attempt_of, 1 as attempt"
 # A client request, or an attempt listed on its own because its parent isn't in the store.
 ORPHAN_OR_CLIENT = (
     "attempt_of is null or not exists (select 1 from exchanges parent where parent.id = exchanges.attempt_of)"
 )
-
-
-def has_column(conn: sqlite3.Connection, column: str) -> bool:
-    """Whether the store's exchanges have `column`: readers read older stores as they are."""
-    return any(row[1] == column for row in conn.execute("pragma table_info(exchanges)"))
-
-
-def has_attempts(conn: sqlite3.Connection) -> bool:
-    """Whether the store has the attempt columns (migration m004)."""
-    return has_column(conn, "attempt_of")
-
-
-def attempt_columns(conn: sqlite3.Connection, table: str = "exchanges") -> str:
-    """`attempt_of, attempt` for a select list, on any store."""
-    return f"{table}.attempt_of, {table}.attempt" if has_attempts(conn) else _NO_ATTEMPTS
-
-
-def list_columns(conn: sqlite3.Connection) -> str:
-    """What `captures list` and `captures tail` select, on any store: trace_id is null before m005."""
-    trace = "exchanges.trace_id" if has_column(conn, "trace_id") else "null as trace_id"
-    return f"{LIST_COLUMNS}, {attempt_columns(conn)}, {trace}"
+CHUNK = 500  # parents per look-up of their attempts
 
 
 @dataclass(frozen=True, slots=True)
 class CaptureFilter:
     """What `captures list` and `captures tail` select by: client requests with this flag, tag, session
-    or trace id (None: any). An attempt goes with its client request (see `list_captures`)."""
+    or trace id (None: any). An attempt goes with its client request (see `CaptureReader.list_captures`)."""
 
     flag: str | None = None
     tag: str | None = None
@@ -60,88 +40,26 @@ class CaptureFilter:
 
     def asked(self) -> str:
         """The filters as the command line spells them: `--flag F, --trace T`."""
-        return ", ".join(f"--{key} {value}" for key, value in self._given())
+        return ", ".join(f"--{key} {value}" for key, value in self.given())
 
-    def clauses(self, conn: sqlite3.Connection, table: str = "exchanges") -> tuple[list[str], list[Any]]:
-        """SQL conditions on `table` (a name or an alias of exchanges), and their arguments. On a store
-        from before migration m005 a trace id matches nothing."""
-        where: list[str] = []
-        args: list[Any] = []
-        for key, value in self._given():
-            if key in ("flag", "tag"):
-                where.append(f"exists (select 1 from json_each({table}.{key}s) where value = ?)")
-            elif key == "session":
-                where.append(f"{table}.session_id = ?")
-            elif has_column(conn, "trace_id"):
-                where.append(f"{table}.trace_id = ?")
-            else:
-                where.append("0")
-                continue
-            args.append(value.lower() if key == "trace" else value)
-        return where, args
-
-    def _given(self) -> list[tuple[str, str]]:
+    def given(self) -> list[tuple[str, str]]:
+        """(key, value) of each filter given, as given."""
         given = (("flag", self.flag), ("tag", self.tag), ("session", self.session), ("trace", self.trace))
         return [(key, value) for key, value in given if value]
 
-
-def list_captures(
-    conn: sqlite3.Connection,
-    *,
-    limit: int = 20,
-    flag: str | None = None,
-    tag: str | None = None,
-    session: str | None = None,
-    trace: str | None = None,
-) -> list[dict[str, Any]]:
-    """Client requests newest first, each followed by its regeneration attempts (issue 19) in order.
-
-    The filters and `limit` are about client requests: an attempt is listed under its parent, whatever
-    it carries itself (it has no session; its flags say what went wrong upstream, and the parent
-    carries `regenerated`). An attempt whose parent isn't in the store is listed on its own."""
-    attempts = has_attempts(conn)
-    where, args = CaptureFilter(flag, tag, session, trace).clauses(conn)
-    if attempts:
-        where.insert(0, f"({ORPHAN_OR_CLIENT})")
-    sql = f"select {list_columns(conn)} from exchanges"
-    if where:
-        sql += " where " + " and ".join(where)
-    sql += " order by id desc"
-    if limit > 0:
-        sql += f" limit {int(limit)}"
-    rows = [decode_row(dict(row)) for row in conn.execute(sql, args)]
-    if not attempts or not rows:
-        return rows
-    return _with_attempts(conn, rows)
+    def sought(self) -> list[tuple[str, str]]:
+        """`given`, each value as the store holds it: a trace id in lower case."""
+        return [(key, value.lower() if key == "trace" else value) for key, value in self.given()]
 
 
-def _with_attempts(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each listed client request followed by its attempts (one query per 500 parents)."""
-    ids = [row["id"] for row in rows if row["attempt_of"] is None]
-    children: dict[str, list[dict[str, Any]]] = {}
-    columns = list_columns(conn)
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
-        for row in conn.execute(
-            f"select {columns} from exchanges"
-            f" where attempt_of in ({','.join('?' * len(part))}) order by attempt_of, attempt, id",
-            part,
-        ):
-            child = decode_row(dict(row))
-            children.setdefault(child["attempt_of"], []).append(child)
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        out.append(row)
-        out.extend(children.get(row["id"], ()) if row["attempt_of"] is None else ())
-    return out
-
-
-def known_flags(conn: sqlite3.Connection) -> list[str]:
-    """Every flag some capture in the store carries (what `captures list --flag` can match)."""
-    rows = conn.execute(
-        "select distinct j.value from exchanges, json_each(exchanges.flags) j where exchanges.flags != '[]'"
+def with_parent(own: list[str], of_parent: list[str]) -> str:
+    """A condition (SQL) on `exchanges` that takes an attempt with its client request: a client request
+    (or an orphan) that matches `own`, or an attempt whose parent matches `of_parent` (the same
+    conditions on the alias `parent`). `captures tail` filters so."""
+    return (
+        f"((({ORPHAN_OR_CLIENT}) and {' and '.join(own)}) or exists (select 1 from exchanges parent"
+        f" where parent.id = exchanges.attempt_of and {' and '.join(of_parent)}))"
     )
-    return sorted(str(r[0]) for r in rows)
 
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -155,40 +73,6 @@ def decode_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def resolve_id(conn: sqlite3.Connection, prefix: str) -> str:
-    prefix = prefix.strip().lower()
-    if not prefix:
-        raise CaptureNotFound("empty capture id")
-    rows = conn.execute(
-        "select id from exchanges where id >= ? and id < ? order by id limit 3", (prefix, prefix + "\uffff")
-    ).fetchall()
-    if not rows:
-        raise CaptureNotFound(f"no capture with id {prefix!r} (see `tapfix captures list`)")
-    if len(rows) > 1 and rows[0][0] != prefix:
-        ids = ", ".join(r[0] for r in rows)
-        raise CaptureNotFound(f"capture id {prefix!r} is ambiguous: {ids}, ...")
-    found: str = rows[0][0]
-    return found
-
-
-def load_capture(conn: sqlite3.Connection, capture_id: str) -> dict[str, Any]:
-    capture_id = resolve_id(conn, capture_id)
-    row = conn.execute("select * from exchanges where id = ?", (capture_id,)).fetchone()
-    capture = decode_row(dict(row))
-    capture["change_rows"] = [
-        {
-            **dict(c),
-            "before": orjson.loads(c["before"]) if c["before"] else None,
-            "after": orjson.loads(c["after"]) if c["after"] else None,
-        }
-        for c in conn.execute(
-            "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by seq",
-            (capture_id,),
-        )
-    ]
-    return capture
-
-
 def body_id_of(capture: dict[str, Any], which: str) -> int | None:
     """The stored body behind `which` (request | forwarded | response | client_response), or None."""
     body_id: int | None = capture[f"{which}_body_id"]  # indexed, not .get(): sqlite3.Row rows come here too
@@ -197,21 +81,11 @@ def body_id_of(capture: dict[str, Any], which: str) -> int | None:
     return body_id
 
 
-def capture_body(conn: sqlite3.Connection, capture: dict[str, Any], which: str) -> bytes:
-    """which: request | forwarded | response | client_response — exact bytes."""
-    body_id = body_id_of(capture, which)
-    if body_id is None:
-        if capture.get("request_body_id") is None and capture.get("request_size"):
-            raise StoreError(f"capture {capture['id']} was stored without bodies (privacy mode)")
-        return b""
-    data = read_body(conn, body_id)
-    return data or b""
-
-
-class CaptureReader(Protocol):
-    """What `captures list`, `show` and `export` read through, on either backend (`open_reader`):
-    `SqliteReader` here, `PostgresReader` in store/pg/reader.py. The same exchanges give the same
-    rows and bytes on both (tests/unit/test_store_reader_backends.py)."""
+class CaptureReader:
+    """What `captures list`, `show` and `export` (and the browser's capture page, replay, the mock's
+    `--capture`) read through, on every backend (`StoreBackend.reader()`). A backend supplies the
+    methods that raise `NotImplementedError` (each returning rows as `decode_row` made them), and
+    `known_flags` and `read_choices`; the rest is here, once."""
 
     backend: str
 
@@ -223,50 +97,98 @@ class CaptureReader(Protocol):
         tag: str | None = None,
         session: str | None = None,
         trace: str | None = None,
-    ) -> list[dict[str, Any]]: ...
-    def known_flags(self) -> list[str]: ...
-    def resolve_id(self, prefix: str) -> str: ...
-    def load_capture(self, capture_id: str) -> dict[str, Any]: ...
-    def capture_body(self, capture: dict[str, Any], which: str) -> bytes: ...
-    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]: ...
-    def close(self) -> None: ...
-
-
-class SqliteReader:
-    """The functions above on one read-only SQLite connection, as a `CaptureReader`."""
-
-    backend = "sqlite"
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def list_captures(
-        self,
-        *,
-        limit: int = 20,
-        flag: str | None = None,
-        tag: str | None = None,
-        session: str | None = None,
-        trace: str | None = None,
     ) -> list[dict[str, Any]]:
-        return list_captures(self.conn, limit=limit, flag=flag, tag=tag, session=session, trace=trace)
+        """Client requests newest first, each followed by its regeneration attempts (issue 19) in order.
 
-    def known_flags(self) -> list[str]:
-        return known_flags(self.conn)
+        The filters and `limit` are about client requests: an attempt is listed under its parent, whatever
+        it carries itself (it has no session; its flags say what went wrong upstream, and the parent
+        carries `regenerated`). An attempt whose parent isn't in the store is listed on its own."""
+        rows = self._clients(CaptureFilter(flag, tag, session, trace), limit)
+        parents = [row["id"] for row in rows if row["attempt_of"] is None]
+        children: dict[str, list[dict[str, Any]]] = {}
+        for start in range(0, len(parents), CHUNK):
+            for child in self._attempts(parents[start : start + CHUNK]):
+                children.setdefault(child["attempt_of"], []).append(child)
+        if not children:
+            return rows
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            out.append(row)
+            out.extend(children.get(row["id"], ()) if row["attempt_of"] is None else ())
+        return out
 
     def resolve_id(self, prefix: str) -> str:
-        return resolve_id(self.conn, prefix)
+        """The capture id a prefix names; `CaptureNotFound` for none or several."""
+        prefix = prefix.strip().lower()
+        if not prefix:
+            raise CaptureNotFound("empty capture id")
+        ids = self._ids_from(prefix)
+        if not ids:
+            raise CaptureNotFound(f"no capture with id {prefix!r} (see `tapfix captures list`)")
+        if len(ids) > 1 and ids[0] != prefix:
+            raise CaptureNotFound(f"capture id {prefix!r} is ambiguous: {', '.join(ids)}, ...")
+        return ids[0]
 
     def load_capture(self, capture_id: str) -> dict[str, Any]:
-        return load_capture(self.conn, capture_id)
+        """The capture's row (`captures show`) with its change rows (`change_rows`), by id or prefix."""
+        capture_id = self.resolve_id(capture_id)
+        capture = self._capture(capture_id)
+        capture["change_rows"] = [
+            {
+                **c,
+                "before": orjson.loads(c["before"]) if c["before"] else None,
+                "after": orjson.loads(c["after"]) if c["after"] else None,
+            }
+            for c in self._changes(capture_id)
+        ]
+        return capture
 
     def capture_body(self, capture: dict[str, Any], which: str) -> bytes:
-        return capture_body(self.conn, capture, which)
-
-    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
-        from tapfix.proxy.store.choices import read_choices
-
-        return read_choices(self.conn, exchange_id)
+        """which: request | forwarded | response | client_response — exact bytes."""
+        body_id = body_id_of(capture, which)
+        if body_id is None:
+            if capture.get("request_body_id") is None and capture.get("request_size"):
+                raise StoreError(f"capture {capture['id']} was stored without bodies (privacy mode)")
+            return b""
+        return self._body(capture, body_id) or b""
 
     def close(self) -> None:
-        self.conn.close()
+        raise NotImplementedError
+
+    def known_flags(self) -> list[str]:
+        """Every flag some capture in the store carries (what `captures list --flag` can match)."""
+        raise NotImplementedError
+
+    def read_choices(self, exchange_id: str) -> list[dict[str, Any]]:
+        """Every choice of an `n > 1` answer, by index; [] for a one-choice answer."""
+        raise NotImplementedError
+
+    def __enter__(self) -> CaptureReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # The backend's part.
+
+    def _clients(self, filters: CaptureFilter, limit: int) -> list[dict[str, Any]]:
+        """Client requests (and orphaned attempts) matching `filters`, newest first, at most `limit` (0: all)."""
+        raise NotImplementedError
+
+    def _attempts(self, parents: list[str]) -> list[dict[str, Any]]:
+        """The attempts made for these client requests, by parent, then attempt number."""
+        raise NotImplementedError
+
+    def _ids_from(self, prefix: str) -> list[str]:
+        """Up to three capture ids starting with `prefix`, in order."""
+        raise NotImplementedError
+
+    def _capture(self, capture_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _changes(self, capture_id: str) -> list[dict[str, Any]]:
+        """stage, kind, path, before, after, reason of each change row, in order."""
+        raise NotImplementedError
+
+    def _body(self, capture: dict[str, Any], body_id: int) -> bytes | None:
+        raise NotImplementedError

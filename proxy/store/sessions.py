@@ -68,32 +68,6 @@ class SessionSQL:
     adopt_waiting: str | None = None
 
 
-SQLITE_SESSION_SQL = SessionSQL(
-    by_response="select session_id, coalesce(thread_id, id) from exchanges where response_id = ?"
-    " and session_id is not null order by rowid desc limit 1",
-    continued="with p(h, k) as (values {values})"
-    " select e.session_id, coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
-    " left join sessions s on s.id = e.session_id"
-    " where e.session_id is not null"
-    " order by p.k desc, (e.client_addr is ? and e.user_agent is ?) desc,"
-    " coalesce(s.tip_hash = e.chain_hash, 0) desc, e.rowid"
-    " limit 1",
-    continued_in="with p(h, k) as (values {values})"
-    " select coalesce(e.thread_id, e.id) from p join exchanges e on e.chain_hash = p.h"
-    " where e.session_id = ? order by p.k desc, e.rowid desc limit 1",
-    record="insert into sessions (id, first_at, last_at, user_agent, model, exchanges, tip_hash, wants)"
-    " values (?, ?, ?, ?, ?, 1, ?, ?)"
-    " on conflict(id) do update set exchanges = exchanges + 1,"
-    " first_at = min(first_at, excluded.first_at), last_at = max(last_at, excluded.last_at),"
-    " tip_hash = case when excluded.last_at >= last_at then coalesce(excluded.tip_hash, tip_hash)"
-    " else tip_hash end",
-    orphan="select id, first_at, last_at, exchanges, tip_hash from sessions where wants = ? and id != ?"
-    " order by (user_agent is ?) desc, first_at, id limit 1",
-    adopt="update sessions set exchanges = exchanges + ?, first_at = min(first_at, ?), last_at = max(last_at, ?),"
-    " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
-)
-
-
 @dataclass(frozen=True, slots=True)
 class SessionLink:
     """Where one exchange belongs, and what a later turn will find it by."""
@@ -158,7 +132,7 @@ def response_id(client: bytes) -> str | None:
 class SessionTracker:
     """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
 
-    def __init__(self, sql: SessionSQL = SQLITE_SESSION_SQL) -> None:
+    def __init__(self, sql: SessionSQL) -> None:
         self.parser = Parser()
         self.sql = sql
 

@@ -1,10 +1,11 @@
 """`tapfix_body(exchange_id, kind)` and `tapfix_body_bytes(...)`: a capture's bodies from plain SQL.
 
-Why: bodies are stored as delta chains (store/bodies.py), so `sqlite-utils`, Datasette or Python's
-`sqlite3` see compressed fragments, not a request. `register(conn)` adds two SQL functions that
+Why: bodies are stored as delta chains (store/sqlite/bodies.py), so `sqlite-utils`, Datasette or
+Python's `sqlite3` see compressed fragments, not a request. `register(conn)` adds two SQL functions that
 rebuild a body with the store's own reader, on any connection: read-only and immutable ones too
 (Datasette opens files that way), since they only read. The sqlite-utils and Datasette plugins
-(store/sql_plugins.py) call it; so can a script. This module imports only the body reader: no
+(store/sql_plugins.py) call it; so can a script (the README shows how: this module stays at
+`tapfix.proxy.store.sql_functions`, though its store is SQLite's). This module imports only the body reader: no
 mitmproxy, no click (both plugins load it into tools that must start fast).
 
 - kind is one of `BODY_KINDS`; `forwarded` and `client_response` fall back to `request` and
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from tapfix.proxy.store.bodies import BODY_KINDS, DECODED_MAX_BODIES, FALLBACK_KIND, BodyReader
+from tapfix.proxy.store.bodies import BODY_KINDS, FALLBACK_KIND
+from tapfix.proxy.store.sqlite.bodies import DECODED_MAX_BODIES, BodyReader
 
 _IDS = (
     "select request_body_id, forwarded_body_id, response_body_id, client_response_body_id from exchanges where id = ?"

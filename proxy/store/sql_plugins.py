@@ -8,6 +8,9 @@ The hook markers are built with pluggy, as both tools do (`HookimplMarker("sqlit
 `sqlite_utils.hookimpl` is), rather than imported from them: importing either package imports click,
 and each tool loads this module while it starts. Nothing here imports mitmproxy or click
 (tests/process/test_sql_plugins.py checks it in a fresh interpreter).
+
+Both tools read SQLite files only; the functions are SQLite's (store/sql_functions.py). This
+module stays at `tapfix.proxy.store.sql_plugins`: an installed tapfix's entry points name it.
 """
 
 from __future__ import annotations

@@ -19,24 +19,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
-from tapfix.proxy.store.backend import SqliteBackend, WriteBackend
-from tapfix.proxy.store.bodies import read_body
 from tapfix.proxy.store.choices import write_choices
-from tapfix.proxy.store.database import BUSY_TIMEOUT_MS, StoreError, open_for_reading, open_for_writing
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
-from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row, unpack_timing
+from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row
 from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
 from tapfix.proxy.store.kept import as_text, kept_row
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
-from tapfix.proxy.store.write_errors import describe
 from tapfix.proxy.surfaces import is_inference
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.parts import WriteBackend
 
 log = logging.getLogger("tapfix.store")
 BATCH_WINDOW_S = 0.05  # well inside the 1 s durability window
@@ -45,6 +44,10 @@ LOCK_RETRIES = 3  # a locked database (another process in a long write) is retri
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 @dataclass(slots=True)
@@ -93,8 +96,8 @@ class WriterStats:
 class CaptureWriter:
     """Owns the single write connection; `submit` is safe to call from the event loop.
 
-    `store`: a SQLite file's path, or any `WriteBackend` (store/backend.py; PostgreSQL's is
-    store/pg/writer.py): everything below is the same on every backend."""
+    `store`: a `WriteBackend` (store/backend.py), or a SQLite file's path (scripts and tests: its
+    backend, store/sqlite/writer.py). Everything below is the same on every backend."""
 
     def __init__(
         self,
@@ -105,10 +108,11 @@ class CaptureWriter:
         max_held: int = MAX_HELD,
         max_held_bytes: int = MAX_HELD_BYTES,
     ) -> None:
-        self.backend: WriteBackend = SqliteBackend(store) if isinstance(store, Path | str) else store
-        if isinstance(self.backend, SqliteBackend):
-            self.path = self.backend.path
-            self.conn = self.backend.conn
+        if isinstance(store, Path | str):
+            from tapfix.proxy.store.sqlite.writer import SqliteBackend
+
+            store = SqliteBackend(store)
+        self.backend: WriteBackend = store
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
@@ -420,14 +424,3 @@ class CaptureWriter:
         write_choices(self.backend, ex.id, assembled, ex.store_bodies, day)
         self.sessions.record(self.backend, link, ex)  # no session, nothing recorded
         self._pending.append(Written(ex, row, assembled, "stored"))
-
-
-__all__ = [
-    "BUSY_TIMEOUT_MS",
-    "CaptureWriter",
-    "StoreError",
-    "open_for_reading",
-    "open_for_writing",
-    "read_body",
-    "unpack_timing",
-]

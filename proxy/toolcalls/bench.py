@@ -104,9 +104,14 @@ def main() -> None:
             label = f"{size // 1000} KB {kind}"
             print(f"{label:<28}{len(events):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(events):>10.2f}")
     text = [_event({"content": "word "}) for _ in range(10_000)]
-    for tools, label in ((None, "content, no tools"), (TOOLS, "content, tools")):
-        seconds = time_case(text, tools, args.repeat)
-        print(f"{label:<28}{len(text):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(text):>10.2f}")
+    # Prose as models stream it (a token's space first, a paragraph now and then): the fast path's deltas,
+    # read into the context in batches.
+    words = [" The", " answer", " is", " here", ",", " and", " it", " works", ".", "\n\n", "Next"] * 910
+    prose = [_event({"content": w}) for w in words]
+    cases = ((text, None, "content, no tools"), (text, TOOLS, "content, tools"), (prose, TOOLS, "prose, tools"))
+    for events, tools, label in cases:
+        seconds = time_case(events, tools, args.repeat)
+        print(f"{label:<28}{len(events):>8}{seconds * 1e6:>14.0f}{seconds * 1e6 / len(events):>10.2f}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ class ChoiceState:
     hold_at_start: bool = True
     watch: TextWatch = field(default_factory=TextWatch)  # leaked markup watched while text goes out
     reasoning_due: bool = False  # the finish came with the reasoning's markup last: plan it
+    recheck: int = 0  # a held leak: the held length at which to see again whether it settled (-1: never)
 
     @property
     def needs_hold(self) -> bool:
@@ -107,6 +108,7 @@ class ChatJudge:
         self._gates: dict[int, PrefixGate] = {}  # prefix mode: what this message streamed
         self._streamed = False  # prefix mode: this message has forwarded tool-call events
         self._tail_open = False  # the last bytes out were a cut, unterminated event
+        self._unread: list[bytes] = []  # events the fast path let through, not yet read into the watches
         # Issue 19: with `defer_fatal` (a relayed stream, addons/relay.py), an unrecoverable message's
         # error event and [DONE] are kept here instead of sent, so the pipeline can ask for another
         # attempt first (or send them after all).
@@ -217,7 +219,8 @@ class ChatJudge:
                 reasoning=cs.watch.reasoning if cs.reasoning_due else None,
                 reasoning_field=cs.watch.reasoning_field,
                 flag_unpinned=False,  # the stage flags from what it watched (`_flag_foreign`)
-                context=cs.watch.enclosing,
+                context=cs.watch.context,
+                reasoning_context=cs.watch.reasoning_context,
             )
         return plans
 

@@ -6,13 +6,14 @@ Text that goes out can't be taken back, so the stage must see markup before its 
   last byte first;
 - the reasoning field from where it may hold markup (a call only when nothing visible follows it);
 - with a format pinned, content that may hold another registered format's markup (flagged, never cut);
-- an open `<think>` or fence in the content already sent, and the end of that content when it may start
-  one (split across deltas): markup inside either is a decoy (`leaks.open_context`).
+- what the content and the reasoning already sent leave open (`blocks.Context`: a fence, `<think>`, a
+  quote, a list item, the paragraph's last sentence...), read from every delta that went out, the ones
+  the fast path let through included (read in batches when the slow path next runs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,8 +22,9 @@ from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import dumps
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.jsonfix import loads_tolerant
-from tapfix.proxy.toolcalls.leaks import UNPINNED, Leak, foreign_markup, formats_for, is_xml_args, open_context
+from tapfix.proxy.toolcalls.leaks import UNPINNED, Leak, foreign_markup, formats_for, is_xml_args
 from tapfix.proxy.toolcalls.plan_types import STAGE
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -33,51 +35,60 @@ _BACKSLASH, _QUOTE, _SPACE = 92, 34, 32
 @dataclass(slots=True)
 class TextWatch:
     """One choice's watched text. `reasoning`: the reasoning field from where it may hold markup (None:
-    not watching); `foreign`: a pinned stage's content that may hold another format's markup."""
+    not watching); `foreign`: a pinned stage's content that may hold another format's markup; `context`
+    and `reasoning_context`: what the content and the reasoning already sent leave open (`blocks.Context`:
+    an open fence, quote, list item... before what is held)."""
 
     reasoning: str | None = None
     reasoning_field: str = "reasoning_content"
     foreign: str | None = None
-    context: str = ""  # an open <think> or fence in the content already sent
-    context_tail: str = ""  # the end of that content when it may start a <think>, </think> or fence
+    context: Context = field(default_factory=Context)
+    reasoning_context: Context = field(default_factory=Context)
+    foreign_context: Context | None = None  # what the content before `foreign` left open
 
     @property
     def active(self) -> bool:
-        return self.reasoning is not None or self.foreign is not None or bool(self.context_tail)
-
-    @property
-    def enclosing(self) -> str:
-        """What of the content sent before still encloses what follows, a split `<think` included."""
-        return self.context + self.context_tail
+        return self.reasoning is not None or self.foreign is not None
 
     def carried(self) -> TextWatch:
         """The watch a message that goes on keeps across a released hold."""
-        return TextWatch(self.reasoning, self.reasoning_field, self.foreign, self.context, self.context_tail)
+        kept = (self.reasoning, self.reasoning_field, self.foreign)
+        return TextWatch(*kept, self.context, self.reasoning_context, self.foreign_context)
 
     def sent(self, text: str) -> None:
-        """Content went out: remember what of it stays open."""
-        self.context, self.context_tail = open_context(self.context, self.context_tail, text)
+        """Content went out: read what of it stays open."""
+        self.context.feed(text)
 
     def watch_reasoning(self, delta: dict[str, Any], call: bool, formats: Formats) -> None:
         """Collect the reasoning field from where it may hold markup; anything visible after it (content,
-        a call) makes that markup a decoy. Nothing is held for it: the reasoning goes out at once."""
+        a call) makes that markup a decoy. Nothing is held for it: the reasoning goes out at once. What
+        isn't collected is read into `reasoning_context`, where the collected part starts."""
         text = delta.get("reasoning_content")
         field = "reasoning_content"
         if not isinstance(text, str) or not text:
             text, field = delta.get("reasoning"), "reasoning"
+        text = text if isinstance(text, str) else ""
         content = delta.get("content")
         if call or (isinstance(content, str) and content.strip()):
-            self.reasoning = None  # something visible follows: what the reasoning held was thinking
+            self._drop_reasoning(text)  # something visible follows: what the reasoning held was thinking
             return
-        if not isinstance(text, str) or not text:
+        if not text:
             return
         if self.reasoning is None:
             if formats.has_opener(text) or formats.may_start(text):
                 self.reasoning, self.reasoning_field = text, field
+            else:
+                self.reasoning_context.feed(text)
             return
         self.reasoning += text
         if not formats.has_opener(self.reasoning) and not formats.may_start(self.reasoning):
+            self._drop_reasoning("")
+
+    def _drop_reasoning(self, more: str) -> None:
+        if self.reasoning is not None:
+            self.reasoning_context.feed(self.reasoning)
             self.reasoning = None
+        self.reasoning_context.feed(more)
 
     def watch_foreign(self, content: str, at_start: bool) -> None:
         """A pinned stage: collect content that may hold another registered format's markup, to flag it
@@ -88,14 +99,14 @@ class TextWatch:
         everyone = formats_for(None)
         head = content.lstrip()[:1]
         if everyone.has_opener(content) or everyone.may_start(content) or (at_start and head in everyone.anchor_heads):
-            self.foreign = content
+            self.foreign, self.foreign_context = content, self.context.copy()
 
     def flag_foreign(
         self, choice: int, schemas: ToolSchemas, at_start: bool, pinned: Formats, pinned_name: str | None
     ) -> Change | None:
         """At the finish: the change that flags another registered format's markup, if it was a call."""
         text, self.foreign = self.foreign or "", None
-        leak = foreign_markup(text, schemas, at_start, pinned)
+        leak = foreign_markup(text, schemas, at_start, pinned, self.foreign_context)
         if leak is None:
             return None
         other = next(f for f in leak.formats if f not in pinned.names)

@@ -19,18 +19,45 @@ on what it held (release, rebuild, error event) are `ChatJudge`'s, in `chat_judg
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
 from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
-from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict
+from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
+
+_UNREAD_BATCH = 64  # fast-path events read into the watches at once
+_RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
+
+
+_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
+_OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
+
+
+def _contents(events: list[bytes]) -> str | None:
+    """The content of a batch of chunks that each carry one choice (index 0) and no reasoning, read
+    from their bytes in one pass (no JSON parse): their strings joined, as one string; None when a chunk
+    is anything else (the caller parses them one by one). Escapes don't span strings, so the joined raw
+    strings unescape at once."""
+    blob = b"".join(events)
+    if blob.find(b'"reasoning') >= 0 or blob.count(b'"index"') != len(events) or _OTHER_CHOICE.search(blob):
+        return None
+    raws = [m.group(1) for m in _CONTENT.finditer(blob)]
+    if len(raws) != blob.count(b'"content":'):
+        return None  # a content that isn't a string (null, logprobs' list)
+    raw = b"".join(raws)
+    try:
+        return raw.decode() if raw.find(b"\\") < 0 else str(orjson.loads(b'"' + raw + b'"'))
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None
 
 
 class ChatToolCallRepair(ChatJudge):
@@ -60,6 +87,10 @@ class ChatToolCallRepair(ChatJudge):
                 self._tail_open = not event.endswith(EVENT_END)
                 if b"[DONE]" in event and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
                     self._done_sent = True
+                elif self._tools:
+                    self._unread.append(event)
+                    if len(self._unread) >= _UNREAD_BATCH:
+                        self._read_unread()
                 return [event]
         out = self._keepalive()
         out += self._feed(event)
@@ -107,7 +138,42 @@ class ChatToolCallRepair(ChatJudge):
             return [comment("tapfix: holding tool call", self._out.nl)]
         return []
 
+    def _read_unread(self) -> None:
+        """Read the text of the events the fast path let through into each choice's watch (what they
+        leave open: a fence, a quote, the paragraph's last sentence...), as the slow path would have:
+        each choice's content of the batch at once."""
+        events, self._unread = self._unread, []
+        if (text := _contents(events)) is not None:
+            events, texts = [], {0: [text]}
+        else:
+            texts = {}
+        for event in events:
+            data = event_data(event)
+            obj = json_object(data) if data is not None else None
+            choices = obj.get("choices") if obj is not None else None
+            for ch in choices if isinstance(choices, list) else []:
+                delta = ch.get("delta") if isinstance(ch, dict) else None
+                if not isinstance(delta, dict):
+                    continue
+                ci = ch.get("index", 0)
+                ci = ci if isinstance(ci, int) else 0
+                if "reasoning_content" in delta or "reasoning" in delta:
+                    self._choice(ci).watch.watch_reasoning(delta, False, self._formats)
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    texts.setdefault(ci, []).append(content)
+        for ci, parts in texts.items():
+            cs, text = self._choice(ci), "".join(parts)
+            if cs.at_start and text.strip():
+                cs.at_start = False
+            cs.watch.sent(text)
+
+    def _choice(self, ci: int) -> ChoiceState:
+        return self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
+
     def _feed(self, event: bytes) -> list[bytes]:
+        if self._unread:
+            self._read_unread()
         if not self._framing_known:
             self._framing_known = True
             if b"\r\n" in event:
@@ -164,8 +230,8 @@ class ChatToolCallRepair(ChatJudge):
                     verdict = self._leak_verdict(cs, content)
                     if verdict != "no":
                         hold = True
-                    elif cs.leak == "maybe":
-                        cs.leak = "none"
+                    elif cs.leak != "none":
+                        cs.leak = "none"  # what was held can't be a call (any more): out it goes
                         resolved = True
             finish = ch.get("finish_reason")
             if isinstance(finish, str) and finish:
@@ -216,7 +282,7 @@ class ChatToolCallRepair(ChatJudge):
 
     def _leak_verdict(self, cs: ChoiceState, content: str) -> str:
         if cs.leak == "leak":
-            return "leak"
+            return self._recheck(cs)
         if cs.leak == "maybe":
             text = "".join(p.text for p in cs.parts)
             at_start = cs.hold_at_start
@@ -224,10 +290,25 @@ class ChatToolCallRepair(ChatJudge):
             if self._holding:
                 return "no"  # held for another reason; the whole text is searched at the end
             text, at_start = content, cs.at_start
-        verdict = hold_verdict(text, at_start, self._schemas, self._formats)
+        verdict = hold_verdict(text, at_start, self._schemas, self._formats, cs.watch.context)
         if verdict != "no":
             cs.leak = verdict
+            head = text.lstrip()[:1]
+            anchored = at_start and bool(self._formats.anchored) and head in self._formats.anchor_heads
+            cs.recheck = -1 if anchored else 0  # a marker-less head holds to the end, as it always did
         return verdict
+
+    def _recheck(self, cs: ChoiceState) -> str:
+        """A held leak: 'no' once nothing held may still become a call (markup inside a container, or
+        followed by prose): looked at again on every delta while short, then as it grows by a quarter
+        (linear in all)."""
+        if cs.recheck < 0:
+            return "leak"
+        text = "".join(p.text for p in cs.parts)
+        if len(text) < cs.recheck:
+            return "leak"
+        cs.recheck = len(text) + (len(text) // 4 if len(text) > _RECHECK_FREE else 0)
+        return "no" if settled(text, self._schemas, self._formats, cs.watch.context) else "leak"
 
     def _flag_foreign(self, cs: ChoiceState, ci: int) -> None:
         change = cs.watch.flag_foreign(ci, self._schemas, cs.at_start, self._formats, self._pinned)

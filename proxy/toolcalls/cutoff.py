@@ -29,7 +29,8 @@ from typing import Any
 
 from tapfix.proxy.toolcalls.defects import MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat
-from tapfix.proxy.toolcalls.formats.registry import Formats, Found
+from tapfix.proxy.toolcalls.formats.blocks import Context
+from tapfix.proxy.toolcalls.formats.registry import Formats
 from tapfix.proxy.toolcalls.plan_types import Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -39,7 +40,6 @@ _PROBE_KEY = "qx"
 _PROBES = ("VALUE", 'V"<\n>V')
 _ALIGN = 3  # characters of the text's end a completion must continue
 _MAX_STARTS = 16  # opener positions tried in one text
-_MAX_MARKUPS = 64  # markups read from one text
 _WINDOW = 512  # characters around an opener a format's `claims` may look at
 _LITERALS = ("true", "false", "null", "True", "False", "None")
 _LITERAL_END = re.compile(r"(?:^|[\s,:=\[(])(t|tr|tru|f|fa|fal|fals|n|nu|nul|T|Tr|Tru|F|Fa|Fal|Fals|N|No|Non)$")
@@ -59,9 +59,12 @@ class Last:
     format: str
 
 
-def cut_markup(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0) -> Cut | None:
+def cut_markup(
+    text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0, context: Context | None = None
+) -> Cut | None:
     """A call written as markup, from `start` on, that runs to the end of `text` and reads as a call of an
-    offered tool once the rest arrives: the model was writing it when the turn ended."""
+    offered tool once the rest arrives: the model was writing it when the turn ended. `context`: what the
+    text before `text` left open (`blocks.Context`: a fence, a `<think>`, an unfinished sentence)."""
     offered = schemas.names
     if not offered or not text[start:].strip():
         return None
@@ -74,24 +77,20 @@ def cut_markup(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool
                 for rest in _completions(fmt, name, keys, tail, closing):
                     if not _claimed(fmt, text, at, rest):  # what follows the opener: no parse of what can't be
                         continue
-                    if _reads_as_call(fmt, tail + rest, offered) and _counts(text, rest, offered, formats, at_start):
+                    if _reads_as_call(fmt, tail + rest, offered) and _counts(
+                        text, at, rest, offered, formats, at_start, context
+                    ):
                         return Cut(at, fmt.name, name)
     return None
 
 
-def last_markup(text: str, offered: list[str], formats: Formats, at_start: bool, start: int = 0) -> Last | None:
-    """The last markup from `start` on that reads as offered calls (`Formats.find`, as the leak readers
-    use it): where it ends and whether its format saw its end marker."""
-    last: Found | None = None
-    masked = text
-    for k in range(_MAX_MARKUPS):
-        found = formats.find(masked, offered, at_start=at_start and k == 0)  # the head only reads once
-        if found is None or not found.confirmed:
-            break  # `find` gives an unconfirmed markup only when no markup left reads as calls
-        lo, hi = found.markup.start, max(found.markup.end, found.markup.start + 1)
-        masked = masked[:lo] + " " * (hi - lo) + masked[hi:]
-        if lo >= start and (last is None or hi > last.markup.end):
-            last = found
+def last_markup(
+    text: str, offered: list[str], formats: Formats, at_start: bool, start: int = 0, context: Context | None = None
+) -> Last | None:
+    """The last markup from `start` on in call position that reads as offered calls (`Formats.place`, as
+    the leak readers use it): where it ends and whether its format saw its end marker."""
+    placed = [f for f in formats.place(text, offered, at_start, context).calls if f.confirmed]
+    last = max((f for f in placed if f.markup.start >= start), key=lambda f: f.markup.end, default=None)
     if last is None:
         return None
     return Last(last.markup.end, last.markup.closed, last.fmt.name)
@@ -104,15 +103,23 @@ class Sign:
 
 
 def length_signs(
-    text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, after_calls: bool, start: int = 0
+    text: str,
+    schemas: ToolSchemas,
+    formats: Formats,
+    at_start: bool,
+    after_calls: bool,
+    start: int = 0,
+    context: Context | None = None,
 ) -> Sign | None:
     """Why a turn that `max_tokens` ended must not pass as complete, judged on `text` from `start` on (the
     content, or what followed the last structured call when `after_calls`); None when nothing says so.
+    `context`: what the text before `text` left open.
 
     With markup that reads as calls: its section left open, or text after it. With calls before `text`:
     any text. With no call at all: markup cut short (`cut_markup`)."""
     offered = schemas.names
-    last = last_markup(text, offered, formats, at_start, start) if formats.has_opener(text) or at_start else None
+    found = formats.has_opener(text) or at_start
+    last = last_markup(text, offered, formats, at_start, start, context) if found else None
     if last is not None:
         if not last.closed:
             return Sign(f"the {last.format} markup of the last call was left open")
@@ -121,7 +128,7 @@ def length_signs(
         return None
     if after_calls and text[start:].strip():
         return Sign(f"text after the last complete call: {quote(text[start:])}")
-    return cut_sign(text, schemas, formats, at_start, start)
+    return cut_sign(text, schemas, formats, at_start, start, context)
 
 
 def turn_sign(
@@ -130,31 +137,32 @@ def turn_sign(
     formats: Formats,
     last_call: str | None = None,
     reasoning: str | None = None,
-    context: str = "",
+    context: Context | None = None,
     at_start: bool = True,
+    reasoning_context: Context | None = None,
 ) -> Sign | None:
     """A turn that `max_tokens` ended: why it was cut inside or after its calls, or None.
 
     `text`: what the model wrote after its last structured call (`last_call`, that call's name), or the
-    whole turn's text when it made none (`context`: what of the content before `text` still encloses it,
-    an open `<think>` or fence; `at_start`: `text` starts the content); `reasoning`: the reasoning, when it
-    was searched for the turn's call."""
+    whole turn's text when it made none (`context`: what the content before `text` left open, a
+    `blocks.Context`; `at_start`: `text` starts the content); `reasoning`: the reasoning, when it was
+    searched for the turn's call (`reasoning_context`: what the reasoning before it left open)."""
     if last_call is not None:
         sign = length_signs(text, schemas, formats, at_start=False, after_calls=True)
         return Sign(sign.reason, sign.name or last_call) if sign is not None else None
     if text.strip():
-        whole = context + text
-        return length_signs(whole, schemas, formats, at_start and not context, after_calls=False, start=len(context))
-    return reasoning_sign(reasoning, schemas, formats) if reasoning else None
+        return length_signs(text, schemas, formats, at_start, after_calls=False, context=context)
+    return reasoning_sign(reasoning, schemas, formats, reasoning_context) if reasoning else None
 
 
-def reasoning_sign(text: str, schemas: ToolSchemas, formats: Formats) -> Sign | None:
+def reasoning_sign(text: str, schemas: ToolSchemas, formats: Formats, context: Context | None = None) -> Sign | None:
     """The reasoning of a turn `max_tokens` ended, searched for the turn's call (nothing visible followed
-    it): the markup it ends with left open, or markup cut short."""
-    read = last_markup(text, schemas.names, formats, at_start=False)
+    it): the markup it ends with left open, or markup cut short. `context`: what the reasoning before
+    `text` left open."""
+    read = last_markup(text, schemas.names, formats, at_start=False, context=context)
     if read is not None and not text[read.end :].strip():  # the call the reasoning ends with
         return None if read.closed else Sign(f"the {read.format} markup of the last call was left open")
-    return cut_sign(text, schemas, formats, at_start=False)
+    return cut_sign(text, schemas, formats, at_start=False, context=context)
 
 
 def cut_off(sign: Sign) -> Fatal:
@@ -162,8 +170,10 @@ def cut_off(sign: Sign) -> Fatal:
     return Fatal(sign.name or "?", f"max_tokens reached: {sign.reason}", MISSING_LAST_CHUNK)
 
 
-def cut_sign(text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0) -> Sign | None:
-    cut = cut_markup(text, schemas, formats, at_start, start)
+def cut_sign(
+    text: str, schemas: ToolSchemas, formats: Formats, at_start: bool, start: int = 0, context: Context | None = None
+) -> Sign | None:
+    cut = cut_markup(text, schemas, formats, at_start, start, context)
     if cut is None:
         return None
     return Sign(f"a call of {cut.name!r} written as {cut.format} markup was cut off", cut.name)
@@ -412,8 +422,12 @@ def _offered(read: Markup, offered: list[str]) -> bool:
     return all(n in offered if n is not None else len(offered) == 1 for n, _ in read.calls)
 
 
-def _counts(text: str, rest: str, offered: list[str], formats: Formats, at_start: bool) -> bool:
-    """Whether the completed markup is a call where it stands (`Formats.find`'s rule, every decoy with it):
-    a call that reaches into the completion."""
-    found = formats.find(text + rest, offered, at_start=at_start)
-    return found is not None and found.confirmed and found.markup.end > len(text)
+def _counts(
+    text: str, at: int, rest: str, offered: list[str], formats: Formats, at_start: bool, context: Context | None
+) -> bool:
+    """Whether the completed markup at `at` is a call where it stands (`Formats.place`'s rule,
+    `placement.py`: a call position, every decoy with it): a call in call position that holds `at` and
+    reaches into the completion. (A completion may render a further call after it: that one standing at
+    block level says nothing about the markup that was cut, in a container or not.)"""
+    placed = formats.place(text + rest, offered, at_start, context).calls
+    return any(f.confirmed and f.markup.start <= at < f.markup.end and f.markup.end > len(text) for f in placed)

@@ -315,8 +315,9 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         LEAKED,
         True,
         REPAIRED_ALL,
-        "a call written as the model's own markup in the text (any registered format, table below), or last"
-        " in the reasoning: turned back into a call",
+        "a call written as the model's own markup where a call stands in the text (any registered format,"
+        " table below; an example in a sentence, quotes, a list, a table or code stays text: docs/formats.md),"
+        " or last in the reasoning: turned back into a call",
     ),
     DefectClass(
         "leaked_markup_cut",

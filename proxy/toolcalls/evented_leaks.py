@@ -27,13 +27,15 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.toolcalls import formats
 from tapfix.proxy.toolcalls.arguments import repair_arguments
 from tapfix.proxy.toolcalls.formats.base import XmlArgs, dumps, typed_xml_args
-from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT, Formats, Found
+from tapfix.proxy.toolcalls.formats.blocks import Context
+from tapfix.proxy.toolcalls.formats.placement import Found
+from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT, Formats
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 LEAKED = "leaked_into_content"
 UNPINNED = "unpinned_tool_format"
-_MAX_MARKUPS = 64  # markups read from one part: more is not a model's turn
+_RECHECK_FREE = 2048  # held text this short is looked at again on every delta; longer as it grows by 1/4
 _BACKSLASH = 92
 
 
@@ -142,16 +144,12 @@ class LeakDetector:
 
     # -- reading calls ------------------------------------------------------------------------------
     def read(self, full: str, held_from: int, at_start: bool, path: str) -> Leaked:
-        """Every markup in `full` that starts in the held part (from `held_from`), its calls recovered."""
+        """Every markup in call position in `full` that starts in the held part (from `held_from`), its
+        calls recovered."""
         out = Leaked(full[held_from:])
-        masked = full
         cuts: list[tuple[int, int]] = []
-        for _ in range(_MAX_MARKUPS):
-            found = self.formats.find(masked, self.offered, at_start=at_start and not cuts)
-            if found is None:
-                break
+        for found in self.formats.place(full, self.offered, at_start).calls:
             start, end = found.markup.start, max(found.markup.end, found.markup.start + 1)
-            masked = masked[:start] + " " * (end - start) + masked[end:]
             if not found.confirmed or start < held_from:
                 continue
             if not self._recover(found, out):
@@ -203,15 +201,10 @@ class LeakDetector:
         run of confirmed markups that ends the reasoning, with only whitespace between them."""
         if not self.active or not text or not (self.every or self.formats).has_opener(text):
             return None
-        spans: list[tuple[int, int, Found]] = []
-        masked = text
-        for _ in range(_MAX_MARKUPS):
-            found = self.formats.find(masked, self.offered, at_start=False)
-            if found is None:
-                break
-            start, end = found.markup.start, max(found.markup.end, found.markup.start + 1)
-            masked = masked[:start] + " " * (end - start) + masked[end:]
-            spans.append((start, end, found))
+        spans = [
+            (f.markup.start, max(f.markup.end, f.markup.start + 1), f)
+            for f in self.formats.place(text, self.offered, False).calls
+        ]
         spans.sort(key=lambda s: s[0])
         run: list[tuple[int, int, Found]] = []
         pos = len(text)
@@ -245,9 +238,14 @@ class TextHold:
         self.sent: list[bytes | str] = []  # the text that went out (raw JSON string bytes on the fast path)
         self.held: list[bytes] = []  # the events held, as they came
         self.pending = ""  # their text
-        self.mode = ""  # "" | "opener" (hold to the end of the part) | "anchor" (a marker-less head)
+        # "" | "opener" (hold, looked at again as it grows) | "whole" (hold to the end of the part) |
+        # "anchor" (a marker-less head)
+        self.mode = ""
         self.started = not (at_start and (detector.heads or detector.by_name))  # past the first character
         self.suspect = False  # a delta took the slow path: the end of the part reads the text
+        self.context = Context()  # what the text sent leaves open (read lazily: `_context`)
+        self.read_upto = 0  # how many pieces of `sent` are read into it
+        self.recheck = 0  # "opener": the held length at which to look again
 
     def fast(self, raw: bytes) -> bool:
         """The hot check: a delta that can go out as it came (recorded); False: decode it, call `feed`."""
@@ -261,11 +259,7 @@ class TextHold:
         held one and this one, as they came."""
         self.suspect = True
         text = self.pending + delta
-        if self.mode != "opener" and self._may_be_markup(text):
-            self.held.append(event)
-            self.pending = text
-            return []
-        if self.mode == "opener":
+        if self._may_be_markup(text):
             self.held.append(event)
             self.pending = text
             return []
@@ -274,6 +268,16 @@ class TextHold:
         return out
 
     def _may_be_markup(self, text: str) -> bool:
+        if self.mode == "whole":
+            return True
+        if self.mode == "opener":
+            if len(text) < self.recheck:
+                return True
+            self.recheck = len(text) + (len(text) // 4 if len(text) > _RECHECK_FREE else 0)
+            if self.det.partial(text) or not self._text_only(text):
+                return True
+            self.mode = ""  # nothing held can become a call any more (a container, prose after it)
+            return False
         if not self.started:
             head = text.lstrip()
             if not head:
@@ -284,14 +288,25 @@ class TextHold:
                     return True
                 found = self.det.formats.find(text, self.det.offered, at_start=True)
                 if found is not None and found.confirmed:
-                    self.mode = "opener"
+                    self.mode = "whole"
                     return True
             self.mode, self.started = "", True
-        opener_re = self.det.formats.opener_re
-        if opener_re is not None and opener_re.search(text) is not None:
+        if self.det.formats.has_opener(text) and not self._text_only(text):
             self.mode = "opener"
+            self.recheck = 0
             return True
-        return self.det.partial(text) > 0
+        k = self.det.partial(text)
+        return k > 0 and (len(text) > _RECHECK_FREE or not self._context().point(text[:-k]).container)
+
+    def _text_only(self, text: str) -> bool:
+        return self.det.formats.place(text, self.det.offered, False, self._context(), final=False).text_only
+
+    def _context(self) -> Context:
+        """What the text sent so far leaves open, read up to date."""
+        for piece in self.sent[self.read_upto :]:
+            self.context.feed(piece if isinstance(piece, str) else decode_raw(piece))
+        self.read_upto = len(self.sent)
+        return self.context
 
     def sent_text(self) -> str:
         return "".join(p if isinstance(p, str) else decode_raw(p) for p in self.sent)

@@ -2,12 +2,14 @@
 or the parser gave up), read through the registry of formats (`formats/`).
 
 This module holds no format's syntax: every format reads its own markup, and the rules every format
-shares (offered names, `<think>` and inline-code decoys, fences) are `formats/registry.py`'s. What is
-decided here is where in a message the search runs and what the caller is told:
-- content: every markup that reads as calls (prose before, between and after them stays content);
+shares (offered names, the call position: `formats/placement.py`) are the registry's. What is decided
+here is where in a message the search runs and what the caller is told:
+- content: every markup in call position that reads as calls (prose before and after it stays content);
 - reasoning: only the markup that comes last in the reasoning (the caller checks that no content or
   call followed in the turn);
-- while streaming: whether the text so far must be held (`hold_verdict`).
+- while streaming: whether the text so far must be held (`hold_verdict`), and whether held text has
+  settled as text and can go out (`settled`); what the text already sent leaves open is a
+  `blocks.Context` the caller keeps.
 A pinned format arms only itself; `foreign_markup` says whether another registered format's markup
 would have been a call, so it can be flagged while it passes through.
 """
@@ -18,12 +20,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats import Formats, Found, XmlArgs, armed
+from tapfix.proxy.toolcalls.formats import Formats, XmlArgs, armed
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 UNPINNED = "unpinned_tool_format"  # markup of a registered format other than the pinned one
 LEAKED_INTO_REASONING = "leaked_into_reasoning"
+_LOOK_LIMIT = 2048  # held text up to this long is read for its containers on every delta
 
 
 @lru_cache(maxsize=64)
@@ -47,14 +51,17 @@ class Leak:
         return bool(self.calls)
 
 
-def hold_verdict(text: str, at_start: bool, schemas: ToolSchemas, formats: Formats) -> str:
-    """'leak' (hold to the end of the message), 'maybe' (hold a little longer) or 'no'.
+def hold_verdict(
+    text: str, at_start: bool, schemas: ToolSchemas, formats: Formats, context: Context | None = None
+) -> str:
+    """'leak' (hold and look again as more comes), 'maybe' (hold a little longer) or 'no'.
 
-    A registered opener anywhere holds to the end; text that may be the start of one holds until the
-    next delta says; a message that starts like a marker-less format's markup holds at most
-    `ANCHOR_LIMIT` characters, and is let go as soon as its first value reads whole and names no
-    offered tool."""
-    if formats.has_opener(text):
+    An opener in call position that may still read as calls holds (`Formats.place`, not final); text
+    that may be the start of one holds until the next delta says, unless it stands inside a container;
+    a message that starts like a marker-less format's markup holds at most `ANCHOR_LIMIT` characters,
+    and is let go as soon as its first value reads whole and names no offered tool. `context`: what the
+    content sent before `text` left open."""
+    if formats.has_opener(text) and not formats.place(text, schemas.names, False, context, final=False).text_only:
         return "leak"
     if at_start and formats.anchored:
         head = text.lstrip()
@@ -65,105 +72,73 @@ def hold_verdict(text: str, at_start: bool, schemas: ToolSchemas, formats: Forma
             if found is None:
                 return "maybe"
             return "leak" if found.confirmed else "no"
-    if formats.may_start(text):
-        return "maybe"
+    if k := formats.start_len(text):
+        # Inside a container the start can't become a call: no hold. (Held text past a few KB is held on
+        # without looking: reading it again on every delta would cost quadratic time.)
+        if len(text) > _LOOK_LIMIT or not (context or Context()).point(text[:-k]).container:
+            return "maybe"
     return "no"
 
 
-_CONTEXT_MARKS = ("<think>", "</think>", "```")
-
-
-def open_context(context: str, tail: str, text: str) -> tuple[str, str]:
-    """What of the content already sent still encloses what follows: an open `<think>`, an open fenced
-    block (markup inside either is a decoy). Kept as the openers alone, so it stays a few bytes; `tail`
-    is the end of the text sent so far when it may be the start of one of them (split across deltas)."""
-    seen = tail + text
-    tail = next((seen[-k:] for k in range(8, 0, -1) if any(m.startswith(seen[-k:]) for m in _CONTEXT_MARKS)), "")
-    if "<think>" not in seen and "</think>" not in seen and "```" not in seen:
-        return context, tail
-    seen = context + seen
-    think = seen.rfind("<think>") > seen.rfind("</think>")
-    fences = sum(1 for line in seen.splitlines() if line.lstrip().startswith("```"))
-    return ("<think>" if think else "") + ("\n```\n" if fences % 2 else ""), tail
+def settled(text: str, schemas: ToolSchemas, formats: Formats, context: Context | None) -> bool:
+    """Whether held text (no marker-less head at its start) can go out: nothing in it may still become a
+    call, and its end can't start an opener."""
+    if formats.may_start(text):
+        return False
+    return formats.place(text, schemas.names, False, context, final=False).text_only
 
 
 def find_leak(
-    text: str, schemas: ToolSchemas, at_start: bool, formats: Formats | None = None, context: str = ""
+    text: str, schemas: ToolSchemas, at_start: bool, formats: Formats | None = None, context: Context | None = None
 ) -> Leak | None:
-    """Every leaked markup of `text` with its calls when they check out; or the first markup that
-    doesn't (unconfirmed: its names, from its start to the end of the text). `context`: what
-    `open_context` kept of the content before `text` (it was sent already; only what it encloses counts)."""
-    if context:
-        whole = find_leak(context + text, schemas, False, formats)
-        return _shifted(whole, len(context)) if whole is not None else None
+    """Every leaked markup of `text` in call position with its calls when they check out; or the first
+    markup that doesn't (unconfirmed: its names, from its start to the end of the text). `context`: what
+    the content before `text` left open (it was sent already)."""
     formats = formats or formats_for(None)
-    offered = schemas.names
-    leak: Leak | None = None
-    pos = 0
-    while pos < len(text):
-        found = formats.find(text[pos:], offered, at_start=at_start and pos == 0)
-        if found is None or not found.confirmed:
-            if leak is None and found is not None:
-                start = found.markup.start
-                return Leak(start, len(text), names=[n for n in found.names if n], formats=[found.fmt.name])
-            if leak is None and (m := _first_opener(text, formats)) is not None:
-                return Leak(m, len(text))  # a markup that doesn't read: its start, no names
-            break
-        lo, hi = pos + found.markup.start, pos + found.markup.end
-        if leak is None:
-            leak = Leak(lo, hi)
+    placement = formats.place(text, schemas.names, at_start, context)
+    confirmed = [f for f in placement.calls if f.confirmed]
+    if not confirmed:
+        if placement.calls:
+            first = placement.calls[0]
+            names = [n for n in first.names if n]
+            return Leak(first.markup.start, len(text), names=names, formats=[first.fmt.name])
+        return Leak(placement.stray, len(text)) if placement.stray is not None else None
+    leak = Leak(confirmed[0].markup.start, confirmed[0].markup.end)
+    for found in confirmed:
+        lo, hi = found.markup.start, found.markup.end
         leak.calls += found.calls
         leak.names += [n for n, _ in found.calls]
         leak.regions.append((lo, hi))
         leak.formats.append(found.fmt.name)
         leak.end = hi
-        pos = max(hi, pos + 1)
-    if leak is not None and not text[leak.end :].strip():
+    if not text[leak.end :].strip():
         leak.end = len(text)
         leak.regions[-1] = (leak.regions[-1][0], len(text))
     return leak
 
 
-def _shifted(leak: Leak, by: int) -> Leak | None:
-    regions = [(lo - by, hi - by) for lo, hi in leak.regions if lo >= by]
-    if leak.start < by:
+def find_reasoning_leak(
+    text: str, schemas: ToolSchemas, formats: Formats, context: Context | None = None
+) -> Leak | None:
+    """The markup that comes last in the reasoning, in call position, when it reads as offered calls (only
+    whitespace after it); earlier markup in the reasoning is the model thinking about a call, not making it."""
+    placement = formats.place(text, schemas.names, False, context)
+    found = next((f for f in reversed(placement.calls) if f.confirmed), None)
+    if found is None or text[found.markup.end :].strip():
         return None
-    return Leak(leak.start - by, leak.end - by, leak.calls, leak.names, regions, leak.formats)
-
-
-def find_reasoning_leak(text: str, schemas: ToolSchemas, formats: Formats) -> Leak | None:
-    """The markup that comes last in the reasoning, when it reads as offered calls (only whitespace
-    after it); earlier markup in the reasoning is the model thinking about a call, not making it."""
-    last: tuple[int, Found] | None = None
-    pos = 0
-    while pos < len(text):
-        found = formats.find(text[pos:], schemas.names, at_start=False)
-        if found is None:
-            break
-        if found.confirmed:
-            last = (pos, found)
-        pos += max(found.markup.end if found.confirmed else found.markup.start + 1, 1)
-    if last is None:
-        return None
-    pos, found = last
-    lo, hi = pos + found.markup.start, pos + found.markup.end
-    if text[hi:].strip():
-        return None
+    lo = found.markup.start
     names = [n for n, _ in found.calls]
     return Leak(lo, len(text), list(found.calls), names, [(lo, len(text))], [found.fmt.name])
 
 
-def foreign_markup(text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats) -> Leak | None:
+def foreign_markup(
+    text: str, schemas: ToolSchemas, at_start: bool, pinned: Formats, context: Context | None = None
+) -> Leak | None:
     """With a format pinned: markup of another registered format that would have been a call."""
-    leak = find_leak(text, schemas, at_start, formats_for(None))
+    leak = find_leak(text, schemas, at_start, formats_for(None), context)
     if leak is None or not leak.confirmed or set(leak.formats) <= set(pinned.names):
         return None
     return leak
-
-
-def _first_opener(text: str, formats: Formats) -> int | None:
-    m = formats.opener_re.search(text) if formats.opener_re is not None else None
-    return m.start() if m is not None else None
 
 
 def is_xml_args(args: Any) -> bool:

@@ -33,6 +33,7 @@ from tapfix.proxy.toolcalls.accumulate import Call
 from tapfix.proxy.toolcalls.arguments import CUT, ArgResult, repair_arguments
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN, FINISH_MISMATCH, UNKNOWN_TOOL, WRONG_INDEX
 from tapfix.proxy.toolcalls.formats import Formats
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.names import match_name
 from tapfix.proxy.toolcalls.plan_content import content_continuation, content_leaks, length_cut, reasoning_leak
@@ -57,14 +58,16 @@ def plan_choice(
     reasoning: str | None = None,
     reasoning_field: str = "reasoning_content",
     flag_unpinned: bool = True,
-    context: str = "",
+    context: Context | None = None,
+    reasoning_context: Context | None = None,
 ) -> ChoicePlan:
     """`index_base`/`sent_ids`: calls this choice already sent (tool calls arriving after a finish);
     `named`: the tool a named `tool_choice` forces (`named_tool`), whose call may finish with `stop`;
     `formats`: the armed tool-call formats (None: every registered one); `reasoning`: the choice's
     reasoning text, searched for a call only when nothing visible followed it (the caller says so by
     passing it); `flag_unpinned`: with a pinned format, flag another format's markup in the content;
-    `context`: an open `<think>` or fence of the content sent before `parts` (`leaks.open_context`)."""
+    `context` / `reasoning_context`: what the content / reasoning sent before `parts` / `reasoning` left
+    open (`blocks.Context`)."""
     plan = ChoicePlan()
     formats = formats or formats_for(None)
     late = [c for c in calls if c.id is not None and c.id in sent_ids]
@@ -90,9 +93,12 @@ def plan_choice(
     )
     searched = reasoning if reasoning and not calls and not leaked and not any(p.text.strip() for p in parts) else None
     if searched is not None:
-        leaked = reasoning_leak(searched, schemas, formats, plan, choice, f"{path_prefix}.{reasoning_field}")
+        where = f"{path_prefix}.{reasoning_field}"
+        leaked = reasoning_leak(searched, schemas, formats, plan, choice, where, reasoning_context)
     if finish == "length" and schemas and not plan.fatal:
-        plan.fatal = length_cut(calls, call_seqs, parts, consumed, schemas, formats, at_start, context, searched)
+        plan.fatal = length_cut(
+            calls, call_seqs, parts, consumed, schemas, formats, at_start, context, searched, reasoning_context
+        )
         if plan.fatal is not None:
             plan.defect(plan.fatal.kind)
     if plan.fatal:

@@ -19,6 +19,7 @@ from tapfix.proxy.toolcalls.cutoff import cut_off, turn_sign
 from tapfix.proxy.toolcalls.defects import MISSING_FRAGMENT, MISSING_LAST_CHUNK
 from tapfix.proxy.toolcalls.formats import Formats
 from tapfix.proxy.toolcalls.formats.base import typed_xml_args
+from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.jsonfix import is_debris, loads_tolerant
 from tapfix.proxy.toolcalls.leaks import (
     LEAKED_INTO_REASONING,
@@ -85,7 +86,7 @@ def content_leaks(
     path_prefix: str,
     formats: Formats,
     flag_unpinned: bool,
-    context: str,
+    context: Context | None,
 ) -> list[tuple[str, str]]:
     """Call markup in the content not `consumed` by a continuation: (name, arguments) of each call it
     confirmed, its region cut from the content; a leaked start of a call that also arrived structured is
@@ -113,8 +114,7 @@ def content_leaks(
         reason = "leaked start of a call that also arrived structured; dropped"
     else:
         return []
-    for start, end in leak.regions or [(leak.start, leak.end)]:
-        _cut_region(full, keep, parts, start, end, plan)
+    _cut_regions(keep, parts, leak.regions or [(leak.start, leak.end)], plan)
     plan.defect("leaked_into_content")
     plan.changes.append(
         Change(
@@ -152,13 +152,19 @@ def _typed_calls(leak: Leak, schemas: ToolSchemas, plan: ChoicePlan) -> list[tup
 
 
 def reasoning_leak(
-    reasoning: str, schemas: ToolSchemas, formats: Formats, plan: ChoicePlan, choice: int, path: str
+    reasoning: str,
+    schemas: ToolSchemas,
+    formats: Formats,
+    plan: ChoicePlan,
+    choice: int,
+    path: str,
+    context: Context | None = None,
 ) -> list[tuple[str, str]]:
     """Markup last in the reasoning, nothing visible after it: a reasoning parser took the turn's call.
     The calls go out as tool_calls before the finish; the reasoning already went out as it was."""
     if not schemas:
         return []
-    leak = find_reasoning_leak(reasoning, schemas, formats)
+    leak = find_reasoning_leak(reasoning, schemas, formats, context)
     leaked = _typed_calls(leak, schemas, plan) if leak is not None else None
     if leak is None or not leaked:
         return []
@@ -197,18 +203,23 @@ def _flag_unpinned(
     )
 
 
-def _cut_region(full: str, keep: list[int], parts: list[Part], start: int, end: int, plan: ChoicePlan) -> None:
+def _cut_regions(keep: list[int], parts: list[Part], regions: list[tuple[int, int]], plan: ChoicePlan) -> None:
+    """Cut the markup's regions (offsets in the kept parts joined) out of each part they touch; a part
+    may hold several regions and the prose between them."""
     offset = 0
     for k in keep:
         text = parts[k].text
         lo, hi = offset, offset + len(text)
         offset = hi
-        if hi <= start or lo >= end:
+        inside = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in regions if a < hi and b > lo]
+        if not inside:
             continue
-        new = text[: max(0, start - lo)] + text[max(0, end - lo) :] if lo < start or hi > end else ""
-        if lo >= start and hi <= end:
-            new = ""
-        plan.content_edits[k] = new
+        kept, pos = [], 0
+        for a, b in inside:
+            kept.append(text[pos:a])
+            pos = b
+        kept.append(text[pos:])
+        plan.content_edits[k] = "".join(kept)
 
 
 def length_cut(
@@ -219,8 +230,9 @@ def length_cut(
     schemas: ToolSchemas,
     formats: Formats,
     at_start: bool,
-    context: str,
+    context: Context | None,
     reasoning: str | None,
+    reasoning_context: Context | None = None,
 ) -> Fatal | None:
     """A choice that `max_tokens` ended (finish `length`): the unrecoverable verdict when it stopped inside
     a call, or after one with a sign that more was coming (`cutoff.py`: docs/repair.md says which); None
@@ -232,7 +244,15 @@ def length_cut(
     keep = [k for k in range(len(parts)) if k not in consumed]
     if not calls:
         text = "".join(parts[k].text for k in keep)
-        sign = turn_sign(text, schemas, formats, reasoning=reasoning, context=context, at_start=at_start)
+        sign = turn_sign(
+            text,
+            schemas,
+            formats,
+            reasoning=reasoning,
+            context=context,
+            at_start=at_start,
+            reasoning_context=reasoning_context,
+        )
         return cut_off(sign) if sign is not None else None
     last = max(range(len(calls)), key=lambda k: (seqs[k], k))  # the last opened
     call = calls[last]

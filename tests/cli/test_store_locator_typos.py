@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from tapfix.proxy.cli.main import main
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
 
 from tests.support.procs import cli

@@ -92,8 +92,8 @@ class Store:
             result = cli("captures", "export", capture_id, *flag, "--db", str(self.db))
             assert result.returncode == 0, result.stderr.decode(errors="replace")
             return result.stdout
-        from tapfix.proxy.store.reader import capture_body, load_capture
-        from tapfix.proxy.store.writer import open_for_reading
+        from tapfix.proxy.store.sqlite.database import open_for_reading
+        from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
         conn = open_for_reading(self.db)
         try:

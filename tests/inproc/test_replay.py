@@ -19,8 +19,9 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import splice
 from tapfix.proxy.replay.client import resend_headers
 from tapfix.proxy.replay.edits import parse_edits
-from tapfix.proxy.store.reader import list_captures
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import list_captures
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.inproc import start_mock
 from tests.support.procs import free_port

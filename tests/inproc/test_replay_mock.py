@@ -9,7 +9,9 @@ import httpx
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.server import recorded_response
-from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.inproc import cli, start_mock, start_proxy
 from tests.support.procs import wait_capture
@@ -54,7 +56,7 @@ def _store(db: Path, **kw) -> str:
 def test_recorded_response_cuts_the_body_at_the_recorded_chunks(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     capture_id = _store(db)
-    recorded = recorded_response(open_for_reading(db), capture_id)
+    recorded = recorded_response(StoreLocator.of(db).backend().reader(), capture_id)
     assert recorded.status == 200
     assert [data for _, data in recorded.chunks] == CHUNKS
     assert [round(at, 3) for at, _ in recorded.chunks] == TIMES
@@ -77,10 +79,10 @@ def test_plain_response_is_one_chunk_and_no_response_is_an_error(tmp_path: Path)
         response_headers=[("content-type", "application/json")],
     )
     failed = _store(db, status=None, response_chunks=[], chunk_times=[], error="connect refused")
-    conn = open_for_reading(db)
-    assert [data for _, data in recorded_response(conn, plain).chunks] == [b'{"ok": true}']
+    reader = StoreLocator.of(db).backend().reader()
+    assert [data for _, data in recorded_response(reader, plain).chunks] == [b'{"ok": true}']
     with pytest.raises(StoreError, match="no upstream response"):
-        recorded_response(conn, failed)
+        recorded_response(reader, failed)
     result = cli("mock", "--db", str(db), "--capture", failed)
     assert result.returncode != 0 and b"no upstream response" in result.stderr
 
@@ -105,7 +107,7 @@ def test_mock_replays_a_real_capture_byte_exact_with_its_timing(tmp_path: Path) 
     db = proxy.extra["db"]
     recorded = cli("captures", "export", capture_id, "--db", str(db), "--response").stdout
     assert recorded and row["chunk_count"] > 3
-    last_offset = recorded_response(open_for_reading(db), capture_id).chunks[-1][0]
+    last_offset = recorded_response(StoreLocator.of(db).backend().reader(), capture_id).chunks[-1][0]
     for args, slow in ((), True), (("--fast",), False):
         replayer = start_mock(tmp_path, "--db", str(db), "--capture", capture_id, *args)
         try:

@@ -21,10 +21,10 @@ from click.testing import CliRunner
 from sqlite_utils import Database
 from tapfix.proxy.cli.main import main
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.copy_sqlite import SqliteSource
 from tapfix.proxy.store.pg.schema import MIGRATIONS, REACHES
 from tapfix.proxy.store.pg.writer import postgres_writer
-from tapfix.proxy.store.schema import migrations
+from tapfix.proxy.store.sqlite.copy import SqliteSource
+from tapfix.proxy.store.sqlite.schema import migrations
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from tapfix.proxy.store.bodies import BODY_KINDS, BodyReader
-from tapfix.proxy.store.database import StoreError, open_for_writing
+from tapfix.proxy.store.bodies import BODY_KINDS
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.migrate import add_days, applied, migrate
 from tapfix.proxy.store.pg.schema import MIGRATIONS
 from tapfix.proxy.store.sql_functions import register
+from tapfix.proxy.store.sqlite.bodies import BodyReader
+from tapfix.proxy.store.sqlite.database import open_for_writing
 
 from tests.support.postgres import PostgresServer
 from tests.support.sql_store import Filled, fill_store

@@ -57,7 +57,7 @@ def test_a_transaction_committed_late_is_shown_once_and_a_replaced_row_comes_aga
         assert ids(tail) == []  # `late` waits behind the open transaction: showing it now would lose `early`
     assert ids(tail) == [early.id, late.id]
     assert ids(tail) == []
-    by_seq = [r["id"] for r in reader._rows("select id from exchanges order by commit_seq")]
+    by_seq = [r["id"] for r in reader.rows("select id from exchanges order by commit_seq")]
     assert by_seq == [early.id, late.id]  # drawn at insert: `late`'s is larger, yet it committed first
     write(url, [early])  # the writer replaces the row: committed again, after `late`
     assert ids(tail) == [early.id]

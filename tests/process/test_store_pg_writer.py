@@ -191,7 +191,7 @@ def test_a_sessions_first_body_of_a_new_utc_day_is_stored_whole(pg_url: str, pg:
 
 def test_a_backend_that_cant_connect_names_the_store_without_its_password(postgres: PostgresServer) -> None:
     url = postgres.dsn("no_such_database")
-    from tapfix.proxy.store.database import StoreError
+    from tapfix.proxy.store.errors import StoreError
 
     with pytest.raises(StoreError) as caught:
         PostgresBackend(url)

@@ -1,6 +1,7 @@
-"""The store's tests over both backends: a `Backend` makes writers on a fresh SQLite file or a fresh
-PostgreSQL database (the session's real server, tests/support/postgres.py), and reads rows back with
-one SQL text (qmark) on its own connection, so a check sees only what was committed.
+"""The store's tests over both backends: a `Backend` is a fresh SQLite file or a fresh PostgreSQL database
+(the session's real server, tests/support/postgres.py), used through the store's one interface
+(`store()`, store/backend.py `StoreBackend`: writers, readers, the browser's queries), and reads rows
+back with one SQL text (qmark) on its own connection, so a check sees only what was committed.
 
 Use `BACKENDS` to parametrize a fixture: the PostgreSQL case carries the `e2e` and `postgres` marks
 (it needs the server), the SQLite case none."""
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tapfix.proxy.store.backend import StoreBackend
+from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import CaptureWriter
 
 # The postgres marker puts the PostgreSQL variant in the process tier (tests/support/e2e_guard.py).
@@ -26,12 +29,11 @@ class Backend:
     name: str  # "sqlite" or "postgresql"
     locator: str  # the file's path, or the database's URL
 
-    def writer(self, **options: Any) -> CaptureWriter:
-        if self.name == "sqlite":
-            return CaptureWriter(self.locator, **options)
-        from tapfix.proxy.store.pg.writer import PostgresBackend
+    def store(self) -> StoreBackend:
+        return StoreLocator.resolve(self.locator, postgres=True).backend()
 
-        return CaptureWriter(PostgresBackend(self.locator), **options)
+    def writer(self, **options: Any) -> CaptureWriter:
+        return self.store().writer(wait=False, **options)
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """The committed rows `sql` selects (qmark parameters), on a connection of its own."""

@@ -5,8 +5,9 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlite_utils import Database
-from tapfix.proxy.store.bodies import BodyReader, BodyWriter, common_prefix_len, common_suffix_len, read_body
-from tapfix.proxy.store.schema import migrations
+from tapfix.proxy.store.bodies import common_prefix_len, common_suffix_len
+from tapfix.proxy.store.sqlite.bodies import BodyReader, BodyWriter, read_body
+from tapfix.proxy.store.sqlite.schema import migrations
 
 
 def _conn() -> sqlite3.Connection:

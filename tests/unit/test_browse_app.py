@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.detail import export_available
+from tapfix.proxy.store.locator import StoreLocator
 
 from tests.unit.test_browse_fixtures import OPENCODE, SDK, Built, build_db
 from tests.unit.test_store_attempts import as_before_attempts, regenerated
@@ -115,18 +116,18 @@ def test_search_syntax_is_never_an_error(client: TestClient) -> None:
 
 
 def test_keyset_pagination(built: Built) -> None:
-    from tapfix.proxy.browse.queries import Filters, Store, list_exchanges
+    from tapfix.proxy.store.filters import Filters
 
-    store = Store(built.path)
-    first = list_exchanges(store, Filters(), limit=3)
+    store = StoreLocator.of(built.path).backend().browse(search=False)
+    first = store.list_exchanges(Filters(), limit=3)
     assert [r["id"] for r in first.rows] == [built.ids[k] for k in ("xss", "error", "replay")]
     assert first.newer is None and first.older == built.ids["replay"]
-    second = list_exchanges(store, Filters(), before=first.older, limit=3)
+    second = store.list_exchanges(Filters(), before=first.older or "", limit=3)
     assert [r["id"] for r in second.rows] == [built.ids[k] for k in ("sdk", "turn3", "turn2")]
     assert second.newer == built.ids["sdk"]
-    third = list_exchanges(store, Filters(), before=second.older or "", limit=3)
+    third = store.list_exchanges(Filters(), before=second.older or "", limit=3)
     assert [r["id"] for r in third.rows] == [built.ids["turn1"]] and third.older is None
-    back = list_exchanges(store, Filters(), after=second.newer or "", limit=3)
+    back = store.list_exchanges(Filters(), after=second.newer or "", limit=3)
     assert [r["id"] for r in back.rows] == [built.ids[k] for k in ("xss", "error", "replay")]
     assert back.newer is None
     html = (
@@ -191,7 +192,7 @@ def test_exchange_prefix_redirects_and_unknown_is_404(client: TestClient, built:
 
 def test_downloads_are_exact_bytes_as_attachments(client: TestClient, built: Built) -> None:
     conn = sqlite3.connect(built.path)
-    from tapfix.proxy.store.reader import capture_body, load_capture
+    from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
     conn.row_factory = sqlite3.Row
     capture = load_capture(conn, built.ids["turn1"])
@@ -239,19 +240,22 @@ def test_session_page_turn_by_turn(client: TestClient, built: Built) -> None:
 
 
 def test_session_page_pagination(built: Built) -> None:
-    from tapfix.proxy.browse.queries import Store
-    from tapfix.proxy.browse.session_turns import load_session
+    from tapfix.proxy.browse.session_turns import session_view
 
-    conn = Store(built.path).conn()
-    first = load_session(conn, "ses_opencode_1", limit=2)
-    assert first is not None and [t.number for t in first.turns] == [1, 2] and first.later
-    rest = load_session(conn, "ses_opencode_1", after=first.later, limit=2)
+    store = StoreLocator.of(built.path).backend().browse(search=False)
+    stored = store.load_session("ses_opencode_1", limit=2)
+    assert stored is not None
+    first = session_view(stored)
+    assert [t.number for t in first.turns] == [1, 2] and first.later
+    stored = store.load_session("ses_opencode_1", after=str(first.later), limit=2)
+    assert stored is not None
+    rest = session_view(stored)
     assert rest is not None and [t.number for t in rest.turns] == [3] and rest.later is None
     assert rest.turns[0].delta is not None and rest.turns[0].delta.kept == 4  # compared with turn 2's body
 
 
 def test_stats_page(client: TestClient, built: Built) -> None:
-    client.app.state.index.catch_up()  # type: ignore[attr-defined]  # the derived counts come from it
+    client.app.state.store.catch_up()  # type: ignore[attr-defined]  # the derived counts come from it
     html = client.get("/stats").text
     assert "7 requests" in html
     assert "opencode/0.4.2 ai-sdk/4.3.16" in html and "llama-3.1-8b" in html
@@ -322,11 +326,11 @@ def test_reads_while_the_proxy_writes(tmp_path: Path) -> None:
             assert ids_on(c.get("/").text)[0] == ex.id
             assert ids_on(c.get("/?q=arrival").text) == [ex.id]
     finally:
-        writer.conn.close()
+        writer.backend.conn.close()  # type: ignore[attr-defined]  # SQLite's
 
 
 def test_missing_db_fails_at_start(tmp_path: Path) -> None:
-    from tapfix.proxy.store.writer import StoreError
+    from tapfix.proxy.store.errors import StoreError
 
     with pytest.raises(StoreError):
         create_app(tmp_path / "absent.db")
@@ -336,9 +340,7 @@ def test_aggregates_are_served_stale_while_a_thread_refreshes(built: Built) -> N
     import threading
     import time
 
-    from tapfix.proxy.browse.queries import Store
-
-    store = Store(built.path)
+    store = StoreLocator.of(built.path).backend().browse(search=False)
     calls: list[int] = []
     done = threading.Event()
 

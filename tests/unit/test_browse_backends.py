@@ -1,4 +1,4 @@
-"""The browser on both backends (browse/source.py `BrowseStore`): the same exchanges, written by each
+"""The browser on both backends (store/backend.py `BrowseQueries`): the same exchanges, written by each
 backend's real writer, give the same pages: the list with every filter of the form, keyset pagination
 both ways, id prefixes, search (words, "phrases", prefixes), sessions, the capture page and its exact
 bodies, the stats page. PostgreSQL's search also finds part of a word and CJK text without spaces
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
-from tapfix.proxy.browse.filters import Filters
-from tapfix.proxy.browse.source import BrowseStore
+from tapfix.proxy.browse.session_turns import session_view
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
+from tapfix.proxy.store.filters import Filters
 from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.parts import BrowseQueries
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.stores import BACKENDS, Backend, make_backend
@@ -50,7 +51,7 @@ def exchanges() -> dict[str, Exchange]:
 class Site:
     backend: Backend
     client: TestClient
-    store: BrowseStore
+    store: BrowseQueries
     ids: dict[str, str]
 
     def ids_of(self, query: str = "", path: str = "/") -> list[str]:
@@ -69,8 +70,7 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     writer.close()
     app = create_app(StoreLocator.resolve(backend.locator, postgres=True), background_index=False)
     with TestClient(app, base_url="http://127.0.0.1") as client:
-        if app.state.index is not None:
-            app.state.index.catch_up()
+        app.state.store.catch_up()
         yield Site(backend, client, app.state.store, {k: ex.id for k, ex in exchanges().items()})
 
 
@@ -170,10 +170,14 @@ def test_sessions_and_session_pages(site: Site) -> None:
     html = site.client.get("/session/ses_opencode_1").text
     assert "2 messages resent unchanged, 2 new" in html and "4 messages resent unchanged, 2 new" in html
     assert "Go ahead, read tokenizer.py first" in html and "1 repair" in html and "160→14 tokens" in html
-    first = site.store.load_session("ses_opencode_1", limit=2)
-    assert first is not None and [t.number for t in first.turns] == [1, 2] and first.later
-    rest = site.store.load_session("ses_opencode_1", after=str(first.later), limit=2)
-    assert rest is not None and [t.number for t in rest.turns] == [3] and rest.later is None
+    stored = site.store.load_session("ses_opencode_1", limit=2)
+    assert stored is not None
+    first = session_view(stored)
+    assert [t.number for t in first.turns] == [1, 2] and first.later
+    stored = site.store.load_session("ses_opencode_1", after=str(first.later), limit=2)
+    assert stored is not None
+    rest = session_view(stored)
+    assert [t.number for t in rest.turns] == [3] and rest.later is None
     assert rest.turns[0].delta is not None and rest.turns[0].delta.kept == 4  # compared with turn 2's body
     assert site.client.get("/session/no-such-session").status_code == 404
 
@@ -195,9 +199,10 @@ def test_postgresql_filters_are_served_by_indexes(site: Site) -> None:
     shows what it can use on a table this small (and for GIN, the walk of the primary key too: on a
     few rows, reading them all beats a bitmap)."""
     import psycopg
-    from tapfix.proxy.browse.fts import search_terms
-    from tapfix.proxy.browse.pg_filters import where
-    from tapfix.proxy.browse.pg_queries import LIST_COLUMNS, search_where
+    from tapfix.proxy.store.filters import search_terms
+    from tapfix.proxy.store.pg.browse import LIST_COLUMNS, search_where
+    from tapfix.proxy.store.pg.filters import where
+    from tapfix.proxy.store.pg.reader import pyformat
 
     expected = {
         "model": (Filters(model="qwen3"), "exchanges_model"),
@@ -225,7 +230,7 @@ def test_postgresql_filters_are_served_by_indexes(site: Site) -> None:
             found, found_args = search_where(search_terms(f.q))
             sql = f"explain select {LIST_COLUMNS} from exchanges e where {' and '.join([*found, *clauses])}"
             plan = "\n".join(
-                r[0] for r in conn.execute(f"{sql} order by e.id desc limit 51".encode(), [*found_args, *args])
+                r[0] for r in conn.execute(pyformat(f"{sql} order by e.id desc limit 51"), [*found_args, *args])
             )
             used = {parent for part, parent in parents if f" {part} " in plan}
             assert index in used, (name, plan)

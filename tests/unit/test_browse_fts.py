@@ -7,10 +7,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from tapfix.proxy.browse.fts import BodyCache, SearchIndex, sidecar_path, to_match
-from tapfix.proxy.browse.turns import lacks_sampling, new_in_turn, new_turn_text, text_of, turn_delta
+from tapfix.proxy.browse.turns import turn_delta
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.bodies import read_body
+from tapfix.proxy.store.sqlite.bodies import read_body
+from tapfix.proxy.store.sqlite.search_index import BodyCache, SearchIndex, sidecar_path, to_match
+from tapfix.proxy.store.turns import lacks_sampling, new_in_turn, new_turn_text, text_of
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.unit.test_browse_fixtures import build_db

@@ -10,8 +10,10 @@ import orjson
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.export import export_capture, write_bundle
-from tapfix.proxy.store.reader import SqliteReader, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import SqliteReader, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 SECRET = "sk-tapfix-export-secret-0123456789"
 

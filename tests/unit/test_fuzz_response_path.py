@@ -22,8 +22,9 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.response.pipeline import StreamPipeline
 from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename
-from tapfix.proxy.store.reader import capture_body, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.toolcalls import ChatToolCallRepair, repair_chat_completion
 
 from tests.support.builders import chat_chunk, rechunk, sse_event, tool, tool_call_delta

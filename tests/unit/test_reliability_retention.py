@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 from tapfix.proxy.cli.purge import purge as purge_command
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.quantities import parse_duration, parse_size
-from tapfix.proxy.store.bodies import read_body
-from tapfix.proxy.store.retention import BODY_COLUMNS, Retention, purge, used_bytes
-from tapfix.proxy.store.writer import CaptureWriter, open_for_writing
+from tapfix.proxy.store.retention import Retention
+from tapfix.proxy.store.sqlite.bodies import read_body
+from tapfix.proxy.store.sqlite.database import open_for_writing
+from tapfix.proxy.store.sqlite.retention import BODY_COLUMNS, purge, used_bytes
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import sse_event
 

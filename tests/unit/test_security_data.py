@@ -12,8 +12,9 @@ import stat
 from pathlib import Path
 
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.reader import load_capture
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 SECRET = "sk-live-SECRETSECRET0123456789"
 SECRET2 = "tok_ANOTHERSECRET987654321"
@@ -45,7 +46,7 @@ def test_db_wal_and_shm_are_private_even_with_a_permissive_umask(tmp_path):
 def test_replay_and_export_never_send_or_write_captured_secrets(tmp_path):
     from tapfix.proxy.replay.client import build_request
     from tapfix.proxy.replay.export import bundle_files, curl_script, python_script
-    from tapfix.proxy.store.reader import SqliteReader
+    from tapfix.proxy.store.sqlite.reader import SqliteReader
 
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)

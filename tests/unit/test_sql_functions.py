@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.store.bodies import BODY_KINDS
-from tapfix.proxy.store.database import read_only_uri
-from tapfix.proxy.store.reader import capture_body, load_capture
 from tapfix.proxy.store.sql_functions import register
+from tapfix.proxy.store.sqlite.database import read_only_uri
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
 from tests.support.sql_store import Filled, fill_store
 

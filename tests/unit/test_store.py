@@ -7,8 +7,11 @@ import stat
 import pytest
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, StoreError, open_for_reading, unpack_timing
+from tapfix.proxy.store.errors import StoreError
+from tapfix.proxy.store.exchange_row import unpack_timing
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, list_captures, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.stores import BACKENDS, Backend, make_backend
 

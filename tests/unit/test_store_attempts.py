@@ -19,8 +19,9 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.client import build_request, session_capture_ids
-from tapfix.proxy.store.reader import SqliteReader, list_captures, load_capture
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import SqliteReader, list_captures, load_capture
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
 from tests.support.stores import BACKENDS, Backend, make_backend

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from tapfix.proxy.cli.main import main
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.pg.locator import PostgresLocator, is_postgres_url, mask_password
 

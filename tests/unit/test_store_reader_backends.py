@@ -1,5 +1,5 @@
-"""The reader's contract on both backends (store/reader.py `CaptureReader`): the same exchanges, written by
-each backend's real writer (SQLite `CaptureWriter(path)`, PostgreSQL `postgres_writer(url)`), read back as
+"""The reader's contract on both backends (store/backend.py `CaptureReader`): the same exchanges, written by
+each backend's real writer (`StoreBackend.writer()`), read back through its `reader()` as
 the same rows, row for row, and the same bytes: `captures list` with every filter (attempts under their
 parent, orphans on their own, `limit` counting client requests), `show`'s capture and change rows, id
 prefixes, and `export`'s exact bodies of every kind (deltas, a changed request, a repaired answer, a
@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.bodies import BODY_KINDS
-from tapfix.proxy.store.database import StoreError
-from tapfix.proxy.store.reader import CaptureNotFound, CaptureReader, SqliteReader
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading
+from tapfix.proxy.store.errors import CaptureNotFound, StoreError
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.reader import CaptureReader
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.sql_store import Filled, store_cases, write_all
-from tests.support.stores import BACKENDS, Backend, make_backend
+from tests.support.stores import BACKENDS, make_backend
 from tests.unit.test_store_attempts import exchange, regenerated
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -44,20 +43,13 @@ def cases() -> tuple[Filled, list[Exchange], dict[str, str]]:
     return filled, [*exchanges, *attempts, parent, orphan, tagged], named
 
 
-def _open(store: Backend) -> CaptureReader:
-    if store.name == "sqlite":
-        return SqliteReader(open_for_reading(Path(store.locator)))
-    from tapfix.proxy.store.pg.reader import PostgresReader
-
-    return PostgresReader(store.locator)
-
-
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureReader]:
     """The reference: the same exchanges in a SQLite store, read by SQLite's reader."""
     path = tmp_path_factory.mktemp("twin") / "twin.db"
-    write_all(CaptureWriter(path), cases()[1])
-    reader = SqliteReader(open_for_reading(path))
+    twin = StoreLocator.of(path).backend()
+    write_all(twin.writer(), cases()[1])
+    reader = twin.reader()
     yield reader
     reader.close()
 
@@ -65,14 +57,8 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureReader]:
 @pytest.fixture(scope="module", params=BACKENDS)
 def reader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CaptureReader]:
     store = make_backend(request, tmp_path_factory.mktemp(request.param))
-    if store.name == "sqlite":
-        writer = CaptureWriter(store.locator)
-    else:
-        from tapfix.proxy.store.pg.writer import postgres_writer
-
-        writer = postgres_writer(store.locator)
-    write_all(writer, cases()[1])
-    opened = _open(store)
+    write_all(store.writer(), cases()[1])
+    opened = store.store().reader()
     yield opened
     opened.close()
 
@@ -174,5 +160,5 @@ def test_a_capture_is_read_from_its_days_partitions_alone(reader: CaptureReader)
         (pg.CHOICES, None, "choices"),
     ):
         args = (capture["id"], key if key is not None else reader._day_of(capture["id"]))
-        plan = reader._rows("explain (format json) " + sql, args)[0]["QUERY PLAN"]
+        plan = reader.rows("explain (format json) " + sql, args)[0]["QUERY PLAN"]
         assert _relations(plan) == {f"{table}_{day}"}, plan

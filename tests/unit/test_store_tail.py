@@ -1,5 +1,5 @@
-"""`captures tail`'s read side (proxy/store/tail.py) on stores the real `CaptureWriter` wrote: commit order
-(a replaced row comes again, where its new commit put it), filters that take attempts with their client
+"""`captures tail`'s read side on SQLite (proxy/store/sqlite/tail.py) on stores the real `CaptureWriter` wrote:
+commit order (a replaced row comes again, where its new commit put it), filters that take attempts with their client
 request, the `--since` cursors, and a store whose newest rows were deleted."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tapfix.proxy.store.database import StoreError, open_when_ready
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import CaptureFilter
-from tapfix.proxy.store.tail import Tail, after_capture, completed_within, latest
-from tapfix.proxy.store.writer import open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading, open_when_ready
+from tapfix.proxy.store.sqlite.tail import Tail, after_capture, completed_within, latest
 
 from tests.unit.test_store_attempts import exchange, regenerated, write
 

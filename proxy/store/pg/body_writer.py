@@ -1,6 +1,6 @@
 """The body writer on PostgreSQL: store/bodies.py's deltas, filed by day, deltaed only on this instance's own.
 
-What differs from SQLite's `BodyWriter`, and why (the layout is store/pg/bodies.py's):
+What differs from SQLite's `BodyWriter` (store/sqlite/bodies.py), and why (the layout is store/pg/bodies.py's):
 - Middles are raw (`tapfix_body()` rebuilds in PL/pgSQL, which can't inflate); TOAST compresses
   what is large.
 - Every body carries its exchange's UTC `day`. The family a body deltas against is keyed by day too,
@@ -31,7 +31,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import psycopg
-from tapfix.proxy.store.bodies import MAX_DEPTH, MIN_SHARED_FRACTION, BodyWriter, common_prefix_len, common_suffix_len
+from tapfix.proxy.store.bodies import MAX_DEPTH, MIN_SHARED_FRACTION, DeltaWriter, common_prefix_len, common_suffix_len
 from tapfix.proxy.store.pg.schema import RETENTION_LOCK
 
 if TYPE_CHECKING:
@@ -58,11 +58,12 @@ def utc_day(when: float) -> datetime.date:
     return datetime.datetime.fromtimestamp(when, datetime.UTC).date()
 
 
-class PostgresBodyWriter(BodyWriter):
+class PostgresBodyWriter(DeltaWriter):
     """On the writer thread only; `conn` is the backend (qmark SQL, store/pg/writer.py)."""
 
     def __init__(self, conn: Executes) -> None:
-        super().__init__(conn)  # type: ignore[arg-type]  # any qmark executor, not only sqlite3's
+        super().__init__()
+        self.conn = conn
         self._day = utc_day(time.time())
         self._own: OrderedDict[int, None] = OrderedDict()
         self._known: OrderedDict[tuple[datetime.date, str], tuple[int, int]] = OrderedDict()

@@ -15,14 +15,13 @@ from typing import Any
 
 import psycopg
 from tapfix.proxy.store.copy import BODY_COLUMNS, CHANGE_COLUMNS, CHOICE_COLUMNS, SESSION_COLUMNS, Capture, Key
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.pg.migrate import add_days, applied
-from tapfix.proxy.store.pg.reader import iso
+from tapfix.proxy.store.pg.reader import PG_ONLY, connect, iso
 from tapfix.proxy.store.pg.schema import REACHES
 from tapfix.proxy.store.pg.writer import PostgresBackend
 
-_PG_ONLY = ("search_text", "search", "commit_xid", "commit_seq")
 PGConn = psycopg.Connection[tuple[Any, ...]]
 
 
@@ -42,10 +41,8 @@ def database_version(locator: PostgresLocator) -> str | None:
 
 
 def _connect(locator: PostgresLocator) -> PGConn:
-    try:
-        return psycopg.connect(locator.url, autocommit=True, application_name="tapfix copy", connect_timeout=5)
-    except psycopg.Error as e:
-        raise StoreError(f"{locator}: can't connect ({locator.scrub(' '.join(str(e).split()))})") from None
+    conn: PGConn = connect(locator, "copy")
+    return conn
 
 
 def _day(started_at: str) -> datetime.date:
@@ -89,7 +86,7 @@ class PostgresSource:
             names = [d.name for d in cur.description or ()]
             for values in cur.fetchall():
                 row = dict(zip(names, values, strict=True))
-                for key in _PG_ONLY:
+                for key in PG_ONLY:
                     row.pop(key, None)
                 row["started_at"] = iso(row["started_at"])
                 if isinstance(row.get("chunk_timing"), memoryview):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from urllib.parse import unquote
 
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.vocabulary.store_url import ANY_SCHEME, MASK, mask_password
 from tapfix.proxy.vocabulary.store_url import POSTGRES_URL as _SCHEME
 from tapfix.proxy.vocabulary.store_url import is_postgres_url as is_postgres_url

@@ -3,7 +3,7 @@
 Every migration runs in one transaction with the record of it in `tapfix_migrations`, under an
 advisory lock: several tapfix instances starting at once against one database migrate it once,
 the others wait and then find nothing to do; a failure leaves nothing half-applied (PostgreSQL's
-DDL is transactional). As on SQLite (store/database.py), a migration this tapfix doesn't know
+DDL is transactional). As on SQLite (store/sqlite/database.py), a migration this tapfix doesn't know
 means a newer tapfix migrated the database: refused, naming it.
 
 Tables live in the connection's current schema (`public` unless the URL says otherwise, e.g.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING
 
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.schema import MIGRATIONS
 
 if TYPE_CHECKING:

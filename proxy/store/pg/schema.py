@@ -1,7 +1,7 @@
 """The PostgreSQL capture schema, as ordered named migrations. A shipped migration is never edited.
 
 The set is PostgreSQL's own (migrations are one set per backend), and reaches the schema of SQLite's
-whole list (store/schema.py m001...m006) with the same tables, columns and views, so one reader's
+whole list (store/sqlite/schema.py m001...m006) with the same tables, columns and views, so one reader's
 SQL and `captures copy` carry over; tests/process/test_store_pg_schema.py compares the column names, so
 the two can't drift. What differs, and why:
 
@@ -237,7 +237,7 @@ alter sequence exchanges_commit_seq owned by exchanges.commit_seq;
 create index exchanges_commit_order on exchanges (commit_xid, commit_seq);
 """
 
-# What the browser's filters need besides pg001's `(column, id)` indexes (browse/pg_queries.py `where`),
+# What the browser's filters need besides pg001's `(column, id)` indexes (store/pg/filters.py `where`),
 # each the shape of the condition it serves, so a page of "this filter, newest first" walks one index:
 # - the client filter is a prefix of the user agent, compared bytewise (`collate "C"`), whatever the
 #   database's collation: it replaces pg001's `(user_agent, id)`, which served no query once this exists;
@@ -271,7 +271,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg006_threads", THREADS),
 )
 
-# The SQLite migration (store/schema.py) whose schema each of these reaches: how `captures copy` tells
+# The SQLite migration (store/sqlite/schema.py) whose schema each of these reaches: how `captures copy` tells
 # whether two stores of different backends are at the same version. Every migration added above gets one.
 REACHES: dict[str, str] = {
     "pg001_tables": "m005_trace_context",

@@ -2,7 +2,7 @@
 however many writers commit in whatever order.
 
 SQLite's tail follows the rowid, which is commit order there because one writer commits at a time
-(store/tail.py). PostgreSQL has no such order: a sequence number drawn at insert (`commit_seq`) is
+(store/sqlite/tail.py). PostgreSQL has no such order: a sequence number drawn at insert (`commit_seq`) is
 not commit order across instances. Writer A draws 10, writer B draws 11 and commits first; a tail
 that read 11 and moved its cursor past it would never show 10 once A commits. So the cursor is not a
 sequence number alone but a transaction horizon:
@@ -30,15 +30,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tapfix.proxy.store.pg.reader import _LIST, _ORPHAN_OR_CLIENT, PostgresReader, decode, filter_clauses
-from tapfix.proxy.store.reader import CaptureFilter
+from tapfix.proxy.store.pg.reader import LIST, PostgresReader, decode, filter_clauses
+from tapfix.proxy.store.reader import CaptureFilter, with_parent
 
 CHUNK = 500  # rows a query returns at most: a tail started far back prints in pieces
 Cursor = tuple[int, int]  # (commit_xid, commit_seq): the last row shown, or (horizon, 0)
 
 
 def _horizon(reader: PostgresReader) -> int:
-    row = reader._rows("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as h")[0]
+    row = reader.rows("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as h")[0]
     return int(row["h"])
 
 
@@ -50,8 +50,8 @@ def latest(reader: PostgresReader) -> Cursor:
 def after_capture(reader: PostgresReader, capture_id: str) -> Cursor:
     """The cursor for `--since ID`: the exchanges committed after that one (a prefix is enough)."""
     found = reader.resolve_id(capture_id)
-    row = reader._rows(
-        "select coalesce(commit_xid::text::bigint, 0) as x, coalesce(commit_seq, 0) as s from exchanges where id = %s",
+    row = reader.rows(
+        "select coalesce(commit_xid::text::bigint, 0) as x, coalesce(commit_seq, 0) as s from exchanges where id = ?",
         (found,),
     )[0]
     return (int(row["x"]), int(row["s"]))
@@ -74,7 +74,7 @@ def completed_within(reader: PostgresReader, age_s: float, now: float | None = N
 
 class PostgresTail:
     """Polls for the rows committed after `cursor`, matching `filters` (an attempt goes with its
-    client request, as in store/tail.py's `Tail`)."""
+    client request, as in store/sqlite/tail.py's `Tail`); a `Follower` (store/backend.py)."""
 
     def __init__(self, reader: PostgresReader, cursor: Cursor, filters: CaptureFilter) -> None:
         self.reader = reader
@@ -87,24 +87,33 @@ class PostgresTail:
         out: list[dict[str, Any]] = []
         while self.cursor[0] < high:
             sql, args = self._query()
-            rows = self.reader._rows(sql, [str(self.cursor[0]), self.cursor[1], str(high), *args])
+            rows = self.reader.rows(sql, [str(self.cursor[0]), self.cursor[1], str(high), *args])
             self.cursor = (int(rows[-1]["x"]), int(rows[-1]["s"])) if len(rows) == CHUNK else (high, 0)
             for row in rows:
                 del row["x"], row["s"]
                 out.append(decode(row))
         return out
 
+    def close(self) -> None:
+        self.reader.close()
+
     def _query(self) -> tuple[str, list[Any]]:
         sql = (
-            f"select commit_xid::text::bigint as x, commit_seq as s, {_LIST} from exchanges"
-            " where (commit_xid, commit_seq) > (%s::xid8, %s) and commit_xid < %s::xid8"
+            f"select commit_xid::text::bigint as x, commit_seq as s, {LIST} from exchanges"
+            " where (commit_xid, commit_seq) > (?::xid8, ?) and commit_xid < ?::xid8"
         )
         own, args = filter_clauses(self.filters, "exchanges")
         if own:
             of_parent, parent_args = filter_clauses(self.filters, "parent")
-            sql += (
-                f" and ((({_ORPHAN_OR_CLIENT}) and {' and '.join(own)}) or exists (select 1 from exchanges parent"
-                f" where parent.id = exchanges.attempt_of and {' and '.join(of_parent)}))"
-            )
+            sql += f" and {with_parent(own, of_parent)}"
             args += parent_args
         return sql + f" order by commit_xid, commit_seq limit {CHUNK}", args
+
+
+def cursor(reader: PostgresReader, since: str | float | None) -> Cursor:
+    """The cursor `--since` names: an age in seconds, a capture id (or prefix), or None for "from now"."""
+    if since is None:
+        return latest(reader)
+    if isinstance(since, float):
+        return completed_within(reader, since)
+    return after_capture(reader, since)

@@ -1,4 +1,4 @@
-"""PostgreSQL's side of the writer's seam (store/backend.py): one psycopg connection, explicit
+"""PostgreSQL's side of the writer's seam (store/backend.py `WriteBackend`): one psycopg connection, explicit
 transactions, the day partitions made ahead, search columns, and what PostgreSQL's errors mean.
 
 - Transactions: the connection is in autocommit mode and the writer's `begin`/`commit` are sent as
@@ -17,7 +17,7 @@ transactions, the day partitions made ahead, search columns, and what PostgreSQL
   stored as U+FFFD. Bodies are bytea and stay exact; JSON columns (orjson) escape NUL as `\\u0000`
   anyway, so only free text (content, reasoning, errors, user agents) is ever touched.
 - Search: `search_text` is the turn's new text and its answer, the same text the SQLite browser's
-  sidecar index holds (browse/turns.py `search_document`), and `search` its tsvector (`simple`).
+  sidecar index holds (store/turns.py `search_document`), and `search` its tsvector (`simple`).
 - The day's partitions (today and tomorrow, UTC) are made at start and whenever the day turns,
   before the batch's transaction; a row of a day without one (a skewed clock) lands in the default.
 - A server that is down or restarting is an outage (`outage`), not a failure: the writer holds the
@@ -36,17 +36,18 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from tapfix.proxy.browse.turns import messages_of, parse_json, search_document
-from tapfix.proxy.store.database import StoreError
+from tapfix.proxy.store.errors import StoreError, StoreUnreachable
 from tapfix.proxy.store.pg.body_writer import PostgresBodyWriter, utc_day
 from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.pg.migrate import add_days, migrate
+from tapfix.proxy.store.pg.reader import pyformat
 from tapfix.proxy.store.sessions import SessionSQL
+from tapfix.proxy.store.turns import messages_of, parse_json, search_document
 from tapfix.proxy.store.writer import CaptureWriter
 
 if TYPE_CHECKING:
     from tapfix.proxy.exchange import Exchange
-    from tapfix.proxy.store.backend import Bodies
+    from tapfix.proxy.store.parts import Bodies
     from tapfix.proxy.store.retention import Retention
 
 SEARCH_TEXT_MAX = 100_000  # characters: a tsvector must stay under 1 MB
@@ -109,10 +110,6 @@ _CAUSES = (
 )
 
 
-def _qmark(sql: str) -> str:
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
 def _text(value: Any) -> Any:
     return value.replace("\x00", NUL_STANDS_FOR) if isinstance(value, str) and "\x00" in value else value
 
@@ -121,7 +118,7 @@ class PostgresBackend:
     """The write connection of one PostgreSQL store (migrated on open); the writer thread's alone.
 
     `wait`: a server that can't be reached now is no error; `unreachable` says why, and the first
-    `begin` that reaches it migrates. Without it (`tapfix run --strict`) it is a `StoreError`."""
+    `begin` that reaches it migrates. Without it (`tapfix run --strict`) it is `StoreUnreachable`."""
 
     name = "postgresql"
     session_sql = POSTGRES_SESSION_SQL
@@ -130,7 +127,7 @@ class PostgresBackend:
     def __init__(self, locator: PostgresLocator | str, *, wait: bool = False) -> None:
         self.locator = locator if isinstance(locator, PostgresLocator) else PostgresLocator.parse(locator)
         self.location = str(self.locator)
-        self._sql: dict[str, str] = {}
+        self._sql: dict[str, bytes] = {}
         self._day: datetime.date | None = None
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self.unreachable: str | None = None
@@ -139,8 +136,10 @@ class PostgresBackend:
             self._open()
         except psycopg.Error as e:
             said = self.locator.scrub(" ".join(str(e).split()))  # libpq's hint comes on a line of its own
-            if not (wait and self.outage(e)):
+            if not self.outage(e):
                 raise StoreError(f"{self.locator}: can't connect ({said})") from None
+            if not wait:
+                raise StoreUnreachable(f"{self.locator}: can't connect ({said})") from None
             self.unreachable = said
 
     @property
@@ -168,15 +167,15 @@ class PostgresBackend:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[tuple[Any, ...]]:
         translated = self._sql.get(sql)
         if translated is None:
-            translated = self._sql[sql] = _qmark(sql)
+            translated = self._sql[sql] = pyformat(sql)
         self._pipelined()
-        return self.conn.execute(translated.encode(), [_text(p) for p in params])
+        return self.conn.execute(translated, [_text(p) for p in params])
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             self._pipelined()
             with self.conn.cursor() as cur:
-                cur.executemany(_qmark(sql).encode(), [[_text(p) for p in row] for row in rows])
+                cur.executemany(pyformat(sql), [[_text(p) for p in row] for row in rows])
 
     def _pipelined(self) -> None:
         """Inside a batch's transaction, statements go in pipeline mode: one that returns nothing the
@@ -269,7 +268,7 @@ class PostgresBackend:
         """Between batches, on the writer's thread: day partitions dropped, the straddling day's rows deleted."""
         from tapfix.proxy.store.pg.retention import purge
 
-        retention.maybe_run(self.conn, purge_with=purge)
+        retention.maybe_run(lambda age, size, now: purge(self.conn, age, size, now=now))
 
     def close(self) -> None:
         if self._conn is not None:

@@ -10,7 +10,8 @@ import importlib
 import pkgutil
 
 from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, XmlArgs
-from tapfix.proxy.toolcalls.formats.registry import Formats, Found, UnknownFormat
+from tapfix.proxy.toolcalls.formats.placement import Found
+from tapfix.proxy.toolcalls.formats.registry import Formats, UnknownFormat
 
 _SKIP = {"base", "registry", "__main__"}
 

@@ -5,44 +5,32 @@ regex search finds where any of them may start, and applies the rules every form
 
 - a call counts only when the request offered tools and its name is an offered tool (a format that
   carries no name: exactly one tool was offered);
-- markup inside a closed `<think>…</think>` of the content, or inside inline code (`` `…` ``), is a decoy;
-- a fenced block is a call only for a format whose call syntax is a fence, opening with that format's
-  tag, and only when it is the last thing in the text; another format's markup inside a fenced block
-  (```` ``` ````…```` ``` ````) is an example, a decoy;
+- markup counts only in a call position (`placement.py`): at block level, not inside any container
+  (fences of backticks or tildes, indented code, `<pre>`/`<code>`, inline code, quotes, a list item, a
+  table row, a blockquote, a `<think>` that closes after it), with no prose after it on its line, and
+  none after it in its paragraph when the prose before it doesn't end a sentence;
+- a fence format's markup (its call syntax is a fence, ```` ```tool_code ````) is a call only when it is
+  the last thing in the text;
 - markup in the reasoning field counts only when it comes last there (the caller checks that no content
   or call follows in the turn);
-- prose that mentions markup stays prose: the markup must read completely as calls.
+- markup must read completely as calls: prose that mentions a marker stays prose.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat
+from tapfix.proxy.toolcalls.formats.blocks import Context
+from tapfix.proxy.toolcalls.formats.placement import Found, Placement, place
 
-_THINK = re.compile(r"<think>.*?</think>", re.S)
-_INLINE_CODE = re.compile(r"`[^`\n]+`")
-_FENCED = re.compile(r"^[ \t]*```.*?(?:^[ \t]*```[ \t]*$|\Z)", re.S | re.M)
 ANCHOR_LIMIT = 4096  # bytes of content held at its start for a format without a marker
 
 
 class UnknownFormat(ValueError):
     """A `tool_format` / `--tool-format` name that isn't registered; the message lists the names."""
-
-
-@dataclass(slots=True)
-class Found:
-    fmt: ToolFormat
-    markup: Markup
-    calls: list[tuple[str, Any]] = field(default_factory=list)  # offered names only, when confirmed
-    names: list[str | None] = field(default_factory=list)  # every name the markup held
-
-    @property
-    def confirmed(self) -> bool:
-        return bool(self.calls) and len(self.calls) == len(self.markup.calls)
 
 
 class Formats:
@@ -77,13 +65,17 @@ class Formats:
         """Whether `tail` (the end of the text so far) may be the start of a registered opener, any
         proper prefix of one: `<tool_`, `[TOOL`, and word-led ones too (`functi`, `Actio`, ` to`), since a
         piece sent before the opener completes can't be taken back and the call would be lost."""
+        return self.start_len(tail) > 0
+
+    def start_len(self, tail: str) -> int:
+        """How long the end of `tail` is that may start a registered opener (`may_start`); 0: none."""
         if not tail or tail[-1] not in self.start_ends:
-            return False
+            return 0
         for k in range(min(self.max_opener - 1, len(tail)), 0, -1):
             start = tail[-k:]
             if start in self.starts and not (k < len(tail) and _mid_word(tail[-k - 1], start)):
-                return True
-        return False
+                return k
+        return 0
 
     def ends_in_word_start(self, raw: bytes) -> bool:
         """Whether the raw (JSON-escaped) end of a delta's text ends in the start of a word-led opener
@@ -103,38 +95,56 @@ class Formats:
     def has_opener(self, text: str) -> bool:
         return self.opener_re is not None and self.opener_re.search(text) is not None
 
+    def opener_at(self, text: str, at: int) -> bool:
+        """Whether a registered opener starts at `at`."""
+        return self.opener_re is not None and self.opener_re.match(text, at) is not None
+
     # -- finding ------------------------------------------------------------------------------------
-    def find(self, text: str, offered: list[str], at_start: bool = True) -> Found | None:
-        """The first markup in `text` that reads as calls, decoys left out."""
+    def find(
+        self, text: str, offered: list[str], at_start: bool = True, context: Context | None = None
+    ) -> Found | None:
+        """The first markup in call position in `text` that reads as calls (a confirmed one first).
+        `context`: what the text before `text` left open (`blocks.Context`)."""
         if not offered:
             return None
-        decoys = [m.span() for m in _THINK.finditer(text)] + [m.span() for m in _INLINE_CODE.finditer(text)]
-        fenced = [m.span() for m in _FENCED.finditer(text)] if "```" in text else []
-        first: Found | None = None
-        for at, fmts in self._candidates(text, at_start):
-            if any(lo <= at < hi for lo, hi in decoys):
-                continue
-            in_fence = any(lo < at < hi for lo, hi in fenced)  # a fence format opens at the fence itself
-            for fmt in fmts:
-                if in_fence and not fmt.fence:
-                    continue
-                if not fmt.claims(text, at):
-                    continue
-                try:
-                    markup = fmt.parse(text, at)
-                except (ValueError, IndexError, RecursionError):
-                    markup = None
-                if markup is None or not markup.calls:
-                    continue
-                if fmt.fence and text[markup.end :].strip():
-                    continue  # a fenced call is a call only as the last thing in the text
-                found = _judge(fmt, markup, offered)
-                if found.confirmed:
-                    return found
-                first = first or found
-        return first
+        calls = self.place(text, offered, at_start, context).calls
+        return next((f for f in calls if f.confirmed), calls[0] if calls else None)
 
-    def _candidates(self, text: str, at_start: bool) -> list[tuple[int, list[ToolFormat]]]:
+    def place(
+        self, text: str, offered: list[str], at_start: bool = True, context: Context | None = None, final: bool = True
+    ) -> Placement:
+        """Every markup of `text` in call position (`placement.py` has the rule)."""
+        if not offered:
+            return Placement()
+        return place(self, text, offered, at_start, context, final)
+
+    def read_at(
+        self, text: str, at: int, fmts: list[ToolFormat], offered: list[str], final: bool = True
+    ) -> tuple[Found | None, int | None]:
+        """The markup at `at` of the first of `fmts` that reads calls there (one naming offered tools
+        first), and where a fence format's block ends when it is followed by text (an example, not a call)."""
+        first: Found | None = None
+        rejected: int | None = None
+        for fmt in fmts:
+            if not fmt.claims(text, at):
+                continue
+            try:
+                markup = fmt.parse(text, at)
+            except (ValueError, IndexError, RecursionError):
+                markup = None
+            if markup is None or not markup.calls:
+                continue
+            if fmt.fence and text[markup.end :].strip():
+                rejected = max(rejected or 0, markup.end)  # a fenced call is a call only as the last thing
+                continue
+            found = _judge(fmt, markup, offered)
+            if found.confirmed:
+                return found, None
+            first = first or found
+        return first, rejected if first is None else None
+
+    def candidates(self, text: str, at_start: bool) -> list[tuple[int, list[ToolFormat]]]:
+        """Where markup may start, in order, with the formats that may read it there."""
         out: list[tuple[int, list[ToolFormat]]] = []
         if at_start and self.anchored:
             lead = len(text) - len(text.lstrip())
@@ -143,7 +153,18 @@ class Formats:
             for m in self.opener_re.finditer(text):
                 out.append((m.start(), self.by_opener[m.group()]))
         out.sort(key=lambda c: c[0])
-        return out
+        return _merged(out)
+
+
+def _merged(candidates: list[tuple[int, list[ToolFormat]]]) -> list[tuple[int, list[ToolFormat]]]:
+    """One entry per position (the anchored formats and an opener's may start at the same one)."""
+    out: list[tuple[int, list[ToolFormat]]] = []
+    for at, fmts in candidates:
+        if out and out[-1][0] == at:
+            out[-1] = (at, out[-1][1] + [f for f in fmts if f not in out[-1][1]])
+        else:
+            out.append((at, fmts))
+    return out
 
 
 _ASCII_WORD = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")

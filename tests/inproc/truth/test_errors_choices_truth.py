@@ -180,10 +180,10 @@ def _browse_ids(db: Path, query: str) -> list[str]:
 
 
 def _stats_errors(db: Path, model: str) -> int:
-    from tapfix.proxy.browse.queries import Filters, Store
-    from tapfix.proxy.browse.stats import compute_stats
+    from tapfix.proxy.store.filters import Filters
+    from tapfix.proxy.store.locator import StoreLocator
 
-    stats = compute_stats(Store(db), Filters(model=model))
+    stats = StoreLocator.of(db).backend().browse(search=False).compute_stats(Filters(model=model))
     return sum(row["errors"] or 0 for row in stats.by_client_model)
 
 

@@ -25,8 +25,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.store.reader import capture_body, load_capture
-from tapfix.proxy.store.writer import open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
 from tests.support.inproc import InprocProxy, cli
 

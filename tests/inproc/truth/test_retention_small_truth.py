@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tapfix.proxy.store.retention import purge, used_bytes
+from tapfix.proxy.store.sqlite.retention import purge, used_bytes
 
 from tests.support.inproc import cli, start_mock, start_proxy
 from tests.support.procs import wait_capture

@@ -18,9 +18,10 @@ import httpx
 import orjson
 from sqlite_utils import Database
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.reader import capture_body, list_captures, load_capture
-from tapfix.proxy.store.schema import migrations
-from tapfix.proxy.store.writer import CaptureWriter, open_for_reading, open_for_writing
+from tapfix.proxy.store.sqlite.database import open_for_reading, open_for_writing
+from tapfix.proxy.store.sqlite.reader import capture_body, list_captures, load_capture
+from tapfix.proxy.store.sqlite.schema import migrations
+from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import response_head, wait_capture
@@ -92,7 +93,9 @@ def test_truth_0_unstorable_exchange_kept_with_its_bytes(tmp_path: Path) -> None
     error, flagged `capture_failed`, and the exchanges around it are stored as usual."""
     db = tmp_path / "c.db"
     writer = CaptureWriter(db)
-    writer.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100_000)
+    writer.backend.conn.setlimit(  # type: ignore[attr-defined]  # SQLite's
+        sqlite3.SQLITE_LIMIT_LENGTH, 100_000
+    )
     huge = "a" * 200_000  # compresses to a small body blob, but the assembled text column is too long
     exchanges = [
         Exchange(

@@ -23,8 +23,8 @@ from tapfix.proxy.probe import checks
 from tapfix.proxy.probe.client import Answer
 from tapfix.proxy.probe.judge import THINK, judge_text, judge_tool_call, scan_stream
 from tapfix.proxy.probe.runner import ProbeOptions
-from tapfix.proxy.store.database import open_for_reading
-from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
 from tests.support.inproc import InprocProxy, cli
 

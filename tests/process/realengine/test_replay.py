@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 from tapfix.proxy.assemble import Assembled, assemble
-from tapfix.proxy.store.database import open_for_reading
-from tapfix.proxy.store.reader import capture_body, load_capture
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
 from tests.process.realengine import tiny_model as tm
 from tests.support.inproc import InprocProxy, cli, start_mock

@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.replay.export import curl_script, python_script
-from tapfix.proxy.store.reader import capture_body, load_capture
-from tapfix.proxy.store.writer import open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
 from tests.support.inproc import InprocProxy, start_mock, start_proxy
 from tests.support.procs import response_head, wait_capture

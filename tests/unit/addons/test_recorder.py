@@ -10,8 +10,8 @@ from mitmproxy import flow as mflow
 from mitmproxy.test import taddons
 from tapfix.addons.recorder import RecordExchange, RecordRequest
 from tapfix.addons.runner.runtime import META
-from tapfix.proxy.store.reader import capture_body
-from tapfix.proxy.store.writer import open_for_reading
+from tapfix.proxy.store.sqlite.database import open_for_reading
+from tapfix.proxy.store.sqlite.reader import capture_body
 
 from tests.addons.flows import READ_TOOL, flow, json_response, runtime, store
 

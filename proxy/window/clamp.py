@@ -1,0 +1,61 @@
+"""The max_tokens clamp: lower a request's output budget to what the window leaves after the prompt, as the
+engine counts it; never raise it, never below a floor.
+
+vLLM refuses a request whose prompt plus `max_tokens` exceeds `max_model_len` instead of clamping (vllm
+#42474), so an agent's fixed 32000 or 65536 fails on a prompt that fits. Counting costs a round trip to the
+engine's tokenizer, so it happens only when a cheap bound says the request might not fit: a prompt has at
+most as many tokens as its request has bytes, plus the chat template's own (`TEMPLATE_SLACK`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tapfix.proxy.surfaces import Surface
+
+TEMPLATE_SLACK = 1024  # tokens a chat template may add around the messages and tools
+BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "completions": ("max_tokens",),
+    "responses": ("max_output_tokens",),
+    "messages": ("max_tokens",),
+}
+
+
+def budget_of(surface: Surface | None, parsed: dict[str, Any]) -> tuple[str, int] | None:
+    """(field, value) of the request's output budget, when it sets one."""
+    for key in BUDGET_FIELDS.get(surface or "", ()):
+        value = parsed.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return key, value
+    return None
+
+
+def might_not_fit(body_bytes: int, budget: int, window: int) -> bool:
+    return body_bytes + TEMPLATE_SLACK + budget > window
+
+
+def clamped(budget: int, window: int, prompt_tokens: int, floor: int) -> int | None:
+    """The lowered budget, or None when it stays as it is (it fits, or it is already at or under the floor)."""
+    left = window - prompt_tokens
+    if budget <= left:
+        return None
+    new = max(left, floor)
+    return new if new < budget else None
+
+
+def chat_messages(surface: Surface | None, parsed: dict[str, Any]) -> list[Any] | None:
+    """The request's prompt as chat messages, for the engine's `/tokenize` (which applies the chat template):
+    Messages' `system` and Responses' `instructions` as a first system message; None when there are none."""
+    if surface == "responses":
+        source = parsed.get("input")
+        messages = [{"role": "user", "content": source}] if isinstance(source, str) else source
+        system = parsed.get("instructions")
+    elif surface in ("chat", "messages"):
+        messages = parsed.get("messages")
+        system = parsed.get("system") if surface == "messages" else None
+    else:
+        return None
+    if not isinstance(messages, list):
+        return None
+    return ([{"role": "system", "content": system}] if system else []) + messages
