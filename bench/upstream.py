@@ -167,15 +167,20 @@ def cpu_ns(pid: int | str = "self") -> int:
     return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+MODEL = {"id": "bench-model", "object": "model", "owned_by": "vllm", "max_model_len": 131072}
+
+
 class Server:
     def __init__(self) -> None:
         self.requests = 0
+        self.models_asked = 0  # GET /v1/models: tapfix asks a vLLM for its window (cached), not a stream request
         self.chunks = 0
         self.started = time.monotonic()
 
     def stats(self) -> dict:
         return {
             "requests": self.requests,
+            "models_asked": self.models_asked,
             "chunks": self.chunks,
             "cpu_ns": cpu_ns(),
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -201,6 +206,15 @@ class Server:
                 path = line.split(b" ")[1] if b" " in line else b"/"
                 if path.startswith(b"/stats"):
                     body = orjson.dumps(self.stats())
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(body), body)
+                    )
+                    await writer.drain()
+                    continue
+                if path.startswith(b"/v1/models"):  # as vLLM lists its model, with its window
+                    self.models_asked += 1
+                    body = orjson.dumps({"object": "list", "data": [MODEL]})
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                         % (len(body), body)

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.e2e
 
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
 PAUSE_S = 1.5  # the upstream holds the stream open this long after its first event
+WINDOW = ("--context-window", "32768")  # given: tapfix asks the upstream nothing of its own (addons/window.py)
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "tools": [tool("write")]}
 
 
@@ -42,9 +43,9 @@ def upstream() -> Iterator[RawServer]:
         server.close()
 
 
-def sockets_mid_stream(proxy: Proc, body: dict) -> list[TcpSocket]:
+def sockets_mid_stream(proxy: Proc, body: dict, nodelay: dict[int, int] | None = None) -> list[TcpSocket]:
     """tapfix's TCP sockets while the upstream pauses inside a streamed answer, and that the stream then
-    ends whole."""
+    ends whole. `nodelay`: filled with each established socket's TCP_NODELAY (by fd), read while it is open."""
     first = threading.Event()
     seen: list[TcpSocket] = []
     received = bytearray()
@@ -60,6 +61,9 @@ def sockets_mid_stream(proxy: Proc, body: dict) -> list[TcpSocket]:
     try:
         assert first.wait(20), "no first event"
         seen = tcp_sockets(proxy.proc.pid)
+        for s in seen if nodelay is not None else []:
+            if s.state == ESTABLISHED:
+                nodelay[s.fd] = option(proxy.proc.pid, s.fd, socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         reader.join(30)
     assert received.count(b"data: ") == 3 and received.endswith(b"data: [DONE]\n\n"), bytes(received)
@@ -70,7 +74,7 @@ def sockets_mid_stream(proxy: Proc, body: dict) -> list[TcpSocket]:
 def test_a_streamed_request_with_tools_takes_one_upstream_connection_and_no_hop_inside_tapfix(
     tmp_path: Path, upstream: RawServer, regenerate: str
 ) -> None:
-    proxy = start_proxy(tmp_path, upstream.url, "--regenerate", regenerate)
+    proxy = start_proxy(tmp_path, upstream.url, "--regenerate", regenerate, *WINDOW)
     try:
         seen = sockets_mid_stream(proxy, BODY)
         health = httpx.get(proxy.url + "/tapfix/health").json()
@@ -87,18 +91,16 @@ def test_a_streamed_request_with_tools_takes_one_upstream_connection_and_no_hop_
 
 
 def test_both_legs_send_small_writes_at_once(tmp_path: Path, upstream: RawServer) -> None:
-    proxy = start_proxy(tmp_path, upstream.url)
+    proxy = start_proxy(tmp_path, upstream.url, *WINDOW)
     try:
-        seen = sockets_mid_stream(proxy, BODY)
-        legs = {
-            "client": [s for s in seen if s.state == ESTABLISHED and s.local[1] == proxy.port],
-            "upstream": [s for s in seen if s.state == ESTABLISHED and s.remote[1] == upstream.port],
-        }
-        nodelay = {
-            leg: [option(proxy.proc.pid, s.fd, socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in found]
-            for leg, found in legs.items()
-        }
+        options: dict[int, int] = {}
+        seen = sockets_mid_stream(proxy, BODY, options)
     finally:
         proxy.stop()
+    legs = {
+        "client": [s for s in seen if s.state == ESTABLISHED and s.local[1] == proxy.port],
+        "upstream": [s for s in seen if s.state == ESTABLISHED and s.remote[1] == upstream.port],
+    }
+    nodelay = {leg: [options[s.fd] for s in found] for leg, found in legs.items()}
     assert nodelay["client"] and nodelay["upstream"], legs
     assert all(nodelay["client"]) and all(nodelay["upstream"]), nodelay

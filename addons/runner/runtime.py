@@ -52,6 +52,7 @@ class Runtime:
     # issue 37: each upstream's context window as its engine reported it, by (upstream, served model):
     # (tokens, where it came from). Filled and refreshed by addons/window.py.
     windows: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    windows_unknown: dict[tuple[str, str], float] = field(default_factory=dict)  # key → asked again after
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:

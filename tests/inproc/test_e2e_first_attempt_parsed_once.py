@@ -37,6 +37,7 @@ CUT_CALL = (  # a call cut by max_tokens: the splice asks for another attempt
     b"\n\n"
 )
 REQUESTS = 3
+WINDOW = ("--context-window", "32768")
 
 
 def body(content: str) -> dict[str, Any]:
@@ -97,7 +98,9 @@ def stream(url: str, content: str) -> bytes:
 def test_a_first_attempt_is_one_upstream_connection_and_one_parse(
     tmp_path: Path, upstream: RawServer, parsed: Counter[str]
 ) -> None:
-    proxy = start_proxy(tmp_path, upstream.url)  # --regenerate 1: the default
+    # --regenerate 1: the default. The window is given, so tapfix asks the upstream nothing of its own here
+    # (an engine that reports it is asked once: test_an_upstream_that_tells_no_window_is_not_asked_per_request).
+    proxy = start_proxy(tmp_path, upstream.url, *WINDOW)
     try:
         for k in range(REQUESTS):
             assert stream(proxy.url, f"turn {k}").endswith(b"data: [DONE]\n\n")
@@ -115,3 +118,26 @@ def test_a_first_attempt_is_one_upstream_connection_and_one_parse(
     assert b'\\"pa' not in got and got.endswith(b"data: [DONE]\n\n"), "the client got attempt 2, not the cut call"
     assert dict(parsed) == {"mitmproxy": REQUESTS + 1, "h11": 1}
     assert [n for n in upstream.served if n] == [1] * (REQUESTS + 2)  # attempt 2 on a connection of its own
+
+
+def test_an_upstream_that_tells_no_window_is_not_asked_per_request(tmp_path: Path) -> None:
+    """An engine asked for its window (`GET /v1/models`, --engine vllm) that doesn't tell it is asked again
+    only after a while, not before every request (each ask was an upstream round trip before the request
+    was sent, on the agents' path as on every other)."""
+    models = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"data":[]}'
+
+    def answer_or_list(request: RawRequest) -> list[tuple[float, bytes]]:
+        return [(0.0, models)] if request.path.startswith("/v1/models") else answer(request)
+
+    upstream = RawServer(answer_or_list)
+    try:
+        proxy = start_proxy(tmp_path, upstream.url, "--engine", "vllm")
+        try:
+            for k in range(REQUESTS):
+                assert stream(proxy.url, f"turn {k}").endswith(b"data: [DONE]\n\n")
+        finally:
+            proxy.stop()
+        paths = [r.path for r in upstream.requests]
+    finally:
+        upstream.close()
+    assert paths == ["/v1/models", *["/v1/chat/completions"] * REQUESTS], paths
