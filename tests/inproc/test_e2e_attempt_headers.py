@@ -43,7 +43,9 @@ def test_a_later_attempt_reaches_the_upstream_with_attempt_1s_headers(tmp_path: 
     seen: dict[str, list[RawRequest]] = {}
     try:
         for regenerate in ("1", "0"):
-            proxy = start_proxy(tmp_path, server.url, "--regenerate", regenerate, db=tmp_path / f"{regenerate}.db")
+            db = tmp_path / f"{regenerate}.db"
+            # the window given: tapfix asks the upstream nothing of its own (addons/window.py), only attempts go
+            proxy = start_proxy(tmp_path, server.url, "--regenerate", regenerate, "--context-window", "32768", db=db)
             before = len(server.requests)
             try:
                 with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=HEADERS) as r:
