@@ -28,9 +28,9 @@ import httpx
 from mitmproxy import ctx, http
 from tapfix.addons.runner.client_write import ClientWriter
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.proxy.content_encoding import DecodeError, Decoder, codings
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import CUT, ENDED, LEFT, SHUTDOWN, Attempt, AttemptSession
-from tapfix.proxy.response.decoding import DecodeError, Decoder, codings
 from tapfix.proxy.response.pipeline import StreamPipeline
 
 log = logging.getLogger("tapfix")

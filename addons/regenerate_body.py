@@ -20,13 +20,13 @@ from mitmproxy import http
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
+from tapfix.proxy.content_encoding import DecodeError, codings, decode_whole
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.records import attempt_records
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome, WholeBodyRegeneration, needs_another
-from tapfix.proxy.response.decoding import DecodeError, codings, decode_whole
 from tapfix.proxy.surfaces import surface_for
 
 

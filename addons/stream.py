@@ -28,6 +28,7 @@ from tapfix.addons.runner.runtime import (
 )
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
+from tapfix.proxy.content_encoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
@@ -36,7 +37,6 @@ from tapfix.proxy.regenerate.session import CUT, ENDED, LEFT, SHUTDOWN, AttemptS
 from tapfix.proxy.regenerate.splice import AttemptSplice
 from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome
 from tapfix.proxy.request.routing import resolve
-from tapfix.proxy.response.decoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
 from tapfix.proxy.surfaces import Surface, is_inference, surface_for

@@ -119,6 +119,9 @@ class Window:
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
         if parsed is None or target is None:
             return
+        budget = budget_of(surface, parsed)
+        if budget is None:  # nothing to clamp: the engine isn't asked (its own overflow error has the numbers)
+            return
         model = parsed.get("model")
         served = model if isinstance(model, str) else ""
         engine = self.runtime.engine_of(name)
@@ -127,8 +130,7 @@ class Window:
             return
         tokens, source = window
         ex.extra["window_hints"] = (tokens, None)
-        budget = budget_of(surface, parsed)
-        if budget is None or not might_not_fit(len(body), budget[1], tokens):
+        if not might_not_fit(len(body), budget[1], tokens):
             return
         messages = chat_messages(surface, parsed)
         counted = await self.count(target, engine, messages, served) if messages is not None else None

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import get_args
 
 from tapfix.proxy.assemble import assemble
+from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.changes import Stage
-from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
 
 from tests.support.builders import tool

@@ -2,7 +2,7 @@
 
 Separate from the checks (which only build requests) so the rules can be tested on plain strings
 and reused by anything that wants the same verdict on a captured answer. The degeneration
-detectors are the store's own (`proxy/response/degeneration.py`), so a probe failure and a capture flag
+detectors are the store's own (`proxy/assemble/degeneration.py`), so a probe failure and a capture flag
 agree on what "drifts" and "loops" mean.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 from jsonschema import Draft202012Validator
+from tapfix.proxy.assemble.degeneration import latin_dominant, repetition_loop, script_drift
 from tapfix.proxy.probe.client import shorten
-from tapfix.proxy.response.degeneration import latin_dominant, repetition_loop, script_drift
 from tapfix.proxy.sse import SSESplitter, event_data
 
 THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)

@@ -24,13 +24,13 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble
+from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import HOP_BY_HOP, SESSION_HEADERS, head_bytes
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonsplice import Edit, SpliceError, splice
 from tapfix.proxy.replay.edits import ReplayError, check_edits
-from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.errors import CaptureNotFound
 from tapfix.proxy.store.reader import CaptureReader
 from tapfix.proxy.store.redact import REDACTED, SECRET_HEADERS

@@ -17,8 +17,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from tapfix.proxy.assemble.degeneration import tool_call_problems
 from tapfix.proxy.replay.client import RunResult
-from tapfix.proxy.response.degeneration import tool_call_problems
 from tapfix.proxy.sse import SSESplitter, event_data
 
 _TOKEN = re.compile(r"[A-Za-z0-9_]+|\S")

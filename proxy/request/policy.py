@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.reasoning import apply_reasoning
@@ -27,7 +28,6 @@ from tapfix.proxy.request.sampling import (
     load_generation_config,
     sent_sampling,
 )
-from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.surfaces import Surface, surface_for
 
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")

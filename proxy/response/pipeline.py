@@ -29,10 +29,10 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from tapfix.proxy.changes import Change
+from tapfix.proxy.content_encoding import DecodeError, Decoder
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.regenerate.unreadable import Unreadable
-from tapfix.proxy.response.decoding import DecodeError, Decoder
 from tapfix.proxy.sse import EVENT_END, SSESplitter, ends_stream, is_sse
 from tapfix.proxy.surfaces import surface_for
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
+from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, decode_whole
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, decode_whole
 from tapfix.proxy.store.errors import StoreError
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row

@@ -87,10 +87,10 @@ def upstream() -> Iterator[RawServer]:
         server.close()
 
 
-def stream(url: str, content: str) -> bytes:
+def stream(url: str, content: str, **extra: Any) -> bytes:
     """One request on a connection of its own (a fresh client), read to its end."""
     with httpx.Client(timeout=30) as client:
-        with client.stream("POST", url + "/v1/chat/completions", json=body(content)) as r:
+        with client.stream("POST", url + "/v1/chat/completions", json=body(content) | extra) as r:
             assert r.status_code == 200
             return b"".join(r.iter_raw())
 
@@ -134,7 +134,8 @@ def test_an_upstream_that_tells_no_window_is_not_asked_per_request(tmp_path: Pat
         proxy = start_proxy(tmp_path, upstream.url, "--engine", "vllm")
         try:
             for k in range(REQUESTS):
-                assert stream(proxy.url, f"turn {k}").endswith(b"data: [DONE]\n\n")
+                # an output budget: what makes tapfix want the window (to clamp it)
+                assert stream(proxy.url, f"turn {k}", max_tokens=1024).endswith(b"data: [DONE]\n\n")
         finally:
             proxy.stop()
         paths = [r.path for r in upstream.requests]

@@ -8,16 +8,16 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.assemble.result import Assembled
-from tapfix.proxy.mock.degenerate import degenerate_reply
-from tapfix.proxy.response.degeneration import (
+from tapfix.proxy.assemble.degeneration import (
     latin_dominant,
     repetition_loop,
     request_language,
     script_drift,
     tool_call_problems,
 )
-from tapfix.proxy.response.flags import response_flags
+from tapfix.proxy.assemble.flags import response_flags
+from tapfix.proxy.assemble.result import Assembled
+from tapfix.proxy.mock.degenerate import degenerate_reply
 
 CJK = "配置文件需要更新以便系统能够正确加载模型参数然后我们再检查输出结果是否符合预期因此我们应该先确认环境变量"
 ENGLISH = (

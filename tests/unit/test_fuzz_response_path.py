@@ -17,9 +17,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.assemble import assemble, assemble_json, assemble_sse
+from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.response.flags import response_flags
 from tapfix.proxy.response.pipeline import StreamPipeline
 from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename
 from tapfix.proxy.store.sqlite.database import open_for_reading

@@ -207,3 +207,62 @@ def test_the_shared_words_import_nothing_of_tapfix(graph):
     assert seen, "the check sees vocabulary's imports"
     violations = [_where(graph, a, b) for a, b in seen if b.startswith("tapfix.") and _package_of(b) != "vocabulary"]
     _fail_with("tapfix.proxy.vocabulary imports another part of tapfix", violations)
+
+
+# The layers of tapfix.proxy, top to bottom: a layer may import the layers below it, never one above; the
+# parts of one layer don't import each other. Every package and top-level module of proxy/ is in one.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),  # the commands: everything below, and the runner's entry into the addons
+    ("browse",),  # the capture browser reads the store and exports replays
+    ("replay", "probe"),  # tools that drive an upstream with recorded or scripted requests
+    ("response",),  # the live response pipeline, which hands a failed attempt to regeneration
+    ("regenerate",),  # re-asking the upstream; its attempts are traced
+    ("telemetry",),  # spans and metrics, read from what the store records and the request side changed
+    ("store", "mock"),  # captures at rest; the mock engine (it speaks the tool-call formats)
+    ("request",),  # the request side: sampling, reasoning dialects, routing, preflight
+    ("toolcalls", "window"),  # tool-call formats and repair; the context window
+    ("errors", "assemble", "config", "exchange"),  # tapfix's own answers, the assembled answer, settings, one exchange
+    (
+        "changes",
+        "content_encoding",
+        "http_headers",
+        "ids",
+        "jsonbody",
+        "jsonsplice",
+        "net",
+        "quantities",
+        "sse",
+        "surfaces",
+        "vocabulary",
+    ),  # fmt: skip  # the shared words and wire primitives
+)
+
+
+def test_every_part_of_the_core_has_a_layer():
+    parts = {p.stem for p in PACKAGES["proxy"].iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or (
+        p.suffix == ".py" and p.name != "__init__.py")}  # fmt: skip
+    assert parts == {tail for layer in LAYERS for tail in layer}
+
+
+def test_the_layers_hold(graph):
+    """grimp's layers contract, package to package, with no ignore list: an import (direct or through
+    other modules) from a lower layer to a higher one, or between the parts of one layer, fails."""
+    layers = [grimp.Layer(*layer, independent=True) for layer in LAYERS]
+    illegal = graph.find_illegal_dependencies_for_layers(layers=layers, containers={"tapfix.proxy"})
+    violations = [
+        f"{dep.importer} -> {dep.imported}: "
+        + "; ".join(" -> ".join([min(route.heads), *route.middle, min(route.tails)]) for route in dep.routes)
+        for dep in sorted(illegal, key=lambda d: (d.importer, d.imported))
+    ]
+    _fail_with("a layer imports one above it (or a sibling)", violations)
+
+
+def test_the_layers_contract_sees_a_violation():
+    """Not vacuous: the same check on a graph with one upward import reports it."""
+    graph = grimp.ImportGraph()
+    for module in ("tapfix.proxy", "tapfix.proxy.store", "tapfix.proxy.store.writer", "tapfix.proxy.cli"):
+        graph.add_module(module)
+    graph.add_import(importer="tapfix.proxy.store.writer", imported="tapfix.proxy.cli", line_number=1, line_contents="")
+    layers = [grimp.Layer(*layer, independent=True) for layer in LAYERS]
+    illegal = graph.find_illegal_dependencies_for_layers(layers=layers, containers={"tapfix.proxy"})
+    assert {(d.importer, d.imported) for d in illegal} == {("tapfix.proxy.store", "tapfix.proxy.cli")}

@@ -230,8 +230,8 @@ def test_truth_5_compressed_stream_reset_adds_no_plain_bytes(stack):
 def test_truth_5_stream_that_stops_decoding_midway():
     """Stages armed, text already sent: the stream ends with a retryable error event, recorded;
     no stage armed: the bytes pass as they came and the record falls back to them."""
+    from tapfix.proxy.content_encoding import Decoder
     from tapfix.proxy.exchange import Exchange
-    from tapfix.proxy.response.decoding import Decoder
     from tapfix.proxy.response.pipeline import StreamPipeline
     from tapfix.proxy.response.reasoning_fields import ReasoningFieldRename
 
@@ -258,7 +258,7 @@ def test_truth_5_decoders_take_any_pieces():
     """Chunk boundaries anywhere, gzip members and zstd frames in a row, raw deflate, coding chains."""
     import random
 
-    from tapfix.proxy.response.decoding import DecodeError, Decoder, decode_whole
+    from tapfix.proxy.content_encoding import DecodeError, Decoder, decode_whole
 
     data = b"".join(b'data: {"n": %d}\n\n' % i for i in range(3000))
     raw = zlib.compressobj(wbits=-15)
@@ -286,7 +286,7 @@ def test_truth_5_decoders_take_any_pieces():
 
 def test_truth_5_decoding_stops_at_a_size_limit():
     """A small compressed body that inflates past the limit stops there instead of filling memory."""
-    from tapfix.proxy.response.decoding import DecodedTooLarge, DecodeError, Decoder
+    from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, Decoder
 
     bombs = {
         "gzip": gzip.compress(b"\0" * 8_000_000),

@@ -22,7 +22,7 @@ import pytest
 from tests.process.realengine.relay import Relay
 from tests.process.realengine.test_passthrough import recorded_changes
 from tests.process.vllm.engine import VllmServer
-from tests.process.vllm.test_passthrough import post, through
+from tests.process.vllm.test_passthrough import post, the_request, through
 from tests.process.vllm.wire import CHAT, TOOLS, ask, chat_body, chat_choice, hermes_call, shown, think
 from tests.support.inproc import InprocProxy
 
@@ -99,7 +99,7 @@ def test_a_parser_that_does_not_match_leaves_text_that_tapfix_turns_back_into_th
     content; tapfix recovers the call from it and records the change."""
     mark = relay.mark()
     _, received = post(proxy, CHAT, body_for("pythonic", MARKUP["hermes"], stream))
-    [exchange] = relay.exchanges_since(mark)
+    exchange = the_request(relay.exchanges_since(mark), CHAT)
     by_vllm = chat_choice(exchange.response.body, stream)
     assert by_vllm.calls == [] and by_vllm.finish_reason == "stop"
     assert MARKUP["hermes"] in by_vllm.content, by_vllm.content

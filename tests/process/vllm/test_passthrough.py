@@ -90,12 +90,9 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"calls": [("write", WRITE_ARGS), ("read", READ_ARGS)]},
     ),
     "wrong_model": ({**chat_body(HI), "model": "gpt-4o"}, {"status": 404}),
-    "max_tokens_over_the_window": (chat_body(HI, max_tokens=MAX_MODEL_LEN + 1), {"status": 400}),
-    "stream_context_overflow": (
-        chat_body([{"role": "user", "content": "1" * MAX_MODEL_LEN}], stream=True),  # a token per digit
-        {"status": 400},
-    ),
 }
+# What tapfix may ask vLLM itself beside a request (issue 37): its window, and the prompt's count by its tokenizer.
+WINDOW_READS = ("GET /v1/models ", "POST /tokenize ")
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +120,19 @@ def post(proxy: InprocProxy, path: str, body: dict[str, Any]) -> tuple[Seen, See
     return sent, Seen(response.status_code, response.headers, raw)
 
 
+def the_request(seen: list[Exchange], path: str) -> Exchange:
+    """The one request tapfix sent upstream for the client's (anything else only reads vLLM's window)."""
+    [exchange] = [e for e in seen if e.request.start_line.startswith(f"POST {path} ")]
+    assert all(e is exchange or e.request.start_line.startswith(WINDOW_READS) for e in seen), seen
+    return exchange
+
+
 def through(proxy: InprocProxy, relay: Relay, path: str, body: dict[str, Any]) -> tuple[Seen, Exchange, list[dict]]:
     """Send `body` through tapfix; check the passthrough promises against the relay's record of the same
     request; return what the client got, the exchange vLLM saw, and the capture's changes."""
     mark = relay.mark()
     sent, received = post(proxy, path, body)
-    [exchange] = relay.exchanges_since(mark)  # tapfix sent exactly one request upstream
-    assert exchange.request.start_line.startswith(f"POST {path} ")
+    exchange = the_request(relay.exchanges_since(mark), path)
     changes = recorded_changes(proxy.extra["db"], received.headers["x-tapfix-capture-id"])
     assert_passed_back(received, exchange)
     assert_forwarded(sent, exchange, changes)
@@ -166,6 +169,54 @@ def test_the_client_gets_exactly_what_vllm_sent(proxy: InprocProxy, relay: Relay
         assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0 and done == "[DONE]"
 
 
+def test_a_budget_over_the_window_is_clamped_by_vllms_own_count(proxy: InprocProxy, relay: Relay) -> None:
+    """vLLM refuses prompt + max_tokens over max_model_len instead of clamping (vllm #42474); through tapfix
+    the client is answered, max_tokens lowered to what vLLM's own count of the prompt leaves."""
+    body = chat_body(HI, max_tokens=MAX_MODEL_LEN + 1, **NO_THINKING)
+    mark = relay.mark()
+    _, received = post(proxy, CHAT, body)
+    seen = relay.exchanges_since(mark)
+    exchange = the_request(seen, CHAT)
+    [*_, counted] = [e for e in seen if e.request.start_line.startswith("POST /tokenize ")]
+    count = json.loads(counted.response.body)["count"]
+    assert json.loads(exchange.request.body)["max_tokens"] == MAX_MODEL_LEN - count
+    assert exchange.response.status == received.status == 200, received.body[:500]
+    assert chat_choice(received.body, False).content == "Hello!"
+    changes = recorded_changes(proxy.extra["db"], received.headers["x-tapfix-capture-id"])
+    [clamp] = [c for c in changes if c["stage"] == "window"]
+    assert clamp["path"] == "$.max_tokens" and "the engine's count" in clamp["reason"]
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["vllms_error", "counted_first"])
+def test_vllms_overflow_reaches_the_client_as_the_overflow_agents_compact_on(
+    proxy: InprocProxy, relay: Relay, budget: bool
+) -> None:
+    """A prompt longer than vLLM's window reaches the client as OpenAI's context_length_exceeded (what opencode
+    and pi match). Without max_tokens vLLM's own 400 is rewritten, with vLLM's numbers, and the capture keeps
+    vLLM's error; with one, tapfix counts the prompt by vLLM's tokenizer first and answers without sending it."""
+    body = chat_body([{"role": "user", "content": "1" * MAX_MODEL_LEN}], stream=True)  # a token per digit
+    if not budget:
+        del body["max_tokens"]
+    mark = relay.mark()
+    _, received = post(proxy, CHAT, body)
+    seen = relay.exchanges_since(mark)
+    assert received.status == 400
+    error = json.loads(received.body)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "context_length_exceeded")
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
+    changes = recorded_changes(proxy.extra["db"], received.headers["x-tapfix-capture-id"])
+    if budget:
+        [counted] = [e for e in seen if e.request.start_line.startswith("POST /tokenize ")]
+        assert f"resulted in {json.loads(counted.response.body)['count']} tokens" in error["message"]
+        assert not [e for e in seen if e.request.start_line.startswith(f"POST {CHAT} ")]  # never sent
+        return
+    exchange = the_request(seen, CHAT)
+    assert exchange.response.status == 400
+    vllms = json.loads(exchange.response.body)["error"]
+    assert vllms["type"] == "BadRequestError" and str(MAX_MODEL_LEN) in vllms["message"]
+    assert [c["stage"] for c in changes if not c["path"].startswith("headers.")] == ["window"]
+
+
 def test_a_call_with_broken_json_arguments_is_repaired_or_failed_cleanly(proxy: InprocProxy, relay: Relay) -> None:
     """vLLM streams whatever the model wrote inside `<tool_call>` as arguments, and still finishes with
     `tool_calls`. tapfix must not pass the broken arguments on: the client gets valid JSON or a retryable
@@ -174,7 +225,7 @@ def test_a_call_with_broken_json_arguments_is_repaired_or_failed_cleanly(proxy: 
     body = chat_body(ask("Write a.py.", think() + broken), tools=TOOLS, stream=True)
     mark = relay.mark()
     _, received = post(proxy, CHAT, body)
-    [exchange] = relay.exchanges_since(mark)
+    exchange = the_request(relay.exchanges_since(mark), CHAT)
     sent_by_vllm = chat_choice(exchange.response.body, True)
     assert sent_by_vllm.finish_reason == "tool_calls"
     [call] = sent_by_vllm.calls

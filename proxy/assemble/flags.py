@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tapfix.proxy.assemble.result import Assembled
-from tapfix.proxy.response.degeneration import (
+from tapfix.proxy.assemble.degeneration import (
     has_cjk,
     repetition_loop,
     request_language,
     script_drift,
     tool_call_problems,
 )
+from tapfix.proxy.assemble.result import Assembled
 
 log = logging.getLogger("tapfix.flags")
 
