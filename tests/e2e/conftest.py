@@ -1,5 +1,8 @@
 """Fixtures for the agent suite: install the pinned agents once, and give each test its own
-`tapfix mock` + `tapfix run` pair (own ports, own capture database), stopped by PID afterwards.
+`tapfix mock` + `tapfix run` pair (own ports, own capture database), stopped afterwards. The agents are
+processes; the mock, the proxy and the `captures` commands that read the store run in the test process
+(tests/support/inproc.py), as the real-engine tests' proxy does: a process of theirs proves nothing more
+here, and each costs a second or two of CPU per test.
 
 Locally a missing npm (or a failed install) skips the suite with the reason; with `CI` set it fails.
 """
@@ -19,7 +22,7 @@ import pytest
 
 from tests.e2e.agents import AGENTS_DIR, INSTALL_SCRIPT
 from tests.support.ci import unavailable
-from tests.support.procs import Proc, cli, free_port, start, start_mock, start_proxy, wait_port
+from tests.support.inproc import InprocMock, InprocProxy, cli, start, start_mock, start_proxy
 
 INSTALL_TIMEOUT = 900
 
@@ -53,8 +56,8 @@ def agents_installed() -> Path:
 @dataclass
 class Store:
     """The capture store, read the way users read it: `tapfix captures list --json` for the rows and
-    `tapfix captures export` for bodies (`cli=True`), or the same reader in-process (fast: a CLI call
-    costs about a second on a small CI machine), plus the plain `changes` table for the change rows."""
+    `tapfix captures export` for bodies (`cli=True`; both through CliRunner), or the reader the export
+    uses, plus the plain `changes` table for the change rows."""
 
     db: Path
 
@@ -129,8 +132,8 @@ class Stack:
     """tapfix run in front of tapfix mock (or of nothing), for one test."""
 
     tmp: Path
-    proxy: Proc
-    mock: Proc | None
+    proxy: InprocProxy
+    mock: InprocMock | None
     store: Store
 
     @property
@@ -152,7 +155,7 @@ class Stack:
 def stack(tmp_path, agents_installed):
     """A factory: `stack(mock_args=[...], proxy_args=[...])` or `stack(config=TOML)` (config mode; the
     text's `{MOCK}` is replaced by the mock's URL) or `stack(upstream="http://127.0.0.1:PORT")` (no mock)."""
-    made: list[Proc] = []
+    made: list[InprocMock | InprocProxy] = []
 
     def make(
         *, mock_args: list[str] = (), proxy_args: list[str] = (), config: str | None = None, upstream: str | None = None
@@ -166,17 +169,11 @@ def stack(tmp_path, agents_installed):
         if config is not None:
             cfg = tmp_path / "tapfix.toml"
             cfg.write_text(config.replace("{MOCK}", upstream))
-            port = free_port()
-            proxy = start(
-                ["run", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--db", str(db), *proxy_args],
-                port,
-                tmp_path / f"proxy-{port}.log",
-            )
+            proxy = start(["--config", str(cfg), "--db", str(db), *proxy_args], tmp_path / f"proxy-{len(made)}.log")
             proxy.extra["db"] = db
         else:
             proxy = start_proxy(tmp_path, upstream, *proxy_args, db=db)
         made.append(proxy)
-        wait_port(proxy.port, proxy.proc)
         return Stack(tmp_path, proxy, mock, Store(db))
 
     yield make

@@ -24,11 +24,13 @@ def tapfix_ca_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(autouse=True)
 def one_proxy_left_behind_at_most() -> Iterator[None]:
     """A proxy a test started and left running would make every later start in this worker fail (one at a
-    time): it is stopped here, and the test fails for it. Module fixtures start theirs before this runs."""
+    time): it is stopped here, and the test fails for it. Module fixtures start theirs before this runs, and
+    a module's (shared) proxy that comes back during a test, after an earlier test's proxy made it step
+    aside, is still the module's."""
     before = InprocProxy.running
     yield
     left = InprocProxy.running
-    if left is not None and left is not before:
+    if left is not None and left is not before and not left.shared:
         left.stop()
         pytest.fail(f"the test left an in-process proxy running ({left.url}, {left.args}): stop it in a finally")
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tapfix.proxy.store.sqlite.database import open_for_writing
 
-from tests.support.inproc import InprocMock, InprocProxy, OneAtATime, cli, start_proxy
+from tests.support.inproc import InprocMock, InprocProxy, OneAtATime, WouldServe, cli, start_proxy
 from tests.support.procs import wait_capture
 
 
@@ -80,3 +81,28 @@ def test_cli_gives_exit_codes_and_output_as_the_process_does(tmp_path: Path) -> 
     usage = cli("captures", "list", "--limit", "many")
     assert usage.returncode == 2 and b"--limit" in usage.stderr
     assert cli("--help").stdout.startswith(b"Usage: tapfix")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"],
+        ["mock", "--listen", "127.0.0.1:0"],
+        ["browse", "--listen", "127.0.0.1:0"],
+        ["demo", "--listen", "127.0.0.1:0", "--mock-listen", "127.0.0.1:0"],
+    ],
+    ids=["run", "mock", "browse", "demo"],
+)
+def test_cli_fails_a_command_that_goes_on_to_serve_instead_of_hanging(args: list[str], tmp_path: Path) -> None:
+    """A refusal test that stopped refusing would otherwise serve in the test process forever."""
+    open_for_writing(tmp_path / "c.db").close()  # browse wants a store to show
+    with pytest.raises(WouldServe, match=f"tapfix {args[0]} "):
+        cli(*args, "--db", str(tmp_path / "c.db"), cwd=tmp_path)
+    assert cli("--help").returncode == 0  # served nothing, and the guard is gone
+
+
+def test_cli_runs_in_the_given_working_directory(tmp_path: Path) -> None:
+    here = Path.cwd()
+    open_for_writing(tmp_path / "relative.db").close()
+    assert cli("captures", "list", "--db", "relative.db", cwd=tmp_path).returncode == 0
+    assert Path.cwd() == here and cli("captures", "list", "--db", "relative.db").returncode == 1

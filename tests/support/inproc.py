@@ -3,9 +3,11 @@ on port 0, and the command line through click's CliRunner. The calls mirror test
 (`start_proxy`, `start_mock`, `mock_and_proxy`, `cli`, the handle's `.url`, `.port`, `.extra["db"]`,
 `.log()`, `.stop()`), so a test moves between the tiers by its imports.
 
-The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command
-(`settings_from`, `checked`), `prepare` (store, upstreams, policy, the capture writer's thread), `serve`
-on an event loop of its own thread, and on stop what SIGTERM does (the shutdown grace) and what the
+The proxy is `tapfix run`'s own path minus the process: its options parsed by the `run` command and
+taken through its callback (what its decorators do, such as a deprecated spelling mapped to its option
+and the warning that says so, happens here too; its checks, `checked`, too: the settings are what it
+hands `run_proxy`), `prepared` (store, upstreams, policy, the capture writer's thread), `serve` on an
+event loop of its own thread, and on stop what SIGTERM does (the shutdown grace) and what the
 process does before it exits (`drain`: the writer's queue, the exports). What a process gave for
 free, each owned here:
 
@@ -30,10 +32,12 @@ free, each owned here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -46,9 +50,11 @@ import click
 from click.testing import CliRunner
 from tapfix.addons.runner.master import Serving, drain, serve
 from tapfix.proxy.cli.main import main, mock_options
-from tapfix.proxy.cli.run import checked, prepared
+from tapfix.proxy.cli.run import prepared
 from tapfix.proxy.cli.run import run as run_command
-from tapfix.proxy.cli.settings_options import settings_from
+from tapfix.proxy.config.settings import Settings
+
+run_module = sys.modules["tapfix.proxy.cli.run"]  # the module whose run_proxy the command calls
 
 START_TIMEOUT_S = 20.0
 MOCK_THREAD = "tapfix-demo-mock"  # what proxy/cli/demo.py names the mock's thread
@@ -106,6 +112,30 @@ def _environment(env: dict[str, str] | None) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _run_settings(args: list[str], log_path: Path) -> Settings:
+    """What `tapfix run ARGS` hands `run_proxy`: the command's own callback runs (its decorators, its checks),
+    with `run_proxy` standing in to take the settings. What it says on stderr goes to the log, as a
+    process's stderr does."""
+    taken: list[Settings] = []
+
+    def take(settings: Settings, banner: Any = None) -> int:
+        taken.append(settings)
+        return 0
+
+    original = run_module.run_proxy
+    run_module.run_proxy = take
+    try:
+        with open(log_path, "a", encoding="utf-8") as err, contextlib.redirect_stderr(err):
+            with run_command.make_context("run", args) as ctx:
+                ctx.invoke(run_command.callback, **ctx.params)  # type: ignore[arg-type]
+    except SystemExit:
+        pass
+    finally:
+        run_module.run_proxy = original
+    assert taken, f"`tapfix run {' '.join(args)}` ended before it had settings"
+    return taken[0]
 
 
 @dataclass
@@ -167,8 +197,7 @@ class InprocProxy:
         self._env = _environment(self.env)
         self._env.__enter__()
         try:
-            with run_command.make_context("run", list(args)) as ctx:
-                self.settings = checked(settings_from(dict(ctx.params)))
+            self.settings = _run_settings(list(args), self.log_path)
             self._handler = _ProxyLog(self.log_path, self.settings.verbose)
             root, tapfix_log = logging.getLogger(), logging.getLogger("tapfix")
             root.addHandler(self._handler)
@@ -290,6 +319,7 @@ class InprocMock:
     server: Any
     log_path: Path
     port: int
+    thread: threading.Thread | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -303,11 +333,15 @@ class InprocMock:
         return any(s.is_serving() for s in self.server.servers)
 
     def stop(self) -> int:
-        """Stops listening at once, as a killed process would (connections get uvicorn's graceful second)."""
+        """Stops listening at once, as a killed process would, and returns once its thread ended: the responses
+        still open get uvicorn's graceful second, and what uvicorn says of those it cancels is said during
+        the test that stopped it (in its captured output), not after the session's summary."""
         self.server.should_exit = True
         deadline = time.monotonic() + 10
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.thread is not None:
+            self.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return 0
 
 
@@ -321,24 +355,28 @@ def start_mock(tmp: Path, *args: str) -> InprocMock:
         params = dict(ctx.params)
         host, _ = params.pop("listen")
         opts = mock_options(**params)
+    before = set(threading.enumerate())
     server = start_mock_thread(host, 0, opts)
     port = server.servers[0].sockets[0].getsockname()[1]
-    handle = InprocMock(server, _log_path(tmp, "mock"), port)
+    thread = next((t for t in threading.enumerate() if t.name == MOCK_THREAD and t not in before), None)
+    handle = InprocMock(server, _log_path(tmp, "mock"), port, thread)
     STARTED.append(handle)
     return handle
 
 
 @contextmanager
-def mock_and_proxy(tmp: Path, scenario: str | dict[str, Any], *proxy_args: str) -> Iterator[tuple[Any, Any]]:
+def mock_and_proxy(
+    tmp: Path, scenario: str | dict[str, Any], *proxy_args: str, shared: bool = False
+) -> Iterator[tuple[InprocMock, InprocProxy]]:
     """The mock with `--scenario` (a name, a file, or a dict written to one) and the proxy in front of it,
-    both stopped at the end."""
+    both stopped at the end; `shared`: a module's proxy (see InprocProxy)."""
     if isinstance(scenario, dict):
         path = tmp / "scenario.json"
         path.write_text(json.dumps(scenario))
         scenario = str(path)
     mock = start_mock(tmp, "--scenario", scenario)
     try:
-        proxy = start_proxy(tmp, mock.url, *proxy_args)
+        proxy = start_proxy(tmp, mock.url, *proxy_args, shared=shared)
         try:
             yield mock, proxy
         finally:
@@ -347,14 +385,47 @@ def mock_and_proxy(tmp: Path, scenario: str | dict[str, Any], *proxy_args: str) 
         mock.stop()
 
 
+class WouldServe(RuntimeError):
+    """A command run through `cli` got past its checks and went on to serve (it would serve here forever)."""
+
+
+@contextmanager
+def _no_serving(args: tuple[str, ...]) -> Iterator[None]:
+    """Each way a command starts serving (the proxy's master loop, the mock's and the browser's uvicorn) raises
+    WouldServe while `cli` runs: a refusal that stopped refusing fails its test instead of hanging it."""
+    import uvicorn
+    from tapfix.addons.runner import master
+    from tapfix.proxy import mock
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise WouldServe(f"`tapfix {' '.join(args)}` went on to serve: cli() runs commands that end")
+
+    saved = [(master, "run", master.run), (mock, "serve", mock.serve), (uvicorn, "run", uvicorn.run)]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 def cli(
-    *args: str, env: Mapping[str, str | None] | None = None, input: bytes | None = None
+    *args: str,
+    env: Mapping[str, str | None] | None = None,
+    input: bytes | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """`tapfix ARGS` through click's CliRunner: the result as a finished process gives it (exit code,
     stdout and stderr bytes). An exception the command let through fails the test with its traceback,
-    where the process would have printed it and exited 1. `env`: set while it runs (None: unset). Only
-    commands that end: a command that serves (`run`, `mock`, `browse`, `demo`) would serve here forever."""
-    result = CliRunner().invoke(main, list(args), env=env, input=input, prog_name="tapfix")
+    where the process would have printed it and exited 1. `env`: set while it runs (None: unset); `cwd`:
+    the working directory while it runs. Only commands that end: one that gets as far as serving (`run`,
+    `mock`, `browse`, `demo` past their checks) raises WouldServe. `timeout`: taken for procs.cli's
+    signature; nothing here waits on a process."""
+    del timeout
+    with _no_serving(args), contextlib.chdir(cwd or Path.cwd()):
+        result = CliRunner().invoke(main, list(args), env=env, input=input, prog_name="tapfix")
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(["tapfix", *args], result.exit_code, result.stdout_bytes, result.stderr_bytes)

@@ -33,12 +33,12 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Store
+from tests.inproc.test_e2e_regenerate import all_exchanges, rows
 from tests.process.realengine import tiny_model as tm
 from tests.process.realengine.engine import LlamaServer
 from tests.process.realengine.fault_relay import Cut, FaultRelay
 from tests.support.inproc import InprocProxy
 from tests.support.stage_io import client_view
-from tests.test_e2e_regenerate import all_exchanges, rows
 
 pytestmark = [pytest.mark.realengine]
 

@@ -25,6 +25,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Store
+from tests.inproc.test_e2e_regenerate import all_exchanges, rows
 from tests.process.realengine.fault_relay import Cut, FaultRelay
 from tests.process.vllm.engine import MODEL, VllmServer
 from tests.process.vllm.wire import (
@@ -39,7 +40,6 @@ from tests.process.vllm.wire import (
     think,
 )
 from tests.support.inproc import InprocProxy
-from tests.test_e2e_regenerate import all_exchanges, rows
 
 pytestmark = [pytest.mark.vllm]
 

@@ -12,7 +12,7 @@ from tapfix.addons.health import Health
 from tapfix.addons.recorder import RecordRequest
 from tapfix.addons.runner.runtime import META
 
-from tests.addons.flows import flow, json_response, runtime
+from tests.support.flows import flow, json_response, runtime
 
 TOKEN = "tapfix-token-0123456789abcdef"
 

@@ -11,7 +11,7 @@ from mitmproxy import http
 from mitmproxy.test import taddons
 from tapfix.addons.health import Health
 
-from tests.addons.flows import UPSTREAM, flow, json_response, runtime, store
+from tests.support.flows import UPSTREAM, flow, json_response, runtime, store
 
 
 def ask(health: Health, f: http.HTTPFlow) -> None:

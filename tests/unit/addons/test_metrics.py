@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tapfix.addons.metrics import Metrics
 from tapfix.proxy.telemetry.metrics import MODEL
 
-from tests.addons.flows import flow, json_response, runtime, store
+from tests.support.flows import flow, json_response, runtime, store
 
 
 def ask(metrics: Metrics, f: http.HTTPFlow) -> None:

@@ -13,7 +13,7 @@ from tapfix.addons.runner.runtime import META
 from tapfix.proxy.store.sqlite.database import open_for_reading
 from tapfix.proxy.store.sqlite.reader import capture_body
 
-from tests.addons.flows import READ_TOOL, flow, json_response, runtime, store
+from tests.support.flows import READ_TOOL, flow, json_response, runtime, store
 
 
 def test_the_request_is_kept_as_sent_with_what_the_stages_need() -> None:

@@ -11,7 +11,7 @@ from mitmproxy.test import taddons
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
 
-from tests.addons.flows import flow, json_response, reachable, recorded, runtime
+from tests.support.flows import flow, json_response, reachable, recorded, runtime
 
 CONFIG = {
     "upstreams": {

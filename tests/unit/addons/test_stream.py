@@ -13,8 +13,8 @@ from tapfix.addons.stream import StreamOwner
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.response.pipeline import StreamPipeline
 
-from tests.addons.flows import READ_TOOL, flow, json_response, recorded, runtime, sse_response
 from tests.support.builders import chat_chunk, message_tool_call, sse
+from tests.support.flows import READ_TOOL, flow, json_response, recorded, runtime, sse_response
 
 HELLO = sse([chat_chunk({"content": "hello"})])
 

@@ -16,7 +16,7 @@ from tapfix.addons.trace_context import TraceContext
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.telemetry.context import parse_traceparent
 
-from tests.addons.flows import flow, reachable, recorded, runtime
+from tests.support.flows import flow, reachable, recorded, runtime
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
