@@ -33,14 +33,14 @@ def default_addons(runtime: Runtime) -> list[object]:
         RecordExchange(runtime),
         RecordMalformed(runtime),
     ]
-    if runtime.settings.regenerate > 0:  # issue 19: only then does any flow go through the relay
-        from tapfix.addons.relay import Relay
+    if runtime.settings.regenerate > 0:  # issue 19: only then may a request get a later attempt
+        from tapfix.addons.attempts import LaterAttempts
 
         verify: bool | str = not runtime.settings.insecure
         if runtime.settings.upstream_ca is not None and verify:
             verify = str(runtime.settings.upstream_ca)
-        runtime.relay = Relay(KEEPALIVE_S, verify, runtime.settings.connect_timeout)
-        chain.insert(chain.index(next(a for a in chain if isinstance(a, Router))), runtime.relay)
+        runtime.attempts = LaterAttempts(KEEPALIVE_S, verify, runtime.settings.connect_timeout)
+        chain.insert(chain.index(next(a for a in chain if isinstance(a, Router))), runtime.attempts)
         # A non-streamed answer's new attempt: after the stream owner's body repair, before the recorder.
         from tapfix.addons.regenerate_body import RegenerateBody
 

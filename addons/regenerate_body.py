@@ -3,7 +3,7 @@
 A whole body is held until the `response` hook, and this async hook may await a second upstream request
 before mitmproxy sends anything (docs/regenerate.md). The stream owner ran the body stages on attempt 1
 and left their outcome (proxy/regenerate/whole_body.py, `WHOLE_BODY`); when it calls for another attempt
-and the rules allow one, the attempt goes upstream with the relay's httpx client (addons/relay.py,
+and the rules allow one, the attempt goes upstream with the later attempts' client (addons/attempts.py,
 `fetch_whole`: the same TLS settings and connect timeout), through the same stages. A good answer
 replaces the error the client would have got; when none is good the client gets attempt 1's answer,
 as without regeneration. Registered after the stream owner and before the recorder, only with
@@ -40,10 +40,10 @@ class RegenerateBody:
         if ex is None or response is None or response.stream:
             return
         held = ex.extra.pop(WHOLE_BODY, None)
-        relay = self.runtime.relay
+        attempts = self.runtime.attempts
         target = ex.extra.get("target")
         surface = surface_for(ex.path)
-        if held is None or relay is None or not isinstance(target, str) or surface is None:
+        if held is None or attempts is None or not isinstance(target, str) or surface is None:
             return  # no body repair ran, or regular mode (no upstream of tapfix's own to ask again)
         first, stages = held
         settings = self.runtime.regenerate_settings(ex.model)
@@ -62,7 +62,7 @@ class RegenerateBody:
         good: BodyOutcome | None = None
         while good is None and (send := regen.plan(client_connected=flow.client_conn.connected)) is not None:
             try:
-                fetch = relay.fetch_whole(send.attempt, flow.request.method, flow.request.url, send.timeout_s)
+                fetch = attempts.fetch_whole(send.attempt, flow.request.method, flow.request.url, send.timeout_s)
                 await _while_connected(fetch, flow, send.attempt)
             finally:
                 if send.ticket is not None:

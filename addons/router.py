@@ -20,12 +20,10 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.regenerate.wire import SESSION_HEADER
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
-RELAYED = ("chat", "responses", "messages")  # the surfaces whose streams a later attempt can join
 
 
 class Router:
@@ -59,30 +57,6 @@ class Router:
             ex.flags.add("upstream_unreachable")
             error = f"upstream {target.url} unreachable: {why}"
             answer_locally(flow, ex, upstream_unreachable(surface_for(ex.path), error))
-            return
-        self._through_relay(flow, ex, target)
-
-    def _through_relay(self, flow: http.HTTPFlow, ex: Exchange, target: UpstreamTarget) -> None:
-        """Issue 19: a request that may be regenerated goes through the relay (addons/relay.py), so a later
-        attempt can join its streamed response: a streamed Chat Completions, Responses or Messages POST
-        with tools, one choice, under `--tool-repair error` or `fail_fast`, with `--regenerate` above 0.
-        Every other request goes straight to the upstream, as without regeneration."""
-        relay = self.runtime.relay
-        if relay is None or relay.port is None or not (ex.stream and ex.tools) or flow.request.method != "POST":
-            return
-        if self.runtime.settings.tool_repair not in ("error", "fail_fast"):
-            return
-        if surface_for(ex.path) not in RELAYED or self.runtime.regenerate_settings(ex.model).attempts == 0:
-            return
-        if ex.choices_asked not in (None, 1):
-            return  # a regenerated choice can't be asked for alone
-        token, session = relay.open(target.origin)
-        ex.extra["relay_session"] = session
-        request = flow.request
-        host_header = request.host_header
-        request.headers[SESSION_HEADER] = token
-        request.scheme, request.host, request.port = "http", "127.0.0.1", relay.port
-        request.host_header = host_header  # the record names the upstream, not the relay
 
     def error(self, flow: http.HTTPFlow) -> None:
         """The upstream connection could not be opened after all: TCP accepted (`unreachable` said yes)

@@ -24,6 +24,7 @@ from tapfix.addons.runner.reset_tail import REPLY_ATTR
 from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of, request_url
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.errors import shutting_down
+from tapfix.proxy.response.pipeline import StreamPipeline
 from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
@@ -52,10 +53,12 @@ class Shutdown:
             ex.flags.add(SHUTDOWN_FLAG)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        self.in_flight.discard(flow)
+        if not _may_get_another_attempt(flow):
+            self.in_flight.discard(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        self.in_flight.discard(flow)
+        if not _may_get_another_attempt(flow):
+            self.in_flight.discard(flow)
 
     # -- signals ---------------------------------------------------------------------------------
     def signal(self, master: Any) -> None:
@@ -88,8 +91,13 @@ class Shutdown:
 
     async def _wait(self, seconds: float, *, interruptible: bool) -> None:
         deadline = time.monotonic() + seconds
-        while self.in_flight and time.monotonic() < deadline and not (interruptible and self._now.is_set()):
+        while self._prune() and time.monotonic() < deadline and not (interruptible and self._now.is_set()):
             await asyncio.sleep(_POLL_S)
+
+    def _prune(self) -> bool:
+        """Drop the flows mitmproxy has ended (a stream kept in flight for its later attempts); any left?"""
+        self.in_flight = {flow for flow in self.in_flight if flow.live}
+        return bool(self.in_flight)
 
     def end_all(self, proxyserver: Any) -> None:
         """Flag each exchange, then close its upstream connection: mitmproxy's error path ends it."""
@@ -105,8 +113,18 @@ class Shutdown:
                     sent = flow.server_conn.timestamp_tcp_setup is not None  # it went upstream, unanswered
                     ex.answered_by_tapfix(answer.error_text(), request_url(flow.request) if sent else "")
                     ex.status, ex.client_response = answer.status, answer.body
+            stream = flow.response.stream if flow.response is not None else None
+            if isinstance(stream, StreamPipeline) and stream.pending:
+                continue  # a later attempt runs in the stream owner's hook: it sees the flag and ends the stream
             handler = proxyserver.connections.get(flow.client_conn.id)
             if handler is not None and flow.server_conn in handler.transports:
                 handler.close_connection(flow.server_conn)
             elif flow.killable:  # no upstream connection yet: mitmproxy ends it at its next step
                 flow.kill()
+
+
+def _may_get_another_attempt(flow: http.HTTPFlow) -> bool:
+    """A stream whose splice hasn't ended it (issue 19): the stream owner's hook may still send later
+    attempts after this hook, so the flow stays in flight until mitmproxy ends it."""
+    stream = flow.response.stream if flow.response is not None else None
+    return isinstance(stream, StreamPipeline) and stream.splice is not None and not stream.finished

@@ -12,18 +12,28 @@ whole body after the stages ran (a stage changed it).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from typing import cast
 
+from mitmproxy import flow as mitm_flow
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import TAIL_ATTR
-from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, SHUTDOWN_MESSAGE, Runtime, ended_normally, exchange_of
+from tapfix.addons.runner.runtime import (
+    SHUTDOWN_FLAG,
+    SHUTDOWN_MESSAGE,
+    Runtime,
+    ended_by_attempts,
+    ended_normally,
+    exchange_of,
+)
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.content_encoding import DecodeError, Decoder, codings, decode_whole
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.regenerate.records import RelayedSession, attempt_records
+from tapfix.proxy.regenerate.records import attempt_records
+from tapfix.proxy.regenerate.session import CUT, ENDED, LEFT, SHUTDOWN, AttemptSession
 from tapfix.proxy.regenerate.splice import AttemptSplice
 from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome
 from tapfix.proxy.request.routing import resolve
@@ -41,11 +51,15 @@ from tapfix.proxy.window.rewrite import OverflowEvents
 # are read for one, every other stream stays unsplit.
 IN_STREAM_OVERFLOW = ("sglang", "tabbyapi", "llamacpp")
 
+REGENERABLE = ("chat", "responses", "messages")  # the surfaces whose streams a later attempt can join
+SESSION = "attempt_session"  # ex.extra: the AttemptSession of a stream that may get later attempts
+CLIENT_LEFT = "Client disconnected."  # mitmproxy's words for it
 
-def relayed_session(ex: Exchange) -> RelayedSession | None:
-    """The relay session the router opened for this exchange (addons/relay.py's RelaySession), if any."""
-    session = ex.extra.get("relay_session")
-    return cast("RelayedSession", session) if session is not None else None
+
+def attempt_session(ex: Exchange) -> AttemptSession | None:
+    """The attempts of this exchange's stream, when it may get later ones (issue 19)."""
+    session = ex.extra.get(SESSION)
+    return cast("AttemptSession", session) if session is not None else None
 
 
 class StreamOwner:
@@ -139,20 +153,32 @@ class StreamOwner:
         self._splice(flow, ex, pipeline)
 
     def _splice(self, flow: http.HTTPFlow, ex: Exchange, pipeline: StreamPipeline) -> None:
-        """A relayed stream (issue 19) whose tool-call stage can defer its verdict gets a splice; any other
-        relayed stream tells the relay to write no marker."""
-        session = relayed_session(ex)
-        if session is None:
-            return
+        """Issue 19: a stream that may be regenerated gets a splice, which decides at each attempt's end
+        whether another follows (addons/attempts.py sends it): a 200 SSE answer to a streamed Chat
+        Completions, Responses or Messages POST with tools, one choice, under `--tool-repair error` or
+        `fail_fast`, with `--regenerate` above 0, to an upstream of tapfix's own, read by a tool-call stage
+        that can defer its verdict, not compressed. Attempt 1 is mitmproxy's own request either way."""
+        attempts = self.runtime.attempts
         stage = ex.extra.get("toolcalls")
+        response = flow.response
         if (
-            not isinstance(stage, ChatToolCallRepair | HoldingStage)
+            attempts is None
+            or response is None
+            or response.status_code != 200
+            or flow.request.method != "POST"
+            or not (ex.stream and ex.tools)
+            or ex.choices_asked not in (None, 1)
+            or not isinstance(ex.extra.get("target"), str)  # regular mode: no upstream of tapfix's own to ask
+            or self.runtime.settings.tool_repair not in ("error", "fail_fast")
+            or surface_for(ex.path) not in REGENERABLE
+            or not isinstance(stage, ChatToolCallRepair | HoldingStage)
             or pipeline.splitter is None
-            or pipeline.decoder is not None
+            or pipeline.decoder is not None  # a compressed stream is one attempt
         ):
-            session.declare(False)  # a compressed stream is one attempt (addons/relay.py writes no marker)
             return
         settings = self.runtime.regenerate_settings(ex.model)
+        if settings.attempts == 0:
+            return
 
         def arm(s: object) -> None:
             if isinstance(s, ChatToolCallRepair | HoldingStage):
@@ -166,11 +192,12 @@ class StreamOwner:
                 arm(s)
             return stages
 
-        request = json_object(flow.request.raw_content or b"") or {}
+        body = flow.request.raw_content or b""
         target = ex.extra.get("target")
+        session = ex.extra[SESSION] = attempts.open()
         pipeline.splice = AttemptSplice(
             session,
-            request,
+            lambda: json_object(body) or {},
             make_stages,
             settings,
             self.runtime.settings.tool_repair,
@@ -179,7 +206,6 @@ class StreamOwner:
             surface=surface_for(ex.path) or "chat",
         )
         ex.extra["splice"] = pipeline.splice
-        session.declare(True)
 
     @staticmethod
     def _drop_encoding(ex: Exchange, response: http.Response, reason: str) -> None:
@@ -195,10 +221,9 @@ class StreamOwner:
             for earlier in splice.stage_history:
                 if earlier is not stage:
                     ex.changes.extend(earlier.changes)
-        session = relayed_session(ex)
-        ex.extra.pop("relay_session", None)
-        if session is not None:
-            session.declare(False)
+        session = ex.extra.pop(SESSION, None)
+        if isinstance(session, AttemptSession):
+            session.release()
             records = attempt_records(ex, session, splice if isinstance(splice, AttemptSplice) else None)
             if records:
                 ex.extra["attempt_records"] = records
@@ -218,14 +243,44 @@ class StreamOwner:
             ex.changes.extend(overflow.changes)
             ex.flags.add(OVERFLOW_FLAG)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A whole body through the stages; a stream's records. A stream whose splice asked for another
+        attempt at attempt 1's end returns the coroutine that sends it (mitmproxy awaits what a hook returns):
+        the client's response ends only after it. Every other flow pays for no coroutine."""
         ex = exchange_of(flow)
         response = flow.response
         if ex is None or response is None:
-            return
+            return None
         if response.stream:
+            if isinstance(response.stream, StreamPipeline) and response.stream.pending:
+                return self._later_attempts(flow, ex, response.stream)
             self.collect(ex)
-            return
+            return None
+        self._whole(ex, response)
+        return None
+
+    async def _later_attempts(self, flow: http.HTTPFlow, ex: Exchange, pipeline: StreamPipeline) -> None:
+        """Attempt 1 ended and the splice asked for another: the attempts, then what ends the stream."""
+        session = attempt_session(ex)
+        attempts = self.runtime.attempts
+        assert session is not None and attempts is not None
+        ending = await attempts.stream(flow, pipeline, session, lambda: SHUTDOWN_FLAG in ex.flags)
+        if ending == LEFT:
+            session.client_left()
+            ex.flags.add("client_disconnected")
+            ex.error = ex.error or CLIENT_LEFT
+        elif ending in (CUT, SHUTDOWN):
+            pipeline.close_splice()
+            tail = self._cut_off(ex, pipeline, "the upstream broke off a later attempt")
+            await attempts.writer(flow).send(tail)
+            if ending == SHUTDOWN:
+                ex.error = ex.error or "tapfix shut down before the exchange ended"
+            elif not ended_normally(ex):
+                ex.flags.add("upstream_reset")
+                ex.error = ex.error or "the upstream broke off a later attempt mid-stream"
+        self.collect(ex)
+
+    def _whole(self, ex: Exchange, response: http.Response) -> None:
         body = response.raw_content or b""
         ex.response = body
         ex.content_type = response.headers.get("content-type", "")
@@ -266,7 +321,7 @@ class StreamOwner:
         if result.failed:
             # A server_error 502 makes agents retry the turn; fail_fast is a permanent-looking 4xx.
             response.status_code = 422 if self.runtime.settings.tool_repair == "fail_fast" else 502
-        if result.outcome and self.runtime.relay is not None:
+        if result.outcome and self.runtime.attempts is not None:
             ex.extra[WHOLE_BODY] = (result, lambda later: self.body_outcome(ex, later))
         return None if result.body is body else result.body
 
@@ -299,46 +354,76 @@ class StreamOwner:
                 changes.append(change)
         return BodyOutcome(out, changes, outcome or "", failed)
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def error(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """Upstream reset mid-stream, or the shutdown grace ended it: flush what the stages hold, then an
-        SSE error agents retry. After the stream's terminal event went out, nothing is added."""
+        SSE error agents retry. After the stream's terminal event went out, nothing is added. A stream that
+        may be regenerated is judged at the cut like at any attempt's end: when the splice asks for another
+        attempt, the returned coroutine sends it before mitmproxy ends the client's response."""
         ex = exchange_of(flow)
         response = flow.response
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
-            return
+            return None
         if flow.error and "client" in flow.error.msg.lower():
-            session = relayed_session(ex)
-            if session is not None:
-                session.client_left()
             self.collect(ex)
-            return  # nobody is left to tell
+            return None  # nobody is left to tell
         if ended_normally(ex):
             setattr(flow.client_conn, TAIL_ATTR, b"")  # nothing is added, but the body ends cleanly
             self.collect(ex)
-            return
+            return None
         pipeline = response.stream
         pipeline.cut = True
-        held = pipeline(b"")
-        tail = held if isinstance(held, bytes) else b"".join(held)
+        if pipeline.splice is not None and SHUTDOWN_FLAG in ex.flags:
+            pipeline.close_splice()  # the grace ended it: no other attempt
+        held = pipeline.end_of_attempt()
+        if pipeline.pending:
+            return self._after_cut(flow, ex, pipeline, held)
+        setattr(
+            flow.client_conn, TAIL_ATTR, self._cut_off(ex, pipeline, flow.error.msg if flow.error else "reset", held)
+        )
+        self.collect(ex)
+        return None
+
+    async def _after_cut(self, flow: http.HTTPFlow, ex: Exchange, pipeline: StreamPipeline, held: list[bytes]) -> None:
+        """The upstream cut attempt 1 off and the splice asked for another attempt."""
+        session = attempt_session(ex)
+        attempts = self.runtime.attempts
+        assert session is not None and attempts is not None
+        await attempts.writer(flow).send(held)
+        ending = await attempts.stream(flow, pipeline, session, lambda: SHUTDOWN_FLAG in ex.flags)
+        if ending == ENDED:
+            ended_by_attempts(ex)  # the client's stream ended as a later attempt ended it: no reset
+            setattr(flow.client_conn, TAIL_ATTR, b"")
+        elif ending == LEFT:
+            session.client_left()
+            flow.error = mitm_flow.Error(CLIENT_LEFT)  # what ended it for the record: the client left
+        else:
+            pipeline.cut = True
+            pipeline.close_splice()
+            message = "the upstream broke off a later attempt"
+            setattr(flow.client_conn, TAIL_ATTR, self._cut_off(ex, pipeline, message))
+        self.collect(ex)
+
+    def _cut_off(self, ex: Exchange, pipeline: StreamPipeline, why: str, held: list[bytes] | None = None) -> bytes:
+        """What ends a stream the upstream broke off (or the shutdown ended): what the stages still held,
+        then the retryable error event, unless a stage already ended the stream or the client reads bytes
+        tapfix can't add to."""
+        if held is None:
+            pipeline.cut = True
+            held = pipeline.end_of_attempt()
+        tail = b"".join(held)
         if pipeline.passes_encoded or pipeline.broken:
             # The client reads compressed bytes (a plain event would corrupt them), or the pipeline already
             # ended the stream with its own error (it stopped decoding, or stopped being SSE).
-            self.collect(ex)
-            return
+            return tail
         if tail.rstrip().endswith(b"data: [DONE]"):
             # A stage already ended the stream (a held tool call cut by the reset: its own retryable
             # error event); a second error after [DONE] would only confuse a client.
-            setattr(flow.client_conn, TAIL_ATTR, tail)
-            self.collect(ex)
-            return
+            return tail
         shutdown = SHUTDOWN_FLAG in ex.flags
         if shutdown:
             message = SHUTDOWN_MESSAGE
         else:
-            message = (
-                "upstream server error: the upstream connection broke mid-stream "
-                f"({flow.error.msg if flow.error else 'reset'})"
-            )
+            message = f"upstream server error: the upstream connection broke mid-stream ({why})"
         reason = SHUTDOWN_FLAG if shutdown else "upstream_reset"
         event, error = reset_event(surface_for(ex.path), message, ex.id, reason)
         if ex.client_response_chunks is None:
@@ -356,5 +441,4 @@ class StreamOwner:
                 else "the upstream reset mid-stream; the client gets a retryable error event",
             )
         )
-        setattr(flow.client_conn, TAIL_ATTR, tail + event)
-        self.collect(ex)
+        return tail + event

@@ -6,6 +6,7 @@ event loop."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -28,6 +29,9 @@ from tapfix.proxy.window.sources import probes_for
 
 log = logging.getLogger("tapfix")
 ASK_TIMEOUT_S = 10.0
+# An engine that didn't tell its window is asked again only after this long (issue 34: not once per request,
+# which cost every request of the agents' path an upstream round trip before it was sent).
+UNKNOWN_FOR_S = 60.0
 
 
 class Window:
@@ -62,6 +66,8 @@ class Window:
         key = (target.name, served)
         if key in self.runtime.windows:
             return self.runtime.windows[key]
+        if self.runtime.windows_unknown.get(key, 0.0) > time.monotonic():
+            return None
         for path, read in probes_for(engine):
             try:
                 answer = await self.client().get(self._url(target, path))
@@ -71,6 +77,7 @@ class Window:
             if found:
                 self.runtime.windows[key] = (found, f"GET {path}")
                 return self.runtime.windows[key]
+        self.runtime.windows_unknown[key] = time.monotonic() + UNKNOWN_FOR_S
         return None
 
     @staticmethod
@@ -174,8 +181,9 @@ class Window:
         ex.changes.append(change)
         ex.flags.add(FLAG)
         name = ex.extra.get("target")
-        for key in [k for k in self.runtime.windows if k[0] == name]:
-            del self.runtime.windows[key]  # the window may have changed: asked again on the next request
+        for known in (self.runtime.windows, self.runtime.windows_unknown):
+            for key in [k for k in known if k[0] == name]:
+                del known[key]  # the window may have changed (or be told now): asked again on the next request
 
     def _models_list(self, ex: Exchange, response: http.Response) -> None:
         """Quick mode: the upstream's own list, each entry with `context_length` and `max_model_len`."""

@@ -20,51 +20,22 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 
 FIRST_TOKEN = b'{"content":"'
 
 
-def _tool(name: str, desc: str, props: dict, required: list[str]) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": desc,
-            "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
-        },
-    }
-
-
-TOOLS = [
-    _tool(
-        "read_file",
-        "Read a file from the workspace and return its content with line numbers.",
-        {
-            "path": {"type": "string", "description": "path relative to the workspace"},
-            "offset": {"type": "integer"},
-            "limit": {"type": "integer"},
-        },
-        ["path"],
-    ),
-    _tool(
-        "write_file",
-        "Write a file in the workspace, replacing it.",
-        {"path": {"type": "string"}, "content": {"type": "string"}},
-        ["path", "content"],
-    ),
-    _tool(
-        "bash",
-        "Run a shell command in the workspace and return its output.",
-        {"command": {"type": "string"}, "timeout": {"type": "integer"}},
-        ["command"],
-    ),
-]
+# The tool list opencode 1.18.33 sends on every turn (10 tools, 21 KB of JSON), captured through tapfix from
+# a real run (its temp folder's path shortened): what an agent's request costs to read, repair and store.
+TOOLS = orjson.loads((Path(__file__).parent / "agent_tools.json").read_bytes())
+AGENT_BODY = 32 * 1024  # opencode's first turn is ~31 KB: its system prompt, the tools, the user's words
 
 
 def request_body(size: int = 2048, tools: bool = True, model: str = "bench-model") -> bytes:
-    """A chat request of about `size` bytes (system prompt padded), streaming with usage."""
+    """A chat request of about `size` bytes (system prompt padded), streaming with usage; with `tools`, the
+    agent's tool list (at least its 21 KB whatever `size` says)."""
     base = {
         "model": model,
         "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "Write the handler file."}],
@@ -74,6 +45,7 @@ def request_body(size: int = 2048, tools: bool = True, model: str = "bench-model
     }
     if tools:
         base["tools"] = TOOLS
+        base["tool_choice"] = "auto"
     pad = max(0, size - len(orjson.dumps(base)))
     filler = "You are a careful coding agent. Follow the repository's conventions.\n"
     base["messages"][0]["content"] = (filler * (pad // len(filler) + 1))[:pad]

@@ -96,3 +96,13 @@ def machine_busy_ns() -> int:
 
 def self_cpu_ns() -> int:
     return ticks_ns(os.getpid())
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (what `taskset -a -p` does); threads it starts later
+    inherit the mask of the thread that starts them."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass

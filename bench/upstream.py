@@ -11,6 +11,9 @@ The request chooses the response with headers:
   x-bench-chunks: N        SSE events in the stream, [DONE] included (default 256)
   x-bench-delay-ms: F      pause between events (default 0 = burst)
   x-bench-kind: content | tools   plain text reply, or text then one streamed tool call
+  x-bench-stamp: N         the stream lane (bench/lane.py): N content deltas `x-bench-delay-ms` apart, each
+                           carrying its number and the time it was written (CLOCK_MONOTONIC, shared by
+                           every process of the machine), so the client can tell each delta's delay
 
     python bench/upstream.py --listen 127.0.0.1:9100
 """
@@ -68,10 +71,11 @@ def _event(delta: dict, finish: str | None = None, usage: dict | None = None) ->
 
 
 def tool_arguments(size: int) -> str:
-    """Valid `write_file` arguments of about `size` bytes (JSON text with escapes and newlines)."""
+    """Valid arguments of opencode's `write` (bench/agent_tools.json) of about `size` bytes (JSON text with
+    escapes and newlines)."""
     line = 'def handler(event):\n    return {"ok": True, "path": "a/b.py"}  # tab\there\n'
     content = (line * (size // len(line) + 1))[: max(size - 40, 8)]
-    return orjson.dumps({"path": "src/app/handler.py", "content": content}).decode()
+    return orjson.dumps({"filePath": "/work/src/app/handler.py", "content": content}).decode()
 
 
 def split_even(text: str, parts: int) -> list[str]:
@@ -99,7 +103,7 @@ def sse_events(kind: str = "content", chunks: int = 256, arg_bytes: int = 0) -> 
                             "id": "call_bench0001",
                             "type": "function",
                             "index": 0,
-                            "function": {"name": "write_file", "arguments": ""},
+                            "function": {"name": "write", "arguments": ""},
                         }
                     ]
                 }
@@ -131,6 +135,31 @@ HEAD = (
 )
 
 
+STAMP_PREFIX = (
+    b'data: {"id":"chatcmpl-lane","object":"chat.completion.chunk","created":1700000000,"model":"bench-model",'
+    b'"choices":[{"index":0,"delta":{"content":" w'
+)
+STAMP_SUFFIX = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
+def _framed(event: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def stamped_delta(seq: int) -> bytes:
+    """One lane delta, framed: ` w<seq>@<monotonic seconds>` as its content."""
+    return _framed(STAMP_PREFIX + b"%d@%.6f" % (seq, time.monotonic()) + STAMP_SUFFIX)
+
+
+STAMP_HEAD = _framed(_event({"role": "assistant", "content": ""}))
+STAMP_TAIL = (
+    _framed(_event({}, "stop"))
+    + _framed(_event({}, usage={"prompt_tokens": 600, "total_tokens": 664, "completion_tokens": 64}))
+    + _framed(b"data: [DONE]\n\n")
+    + b"0\r\n\r\n"
+)
+
+
 def cpu_ns(pid: int | str = "self") -> int:
     """utime+stime of the whole process, all threads, in ns (clock-tick resolution)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
@@ -138,15 +167,20 @@ def cpu_ns(pid: int | str = "self") -> int:
     return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
+MODEL = {"id": "bench-model", "object": "model", "owned_by": "vllm", "max_model_len": 131072}
+
+
 class Server:
     def __init__(self) -> None:
         self.requests = 0
+        self.models_asked = 0  # GET /v1/models: tapfix asks a vLLM for its window (cached), not a stream request
         self.chunks = 0
         self.started = time.monotonic()
 
     def stats(self) -> dict:
         return {
             "requests": self.requests,
+            "models_asked": self.models_asked,
             "chunks": self.chunks,
             "cpu_ns": cpu_ns(),
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -178,6 +212,15 @@ class Server:
                     )
                     await writer.drain()
                     continue
+                if path.startswith(b"/v1/models"):  # as vLLM lists its model, with its window
+                    self.models_asked += 1
+                    body = orjson.dumps({"object": "list", "data": [MODEL]})
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(body), body)
+                    )
+                    await writer.drain()
+                    continue
                 await self.stream(writer, headers)
                 if headers.get(b"connection", b"").lower() == b"close":
                     return
@@ -187,6 +230,9 @@ class Server:
             writer.close()
 
     async def stream(self, writer: asyncio.StreamWriter, headers: dict) -> None:
+        if b"x-bench-stamp" in headers:
+            await self.stamped(writer, int(headers[b"x-bench-stamp"]), float(headers[b"x-bench-delay-ms"]) / 1000)
+            return
         kind = headers.get(b"x-bench-kind", b"content").decode()
         chunks = int(headers.get(b"x-bench-chunks", b"256"))
         delay = float(headers.get(b"x-bench-delay-ms", b"0")) / 1000
@@ -199,6 +245,33 @@ class Server:
             if delay and i + 1 < len(frames):
                 await writer.drain()
                 await asyncio.sleep(delay)
+        await writer.drain()
+
+    async def stamped(self, writer: asyncio.StreamWriter, deltas: int, gap_s: float) -> None:
+        """The lane's stream: timer callbacks, not a sleeping coroutine per stream, so hundreds of streams
+        cost the upstream little; on its own pace (the nth delta is due n gaps after the first), late ones
+        catching up."""
+        transport = writer.transport
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        start = loop.time()
+        self.requests += 1
+        self.chunks += deltas + 4
+
+        def tick(seq: int) -> None:
+            if transport.is_closing():
+                done.set_result(None)
+                return
+            transport.write(stamped_delta(seq))
+            if seq + 1 < deltas:
+                loop.call_at(start + (seq + 1) * gap_s, tick, seq + 1)
+            else:
+                transport.write(STAMP_TAIL)
+                done.set_result(None)
+
+        transport.write(HEAD + STAMP_HEAD)
+        tick(0)
+        await done
         await writer.drain()
 
 

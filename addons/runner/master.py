@@ -15,7 +15,7 @@ from typing import Any
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons
-from tapfix.addons.runner import raw_head, reset_tail
+from tapfix.addons.runner import client_write, raw_head, reset_tail
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
 from tapfix.proxy.config.settings import Settings
@@ -195,6 +195,7 @@ async def serve(
 ) -> None:
     reset_tail.install()
     raw_head.install()
+    client_write.install()
     master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
     master.options.update(**mitm_options(settings, runtime))
     termlog = master.addons.get("termlog")

@@ -41,7 +41,7 @@ class Runtime:
     exchanges_seen: int = 0
     malformed_unrecorded: int = 0  # malformed-request records over a peer's budget (with a token)
     started: float = field(default_factory=time.time)
-    relay: Any = None  # addons/relay.Relay when regeneration is on (issue 19); None: the default path
+    attempts: Any = None  # addons/attempts.LaterAttempts when regeneration is on (issue 19); None: off
     admissions: Admissions = field(default_factory=Admissions)  # per-upstream regeneration budgets
     export: Any = None  # issue 20: tapfix.proxy.telemetry.config.ExportConfig from --otlp / OTEL_*; None: off
     telemetry: Any = None  # issue 20: the OTLP export when on (tapfix.proxy.telemetry); None: export off
@@ -52,6 +52,7 @@ class Runtime:
     # issue 37: each upstream's context window as its engine reported it, by (upstream, served model):
     # (tokens, where it came from). Filled and refreshed by addons/window.py.
     windows: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    windows_unknown: dict[tuple[str, str], float] = field(default_factory=dict)  # key → asked again after
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:
@@ -111,7 +112,7 @@ class Runtime:
             "capture_writer": self.writer.health() if self.writer else None,
             "mode": self.settings.mode,
             "upstreams": {name: t.url for name, t in self.targets.items()},
-            "relayed_requests": getattr(self.relay, "opened", 0),  # issue 19: through the regeneration relay
+            "later_attempts": getattr(self.attempts, "sent", 0),  # issue 19: upstream requests regeneration made
             "telemetry": {name: report() for name, report in self.telemetry_health.items()},
         }
 
@@ -130,6 +131,12 @@ def ended_normally(ex: Exchange) -> bool:
         sent = ex.client_response_chunks if ex.client_response_chunks is not None else ex.response_chunks
         verdict = ex.extra[_ENDED] = ends_stream(sent)
     return bool(verdict)
+
+
+def ended_by_attempts(ex: Exchange) -> None:
+    """The upstream cut attempt 1 off, and a later attempt ended the client's stream (issue 19): for the
+    error hooks after the stream owner's, the stream ended as the client's does without a reset."""
+    ex.extra[_ENDED] = True
 
 
 def peer_of(conn: connection.Client) -> str:

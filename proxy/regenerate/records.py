@@ -1,12 +1,13 @@
-"""The records of a relayed request (issue 19): the client-facing exchange and one exchange per later attempt.
+"""The records of a regenerated request (issue 19): the client-facing exchange, one exchange per later attempt.
 
-The client-facing exchange keeps attempt 1's upstream bytes (what the relay got, without its markers and
-keep-alives) and the client's bytes, and is flagged `regenerated` when a later attempt was made. Each
-later attempt is an exchange of its own: `attempt_of` the client-facing id, `attempt` 2...N+1, its own
-request body, upstream headers and bytes, and change rows saying why it was made. An attempt that was
-considered and not made (`deterministic`, a spent budget, an admission refusal) is a `skip` row on the
-client-facing exchange, since nothing went upstream for it. An attempt is in the client-facing exchange's
-trace (issue 20): with a span of its own (export on), that span is a child of the client-facing one's.
+The client-facing exchange keeps attempt 1's upstream bytes (mitmproxy's own upstream request: later
+attempts' bytes never join them) and the client's bytes, and is flagged `regenerated` when a later
+attempt was made. Each later attempt is an exchange of its own: `attempt_of` the client-facing id,
+`attempt` 2...N+1, its own request body, upstream headers and bytes, and change rows saying why it was
+made. An attempt that was considered and not made (`deterministic`, a spent budget, an admission
+refusal) is a `skip` row on the client-facing exchange, since nothing went upstream for it. An attempt
+is in the client-facing exchange's trace (issue 20): with a span of its own (export on), that span is a
+child of the client-facing one's.
 
 A non-streamed answer (whole_body.py) is recorded the same way, its bodies whole: the client-facing
 exchange already holds attempt 1's body, and each later attempt's body is its `response`, not chunks.
@@ -18,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from tapfix.proxy.errors import SHUTDOWN_REASON
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
-from tapfix.proxy.regenerate.splice import Decision, RelayHandle
+from tapfix.proxy.regenerate.splice import Decision
 from tapfix.proxy.telemetry.context import new_span_id
 
 REGENERATED = "regenerated"
+CANCELLED = frozenset({"client_disconnected", SHUTDOWN_REASON})  # flags of an attempt tapfix cancelled
 
 
 class AttemptLike(Protocol):
@@ -58,23 +61,11 @@ class DecisionsLike(Protocol):
     def stage_history(self) -> Sequence[Any]: ...
 
 
-class RelayedSession(RelayHandle, SessionLike, Protocol):
-    """What the stream owner needs of addons/relay.py's RelaySession (addons don't import each other)."""
-
-    def declare(self, spliced: bool) -> None: ...
-
-    def client_left(self) -> None: ...
-
-
 def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | None) -> list[Exchange]:
     """Fix up `ex` (the client-facing exchange) and return the later attempts' exchanges, to be recorded
     after it."""
     attempts = list(session.attempts)
     whole = ex.response is not None  # a non-streamed answer: bodies, not chunks
-    if attempts and not whole:
-        first = attempts[0]
-        ex.response_chunks = list(first.chunks)
-        ex.chunk_times = [t - ex.mark for t in first.times]
     decisions = splice.decisions if splice is not None else []
     for skipped in decisions:
         if not skipped.made:
@@ -95,8 +86,8 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
             if stage.outcome != "untouched":
                 flags.add(f"toolcall_{stage.outcome}")
         flags |= attempt.flags
-        if attempt.error is not None and "client_disconnected" not in attempt.flags:
-            flags.add("upstream_error")  # a client that left cancelled it: no fault of the upstream's
+        if attempt.error is not None and not attempt.flags & CANCELLED:
+            flags.add("upstream_error")  # a client that left (or the shutdown) cancelled it: not the upstream's fault
         out.append(
             replace(
                 ex,

@@ -1,21 +1,24 @@
-"""One client request's life in the regeneration relay (addons/relay.py): its attempts and the decision
-the pipeline hands the relay. Here, not in the addon file, because a stock `mitmdump -s` loads addon files
-outside `sys.modules`, where dataclasses can't be built, and the addon must still refuse with a message.
+"""One streamed client request's attempts (addons/attempts.py) and the decision the pipeline's splice hands
+them. Here, not in the addon file, because a stock `mitmdump -s` loads addon files outside `sys.modules`,
+where dataclasses can't be built, and the addon must still refuse with a message.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
-from tapfix.proxy.regenerate import wire
+from tapfix.proxy.errors import SHUTDOWN_REASON
 from tapfix.proxy.regenerate.eligibility import Ticket
+
+# How a run of later attempts ended (addons/attempts.py): the splice ended the stream (ENDED), the last
+# attempt broke off after its bytes went out (CUT), the client left (LEFT), the shutdown grace ended it.
+ENDED, CUT, LEFT, SHUTDOWN = "ended", "cut", "left", "shutdown"
 
 
 @dataclass
 class Attempt:
-    """One upstream request the relay made: what went up and what came back, for its own record."""
+    """One upstream request of a client request's attempts: what went up and what came back, for its record."""
 
     number: int
     body: bytes
@@ -35,10 +38,15 @@ class Attempt:
     flags: set[str] = field(default_factory=set)  # its record's own (`client_disconnected`, `not_sse`, ...)
     decoded: list[bytes] | None = None  # its body with the Content-Encoding undone, one piece per chunk
 
-    def cancel(self) -> None:
-        """The client left while it was awaited: cancelled, which is no upstream error."""
-        self.error = "the client disconnected: the attempt was cancelled"
-        self.flags.add("client_disconnected")
+    def cancel(self, why: str = "client_left") -> None:
+        """The client left (or, `why` "shutdown", the shutdown grace ended) while it was awaited: cancelled,
+        which is no upstream error."""
+        if why == "shutdown":
+            self.error = "tapfix shut down: the attempt was cancelled"
+            self.flags.add(SHUTDOWN_REASON)
+        else:
+            self.error = "the client disconnected: the attempt was cancelled"
+            self.flags.add("client_disconnected")
         self.ended = time.perf_counter()
 
     def fail(self, reason: str, *flags: str) -> None:
@@ -49,43 +57,33 @@ class Attempt:
         self.flags.update(flags)
 
 
-class RelaySession:
-    """One client request routed through the relay. The pipeline calls `end` / `next_attempt` (plain
-    methods on the loop's thread); the relay's handler awaits the decision."""
+class AttemptSession:
+    """One streamed client request that may get later attempts. The pipeline's splice calls `end` /
+    `next_attempt` (plain methods, synchronously at an attempt's end); the stream owner's attempt loop
+    (addons/attempts.py) takes each planned attempt and records it here.
 
-    def __init__(self, origin: str, keepalive_s: float) -> None:
-        self.origin = origin
-        self.marker = wire.new_marker()
+    Attempt 1 is mitmproxy's own upstream request: its bytes are the exchange's (`response_chunks`), so its
+    `Attempt` here carries what was sent and the answer's head only."""
+
+    def __init__(self, first: Attempt, keepalive_s: float) -> None:
         self.keepalive_s = keepalive_s
-        self.attempts: list[Attempt] = []
+        self.attempts: list[Attempt] = [first]
         self.tickets: list[Ticket] = []  # admission slots of the attempts in flight, released at the end
-        self._decision: asyncio.Future[tuple[bytes, float] | None] | None = None
-        self._timeout_s: float | None = None
-        self.closed = False
-        # Set by the stream owner at the response's headers: does a pipeline read the marker? Until it
-        # says so the relay writes none (a flow without a splice would wait for a decision forever).
-        self.spliced: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-
-    def declare(self, spliced: bool) -> None:
-        if not self.spliced.done():
-            self.spliced.set_result(spliced)
-
-    def _arm(self) -> asyncio.Future[tuple[bytes, float] | None]:
-        self._decision = asyncio.get_running_loop().create_future()
-        return self._decision
-
-    def _decide(self, value: tuple[bytes, float] | None) -> None:
-        if self._decision is None or self._decision.done():
-            raise RuntimeError("no attempt is waiting for a decision")
-        self._decision.set_result(value)
+        self._plan: tuple[bytes, float] | None = None
+        self.ended = False
 
     def end(self) -> None:
-        self._decide(None)
+        self._plan, self.ended = None, True
 
     def next_attempt(self, body: bytes, timeout_s: float, ticket: Ticket | None = None) -> None:
         if ticket is not None:
             self.tickets.append(ticket)
-        self._decide((body, timeout_s))
+        self._plan = (body, timeout_s)
+
+    def take(self) -> tuple[bytes, float] | None:
+        """The next attempt's body and time budget, once (None: no attempt is planned)."""
+        plan, self._plan = self._plan, None
+        return plan
 
     def failure(self) -> str | None:
         """Why the last attempt brought no answer the pipeline can read (None: it did, or it broke off
@@ -99,8 +97,7 @@ class RelaySession:
             self.attempts[-1].fail(reason, *flags)
 
     def client_left(self) -> None:
-        """The client left: a later attempt still awaited is cancelled (the relay sees the close within
-        `wire.CLOSE_CHECK_S`, after the records are made, so they say so now)."""
+        """The client left: a later attempt still running is cancelled (its record says so)."""
         for attempt in self.attempts[1:]:
             if attempt.ended is None:
                 attempt.cancel()

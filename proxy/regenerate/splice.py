@@ -1,15 +1,15 @@
-"""The pipeline's side of a relayed stream that may carry several upstream attempts (issue 19).
+"""The pipeline's side of a stream that may carry several upstream attempts (issue 19).
 
-The relay (addons/relay.py) writes an attempt-end marker at each upstream end. `AttemptSplice.attempt_end`
-runs there, synchronously inside the stream callable, after the pipeline flushed the attempt's stages:
-if the tool-call stage deferred an unrecoverable verdict (`defer_fatal`) and the rules allow another
-attempt (eligibility.should_regenerate, the upstream's Admission, continuation.next_attempt), the relay
-is handed the next attempt's body and the pipeline gets fresh stages led by a `Seam`, so the new
-attempt's chunks continue what the client has; otherwise the relay is told to end and the deferred
-error event goes out, as it would have without regeneration. An attempt that brought no answer the
-pipeline can read (issue 31: the relay's `failure()`, or a stream that isn't SSE) is judged like the one
-it replaced. Every decision is kept in `decisions` for the records: why each attempt was made, or why
-none was. No mitmproxy import: the relay handle is a Protocol.
+`AttemptSplice.attempt_end` runs at each attempt's end (attempt 1's is mitmproxy's end of the upstream
+body; a later one's, the end of the upstream request tapfix made for it: addons/attempts.py), synchronously,
+after the pipeline flushed the attempt's stages: if the tool-call stage deferred an unrecoverable verdict
+(`defer_fatal`) and the rules allow another attempt (eligibility.should_regenerate, the upstream's
+Admission, continuation.next_attempt), the session is handed the next attempt's body and the pipeline
+gets fresh stages led by a `Seam`, so the new attempt's chunks continue what the client has; otherwise
+the session is told to end and the deferred error event goes out, as it would have without regeneration.
+An attempt that brought no answer the pipeline can read (issue 31: the session's `failure()`, or a stream
+that isn't SSE) is judged like the one it replaced. Every decision is kept in `decisions` for the records:
+why each attempt was made, or why none was. No mitmproxy import: the session handle is a Protocol.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
-class RelayHandle(Protocol):
-    marker: bytes
+class AttemptsHandle(Protocol):
+    """What the splice tells the stream's attempts (proxy/regenerate/session.py's AttemptSession)."""
 
     def end(self) -> None: ...
 
@@ -220,8 +220,8 @@ def received_from(client_chunks: Sequence[bytes]) -> Received:
 class AttemptSplice:
     def __init__(
         self,
-        relay: RelayHandle,
-        request: dict[str, Any],
+        session: AttemptsHandle,
+        request: dict[str, Any] | Callable[[], dict[str, Any]],
         make_stages: Callable[[], list[Any]],
         settings: RegenerateSettings,
         policy: ToolRepairPolicy,
@@ -232,10 +232,9 @@ class AttemptSplice:
     ) -> None:
         """`surface`: chat gets a `Seam` ahead of each later attempt's stages; Responses and Messages an
         `evented_seam.EventedSeam` after them (the attempt's tool-call stage reads it as a stream of its own)."""
-        self.relay = relay
+        self.session = session
         self.surface = surface
-        self.marker = relay.marker
-        self.request = request
+        self._request = request
         self.make_stages = make_stages
         self.settings = settings
         self.policy = policy
@@ -256,13 +255,19 @@ class AttemptSplice:
         self.answered_by: Any = None  # the earlier stage whose error events the client got, if any
         self.unreadable_sent = False  # the client got the retryable error of a stream that isn't SSE
 
+    @property
+    def request(self) -> dict[str, Any]:
+        if callable(self._request):
+            self._request = self._request()
+        return self._request
+
     def attempt_end(
         self, stages: list[Any], client_chunks: Sequence[bytes], unreadable: Unreadable | None = None
     ) -> tuple[list[bytes], list[Any] | None]:
         """(bytes to send now, the next attempt's stages or None). Called once per attempt end.
 
         Another attempt is considered when this one's tool-call stage deferred its verdict, or when the
-        attempt failed: the relay found no answer the pipeline can read (a status, a content type, a
+        attempt failed: the session found no answer the pipeline can read (a status, a content type, a
         coding, the budget), or the pipeline found its stream isn't SSE (`unreadable`). A failed attempt
         is judged like the one it replaced (attempt 1 has none: trigger `unreadable`); when no other
         attempt follows, the client gets that attempt's error events, or `unreadable`'s."""
@@ -271,8 +276,8 @@ class AttemptSplice:
             self.stage_history.append(stage)
         deferred = list(stage.deferred) if stage is not None else []
         if unreadable is not None:
-            self.relay.mark_failed(unreadable.reason, "not_sse")
-        failure = self.relay.failure()
+            self.session.mark_failed(unreadable.reason, "not_sse")
+        failure = self.session.failure()
         if stage is not None and deferred:
             outcome, defects, replaced = stage.outcome, set(stage.defects), stage
             stage.deferred = []
@@ -284,7 +289,7 @@ class AttemptSplice:
             outcome, defects, replaced = UNREADABLE, set(), None
             errors = list(unreadable.events)
         else:
-            self.relay.end()
+            self.session.end()
             return self._unanswered(stages), None
         self.fallback = []
         number = self.attempts_made + 2
@@ -298,7 +303,7 @@ class AttemptSplice:
             policy=self.policy,
             tool_call_sent=received.tool_call_sent or bool(getattr(stage, "_streamed", False)),
             stream_valid_prefix=bool(getattr(stage, "stream_valid_prefix", False)),
-            client_connected=True,  # a client that left closed the relay's connection: no marker came
+            client_connected=True,  # a client that left ended the attempt loop: no attempt end came
             n=choices_asked(self.request),
             attempts_made=self.attempts_made,
             budget_started=self.budget_started,
@@ -307,7 +312,7 @@ class AttemptSplice:
         step = admit_next(verdict, number, self.request, self.surface, self.engine, received, self.admission)
         if isinstance(step, Decision):
             self.decisions.append(step)
-            self.relay.end()
+            self.session.end()
             self._answered(replaced, errors, unreadable)
             return errors, None
         plan = step.plan
@@ -321,7 +326,7 @@ class AttemptSplice:
         repeats = repeated_kinds(received) if view is None and plan.how != "continuation" else ()
         decision = step.decision(number)
         self.decisions.append(decision)
-        self.relay.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, step.ticket)
+        self.session.next_attempt(orjson.dumps(plan.body), verdict.remaining_s, step.ticket)
         if view is not None:
             return [], [*self.make_stages(), view.seam(number, decision.changes)]
         envelope = getattr(getattr(stage, "_out", None), "envelope", None) or {}
@@ -341,8 +346,8 @@ class AttemptSplice:
             self.answered_by = replaced
 
     def at_end(self, stages: list[Any]) -> list[bytes]:
-        """The relay ended without a marker (a later attempt's request failed or timed out): a deferred
-        error event goes out, or, when the attempt brought nothing, the one of the attempt it replaced."""
+        """The last attempt was cut off (no decision at its end): a deferred error event goes out, or, when
+        the attempt brought nothing, the one of the attempt it replaced."""
         for stage in stages:
             deferred: list[bytes] | None = getattr(stage, "deferred", None)
             if deferred:

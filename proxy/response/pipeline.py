@@ -13,8 +13,14 @@ stages off; after, the stream ends with a retryable error event (what follows ca
 
 With stages armed the pipeline reads the stream, so it must be SSE: from the first event that isn't (an
 HTML page or binary junk sent as `text/event-stream`), nothing more of it is sent and the stream ends
-with the retryable error a reset gets, flagged `not_sse` (a relayed stream: the splice judges the attempt
-failed, and another attempt may follow).
+with the retryable error a reset gets, flagged `not_sse` (a stream that may be regenerated: the splice
+judges the attempt failed, and another attempt may follow).
+
+A stream that may be regenerated (issue 19) has a splice: at the end of each attempt (attempt 1's is
+mitmproxy's end of its upstream body) the stages are flushed and the splice decides. When it asks for
+another attempt (`pending`), the stream owner sends it from its hook and feeds its bytes here
+(`feed_attempt`, never recorded as attempt 1's), then ends it (`end_of_attempt`). Attempt 1's bytes are
+read once, from mitmproxy, like any stream's.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ class StreamPipeline:
         "splice",
         "cut",
         "foreign",
+        "splicing",
+        "pending",
+        "attempt_events",
     )
 
     def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
@@ -73,51 +82,79 @@ class StreamPipeline:
         # The client reads the upstream's compressed bytes: nothing tapfix writes may join them.
         self.passes_encoded = decoder is not None and not stages
         self._clock = time.perf_counter
-        self.splice: AttemptSplice | None = None  # a relayed stream's (issue 19, proxy/regenerate/splice.py)
+        self.splice: AttemptSplice | None = None  # a stream's that may be regenerated (proxy/regenerate/splice.py)
         self.cut = False  # set by the error hook: the upstream broke off, an unfinished event is no event
         self.foreign: bytes | None = None  # the current attempt's first event that isn't SSE: nothing after is read
+        self.splicing = True  # with a splice: each attempt's end is a decision (False: the next end is the last)
+        self.pending = False  # the splice asked for another attempt: the owner feeds its bytes (`feed_attempt`)
+        self.attempt_events = 0  # whole events of the current later attempt that reached the stages
         if stages:
             exchange.client_response_chunks = []
         if decoder is not None:
             exchange.decoded_chunks = []
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
-        """Never returns b"" before the end: mitmproxy would read it as the end of the body."""
+        """mitmproxy's: attempt 1's upstream bytes, then b"" at their end. Never returns b"" before the end:
+        mitmproxy would read it as the end of the body."""
+        if not chunk:
+            return self.end_of_attempt()
         ex = self.exchange
-        if chunk:
-            ex.response_chunks.append(chunk)
-            ex.chunk_times.append(self._clock() - ex.mark)
-            if self.broken:
-                return []
-            text = chunk if self.decoder is None else self._decode(chunk)
-            if self.splitter is None:
-                return chunk
-            if text is None:  # undecodable: the stream as it came, or its end
-                return self._undecodable()
-            events = self.splitter.feed(text)
-            final = False
-        else:
-            if self.finished:
-                return []
+        ex.response_chunks.append(chunk)
+        ex.chunk_times.append(self._clock() - ex.mark)
+        if self.broken:
+            return []
+        text = chunk if self.decoder is None else self._decode(chunk)
+        if self.splitter is None:
+            return chunk
+        if text is None:  # undecodable: the stream as it came, or its end
+            return self._undecodable()
+        return self._run(self.splitter.feed(text), False)
+
+    def feed_attempt(self, data: bytes) -> list[bytes]:
+        """A later attempt's bytes (decoded; its own record keeps them as they came): what the client gets."""
+        if self.finished or self.splitter is None:
+            return []
+        events = self.splitter.feed(data)
+        self.attempt_events += len(events)
+        return _as_list(self._run(events, False))
+
+    def drop_partial(self) -> None:
+        """The current attempt failed: an unfinished event of it is no event (its record keeps the bytes)."""
+        if self.splitter is not None:
+            self.splitter.flush()
+
+    def end_of_attempt(self) -> list[bytes]:
+        """The current attempt's upstream ended: cleanly, or cut off (`cut`, set by the owner's error hook).
+        With a splice the stages are flushed here and the splice decides whether another attempt follows
+        (`pending`: the owner feeds its bytes, then calls this again); otherwise the stream ends."""
+        if self.finished:
+            return []
+        ex = self.exchange
+        tail = self._decode_end() if self.decoder is not None and not self.broken else b""
+        if self.splitter is None or self.broken:
             self.finished = True
-            tail = self._decode_end() if self.decoder is not None and not self.broken else b""
-            if self.splitter is None or self.broken:
-                return []
-            if tail is None:
-                return self._undecodable()
-            events = self.splitter.feed(tail) + self.splitter.flush() if tail else self.splitter.flush()
-            if self.cut and events and not events[-1].endswith(EVENT_END):
-                # The reset landed inside this event: sent, the client would read broken JSON, not the
-                # retryable error that follows. The record keeps its bytes (response_chunks).
-                events.pop()
-                ex.changes.append(Change("stream", "drop", "$.events[-1]", None, None, CUT_REASON))
-            final = True
-        return self._run(events, final)
+            return []
+        if tail is None:
+            self.finished = True
+            return _as_list(self._undecodable())
+        events = self.splitter.feed(tail) + self.splitter.flush() if tail else self.splitter.flush()
+        if self.cut and events and not events[-1].endswith(EVENT_END):
+            # The reset landed inside this event: sent, the client would read broken JSON, not the
+            # retryable error that follows. The record keeps its bytes (response_chunks).
+            events.pop()
+            ex.changes.append(Change("stream", "drop", "$.events[-1]", None, None, CUT_REASON))
+        splice = self.splice
+        if splice is not None and self.splicing:
+            return self._attempt_end(splice, events)
+        self.finished = True
+        if splice is not None:  # the last attempt was cut off: a deferred error goes out
+            out = _as_list(self._through(self._sse_only(events), True))
+            return out + self._record(splice.at_end(self.stages))
+        return _as_list(self._run(events, True))
 
     def _run(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
-        splice = self.splice
-        if splice is not None:
-            return self._run_spliced(splice, events, final)
+        if self.splice is not None:  # a stream that may get another attempt: the splice judges what isn't SSE
+            return self._through(self._sse_only(events), final)
         readable = self._sse_only(events)
         if self.foreign is not None:
             return self._not_sse(readable)
@@ -168,45 +205,45 @@ class StreamPipeline:
         reason = "the upstream's answer stopped being SSE; what followed is not sent, the client gets a retryable error"
         ex.changes.append(Change("stream", "inject", "$.error", None, error, reason))
 
-    def _run_spliced(self, splice: AttemptSplice, events: list[bytes], final: bool) -> list[bytes]:
-        """A relayed stream: split at the attempt-end marker (never forwarded); the attempt's stages are
-        flushed there and the splice decides what comes next (and may swap in the next attempt's stages).
-        The marker is a whole event: the relay starts it on an event boundary, the splitter keeps it whole
-        across reads."""
-        marker = splice.marker
-        out: list[bytes] = []
-        start = 0
-        for i, event in enumerate(events):
-            if event == marker:
-                sent = self._through(self._sse_only(events[start:i]), True)
-                out += [sent] if isinstance(sent, bytes) else sent
-                assert self.exchange.client_response_chunks is not None
-                unreadable = None
-                if self.foreign is not None:  # the attempt failed: the splice decides what follows
-                    if splice.attempts_made == 0:
-                        self.exchange.flags.add(NOT_SSE)  # the record's upstream bytes are attempt 1's
-                    unreadable = Unreadable(self.not_sse_reason(), [self.not_sse_error()])
-                now, stages = splice.attempt_end(self.stages, self.exchange.client_response_chunks, unreadable)
-                if unreadable is not None and splice.unreadable_sent:
-                    self.record_not_sse_error()
-                if now:
-                    data = b"".join(now)
-                    self.exchange.client_response_chunks.append(data)
-                    out.append(data)
-                if stages is not None:
-                    self.stages = stages
-                self.foreign = None
-                start = i + 1
-        sent = self._through(self._sse_only(events[start:]), final)
-        out += [sent] if isinstance(sent, bytes) else sent
-        if final:  # the relay ended without a marker (an attempt failed or timed out): a deferred error goes out
-            tail = splice.at_end(self.stages)
-            if tail:
-                data = b"".join(tail)
-                assert self.exchange.client_response_chunks is not None
-                self.exchange.client_response_chunks.append(data)
-                out.append(data)
+    def _attempt_end(self, splice: AttemptSplice, events: list[bytes]) -> list[bytes]:
+        """One attempt ended: its stages are flushed and the splice decides what comes next (and may swap in
+        the next attempt's stages)."""
+        ex = self.exchange
+        out = _as_list(self._through(self._sse_only(events), True))
+        assert ex.client_response_chunks is not None
+        unreadable = None
+        if self.foreign is not None:  # the attempt failed: the splice decides what follows
+            if splice.attempts_made == 0:
+                ex.flags.add(NOT_SSE)  # the record's upstream bytes are attempt 1's
+            unreadable = Unreadable(self.not_sse_reason(), [self.not_sse_error()])
+        now, stages = splice.attempt_end(self.stages, ex.client_response_chunks, unreadable)
+        if unreadable is not None and splice.unreadable_sent:
+            self.record_not_sse_error()
+        out += self._record(now)
+        self.foreign = None
+        self.cut = False
+        self.attempt_events = 0
+        self.pending = stages is not None
+        if stages is not None:
+            self.stages = stages
+        else:
+            self.finished = True
         return out
+
+    def close_splice(self) -> None:
+        """No attempt follows the current one whatever it brings (it was cut off after its bytes went out):
+        its end is the stream's end."""
+        self.splicing = False
+        self.pending = False
+
+    def _record(self, events: list[bytes]) -> list[bytes]:
+        """Events tapfix adds (a deferred error): kept as client-bound bytes, and sent."""
+        if not events:
+            return []
+        data = b"".join(events)
+        assert self.exchange.client_response_chunks is not None
+        self.exchange.client_response_chunks.append(data)
+        return [data]
 
     def _through(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
         ex = self.exchange
@@ -273,3 +310,9 @@ class StreamPipeline:
             Change("stream", "inject", "$.error", None, error, "the upstream's stream stopped decoding mid-way")
         )
         return event
+
+
+def _as_list(data: bytes | list[bytes]) -> list[bytes]:
+    if isinstance(data, bytes):
+        return [data] if data else []
+    return data

@@ -1,20 +1,12 @@
-"""The benchmark scripts still reach what they measure: a module move must break them loudly.
-
-`bench/` is not imported by the suite, so a rename in `proxy/` could leave a script timing a
-fallback (or nothing) without any test noticing. Every `tapfix.*` name a script imports, at the
-top or inside a function, and every `tapfix.*` module it runs with `python -m`, must resolve.
-
-And the rows that price the regeneration relay (issue 19) measure what they say: the `--regenerate 1`
-rows with `tools` reach the upstream through the relay and their `--regenerate 0` twins don't, and the
-ratio line and `bench/run --baseline` compare like for like.
-"""
+"""The bench scripts' rows against real processes: `bench/versus` reads each tree's command line, the agents'
+path rows and their `--regenerate 0` twins send each request upstream once with no later attempt (issues 19
+and 34), and the stream lane reads every delta and how late it came. The pure checks are in
+tests/unit/test_bench_scripts.py."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +15,6 @@ from typing import Any
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-MODULE_NAME = re.compile(r"^tapfix\.(proxy|addons)(\.\w+)*$")
-
-
-# -- the relay's cost (issue 19): the bench's --regenerate 1 rows against --regenerate 0 twins ----------
 
 
 def _bench(name: str) -> Any:
@@ -56,11 +44,11 @@ def test_versus_reads_from_each_trees_cli_whether_it_knows_regenerate(tmp_path: 
         assert versus.knows_regenerate(pkg.parent) is knows, rev
 
 
-def test_the_regenerate_1_rows_reach_the_upstream_through_the_relay_and_the_twins_do_not(tmp_path: Path) -> None:
+def test_every_request_reaches_the_upstream_once_on_the_agents_path_and_its_twin(tmp_path: Path) -> None:
     runner = _bench("runner")
     fleet = runner.Fleet(tmp_path, ["--regenerate", "1", "--engine", "vllm"])
     rows = {r.name: r for r in runner.ROWS}
-    sent = {runner.ARMED: 3, runner.CALLS0: 2, runner.ARMED0: 1, runner.ROWS[2].name: 2}  # no tools: direct too
+    sent = {runner.AGENTS: 3, runner.CALLS0: 2, runner.AGENTS0: 1, runner.CAPTURE: 2}
     try:
         fleet.start(which=("tapfix", "tapfix0"))
         for name, n in sent.items():
@@ -68,15 +56,28 @@ def test_the_regenerate_1_rows_reach_the_upstream_through_the_relay_and_the_twin
             phase = runner.Phase("check", 2, 16, 0, 0, 0)
             res = asyncio.run(runner.run_block(fleet, row, phase, n, load_body(row.tools)))
             assert not res.errors and len(res.ttft) == n, (name, res.errors)
-        assert (fleet.relayed("tapfix"), fleet.relayed("tapfix0")) == (3, 0)
-        assert runner.relay_check(fleet).startswith("OK  "), runner.relay_check(fleet)
-        fleet.sent[runner.CALLS0] += 1  # the twins' requests are not expected at the relay
-        assert runner.relay_check(fleet).startswith("OK  ")
-        fleet.sent[runner.CALLS] = 1  # one relayed request the upstream never saw is reported
-        assert runner.relay_check(fleet).startswith("WARN"), runner.relay_check(fleet)
+        assert (fleet.later_attempts("tapfix"), fleet.later_attempts("tapfix0")) == (0, 0)
+        assert fleet.upstream_stats()["requests"] == sum(sent.values())
+        assert runner.first_attempt_check(fleet).startswith("OK  "), runner.first_attempt_check(fleet)
+        fleet.sent[runner.CALLS] = 1  # a request the upstream never saw is reported
+        assert runner.first_attempt_check(fleet).startswith("WARN"), runner.first_attempt_check(fleet)
     finally:
         fleet.stop()
 
 
+def test_the_stream_lane_reads_every_delta_and_how_late_it_came(tmp_path: Path) -> None:
+    runner, lane = _bench("runner"), _bench("lane")
+    fleet = runner.Fleet(tmp_path, [])
+    try:
+        fleet.start(which=())
+        port = fleet.ports["upstream"]
+        res = asyncio.run(lane.run_level("127.0.0.1", port, 3, streams=2, body=load_body(True), deltas=8, gap_ms=5))
+    finally:
+        fleet.stop()
+    assert res.errors == [] and (res.streams, res.complete, res.lost) == (6, 6, 0)
+    assert len(res.ttft) == 6 and len(res.delay) == 6 * 8
+    assert all(0 <= d < 5.0 for d in res.delay), "each delta's delay, from the upstream's own stamp"
+
+
 def load_body(tools: bool) -> bytes:
-    return bytes(_bench("load").request_body(2048, tools=tools))
+    return bytes(_bench("load").request_body(_bench("load").AGENT_BODY, tools=tools))

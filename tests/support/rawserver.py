@@ -52,6 +52,7 @@ def sse_response(
 class RawServer:
     respond: Callable[[RawRequest], Script]
     requests: list[RawRequest] = field(default_factory=list)
+    served: list[int] = field(default_factory=list)  # requests read on each connection accepted, in order
     port: int = 0
     host: str = "127.0.0.1"  # "::1" for an IPv6 upstream
 
@@ -80,6 +81,8 @@ class RawServer:
         self._loop.run_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = len(self.served)
+        self.served.append(0)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -87,6 +90,7 @@ class RawServer:
                 length = int(request.header("content-length") or 0)
                 request.body = await reader.readexactly(length) if length else b""
                 self.requests.append(request)
+                self.served[connection] += 1
                 for wait, data in self.respond(request):
                     if wait:
                         await asyncio.sleep(wait)

@@ -4,9 +4,10 @@
 fallback (or nothing) without any test noticing. Every `tapfix.*` name a script imports, at the
 top or inside a function, and every `tapfix.*` module it runs with `python -m`, must resolve.
 
-And the rows that price the regeneration relay (issue 19) measure what they say: the `--regenerate 1`
-rows with `tools` reach the upstream through the relay and their `--regenerate 0` twins don't, and the
-ratio line and `bench/run --baseline` compare like for like.
+And the rows that price regeneration (issues 19 and 34) measure what they say: the agents' path rows
+(`--regenerate 1`, tools offered) and their `--regenerate 0` twins send each request upstream once, with
+no later attempt; the ratio line and `bench/run --baseline` compare like for like; the stream lane reads
+every delta and its delay.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_every_tapfix_name_a_bench_script_uses_resolves(script: Path) -> None:
     assert not missing, f"{script.name} uses names that no longer exist: {missing}"
 
 
-# -- the relay's cost (issue 19): the bench's --regenerate 1 rows against --regenerate 0 twins ----------
+# -- regeneration's cost (issues 19, 34): the agents' path rows against --regenerate 0 twins ------------
 
 
 def _bench(name: str) -> Any:
@@ -66,11 +67,12 @@ def _bench(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def test_every_relayed_tools_row_has_a_regenerate_0_twin_in_every_cpu_phase() -> None:
+def test_every_agents_path_row_has_a_regenerate_0_twin_in_every_cpu_phase() -> None:
     runner = _bench("runner")
     by_name = {r.name: r for r in runner.ROWS}
-    relayed = {r.name for r in runner.ROWS if r.target == "tapfix" and r.tools}
-    assert relayed == {on for _, on, _ in runner.PAIRS} and len(relayed) == 2
+    agents = {r.name for r in runner.ROWS if r.target == "tapfix" and r.tools}
+    assert agents == {on for _, on, _ in runner.PAIRS} and len(agents) == 2
+    assert runner.ROWS[2].name == runner.AGENTS, "the agents' path comes first after the baselines"
     for _, on, off in runner.PAIRS:
         a, b = by_name[on], by_name[off]
         assert (b.target, b.tools, b.kind) == ("tapfix0", a.tools, a.kind)
@@ -80,7 +82,8 @@ def test_every_relayed_tools_row_has_a_regenerate_0_twin_in_every_cpu_phase() ->
         ran = {r.name for r in runner.rows_of(phase)}
         assert ran >= {name for _, on, off in runner.PAIRS for name in (on, off)} | {runner.MITM}, phase.name
     memory = [p for p in runner.PHASES if p.body == runner.MB]
-    assert [{r.name for r in runner.rows_of(p)} for p in memory] == [{runner.MITM, runner.ARMED, runner.ARMED0}]
+    assert [{r.name for r in runner.rows_of(p)} for p in memory] == [{runner.MITM, runner.AGENTS, runner.AGENTS0}]
+    assert runner.LANE_ROWS == ("direct", runner.MITM, runner.AGENTS, runner.AGENTS0)
 
 
 def test_the_twin_is_the_same_tapfix_command_with_regenerate_0_last(tmp_path: Path) -> None:
@@ -127,8 +130,8 @@ def _cell(runner: Any, per_round: list[tuple[float, float]], chunks: int, n: int
 def test_the_regenerate_line_gives_the_pooled_ratios_and_each_rounds_spread() -> None:
     runner = _bench("runner")
     costs = {  # (µs per chunk, fixed ms) of round 1 and round 2
-        runner.ARMED: [(60.0, 3.0), (66.0, 3.3)],
-        runner.ARMED0: [(50.0, 2.0), (60.0, 2.2)],
+        runner.AGENTS: [(60.0, 3.0), (66.0, 3.3)],
+        runner.AGENTS0: [(50.0, 2.0), (60.0, 2.2)],
         runner.CALLS: [(40.0, 4.0), (40.0, 4.0)],
         runner.CALLS0: [(40.0, 2.0), (40.0, 2.0)],
     }
@@ -139,13 +142,15 @@ def test_the_regenerate_line_gives_the_pooled_ratios_and_each_rounds_spread() ->
         per_chunk, fixed = runner.fit(long.cpu_ns / long.requests, short.cpu_ns / short.requests)
         nums[row] = {"per_chunk_us": per_chunk / 1000, "fixed_ms": fixed / 1e6}
     lines, raw = runner.regenerate_lines(results, nums, {"tapfix": 300 * 1024, "tapfix0": 200 * 1024})
-    assert lines[0].startswith("INFO  regenerate 1 vs 0: CPU/chunk 1.15×, fixed CPU/request 1.50× (armed, no calls")
+    assert lines[0].startswith(
+        "INFO  regenerate 1 vs 0: CPU/chunk 1.15×, fixed CPU/request 1.50× (agents' path, no calls"
+    )
     assert "CPU/chunk 1.00×, fixed CPU/request 2.00× (tool call: 40.0 vs 40.0 µs, 4.00 vs 2.00 ms)" in lines[0]
     assert lines[0].endswith("; RSS peak (32 streams × 1 MB bodies) 300 vs 200 MB")
-    armed = next(line for line in lines if "armed, no calls, 2 rounds" in line)
+    armed = next(line for line in lines if "agents' path, no calls, 2 rounds" in line)
     assert "CPU/chunk ratio 1.10–1.20 sd 0.07" in armed and "fixed ratio 1.50–1.50 sd 0.00" in armed
     assert "µs/chunk 1: 60.0–66.0" in armed and "0: 50.0–60.0" in armed
-    assert [round(x, 3) for x in raw["armed, no calls"]["per_chunk_ratio"]] == [1.2, 1.1]
+    assert [round(x, 3) for x in raw["agents' path, no calls"]["per_chunk_ratio"]] == [1.2, 1.1]
 
 
 CPU_PHASES = (("cpu256", 256), ("cpu16", 16))
@@ -154,7 +159,7 @@ CPU_PHASES = (("cpu256", 256), ("cpu16", 16))
 @pytest.mark.parametrize(
     ("wanted", "current", "baseline", "mine", "theirs"),
     [
-        (None, True, True, ["--regenerate", "1"], ["--regenerate", "1"]),  # both know it: the default, relayed
+        (None, True, True, ["--regenerate", "1"], ["--regenerate", "1"]),  # both know it: the default
         (None, True, False, ["--regenerate", "0"], []),  # an older baseline: this side on the direct path too
         (None, False, True, [], ["--regenerate", "0"]),
         (0, True, True, ["--regenerate", "0"], ["--regenerate", "0"]),
@@ -167,6 +172,34 @@ def test_versus_gives_both_sides_the_same_regenerate(
     assert _bench("versus").regenerate_args(wanted, current, baseline)[:2] == (mine, theirs)
 
 
-def test_versus_refuses_a_relay_the_older_side_does_not_have() -> None:
+def test_versus_refuses_regeneration_the_older_side_does_not_have() -> None:
     with pytest.raises(SystemExit, match="predates the flag"):
         _bench("versus").regenerate_args(1, True, False)
+
+
+def test_a_lane_level_is_sustained_without_loss_within_one_gap_of_direct() -> None:
+    lane = _bench("lane")
+
+    def cell(delays_ms: list[float], lost: int = 0) -> Any:
+        c = lane.Cell()
+        c.res.delay, c.res.lost = [d / 1000 for d in delays_ms], lost
+        return c
+
+    direct = cell([1.0] * 100)
+    assert lane.sustained(direct, None)
+    assert lane.sustained(cell([1.0] * 99 + [20.9]), direct)  # p99 (nearest rank): 1 ms, +0 ms
+    assert lane.sustained(cell([20.9] * 100), direct)  # +19.9 ms: within one gap
+    assert not lane.sustained(cell([21.5] * 100), direct)
+    assert not lane.sustained(cell([1.0] * 100, lost=1), direct)
+
+
+def test_a_verdict_shows_what_was_measured_and_passes_the_right_way() -> None:
+    verdict = _bench("runner").verdict
+    assert verdict("streams sustained on one core ≥ 128", 64.0, 128.0, "streams", at_least=True).startswith(
+        "MISS  streams sustained on one core ≥ 128: 64.00 (streams; 50% of the target)"
+    )
+    assert verdict("streams sustained on one core ≥ 128", 256.0, 128.0, "streams", at_least=True).startswith("PASS")
+    assert verdict("RSS peak, 32 streams × 1 MB bodies ≤ 150 MB", 140.0, 150.0, "MB").startswith(
+        "PASS  RSS peak, 32 streams × 1 MB bodies ≤ 150 MB: 140.00 (MB"
+    )
+    assert ": 1.38× (" in verdict("CPU/chunk ≤ 1.25× mitmproxy", 1.38, 1.25, "a vs b").replace("MISS  ", "")

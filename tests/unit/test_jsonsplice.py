@@ -5,7 +5,18 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, apply_to_dict, json_path, splice
+from tapfix.proxy.jsonsplice import (
+    Delete,
+    Set,
+    SpliceError,
+    _compact_item_spans,
+    apply_to_dict,
+    array_item_spans,
+    json_path,
+    splice,
+    top_level_item_spans,
+    top_level_spans,
+)
 
 # (body, edits, expected bytes): the style of the body is kept, nothing else moves.
 CASES = [
@@ -134,3 +145,37 @@ def test_untouched_members_keep_their_bytes(obj, key, value):
         if other != key:
             member = json.dumps({other: obj[other]}, indent=1).encode()[2:-2]  # '"k": v' at indent 1
             assert member in out
+
+
+# --- top-level spans: the compact fast path finds what the scan finds -------------------------------
+
+conversations = st.dictionaries(keys | st.just("messages"), values | st.lists(values, max_size=4), max_size=6)
+
+
+def _scanned(body):
+    """The spans as the scan finds them (top_level_spans and array_item_spans never take the fast path)."""
+    spans = top_level_spans(body)
+    arrays = [n for n in ("messages", "input") if n in spans and body[spans[n][0]] == 0x5B]
+    return spans, {n: list(array_item_spans(body, spans[n][0])) for n in arrays}
+
+
+@settings(max_examples=300)
+@given(conversations)
+def test_top_level_item_spans_are_the_scans_whatever_the_style(obj):
+    compact = orjson.dumps(obj)
+    bodies = [*_styles(obj), compact + b" ", b'{"model":0,' + compact[1:] if obj else b'{"model":0}']
+    for body in bodies:
+        assert top_level_item_spans(body, ("messages", "input")) == _scanned(body), body
+
+
+@settings(max_examples=100)
+@given(conversations.filter(bool))
+def test_a_compact_body_is_read_without_a_scan(obj):
+    assert _compact_item_spans(orjson.dumps(obj), ("messages",)) is not None
+    assert _compact_item_spans(orjson.dumps(obj).replace(b"{", b"{ ", 1), ("messages",)) is None
+
+
+def test_a_key_given_twice_goes_to_the_scan():
+    body = b'{"messages":[1],"messages":[2,3]}'
+    assert _compact_item_spans(body, ("messages",)) is None
+    assert top_level_item_spans(body, ("messages",)) == ({"messages": (27, 32)}, {"messages": [(28, 29), (30, 31)]})

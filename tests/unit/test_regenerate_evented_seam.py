@@ -6,7 +6,6 @@ one valid stream. The attempts' bytes are the mock's own broken-first answers, c
 from __future__ import annotations
 
 import json
-import random
 import re
 import tempfile
 from typing import Any
@@ -17,7 +16,6 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.mock import MockOptions, create_app
-from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.eligibility import RegenerateSettings
 from tapfix.proxy.regenerate.evented_seam import client_view
 from tapfix.proxy.regenerate.splice import AttemptSplice
@@ -26,9 +24,10 @@ from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import stage_for
 from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
-from tests.support.builders import named_event, random_splits, streamed_case
+from tests.support.attempts import through_attempts
+from tests.support.builders import named_event, streamed_case
 from tests.unit.test_mock_attempts import SURFACE_BODIES
-from tests.unit.test_regenerate_splice import FakeRelay
+from tests.unit.test_regenerate_splice import FakeSession
 
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 SURFACE = {RESPONSES: "responses", MESSAGES: "messages"}
@@ -56,10 +55,10 @@ def answers(path: str, body: dict[str, Any], scenario: Any = "break_args_first_a
     return out
 
 
-def relayed(path: str, attempts: list[bytes], body: dict[str, Any], seed: int, **kw: Any) -> tuple[bytes, Any]:
-    """The attempts' bytes, each followed by the relay's marker (none after `unmarked_last`), through a
-    spliced pipeline in random pieces."""
-    relay = FakeRelay()
+def regenerated(path: str, attempts: list[bytes], body: dict[str, Any], seed: int, **kw: Any) -> tuple[bytes, Any]:
+    """The attempts' bytes through a spliced pipeline in random pieces, each ending where the splice decides
+    (`last_cut`: the last one broke off, no decision at its end)."""
+    relay = FakeSession()
     tools = body["tools"]
     ex = Exchange(path=path, stream=True, tools=tools)
     surface = SURFACE[path]
@@ -73,17 +72,10 @@ def relayed(path: str, attempts: list[bytes], body: dict[str, Any], seed: int, *
 
     pipeline = StreamPipeline(ex, stages())
     pipeline.splice = splice = AttemptSplice(relay, body, stages, settings_, "error", surface=surface)
-    unmarked_last = kw.pop("unmarked_last", False)
-    pieces = [a + wire.marker_after(a, relay.marker) for a in attempts]
-    if unmarked_last:
-        pieces.append(b"")
-    out = []
-    for piece in random_splits(b"".join(pieces), random.Random(seed)):
-        got = pipeline(piece)
-        out += [got] if isinstance(got, bytes) else got
-    got = pipeline(b"")
-    out += [got] if isinstance(got, bytes) else got
-    return b"".join(out), splice
+    last_cut = kw.pop("last_cut", False)
+    if last_cut:
+        attempts = [*attempts, b""]
+    return through_attempts(pipeline, attempts, seed, last_cut=last_cut), splice
 
 
 def objects(data: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -193,7 +185,7 @@ def test_defer_fatal_keeps_the_error_events_back(path: str, defer: bool) -> None
 @given(seed=st.integers(0, 10_000))
 def test_a_broken_first_attempt_then_a_fine_one_is_one_valid_stream(path: str, think: bool, seed: int) -> None:
     body = body_for(path, think)
-    data, splice = relayed(path, answers(path, body), body, seed)
+    data, splice = regenerated(path, answers(path, body), body, seed)
     assert b"tapfix-attempt-end" not in data and "error" not in [k for k, _ in objects(data)]
     calls = VALID[path](data)
     assert len(calls) == 1 and calls[0]["name"] == "write"
@@ -213,7 +205,7 @@ def test_a_broken_first_attempt_then_a_fine_one_is_one_valid_stream(path: str, t
 @given(seed=st.integers(0, 10_000))
 def test_every_attempt_broken_ends_with_one_error(path: str, seed: int) -> None:
     body = body_for(path, think=True)
-    data, splice = relayed(path, answers(path, body, ALWAYS_BROKEN, n=2), body, seed)
+    data, splice = regenerated(path, answers(path, body, ALWAYS_BROKEN, n=2), body, seed)
     assert VALID[path](data) == []
     kinds = [k for k, _ in objects(data)]
     assert kinds.count("error") == 1
@@ -223,10 +215,10 @@ def test_every_attempt_broken_ends_with_one_error(path: str, seed: int) -> None:
 
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
 def test_a_later_attempt_that_brings_nothing_gives_the_first_ones_error(path: str) -> None:
-    """The relay ends without a marker when a later attempt's request fails: the client still gets the
-    retryable error, not a stream that just stops."""
+    """A later attempt that breaks off before anything of it came (no decision at its end): the client
+    still gets the retryable error, not a stream that just stops."""
     body = body_for(path, think=True)
-    data, _ = relayed(path, answers(path, body, n=1), body, seed=3, unmarked_last=True)
+    data, _ = regenerated(path, answers(path, body, n=1), body, seed=3, last_cut=True)
     kinds = [k for k, _ in objects(data)]
     assert kinds.count("error") == 1 and kinds[-1] == ("response.failed" if path == RESPONSES else "error"), kinds
 
@@ -234,7 +226,7 @@ def test_a_later_attempt_that_brings_nothing_gives_the_first_ones_error(path: st
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
 def test_a_deterministic_request_is_skipped(path: str) -> None:
     body = body_for(path, think=False, temperature=0)
-    data, splice = relayed(path, answers(path, body, n=1), body, seed=5)
+    data, splice = regenerated(path, answers(path, body, n=1), body, seed=5)
     assert [k for k, _ in objects(data)].count("error") == 1
     assert [(d.made, d.reason) for d in splice.decisions] == [(False, "deterministic")]
 
@@ -273,7 +265,7 @@ def test_text_of_a_type_the_client_lacks_goes_out_and_a_clashing_id_is_renamed()
     body = body_for(RESPONSES, think=True)
     first = answers(RESPONSES, body, n=1)[0]
     reasoning_id = next(o["item"]["id"] for k, o in objects(first) if k == "response.output_item.added")
-    data, _ = relayed(RESPONSES, [first, spoken_attempt(reasoning_id)], body, seed=1)
+    data, _ = regenerated(RESPONSES, [first, spoken_attempt(reasoning_id)], body, seed=1)
     calls = valid_responses(data)
     assert [c["name"] for c in calls] == ["write"]
     view = client_view("responses", [data])
@@ -287,12 +279,11 @@ def test_on_chat_too_a_later_attempt_that_brings_nothing_gives_the_first_ones_er
     from tests.unit.test_regenerate_splice import broken, chat_pipeline
 
     pipeline, relay, _ = chat_pipeline()
-    first = broken()
-    out = pipeline(first + wire.marker_after(first, relay.marker))
-    out = [out] if isinstance(out, bytes) else out
-    assert len(relay.bodies) == 1  # attempt 2 asked for; its request fails: the relay just ends
-    tail = pipeline(b"")
-    view = chat_view(b"".join([*out, *([tail] if isinstance(tail, bytes) else tail)]))
+    out = [pipeline(broken()), *pipeline(b"")]
+    assert len(relay.bodies) == 1 and pipeline.pending  # attempt 2 asked for; it breaks off before anything
+    pipeline.close_splice()
+    pipeline.cut = True
+    view = chat_view(b"".join([*out, *pipeline.end_of_attempt()]))
     assert len(view.errors) == 1 and view.done == 1 and view.calls == []
 
 
@@ -307,7 +298,7 @@ def test_with_unknown_tool_on_a_call_to_a_tool_not_offered_is_regenerated(path: 
     body = body_for(path, False)
     fine = answers(path, body)[1]
     unknown = RegenerateSettings(1, unknown_tool=True)
-    data, splice = relayed(path, [naming(fine, b"delete_all"), fine], body, seed, settings=unknown)
+    data, splice = regenerated(path, [naming(fine, b"delete_all"), fine], body, seed, settings=unknown)
     assert [c["name"] for c in VALID[path](data)] == ["write"]
     assert [(d.made, d.changes[0].before) for d in splice.decisions] == [(True, "unknown_tool")]
 
@@ -316,10 +307,10 @@ def test_with_unknown_tool_on_a_call_to_a_tool_not_offered_is_regenerated(path: 
 def test_unknown_tool_off_or_spent_the_call_goes_out_as_sent(path: str) -> None:
     body = body_for(path, False)
     fine = answers(path, body)[1]
-    data, splice = relayed(path, [naming(fine, b"delete_all")], body, 0)
+    data, splice = regenerated(path, [naming(fine, b"delete_all")], body, 0)
     assert [c["name"] for c in VALID[path](data)] == ["delete_all"] and splice.decisions == []
     both = [naming(fine, b"delete_all"), naming(fine, b"rm_rf")]
-    data, splice = relayed(path, both, body, 0, settings=RegenerateSettings(1, unknown_tool=True))
+    data, splice = regenerated(path, both, body, 0, settings=RegenerateSettings(1, unknown_tool=True))
     assert [c["name"] for c in VALID[path](data)] == ["rm_rf"]
     assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh"), (False, "attempts_spent")]
 
@@ -344,7 +335,7 @@ TEXT_ANSWER = {
 @given(seed=st.integers(0, 10_000))
 def test_a_later_attempt_that_answers_in_text_follows_what_the_client_read(path: str, seed: int) -> None:
     body = body_for(path, think=False)
-    data, splice = relayed(path, answers(path, body, TEXT_ANSWER), body, seed)
+    data, splice = regenerated(path, answers(path, body, TEXT_ANSWER), body, seed)
     assert VALID[path](data) == [] and "error" not in [k for k, _ in objects(data)]
     view = client_view(SURFACE[path], [data])  # type: ignore[arg-type]
     assert view.received.content == "I will write it.I cannot write files here."

@@ -11,7 +11,7 @@ from tapfix.proxy.regenerate.splice import AttemptSplice
 
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
-from tests.unit.test_regenerate_splice import FakeRelay, relayed
+from tests.unit.test_regenerate_splice import FakeSession, regenerated
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 
@@ -30,8 +30,8 @@ def attempt(id: str, text: str, arguments: str, reasoning: str = "") -> bytes:
     )
 
 
-def run(attempts: list[bytes], engine: str | None, seed: int) -> tuple[bytes, FakeRelay, AttemptSplice]:
-    return relayed(attempts, seed=seed, engine=engine)
+def run(attempts: list[bytes], engine: str | None, seed: int) -> tuple[bytes, FakeSession, AttemptSplice]:
+    return regenerated(attempts, seed=seed, engine=engine)
 
 
 def reasoning_of(view: Any) -> str:

@@ -1,5 +1,6 @@
-"""Issue 19's pure splice: the relay's framing (proxy/regenerate/wire.py) and the pipeline splitting a
-relayed stream at the attempt-end marker (proxy/regenerate/splice.py), with a fake relay handle."""
+"""Issue 19's pure splice (proxy/regenerate/splice.py): the pipeline of a stream that may be regenerated,
+judged at each attempt's end, with a fake session handle, fed as the stream owner feeds it
+(tests/support/attempts.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,15 @@ import json
 import random
 from typing import Any
 
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.eligibility import Admission, AdmissionSettings, RegenerateSettings, Ticket
 from tapfix.proxy.regenerate.splice import AttemptSplice, received_from
 from tapfix.proxy.response.pipeline import StreamPipeline
-from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
+from tests.support.attempts import through_attempts
 from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view
 
@@ -44,9 +44,8 @@ def healthy(id: str = "second") -> bytes:
     )
 
 
-class FakeRelay:
+class FakeSession:
     def __init__(self) -> None:
-        self.marker = wire.new_marker()
         self.bodies: list[dict[str, Any]] = []
         self.timeouts: list[float] = []
         self.ended = 0
@@ -61,7 +60,7 @@ class FakeRelay:
         if ticket is not None:
             ticket.release()
 
-    # An attempt's failure as the relay would report it, by attempt number (`failures` scripts them).
+    # An attempt's failure as the attempt loop would record it, by attempt number (`failures` scripts them).
     def failure(self) -> str | None:
         return self.failures.get(len(self.bodies) + 1)
 
@@ -74,9 +73,9 @@ def chat_pipeline(
     settings: RegenerateSettings | None = None,
     admission: Admission | None = None,
     engine: str | None = None,
-) -> tuple[StreamPipeline, FakeRelay, AttemptSplice]:
-    """A relayed chat stream's pipeline as addons/stream.py wires it, on a fake relay."""
-    relay = FakeRelay()
+) -> tuple[StreamPipeline, FakeSession, AttemptSplice]:
+    """A chat stream's pipeline as addons/stream.py wires it when it may be regenerated, on a fake session."""
+    relay = FakeSession()
     ex = Exchange(path="/v1/chat/completions", stream=True, tools=TOOLS)
     settings = settings or RegenerateSettings(1)
 
@@ -91,7 +90,7 @@ def chat_pipeline(
     return pipeline, relay, splice
 
 
-def relayed(
+def regenerated(
     attempts: list[bytes],
     request: dict[str, Any] | None = None,
     settings: RegenerateSettings | None = None,
@@ -99,25 +98,17 @@ def relayed(
     seed: int = 0,
     engine: str | None = None,
     failures: dict[int, str] | None = None,
-) -> tuple[bytes, FakeRelay, AttemptSplice]:
-    """Run the attempts' bytes, each followed by the relay's marker, through a spliced pipeline, cut at
-    random places (the marker too). `failures`: the attempts the relay found no readable answer in."""
+) -> tuple[bytes, FakeSession, AttemptSplice]:
+    """Run the attempts' bytes through a spliced pipeline, cut at random places, each ending where the
+    splice decides. `failures`: the attempts the attempt loop found no readable answer in."""
     pipeline, relay, splice = chat_pipeline(request, settings, admission, engine)
     relay.failures.update(failures or {})
-    wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in attempts)
-    out = []
-    for piece in random_splits(wire_bytes, random.Random(seed)):
-        got = pipeline(piece)
-        out += [got] if isinstance(got, bytes) else got
-    got = pipeline(b"")
-    out += [got] if isinstance(got, bytes) else got
-    return b"".join(out), relay, splice
+    return through_attempts(pipeline, attempts, seed), relay, splice
 
 
 @given(st.integers(0, 10_000))
 def test_a_broken_first_attempt_then_a_healthy_one_is_one_completion(seed: int) -> None:
-    data, relay, splice = relayed([broken(), healthy()], seed=seed)
-    assert relay.marker not in data
+    data, relay, splice = regenerated([broken(), healthy()], seed=seed)
     view = client_view(data)
     assert view.errors == [] and view.done == 1
     assert [c["name"] for c in view.calls] == ["read"]
@@ -129,7 +120,7 @@ def test_a_broken_first_attempt_then_a_healthy_one_is_one_completion(seed: int) 
 
 @given(st.integers(0, 10_000))
 def test_every_attempt_broken_ends_with_one_error_event(seed: int) -> None:
-    data, relay, splice = relayed([broken(), broken("second")], seed=seed)
+    data, relay, splice = regenerated([broken(), broken("second")], seed=seed)
     view = client_view(data)
     assert len(view.errors) == 1 and view.done == 1 and view.calls == []
     assert [(d.made, d.reason) for d in splice.decisions] == [(True, "fresh_seed"), (False, "attempts_spent")]
@@ -137,7 +128,7 @@ def test_every_attempt_broken_ends_with_one_error_event(seed: int) -> None:
 
 def test_a_deterministic_request_is_skipped_and_says_so() -> None:
     request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
-    data, relay, splice = relayed([broken()], request=request)
+    data, relay, splice = regenerated([broken()], request=request)
     assert relay.bodies == [] and len(client_view(data).errors) == 1
     assert [(d.made, d.reason) for d in splice.decisions] == [(False, "deterministic")]
     assert splice.decisions[0].changes[0].after == "deterministic"
@@ -147,18 +138,18 @@ def test_an_admission_refusal_is_recorded() -> None:
     admission = Admission(AdmissionSettings(1, 1))
     held = admission.try_admit()
     assert isinstance(held, Ticket)
-    data, relay, splice = relayed([broken()], admission=admission)
+    data, relay, splice = regenerated([broken()], admission=admission)
     assert relay.bodies == [] and len(client_view(data).errors) == 1
     assert [(d.made, d.reason) for d in splice.decisions] == [(False, "concurrency")]
 
 
 def test_the_attempt_gets_what_is_left_of_the_budget() -> None:
-    _, relay, _ = relayed([broken(), healthy()], settings=RegenerateSettings(1, 7.5))
+    _, relay, _ = regenerated([broken(), healthy()], settings=RegenerateSettings(1, 7.5))
     assert relay.timeouts and 0 < relay.timeouts[0] <= 7.5
 
 
-def test_a_healthy_first_attempt_ends_the_relay() -> None:
-    data, relay, splice = relayed([healthy("first")])
+def test_a_healthy_first_attempt_ends_the_stream() -> None:
+    data, relay, splice = regenerated([healthy("first")])
     assert relay.ended == 1 and relay.bodies == [] and splice.decisions == []
     assert len(client_view(data).calls) == 1
 
@@ -171,45 +162,6 @@ def test_received_from_reads_content_reasoning_and_a_sent_call() -> None:
     assert received_from([sse([tool_call_chunk(0, "c", "read", "{")])]).tool_call_sent
 
 
-@given(st.binary(max_size=60), st.integers(0, 10_000))
-@example(b"\x00\n", 0)  # a line ended but not the event: one line end more, not two (a stray blank line)
-@example(b"x\r", 0)
-@example(b"x\r\n", 0)
-@example(b"\n", 180)  # the stream already ended its event: the relay passes the stream's tail, not the last read
-def test_the_marker_is_one_whole_event_wherever_the_upstream_stopped(last: bytes, seed: int) -> None:
-    marker = wire.new_marker()
-    stream = b"data: x\n\n" + last
-    data = stream + wire.marker_after(stream[-4:], marker)  # as addons/relay.py keeps it: the last 4 bytes
-    splitter = SSESplitter()
-    events = []
-    for piece in random_splits(data, random.Random(seed)):
-        events += splitter.feed(piece)
-    events += splitter.flush()
-    assert events.count(marker) == 1 and events[-1] == marker
-
-
-@given(st.binary(max_size=200))
-def test_chunks_frame_their_bytes(data: bytes) -> None:
-    framed = wire.chunk(data)
-    if not data:
-        assert framed == b""
-        return
-    size, _, rest = framed.partition(b"\r\n")
-    assert wire.chunk_size(size) == len(data) and rest == data + b"\r\n"
-
-
-def test_a_request_head_parses_and_the_relay_headers_stay_home() -> None:
-    head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: up:8000\r\nx-tapfix-relay: t\r\nAuthorization: Bearer k\r\n\r\n"
-    )
-    method, path, headers = wire.parse_head(head)
-    assert (method, path) == ("POST", "/v1/chat/completions")
-    assert wire.header(headers, "x-tapfix-relay") == "t"
-    assert wire.forwardable(headers) == [("Authorization", "Bearer k")]
-    out = wire.response_head(200, "OK", [("content-type", "text/event-stream"), ("content-length", "9")])
-    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length" not in out and out.endswith(b"chunked\r\n\r\n")
-
-
 # -- issue 31: failed attempts, streams that aren't SSE -----------------------------------------------
 GARBAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01"
 
@@ -218,7 +170,7 @@ GARBAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\x00\x01"
 @given(st.integers(0, 10_000))
 def test_a_failed_later_attempt_is_followed_by_the_next(seed: int) -> None:
     """Attempt 2 brought nothing readable (the relay says why): judged like attempt 1, so attempt 3 goes."""
-    data, relay, splice = relayed(
+    data, relay, splice = regenerated(
         [broken(), b"", healthy("third")], settings=RegenerateSettings(2), seed=seed, failures={2: "a 500"}
     )
     view = client_view(data)
@@ -231,7 +183,7 @@ def test_a_failed_later_attempt_is_followed_by_the_next(seed: int) -> None:
 @settings(deadline=None)  # the whole pipeline per example, on a shared machine
 @given(st.integers(0, 10_000))
 def test_a_failed_last_attempt_gives_the_client_the_replaced_attempts_error(seed: int) -> None:
-    data, relay, splice = relayed([broken(), b""], seed=seed, failures={2: "a 500"})
+    data, relay, splice = regenerated([broken(), b""], seed=seed, failures={2: "a 500"})
     view = client_view(data)
     assert view.calls == [] and len(view.errors) == 1 and view.done == 1
     assert view.errors[0]["tapfix"]["reason"] == "tool_call_unrecoverable"
@@ -242,7 +194,7 @@ def test_a_failed_last_attempt_gives_the_client_the_replaced_attempts_error(seed
 @settings(deadline=None)  # the whole pipeline per example, on a shared machine
 @given(st.integers(0, 10_000))
 def test_a_first_attempt_that_is_not_sse_is_regenerated(seed: int) -> None:
-    data, relay, splice = relayed([GARBAGE, healthy()], seed=seed)
+    data, relay, splice = regenerated([GARBAGE, healthy()], seed=seed)
     assert b"<html>" not in data and b"\x00" not in data
     view = client_view(data)
     assert view.errors == [] and len(view.calls) == 1
@@ -254,12 +206,7 @@ def test_a_first_attempt_that_is_not_sse_is_regenerated(seed: int) -> None:
 @given(st.integers(0, 10_000))
 def test_a_stream_never_sse_ends_with_the_retryable_error_recorded(seed: int) -> None:
     pipeline, relay, splice = chat_pipeline()
-    wire_bytes = b"".join(a + wire.marker_after(a, relay.marker) for a in (GARBAGE, GARBAGE))
-    out = []
-    for piece in random_splits(wire_bytes, random.Random(seed)) + [b""]:
-        got = pipeline(piece)
-        out += [got] if isinstance(got, bytes) else got
-    view = client_view(b"".join(out))
+    view = client_view(through_attempts(pipeline, [GARBAGE, GARBAGE], seed))
     assert len(view.errors) == 1 and view.errors[0]["tapfix"]["reason"] == "not_sse" and view.done == 1
     ex = pipeline.exchange
     assert {"not_sse", "upstream_error"} <= ex.flags and "not an event stream" in str(ex.error)
@@ -306,7 +253,7 @@ def test_a_text_only_later_attempt_is_the_answer(seed: int) -> None:
             chat_chunk({}, "stop", id="second"),
         ]
     )
-    data, relay, splice = relayed([first, second], seed=seed)
+    data, relay, splice = regenerated([first, second], seed=seed)
     view = client_view(data)
     assert view.content == "Let me read it.I can't read files." and view.calls == [] and view.errors == []
     assert view.finish_reasons == ["stop"] and view.done == 1

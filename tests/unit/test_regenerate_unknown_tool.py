@@ -16,7 +16,7 @@ from tapfix.proxy.regenerate.splice import AttemptSplice
 from tests.support.builders import chat_chunk, sse, tool, tool_call_chunk
 from tests.support.flows import runtime
 from tests.support.stage_io import client_view
-from tests.unit.test_regenerate_splice import relayed
+from tests.unit.test_regenerate_splice import regenerated
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"])]
 
@@ -33,7 +33,7 @@ def calling(name: str, id: str) -> bytes:
 
 
 def run(attempts: list[bytes], settings: RegenerateSettings, seed: int = 0) -> tuple[bytes, AttemptSplice]:
-    data, _, splice = relayed(attempts, settings=settings, seed=seed)
+    data, _, splice = regenerated(attempts, settings=settings, seed=seed)
     return data, splice
 
 
