@@ -272,7 +272,7 @@ class StreamOwner:
         elif ending in (CUT, SHUTDOWN):
             pipeline.close_splice()
             tail = self._cut_off(ex, pipeline, "the upstream broke off a later attempt")
-            await attempts.writer(flow).send(tail)
+            await attempts.writer(flow).send(tail or b"")
             if ending == SHUTDOWN:
                 ex.error = ex.error or "tapfix shut down before the exchange ended"
             elif not ended_normally(ex):
@@ -377,9 +377,9 @@ class StreamOwner:
         held = pipeline.end_of_attempt()
         if pipeline.pending:
             return self._after_cut(flow, ex, pipeline, held)
-        setattr(
-            flow.client_conn, TAIL_ATTR, self._cut_off(ex, pipeline, flow.error.msg if flow.error else "reset", held)
-        )
+        tail = self._cut_off(ex, pipeline, flow.error.msg if flow.error else "reset", held)
+        if tail is not None:
+            setattr(flow.client_conn, TAIL_ATTR, tail)
         self.collect(ex)
         return None
 
@@ -400,13 +400,17 @@ class StreamOwner:
             pipeline.cut = True
             pipeline.close_splice()
             message = "the upstream broke off a later attempt"
-            setattr(flow.client_conn, TAIL_ATTR, self._cut_off(ex, pipeline, message))
+            if (tail := self._cut_off(ex, pipeline, message)) is not None:
+                setattr(flow.client_conn, TAIL_ATTR, tail)
         self.collect(ex)
 
-    def _cut_off(self, ex: Exchange, pipeline: StreamPipeline, why: str, held: list[bytes] | None = None) -> bytes:
+    def _cut_off(
+        self, ex: Exchange, pipeline: StreamPipeline, why: str, held: list[bytes] | None = None
+    ) -> bytes | None:
         """What ends a stream the upstream broke off (or the shutdown ended): what the stages still held,
-        then the retryable error event, unless a stage already ended the stream or the client reads bytes
-        tapfix can't add to."""
+        then the retryable error event, unless a stage already ended the stream. None when the client reads
+        bytes tapfix can't add to: its connection is then broken off as the upstream's was, so the client
+        sees a transport error, never a clean end of a truncated stream."""
         if held is None:
             pipeline.cut = True
             held = pipeline.end_of_attempt()
@@ -414,7 +418,7 @@ class StreamOwner:
         if pipeline.passes_encoded or pipeline.broken:
             # The client reads compressed bytes (a plain event would corrupt them), or the pipeline already
             # ended the stream with its own error (it stopped decoding, or stopped being SSE).
-            return tail
+            return None
         if tail.rstrip().endswith(b"data: [DONE]"):
             # A stage already ended the stream (a held tool call cut by the reset: its own retryable
             # error event); a second error after [DONE] would only confuse a client.
