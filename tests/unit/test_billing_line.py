@@ -183,3 +183,11 @@ def test_remove_items_matches_the_list_without_them(items, gone, sep):
     out = remove_items(body, ("k",), gone)
     assert json.loads(out) == {"k": [v for i, v in enumerate(items) if i not in gone]}
     assert out.endswith(b"] }") and out.startswith(b'{"k": [')
+
+
+def test_the_browser_says_the_change_as_a_sentence():
+    from tapfix.proxy.browse.detail import explain
+
+    out = _policy("vllm").apply("/v1/messages", orjson.dumps(CLAUDE_CODE), {})
+    sentence = explain(out.changes[0].as_dict())
+    assert sentence.startswith("request: removed Claude Code's billing line at $.system[0] (was ")
