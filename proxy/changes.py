@@ -6,10 +6,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 # The part of tapfix that made a change: `captures show` and the browser group changes by it.
+# "request": a part of the client's request that defeats the engine, removed (Claude Code's billing line).
 # "telemetry": the `traceparent` tapfix forwards for its own span while OTLP export is on.
 Stage = Literal[
     "router",
     "policy",
+    "request",
     "sampling",
     "reasoning",
     "reasoning_field",

@@ -492,3 +492,53 @@ def array_item_spans(body: bytes, start: int) -> Iterator[tuple[int, int]]:
         if body[pos] == 0x5D:
             return
         raise SpliceError(f"expected ',' or ']' at byte {pos}")
+
+
+def value_span(body: bytes, path: Sequence[str | int]) -> tuple[int, int]:
+    """The byte span of the value at `path` (object keys and array indices: `("system", 0)`), found
+    without parsing what lies beside it. A key given twice: the last one counts, as parsers do.
+    Raises SpliceError when the path isn't there."""
+    start = _skip_ws(body, 0)
+    if not path:
+        return start, _value_end(body, start)
+    end = start
+    for step in path:
+        if isinstance(step, str):
+            if start >= len(body) or body[start] != 0x7B:
+                raise SpliceError(f"expected an object at byte {start} for {step!r}")
+            found = [m for m in _members(body, start)[0] if m.key == step]
+            if not found:
+                raise SpliceError(f"no key {step!r} in the object at byte {start}")
+            start, end = found[-1].value_start, found[-1].value_end
+        else:
+            for i, (item_start, item_end) in enumerate(array_item_spans(body, start)):
+                if i == step:
+                    start, end = item_start, item_end
+                    break
+            else:
+                raise SpliceError(f"no item {step} in the array at byte {start}")
+    return start, end
+
+
+def remove_items(body: bytes, array: Sequence[str | int], indices: Iterable[int]) -> bytes:
+    """`body` without the items `indices` of the array at `array`, each with the separator that joined it
+    to the items kept; every other byte stays (`[A, B, C]` without 0 is `[B, C]`, without 2 `[A, B]`)."""
+    start, _ = value_span(body, array)
+    spans = list(array_item_spans(body, start))
+    gone = {i for i in indices if 0 <= i < len(spans)}
+    if not gone:
+        return body
+    if len(gone) == len(spans):
+        return body[: start + 1] + body[_skip_ws(body, spans[-1][1]) :]
+    cuts = []
+    for i in sorted(gone):
+        if any(j not in gone for j in range(i + 1, len(spans))):
+            cuts.append((spans[i][0], spans[i + 1][0]))  # the item, its comma, the space before the next
+        else:
+            cuts.append((spans[i - 1][1], spans[i][1]))  # a trailing item: the comma before it goes with it
+    out, pos = [], 0
+    for begin, end in cuts:
+        out.append(body[pos:begin])
+        pos = end
+    out.append(body[pos:])
+    return b"".join(out)

@@ -28,6 +28,7 @@ def load_config(settings: Settings) -> Config:
             generation_config=settings.generation_config,
             reasoning_dialect=settings.reasoning_dialect,
             upstream_key_env=settings.upstream_key_env,
+            keep_billing_line=settings.keep_billing_line,
         )
     except ConfigError as e:
         raise StartupError(str(e)) from e

@@ -29,6 +29,7 @@ VERBS = {
     "override": "replaced",
     "clamp": "clamped",
     "drop": "removed",
+    "strip_billing_line": "removed Claude Code's billing line at",
     "rename": "renamed",
     "repair": "repaired",
     "detect": "detected (left as is)",

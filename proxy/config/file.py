@@ -71,6 +71,7 @@ class ModelConfig:
     regenerate: int | None = None  # issue 19: this model's extra attempts; None: the global setting
     regenerate_unknown_tool: bool | None = None
     context_window: int | None = None  # issue 37: wins over the window the engine reports
+    keep_billing_line: bool = False  # issue 36: forward Claude Code's billing block even to a local engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +121,10 @@ class Config:
         generation_config: str | Path | None = None,
         reasoning_dialect: str | None = None,
         upstream_key_env: str | None = None,
+        keep_billing_line: bool = False,
     ) -> Config:
         """Quick mode (`tapfix run --upstream URL ...`): one upstream, every model name passes through."""
-        return quick(upstream_url, engine, generation_config, reasoning_dialect, upstream_key_env)
+        return quick(upstream_url, engine, generation_config, reasoning_dialect, upstream_key_env, keep_billing_line)
 
     @classmethod
     def load(cls, path: str | Path) -> Config:
@@ -135,6 +137,7 @@ def quick(
     generation_config: str | Path | None = None,
     reasoning_dialect: str | None = None,
     upstream_key_env: str | None = None,
+    keep_billing_line: bool = False,
 ) -> Config:
     data: dict[str, Any] = {"base_url": upstream_url, "engine": engine or "openai"}
     if upstream_key_env:
@@ -156,6 +159,7 @@ def quick(
         upstream_model="*",
         generation_config=Path(generation_config).expanduser() if generation_config is not None else None,
         reasoning=ReasoningSettings(dialect=dialect),
+        keep_billing_line=keep_billing_line,
     )
     return Config(upstreams={"default": upstream}, quick_model=model)
 
@@ -312,6 +316,7 @@ def _model(
         regenerate=m.get("regenerate"),
         regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
         context_window=m.get("context_window"),
+        keep_billing_line=m.get("keep_billing_line", False),
     )
 
 

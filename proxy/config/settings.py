@@ -65,6 +65,19 @@ class Settings:
         help="override the engine's reasoning-effort dialect",
         per=PerTable("models", "reasoning.dialect", "the model's reasoning-effort dialect", same_shape=False),
     )
+    keep_billing_line: bool = setting(
+        False,
+        kind="flag",
+        flag="--keep-billing-line",
+        help="forward Claude Code's x-anthropic-billing-header system block to a local engine (quick mode; by "
+        "default it is removed: it changes between requests and defeats the engine's prefix cache)",
+        per=PerTable(
+            "models",
+            "keep_billing_line",
+            "Keep Claude Code's billing block for this model; otherwise a local engine (vllm, sglang, llamacpp, "
+            "ollama, tabbyapi) never sees it.",
+        ),
+    )
     upstream_key_env: str | None = setting(
         None,
         kind="text",

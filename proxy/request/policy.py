@@ -19,6 +19,7 @@ from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
 from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
+from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
 from tapfix.proxy.request.routing import RouteError, resolve
 from tapfix.proxy.request.sampling import (
@@ -172,6 +173,8 @@ class RequestPolicy:
         policy = self._policies.get(route.settings.name if route.settings else "")
         if policy is not None:
             engine = self._engine(route.upstream)
+            if strips_for(engine, policy.settings.keep_billing_line):
+                body, parsed = self._strip_billing(body, parsed, outcome)
             s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
             edits += s_edits
             outcome.changes += s_changes
@@ -184,7 +187,24 @@ class RequestPolicy:
             outcome.changes += r.changes
         if edits:
             outcome.body = self._splice(body, parsed, edits, outcome)
+        elif body is not outcome.body:
+            outcome.body = body  # the billing block went, nothing else changed
         return outcome
+
+    def _strip_billing(self, body: bytes, parsed: dict[str, Any], outcome: Outcome) -> tuple[bytes, dict[str, Any]]:
+        """The body and its parse without Claude Code's billing block; the sampling and reasoning edits
+        splice into that. A cut that doesn't parse to what was meant is re-serialized, as `_splice` does."""
+        try:
+            stripped = strip_billing_blocks(body, parsed, outcome.surface)
+        except SpliceError:
+            stripped = None
+        if stripped is None:
+            return body, parsed
+        outcome.changes += stripped.changes
+        if _parse(stripped.body) == (stripped.parsed, True):
+            return stripped.body, stripped.parsed
+        outcome.flags.add("request_reserialized")
+        return self._serialize(stripped.parsed), stripped.parsed
 
     def _engine(self, upstream: Upstream | None) -> str | None:
         if upstream is None:
@@ -232,6 +252,10 @@ class RequestPolicy:
         except (SpliceError, ValueError):  # ValueError: orjson refusing a lone-surrogate key while splicing
             pass
         outcome.flags.add("request_reserialized")
+        return self._serialize(expected)
+
+    @staticmethod
+    def _serialize(expected: dict[str, Any]) -> bytes:
         try:
             return json.dumps(expected, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate (legal JSON as a \u escape): keep it escaped
