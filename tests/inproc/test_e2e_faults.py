@@ -12,28 +12,15 @@ import pytest
 from tests.support.builders import split_every, tool
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import free_port, wait_capture
-from tests.support.rawserver import RawRequest, RawServer, sse_response
+from tests.support.rawserver import RawRequest, json_ok, raw_servers, sse_response
 
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
-JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-
-def _json_ok(_: RawRequest):
-    return [(0.0, JSON_OK)]
 
 
 @pytest.fixture
-def raw(request):
-    servers: list[RawServer] = []
-
-    def make(respond) -> RawServer:
-        server = RawServer(respond)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.close()
+def raw():
+    with raw_servers() as make:
+        yield make
 
 
 @pytest.fixture
@@ -58,7 +45,7 @@ def _export(proxy, capture_id: str, *flags: str) -> bytes:
 
 @pytest.mark.parametrize("body", [b"not json at all", b'{"model": "m", "messages": [', b"\xff\xfe\x00garbage"])
 def test_malformed_request_body_is_forwarded_unchanged_and_flagged(raw, proxy_for, body):
-    server = raw(_json_ok)
+    server = raw(json_ok)
     proxy = proxy_for(server.url)
     response = httpx.post(
         f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
@@ -126,7 +113,7 @@ def test_client_disconnect_mid_stream_is_kept_and_marked(raw, proxy_for):
 
 
 def test_five_megabyte_body_passes_exactly(raw, proxy_for):
-    server = raw(_json_ok)
+    server = raw(json_ok)
     proxy = proxy_for(server.url)
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}).encode()
     response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, timeout=30)
@@ -171,7 +158,7 @@ def test_odd_stream_passes_byte_identical(raw, proxy_for, with_tools, piece):
     ],
 )
 def test_upstream_path_prefix_is_joined_without_doubling_v1(raw, proxy_for, root, expected):
-    server = raw(_json_ok)
+    server = raw(json_ok)
     proxy = proxy_for(server.url + root)
     httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": []})
     assert server.requests[-1].path == expected

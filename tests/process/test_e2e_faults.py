@@ -14,31 +14,17 @@ import pytest
 from tests.support import procs
 from tests.support.inproc import cli
 from tests.support.procs import start_proxy
-from tests.support.rawserver import RawRequest, RawServer
-
-JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-
-def _json_ok(_: RawRequest):
-    return [(0.0, JSON_OK)]
+from tests.support.rawserver import json_ok, raw_servers
 
 
 @pytest.fixture
-def raw(request):
-    servers: list[RawServer] = []
-
-    def make(respond) -> RawServer:
-        server = RawServer(respond)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.close()
+def raw():
+    with raw_servers() as make:
+        yield make
 
 
 def test_sigterm_drains_the_capture_queue(raw, tmp_path):
-    server = raw(_json_ok)
+    server = raw(json_ok)
     proxy = start_proxy(tmp_path, server.url, db=tmp_path / "drain.db")
     ids = []
     with httpx.Client() as client:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 Script = list[tuple[float, bytes]]  # (seconds to wait first, bytes to write); b"<RESET>" aborts the socket
 
@@ -134,6 +135,28 @@ def json_upstreams(count: int, host: str = "127.0.0.1") -> Iterator[list[RawServ
     servers = [RawServer(lambda _: [(0.0, JSON_OK)], host=host) for _ in range(count)]
     try:
         yield servers
+    finally:
+        for server in servers:
+            server.close()
+
+
+def json_ok(_: RawRequest) -> list[tuple[float, bytes]]:
+    """A responder that answers every request `200 {}`."""
+    return [(0.0, JSON_OK)]
+
+
+@contextmanager
+def raw_servers() -> Iterator[Callable[..., RawServer]]:
+    """A maker of RawServers (`make(respond)`), every one closed at the end: a test's `raw` fixture."""
+    servers: list[RawServer] = []
+
+    def make(respond: Callable[..., Any]) -> RawServer:
+        server = RawServer(respond)
+        servers.append(server)
+        return server
+
+    try:
+        yield make
     finally:
         for server in servers:
             server.close()
