@@ -7,7 +7,7 @@
 Three outputs, each derived and never edited by hand: the page docs/reference/settings.md (every option,
 every config key, every per-model and per-upstream key), the flag table in docs/running.md (between its
 markers), and the declared keys of schemas/config.schema.json (the rest of the schema is hand-written:
-upstreams, models, sampling, reasoning). tests/test_settings_declared.py fails when any of them differs
+upstreams, models, sampling, reasoning). tests/unit/test_settings_declared.py fails when any of them differs
 from what this module renders.
 
 It lives above config and the tool-call registry because the schema's `tool_format` lists the registered

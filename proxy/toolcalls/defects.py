@@ -354,8 +354,8 @@ def render_markdown() -> str:
 
 def render_formats() -> str:
     """The registry of tool-call formats as the table of truth states it: where a leaked call in each
-    format is recovered from, on every surface (tests/test_toolformats_evented.py, test_toolformats_stage.py
-    and the leak property tests/test_toolcalls_leak_defects.py check each claim)."""
+    format is recovered from, on every surface (tests/unit/test_toolformats_evented.py, test_toolformats_stage.py
+    and the leak property tests/unit/test_toolcalls_leak_defects.py check each claim)."""
     from tapfix.proxy.toolcalls.formats import REGISTRY
 
     lines = [

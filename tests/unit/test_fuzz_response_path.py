@@ -3,7 +3,7 @@ repair → reasoning-field rename), assembly and flags (what the writer derives)
 and `CaptureWriter` with random exchanges. Nothing may raise; the writer must store every exchange and
 give every body back byte for byte.
 
-Extends tests/test_toolcalls_props.py and tests/unit/test_sse.py (which fuzz the stage and splitter alone)
+Extends tests/unit/test_toolcalls_props.py and tests/unit/test_sse.py (which fuzz the stage and splitter alone)
 to the composed pipeline and the writer. Long run: `TAPFIX_FUZZ_EXAMPLES=20000 scripts/test tests/test_fuzz_*`.
 """
 

@@ -24,7 +24,7 @@ from tests.support.stage_io import client_view, run_stage
 READ = tool("read", {"path": {"type": "string"}}, ["path"])
 GREP = tool("grep", {"pattern": {"type": "string"}}, ["pattern"])
 TOOLS = [READ, GREP]
-DOCS = Path(__file__).parent.parent / "docs" / "formats.md"
+DOCS = Path(__file__).parents[2] / "docs" / "formats.md"
 
 chunk = partial(chat_chunk, id="chatcmpl-f1")
 call = partial(tool_call_chunk, chunk_id="chatcmpl-f1")

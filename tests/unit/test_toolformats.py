@@ -23,7 +23,7 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
 
-VECTORS = Path(__file__).parent / "vectors" / "toolformats"
+VECTORS = Path(__file__).parents[1] / "vectors" / "toolformats"
 
 # Every family issue 17 names, with its older and newer forms: the registry's names must include these.
 REQUIRED = [

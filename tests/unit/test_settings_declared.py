@@ -28,7 +28,7 @@ from tapfix.proxy.config.file import ConfigError, load
 from tapfix.proxy.config.settings import Settings, declared
 from tapfix.proxy.store import held
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UPSTREAMS = '[upstreams.gpu0]\nbase_url = "http://127.0.0.1:9/v1"\nengine = "vllm"\n\n[models.qwen]\n'
 KEYED = [s for s in declared() if s.key is not None]
 FLAGGED = [s for s in declared() if s.flag is not None]

@@ -32,7 +32,7 @@ from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import chat_chunk, random_splits, split_arguments, sse, tool, tool_call_chunk
 from tests.support.stage_io import client_view, run_stage
-from tests.test_toolcalls_invariants_evented import messages_view, responses_view
+from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
 
 WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
 BASH = tool("bash", {"command": {"type": "string"}}, ["command"])

@@ -5,7 +5,7 @@ Every cut of every registered format's rendering past its opener says so (the ru
 not a list of openers); the whole rendering doesn't, nor prose that only mentions markup, a fenced
 example or a call of a tool that isn't offered. A cut example inside any container of prose stays text
 (the position rule, asked of the completed markup), whole or with its container opened by text sent
-before. The stages' side: tests/test_toolcalls_length.py and tests/test_toolcalls_length_evented.py.
+before. The stages' side: tests/unit/test_toolcalls_length.py and tests/unit/test_toolcalls_length_evented.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
-from tests.test_toolcalls_length import PROSE
+from tests.unit.test_toolcalls_length import PROSE
 
 WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
 BASH = tool("bash", {"command": {"type": "string"}})  # nothing required: `{}` would be a whole call

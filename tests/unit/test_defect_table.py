@@ -1,7 +1,7 @@
 """The docs' repair claims are the table of truth, not a copy of it that can drift.
 
 `proxy/toolcalls/defects.py` is the one list of defect classes; the property tests
-(tests/test_toolcalls_defects.py) check each row's outcome on each surface, and these tests check
+(tests/unit/test_toolcalls_defects.py) check each row's outcome on each surface, and these tests check
 that what users read is that same table, rendered.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tapfix.proxy.toolcalls import defects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "docs" / "repair.md"]
 
 

@@ -97,7 +97,7 @@ UNRECOVERABLE = [
     ("just words", "arguments are not a JSON object", None),
     ('{"a": 1, "b": 2, "a": 3', "a key repeats: fragments were spliced", None),
     ('{"a" 1}', LOST_STRING_END, None),  # the `:` was lost: a key never holds a quote
-    # a fragment drop would leave the same text (tests/test_toolcalls_no_guess.py has each rule both ways)
+    # a fragment drop would leave the same text (tests/unit/test_toolcalls_no_guess.py has each rule both ways)
     ('{"a": 1 "b": 2}', LOST_COMMA, None),  # `5,` of `{"a": 15, "b": 2}`
     ('{"a": 1."b": 1.5}', LOST_DIGITS, None),
     ('{"a": "x"', CUT, None),  # no schema says nothing more could have followed

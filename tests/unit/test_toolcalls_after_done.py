@@ -1,4 +1,4 @@
-"""A broken stream the randomized property run found (tests/test_toolcalls_props.py, local run, not CI's
+"""A broken stream the randomized property run found (tests/unit/test_toolcalls_props.py, local run, not CI's
 derandomized examples). The mutation put a call's fragment after [DONE]; the stage let data past [DONE] go
 by untouched, so a client that reads on (the AI SDK does) joined it onto a call it held ('{"_": null}{').
 Now data after [DONE] goes no further."""

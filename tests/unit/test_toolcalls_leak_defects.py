@@ -29,7 +29,7 @@ from tapfix.proxy.mock.mutations_wire import new_wire
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.toolcalls.defects import SURFACES
 
-from tests.test_toolcalls_defects import BUDGET, SEEDS, SOURCE  # one corpus read, one budget
+from tests.unit.test_toolcalls_defects import BUDGET, SEEDS, SOURCE  # one corpus read, one budget
 
 CASES = [(s, f) for s in SURFACES for f in FORMATS]
 IDS = [f"{s}-{f}" for s, f in CASES]

@@ -20,8 +20,6 @@ from tests.support.procs import Proc, start_proxy
 from tests.support.rawserver import RawServer, sse_response
 from tests.support.sockets import ESTABLISHED, LISTEN, TcpSocket, option, tcp_sockets
 
-pytestmark = pytest.mark.e2e
-
 CHUNK = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
 PAUSE_S = 1.5  # the upstream holds the stream open this long after its first event
 WINDOW = ("--context-window", "32768")  # given: tapfix asks the upstream nothing of its own (addons/window.py)

@@ -30,9 +30,9 @@ from tapfix.proxy.toolcalls import (
 )
 
 from tests.support.builders import sse_json as events
-from tests.test_toolcalls_invariants_evented import messages_view, responses_view
+from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
 
-VECTOR_DIR = Path(__file__).parent / "vectors" / "toolformats"
+VECTOR_DIR = Path(__file__).parents[1] / "vectors" / "toolformats"
 CALL_ID = "chatcmpl-tool-0123456789abcdef01234567"
 PLAIN = ["Sure", " — the answer is ", "42.\n", "No tools needed here."]
 

@@ -26,8 +26,8 @@ from tapfix.proxy.toolcalls import (
 )
 
 from tests.support.builders import sse_json as events
-from tests.test_toolcalls_invariants_evented import messages_view, responses_view
-from tests.test_toolcalls_length import BASH, HERMES_CUT, PROSE, WRITE
+from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
+from tests.unit.test_toolcalls_length import BASH, HERMES_CUT, PROSE, WRITE
 
 R_TOOLS = [{"type": "function", **t["function"]} for t in (WRITE, BASH)]
 M_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in (WRITE, BASH)]
