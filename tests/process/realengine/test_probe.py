@@ -62,9 +62,8 @@ def direct(llama, tmp_path_factory: pytest.TempPathFactory) -> ProbeRun:
     return run_probe(llama.url, tmp_path_factory.mktemp("probe") / "probe.db")
 
 
-@pytest.fixture(scope="module")
-def resend(llama) -> Callable[[bytes], Answer]:
-    """Send probe bytes straight to llama-server, read back as the probe reads an answer. A client per
+def resend_to(base_url: str, timeout: float) -> Callable[[bytes], Answer]:
+    """Send probe bytes straight to a server, read back as the probe reads an answer. A client per
     request: llama-server closes idle keep-alive connections, and a reused one can meet the close."""
 
     def send(body: bytes) -> Answer:
@@ -74,7 +73,7 @@ def resend(llama) -> Callable[[bytes], Answer]:
         chunks: list[bytes] = []
         times: list[float] = []
         with (
-            httpx.Client(base_url=llama.url, timeout=30, trust_env=False) as client,
+            httpx.Client(base_url=base_url, timeout=timeout, trust_env=False) as client,
             client.stream("POST", checks.CHAT, content=body, headers=headers) as response,
         ):
             for chunk in response.iter_raw():
@@ -85,6 +84,11 @@ def resend(llama) -> Callable[[bytes], Answer]:
         )
 
     return send
+
+
+@pytest.fixture(scope="module")
+def resend(llama) -> Callable[[bytes], Answer]:
+    return resend_to(llama.url, 30)
 
 
 def user_text(body: bytes) -> Any:

@@ -10,17 +10,22 @@ in the probe's prompts, so the tiny model answers as it does on its own: reasoni
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 from tapfix.proxy.probe import checks
 from tapfix.proxy.probe.client import Answer
 from tapfix.proxy.probe.judge import THINK, judge_text, judge_tool_call, scan_stream
 
-from tests.process.realengine.test_probe import MAX_TOKENS, ProbeRun, run_probe, tools_detail_by_mode, user_text
+from tests.process.realengine.test_probe import (
+    MAX_TOKENS,
+    ProbeRun,
+    resend_to,
+    run_probe,
+    tools_detail_by_mode,
+    user_text,
+)
 from tests.process.vllm.engine import MAX_MODEL_LEN, VllmServer
 from tests.support.inproc import InprocProxy
 
@@ -34,26 +39,7 @@ def direct(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> ProbeR
 
 @pytest.fixture(scope="module")
 def resend(vllm: VllmServer) -> Callable[[bytes], Answer]:
-    """Send probe bytes straight to vLLM, read back as the probe reads an answer."""
-
-    def send(body: bytes) -> Answer:
-        stream = bool(json.loads(body).get("stream"))
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        started = time.perf_counter()
-        chunks: list[bytes] = []
-        times: list[float] = []
-        with (
-            httpx.Client(base_url=vllm.url, timeout=120, trust_env=False) as client,
-            client.stream("POST", checks.CHAT, content=body, headers=headers) as response,
-        ):
-            for chunk in response.iter_raw():
-                chunks.append(chunk)
-                times.append(time.perf_counter() - started)
-        return Answer(
-            response.status_code, list(response.headers.multi_items()), b"".join(chunks), stream, chunks, times
-        )
-
-    return send
+    return resend_to(vllm.url, 120)
 
 
 def test_the_probe_lists_the_model_and_sends_the_requests_its_checks_build(direct: ProbeRun) -> None:
