@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
+from tapfix.proxy import http_send
 from tapfix.proxy.assemble import Assembled, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
@@ -178,14 +179,7 @@ class ProbeClient:
         ex.mark = start
         try:
             request = self._http.build_request(method, self.url(path), content=sent or None, headers=headers)
-            try:
-                response = await self._http.send(request, stream=True)
-            except httpx.RemoteProtocolError:
-                # A kept-alive connection the server closed as we reused it (llama-server closes one
-                # after a stream that ended in an error event): it never saw the request, so send it
-                # once more, on a new connection; a second failure is the server's.
-                start = ex.mark = time.perf_counter()
-                response = await self._http.send(request, stream=True)
+            response = await http_send.send(self._http, request)
             try:
                 ex.response_started_at = time.perf_counter()
                 answer.status = response.status_code

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
+from tapfix.proxy import http_send
 from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
@@ -215,7 +216,9 @@ async def send_one(client: httpx.AsyncClient, req: ReplayRequest, run: int, turn
     result = RunResult(run, turn, req)
     started = time.perf_counter()
     try:
-        async with client.stream(req.method, req.url, content=req.body, headers=_wire(req.headers)) as response:
+        request = client.build_request(req.method, req.url, content=req.body, headers=_wire(req.headers))
+        response = await http_send.send(client, request)
+        try:
             result.first_byte = time.perf_counter() - started
             result.status = response.status_code
             result.content_type = response.headers.get("content-type", "")
@@ -223,6 +226,8 @@ async def send_one(client: httpx.AsyncClient, req: ReplayRequest, run: int, turn
             async for chunk in response.aiter_raw():
                 result.chunk_times.append(time.perf_counter() - started)
                 result.chunks.append(chunk)
+        finally:
+            await response.aclose()
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         result.error = f"connect: {e or type(e).__name__}"
         result.duration = time.perf_counter() - started

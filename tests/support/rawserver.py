@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-Script = list[tuple[float, bytes]]  # (seconds to wait first, bytes to write); b"<RESET>" aborts the socket
+# (seconds to wait first, bytes to write); b"<RESET>" aborts the socket, b"<CLOSE>" closes it (a FIN, no answer)
+Script = list[tuple[float, bytes]]
 
 
 @dataclass
@@ -98,6 +99,8 @@ class RawServer:
                     if data == b"<RESET>":
                         writer.transport.abort()
                         return
+                    if data == b"<CLOSE>":
+                        return  # `finally` closes it
                     writer.write(data)
                     await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

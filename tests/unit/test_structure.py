@@ -226,6 +226,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "changes",
         "content_encoding",
         "http_headers",
+        "http_send",
         "ids",
         "jsonbody",
         "jsonsplice",
