@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -53,13 +55,20 @@ def _ctl(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True, timeout=120)
 
 
-def _dumped(out: Path, before: set[Path]) -> int:
-    """Instructions in the dump files written since `before` (callgrind writes one per dump and thread)."""
-    for _ in range(600):
-        new = set(out.parent.glob(out.name + "*")) - before
-        if new and all(f.stat().st_size > 0 for f in new):
-            time.sleep(0.5)
-            return sum(int(m[1]) for f in new for m in SUMMARY.finditer(f.read_bytes()))
+def _dumped(out: Path, before: set[Path], port: int) -> int:
+    """Instructions in the dump files written since `before` (callgrind writes one per dump and thread).
+
+    valgrind acts on a `callgrind_control` command only when the process next runs: an idle proxy sits
+    in epoll and would dump at exit. So it is woken with a bare TCP connection (collection is off by then:
+    not counted) until the dump, with its `totals:` line, is on disk."""
+    for step in range(600):
+        new = set(out.parent.glob(out.name + ".*")) - before  # the dumps: .1, .2, … (not the exit file)
+        found = [SUMMARY.search(f.read_bytes()) for f in new]
+        if new and all(found):
+            return sum(int(m[1]) for m in found if m)
+        if step % 5 == 0:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
         time.sleep(0.1)
     raise SystemExit("callgrind wrote no dump")
 
@@ -95,7 +104,7 @@ def measure(row: str, upstream: str, work: Path, requests: int, delay_ms: float,
                 procstat.wait_idle({row: proc.pid}, quiet_ns=30_000_000, max_s=60)  # and this block's, counted
                 _ctl(proc.pid, "-i", "off")
                 _ctl(proc.pid, "-d")
-                counts[chunks] = _dumped(out, before) / requests
+                counts[chunks] = _dumped(out, before, port) / requests
             per_chunk = (counts[256] - counts[16]) / 240
             fits.append((per_chunk, counts[16] - 16 * per_chunk))
     finally:
