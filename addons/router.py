@@ -22,6 +22,7 @@ from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
 
 log = logging.getLogger("tapfix")
 
@@ -105,6 +106,8 @@ class Router:
         outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
         if outcome.surface is not None and flow.request.method == "POST":
             ex.note_request_json(outcome.parsed)
+            if isinstance(outcome.parsed, dict):  # the policy never sets a budget: the client's is the one sent
+                ex.extra[BUDGET_KEY] = budget_of(outcome.surface, outcome.parsed)
         ex.decoded_request = outcome.decoded
         ex.changes.extend(outcome.changes)
         ex.flags.update(outcome.flags)

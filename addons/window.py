@@ -23,7 +23,7 @@ from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
-from tapfix.proxy.window.clamp import budget_of, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.clamp import BUDGET_KEY, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
 from tapfix.proxy.window.sources import probes_for
 
@@ -114,16 +114,13 @@ class Window:
         if ex is None or surface not in ("chat", "responses", "messages"):
             return
         body = flow.request.raw_content or b""
-        parsed = json_object(body)
         name = ex.extra.get("target")
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
-        if parsed is None or target is None:
+        # The router's one parse of the body noted its budget: most requests end here, unparsed again.
+        budget = ex.extra.get(BUDGET_KEY)
+        if target is None or budget is None:  # nothing to clamp: the engine isn't asked (its overflow has the numbers)
             return
-        budget = budget_of(surface, parsed)
-        if budget is None:  # nothing to clamp: the engine isn't asked (its own overflow error has the numbers)
-            return
-        model = parsed.get("model")
-        served = model if isinstance(model, str) else ""
+        served = ex.served_model or ex.model or ""
         engine = self.runtime.engine_of(name)
         window = self.configured(ex) or await self.reported(target, served, engine)
         if window is None:
@@ -132,7 +129,8 @@ class Window:
         ex.extra["window_hints"] = (tokens, None)
         if not might_not_fit(len(body), budget[1], tokens):
             return
-        messages = chat_messages(surface, parsed)
+        parsed = json_object(body)  # only a request that may not fit: its messages, to count
+        messages = chat_messages(surface, parsed) if parsed is not None else None
         counted = await self.count(target, engine, messages, served) if messages is not None else None
         if counted is None:
             ex.flags.add("window_count_unavailable")

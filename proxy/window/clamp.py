@@ -22,6 +22,9 @@ BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+BUDGET_KEY = "budget"  # Exchange.extra: the request's budget_of(), noted by the router's one parse of the body
+
+
 def budget_of(surface: Surface | None, parsed: dict[str, Any]) -> tuple[str, int] | None:
     """(field, value) of the request's output budget, when it sets one."""
     for key in BUDGET_FIELDS.get(surface or "", ()):
