@@ -235,6 +235,32 @@ class Parser:
         return parts
 
 
+def reply_chains(preamble: Any, items: Sequence[Any], parts_of: Any = chat_parts) -> dict[int, str]:
+    """By the index of an item that is a whole assistant reply (a run of one item, followed by more of
+    the conversation): the digest of the conversation up to and including it, which is the `chain_hash`
+    of the exchange whose reply it was. Reasoning replay finds the turns a request resends by these."""
+    head = b""
+    if preamble:
+        said = _said("s", preamble)[1]
+        head = _digest(head, b"U", said if isinstance(said, bytes) else said.encode())
+    run: list[Part] = []
+    start, count, out = 0, 0, {}
+    for i, item in enumerate(items):
+        parts = parts_of(item)
+        if parts and all(p[0] in ("a", "c") for p in parts):
+            start, count = (start, count + 1) if run else (i, 1)
+            run += parts
+            continue
+        if run:
+            head = _fold(head, run)
+            if count == 1:
+                out[start] = head.hex()
+            run = []
+        for part in parts:
+            head = _digest(head, b"U", part[1] if isinstance(part[1], bytes) else part[1].encode())
+    return out
+
+
 def _conversation(parts: Iterable[Part]) -> Conversation:
     head, run, parents = b"", [], []
     for part in parts:
