@@ -69,10 +69,11 @@ def session_key(headers: Sequence[tuple[str, str]] | Mapping[str, str], parsed: 
 def normal_arguments(value: Any) -> bytes:
     """Tool-call arguments as JSON in one spacing and key order, whether sent as a string or an object."""
     if isinstance(value, str):
+        text: str = value
         try:
-            value = orjson.loads(value)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError:
-            return value.strip().encode(errors="surrogatepass")
+            return text.strip().encode(errors="surrogatepass")
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:
