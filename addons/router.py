@@ -20,7 +20,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.request.reasoning_replay import REPLAY_MARK
+from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
@@ -106,7 +106,9 @@ class Router:
         request = flow.request
         outcome = self.runtime.policy.apply(request.path, request.raw_content or b"", request.headers, ex.client_addr)
         if outcome.replay_reasoning:
-            ex.extra[REPLAY_MARK] = True  # the recorder remembers the turn this request gets
+            ex.extra[REPLAY_MARK] = True  # addons/replay.py remembers the turn this request gets
+        if outcome.replay_missed:
+            ex.extra[REPLAY_MISSED] = outcome.replay_missed  # for the metrics
         if outcome.surface is not None and flow.request.method == "POST":
             ex.note_request_json(outcome.parsed)
         ex.decoded_request = outcome.decoded

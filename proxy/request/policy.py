@@ -52,6 +52,7 @@ class Outcome:
     surface: Surface | None = None  # None: not an inference path
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
     replay_reasoning: bool = False  # the routed model replays reasoning: its answered turns are remembered
+    replay_missed: int = 0  # resent turns without reasoning that matched none tapfix answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +240,7 @@ class RequestPolicy:
         if replayed is None:
             return body, parsed
         self.turns.counted(replayed.replayed, replayed.missed)
+        outcome.replay_missed = replayed.missed
         outcome.changes += replayed.changes
         if replayed.body is body:
             return body, parsed

@@ -44,6 +44,7 @@ ReplayAs = Literal["field", "think"]
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # how Qwen3/DeepSeek templates write a turn's thinking
 
 REPLAY_MARK = "replay_reasoning"  # Exchange.extra: its model replays reasoning, so its turn is remembered
+REPLAY_MISSED = "reasoning_replay_missed"  # Exchange.extra: its resent turns that matched none tapfix answered
 Client = tuple[str, str]  # (address, user-agent)
 Call = tuple[str, str, bytes]  # (id, name, arguments in a normal form)
 
@@ -87,6 +88,12 @@ def delivered_calls(tool_calls: Sequence[Any]) -> tuple[Call, ...]:
         for c in tool_calls
         if isinstance(c, dict)
     )
+
+
+def replay_counts(changes: Sequence[Change], missed: int) -> dict[str, int]:
+    """An exchange's resent turns by outcome (metrics): `replayed` (reasoning put back; a move is none), `missed`."""
+    replayed = sum(1 for c in changes if c.kind == "replay_reasoning" and c.before is None)
+    return {"replayed": replayed, "missed": missed} if replayed or missed else {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,9 +98,12 @@ class RecentTurns:
                 self._bytes -= _size(same.pop(0))
                 self._held -= 1
             while self._held > self._max_turns or self._bytes > self._max_bytes:
-                _, gone = self._turns.popitem(last=False)
-                self._bytes -= sum(_size(t) for t in gone)
-                self._held -= len(gone)
+                oldest = next(iter(self._turns))
+                turns = self._turns[oldest]
+                self._bytes -= _size(turns.pop(0))
+                self._held -= 1
+                if not turns:
+                    del self._turns[oldest]
 
     def candidates(
         self, parsed: Mapping[str, Any], surface: Surface, wanted: Sequence[int]

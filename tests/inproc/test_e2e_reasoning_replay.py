@@ -9,6 +9,7 @@ import json
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
@@ -81,9 +82,7 @@ def _client(url: str, agent: str = "agent/1.0", address: str | None = None) -> o
 
 
 def _turn1(client: openai.OpenAI):
-    stream = client.chat.completions.with_raw_response.create(
-        model="qwen3", messages=FIRST, tools=TOOLS, stream=True
-    )
+    stream = client.chat.completions.with_raw_response.create(model="qwen3", messages=FIRST, tools=TOOLS, stream=True)
     calls = {}
     for chunk in stream.parse():
         for call in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
@@ -126,14 +125,25 @@ def test_turn_2_carries_turn_1s_reasoning_and_no_other_client_gets_it(tmp_path, 
         assert received["messages"] == messages  # nothing else changed
 
         # Same ids, same content, from another client: another user-agent, or another address.
+        others = []
         for other in (_client(proxy.url, agent="other/2.0"), _client(proxy.url, address="127.0.0.2")):
-            _turn2(other, messages)
+            others.append(_turn2(other, messages))
             assert REASONING.encode() not in upstream.requests[-1].body
             assert "reasoning" not in json.loads(upstream.requests[-1].body)["messages"][2]
 
         health = httpx.get(proxy.url + "/tapfix/health").json()
         assert health["reasoning_replay"]["replayed"] == 1 and health["reasoning_replay"]["missed"] == 2
+        for capture_id in others:
+            wait_capture(db, capture_id)
         wait_capture(db, second_id)
+        scrape = httpx.get(proxy.url + "/tapfix/metrics").text
+        counted = {
+            s.labels["outcome"]: s.value
+            for family in text_string_to_metric_families(scrape)
+            for s in family.samples
+            if s.name == "tapfix_reasoning_replay_total"
+        }
+        assert counted == {"replayed": 1.0, "missed": 2.0}
         shown = cli("captures", "show", second_id, "--db", str(db)).stdout.decode()
         assert "replay_reasoning $.messages[2].reasoning" in shown and first_id in shown
         sent = json.loads(cli("captures", "export", second_id, "--db", str(db)).stdout)
