@@ -21,7 +21,8 @@ from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
-from tapfix.proxy.request.reasoning_replay import ReplaySource, placement_for, replay_reasoning, session_key
+from tapfix.proxy.request.reasoning_replay import ReplayAs, ReplaySource, replay_reasoning, session_key
+from tapfix.proxy.request.reasoning_replay_responses import replay_responses
 from tapfix.proxy.request.routing import RouteError, resolve
 from tapfix.proxy.request.sampling import (
     GenerationConfigError,
@@ -231,11 +232,16 @@ class RequestPolicy:
         """The body and its parse with recorded reasoning back in the turns the client resent without it."""
         if self.turns is None:
             return body, parsed
-        placement = placement_for(engine, "think" if settings.replay_reasoning_as == "think" else None)
+        replay_as: ReplayAs | None = "think" if settings.replay_reasoning_as == "think" else None
         session = session_key(headers, parsed)
         try:
-            replayed = replay_reasoning(body, parsed, outcome.surface, self.turns, client, session, placement)
-        except SpliceError:
+            if outcome.surface == "responses":
+                replayed = replay_responses(body, parsed, self.turns, client, session, engine)
+            else:
+                replayed = replay_reasoning(
+                    body, parsed, outcome.surface, self.turns, client, session, engine, replay_as
+                )
+        except (SpliceError, ValueError, TypeError):  # a body that isn't its parse; a lone surrogate orjson refuses
             replayed = None
         if replayed is None:
             return body, parsed

@@ -133,7 +133,7 @@ class Replayed:
     missed: int = 0  # assistant turns sent without reasoning that matched no turn tapfix answered
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -172,15 +172,15 @@ def _kept_reasoning(message: Mapping[str, Any], surface: Surface) -> dict[str, s
 
 
 def matching_turn(
-    message: Mapping[str, Any],
+    text: str,
+    calls: tuple[Call, ...],
     index: int,
     candidates: Sequence[AnsweredTurn],
     client: Client,
     session: str | None,
-    surface: Surface,
 ) -> AnsweredTurn | None:
-    """The one recorded turn this resent message is, by every rule of the module docstring; None: none."""
-    text, calls = _text(message.get("content")), sent_calls(message, surface)
+    """The one recorded turn a resent reply (its text, its calls, where it sits) is, by every rule of the
+    module docstring; None: none."""
     for turn in candidates:
         if (
             turn.client == client
@@ -201,12 +201,14 @@ def replay_reasoning(
     source: TurnSource,
     client: Client,
     session: str | None,
-    placement: str,
+    engine: str | None,
+    replay_as: ReplayAs | None = None,
 ) -> Replayed | None:
     """The body with recorded reasoning put back into the assistant turns the client resent without it;
     None when nothing changes and nothing was missed. Raises SpliceError when `body` is not `parsed`."""
-    if surface not in ("chat", "messages"):
+    if surface not in ("chat", "messages"):  # Responses: reasoning_replay_responses.py
         return None
+    placement = placement_for(engine, replay_as)
     messages = parsed.get("messages")
     if not isinstance(messages, list):
         return None
@@ -238,7 +240,8 @@ def replay_reasoning(
                         )
                     )
             continue
-        turn = matching_turn(message, i, found.get(i, ()), client, session, surface)
+        text, calls = text_of(message.get("content")), sent_calls(message, surface)
+        turn = matching_turn(text, calls, i, found.get(i, ()), client, session)
         if turn is None:
             out.missed += 1
             continue
@@ -248,17 +251,7 @@ def replay_reasoning(
             continue
         edits[i], new_messages[i], where = placed
         out.replayed += 1
-        out.changes.append(
-            Change(
-                "request",
-                "replay_reasoning",
-                f"$.messages[{i}]{where}",
-                None,
-                turn.reasoning,
-                f"reasoning tapfix recorded in capture {turn.capture_id}, which delivered this turn; "
-                "the client sent the turn back without it",
-            )
-        )
+        out.changes.append(replayed_change(f"$.messages[{i}]{where}", turn))
     if not edits:
         return out if out.missed else None
     out.body = _splice_messages(body, edits)
@@ -287,6 +280,18 @@ def _place(
         return None  # parts: no place at "the start of the content" every template reads the same way
     inline = THINK_OPEN + reasoning + THINK_CLOSE + (content or "")
     return [Set(("content",), inline)], {**message, "content": inline}, ".content"
+
+
+def replayed_change(path: str, turn: AnsweredTurn) -> Change:
+    return Change(
+        "request",
+        "replay_reasoning",
+        path,
+        None,
+        turn.reasoning,
+        f"reasoning tapfix recorded in capture {turn.capture_id}, which delivered this turn; "
+        "the client sent the turn back without it",
+    )
 
 
 def _splice_messages(body: bytes, edits: Mapping[int, Sequence[Set | Delete]]) -> bytes:

@@ -235,10 +235,14 @@ class Parser:
         return parts
 
 
-def reply_chains(preamble: Any, items: Sequence[Any], parts_of: Any = chat_parts) -> dict[int, str]:
-    """By the index of an item that is a whole assistant reply (a run of one item, followed by more of
-    the conversation): the digest of the conversation up to and including it, which is the `chain_hash`
-    of the exchange whose reply it was. Reasoning replay finds the turns a request resends by these."""
+def reply_chains(
+    preamble: Any, items: Sequence[Any], parts_of: Any = chat_parts, whole: bool = False
+) -> dict[int, str]:
+    """By the index of the first item of each assistant reply that more of the conversation follows: the
+    digest of the conversation up to and including that reply, which is the `chain_hash` of the exchange
+    whose reply it was. A reply of several items (a Responses message and its function calls) counts only
+    when `whole`; an item with no parts (a reasoning item) neither extends nor ends one. Reasoning replay
+    finds the turns a request resends by these."""
     head = b""
     if preamble:
         said = _said("s", preamble)[1]
@@ -247,13 +251,15 @@ def reply_chains(preamble: Any, items: Sequence[Any], parts_of: Any = chat_parts
     start, count, out = 0, 0, {}
     for i, item in enumerate(items):
         parts = parts_of(item)
-        if parts and all(p[0] in ("a", "c") for p in parts):
+        if not parts:
+            continue
+        if all(p[0] in ("a", "c") for p in parts):
             start, count = (start, count + 1) if run else (i, 1)
             run += parts
             continue
         if run:
             head = _fold(head, run)
-            if count == 1:
+            if count == 1 or whole:
                 out[start] = head.hex()
             run = []
         for part in parts:

@@ -22,7 +22,14 @@ from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.request.reasoning_replay import AnsweredTurn, delivered_calls, session_key
-from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Parser, chat_parts, reply_chains, reply_parts
+from tapfix.proxy.store.conversation import (
+    CONVERSATION_FIELDS,
+    Parser,
+    chat_parts,
+    reply_chains,
+    reply_parts,
+    responses_parts,
+)
 from tapfix.proxy.surfaces import Surface, surface_for
 
 log = logging.getLogger("tapfix")
@@ -67,7 +74,8 @@ class RecentTurns:
             return None
         conversation = self._parser.conversation(body, spans, items, surface)
         chain = conversation.chained(reply_parts(reply)) if conversation is not None else None
-        if chain is None or "messages" not in items:
+        field = "input" if surface == "responses" else "messages"
+        if chain is None or field not in items:
             return None
         key = None
         if "prompt_cache_key" in spans:
@@ -79,7 +87,7 @@ class RecentTurns:
             ex.id,
             (ex.client_addr, ex.user_agent),
             session_key(ex.request_headers, {"prompt_cache_key": key}),
-            len(items["messages"]),
+            len(items[field]),
             reply.content,
             delivered_calls(reply.tool_calls),
             reply.reasoning,
@@ -108,10 +116,14 @@ class RecentTurns:
     def candidates(
         self, parsed: Mapping[str, Any], surface: Surface, wanted: Sequence[int]
     ) -> Mapping[int, Sequence[AnsweredTurn]]:
-        messages = parsed.get("messages")
-        if not isinstance(messages, list) or not wanted:
+        if surface == "responses":
+            preamble, items, parts_of = parsed.get("instructions"), parsed.get("input"), responses_parts
+        else:
+            preamble, items, parts_of = parsed.get("system"), parsed.get("messages"), chat_parts
+        if not isinstance(items, list) or not wanted:
             return {}
-        chains = {i: c for i, c in reply_chains(parsed.get("system"), messages, chat_parts).items() if i in wanted}
+        every = reply_chains(preamble, items, parts_of, whole=surface == "responses")
+        chains = {i: c for i, c in every.items() if i in wanted}
         found: dict[int, list[AnsweredTurn]] = {}
         unknown: dict[str, int] = {}
         with self._lock:

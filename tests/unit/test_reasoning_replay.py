@@ -301,3 +301,54 @@ def test_any_reasoning_goes_back_exactly_and_only_the_message_changes(reasoning,
     tail = raw.rindex(b"{", 0, raw.index(b'"tool_call_id"'))  # the tool's message and all after it
     assert out.body[:cut] == raw[:cut]
     assert out.body.endswith(raw[tail:])
+
+
+RESPONSES = "/v1/responses"
+FIRST_INPUT = [{"role": "user", "content": "read a.py"}]
+
+
+def _responses_turn2(call_id="call_1", arguments='{"path":"a.py"}'):
+    call = {"type": "function_call", "id": "fc_1", "call_id": call_id, "name": "read", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": call_id, "output": "print(1)"}
+    return {"model": "m", "instructions": "You are a coding agent.", "input": [*FIRST_INPUT, call, output]}
+
+
+def _responses_answered(turns):
+    body = {"model": "m", "instructions": "You are a coding agent.", "input": FIRST_INPUT}
+    ex = Exchange(path=RESPONSES, request=orjson.dumps(body), status=200, client_addr=ME, user_agent=AGENT)
+    call = {"id": "call_1", "name": "read", "arguments": '{"path": "a.py"}'}
+    return turns.note(ex, Assembled(content="", reasoning=REASONING, tool_calls=[call]))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_responses_gets_a_reasoning_item_before_the_function_call(engine):
+    turns = RecentTurns()
+    first = _responses_answered(turns)
+    body = _responses_turn2()
+    raw = json.dumps(body, indent=2).encode()
+    out = _policy(engine, turns).apply(RESPONSES, raw, {"user-agent": AGENT}, ME)
+    sent = json.loads(out.body)
+    item = {"type": "reasoning", "id": f"rs_{first.capture_id}", "summary": [], "content": []}
+    item["content"] = [{"type": "reasoning_text", "text": REASONING}]
+    assert sent["input"] == [body["input"][0], item, *body["input"][1:]]
+    assert {k: v for k, v in sent.items() if k != "input"} == {k: v for k, v in body.items() if k != "input"}
+    (change,) = out.changes
+    assert (change.kind, change.path, change.after) == ("replay_reasoning", "$.input[1]", REASONING)
+    cut = raw.index(b'"type": "function_call"')
+    assert out.body.endswith(raw[raw.rindex(b"{", 0, cut) :])  # the client's items from the call on, as sent
+
+
+@pytest.mark.parametrize(
+    ("engine", "body"),
+    [
+        ("sglang", _responses_turn2()),
+        ("vllm", _responses_turn2(call_id="call_2")),
+        ("vllm", _responses_turn2(arguments="{}")),
+    ],
+    ids=["engine-takes-no-item", "other-id", "other-arguments"],
+)
+def test_responses_left_alone(engine, body):
+    turns = RecentTurns()
+    _responses_answered(turns)
+    raw = orjson.dumps(body)
+    assert _policy(engine, turns).apply(RESPONSES, raw, {"user-agent": AGENT}, ME).body == raw
