@@ -12,8 +12,8 @@ from tapfix.proxy.config.file import from_dict
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.store.replay_turns import RecentTurns, store_lookup
-from tapfix.proxy.store.sqlite.store import SqliteStore
-from tapfix.proxy.store.writer import CaptureWriter
+
+from tests.support.stores import BACKENDS, make_backend
 
 CHAT = "/v1/chat/completions"
 AGENT = "opencode/1.0"
@@ -218,50 +218,38 @@ def test_messages_surface_gets_a_thinking_block_before_the_text_and_tool_use():
     assert blocks[1:] == resent["content"]
 
 
-def test_turns_the_memory_no_longer_holds_come_from_the_store(tmp_path):
-    db = tmp_path / "c.db"
-    writer = CaptureWriter(db)
-    body = _turn1()
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path):
+    return make_backend(request, tmp_path)
+
+
+def test_turns_the_memory_no_longer_holds_come_from_the_store(store):
+    """A restart, or another tapfix of a PostgreSQL fleet: the turn is read from the store, on each backend."""
+    call = {"id": CALL["id"], "type": "function", "function": {"name": "read", "arguments": CALL["arguments"]}}
+    message = {"role": "assistant", "content": None, "reasoning": REASONING, "tool_calls": [call]}
+    answer = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}
     ex = Exchange(
         path=CHAT,
         method="POST",
-        request=orjson.dumps(body),
+        request=orjson.dumps(_turn1()),
         status=200,
         client_addr=ME,
         user_agent=AGENT,
         content_type="application/json",
-        response=orjson.dumps(
-            {
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": None,
-                            "reasoning": REASONING,
-                            "tool_calls": [
-                                {
-                                    "id": CALL["id"],
-                                    "type": "function",
-                                    "function": {"name": "read", "arguments": CALL["arguments"]},
-                                }
-                            ],
-                        },
-                        "finish_reason": "tool_calls",
-                    }
-                ]
-            }
-        ),
+        response=orjson.dumps(answer),
     )
+    writer = store.writer()
     writer.submit(ex)
     writer.close()
     assert writer.stats.failures == 0, writer.stats.last_error
-    turns = RecentTurns(lookup=store_lookup(SqliteStore(db).reader))
+    turns = RecentTurns(lookup=store_lookup(store.store().reader))
     out, _ = _send(_policy("vllm", turns), _turn2())
     assert orjson.loads(out.body)["messages"][2]["reasoning"] == REASONING
     (change,) = out.changes
     assert ex.id in change.reason
     out, raw = _send(_policy("vllm", turns), _turn2(), addr="10.0.0.7")  # the store's turns are no one else's
+    assert out.body == raw
+    out, raw = _send(_policy("vllm", turns), _turn2(), headers={"x-session-id": "s1"})  # nor another session's
     assert out.body == raw
 
 
