@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -180,3 +181,89 @@ def test_a_later_proxy_finds_the_turn_in_the_store(tmp_path, upstream):
         assert json.loads(upstream.requests[-1].body)["messages"][2]["reasoning_content"] == REASONING
     finally:
         proxy.stop()
+
+
+def _message(content: list[dict], stop: str) -> list[tuple[float, bytes]]:
+    body = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "qwen3",
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    raw = json.dumps(body).encode()
+    return [
+        (0.0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+    ]
+
+
+def _messages_answer(request):
+    """Turn 1: thinking, text and a tool_use block, as a local engine's /v1/messages answers; later: text."""
+    if len(json.loads(request.body)["messages"]) == 1:
+        thinking = {"type": "thinking", "thinking": REASONING, "signature": ""}
+        use = {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "a.py"}}
+        return _message([thinking, {"type": "text", "text": "Reading it."}, use], "tool_use")
+    return _message([{"type": "text", "text": "It prints 1."}], "end_turn")
+
+
+def test_messages_turn_2_gets_a_thinking_block_before_the_text_and_tool_use(tmp_path):
+    upstream = RawServer(_messages_answer)
+    proxy = start_proxy(tmp_path, upstream.url, "--engine", "llamacpp", "--replay-reasoning", db=tmp_path / "c.db")
+    try:
+        client = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+        tools = [{"name": "read", "input_schema": {"type": "object"}}]
+        first = [{"role": "user", "content": "read a.py"}]
+        answer = client.messages.create(model="qwen3", max_tokens=100, messages=first, tools=tools)
+        # Claude Code and most agents resend the text and tool_use blocks, not the thinking block.
+        resent = [b.model_dump(exclude_none=True) for b in answer.content if b.type != "thinking"]
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "print(1)"}
+        messages = [*first, {"role": "assistant", "content": resent}, {"role": "user", "content": [result]}]
+        client.messages.create(model="qwen3", max_tokens=100, messages=messages, tools=tools)
+        received = json.loads(upstream.requests[-1].body)["messages"][1]["content"]
+        assert received[0] == {"type": "thinking", "thinking": REASONING, "signature": ""}
+        assert received[1:] == resent
+    finally:
+        proxy.stop()
+        upstream.close()
+
+
+def _responses_answer(request):
+    """Turn 1: a reasoning item and a function call, as vLLM's /v1/responses answers; later: a message."""
+    body = json.loads(request.body)
+    if len(body["input"]) == 1:
+        reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "content": []}
+        reasoning["content"] = [{"type": "reasoning_text", "text": REASONING}]
+        call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "read"}
+        call |= {"arguments": '{"path": "a.py"}', "status": "completed"}
+        output = [reasoning, call]
+    else:
+        text = {"type": "output_text", "text": "It prints 1.", "annotations": []}
+        output = [{"type": "message", "id": "m_1", "role": "assistant", "status": "completed", "content": [text]}]
+    answer = {"id": "resp_1", "object": "response", "created_at": 1, "model": "qwen3", "status": "completed"}
+    answer |= {"output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+    raw = json.dumps(answer).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(raw)
+    return [(0.0, head + raw)]
+
+
+def test_responses_turn_2_gets_a_reasoning_item_before_the_function_call(tmp_path):
+    upstream = RawServer(_responses_answer)
+    proxy = start_proxy(tmp_path, upstream.url, "--engine", "vllm", "--replay-reasoning", db=tmp_path / "c.db")
+    try:
+        client = _client(proxy.url)
+        tools = [{"type": "function", "name": "read", "parameters": {"type": "object"}}]
+        first = [{"role": "user", "content": "read a.py"}]
+        answer = client.responses.create(model="qwen3", input=first, tools=tools)
+        # Agents that keep no reasoning resend the function call alone, then its output.
+        call = next(item.model_dump(exclude_none=True) for item in answer.output if item.type == "function_call")
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "print(1)"}
+        client.responses.create(model="qwen3", input=[*first, call, output], tools=tools)
+        received = json.loads(upstream.requests[-1].body)["input"]
+        assert received[1]["type"] == "reasoning" and received[1]["content"][0]["text"] == REASONING
+        assert received[2:] == [call, output]
+    finally:
+        proxy.stop()
+        upstream.close()
