@@ -34,9 +34,12 @@ from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, splice, top_level_item_spans
 from tapfix.proxy.surfaces import Surface
 
-# What the engine's chat-completions parser reads from a history message and hands the template:
-# vLLM `_parse_chat_message_content` reads `message.get("reasoning")` only (vllm/entrypoints/chat_utils.py);
-# llama.cpp's `common_chat_msgs_parse_oaicompat` and SGLang's template path read `reasoning_content`.
+# What the engine's chat-completions parser reads from a history message and hands the template: vLLM's
+# `_parse_chat_message_content` reads `message.get("reasoning")` (0.32: vllm/renderers/chat_utils.py; earlier
+# vllm/entrypoints/chat_utils.py; 0.32's request validator also moves `reasoning_content` there, earlier ones
+# don't); llama.cpp's `common_chat_msgs_parse_oaicompat` (common/chat.cpp) reads `reasoning_content`; SGLang's
+# message model has `reasoning_content` and no `reasoning` (srt/entrypoints/openai/protocol.py,
+# `ChatCompletionMessageGenericParam`).
 ENGINE_FIELD: Mapping[str, str] = {"vllm": "reasoning", "sglang": "reasoning_content", "llamacpp": "reasoning_content"}
 DEFAULT_FIELD = "reasoning_content"  # another engine: the field DeepSeek's API made the common one
 REASONING_FIELDS = ("reasoning", "reasoning_content")
@@ -50,7 +53,8 @@ Call = tuple[str, str, bytes]  # (id, name, arguments in a normal form)
 
 
 def placement_for(engine: str | None, replay_as: ReplayAs | None) -> str:
-    """The message field the reasoning goes in, or "think" (inline at the start of the content)."""
+    """The message field the reasoning goes in (`replay_as` "field" or None: the engine's), or "think"
+    (inline at the start of the content)."""
     if replay_as == "think":
         return "think"
     return ENGINE_FIELD.get(engine or "", DEFAULT_FIELD)
