@@ -66,6 +66,8 @@ class RecentTurns:
             return None
         if ex.session_hint or {"replay", "probe"} & ex.tags or ex.attempt_of is not None:
             return None
+        if not ex.store_bodies:  # metadata only (`store_bodies = false`, `--no-bodies`): no text is kept, here either
+            return None
         body = ex.readable_request()
         surface = surface_for(ex.path)
         try:

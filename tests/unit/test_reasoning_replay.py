@@ -196,6 +196,9 @@ def test_off_unless_the_model_asks():
 def test_a_turn_without_reasoning_is_not_remembered_and_counts_as_missed():
     turns = RecentTurns()
     assert _answered(turns, _turn1(), reasoning="") is None
+    metadata_only = Exchange(path=CHAT, request=orjson.dumps(_turn1()), status=200, client_addr=ME, user_agent=AGENT)
+    metadata_only.store_bodies = False
+    assert turns.note(metadata_only, Assembled(reasoning=REASONING, tool_calls=[dict(CALL)])) is None
     out, raw = _send(_policy("vllm", turns), _turn2())
     assert out.body == raw and turns.missed == 1
 
