@@ -21,7 +21,13 @@ from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
-from tapfix.proxy.request.reasoning_replay import ReplayAs, ReplaySource, replay_reasoning, session_key
+from tapfix.proxy.request.reasoning_replay import (
+    NO_REPLAY_ENGINES,
+    ReplayAs,
+    ReplaySource,
+    replay_reasoning,
+    session_key,
+)
 from tapfix.proxy.request.reasoning_replay_responses import replay_responses
 from tapfix.proxy.request.routing import RouteError, resolve
 from tapfix.proxy.request.sampling import (
@@ -184,7 +190,7 @@ class RequestPolicy:
             engine = self._engine(route.upstream)
             if strips_for(engine, policy.settings.keep_billing_line):
                 body, parsed = self._strip_billing(body, parsed, outcome)
-            if policy.settings.replay_reasoning:
+            if policy.settings.replay_reasoning and engine not in NO_REPLAY_ENGINES:
                 outcome.replay_reasoning = True
                 client = (client_addr, lowered.get("user-agent", ""))
                 body, parsed = self._replay(body, parsed, outcome, client, headers, engine, policy.settings)

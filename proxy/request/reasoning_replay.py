@@ -42,6 +42,9 @@ from tapfix.proxy.surfaces import Surface
 # `ChatCompletionMessageGenericParam`).
 ENGINE_FIELD: Mapping[str, str] = {"vllm": "reasoning", "sglang": "reasoning_content", "llamacpp": "reasoning_content"}
 DEFAULT_FIELD = "reasoning_content"  # another engine: the field DeepSeek's API made the common one
+# Hosted APIs: OpenAI's models take no reasoning back in the history, Anthropic's want signed thinking blocks
+# only it can make; a route to one never gets replayed reasoning, whatever the model's setting.
+NO_REPLAY_ENGINES = frozenset({"openai", "anthropic"})
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 ReplayAs = Literal["field", "think"]
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # how Qwen3/DeepSeek templates write a turn's thinking

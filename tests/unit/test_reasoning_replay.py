@@ -193,6 +193,14 @@ def test_off_unless_the_model_asks():
     assert out.body == raw and not out.replay_reasoning
 
 
+@pytest.mark.parametrize("engine", ["openai", "anthropic"])
+def test_a_route_to_a_hosted_api_never_gets_reasoning_back(engine):
+    turns = RecentTurns()
+    _answered(turns, _turn1())
+    out, raw = _send(_policy(engine, turns), _turn2())
+    assert out.body == raw and not out.replay_reasoning and turns.missed == 0
+
+
 def test_a_turn_without_reasoning_is_not_remembered_and_counts_as_missed():
     turns = RecentTurns()
     assert _answered(turns, _turn1(), reasoning="") is None
