@@ -188,12 +188,12 @@ class RequestPolicy:
         policy = self._policies.get(route.settings.name if route.settings else "")
         if policy is not None:
             engine = self._engine(route.upstream)
-            if strips_for(engine, policy.settings.keep_billing_line):
-                body, parsed = self._strip_billing(body, parsed, outcome)
-            if policy.settings.replay_reasoning and engine not in NO_REPLAY_ENGINES:
-                outcome.replay_reasoning = True
+            if policy.settings.replay_reasoning and engine not in NO_REPLAY_ENGINES:  # on the client's own parse:
+                outcome.replay_reasoning = True  # the recorded turns were digested from what their clients sent
                 client = (client_addr, lowered.get("user-agent", ""))
                 body, parsed = self._replay(body, parsed, outcome, client, headers, engine, policy.settings)
+            if strips_for(engine, policy.settings.keep_billing_line):
+                body, parsed = self._strip_billing(body, parsed, outcome)
             s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
             edits += s_edits
             outcome.changes += s_changes

@@ -267,6 +267,15 @@ def reply_chains(
     return out
 
 
+def conversation_chain(preamble: Any, items: Sequence[Any], parts_of: Any, reply: Sequence[Part]) -> str | None:
+    """`Parser.conversation(...).chained(reply)` from the parsed request (no item cache): the digest a later
+    turn's `reply_chains` gives for this reply, with the preamble the caller chose."""
+    parts: list[Part] = [_said("s", preamble)] if preamble else []
+    for item in items:
+        parts += parts_of(item)
+    return _conversation(parts).chained(reply)
+
+
 def _conversation(parts: Iterable[Part]) -> Conversation:
     head, run, parents = b"", [], []
     for part in parts:

@@ -20,12 +20,11 @@ from typing import Any
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
+from tapfix.proxy.request.billing_line import is_billing_line
 from tapfix.proxy.request.reasoning_replay import AnsweredTurn, delivered_calls, session_key
 from tapfix.proxy.store.conversation import (
-    CONVERSATION_FIELDS,
-    Parser,
     chat_parts,
+    conversation_chain,
     reply_chains,
     reply_parts,
     responses_parts,
@@ -49,7 +48,6 @@ class RecentTurns:
         self._turns: OrderedDict[str, list[AnsweredTurn]] = OrderedDict()
         self._bytes = 0
         self._max_turns, self._max_bytes = max_turns, max_bytes
-        self._parser = Parser()
         self._lock = threading.Lock()
         self.lookup = lookup
         self.replayed = 0  # turns whose reasoning went back into a request
@@ -68,28 +66,24 @@ class RecentTurns:
             return None
         if not ex.store_bodies:  # metadata only (`store_bodies = false`, `--no-bodies`): no text is kept, here either
             return None
-        body = ex.readable_request()
         surface = surface_for(ex.path)
         try:
-            spans, items = top_level_item_spans(body, CONVERSATION_FIELDS)
-        except (SpliceError, IndexError):
+            request = orjson.loads(ex.readable_request())
+        except orjson.JSONDecodeError:
             return None
-        conversation = self._parser.conversation(body, spans, items, surface)
-        chain = conversation.chained(reply_parts(reply)) if conversation is not None else None
-        field = "input" if surface == "responses" else "messages"
-        if chain is None or field not in items:
+        shape = _shape(request, surface)
+        if shape is None:
             return None
-        key = None
-        if "prompt_cache_key" in spans:
-            try:
-                key = orjson.loads(body[slice(*spans["prompt_cache_key"])])
-            except orjson.JSONDecodeError:
-                key = None
+        preamble, items, parts_of = shape
+        chain = conversation_chain(_without_billing(preamble), items, parts_of, reply_parts(reply))
+        if chain is None:
+            return None
+        key = request.get("prompt_cache_key") if isinstance(request.get("prompt_cache_key"), str) else None
         turn = AnsweredTurn(
             ex.id,
             (ex.client_addr, ex.user_agent),
             session_key(ex.request_headers, {"prompt_cache_key": key}),
-            len(items[field]),
+            len(items),
             reply.content,
             delivered_calls(reply.tool_calls),
             reply.reasoning,
@@ -118,14 +112,15 @@ class RecentTurns:
     def candidates(
         self, parsed: Mapping[str, Any], surface: Surface, wanted: Sequence[int]
     ) -> Mapping[int, Sequence[AnsweredTurn]]:
-        if surface == "responses":
-            preamble, items, parts_of = parsed.get("instructions"), parsed.get("input"), responses_parts
-        else:
-            preamble, items, parts_of = parsed.get("system"), parsed.get("messages"), chat_parts
-        if not isinstance(items, list) or not wanted:
+        shape = _shape(parsed, surface)
+        if shape is None or not wanted:
             return {}
-        every = reply_chains(preamble, items, parts_of, whole=surface == "responses")
-        chains = {i: c for i, c in every.items() if i in wanted}
+        preamble, items, parts_of = shape
+        whole = surface == "responses"
+        own = _without_billing(preamble)
+        chains = {i: c for i, c in reply_chains(own, items, parts_of, whole).items() if i in wanted}
+        # The store's chain_hash digests the preamble as the client sent it (sessions.py).
+        stored = chains if own is preamble else reply_chains(preamble, items, parts_of, whole)
         found: dict[int, list[AnsweredTurn]] = {}
         unknown: dict[str, int] = {}
         with self._lock:
@@ -133,8 +128,8 @@ class RecentTurns:
                 turns = self._turns.get(chain)
                 if turns:
                     found[index] = list(turns)
-                else:
-                    unknown[chain] = index
+                elif index in stored:
+                    unknown[stored[index]] = index
         if unknown and self.lookup is not None:
             try:
                 for chain, turn in self.lookup(list(unknown)):
@@ -147,6 +142,30 @@ class RecentTurns:
         with self._lock:
             self.replayed += replayed
             self.missed += missed
+
+
+def _shape(parsed: Any, surface: Surface | None) -> tuple[Any, list[Any], Any] | None:
+    """A request's preamble, its conversation's items and how to read them; None: it holds none."""
+    if not isinstance(parsed, dict):
+        return None
+    if surface == "responses":
+        items, preamble, parts_of = parsed.get("input"), parsed.get("instructions"), responses_parts
+    else:
+        items, preamble, parts_of = parsed.get("messages"), parsed.get("system"), chat_parts
+    return (preamble, items, parts_of) if isinstance(items, list) else None
+
+
+def _without_billing(preamble: Any) -> Any:
+    """Messages' `system` without Claude Code's billing block: versions that put `cch` in it change it on every
+    request, so it would make each turn's digest differ from the last (request/billing_line.py). The same
+    object when there is none."""
+    if not isinstance(preamble, list) or not any(_billing(b) for b in preamble):
+        return preamble
+    return [b for b in preamble if not _billing(b)]
+
+
+def _billing(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text" and is_billing_line(block.get("text"))
 
 
 def _size(turn: AnsweredTurn) -> int:

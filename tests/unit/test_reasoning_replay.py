@@ -351,3 +351,25 @@ def test_responses_left_alone(engine, body):
     _responses_answered(turns)
     raw = orjson.dumps(body)
     assert _policy(engine, turns).apply(RESPONSES, raw, {"user-agent": AGENT}, ME).body == raw
+
+
+def test_claude_codes_billing_line_changing_between_turns_doesnt_lose_the_turn():
+    """Claude Code versions that put `cch` in the billing block change it on every request; the block is no
+    part of the conversation a turn is found by (and a local engine doesn't get it: billing_line.py)."""
+    turns = RecentTurns()
+    line = "x-anthropic-billing-header: cc_version=2.1.332.4e6; cc_entrypoint=sdk-cli; cch={};"
+    prompt = {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
+    first = [{"role": "user", "content": "read a.py"}]
+    body1 = {"model": "m", "system": [{"type": "text", "text": line.format("1a2b3")}, prompt], "messages": first}
+    ex = Exchange(path="/v1/messages", request=orjson.dumps(body1), status=200, client_addr=ME, user_agent=AGENT)
+    call = {"id": "toolu_1", "name": "read", "input": {"path": "a.py"}}
+    turns.note(ex, Assembled(content="", reasoning=REASONING, tool_calls=[call]))
+    resent = {"role": "assistant", "content": [{"type": "tool_use", **call}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1"}]}
+    body2 = {**body1, "messages": [*first, resent, result]}
+    body2["system"] = [{"type": "text", "text": line.format("9f8e7")}, prompt]
+    out = _policy("llamacpp", turns).apply("/v1/messages", orjson.dumps(body2), {"user-agent": AGENT}, ME)
+    sent = orjson.loads(out.body)
+    assert sent["messages"][1]["content"][0] == {"type": "thinking", "thinking": REASONING, "signature": ""}
+    assert sent["system"] == [prompt]
+    assert [c.kind for c in out.changes] == ["replay_reasoning", "strip_billing_line"]
