@@ -7,6 +7,7 @@ from tapfix.addons.health import Health
 from tapfix.addons.malformed import RecordMalformed
 from tapfix.addons.metrics import Metrics
 from tapfix.addons.recorder import RecordExchange, RecordRequest
+from tapfix.addons.replay import RememberTurns
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
@@ -33,6 +34,8 @@ def default_addons(runtime: Runtime) -> list[object]:
         RecordExchange(runtime),
         RecordMalformed(runtime),
     ]
+    if runtime.replay_turns is not None:  # issue 36: a model replays reasoning; after the recorder: the turn is whole
+        chain.insert(chain.index(next(a for a in chain if isinstance(a, RecordExchange))) + 1, RememberTurns(runtime))
     if runtime.settings.regenerate > 0:  # issue 19: only then may a request get a later attempt
         from tapfix.addons.attempts import LaterAttempts
 

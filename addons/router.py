@@ -20,6 +20,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
@@ -103,7 +104,12 @@ class Router:
     def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange) -> UpstreamTarget | None:
         """Route, fill defaults, rewrite reasoning. A plain method, so the parsed body (megabytes of
         Python objects for a long conversation) is gone before the request hook awaits anything."""
-        outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
+        request = flow.request
+        outcome = self.runtime.policy.apply(request.path, request.raw_content or b"", request.headers, ex.client_addr)
+        if outcome.replay_reasoning:
+            ex.extra[REPLAY_MARK] = True  # addons/replay.py remembers the turn this request gets
+        if outcome.replay_missed:
+            ex.extra[REPLAY_MISSED] = outcome.replay_missed  # for the metrics
         if outcome.surface is not None and flow.request.method == "POST":
             ex.note_request_json(outcome.parsed)
             if isinstance(outcome.parsed, dict):  # the policy never sets a budget: the client's is the one sent

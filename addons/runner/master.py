@@ -81,7 +81,22 @@ def build_runtime(
             }
         )
     install_telemetry(runtime)
+    install_replay(runtime)
     return runtime
+
+
+def install_replay(runtime: Runtime) -> None:
+    """Issue 36: where a model replays reasoning, the turns it answered are remembered (`replay_turns`,
+    noted by the recorder) and the request policy looks them up there."""
+    config = getattr(runtime.policy, "config", None)
+    if config is None:
+        return
+    models = [*config.models.values(), *([config.quick_model] if config.quick_model else [])]
+    if any(m.replay_reasoning for m in models):
+        from tapfix.proxy.store.replay_turns import RecentTurns
+
+        runtime.replay_turns = RecentTurns()
+        runtime.policy.turns = runtime.replay_turns
 
 
 def install_telemetry(runtime: Runtime) -> None:
@@ -298,7 +313,12 @@ def prepare(settings: Settings, store: StoreLocator, export: Any = None) -> Runt
         except ValueError as e:
             raise StartupError(f"{policy.config.source}: retention: {e}") from e
     writer = open_writer(settings, store, retention)
-    return build_runtime(settings, policy=policy, targets=targets, writer=writer, export=export)
+    runtime = build_runtime(settings, policy=policy, targets=targets, writer=writer, export=export)
+    if runtime.replay_turns is not None:  # issue 36: turns not in memory are read from the store
+        from tapfix.proxy.store.replay_turns import store_lookup
+
+        runtime.replay_turns.lookup = store_lookup(store.backend().reader)
+    return runtime
 
 
 def open_writer(settings: Settings, store: StoreLocator, retention: Any) -> CaptureWriter:

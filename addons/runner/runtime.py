@@ -53,6 +53,7 @@ class Runtime:
     # (tokens, where it came from). Filled and refreshed by addons/window.py.
     windows: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     windows_unknown: dict[tuple[str, str], float] = field(default_factory=dict)  # key → asked again after
+    replay_turns: Any = None  # issue 36: tapfix.proxy.store.replay_turns.RecentTurns where a model replays reasoning
     _reachable_until: dict[str, float] = field(default_factory=dict)
 
     def intercepted(self, flow: http.HTTPFlow) -> bool:
@@ -114,6 +115,9 @@ class Runtime:
             "upstreams": {name: t.url for name, t in self.targets.items()},
             "later_attempts": getattr(self.attempts, "sent", 0),  # issue 19: upstream requests regeneration made
             "telemetry": {name: report() for name, report in self.telemetry_health.items()},
+            # issue 36: turns whose recorded reasoning went back upstream, and turns resent without it that
+            # matched none tapfix answered; None: no model replays reasoning
+            "reasoning_replay": self.replay_turns.health() if self.replay_turns is not None else None,
         }
 
 

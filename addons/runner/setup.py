@@ -29,6 +29,8 @@ def load_config(settings: Settings) -> Config:
             reasoning_dialect=settings.reasoning_dialect,
             upstream_key_env=settings.upstream_key_env,
             keep_billing_line=settings.keep_billing_line,
+            replay_reasoning=settings.replay_reasoning,
+            replay_reasoning_as=settings.replay_reasoning_as,
         )
     except ConfigError as e:
         raise StartupError(str(e)) from e

@@ -72,6 +72,8 @@ class ModelConfig:
     regenerate_unknown_tool: bool | None = None
     context_window: int | None = None  # issue 37: wins over the window the engine reports
     keep_billing_line: bool = False  # issue 36: forward Claude Code's billing block even to a local engine
+    replay_reasoning: bool = False  # issue 36: recorded reasoning back into resent assistant turns
+    replay_reasoning_as: str | None = None  # "field" | "think"; None: the engine's field
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +124,20 @@ class Config:
         reasoning_dialect: str | None = None,
         upstream_key_env: str | None = None,
         keep_billing_line: bool = False,
+        replay_reasoning: bool = False,
+        replay_reasoning_as: str | None = None,
     ) -> Config:
         """Quick mode (`tapfix run --upstream URL ...`): one upstream, every model name passes through."""
-        return quick(upstream_url, engine, generation_config, reasoning_dialect, upstream_key_env, keep_billing_line)
+        return quick(
+            upstream_url,
+            engine,
+            generation_config,
+            reasoning_dialect,
+            upstream_key_env,
+            keep_billing_line,
+            replay_reasoning,
+            replay_reasoning_as,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> Config:
@@ -138,6 +151,8 @@ def quick(
     reasoning_dialect: str | None = None,
     upstream_key_env: str | None = None,
     keep_billing_line: bool = False,
+    replay_reasoning: bool = False,
+    replay_reasoning_as: str | None = None,
 ) -> Config:
     data: dict[str, Any] = {"base_url": upstream_url, "engine": engine or "openai"}
     if upstream_key_env:
@@ -160,6 +175,8 @@ def quick(
         generation_config=Path(generation_config).expanduser() if generation_config is not None else None,
         reasoning=ReasoningSettings(dialect=dialect),
         keep_billing_line=keep_billing_line,
+        replay_reasoning=replay_reasoning,
+        replay_reasoning_as=replay_reasoning_as,
     )
     return Config(upstreams={"default": upstream}, quick_model=model)
 
@@ -317,6 +334,8 @@ def _model(
         regenerate_unknown_tool=m.get("regenerate_unknown_tool"),
         context_window=m.get("context_window"),
         keep_billing_line=m.get("keep_billing_line", False),
+        replay_reasoning=m.get("replay_reasoning", False),
+        replay_reasoning_as=m.get("replay_reasoning_as"),
     )
 
 

@@ -78,6 +78,32 @@ class Settings:
             "ollama, tabbyapi) never sees it.",
         ),
     )
+    replay_reasoning: bool = setting(
+        False,
+        kind="flag",
+        flag="--replay-reasoning",
+        help="put the reasoning tapfix recorded back into assistant turns the client resends without it "
+        "(quick mode; for interleaved-thinking models: see docs/request-side.md)",
+        per=PerTable(
+            "models",
+            "replay_reasoning",
+            "Put the reasoning tapfix recorded back into this model's assistant turns that the client resends "
+            "without it, where the engine reads it.",
+        ),
+    )
+    replay_reasoning_as: str | None = setting(
+        None,
+        kind="choice",
+        flag="--replay-reasoning-as",
+        choices=("field", "think"),
+        help="where replayed reasoning goes (quick mode): the engine's message field (vllm: reasoning; "
+        "llamacpp, sglang and others: reasoning_content) or <think>...</think> at the start of the content",
+        per=PerTable(
+            "models",
+            "replay_reasoning_as",
+            "Where replayed reasoning goes: `field` (the field the engine reads) or `think` (inline).",
+        ),
+    )
     upstream_key_env: str | None = setting(
         None,
         kind="text",

@@ -21,6 +21,14 @@ from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
+from tapfix.proxy.request.reasoning_replay import (
+    NO_REPLAY_ENGINES,
+    ReplayAs,
+    ReplaySource,
+    replay_reasoning,
+    session_key,
+)
+from tapfix.proxy.request.reasoning_replay_responses import replay_responses
 from tapfix.proxy.request.routing import RouteError, resolve
 from tapfix.proxy.request.sampling import (
     GenerationConfigError,
@@ -50,6 +58,8 @@ class Outcome:
     flags: set[str] = field(default_factory=set)
     surface: Surface | None = None  # None: not an inference path
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
+    replay_reasoning: bool = False  # the routed model replays reasoning: its answered turns are remembered
+    replay_missed: int = 0  # resent turns without reasoning that matched none tapfix answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,7 @@ class RequestPolicy:
         self.config = config
         self._environ = os.environ if environ is None else environ
         self._policies: dict[str, _ModelPolicy] = {}
+        self.turns: ReplaySource | None = None  # where reasoning replay finds answered turns (set at start)
         models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
         for m in models:
             self._policies[m.name] = _ModelPolicy(m, self._sampling(m))
@@ -80,12 +91,14 @@ class RequestPolicy:
                 raise ConfigError(f"{self.config.source or 'command line'}: {where}: {e}") from e
         return SamplingPolicy.build(m.sampling, values, label)
 
-    def apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+    def apply(self, path: str, body: bytes, headers: Mapping[str, str], client_addr: str = "") -> Outcome:
+        """`client_addr`: the client's address, which with its user-agent says whose turns it may get back
+        (reasoning replay)."""
         try:
             encoding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), "")
             if not codings(encoding):
-                return self._apply(path, body, headers)
-            return self._apply_decoded(path, body, headers, encoding)
+                return self._apply(path, body, headers, client_addr)
+            return self._apply_decoded(path, body, headers, encoding, client_addr)
         except Exception as e:  # never raise on input: forward unchanged, say why
             outcome = Outcome(body=body, flags={"request_policy_error"})
             outcome.changes.append(Change("policy", "warning", "$", None, None, f"internal error {e!r}; unchanged"))
@@ -95,7 +108,9 @@ class RequestPolicy:
                 outcome.error = internal_error(surface_for(path), "tapfix could not process this request")
             return outcome
 
-    def _apply_decoded(self, path: str, body: bytes, headers: Mapping[str, str], encoding: str) -> Outcome:
+    def _apply_decoded(
+        self, path: str, body: bytes, headers: Mapping[str, str], encoding: str, client_addr: str
+    ) -> Outcome:
         """A compressed body: the policy reads it decoded. Unchanged, the client's bytes go out as
         they came; changed, the decoded result goes out without Content-Encoding (the router fixes
         Content-Length). One that can't be decoded is forwarded untouched, as before."""
@@ -112,9 +127,9 @@ class RequestPolicy:
             )
             return outcome
         except DecodeError:
-            return self._apply(path, body, headers)  # flagged encoded_request_body, forwarded as it came
+            return self._apply(path, body, headers, client_addr)  # flagged encoded_request_body, as it came
         plain = {k: v for k, v in headers.items() if k.lower() != "content-encoding"}
-        outcome = self._apply(path, decoded, plain)
+        outcome = self._apply(path, decoded, plain, client_addr)
         outcome.decoded = decoded
         if outcome.error is not None or outcome.body is decoded:
             outcome.body = body
@@ -132,7 +147,7 @@ class RequestPolicy:
         )
         return outcome
 
-    def _apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+    def _apply(self, path: str, body: bytes, headers: Mapping[str, str], client_addr: str = "") -> Outcome:
         outcome = Outcome(body=body, surface=surface_for(path))
         lowered = {k.lower(): v for k, v in headers.items()}
         encoding = lowered.get("content-encoding", "identity").strip().lower()
@@ -173,6 +188,10 @@ class RequestPolicy:
         policy = self._policies.get(route.settings.name if route.settings else "")
         if policy is not None:
             engine = self._engine(route.upstream)
+            if policy.settings.replay_reasoning and engine not in NO_REPLAY_ENGINES:  # on the client's own parse:
+                outcome.replay_reasoning = True  # the recorded turns were digested from what their clients sent
+                client = (client_addr, lowered.get("user-agent", ""))
+                body, parsed = self._replay(body, parsed, outcome, client, headers, engine, policy.settings)
             if strips_for(engine, policy.settings.keep_billing_line):
                 body, parsed = self._strip_billing(body, parsed, outcome)
             s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
@@ -205,6 +224,42 @@ class RequestPolicy:
             return stripped.body, stripped.parsed
         outcome.flags.add("request_reserialized")
         return self._serialize(stripped.parsed), stripped.parsed
+
+    def _replay(
+        self,
+        body: bytes,
+        parsed: dict[str, Any],
+        outcome: Outcome,
+        client: tuple[str, str],
+        headers: Mapping[str, str],
+        engine: str | None,
+        settings: ModelConfig,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The body and its parse with recorded reasoning back in the turns the client resent without it."""
+        if self.turns is None:
+            return body, parsed
+        replay_as: ReplayAs | None = "think" if settings.replay_reasoning_as == "think" else None
+        session = session_key(headers, parsed)
+        try:
+            if outcome.surface == "responses":
+                replayed = replay_responses(body, parsed, self.turns, client, session, engine)
+            else:
+                replayed = replay_reasoning(
+                    body, parsed, outcome.surface, self.turns, client, session, engine, replay_as
+                )
+        except (SpliceError, ValueError, TypeError):  # a body that isn't its parse; a lone surrogate orjson refuses
+            replayed = None
+        if replayed is None:
+            return body, parsed
+        self.turns.counted(replayed.replayed, replayed.missed)
+        outcome.replay_missed = replayed.missed
+        outcome.changes += replayed.changes
+        if replayed.body is body:
+            return body, parsed
+        if _parse(replayed.body) == (replayed.parsed, True):
+            return replayed.body, replayed.parsed
+        outcome.flags.add("request_reserialized")
+        return self._serialize(replayed.parsed), replayed.parsed
 
     def _engine(self, upstream: Upstream | None) -> str | None:
         if upstream is None:

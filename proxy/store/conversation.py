@@ -235,6 +235,47 @@ class Parser:
         return parts
 
 
+def reply_chains(
+    preamble: Any, items: Sequence[Any], parts_of: Any = chat_parts, whole: bool = False
+) -> dict[int, str]:
+    """By the index of the first item of each assistant reply that more of the conversation follows: the
+    digest of the conversation up to and including that reply, which is the `chain_hash` of the exchange
+    whose reply it was. A reply of several items (a Responses message and its function calls) counts only
+    when `whole`; an item with no parts (a reasoning item) neither extends nor ends one. Reasoning replay
+    finds the turns a request resends by these."""
+    head = b""
+    if preamble:
+        said = _said("s", preamble)[1]
+        head = _digest(head, b"U", said if isinstance(said, bytes) else said.encode())
+    run: list[Part] = []
+    start, count, out = 0, 0, {}
+    for i, item in enumerate(items):
+        parts = parts_of(item)
+        if not parts:
+            continue
+        if all(p[0] in ("a", "c") for p in parts):
+            start, count = (start, count + 1) if run else (i, 1)
+            run += parts
+            continue
+        if run:
+            head = _fold(head, run)
+            if count == 1 or whole:
+                out[start] = head.hex()
+            run = []
+        for part in parts:
+            head = _digest(head, b"U", part[1] if isinstance(part[1], bytes) else part[1].encode())
+    return out
+
+
+def conversation_chain(preamble: Any, items: Sequence[Any], parts_of: Any, reply: Sequence[Part]) -> str | None:
+    """`Parser.conversation(...).chained(reply)` from the parsed request (no item cache): the digest a later
+    turn's `reply_chains` gives for this reply, with the preamble the caller chose."""
+    parts: list[Part] = [_said("s", preamble)] if preamble else []
+    for item in items:
+        parts += parts_of(item)
+    return _conversation(parts).chained(reply)
+
+
 def _conversation(parts: Iterable[Part]) -> Conversation:
     head, run, parents = b"", [], []
     for part in parts:

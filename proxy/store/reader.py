@@ -163,6 +163,11 @@ class CaptureReader:
         """Every choice of an `n > 1` answer, by index; [] for a one-choice answer."""
         raise NotImplementedError
 
+    def answered_turns(self, chains: list[str]) -> list[tuple[Any, ...]]:
+        """Reasoning replay's lookup (store/replay_turns.py `ANSWERED_SQL`): the exchanges with reasoning
+        whose `chain_hash` is one of `chains` (an indexed column on every backend)."""
+        raise NotImplementedError
+
     def __enter__(self) -> CaptureReader:
         return self
 

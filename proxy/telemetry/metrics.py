@@ -51,6 +51,7 @@ STATUS_CLASS = Label("status_class", sc.TAPFIX_STATUS_CLASS)
 KIND = Label("kind", sc.TAPFIX_REPAIR_KIND)
 OUTCOME = Label("outcome", sc.TAPFIX_OUTCOME)  # capture: kept, lost
 ATTEMPT_OUTCOME = Label("outcome", sc.TAPFIX_ATTEMPT_OUTCOME)  # a regeneration: ok, unrecoverable, error
+REPLAY_OUTCOME = Label("outcome", sc.TAPFIX_REPLAY_OUTCOME)  # reasoning replay: replayed, missed
 
 _GENAI = (OPERATION, PROVIDER, MODEL, UPSTREAM, SURFACE)
 
@@ -207,7 +208,14 @@ QUEUE_DEPTH = Instrument(
     "Exchanges waiting for the capture writer, read at scrape or collection time.",
     (),
 )
-_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, REGENERATIONS, CAPTURE_FAILURES, QUEUE_DEPTH)
+REASONING_REPLAY = Instrument(
+    sc.METRIC_REASONING_REPLAY,
+    "counter",
+    "{turn}",
+    "Assistant turns resent without reasoning: replayed (the recorded reasoning put back) or missed (none found).",
+    (MODEL, UPSTREAM, SURFACE, REPLAY_OUTCOME),
+)
+_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, REGENERATIONS, REASONING_REPLAY, CAPTURE_FAILURES, QUEUE_DEPTH)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -322,6 +330,9 @@ def observations(turn: Turn, labeller: Labeller, catalogue: Catalogue = CURRENT)
         yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
     if turn.unrecoverable:
         yield UNRECOVERABLE, (1,), base
+    for outcome, count in turn.reasoning_replay.items():
+        if count:
+            yield REASONING_REPLAY, (count,), base | {REPLAY_OUTCOME: outcome}
     if turn.attempt >= 2:
         outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
         yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}

@@ -104,10 +104,12 @@ METRIC_UNRECOVERABLE_CALLS: Final = "tapfix.unrecoverable_calls"
 METRIC_REGENERATIONS: Final = "tapfix.regenerations"
 METRIC_CAPTURE_FAILURES: Final = "tapfix.capture.failures"
 METRIC_WRITER_QUEUE_DEPTH: Final = "tapfix.writer.queue_depth"
+METRIC_REASONING_REPLAY: Final = "tapfix.reasoning_replay"  # issue 36: assistant turns, replayed or missed
 # Their attributes besides the span's (tapfix.upstream, tapfix.surface, tapfix.capture.outcome).
 TAPFIX_STATUS_CLASS: Final = "tapfix.http.status_class"  # 2xx..5xx, none
 TAPFIX_REPAIR_KIND: Final = "tapfix.repair.kind"
 TAPFIX_ATTEMPT_OUTCOME: Final = "tapfix.attempt.outcome"  # a regeneration: ok, unrecoverable, error
+TAPFIX_REPLAY_OUTCOME: Final = "tapfix.replay.outcome"  # a resent turn's reasoning: replayed, missed
 
 # --- tapfix's own span attributes ---------------------------------------------------------------
 TAPFIX_CAPTURE_ID: Final = "tapfix.capture.id"
@@ -161,6 +163,7 @@ _KINDS = (
     ("TAPFIX_STATUS_CLASS", "metric attribute (tapfix)"),
     ("TAPFIX_REPAIR_KIND", "metric attribute (tapfix)"),
     ("TAPFIX_ATTEMPT_OUTCOME", "metric attribute (tapfix)"),
+    ("TAPFIX_REPLAY_OUTCOME", "metric attribute (tapfix)"),
     ("EVENT_", "span event"),
     ("CHANGE_", "change event attribute"),
     ("OP_", "gen_ai.operation.name value"),

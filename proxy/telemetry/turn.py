@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +20,7 @@ from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.reasoning import detect
+from tapfix.proxy.request.reasoning_replay import REPLAY_MISSED, replay_counts
 from tapfix.proxy.store.redact import secret_values
 from tapfix.proxy.store.writer import Written
 from tapfix.proxy.surfaces import surface_for
@@ -97,6 +98,7 @@ class Turn:
     server_port: int | None = None
     cache_write_tokens: int | None = None
     secrets: tuple[str, ...] = ()  # credential values of its headers, redacted from content (content only)
+    reasoning_replay: dict[str, int] = field(default_factory=dict)  # issue 36: resent turns, replayed / missed
 
     @property
     def is_genai(self) -> bool:
@@ -173,6 +175,7 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
         request_params=_request_params(body, ex.stream),
         session_id=row.get("session_id"),
         store_bodies=ex.store_bodies,
+        reasoning_replay=replay_counts(ex.changes, ex.extra.get(REPLAY_MISSED, 0)),
         content=turn_content(surface, body, assembled, secrets) if secrets is not None else None,
         server_address=address,
         server_port=port,

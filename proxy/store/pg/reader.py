@@ -137,6 +137,12 @@ class PostgresReader(CaptureReader):
         sql = f"select {LIST} from exchanges where attempt_of = any(?) order by attempt_of, attempt, id"
         return [decode(row) for row in self.rows(sql, [parents])]
 
+    def answered_turns(self, chains: list[str]) -> list[tuple[Any, ...]]:
+        from tapfix.proxy.store.replay_turns import ANSWERED_SQL
+
+        rows = self.rows(ANSWERED_SQL.format(marks=", ".join("?" for _ in chains)), chains)
+        return [tuple(r.values()) for r in rows]
+
     def known_flags(self) -> list[str]:
         rows = self.rows(
             "select distinct v from exchanges, json_array_elements_text(exchanges.flags::json) v"

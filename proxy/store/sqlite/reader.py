@@ -131,6 +131,11 @@ class SqliteReader(CaptureReader):
     def _body(self, capture: dict[str, Any], body_id: int) -> bytes | None:
         return read_body(self.conn, body_id)
 
+    def answered_turns(self, chains: list[str]) -> list[tuple[Any, ...]]:
+        from tapfix.proxy.store.replay_turns import ANSWERED_SQL
+
+        return [tuple(r) for r in self._rows(ANSWERED_SQL.format(marks=", ".join("?" for _ in chains)), chains)]
+
     def known_flags(self) -> list[str]:
         try:
             return known_flags(self.conn)
