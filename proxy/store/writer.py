@@ -30,6 +30,7 @@ from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row
 from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
 from tapfix.proxy.store.kept import as_text, kept_row
+from tapfix.proxy.store.prefix_breaks import PrefixTracker
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.surfaces import is_inference
@@ -116,6 +117,7 @@ class CaptureWriter:
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
+        self.prefixes = PrefixTracker()
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
@@ -401,6 +403,7 @@ class CaptureWriter:
         else:
             link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
+        ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=session_id == f"s-{ex.id}")
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())

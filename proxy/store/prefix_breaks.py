@@ -1,0 +1,110 @@
+"""Each turn's prefix break (proxy/request/prefix_break.py), worked out on the writer thread as it stores.
+
+The writer sees a process's exchanges in the order they ended, so the previous request of a thread is
+always behind the new one, even when the two come 0.7 s apart and neither is committed yet: the recent
+requests of each session are kept here, in memory, as digests plus a reference to their body (parsed
+again only when a break is found). The bound is on those bodies' bytes; the oldest session goes first.
+
+The compared body is the one the engine received (the forwarded request when tapfix changed it, else the
+client's), so a billing line tapfix removed, or reasoning it put back, is seen as the engine saw it; the
+break's `body` says which, and its `offset` counts bytes in that body.
+
+A request without a session id of its own whose earlier turns were not found (a chat client that edited
+its system prompt: the conversation's digests no longer lead to the previous turn) is compared with the
+same client's recent requests too (its address and user-agent), when it carries earlier turns.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
+from tapfix.proxy.store.redact import redact_content
+from tapfix.proxy.surfaces import Surface, surface_for
+
+PER_SESSION = 16  # recent requests kept per session (its threads: main agent, subagents, side requests)
+MAX_BYTES = 64 * 1024 * 1024  # bodies kept in all, across sessions
+
+
+@dataclass(frozen=True, slots=True)
+class _Recent:
+    capture_id: str
+    prompt: Prompt  # light
+    body: bytes
+    surface: Surface
+
+
+class PrefixTracker:
+    """Lives in the writer thread. `observe` returns the exchange's break as stored (None: none)."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES, per_session: int = PER_SESSION) -> None:
+        self.max_bytes = max_bytes
+        self.per_session = per_session
+        self._recent: OrderedDict[str, deque[_Recent]] = OrderedDict()
+        self._bytes = 0
+        self.counts: dict[str, int] = {}  # breaks by cause since start (health)
+
+    def observe(self, ex: Exchange, session_id: str | None, *, own_session: bool) -> dict[str, Any] | None:
+        """`own_session`: the session started with this exchange (no explicit id, no earlier turn found)."""
+        surface = surface_for(ex.path)
+        if session_id is None or surface not in ("chat", "responses", "messages") or not _own(ex):
+            return None
+        which, body = ("forwarded", ex.forwarded) if ex.forwarded is not None else ("request", ex.readable_request())
+        parsed = json_object(body)
+        if parsed is None and which == "forwarded":
+            which, body = "request", ex.readable_request()
+            parsed = json_object(body)
+        prompt = prompt_of(parsed, surface) if parsed is not None else None
+        if prompt is None:
+            return None
+        candidates = [r for r in self._recent.get(session_id, ()) if r.surface == surface]
+        client = _client_key(ex)
+        if own_session and prompt.conversation > 1:
+            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface]
+        found = previous_in_thread(prompt, [(r.capture_id, r.prompt) for r in candidates])
+        result = None
+        if found is not None and not extends(found[1], prompt):
+            previous = next(r for r in candidates if r.capture_id == found[0])
+            result = self._compare(previous, prompt, body, which)
+        kept = _Recent(ex.id, prompt.light(), body, surface)
+        self._keep(session_id, kept)
+        if own_session:
+            self._keep(client, kept)
+        return result
+
+    def _compare(self, previous: _Recent, prompt: Prompt, body: bytes, which: str) -> dict[str, Any] | None:
+        parsed = json_object(previous.body)
+        whole = prompt_of(parsed, previous.surface) if parsed is not None else None
+        if whole is None:
+            return None
+        found = find_break(whole, prompt, body)
+        if found is None:
+            return None
+        self.counts[found.cause] = self.counts.get(found.cause, 0) + 1
+        return found.as_dict(previous.capture_id, redact_content) | {"body": which}
+
+    def _keep(self, key: str, recent: _Recent) -> None:
+        queue = self._recent.pop(key, None) or deque()
+        queue.append(recent)
+        self._bytes += len(recent.body)
+        while len(queue) > self.per_session:
+            self._bytes -= len(queue.popleft().body)
+        self._recent[key] = queue  # the most recently used last
+        while self._bytes > self.max_bytes and self._recent:
+            _, oldest = next(iter(self._recent.items()))
+            self._bytes -= len(oldest.popleft().body)
+            if not oldest:
+                self._recent.popitem(last=False)
+
+
+def _own(ex: Exchange) -> bool:
+    """A turn of an agent: not a replay or a probe (copies), not a regeneration attempt."""
+    return ex.attempt_of is None and not ex.session_hint and not ({"replay", "probe"} & ex.tags)
+
+
+def _client_key(ex: Exchange) -> str:
+    return f"\0client\0{ex.client_addr}\0{ex.user_agent}"
