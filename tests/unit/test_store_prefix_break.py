@@ -1,0 +1,134 @@
+"""The writer records each turn's prefix break in `exchanges.prefix_break`: the thread's previous request from
+memory (not yet committed), the body the engine received, subagents apart, the bound on what is kept."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from typing import Any
+
+import orjson
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.store.prefix_breaks import PrefixTracker
+from tapfix.proxy.store.writer import CaptureWriter
+
+_CLOCK = itertools.count(1_700_000_000)
+LINE = "x-anthropic-billing-header: cc_version=2.1.332.{}; cc_entrypoint=sdk-cli;"
+
+
+def _messages_turn(system: list[Any], messages: list[Any], *, session: str = "cc-1", **kw: Any) -> Exchange:
+    body = {"model": "m", "max_tokens": 100, "system": system, "messages": messages, "stream": False}
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+    base: dict[str, Any] = dict(
+        method="POST",
+        path="/v1/messages",
+        request=orjson.dumps(body),
+        model="m",
+        status=200,
+        content_type="application/json",
+        response=orjson.dumps(answer | {"usage": {"input_tokens": 10, "output_tokens": 1}}),
+        client_addr="127.0.0.1",
+        user_agent="claude-cli/2.1.332",
+        request_headers=[("x-claude-code-session-id", session)],
+        started_at=float(next(_CLOCK)),
+    )
+    return Exchange(**{**base, **kw})
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _breaks(db: Any) -> dict[str, Any]:
+    conn = sqlite3.connect(db)
+    try:
+        return {i: b and orjson.loads(b) for i, b in conn.execute("select id, prefix_break from exchanges")}
+    finally:
+        conn.close()
+
+
+USER = {"role": "user", "content": "fix the bug"}
+TURN2 = [USER, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+
+
+def test_each_turn_against_its_threads_previous_request_in_one_batch(tmp_path):
+    """Three turns and a subagent written in one transaction (they came 0.7 s apart): turn 2 extends turn 1,
+    turn 3's billing line changed, the subagent starts a thread of its own."""
+    db = tmp_path / "c.db"
+    main = [_text(LINE.format("4e6")), _text("You are Claude Code.")]
+    one = _messages_turn(main, [USER])
+    two = _messages_turn(main, TURN2)
+    sub = _messages_turn([main[0], _text("You are a search subagent.")], [{"role": "user", "content": "grep"}])
+    turn3 = [*TURN2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more"}]
+    three = _messages_turn([_text(LINE.format("a1f")), main[1]], turn3)
+    writer = CaptureWriter(db)
+    for ex in (one, two, sub, three):
+        writer.submit(ex)
+    writer.close()
+    found = _breaks(db)
+    assert found[one.id] is None and found[two.id] is None and found[sub.id] is None
+    got = found[three.id]
+    assert (got["path"], got["cause"], got["previous"], got["body"]) == (
+        "$.system[0].text",
+        "billing_line",
+        two.id,
+        "request",
+    )
+    assert three.request[got["offset"] : got["offset"] + 3] == b"a1f"
+    assert writer.prefixes.counts == {"billing_line": 1}
+
+
+def test_the_forwarded_body_is_what_is_compared():
+    """tapfix removed the billing line before the engine: the engine's prompt extends, no break."""
+    tracker = PrefixTracker()
+    main = [_text("You are Claude Code.")]
+    one = _messages_turn([_text(LINE.format("4e6")), *main], [USER])
+    one.forwarded = orjson.dumps({"model": "m", "system": main, "messages": [USER]})
+    two = _messages_turn([_text(LINE.format("a1f")), *main], TURN2)
+    two.forwarded = orjson.dumps({"model": "m", "system": main, "messages": TURN2})
+    assert tracker.observe(one, "cc-1", own_session=False) is None
+    assert tracker.observe(two, "cc-1", own_session=False) is None
+
+
+def test_a_chat_client_without_a_session_id_is_followed_by_its_address_and_agent():
+    """A chat client edited its system prompt: the store starts a new session (the history's digests changed),
+    the break is still found against the same client's previous turn; another client's is never used."""
+    tracker = PrefixTracker()
+
+    def chat(system: str, more: list[Any], addr: str = "127.0.0.1") -> Exchange:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}, *more]
+        return Exchange(
+            path="/v1/chat/completions",
+            request=orjson.dumps({"model": "m", "messages": messages}),
+            client_addr=addr,
+            user_agent="OpenAI/Python",
+        )
+
+    one = chat("Be terse.", [])
+    assert tracker.observe(one, f"s-{one.id}", own_session=True) is None
+    later = [{"role": "assistant", "content": "hey"}, {"role": "user", "content": "go"}]
+    other = chat("Be kind.", later, addr="10.0.0.2")
+    assert tracker.observe(other, f"s-{other.id}", own_session=True) is None
+    two = chat("Be kind.", later)
+    got = tracker.observe(two, f"s-{two.id}", own_session=True)
+    assert (got["path"], got["cause"], got["previous"]) == ("$.messages[0].content", "system_edited", one.id)
+
+
+def test_copies_and_attempts_are_not_turns():
+    tracker = PrefixTracker()
+    one = _messages_turn([_text("A")], [USER])
+    assert tracker.observe(one, "cc-1", own_session=False) is None
+    for copy in (
+        _messages_turn([_text("B")], TURN2, tags={"replay"}),
+        _messages_turn([_text("B")], TURN2, attempt_of=one.id, attempt=2),
+    ):
+        assert tracker.observe(copy, "cc-1", own_session=False) is None
+
+
+def test_what_is_kept_is_bounded_by_bytes_and_per_session():
+    tracker = PrefixTracker(max_bytes=2000, per_session=3)
+    for i in range(40):
+        tracker.observe(_messages_turn([_text("A")], [USER], session=f"s{i % 7}"), f"s{i % 7}", own_session=False)
+    assert tracker._bytes <= 2000
+    assert all(len(q) <= 3 for q in tracker._recent.values())
+    assert tracker._bytes == sum(len(r.body) for q in tracker._recent.values() for r in q)
