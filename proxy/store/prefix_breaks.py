@@ -10,8 +10,9 @@ client's), so a billing line tapfix removed, or reasoning it put back, is seen a
 break's `body` says which, and its `offset` counts bytes in that body.
 
 A request without a session id of its own whose earlier turns were not found (a chat client that edited
-its system prompt: the conversation's digests no longer lead to the previous turn) is compared with the
-same client's recent requests too (its address and user-agent), when it carries earlier turns.
+its system prompt: the conversation's digests no longer lead to the previous turn, so the store starts a
+new session) is compared with the same client's recent requests too (its address and user-agent, for
+clients that name no session), when it carries earlier turns.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
 from tapfix.proxy.store.redact import redact_content
@@ -62,9 +64,9 @@ class PrefixTracker:
         if prompt is None:
             return None
         candidates = [r for r in self._recent.get(session_id, ()) if r.surface == surface]
-        client = _client_key(ex)
-        if own_session and prompt.conversation > 1:
-            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface]
+        client = None if _named(ex, parsed) else _client_key(ex)
+        if client is not None and own_session and prompt.conversation > 1:
+            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface and r not in candidates]
         found = previous_in_thread(prompt, [(r.capture_id, r.prompt) for r in candidates])
         result = None
         if found is not None and not extends(found[1], prompt):
@@ -72,7 +74,7 @@ class PrefixTracker:
             result = self._compare(previous, prompt, body, which)
         kept = _Recent(ex.id, prompt.light(), body, surface)
         self._keep(session_id, kept)
-        if own_session:
+        if client is not None:
             self._keep(client, kept)
         return result
 
@@ -104,6 +106,12 @@ class PrefixTracker:
 def _own(ex: Exchange) -> bool:
     """A turn of an agent: not a replay or a probe (copies), not a regeneration attempt."""
     return ex.attempt_of is None and not ex.session_hint and not ({"replay", "probe"} & ex.tags)
+
+
+def _named(ex: Exchange, parsed: dict[str, Any]) -> bool:
+    """The client named its session (a header, `prompt_cache_key`, a replay's own): no need to follow it."""
+    named = {name.lower() for name, value in ex.request_headers if value}
+    return bool(ex.session_hint or named & set(SESSION_HEADERS) or parsed.get("prompt_cache_key"))
 
 
 def _client_key(ex: Exchange) -> str:
