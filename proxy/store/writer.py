@@ -118,6 +118,7 @@ class CaptureWriter:
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
         self.prefixes = PrefixTracker()
+        self.request_changes: dict[str, int] = {}  # request-stage changes stored, by kind (health)
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
@@ -143,6 +144,8 @@ class CaptureWriter:
         health["store"] = {"location": self.backend.location, "backend": self.backend.name, **self.held.health()}
         if self.retention is not None:
             health["retention"] = self.retention.health()
+        health["prefix_breaks"] = dict(self.prefixes.counts)  # by cause (store/prefix_breaks.py)
+        health["request_changes"] = dict(self.request_changes)  # by kind: strip_billing_line, ...
         return health
 
     def close(self, timeout: float = 10.0) -> None:
@@ -404,6 +407,9 @@ class CaptureWriter:
             link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
         ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=session_id == f"s-{ex.id}")
+        for change in ex.changes:
+            if change.stage == "request":
+                self.request_changes[change.kind] = self.request_changes.get(change.kind, 0) + 1
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())

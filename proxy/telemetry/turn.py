@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -97,6 +97,8 @@ class Turn:
     server_port: int | None = None
     cache_write_tokens: int | None = None
     secrets: tuple[str, ...] = ()  # credential values of its headers, redacted from content (content only)
+    request_changes: dict[str, int] = field(default_factory=dict)  # request-stage changes by kind
+    prefix_break_cause: str | None = None  # where its prompt stopped extending its thread's last (issue 36)
 
     @property
     def is_genai(self) -> bool:
@@ -178,6 +180,8 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
         server_port=port,
         cache_write_tokens=usage.cache_write,
         secrets=secrets or (),
+        request_changes=_request_changes(ex.changes),
+        prefix_break_cause=_prefix_cause(ex.prefix_break),
     )
 
 
@@ -286,6 +290,19 @@ def _first_chunk(ex: Exchange, row: dict[str, Any]) -> float | None:
 
 def _intervals(times: list[float]) -> tuple[float, ...]:
     return tuple(max(b - a, 0.0) for a, b in zip(times, times[1:], strict=False))
+
+
+def _request_changes(changes: list[Change]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in changes:
+        if c.stage == "request":
+            counts[c.kind] = counts.get(c.kind, 0) + 1
+    return counts
+
+
+def _prefix_cause(found: dict[str, Any] | None) -> str | None:
+    cause = found.get("cause") if isinstance(found, dict) else None
+    return cause if isinstance(cause, str) else None
 
 
 def _repairs(changes: list[Change]) -> dict[str, int]:

@@ -8,10 +8,12 @@ import json
 from importlib.resources import files
 
 import anthropic
+import httpx
 import openai
 import pytest
 from jsonschema import Draft202012Validator
 
+from tests.inproc.test_e2e_metrics import scrape_until, total
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer
@@ -85,13 +87,16 @@ def _claude_code_run(tmp_path, upstream, *args):
             assert raw.parse().content[0].text == "ok"
             history.append({"role": "assistant", "content": [{"type": "text", "text": "ok"}]})
             shown.append(raw.headers["x-tapfix-capture-id"])
-        return db, [_shown(db, c) for c in shown]
+        turns = [_shown(db, c) for c in shown]
+        metrics = scrape_until(proxy, 3)
+        health = httpx.get(f"{proxy.url}/tapfix/health").json()["capture_writer"]
+        return turns, metrics, health
     finally:
         proxy.stop()
 
 
 def test_claude_codes_billing_line_kept_is_the_break_and_stripped_is_none(tmp_path, upstream):
-    db, turns = _claude_code_run(tmp_path / "kept", upstream, "--keep-billing-line")
+    turns, metrics, health = _claude_code_run(tmp_path / "kept", upstream, "--keep-billing-line")
     (one, _), (two, shown2), (three, shown3) = turns
     assert one["prefix_break"] is None and two["prefix_break"] is None
     assert "prefix: no break" in shown2
@@ -106,9 +111,16 @@ def test_claude_codes_billing_line_kept_is_the_break_and_stripped_is_none(tmp_pa
     assert request[found["offset"] : found["offset"] + 3] == b"a1f"  # the byte the suffix changed at
     assert f"prefix break at $.system[0].text, byte {found['offset']}" in shown3 and "billing_line" in shown3
 
-    _, turns = _claude_code_run(tmp_path / "stripped", upstream)
+    assert health["prefix_breaks"] == {"billing_line": 1} and health["request_changes"] == {}
+    assert total(metrics, "tapfix_prefix_breaks_total", cause="billing_line", surface="messages") == 1
+    assert total(metrics, "tapfix_prefix_breaks_total") == 1
+
+    turns, metrics, health = _claude_code_run(tmp_path / "stripped", upstream)
     assert [t["prefix_break"] for t, _ in turns] == [None, None, None]
     assert all("strip_billing_line" in [c["kind"] for c in t["changes"]] for t, _ in turns)
+    assert health["prefix_breaks"] == {} and health["request_changes"] == {"strip_billing_line": 3}
+    assert total(metrics, "tapfix_request_changes_total", kind="strip_billing_line") == 3
+    assert total(metrics, "tapfix_prefix_breaks_total") == 0
 
 
 def test_a_chat_client_that_rewrites_its_system_prompt(tmp_path, upstream):
