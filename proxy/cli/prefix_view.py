@@ -36,8 +36,9 @@ def prefix_line(capture: dict[str, Any], cached: int | None) -> str | None:
         tokens = f"; {cached:,} of {prompt:,} prompt tokens from cache" if prompt else f"; {cached:,} tokens from cache"
     if not isinstance(found, dict):
         return f"  prefix: no break (extends the previous request of its thread, or starts one){tokens}"
+    why = found.get("reason") or found.get("cause")
     return (
-        f"  prefix break at {found.get('path')}, byte {found.get('offset')}: {found.get('reason') or found.get('cause')}"
+        f"  prefix break at {found.get('path')}, byte {found.get('offset')}: {why}"
         f" ({found.get('cause')}; previous: {found.get('previous')}){tokens}"
     )
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
 from tapfix.proxy.jsonsplice import SpliceError, value_span
 from tapfix.proxy.request.billing_line import is_billing_line
 from tapfix.proxy.surfaces import Surface
@@ -374,7 +373,7 @@ def _short(value: Any) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else orjson.dumps(value).decode(errors="replace")
-    return (text[: 2 * _EXCERPT] + ("…" if len(text) > 2 * _EXCERPT else ""))
+    return text[: 2 * _EXCERPT] + ("…" if len(text) > 2 * _EXCERPT else "")
 
 
 def _offset(body: bytes, path: Path, *, char: int | None = None, at_end: bool = False) -> int:

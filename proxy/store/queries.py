@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import orjson
 from tapfix.proxy.store.pages import PAGE, TURNS_PAGE, SessionPage, SessionTurns, decode_flags
 
 T = TypeVar("T")
@@ -207,8 +208,10 @@ class BrowseBase(CachedStore):
             ):
                 changes.setdefault(r.pop("exchange_id"), []).append(r)
         body = self._request_bodies()
+        breaks = self._prefix_breaks([row["id"] for row in rows])
         for row in rows:
             row["request"] = body(row)
+            row["prefix_break"] = breaks.get(row["id"])
             self.times(row)  # flags and tool calls: the session page parses them
         return SessionTurns(
             self.decode(session[0]) if session else {"id": session_id},
@@ -220,6 +223,19 @@ class BrowseBase(CachedStore):
             later=later,
             total=total,
         )
+
+    def _prefix_breaks(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The turns' prefix breaks (store/prefix_breaks.py), by id; none in a store from before the column."""
+        if not ids:
+            return {}
+        where, args = self._in("id", ids)
+        try:
+            found = self.rows(
+                f"select id, prefix_break from exchanges where {where} and prefix_break is not null", args
+            )
+        except self.transient:  # readers read an older store as it is
+            return {}
+        return {r["id"]: orjson.loads(r["prefix_break"]) for r in found}
 
     # The backend's part.
 

@@ -31,7 +31,11 @@ def claude_code(line, messages, *, prompt=PROMPT, tools=TOOLS, cache_last=True):
 
 
 TURN1 = [{"role": "user", "content": "fix the bug"}]
-TURN2 = [*TURN1, {"role": "assistant", "content": [{"type": "text", "text": "Looking."}]}, {"role": "user", "content": "go on"}]
+TURN2 = [
+    *TURN1,
+    {"role": "assistant", "content": [{"type": "text", "text": "Looking."}]},
+    {"role": "user", "content": "go on"},
+]
 
 
 def brk(previous, new, surface="messages", dumps=orjson.dumps):
@@ -129,7 +133,9 @@ def test_the_offset_counts_escapes_and_multibyte_characters():
 
 def test_the_thread_is_the_request_sharing_the_longest_prefix_not_the_latest():
     main1 = prompt_of(claude_code(LINE, TURN1), "messages")
-    sub = prompt_of(claude_code(LINE, [{"role": "user", "content": "search"}], prompt="You are a subagent."), "messages")
+    sub = prompt_of(
+        claude_code(LINE, [{"role": "user", "content": "search"}], prompt="You are a subagent."), "messages"
+    )
     main2 = claude_code(LINE.replace("1a2b3", "00000"), TURN2)
     found = previous_in_thread(prompt_of(main2, "messages"), [("main1", main1.light()), ("sub", sub.light())])
     assert found[0] == "main1"
@@ -173,12 +179,13 @@ def test_property_a_change_at_a_random_point_is_found_there(history, data, dumps
     old, new = claude_code(None, history, cache_last=False), claude_code(None, changed, cache_last=False)
     found, body = brk(old, new, dumps=dumps)
     assert found.path == f"$.messages[{which}].content"
-    common = next((k for k, (a, b) in enumerate(zip(text, changed[which]["content"])) if a != b), None)
+    common = next((k for k, (a, b) in enumerate(zip(text, changed[which]["content"], strict=False)) if a != b), None)
     common = min(len(text), len(changed[which]["content"])) if common is None else common
     start = value_span(body, ("messages", which, "content"))[0]
     assert found.offset == start + string_offset(body, start, common)
-    assert json.loads(b'"' + body[found.offset : value_span(body, ("messages", which, "content"))[1]]) == (
-        changed[which]["content"][common:]
+    assert (
+        json.loads(b'"' + body[found.offset : value_span(body, ("messages", which, "content"))[1]])
+        == (changed[which]["content"][common:])
     )
 
 

@@ -132,3 +132,65 @@ def test_what_is_kept_is_bounded_by_bytes_and_per_session():
     assert tracker._bytes <= 2000
     assert all(len(q) <= 3 for q in tracker._recent.values())
     assert tracker._bytes == sum(len(r.body) for q in tracker._recent.values() for r in q)
+
+
+def _three_turns(db: Any) -> list[Exchange]:
+    main = [_text(LINE.format("4e6")), _text("You are Claude Code.")]
+    turn3 = [*TURN2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more"}]
+    turns = [
+        _messages_turn(main, [USER]),
+        _messages_turn(main, TURN2),
+        _messages_turn([_text(LINE.format("a1f")), main[1]], turn3),
+    ]
+    writer = CaptureWriter(db)
+    for ex in turns:
+        writer.submit(ex)
+    writer.close()
+    return turns
+
+
+def test_tail_rows_carry_the_break_and_its_mark(tmp_path):
+    from tapfix.proxy.cli.prefix_view import tail_mark
+    from tapfix.proxy.store.reader import CaptureFilter
+    from tapfix.proxy.store.sqlite.database import open_for_reading
+    from tapfix.proxy.store.sqlite.tail import Tail
+
+    db = tmp_path / "c.db"
+    one, two, three = _three_turns(db)
+    rows = {r["id"]: r for r in Tail(open_for_reading(db), 0, CaptureFilter()).poll()}
+    assert rows[three.id]["prefix_break"]["cause"] == "billing_line" and rows[two.id]["prefix_break"] is None
+    assert tail_mark(rows[three.id]) == "  ✂ billing_line" and tail_mark(rows[two.id]) == ""
+
+
+def test_the_browsers_session_view_marks_the_turn_where_it_broke(tmp_path):
+    from starlette.testclient import TestClient
+    from tapfix.proxy.browse import create_app
+
+    db = tmp_path / "c.db"
+    one, two, three = _three_turns(db)
+    with TestClient(create_app(db, background_index=False), base_url="http://127.0.0.1") as client:
+        html = client.get("/session/cc-1").text
+        detail = client.get(f"/exchange/{three.id}").text
+    marked = [
+        chunk.split('href="/exchange/')[1][:16]
+        for chunk in html.split('<li class="turn')[1:]
+        if "prefixbreak" in chunk.split(">")[0]
+    ]
+    assert marked == [three.id[:16]]
+    assert "prefix break</b> at <code>$.system[0].text</code>" in html and "billing_line" in html
+    assert "prefix break</dt>" in detail and f'href="/exchange/{two.id}"' in detail
+
+
+def test_an_older_store_without_the_column_reads_as_without_breaks(tmp_path):
+    """Readers read an older store as it is: the browser's session page and `captures show` still work."""
+    db = tmp_path / "c.db"
+    _three_turns(db)
+    conn = sqlite3.connect(db)
+    conn.execute("alter table exchanges drop column prefix_break")
+    conn.commit()
+    conn.close()
+    from tapfix.proxy.store.locator import StoreLocator
+
+    store = StoreLocator.of(db).backend().browse(search=False)
+    stored = store.load_session("cc-1")
+    assert stored is not None and [r["prefix_break"] for r in stored.rows] == [None, None, None]
