@@ -61,12 +61,13 @@ class PrefixTracker:
             which, body = "request", ex.readable_request()
             parsed = json_object(body)
         prompt = prompt_of(parsed, surface) if parsed is not None else None
-        if prompt is None:
+        if parsed is None or prompt is None:
             return None
         candidates = [r for r in self._recent.get(session_id, ()) if r.surface == surface]
         client = None if _named(ex, parsed) else _client_key(ex)
         if client is not None and own_session and prompt.conversation > 1:
-            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface and r not in candidates]
+            seen = {r.capture_id for r in candidates}
+            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface and r.capture_id not in seen]
         found = previous_in_thread(prompt, [(r.capture_id, r.prompt) for r in candidates])
         result = None
         if found is not None and not extends(found[1], prompt):

@@ -1,0 +1,42 @@
+"""The prefix break on PostgreSQL (migration pg007): the writer fills the column as on SQLite, `captures tail`
+and the browser's session view read it, and `captures show --json` reports it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tapfix.proxy.store.locator import StoreLocator
+from tapfix.proxy.store.pg.reader import PostgresReader
+from tapfix.proxy.store.pg.tail import PostgresTail
+from tapfix.proxy.store.pg.writer import postgres_writer
+from tapfix.proxy.store.reader import CaptureFilter
+
+from tests.support.inproc import cli
+from tests.support.postgres import PostgresServer
+from tests.unit.test_store_prefix_break import LINE, TURN2, USER, _messages_turn, _text
+
+pytestmark = [pytest.mark.postgres]
+
+
+def test_the_column_on_postgresql(postgres: PostgresServer) -> None:
+    url = postgres.create_database("prefix_break")
+    main = [_text(LINE.format("4e6")), _text("You are Claude Code.")]
+    turn3 = [*TURN2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more"}]
+    one, two = _messages_turn(main, [USER]), _messages_turn(main, TURN2)
+    three = _messages_turn([_text(LINE.format("a1f")), main[1]], turn3)
+    writer = postgres_writer(url)
+    for ex in (one, two, three):
+        writer.submit(ex)
+    writer.close()
+    assert not writer.stats.failures, writer.stats.last_error
+    with PostgresReader(url) as reader:
+        rows = {r["id"]: r for r in PostgresTail(reader, (0, 0), CaptureFilter()).poll()}
+    assert rows[one.id]["prefix_break"] is None and rows[two.id]["prefix_break"] is None
+    found = rows[three.id]["prefix_break"]
+    assert (found["path"], found["cause"], found["previous"]) == ("$.system[0].text", "billing_line", two.id)
+    assert three.request[found["offset"] : found["offset"] + 3] == b"a1f"
+    shown = json.loads(cli("captures", "show", three.id, "--db", url, "--json").stdout)
+    assert shown["prefix_break"] == found
+    stored = StoreLocator.resolve(url, postgres=True).backend().browse(search=False).load_session("cc-1")
+    assert stored is not None and [r["prefix_break"] for r in stored.rows] == [None, None, found]
