@@ -49,6 +49,7 @@ CAUSES = (
     "prompt_cache_key",
 )
 _EXCERPT = 40
+_SETTING_PARTS = {"thinking": "type", "reasoning": "effort"}
 _SYSTEM_ROLES = ("system", "developer")
 _TIME = re.compile(
     r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?|\d{1,2}:\d{2}(?::\d{2})?|\d{1,2}/\d{1,2}/\d{2,4}"
@@ -148,7 +149,7 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
     else:
         return None
     tools = [_unit("tool", ("tools", i), t) for i, t in enumerate(_list(parsed.get("tools")))]
-    settings = {k: normal(parsed[k]) for k in TEMPLATE_FIELDS if k in parsed}
+    settings = {k: _setting(k, parsed[k]) for k in TEMPLATE_FIELDS if k in parsed}
     return Prompt((*units, *tools, *conversation), len(conversation), settings, parsed.get("prompt_cache_key"))
 
 
@@ -159,6 +160,14 @@ def json_path(path: Path) -> str:
         named = isinstance(step, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", step)
         out += f"[{step}]" if isinstance(step, int) else f".{step}" if named else f"[{orjson.dumps(step).decode()}]"
     return out
+
+
+def _setting(name: str, value: Any) -> Any:
+    """What of a template field reaches the prompt: of Messages' `thinking` whether it is on (its budget is
+    the sampler's), of Responses' `reasoning` the effort (its `summary` is the output's)."""
+    if isinstance(value, dict) and name in _SETTING_PARTS:
+        return value.get(_SETTING_PARTS[name])
+    return normal(value)
 
 
 def _list(value: Any) -> list[Any]:

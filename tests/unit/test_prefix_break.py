@@ -111,6 +111,17 @@ def test_chat_surface_system_message_and_prompt_cache_key():
     assert found.cause == "template_settings"
 
 
+def test_only_the_part_of_a_setting_the_template_reads_counts():
+    thinking = claude_code(None, TURN1) | {"thinking": {"type": "enabled", "budget_tokens": 4000}}
+    more = claude_code(None, TURN2) | {"thinking": {"type": "enabled", "budget_tokens": 31999}}
+    assert brk(thinking, more)[0] is None
+    found, _ = brk(thinking, more | {"thinking": {"type": "disabled"}})
+    assert (found.path, found.cause) == ("$.thinking", "template_settings")
+    r1 = {"model": "q", "input": "hi", "reasoning": {"effort": "low", "summary": "auto"}}
+    assert brk(r1, {**r1, "reasoning": {"effort": "low"}}, "responses")[0] is None
+    assert brk(r1, {**r1, "reasoning": {"effort": "high"}}, "responses")[0].cause == "template_settings"
+
+
 def test_responses_surface_instructions_and_input():
     r1 = {"model": "q", "instructions": "Now: 12:01. Be terse.", "input": [{"role": "user", "content": "hi"}]}
     r2 = {**r1, "input": [*r1["input"], {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}
