@@ -33,30 +33,15 @@ from typing import Any
 import orjson
 from tapfix.proxy.jsonsplice import SpliceError, value_span
 from tapfix.proxy.request.billing_line import is_billing_line
+from tapfix.proxy.request.prefix_causes import CAUSES as CAUSES
+from tapfix.proxy.request.prefix_causes import cause_of, missing_cause
 from tapfix.proxy.surfaces import Surface
 
 # Top-level fields a chat template reads: a change re-renders the prompt (gpt-oss puts the effort in it).
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "reasoning_effort", "reasoning", "thinking", "documents")
-CAUSES = (
-    "billing_line",
-    "timestamp",
-    "system_edited",
-    "tools_reordered",
-    "tools_changed",
-    "compaction",
-    "message_rewritten",
-    "template_settings",
-    "prompt_cache_key",
-)
 _EXCERPT = 40
 _SETTING_PARTS = {"thinking": "type", "reasoning": "effort"}
 _SYSTEM_ROLES = ("system", "developer")
-_TIME = re.compile(
-    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?|\d{1,2}:\d{2}(?::\d{2})?|\d{1,2}/\d{1,2}/\d{2,4}"
-    r"|\b1\d{9}(?:\.\d+)?\b|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\b"
-    r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}\b"
-)
-
 Path = tuple[str | int, ...]
 
 
@@ -280,12 +265,12 @@ def _unit_break(previous: Prompt, new: Prompt, i: int, body: bytes) -> Break:
         # The unit is gone, or another kind stands in its place: the point is where the old one stood.
         path: Path = now.path if now is not None else old.path[:-1] if isinstance(old.path[-1], int) else old.path
         offset = _offset(body, path, at_end=now is None)
-        cause, reason = _missing_cause(previous, new, old)
+        cause, reason = missing_cause(previous, new, old)
         return Break(json_path(path), offset, cause, reason, _short(old.value), _short(now.value if now else None))
     sub, old_text, new_text, char = _first_difference(old.value, now.value, ())
     path = (*now.path, *sub)
     offset = _offset(body, path, char=char)
-    cause, reason = _cause(previous, new, old, now, old_text, new_text, char)
+    cause, reason = cause_of(previous, new, old, now, old_text, new_text, char)
     if char is not None and isinstance(old_text, str) and isinstance(new_text, str):
         return Break(json_path(path), offset, cause, reason, _around(old_text, char), _around(new_text, char))
     return Break(json_path(path), offset, cause, reason, _short(old_text), _short(new_text))
@@ -310,66 +295,6 @@ def _first_difference(old: Any, new: Any, path: Path) -> tuple[Path, Any, Any, i
         char = next((k for k, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
         return path, old, new, char
     return path, old, new, None
-
-
-def _cause(previous: Prompt, new: Prompt, old: Unit, now: Unit, a: Any, b: Any, char: int | None) -> tuple[str, str]:
-    if old.volatile or now.volatile:
-        return "billing_line", "Claude Code's billing line (x-anthropic-billing-header) changed"
-    if char is not None and (_time_at(a, char) or _time_at(b, char)):
-        where = "system prompt" if old.kind == "system" else old.kind
-        return "timestamp", f"a timestamp or date in the {where} changed"
-    if old.kind == "system":
-        return "system_edited", "the system prompt was edited"
-    if old.kind == "tool":
-        return _tools_cause(previous, new)
-    return _item_cause(previous, new, old)
-
-
-def _item_cause(previous: Prompt, new: Prompt, old: Unit) -> tuple[str, str]:
-    if new.conversation < previous.conversation:
-        return (
-            "compaction",
-            f"the history shrank from {previous.conversation} to {new.conversation} items (compacted or summarised)",
-        )
-    where = old.path[-1] if isinstance(old.path[-1], int) else 0
-    return "message_rewritten", f"an earlier message ({old.path[0]}[{where}]) was rewritten"
-
-
-def _missing_cause(previous: Prompt, new: Prompt, old: Unit) -> tuple[str, str]:
-    if old.volatile:
-        return "billing_line", "Claude Code's billing line was added or removed"
-    if old.kind == "system":
-        return "system_edited", "the system prompt was edited"
-    if old.kind == "tool":
-        return _tools_cause(previous, new)
-    return _item_cause(previous, new, old)
-
-
-def _tool_name(value: Any) -> str:
-    if not isinstance(value, dict):
-        return "?"
-    function = value.get("function")
-    name = function.get("name") if isinstance(function, dict) else value.get("name")
-    return str(name) if name is not None else "?"
-
-
-def _tools_cause(previous: Prompt, new: Prompt) -> tuple[str, str]:
-    old = {_tool_name(u.value): u.digest for u in previous.units if u.kind == "tool"}
-    now = {_tool_name(u.value): u.digest for u in new.units if u.kind == "tool"}
-    if old == now:
-        return "tools_reordered", "the same tools came in another order"
-    added, removed = sorted(now.keys() - old.keys()), sorted(old.keys() - now.keys())
-    edited = sorted(k for k in old.keys() & now.keys() if old[k] != now[k])
-    said = [f"{what}: {', '.join(names[:5])}" for what, names in (("added", added), ("removed", removed)) if names]
-    said += [f"changed: {', '.join(edited[:5])}"] if edited else []
-    return "tools_changed", "the tools changed (" + "; ".join(said) + ")" if said else "the tools changed"
-
-
-def _time_at(text: Any, char: int) -> bool:
-    if not isinstance(text, str):
-        return False
-    window = max(0, char - 40)
-    return any(m.start() <= char - window <= m.end() for m in _TIME.finditer(text[window : char + 40]))
 
 
 def _around(text: str, char: int) -> str:

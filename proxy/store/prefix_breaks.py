@@ -35,6 +35,7 @@ MAX_BYTES = 64 * 1024 * 1024  # bodies kept in all, across sessions
 @dataclass(frozen=True, slots=True)
 class _Recent:
     capture_id: str
+    started_at: float
     prompt: Prompt  # light
     body: bytes
     surface: Surface
@@ -48,7 +49,6 @@ class PrefixTracker:
         self.per_session = per_session
         self._recent: OrderedDict[str, deque[_Recent]] = OrderedDict()
         self._bytes = 0
-        self.counts: dict[str, int] = {}  # breaks by cause since start (health)
 
     def observe(self, ex: Exchange, session_id: str | None, *, own_session: bool) -> dict[str, Any] | None:
         """`own_session`: the session started with this exchange (no explicit id, no earlier turn found)."""
@@ -63,17 +63,23 @@ class PrefixTracker:
         prompt = prompt_of(parsed, surface) if parsed is not None else None
         if parsed is None or prompt is None:
             return None
-        candidates = [r for r in self._recent.get(session_id, ()) if r.surface == surface]
+        # Only what came before it: a batch written again after a failed transaction meets its own exchanges.
+        when = (ex.started_at, ex.id)
+
+        def earlier(r: _Recent) -> bool:
+            return r.surface == surface and (r.started_at, r.capture_id) < when
+
+        candidates = [r for r in self._recent.get(session_id, ()) if earlier(r)]
         client = None if _named(ex, parsed) else _client_key(ex)
         if client is not None and own_session and prompt.conversation > 1:
             seen = {r.capture_id for r in candidates}
-            candidates += [r for r in self._recent.get(client, ()) if r.surface == surface and r.capture_id not in seen]
+            candidates += [r for r in self._recent.get(client, ()) if earlier(r) and r.capture_id not in seen]
         found = previous_in_thread(prompt, [(r.capture_id, r.prompt) for r in candidates])
         result = None
         if found is not None and not extends(found[1], prompt):
             previous = next(r for r in candidates if r.capture_id == found[0])
             result = self._compare(previous, prompt, body, which)
-        kept = _Recent(ex.id, prompt.light(), body, surface)
+        kept = _Recent(ex.id, ex.started_at, prompt.light(), body, surface)
         self._keep(session_id, kept)
         if client is not None:
             self._keep(client, kept)
@@ -87,11 +93,13 @@ class PrefixTracker:
         found = find_break(whole, prompt, body)
         if found is None:
             return None
-        self.counts[found.cause] = self.counts.get(found.cause, 0) + 1
         return found.as_dict(previous.capture_id, redact_content) | {"body": which}
 
     def _keep(self, key: str, recent: _Recent) -> None:
         queue = self._recent.pop(key, None) or deque()
+        for again in [r for r in queue if r.capture_id == recent.capture_id]:  # written again after a rollback
+            queue.remove(again)
+            self._bytes -= len(again.body)
         queue.append(recent)
         self._bytes += len(recent.body)
         while len(queue) > self.per_session:

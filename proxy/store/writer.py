@@ -118,13 +118,15 @@ class CaptureWriter:
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
         self.prefixes = PrefixTracker()
-        self.request_changes: dict[str, int] = {}  # request-stage changes stored, by kind (health)
+        # Since start, of what was committed (health): request-stage changes by kind, prefix breaks by cause.
+        self.request_changes: dict[str, int] = {}
+        self.prefix_breaks: dict[str, int] = {}
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
         # Called on this thread after each commit, one `Written` per exchange: each must only hand it on
         # (enqueue), never block. Add them before traffic starts.
-        self.observers: list[Observer] = []
+        self.observers: list[Observer] = [self._count]
         self._pending: list[Written] = []  # this transaction's, told to the observers after its commit
         self.held = Held(max_held, max_held_bytes, starting=self.backend.unreachable)
         # An outage that hit a commit leaves its fate unknown: these may be stored; checked before a retry.
@@ -144,7 +146,7 @@ class CaptureWriter:
         health["store"] = {"location": self.backend.location, "backend": self.backend.name, **self.held.health()}
         if self.retention is not None:
             health["retention"] = self.retention.health()
-        health["prefix_breaks"] = dict(self.prefixes.counts)  # by cause (store/prefix_breaks.py)
+        health["prefix_breaks"] = dict(self.prefix_breaks)  # by cause (store/prefix_breaks.py)
         health["request_changes"] = dict(self.request_changes)  # by kind: strip_billing_line, ...
         return health
 
@@ -195,6 +197,17 @@ class CaptureWriter:
                 self._retain()
                 if stop:
                     return
+
+    def _count(self, written: Written) -> None:
+        if written.outcome != "stored":
+            return
+        ex = written.exchange
+        for change in ex.changes:
+            if change.stage == "request":
+                self.request_changes[change.kind] = self.request_changes.get(change.kind, 0) + 1
+        cause = ex.prefix_break.get("cause") if ex.prefix_break else None
+        if isinstance(cause, str):
+            self.prefix_breaks[cause] = self.prefix_breaks.get(cause, 0) + 1
 
     def _retry_held(self) -> bool:
         """One attempt at the oldest held batch, after the backoff's wait (spent moving the submit queue
@@ -407,9 +420,6 @@ class CaptureWriter:
             link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
         ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=session_id == f"s-{ex.id}")
-        for change in ex.changes:
-            if change.stage == "request":
-                self.request_changes[change.kind] = self.request_changes.get(change.kind, 0) + 1
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())

@@ -75,7 +75,7 @@ def test_each_turn_against_its_threads_previous_request_in_one_batch(tmp_path):
         "request",
     )
     assert three.request[got["offset"] : got["offset"] + 3] == b"a1f"
-    assert writer.prefixes.counts == {"billing_line": 1}
+    assert writer.health()["prefix_breaks"] == {"billing_line": 1}
 
 
 def test_the_forwarded_body_is_what_is_compared():
@@ -112,6 +112,19 @@ def test_a_chat_client_without_a_session_id_is_followed_by_its_address_and_agent
     two = chat("Be kind.", later)
     got = tracker.observe(two, f"s-{two.id}", own_session=True)
     assert (got["path"], got["cause"], got["previous"]) == ("$.messages[0].content", "system_edited", one.id)
+
+
+def test_an_exchange_written_again_meets_neither_itself_nor_what_came_after_it():
+    """A failed batch is written again one exchange at a time: each is compared as the first time."""
+    tracker = PrefixTracker()
+    one = _messages_turn([_text("A")], [USER])
+    two = _messages_turn([_text("B")], TURN2)
+    assert tracker.observe(one, "cc-1", own_session=False) is None
+    first = tracker.observe(two, "cc-1", own_session=False)
+    assert first is not None and first["cause"] == "system_edited"
+    assert tracker.observe(one, "cc-1", own_session=False) is None  # not "compared with turn 2"
+    assert tracker.observe(two, "cc-1", own_session=False) == first
+    assert len(tracker._recent["cc-1"]) == 2
 
 
 def test_copies_and_attempts_are_not_turns():
