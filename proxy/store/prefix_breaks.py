@@ -18,6 +18,7 @@ clients that name no session), when it carries earlier turns.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,13 @@ from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previ
 from tapfix.proxy.store.redact import redact_content
 from tapfix.proxy.surfaces import Surface, surface_for
 
+# A session this writer hasn't seen yet (a restart, another instance of a fleet): its latest requests from the
+# store, as the engine received them (`tapfix_body_bytes`: the forwarded body, else the request), newest first.
+STORED = (
+    "select id, ts, path, tapfix_body_bytes(id, 'forwarded') from exchanges"
+    " where session_id = ? and id != ? and attempt_of is null order by ts desc limit ?"
+)
+Stored = Callable[[str, str, int], list[tuple[Any, ...]]]  # (session id, own id, limit) -> STORED's rows
 PER_SESSION = 16  # recent requests kept per session (its threads: main agent, subagents, side requests)
 MAX_BYTES = 64 * 1024 * 1024  # bodies kept in all, across sessions
 
@@ -50,8 +58,11 @@ class PrefixTracker:
         self._recent: OrderedDict[str, deque[_Recent]] = OrderedDict()
         self._bytes = 0
 
-    def observe(self, ex: Exchange, session_id: str | None, *, own_session: bool) -> dict[str, Any] | None:
-        """`own_session`: the session started with this exchange (no explicit id, no earlier turn found)."""
+    def observe(
+        self, ex: Exchange, session_id: str | None, *, own_session: bool, stored: Stored | None = None
+    ) -> dict[str, Any] | None:
+        """`own_session`: the session started with this exchange (no explicit id, no earlier turn found);
+        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory."""
         surface = surface_for(ex.path)
         if session_id is None or surface not in ("chat", "responses", "messages") or not _own(ex):
             return None
@@ -69,6 +80,8 @@ class PrefixTracker:
         def earlier(r: _Recent) -> bool:
             return r.surface == surface and (r.started_at, r.capture_id) < when
 
+        if stored is not None and not own_session and session_id not in self._recent:
+            self._load(session_id, ex.id, stored)
         candidates = [r for r in self._recent.get(session_id, ()) if earlier(r)]
         client = None if _named(ex, parsed) else _client_key(ex)
         if client is not None and own_session and prompt.conversation > 1:
@@ -84,6 +97,14 @@ class PrefixTracker:
         if client is not None:
             self._keep(client, kept)
         return result
+
+    def _load(self, session_id: str, own_id: str, stored: Stored) -> None:
+        for capture_id, ts, path, body in reversed(stored(session_id, own_id, self.per_session)):
+            surface = surface_for(path or "")
+            parsed = json_object(bytes(body)) if body is not None and surface is not None else None
+            prompt = prompt_of(parsed, surface) if parsed is not None else None
+            if prompt is not None and surface is not None:
+                self._keep(session_id, _Recent(str(capture_id), float(ts), prompt.light(), bytes(body), surface))
 
     def _compare(self, previous: _Recent, prompt: Prompt, body: bytes, which: str) -> dict[str, Any] | None:
         parsed = json_object(previous.body)

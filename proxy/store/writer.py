@@ -30,7 +30,7 @@ from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row
 from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
 from tapfix.proxy.store.kept import as_text, kept_row
-from tapfix.proxy.store.prefix_breaks import PrefixTracker
+from tapfix.proxy.store.prefix_breaks import STORED, PrefixTracker
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.surfaces import is_inference
@@ -197,6 +197,10 @@ class CaptureWriter:
                 self._retain()
                 if stop:
                     return
+
+    def _stored_requests(self, session_id: str, own_id: str, limit: int) -> list[tuple[Any, ...]]:
+        """A session's latest requests in the store (`prefix_breaks.STORED`), in this transaction."""
+        return list(self.backend.execute(STORED, (session_id, own_id, limit)).fetchall())
 
     def _count(self, written: Written) -> None:
         if written.outcome != "stored":
@@ -419,7 +423,8 @@ class CaptureWriter:
         else:
             link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
-        ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=session_id == f"s-{ex.id}")
+        own = session_id == f"s-{ex.id}"
+        ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=own, stored=self._stored_requests)
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())

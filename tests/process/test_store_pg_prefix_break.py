@@ -1,5 +1,6 @@
 """The prefix break on PostgreSQL (migration pg007): the writer fills the column as on SQLite, `captures tail`
-and the browser's session view read it, and `captures show --json` reports it."""
+and the browser's session view read it, `captures show --json` reports it, and another instance's writer
+compares its first turn of the session with what the store holds."""
 
 from __future__ import annotations
 
@@ -38,5 +39,19 @@ def test_the_column_on_postgresql(postgres: PostgresServer) -> None:
     assert three.request[found["offset"] : found["offset"] + 3] == b"a1f"
     shown = json.loads(cli("captures", "show", three.id, "--db", url, "--json").stdout)
     assert shown["prefix_break"] == found
-    stored = StoreLocator.resolve(url, postgres=True).backend().browse(search=False).load_session("cc-1")
-    assert stored is not None and [r["prefix_break"] for r in stored.rows] == [None, None, found]
+    browse = StoreLocator.resolve(url, postgres=True).backend().browse(search=False)
+    try:
+        stored = browse.load_session("cc-1")
+    finally:
+        browse.close()
+    assert stored is not None
+    assert {r["id"]: r["prefix_break"] for r in stored.rows} == {one.id: None, two.id: None, three.id: found}
+    # Another instance (a fleet, or the next `tapfix run`): the session's earlier requests come from the store.
+    turn4 = [*turn3, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "last"}]
+    four = _messages_turn([_text(LINE.format("a1f")), _text("You are Claude Code. Be brief.")], turn4)
+    other = postgres_writer(url)
+    other.submit(four)
+    other.close()
+    assert not other.stats.failures, other.stats.last_error
+    shown = json.loads(cli("captures", "show", four.id, "--db", url, "--json").stdout)["prefix_break"]
+    assert (shown["path"], shown["cause"], shown["previous"]) == ("$.system[1].text", "system_edited", three.id)

@@ -205,5 +205,33 @@ def test_an_older_store_without_the_column_reads_as_without_breaks(tmp_path):
     from tapfix.proxy.store.locator import StoreLocator
 
     store = StoreLocator.of(db).backend().browse(search=False)
-    stored = store.load_session("cc-1")
+    try:
+        stored = store.load_session("cc-1")
+    finally:
+        store.close()
     assert stored is not None and [r["prefix_break"] for r in stored.rows] == [None, None, None]
+
+
+def test_a_session_begun_before_a_restart_is_compared_with_what_the_store_holds(tmp_path):
+    """The next `tapfix run` (or another instance on one store) has nothing of the session in memory: the
+    previous request comes from the store, as the engine received it."""
+    db = tmp_path / "c.db"
+    main = [_text(LINE.format("4e6")), _text("You are Claude Code.")]
+    one = _messages_turn(main, [USER])
+    one.forwarded = orjson.dumps({"model": "m", "system": main[1:], "messages": [USER]})  # tapfix stripped it
+    two = _messages_turn(main, TURN2)
+    two.forwarded = orjson.dumps({"model": "m", "system": main[1:], "messages": TURN2})
+    first = CaptureWriter(db)
+    for ex in (one, two):
+        first.submit(ex)
+    first.close()
+    turn3 = [*TURN2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more"}]
+    three = _messages_turn([_text("You are Claude Code, edited.")], turn3)
+    four = _messages_turn(main[1:], turn3)  # extends two (as forwarded), not three
+    second = CaptureWriter(db)
+    for ex in (three, four):
+        second.submit(ex)
+    second.close()
+    found = _breaks(db)
+    assert (found[three.id]["cause"], found[three.id]["previous"]) == ("system_edited", two.id)
+    assert found[four.id] is None
