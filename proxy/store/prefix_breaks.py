@@ -3,7 +3,9 @@
 The writer sees a process's exchanges in the order they ended, so the previous request of a thread is
 always behind the new one, even when the two come 0.7 s apart and neither is committed yet: the recent
 requests of each session are kept here, in memory, as digests plus a reference to their body (parsed
-again only when a break is found). The bound is on those bodies' bytes; the oldest session goes first.
+again only when a break is found). The bound is on those bodies' bytes; the oldest session goes first. A
+session not in memory (a restart; a fleet's other instance wrote its earlier turns) is read from the store
+once, inside the writer's transaction (`STORED`).
 
 The compared body is the one the engine received (the forwarded request when tapfix changed it, else the
 client's), so a billing line tapfix removed, or reasoning it put back, is seen as the engine saw it; the
