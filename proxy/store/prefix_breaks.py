@@ -94,6 +94,8 @@ class PrefixTracker:
         if found is not None and not extends(found[1], prompt):
             previous = next(r for r in candidates if r.capture_id == found[0])
             result = self._compare(previous, prompt, body, which)
+            if result is not None and not ex.store_bodies:  # privacy: no text of the prompt, not even excerpts
+                del result["old"], result["new"]
         kept = _Recent(ex.id, ex.started_at, prompt.light(), body, surface)
         self._keep(session_id, kept)
         if client is not None:

@@ -235,3 +235,18 @@ def test_a_session_begun_before_a_restart_is_compared_with_what_the_store_holds(
     found = _breaks(db)
     assert (found[three.id]["cause"], found[three.id]["previous"]) == ("system_edited", two.id)
     assert found[four.id] is None
+
+
+def test_privacy_mode_keeps_the_point_and_drops_the_excerpts(tmp_path):
+    db = tmp_path / "c.db"
+    secret = "the patient's name is Alice"
+    one = _messages_turn([_text(secret)], [USER], store_bodies=False)
+    two = _messages_turn([_text(secret + " and Bob")], TURN2, store_bodies=False)
+    writer = CaptureWriter(db)
+    for ex in (one, two):
+        writer.submit(ex)
+    writer.close()
+    found = _breaks(db)[two.id]
+    assert (found["path"], found["cause"]) == ("$.system[0].text", "system_edited")
+    assert "old" not in found and "new" not in found
+    assert b"Alice" not in db.read_bytes()
