@@ -163,7 +163,7 @@ SESSION = """{% extends "base" %}
 <ol class="turns" start="{{ v.first_number }}">
 {% for t in v.turns %}{% set r = t.row %}<li class="turn{% if t.repairs %} repaired{% endif %}{% if r.flags %} flagged{% endif %}{% if r.prefix_break %} prefixbreak{% endif %}">
 <p class="turnhead"><a class="id" href="/exchange/{{ r.id }}">{{ r.id }}</a> {{ r.started_at|when }} · {{ r.status or '-' }}
- · {{ r.prompt_tokens if r.prompt_tokens is not none else '?' }}→{{ r.completion_tokens if r.completion_tokens is not none else '?' }} tokens
+ · {{ r.prompt_tokens if r.prompt_tokens is not none else '?' }}→{{ r.completion_tokens if r.completion_tokens is not none else '?' }} tokens{% if t.cached_tokens is not none %} <span class="muted">({{ t.cached_tokens }} from cache)</span>{% endif %}
  · TTFT {{ r.first_token_ms|ms }} · total {{ r.duration_ms|ms }}{% if r.finish_reason %} · {{ r.finish_reason }}{% endif %}
 {% for fl in r.flags %} <span class="flag">{{ fl }}</span>{% endfor %}
 {% if t.repairs %} <span class="flag repair">{{ t.repairs|length }} repair{{ '' if t.repairs|length == 1 else 's' }}</span>{% endif %}

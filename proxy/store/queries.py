@@ -20,6 +20,12 @@ import orjson
 from tapfix.proxy.store.pages import PAGE, TURNS_PAGE, SessionPage, SessionTurns, decode_flags
 
 T = TypeVar("T")
+
+
+def _json(text: str | None) -> Any:
+    return orjson.loads(text) if text else None
+
+
 CHANGE_REASONS_LIMIT = 20  # why an attempt was made, per attempt: its tool-call change rows
 
 
@@ -211,7 +217,7 @@ class BrowseBase(CachedStore):
         breaks = self._prefix_breaks([row["id"] for row in rows])
         for row in rows:
             row["request"] = body(row)
-            row["prefix_break"] = breaks.get(row["id"])
+            row["prefix_break"], row["usage"] = breaks.get(row["id"], (None, None))
             self.times(row)  # flags and tool calls: the session page parses them
         return SessionTurns(
             self.decode(session[0]) if session else {"id": session_id},
@@ -224,18 +230,17 @@ class BrowseBase(CachedStore):
             total=total,
         )
 
-    def _prefix_breaks(self, ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The turns' prefix breaks (store/prefix_breaks.py), by id; none in a store from before the column."""
+    def _prefix_breaks(self, ids: list[str]) -> dict[str, tuple[Any, Any]]:
+        """The turns' prefix breaks (store/prefix_breaks.py) and usage (for their cached prompt tokens), by id;
+        none in a store from before the column."""
         if not ids:
             return {}
         where, args = self._in("id", ids)
         try:
-            found = self.rows(
-                f"select id, prefix_break from exchanges where {where} and prefix_break is not null", args
-            )
+            found = self.rows(f"select id, prefix_break, usage from exchanges where {where}", args)
         except self.transient:  # readers read an older store as it is
             return {}
-        return {r["id"]: orjson.loads(r["prefix_break"]) for r in found}
+        return {r["id"]: (_json(r["prefix_break"]), _json(r["usage"])) for r in found}
 
     # The backend's part.
 

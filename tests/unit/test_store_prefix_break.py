@@ -26,7 +26,9 @@ def _messages_turn(system: list[Any], messages: list[Any], *, session: str = "cc
         model="m",
         status=200,
         content_type="application/json",
-        response=orjson.dumps(answer | {"usage": {"input_tokens": 10, "output_tokens": 1}}),
+        response=orjson.dumps(
+            answer | {"usage": {"input_tokens": 2, "output_tokens": 1, "cache_read_input_tokens": 8}}
+        ),
         client_addr="127.0.0.1",
         user_agent="claude-cli/2.1.332",
         request_headers=[("x-claude-code-session-id", session)],
@@ -192,6 +194,7 @@ def test_the_browsers_session_view_marks_the_turn_where_it_broke(tmp_path):
     assert marked == [three.id[:16]]
     assert "prefix break</b> at <code>$.system[0].text</code>" in html and "billing_line" in html
     assert "prefix break</dt>" in detail and f'href="/exchange/{two.id}"' in detail
+    assert html.count("(8 from cache)") == 3  # the engine's cached prompt tokens, beside each turn
 
 
 def test_an_older_store_without_the_column_reads_as_without_breaks(tmp_path):
