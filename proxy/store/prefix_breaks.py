@@ -19,6 +19,7 @@ clients that name no session), when it carries earlier turns.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ STORED = (
     " where session_id = ? and id != ? and attempt_of is null order by ts desc limit ?"
 )
 Stored = Callable[[str, str, int], list[tuple[Any, ...]]]  # (session id, own id, limit) -> STORED's rows
+log = logging.getLogger("tapfix.store")
 PER_SESSION = 16  # recent requests kept per session (its threads: main agent, subagents, side requests)
 MAX_BYTES = 64 * 1024 * 1024  # bodies kept in all, across sessions
 
@@ -64,7 +66,17 @@ class PrefixTracker:
         self, ex: Exchange, session_id: str | None, *, own_session: bool, stored: Stored | None = None
     ) -> dict[str, Any] | None:
         """`own_session`: the session started with this exchange (no explicit id, no earlier turn found);
-        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory."""
+        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory.
+        Never raises for what a client sent: a body it can't read has no break, and its capture is stored."""
+        try:
+            return self._observe(ex, session_id, own_session, stored)
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
+            log.warning("prefix break of %s not worked out: %s: %s", ex.id, type(e).__name__, e)
+            return None
+
+    def _observe(
+        self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None
+    ) -> dict[str, Any] | None:
         surface = surface_for(ex.path)
         if session_id is None or surface not in ("chat", "responses", "messages") or not _own(ex):
             return None

@@ -203,3 +203,44 @@ def test_property_a_change_at_a_random_point_is_found_there(history, data, dumps
 @pytest.mark.parametrize("surface", ["completions", None])
 def test_other_surfaces_have_no_prompt_to_compare(surface):
     assert prompt_of({"prompt": "hi"}, surface) is None
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["role", "content", "type", "text", "cache_control", "name"]), inner, max_size=3
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["chat", "responses", "messages"]),
+    st.dictionaries(
+        st.sampled_from(
+            ["system", "instructions", "messages", "input", "tools", "prompt_cache_key", "reasoning", "thinking"]
+        ),
+        _json,
+    ),
+    st.dictionaries(
+        st.sampled_from(
+            ["system", "instructions", "messages", "input", "tools", "prompt_cache_key", "reasoning", "thinking"]
+        ),
+        _json,
+    ),
+    _dumps,
+)
+def test_property_any_json_compares_without_raising(surface, old, new, dumps):
+    """Whatever two requests hold, the comparison answers (a break or none) and its offset is in the body."""
+    body = dumps(new)
+    found = find_break(prompt_of(old, surface), prompt_of(new, surface), body)
+    if found is not None:
+        assert 0 <= found.offset <= len(body) and found.path.startswith("$")
