@@ -40,6 +40,7 @@ STORED = (
 )
 Stored = Callable[[str, str, int], list[tuple[Any, ...]]]  # (session id, own id, limit) -> STORED's rows
 log = logging.getLogger("tapfix.store")
+STORED_LIMIT = 8  # the latest requests read back: the main agent's last turn and its subagents' most recent
 PER_SESSION = 16  # recent requests kept per session (its threads: main agent, subagents, side requests)
 MAX_BYTES = 64 * 1024 * 1024  # bodies kept in all, across sessions
 
@@ -95,7 +96,7 @@ class PrefixTracker:
             return r.surface == surface and (r.started_at, r.capture_id) < when
 
         if stored is not None and not own_session and session_id not in self._recent:
-            self._load(session_id, ex.id, stored)
+            self._load(session_id, ex.id, stored)  # once per session: its bodies are decoded
         candidates = [r for r in self._recent.get(session_id, ()) if earlier(r)]
         client = None if _named(ex, parsed) else _client_key(ex)
         if client is not None and own_session and prompt.conversation > 1:
@@ -115,7 +116,7 @@ class PrefixTracker:
         return result
 
     def _load(self, session_id: str, own_id: str, stored: Stored) -> None:
-        for capture_id, ts, path, body in reversed(stored(session_id, own_id, self.per_session)):
+        for capture_id, ts, path, body in reversed(stored(session_id, own_id, STORED_LIMIT)):
             surface = surface_for(path or "")
             parsed = json_object(bytes(body)) if body is not None and surface is not None else None
             prompt = prompt_of(parsed, surface) if parsed is not None else None
