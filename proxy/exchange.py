@@ -30,6 +30,9 @@ class Exchange:
     user_agent: str = ""
     model: str | None = None
     served_model: str | None = None
+    # Where its prompt stopped extending the previous request of its thread (None: it extends it, or it is a
+    # thread's first); set by the writer (store/prefix_breaks.py), read by the row and telemetry.
+    prefix_break: dict[str, Any] | None = None
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None  # the request's, as sent (a named one lets a chat call finish with "stop")

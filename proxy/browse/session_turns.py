@@ -15,6 +15,7 @@ import orjson
 from tapfix.proxy.browse.turns import TurnDelta, summarize, turn_delta
 from tapfix.proxy.store.pages import SessionTurns
 from tapfix.proxy.store.turns import messages_of, parse_json, role_of
+from tapfix.proxy.telemetry.answer import usage_counts
 
 
 @dataclass
@@ -28,6 +29,12 @@ class Turn:
     @property
     def repairs(self) -> list[dict[str, Any]]:
         return [c for c in self.changes if c["stage"] == "toolcalls"]
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the engine said it served from its prefix cache, beside the turn's prefix break."""
+        usage = self.row.get("usage")
+        return usage_counts(usage if isinstance(usage, dict) else None).cached
 
 
 @dataclass

@@ -43,6 +43,7 @@ ul.downloads { display: flex; flex-wrap: wrap; gap: .3em 1.5em; padding-left: 1.
 .stall { color: var(--bad); }
 ol.turns > li { border-left: 3px solid var(--line); padding: .2em .8em; margin-bottom: 1em; }
 ol.turns > li.repaired { border-left-color: #c04fb0; } ol.turns > li.flagged { border-left-color: #e0a030; }
+ol.turns > li.prefixbreak { border-left-color: #d0453a; } .prefixbreak b { color: #d0453a; }
 .turnhead { margin: 0; } .newmsgs { list-style: none; padding: 0; margin: .3em 0; }
 .role { font-size: 12px; font-weight: 600; color: var(--muted); text-transform: uppercase; }
 .turns pre.text { max-height: 12em; }

@@ -79,6 +79,7 @@ EXCHANGE = """{% extends "base" %}
 {% if c.error %}<dt>{{ d.error_label }}</dt><dd class="error">{{ c.error }}</dd>{% endif %}
 {% if c.session_id %}<dt>session</dt><dd><a href="/session/{{ c.session_id|urlencode }}">{{ c.session_id }}</a>
 {% if d.previous %} · <a href="/exchange/{{ d.previous }}">previous turn</a>{% endif %}{% if d.next %} · <a href="/exchange/{{ d.next }}">next turn</a>{% endif %}</dd>{% endif %}
+{% if c.prefix_break %}{% set pb = c.prefix_break %}<dt>prefix break</dt><dd class="prefixbreak">at <code>{{ pb.path }}</code>, byte {{ pb.offset }}: {{ pb.reason or pb.cause }} <span class="muted">({{ pb.cause }}; compared with <a href="/exchange/{{ pb.previous }}">{{ pb.previous }}</a>; was <code>{{ pb.old }}</code>, now <code>{{ pb.new }}</code>)</span></dd>{% endif %}
 {% if c.source_id %}<dt>replay of</dt><dd><a href="/exchange/{{ c.source_id }}">{{ c.source_id }}</a></dd>{% endif %}
 {% if c.attempt_of %}<dt>attempt</dt><dd>{{ c.attempt }}, regenerated for <a href="/exchange/{{ c.attempt_of }}">{{ c.attempt_of }}</a> <span class="muted">(the client-facing capture: what the client sent and received)</span></dd>{% endif %}
 {% if c.trace_id %}<dt>trace</dt><dd><code class="trace">{{ c.trace_id }}</code> <span class="muted">span {{ c.span_id or '-' }} · parent span {{ c.parent_span_id or '-' }}</span></dd>{% endif %}
@@ -160,13 +161,14 @@ SESSION = """{% extends "base" %}
 <p>{{ v.session.user_agent or '' }} · {{ v.session.model or '' }} · {{ v.total }} turns · {{ v.session.first_at|when }} – {{ v.session.last_at|when }}
  · <a href="/?session={{ v.session.id|urlencode }}">as a list</a></p>
 <ol class="turns" start="{{ v.first_number }}">
-{% for t in v.turns %}{% set r = t.row %}<li class="turn{% if t.repairs %} repaired{% endif %}{% if r.flags %} flagged{% endif %}">
+{% for t in v.turns %}{% set r = t.row %}<li class="turn{% if t.repairs %} repaired{% endif %}{% if r.flags %} flagged{% endif %}{% if r.prefix_break %} prefixbreak{% endif %}">
 <p class="turnhead"><a class="id" href="/exchange/{{ r.id }}">{{ r.id }}</a> {{ r.started_at|when }} · {{ r.status or '-' }}
- · {{ r.prompt_tokens if r.prompt_tokens is not none else '?' }}→{{ r.completion_tokens if r.completion_tokens is not none else '?' }} tokens
+ · {{ r.prompt_tokens if r.prompt_tokens is not none else '?' }}→{{ r.completion_tokens if r.completion_tokens is not none else '?' }} tokens{% if t.cached_tokens is not none %} <span class="muted">({{ t.cached_tokens }} from cache)</span>{% endif %}
  · TTFT {{ r.first_token_ms|ms }} · total {{ r.duration_ms|ms }}{% if r.finish_reason %} · {{ r.finish_reason }}{% endif %}
 {% for fl in r.flags %} <span class="flag">{{ fl }}</span>{% endfor %}
 {% if t.repairs %} <span class="flag repair">{{ t.repairs|length }} repair{{ '' if t.repairs|length == 1 else 's' }}</span>{% endif %}
 {% if r.changes_count %} <span class="muted">{{ r.changes_count }} change{{ '' if r.changes_count == 1 else 's' }}</span>{% endif %}</p>
+{% if r.prefix_break %}{% set pb = r.prefix_break %}<p class="prefixbreak"><b>✂ prefix break</b> at <code>{{ pb.path }}</code>, byte {{ pb.offset }}: {{ pb.reason or pb.cause }} <span class="muted">({{ pb.cause }}; compared with <a href="/exchange/{{ pb.previous }}">{{ pb.previous }}</a>)</span></p>{% endif %}
 {% if t.delta %}<p class="muted">{% if t.delta.kept %}{{ t.delta.kept }} messages resent unchanged, {% endif %}{{ t.delta.added|length }} new{% if t.delta.dropped %}; <b>{{ t.delta.dropped }} earlier messages dropped or rewritten</b>{% endif %}</p>{% endif %}
 <ul class="newmsgs">{% for role, text in t.added %}<li><span class="role">{{ role }}</span> <pre class="text">{{ text }}</pre></li>{% endfor %}</ul>
 {% for ch in t.changes %}<p class="change">[{{ ch.stage }}] {{ ch.kind }} <code>{{ ch.path or '' }}</code> {{ ch.reason or '' }}</p>{% endfor %}

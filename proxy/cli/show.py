@@ -6,6 +6,7 @@ import base64
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from tapfix.proxy.cli.prefix_view import cached_prompt_tokens, excerpt_lines, prefix_line
 from tapfix.proxy.store.answered import answered_by_tapfix, destination, tapfix_error, upstream_error
 from tapfix.proxy.store.reader import body_id_of
 
@@ -59,6 +60,8 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
     if c.get("trace_id"):  # W3C trace context: ids as a tracing backend shows them
         span, parent = c.get("span_id") or "-", c.get("parent_span_id") or "-"
         lines.append(f"  trace: {c['trace_id']}   span: {span}   parent span: {parent}")
+    prefix = prefix_line(c, _cached(reader, c))
+    lines += [prefix, *excerpt_lines(c)] if prefix else []
     lines.append("")
     lines.append(f"changes ({len(c['change_rows'])}):")
     for ch in c["change_rows"]:
@@ -100,6 +103,11 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
             for call in choice["tool_calls"]:
                 lines.append(f"    tool call {call.get('id') or '-'}: {call.get('name')}({call.get('arguments')})")
     return "\n".join(lines)
+
+
+def _cached(reader: CaptureReader, c: dict[str, Any]) -> int | None:
+    has_response = body_id_of(c, "response") is not None
+    return cached_prompt_tokens(c, (lambda: reader.capture_body(c, "response")) if has_response else None)
 
 
 def _error_lines(c: dict[str, Any]) -> list[str]:
@@ -167,6 +175,8 @@ def capture_json(reader: CaptureReader, capture: dict[str, Any]) -> dict[str, An
         "upstream_error": upstream_error(c),
         "tapfix_error": tapfix_error(c),
         "choices": reader.read_choices(c["id"]),
+        "prefix_break": c.get("prefix_break"),
+        "cached_prompt_tokens": _cached(reader, c),
         "bodies": {
             which: body_json(reader.capture_body(c, which)) if body_id_of(c, which) is not None else None
             for which in BODIES

@@ -80,6 +80,7 @@ def _since(value: str | None) -> str | float | None:
 
 
 def _follow(db: StoreLocator, since: str | float | None, as_json: bool, filters: CaptureFilter, out: IO[str]) -> None:
+    from tapfix.proxy.cli.prefix_view import tail_mark
     from tapfix.proxy.cli.render import HEADER, capture_cells, tail_line
 
     store = db.backend()
@@ -95,7 +96,8 @@ def _follow(db: StoreLocator, since: str | float | None, as_json: bool, filters:
         waiting = rows is None
         if rows:
             lines = (
-                json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + "\n" for row in rows
+                json_row(row).decode() if as_json else tail_line(capture_cells(marked(row))) + tail_mark(row) + "\n"
+                for row in rows
             )
             _write(out, "".join(lines))
         _pause(out)

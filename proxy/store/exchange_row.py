@@ -50,6 +50,7 @@ def exchange_row(
         "upstream_url": redact_url(ex.upstream_url),
         "model": ex.model,
         "served_model": ex.served_model,
+        "prefix_break": _json(ex.prefix_break) if ex.prefix_break is not None else None,
         "stream": int(ex.stream),
         "status": ex.status,
         "error": error or ex.error,

@@ -16,9 +16,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import orjson
 from tapfix.proxy.store.pages import PAGE, TURNS_PAGE, SessionPage, SessionTurns, decode_flags
 
 T = TypeVar("T")
+
+
+def _json(text: str | None) -> Any:
+    return orjson.loads(text) if text else None
+
+
 CHANGE_REASONS_LIMIT = 20  # why an attempt was made, per attempt: its tool-call change rows
 
 
@@ -207,8 +214,10 @@ class BrowseBase(CachedStore):
             ):
                 changes.setdefault(r.pop("exchange_id"), []).append(r)
         body = self._request_bodies()
+        breaks = self._prefix_breaks([row["id"] for row in rows])
         for row in rows:
             row["request"] = body(row)
+            row["prefix_break"], row["usage"] = breaks.get(row["id"], (None, None))
             self.times(row)  # flags and tool calls: the session page parses them
         return SessionTurns(
             self.decode(session[0]) if session else {"id": session_id},
@@ -220,6 +229,18 @@ class BrowseBase(CachedStore):
             later=later,
             total=total,
         )
+
+    def _prefix_breaks(self, ids: list[str]) -> dict[str, tuple[Any, Any]]:
+        """The turns' prefix breaks (store/prefix_breaks.py) and usage (for their cached prompt tokens), by id;
+        none in a store from before the column."""
+        if not ids:
+            return {}
+        where, args = self._in("id", ids)
+        try:
+            found = self.rows(f"select id, prefix_break, usage from exchanges where {where}", args)
+        except self.transient:  # readers read an older store as it is
+            return {}
+        return {r["id"]: (_json(r["prefix_break"]), _json(r["usage"])) for r in found}
 
     # The backend's part.
 

@@ -64,7 +64,16 @@ def with_parent(own: list[str], of_parent: list[str]) -> str:
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
     """A row as the CLI shows it: JSON columns parsed, `stream` a bool, `changes` the count."""
-    for key in ("flags", "tags", "request_headers", "forwarded_headers", "response_headers", "tool_calls", "usage"):
+    for key in (
+        "flags",
+        "tags",
+        "request_headers",
+        "forwarded_headers",
+        "response_headers",
+        "tool_calls",
+        "usage",
+        "prefix_break",
+    ):
         if key in row and isinstance(row[key], str):
             row[key] = orjson.loads(row[key])
     if "stream" in row and row["stream"] is not None:

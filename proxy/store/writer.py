@@ -30,6 +30,7 @@ from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row
 from tapfix.proxy.store.held import MAX_HELD, MAX_HELD_BYTES, Held
 from tapfix.proxy.store.kept import as_text, kept_row
+from tapfix.proxy.store.prefix_breaks import STORED, PrefixTracker
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.surfaces import is_inference
@@ -116,12 +117,16 @@ class CaptureWriter:
         self.retention = retention
         self.bodies = self.backend.bodies
         self.sessions = SessionTracker(self.backend.session_sql)
+        self.prefixes = PrefixTracker()
+        # Since start, of what was committed (health): request-stage changes by kind, prefix breaks by cause.
+        self.request_changes: dict[str, int] = {}
+        self.prefix_breaks: dict[str, int] = {}
         self.stats = WriterStats()
         self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
         self._batch = batch
         # Called on this thread after each commit, one `Written` per exchange: each must only hand it on
         # (enqueue), never block. Add them before traffic starts.
-        self.observers: list[Observer] = []
+        self.observers: list[Observer] = [self._count]
         self._pending: list[Written] = []  # this transaction's, told to the observers after its commit
         self.held = Held(max_held, max_held_bytes, starting=self.backend.unreachable)
         # An outage that hit a commit leaves its fate unknown: these may be stored; checked before a retry.
@@ -141,6 +146,8 @@ class CaptureWriter:
         health["store"] = {"location": self.backend.location, "backend": self.backend.name, **self.held.health()}
         if self.retention is not None:
             health["retention"] = self.retention.health()
+        health["prefix_breaks"] = dict(self.prefix_breaks)  # by cause (store/prefix_breaks.py)
+        health["request_changes"] = dict(self.request_changes)  # by kind: strip_billing_line, ...
         return health
 
     def close(self, timeout: float = 10.0) -> None:
@@ -190,6 +197,21 @@ class CaptureWriter:
                 self._retain()
                 if stop:
                     return
+
+    def _stored_requests(self, session_id: str, own_id: str, limit: int) -> list[tuple[Any, ...]]:
+        """A session's latest requests in the store (`prefix_breaks.STORED`), in this transaction."""
+        return list(self.backend.execute(STORED, (session_id, own_id, limit)).fetchall())
+
+    def _count(self, written: Written) -> None:
+        if written.outcome != "stored":
+            return
+        ex = written.exchange
+        for change in ex.changes:
+            if change.stage == "request":
+                self.request_changes[change.kind] = self.request_changes.get(change.kind, 0) + 1
+        cause = ex.prefix_break.get("cause") if ex.prefix_break else None
+        if isinstance(cause, str):
+            self.prefix_breaks[cause] = self.prefix_breaks.get(cause, 0) + 1
 
     def _retry_held(self) -> bool:
         """One attempt at the oldest held batch, after the backoff's wait (spent moving the submit queue
@@ -401,6 +423,8 @@ class CaptureWriter:
         else:
             link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
         session_id = link.session_id
+        own = session_id == f"s-{ex.id}"
+        ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=own, stored=self._stored_requests)
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())

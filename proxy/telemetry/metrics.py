@@ -52,6 +52,8 @@ KIND = Label("kind", sc.TAPFIX_REPAIR_KIND)
 OUTCOME = Label("outcome", sc.TAPFIX_OUTCOME)  # capture: kept, lost
 ATTEMPT_OUTCOME = Label("outcome", sc.TAPFIX_ATTEMPT_OUTCOME)  # a regeneration: ok, unrecoverable, error
 REPLAY_OUTCOME = Label("outcome", sc.TAPFIX_REPLAY_OUTCOME)  # reasoning replay: replayed, missed
+CHANGE_KIND = Label("kind", sc.TAPFIX_CHANGE_KIND)  # a request-side change
+CAUSE = Label("cause", sc.TAPFIX_PREFIX_CAUSE)  # a prefix break's (request/prefix_break.py CAUSES: bounded)
 
 _GENAI = (OPERATION, PROVIDER, MODEL, UPSTREAM, SURFACE)
 
@@ -215,7 +217,32 @@ REASONING_REPLAY = Instrument(
     "Assistant turns resent without reasoning: replayed (the recorded reasoning put back) or missed (none found).",
     (MODEL, UPSTREAM, SURFACE, REPLAY_OUTCOME),
 )
-_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, REGENERATIONS, REASONING_REPLAY, CAPTURE_FAILURES, QUEUE_DEPTH)
+REQUEST_CHANGES = Instrument(
+    sc.METRIC_REQUEST_CHANGES,
+    "counter",
+    "{change}",
+    "Changes tapfix made to requests before the upstream, by kind (strip_billing_line: Claude Code's billing line).",
+    (MODEL, UPSTREAM, SURFACE, CHANGE_KIND),
+)
+PREFIX_BREAKS = Instrument(
+    sc.METRIC_PREFIX_BREAKS,
+    "counter",
+    "{request}",
+    "Requests whose prompt stopped extending the previous request of their thread (the engine's prefix cache"
+    " missed from there), by cause.",
+    (MODEL, UPSTREAM, SURFACE, CAUSE),
+)
+_TAPFIX = (
+    REQUESTS,
+    REPAIRS,
+    UNRECOVERABLE,
+    REGENERATIONS,
+    REASONING_REPLAY,
+    CAPTURE_FAILURES,
+    QUEUE_DEPTH,
+    REQUEST_CHANGES,
+    PREFIX_BREAKS,
+)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -289,7 +316,8 @@ class Labeller:
 
     def __init__(self, served_models: Mapping[str, str] | None = None) -> None:
         """`served_models`: name or alias -> public name (config mode); None: quick mode."""
-        self._bounds = {label: Bounded() for label in (OPERATION, PROVIDER, UPSTREAM, SURFACE, KIND, ERROR_TYPE)}
+        labels = (OPERATION, PROVIDER, UPSTREAM, SURFACE, KIND, ERROR_TYPE, CHANGE_KIND, CAUSE)
+        self._bounds = {label: Bounded() for label in labels}
         self._bounds[MODEL] = Bounded(allowed=served_models)
 
     @classmethod
@@ -333,6 +361,10 @@ def observations(turn: Turn, labeller: Labeller, catalogue: Catalogue = CURRENT)
     for outcome, count in turn.reasoning_replay.items():
         if count:
             yield REASONING_REPLAY, (count,), base | {REPLAY_OUTCOME: outcome}
+    for kind, count in sorted(turn.request_changes.items()):
+        yield REQUEST_CHANGES, (count,), base | {CHANGE_KIND: labeller.value(CHANGE_KIND, kind)}
+    if turn.prefix_break_cause is not None:
+        yield PREFIX_BREAKS, (1,), base | {CAUSE: labeller.value(CAUSE, turn.prefix_break_cause)}
     if turn.attempt >= 2:
         outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
         yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}

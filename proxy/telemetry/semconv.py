@@ -105,11 +105,15 @@ METRIC_REGENERATIONS: Final = "tapfix.regenerations"
 METRIC_CAPTURE_FAILURES: Final = "tapfix.capture.failures"
 METRIC_WRITER_QUEUE_DEPTH: Final = "tapfix.writer.queue_depth"
 METRIC_REASONING_REPLAY: Final = "tapfix.reasoning_replay"  # issue 36: assistant turns, replayed or missed
+METRIC_REQUEST_CHANGES: Final = "tapfix.request_changes"  # what tapfix changed in requests, by kind
+METRIC_PREFIX_BREAKS: Final = "tapfix.prefix_breaks"  # turns whose prompt stopped extending the last, by cause
 # Their attributes besides the span's (tapfix.upstream, tapfix.surface, tapfix.capture.outcome).
 TAPFIX_STATUS_CLASS: Final = "tapfix.http.status_class"  # 2xx..5xx, none
 TAPFIX_REPAIR_KIND: Final = "tapfix.repair.kind"
 TAPFIX_ATTEMPT_OUTCOME: Final = "tapfix.attempt.outcome"  # a regeneration: ok, unrecoverable, error
 TAPFIX_REPLAY_OUTCOME: Final = "tapfix.replay.outcome"  # a resent turn's reasoning: replayed, missed
+TAPFIX_CHANGE_KIND: Final = "tapfix.change.kind"  # a request-side change: strip_billing_line, ...
+TAPFIX_PREFIX_CAUSE: Final = "tapfix.prefix_break.cause"  # billing_line, timestamp, system_edited, ...
 
 # --- tapfix's own span attributes ---------------------------------------------------------------
 TAPFIX_CAPTURE_ID: Final = "tapfix.capture.id"
@@ -164,6 +168,8 @@ _KINDS = (
     ("TAPFIX_REPAIR_KIND", "metric attribute (tapfix)"),
     ("TAPFIX_ATTEMPT_OUTCOME", "metric attribute (tapfix)"),
     ("TAPFIX_REPLAY_OUTCOME", "metric attribute (tapfix)"),
+    ("TAPFIX_CHANGE_KIND", "metric attribute (tapfix)"),
+    ("TAPFIX_PREFIX_CAUSE", "metric attribute (tapfix)"),
     ("EVENT_", "span event"),
     ("CHANGE_", "change event attribute"),
     ("OP_", "gen_ai.operation.name value"),

@@ -99,6 +99,8 @@ class Turn:
     cache_write_tokens: int | None = None
     secrets: tuple[str, ...] = ()  # credential values of its headers, redacted from content (content only)
     reasoning_replay: dict[str, int] = field(default_factory=dict)  # issue 36: resent turns, replayed / missed
+    request_changes: dict[str, int] = field(default_factory=dict)  # request-stage changes by kind
+    prefix_break_cause: str | None = None  # where its prompt stopped extending its thread's last (issue 36)
 
     @property
     def is_genai(self) -> bool:
@@ -181,6 +183,8 @@ def turn_from(written: Written, context: TurnContext) -> Turn:
         server_port=port,
         cache_write_tokens=usage.cache_write,
         secrets=secrets or (),
+        request_changes=_request_changes(ex.changes),
+        prefix_break_cause=_prefix_cause(ex.prefix_break),
     )
 
 
@@ -289,6 +293,19 @@ def _first_chunk(ex: Exchange, row: dict[str, Any]) -> float | None:
 
 def _intervals(times: list[float]) -> tuple[float, ...]:
     return tuple(max(b - a, 0.0) for a, b in zip(times, times[1:], strict=False))
+
+
+def _request_changes(changes: list[Change]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in changes:
+        if c.stage == "request":
+            counts[c.kind] = counts.get(c.kind, 0) + 1
+    return counts
+
+
+def _prefix_cause(found: dict[str, Any] | None) -> str | None:
+    cause = found.get("cause") if isinstance(found, dict) else None
+    return cause if isinstance(cause, str) else None
 
 
 def _repairs(changes: list[Change]) -> dict[str, int]:

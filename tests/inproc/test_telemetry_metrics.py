@@ -100,10 +100,20 @@ def _traffic(tmp_path: Path, sinks: list[Any]) -> TurnFanout:
         fanout.add(sink)
     writer.observers.append(fanout)
     repair = Change("toolcalls", "invalid_json", "$.choices[0].tool_calls[0]", reason="python_literal")
+    stripped = Change("request", "strip_billing_line", "$.messages[0]", reason="billing line")
+    # Two turns of one session whose second rewrote the first's user message: a prefix break.
+    session = [("x-session-id", "s1")]
+    turn = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    rewritten = [turn[0], {"role": "user", "content": "hello"}]
     for ex in (
         _exchange("m"),
-        _exchange("m", stream=False),
-        _exchange("m", changes=[repair]),
+        _exchange("m", stream=False, request_headers=session, request=json.dumps({"messages": turn}).encode()),
+        _exchange(
+            "m",
+            changes=[repair, stripped],
+            request_headers=session,
+            request=json.dumps({"messages": rewritten}).encode(),
+        ),
         _exchange("m", attempt_of="01jparent", attempt=2),
     ):
         writer.submit(ex)

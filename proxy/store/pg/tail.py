@@ -80,6 +80,12 @@ class PostgresTail:
         self.reader = reader
         self.cursor = cursor
         self.filters = filters
+        # pg007's column: a store no newer writer has migrated yet reads as without a break.
+        found = reader.rows(
+            "select 1 as f from information_schema.columns where table_name = 'exchanges'"
+            " and column_name = 'prefix_break' and table_schema = current_schema()"
+        )
+        self._prefix = "prefix_break" if found else "null as prefix_break"
 
     def poll(self) -> list[dict[str, Any]]:
         """The next rows, oldest commit first; each a `captures list --json` row."""
@@ -99,7 +105,7 @@ class PostgresTail:
 
     def _query(self) -> tuple[str, list[Any]]:
         sql = (
-            f"select commit_xid::text::bigint as x, commit_seq as s, {LIST} from exchanges"
+            f"select commit_xid::text::bigint as x, commit_seq as s, {LIST}, {self._prefix} from exchanges"
             " where (commit_xid, commit_seq) > (?::xid8, ?) and commit_xid < ?::xid8"
         )
         own, args = filter_clauses(self.filters, "exchanges")

@@ -233,3 +233,11 @@ def m007_threads(db: Database) -> None:
         "create index idx_exchanges_thread_id on exchanges (thread_id) where thread_id is not null",
     ):
         db.execute(statement)
+
+
+@migrations()
+def m008_prefix_break(db: Database) -> None:
+    """Where an exchange's prompt stopped extending the previous request of its thread (issue 36,
+    store/prefix_breaks.py): JSON text `{path, offset, cause, reason, previous, old, new, body}`, null when
+    it extends it or starts its thread."""
+    db.execute("alter table exchanges add column prefix_break text")

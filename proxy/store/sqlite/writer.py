@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.store.sessions import SessionSQL
+from tapfix.proxy.store.sql_functions import register
 from tapfix.proxy.store.sqlite.bodies import BodyWriter
 from tapfix.proxy.store.sqlite.database import open_for_writing
 
@@ -92,6 +93,7 @@ class SqliteBackend:
         self.location = str(self.path)
         self.conn = open_for_writing(path)
         self.bodies: Bodies = BodyWriter(self.conn)
+        register(self.conn)  # `tapfix_body_bytes`: the prefix tracker reads a session's earlier requests
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self.conn.execute(sql, params)
