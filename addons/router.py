@@ -6,6 +6,9 @@ HTML 502."""
 from __future__ import annotations
 
 import logging
+import os
+import time
+from typing import Any
 
 import orjson
 from mitmproxy import flow as mitm_flow
@@ -16,10 +19,14 @@ from tapfix.addons.runner.http import answer_locally, json_response
 from tapfix.addons.runner.reset_tail import REPLY_ATTR
 from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.addons.runner.served import ServedModels
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.request.breaker import Breaker
+from tapfix.proxy.request.policy import Outcome
+from tapfix.proxy.request.routes import Knowledge
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
@@ -29,6 +36,14 @@ log = logging.getLogger("tapfix")
 class Router:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        config = getattr(runtime.policy, "config", None)
+        self.served = ServedModels(config, runtime.settings.insecure) if config is not None else None
+        self.routed = self.served.routed_upstreams() if self.served is not None else set()
+        self.breaker = Breaker()
+
+    async def done(self) -> None:
+        if self.served is not None:
+            await self.served.done()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -41,7 +56,8 @@ class Router:
         if self.runtime.policy is not None:
             if self._answered_locally(flow, ex):
                 return
-            target = self._apply_policy(flow, ex) or target
+            outcome = await self._routed_outcome(flow, ex)
+            target = self._apply_policy(flow, ex, outcome) or target
             if flow.response is not None:
                 return
         if target is None:  # regular mode: the client chose the host
@@ -99,10 +115,66 @@ class Router:
             return True
         return False
 
-    def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange) -> UpstreamTarget | None:
-        """Route, fill defaults, rewrite reasoning. A plain method, so the parsed body (megabytes of
-        Python objects for a long conversation) is gone before the request hook awaits anything."""
-        outcome = self.runtime.policy.apply(flow.request.path, flow.request.raw_content or b"", flow.request.headers)
+    async def _routed_outcome(self, flow: http.HTTPFlow, ex: Exchange) -> Outcome:
+        """The policy's outcome, for a model with routes the first route that can take the request and whose
+        upstream accepts a connection (issue 38): one that refuses it (or doesn't connect in time) is
+        recorded as an attempt, counts against its circuit breaker, and the next route is tried. Nothing has
+        reached the upstream or the client yet, so moving on is safe."""
+        if self.routed and self.served is not None:
+            await self.served.refresh(self.routed)
+        failed: dict[str, str] = {}
+        attempts: list[dict[str, Any]] = []
+        while True:
+            outcome = self.runtime.policy.apply(
+                flow.request.path, flow.request.raw_content or b"", flow.request.headers, self._knowledge(failed)
+            )
+            decision = outcome.decision
+            if decision is None or decision.taken is None or outcome.upstream is None:
+                break
+            target = self.runtime.targets.get(outcome.upstream.name)
+            why = await self.runtime.unreachable(target) if target is not None else None
+            if why is None:
+                break
+            failed[decision.taken.upstream] = f"unreachable: {why}"
+            self.breaker.failed(decision.taken.upstream, time.monotonic())
+            attempts.append({"route": decision.taken.route, "upstream": decision.taken.upstream, "reason": why})
+            log.warning("route %s: upstream %s unreachable (%s); next route", decision.taken.route, target, why)
+        if outcome.decision is not None:
+            ex.extra["route_decision"] = {**outcome.decision.record(), "attempts": attempts}
+            if outcome.decision.taken is not None:
+                ex.route = outcome.decision.taken.route
+                window = outcome.decision.taken.window
+                ex.extra["route_window"] = (window, f"config route {ex.route}") if window else None
+            else:
+                log.warning("%s", "; ".join(r["reason"] for r in ex.extra["route_decision"]["rejected"]))
+        return outcome
+
+    def _knowledge(self, failed: dict[str, str]) -> Knowledge:
+        reported = {key: tokens for key, (tokens, _) in self.runtime.windows.items()}
+        served = self.served
+        windows = {**(served.windows if served is not None else {}), **reported}
+        return Knowledge(
+            environ=os.environ,
+            served=served.served if served is not None else {},
+            windows=windows,
+            failed={**self.breaker.open(time.monotonic()), **failed},
+            max_tokens_floor=self.runtime.settings.max_tokens_floor,
+        )
+
+    @staticmethod
+    def route_headers(ex: Exchange) -> dict[str, str]:
+        """`x-tapfix-route` (the route taken) and `x-tapfix-route-rejected` (`route=why` of those skipped)."""
+        decision = ex.extra.get("route_decision")
+        if not isinstance(decision, dict):
+            return {}
+        headers = {"x-tapfix-route": decision["route"] or "none"}
+        rejected = [f"{r['route']}={r['kind']}" for r in decision["rejected"]]
+        if rejected:
+            headers["x-tapfix-route-rejected"] = ", ".join(rejected)
+        return headers
+
+    def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange, outcome: Outcome) -> UpstreamTarget | None:
+        """Route, fill defaults, rewrite reasoning, as the policy's `outcome` says."""
         if outcome.surface is not None and flow.request.method == "POST":
             ex.note_request_json(outcome.parsed)
         ex.decoded_request = outcome.decoded
@@ -114,7 +186,7 @@ class Router:
         if not outcome.store_bodies:
             ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
         if outcome.error is not None:
-            answer_locally(flow, ex, outcome.error)
+            answer_locally(flow, ex, outcome.error, self.route_headers(ex))
             return None
         if outcome.body is not flow.request.raw_content:
             flow.request.raw_content = outcome.body
@@ -130,6 +202,10 @@ class Router:
         ex = exchange_of(flow)
         if ex is not None and "target" in ex.extra and flow.response and flow.server_conn.timestamp_start:
             self.runtime.saw_upstream(ex.extra["target"])
+            if flow.response.status_code < 500:
+                self.breaker.succeeded(ex.extra["target"])
+        if ex is not None and flow.response is not None:
+            flow.response.headers.update(self.route_headers(ex))
 
     def _name_the_upstream(self, flow: http.HTTPFlow) -> None:
         """Reverse mode keeps the client's Host for the record (`keep_host_header`, runner/master.py);

@@ -21,7 +21,8 @@ from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
-from tapfix.proxy.request.routing import RouteError, resolve
+from tapfix.proxy.request.routes import Decision, Knowledge, decide, facts_of
+from tapfix.proxy.request.routing import Route, RouteError, resolve
 from tapfix.proxy.request.sampling import (
     GenerationConfigError,
     SamplingPolicy,
@@ -50,6 +51,7 @@ class Outcome:
     flags: set[str] = field(default_factory=set)
     surface: Surface | None = None  # None: not an inference path
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
+    decision: Decision | None = None  # issue 38: the route decision of a model with routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class RequestPolicy:
     def __init__(self, config: Config, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._environ = os.environ if environ is None else environ
+        self._known = Knowledge(environ=self._environ)
         self._policies: dict[str, _ModelPolicy] = {}
         models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
         for m in models:
@@ -80,7 +83,9 @@ class RequestPolicy:
                 raise ConfigError(f"{self.config.source or 'command line'}: {where}: {e}") from e
         return SamplingPolicy.build(m.sampling, values, label)
 
-    def apply(self, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+    def apply(self, path: str, body: bytes, headers: Mapping[str, str], known: Knowledge | None = None) -> Outcome:
+        """`known`: what the proxy knows of its upstreams now, for a model's routes (request/routes.py)."""
+        self._known = known or Knowledge(environ=self._environ)
         try:
             encoding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), "")
             if not codings(encoding):
@@ -153,6 +158,21 @@ class RequestPolicy:
             outcome.model = parsed.get("model") if isinstance(parsed.get("model"), str) else None
             outcome.error = route.answer(outcome.surface)
             return outcome
+        if route.settings is not None and route.settings.routes and route.model is not None:
+            decision = decide(
+                self.config,
+                route.settings,
+                route.served_model or route.model,
+                facts_of(outcome.surface, parsed, headers, route.model),
+                self._known,
+            )
+            outcome.decision = decision
+            if decision.taken is None:
+                outcome.model = route.model
+                outcome.error = decision.answer(outcome.surface)
+                return outcome
+            taken = decision.taken
+            route = Route(route.model, taken.served_model, self.config.upstreams[taken.upstream], route.settings)
         outcome.model, outcome.served_model, outcome.upstream = (
             route.model,
             route.served_model,

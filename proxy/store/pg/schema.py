@@ -261,6 +261,11 @@ alter table exchanges add column thread_id text collate "C";
 create index exchanges_thread_id on exchanges (thread_id) where thread_id is not null;
 """
 
+# Routes (issue 38; SQLite's m008_route_decision): the decision that sent an exchange where it went, as JSON text.
+ROUTE_DECISION = """
+alter table exchanges add column route_decision text;
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
@@ -269,6 +274,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg004_commit_order", COMMIT_ORDER),
     ("pg005_browse_indexes", BROWSE_INDEXES),
     ("pg006_threads", THREADS),
+    ("pg007_route_decision", ROUTE_DECISION),
 )
 
 # The SQLite migration (store/sqlite/schema.py) whose schema each of these reaches: how `captures copy` tells
@@ -280,4 +286,5 @@ REACHES: dict[str, str] = {
     "pg004_commit_order": "m006_exchange_bodies",  # PostgreSQL's own columns (`captures tail`): no SQLite step
     "pg005_browse_indexes": "m006_exchange_bodies",  # indexes only (the browser's filters): no SQLite step
     "pg006_threads": "m007_threads",
+    "pg007_route_decision": "m008_route_decision",
 }

@@ -233,3 +233,11 @@ def m007_threads(db: Database) -> None:
         "create index idx_exchanges_thread_id on exchanges (thread_id) where thread_id is not null",
     ):
         db.execute(statement)
+
+
+@migrations()
+def m008_route_decision(db: Database) -> None:
+    """Routes (issue 38): the decision that sent an exchange where it went, as JSON text
+    (request/routes.py `Decision.record`): the route taken, the rule and its inputs, the routes rejected
+    and why; null for a model without routes."""
+    db.execute("alter table exchanges add column route_decision text")

@@ -1,0 +1,190 @@
+"""Issue 38: a model's routes, checked before they are taken and explained on every exchange. Two mock
+upstreams on loopback play `local` and `cloud`; the real proxy, from a config file, sits in front; an
+OpenAI SDK client asks. The config is the issue's own, with thresholds small enough for a test."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import openai
+import pytest
+
+from tests.support.inproc import cli, start, start_mock
+from tests.support.procs import wait_capture
+
+KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
+CONFIG = """
+[upstreams.local]
+base_url = "{local}/v1"
+engine = "vllm"
+
+[upstreams.cloud]
+base_url = "{cloud}/v1"
+engine = "openai"
+api_key_env = "{key_env}"
+
+[models.coder]
+upstream = "local"              # the default route
+upstream_model = "tapfix-mock"
+context_window = 4096
+
+[[models.coder.routes]]
+name = "long-context"
+when = {{ prompt_tokens_over = 2000 }}
+upstream = "cloud"
+upstream_model = "tapfix-mock"
+
+[models."claude-haiku-*"]
+upstream = "local"
+upstream_model = "tapfix-mock"
+"""
+LONG = "word " * 4000  # about 5,000 tokens by the estimate: over the route's 2,000 and the local 4,096
+SHORT = "hello"
+
+
+@pytest.fixture(scope="module")
+def upstreams(module_tmp):
+    local, cloud = start_mock(module_tmp), start_mock(module_tmp)
+    yield local, cloud
+    local.stop()
+    cloud.stop()
+
+
+def write_config(tmp_path, local: str, cloud: str) -> str:
+    path = tmp_path / "tapfix.toml"
+    path.write_text(CONFIG.format(local=local, cloud=cloud, key_env=KEY_ENV))
+    return str(path)
+
+
+def ask(proxy, content: str, **kw):
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="client-key", max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model="coder", messages=[{"role": "user", "content": content}], max_tokens=50, **kw
+    )
+
+
+def decision_of(proxy, capture_id: str) -> dict:
+    row = wait_capture(proxy.extra["db"], capture_id)
+    return json.loads(row["route_decision"])
+
+
+def run_proxy(tmp_path, config: str, env: dict[str, str] | None = None):
+    db = tmp_path / "captures.db"
+    proxy = start(["--config", config, "--db", str(db)], tmp_path / "proxy.log", env=env)
+    proxy.extra["db"] = db
+    return proxy
+
+
+def test_without_the_credential_check_fails_naming_route_and_variable(tmp_path, upstreams, monkeypatch):
+    local, cloud = upstreams
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    result = cli("check", "--config", write_config(tmp_path, local.url, cloud.url))
+    out = result.stdout.decode()
+    assert result.returncode == 1, out
+    problem = next(line for line in out.splitlines() if "long-context" in line and line.startswith("error"))
+    assert KEY_ENV in problem and "never be taken" in problem
+
+
+def test_without_the_credential_a_long_request_is_told_both_rejections(tmp_path, upstreams, monkeypatch):
+    local, cloud = upstreams
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url))
+    try:
+        with pytest.raises(openai.BadRequestError) as raised:
+            ask(proxy, LONG)
+        error = raised.value
+        message = error.body["message"]
+        # The overflow shape (the window turned the last route down), so agents compact ...
+        assert error.code == "context_length_exceeded" and message.startswith("This model's maximum context length")
+        # ... naming each route and why, and never the variable.
+        assert 'no route for model "coder" can take this request: long-context: no credential for upstream cloud; ' in (
+            message
+        )
+        assert "default: prompt " in message and "> window 4,096" in message
+        assert KEY_ENV not in message
+        headers = error.response.headers
+        assert headers["x-tapfix-route"] == "none"
+        assert headers["x-tapfix-route-rejected"] == "long-context=credential, default=window"
+        decision = decision_of(proxy, headers["x-tapfix-capture-id"])
+        assert decision["route"] is None
+        assert KEY_ENV in decision["rejected"][0]["reason"]  # the capture names it
+        # A short request still goes to the default, the local upstream.
+        short = ask(proxy, SHORT)
+        assert short.headers["x-tapfix-route"] == "default"
+        assert "x-tapfix-route-rejected" not in short.headers
+    finally:
+        proxy.stop()
+
+
+def test_with_the_credential_long_goes_to_cloud_and_short_to_local(tmp_path, upstreams):
+    local, cloud = upstreams
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url), env={KEY_ENV: "cloud-secret"})
+    try:
+        long = ask(proxy, LONG)
+        assert long.headers["x-tapfix-route"] == "long-context"
+        row = wait_capture(proxy.extra["db"], long.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(cloud.url)
+        decision = json.loads(row["route_decision"])
+        assert decision["route"] == "long-context" and decision["upstream"] == "cloud"
+        assert decision["matched"] == "prompt_tokens_over 2,000"
+        assert decision["inputs"]["prompt_tokens"] > 2000
+
+        short = ask(proxy, SHORT)
+        assert short.headers["x-tapfix-route"] == "default"
+        row = wait_capture(proxy.extra["db"], short.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(local.url)
+        assert json.loads(row["route_decision"])["not_matched"] == ["long-context"]
+
+        db = str(proxy.extra["db"])
+        listed = cli("captures", "list", "--route", "long-context", "--json", "--db", db).stdout.decode()
+        assert [json.loads(line)["id"] for line in listed.splitlines()] == [long.headers["x-tapfix-capture-id"]]
+        shown = cli("captures", "show", long.headers["x-tapfix-capture-id"], "--db", db).stdout.decode()
+        assert "route: long-context → cloud/tapfix-mock   matched: prompt_tokens_over 2,000" in shown
+    finally:
+        proxy.stop()
+
+
+def test_a_glob_public_name_serves_a_clients_hard_coded_model(tmp_path, upstreams):
+    local, cloud = upstreams
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(
+            model="claude-haiku-4-5-20251001", messages=[{"role": "user", "content": "hi"}]
+        )
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert (row["model"], row["served_model"]) == ("claude-haiku-4-5-20251001", "tapfix-mock")
+        assert row["upstream_url"].startswith(local.url)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="claude-opus-4", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        proxy.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_dead_upstream_falls_over_to_the_next_eligible_route(tmp_path, upstreams):
+    local, _ = upstreams
+    config = tmp_path / "dead.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "gpu1"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        answer = ask(proxy, SHORT)
+        assert answer.parse().choices[0].message.content
+        assert answer.headers["x-tapfix-route"] == "default"
+        assert answer.headers["x-tapfix-route-rejected"] == "fast=failed"
+        decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
+        assert [a["route"] for a in decision["attempts"]] == ["fast"]
+        assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: unreachable")
+    finally:
+        proxy.stop()
