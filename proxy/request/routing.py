@@ -137,7 +137,10 @@ def preflight_static(config: Config, environ: Mapping[str, str]) -> list[Problem
             problems.append(Problem("error", f"{where}.ca_file", f"cannot read {u.ca_file}"))
         if u.insecure:
             problems.append(Problem("warning", f"{where}.insecure", "TLS certificates are not verified"))
-        if not config.is_quick and not any(m.upstream == u.name for m in config.models.values()):
+        used = {m.upstream for m in config.models.values()} | {
+            name for m in config.models.values() for r in m.routes for name in r.upstreams
+        }
+        if not config.is_quick and u.name not in used:
             problems.append(Problem("warning", where, "no model is routed to this upstream"))
     models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
     for m in models:
