@@ -49,7 +49,7 @@ def facts_of(surface: Surface | None, parsed: Mapping[str, Any], headers: Mappin
     return Facts(
         model=model,
         prompt_tokens=-(-len(prompt) // BYTES_PER_TOKEN),
-        prompt_source=f"estimate ({BYTES_PER_TOKEN} bytes a token)",
+        prompt_source=f"estimate, {BYTES_PER_TOKEN} bytes a token",
         max_tokens=budget[1] if budget else None,
         needs=needs_of(parsed, messages),
         headers=lowered,
