@@ -125,7 +125,7 @@ class Router:
         failed: dict[str, str] = {}
         attempts: list[dict[str, Any]] = []
         while True:
-            outcome = self.runtime.policy.apply(
+            outcome: Outcome = self.runtime.policy.apply(
                 flow.request.path, flow.request.raw_content or b"", flow.request.headers, self._knowledge(failed)
             )
             decision = outcome.decision
