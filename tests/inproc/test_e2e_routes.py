@@ -188,3 +188,58 @@ def test_a_dead_upstream_falls_over_to_the_next_eligible_route(tmp_path, upstrea
         assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: unreachable")
     finally:
         proxy.stop()
+
+
+def test_a_model_the_upstream_does_not_list_is_passed_over_and_explained(tmp_path, upstreams):
+    local, cloud = upstreams
+    config = tmp_path / "served.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.cloud]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "agents"\nwhen = { user_agent = "OpenAI/Python*" }\n'
+        'upstream = "cloud"\nupstream_model = "not-served-here"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=[{"role": "user", "content": "hi"}], stream=True
+        ) as streamed:
+            assert streamed.headers["x-tapfix-route"] == "default"
+            assert streamed.headers["x-tapfix-route-rejected"] == "agents=served"
+            capture_id = streamed.headers["x-tapfix-capture-id"]
+            assert list(streamed.iter_lines())
+        decision = decision_of(proxy, capture_id)
+        assert decision["rejected"][0]["reason"].startswith("upstream cloud does not serve not-served-here")
+        assert decision["inputs"]["user_agent"].startswith("OpenAI/Python")
+        # `route explain` reads the capture's request and headers and sends nothing: without the served lists
+        # it would take the route whose rule matched.
+        explained = cli(
+            "route",
+            "explain",
+            "--config",
+            str(config),
+            "--capture",
+            capture_id,
+            "--db",
+            str(proxy.extra["db"]),
+            "--json",
+        )
+        assert explained.returncode == 0, explained.stderr
+        assert json.loads(explained.stdout)["route"] == "agents"
+        other = cli(
+            "route",
+            "explain",
+            "--config",
+            str(config),
+            "--capture",
+            capture_id,
+            "--db",
+            str(proxy.extra["db"]),
+            "--user-agent",
+            "curl/8",
+        )
+        assert "route: default → local/tapfix-mock" in other.stdout.decode()
+    finally:
+        proxy.stop()
