@@ -76,6 +76,7 @@ class ModelConfig:
     keep_billing_line: bool = False  # issue 36: forward Claude Code's billing block even to a local engine
     routes: tuple[RouteRule, ...] = ()  # issue 38: tried in order before `upstream` (config/routes.py)
     supports: tuple[str, ...] | None = None  # issue 38: wins over its upstream's `supports`
+    dialect_from_engine: bool = False  # the reasoning dialect is its upstream's engine's: a route's engine's instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +324,7 @@ def _model(
         keep_billing_line=m.get("keep_billing_line", False),
         routes=parse_routes(source, where, m.get("routes"), names, problems),
         supports=tuple(m["supports"]) if "supports" in m else None,
+        dialect_from_engine=not r.get("dialect"),
     )
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.config.model import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
@@ -198,7 +199,7 @@ class RequestPolicy:
             s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
             edits += s_edits
             outcome.changes += s_changes
-            r = apply_reasoning(parsed, policy.settings.reasoning, outcome.surface)
+            r = apply_reasoning(parsed, self._reasoning(policy.settings, route.upstream), outcome.surface)
             if r.error is not None:
                 outcome.error = r.error
                 outcome.changes += r.changes
@@ -225,6 +226,14 @@ class RequestPolicy:
             return stripped.body, stripped.parsed
         outcome.flags.add("request_reserialized")
         return self._serialize(stripped.parsed), stripped.parsed
+
+    @staticmethod
+    def _reasoning(settings: ModelConfig, upstream: Upstream | None) -> ReasoningSettings:
+        """The model's reasoning settings for the upstream a route took (issue 38): a dialect that came from
+        the default upstream's engine follows the route's engine."""
+        if upstream is None or upstream.name == settings.upstream or not settings.dialect_from_engine:
+            return settings.reasoning
+        return replace(settings.reasoning, dialect=ENGINE_DIALECT.get(upstream.engine or ""))
 
     def _engine(self, upstream: Upstream | None) -> str | None:
         if upstream is None:

@@ -254,3 +254,34 @@ def test_check_finds_a_promotion_to_a_window_no_larger_and_an_unserved_model():
     assert any("a promotion to a window no larger than the default's (120,000 <= 131,072)" in p for p in found)
     fine = [Status("cloud", served=["deepseek-v4-flash"], windows={"deepseek-v4-flash": (1_000_000, "x")})]
     assert [p for p in route_problems(c, {"CLOUD_API_KEY": "k"}, fine) if p.severity == "error"] == []
+
+
+def test_the_reasoning_dialect_follows_the_route_taken():
+    """A dialect the config didn't set is the engine's: a route to an Ollama upstream gets Ollama's levels
+    (xhigh mapped to high) while the default vLLM upstream gets xhigh as sent."""
+    from tapfix.proxy.request.policy import RequestPolicy
+
+    c = from_dict(
+        {
+            "upstreams": {
+                "local": {"base_url": "http://127.0.0.1:1/v1", "engine": "vllm"},
+                "big": {"base_url": "http://127.0.0.1:2/v1", "engine": "ollama"},
+            },
+            "models": {
+                "coder": {
+                    "upstream": "local",
+                    "routes": [{"name": "long", "when": {"prompt_tokens_over": 50}, "upstream": "big"}],
+                }
+            },
+        }
+    )
+    policy = RequestPolicy(c, environ={})
+    sent = {}
+    for content in ("hi", "x" * 1000):
+        body = json.dumps(
+            {"model": "coder", "reasoning_effort": "xhigh", "messages": [{"role": "user", "content": content}]}
+        )
+        outcome = policy.apply("/v1/chat/completions", body.encode(), {})
+        assert outcome.upstream is not None
+        sent[outcome.upstream.name] = json.loads(outcome.body)["reasoning_effort"]
+    assert sent == {"local": "xhigh", "big": "high"}
