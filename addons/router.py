@@ -39,7 +39,8 @@ class Router:
         config = getattr(runtime.policy, "config", None)
         self.served = ServedModels(config, runtime.settings.insecure) if config is not None else None
         self.routed = self.served.routed_upstreams() if self.served is not None else set()
-        self.breaker = Breaker()
+        s = runtime.settings
+        self.breaker = Breaker(s.route_breaker_failures, s.route_breaker_window, s.route_breaker_open)
 
     async def done(self) -> None:
         if self.served is not None:

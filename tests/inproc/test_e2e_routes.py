@@ -172,6 +172,7 @@ def test_a_dead_upstream_falls_over_to_the_next_eligible_route(tmp_path, upstrea
     local, _ = upstreams
     config = tmp_path / "dead.toml"
     config.write_text(
+        "[routing]\nbreaker_failures = 2\n\n"
         f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
         f'[upstreams.gpu1]\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\nengine = "vllm"\n\n'
         '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
@@ -186,6 +187,13 @@ def test_a_dead_upstream_falls_over_to_the_next_eligible_route(tmp_path, upstrea
         decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
         assert [a["route"] for a in decision["attempts"]] == ["fast"]
         assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: unreachable")
+        # The second failure opens its breaker (`[routing] breaker_failures = 2`): the third request doesn't try it.
+        ask(proxy, SHORT)
+        third = ask(proxy, SHORT)
+        assert third.headers["x-tapfix-route"] == "default"
+        decision = decision_of(proxy, third.headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: circuit open for")
     finally:
         proxy.stop()
 
