@@ -27,6 +27,8 @@ class ServedModels:
         self.windows: dict[tuple[str, str], int] = {}  # (upstream, id) → max_model_len where listed
         self._next: dict[str, float] = {}
         self._client: httpx.AsyncClient | None = None
+        self._asking: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def routed_upstreams(self) -> set[str]:
         """The upstreams a model with routes may send to (its own and its routes')."""
@@ -38,12 +40,27 @@ class ServedModels:
         return names
 
     async def refresh(self, names: Iterable[str]) -> None:
+        """Asks each upstream that is due: awaited the first time (the first request's routes need the lists),
+        in the background after that (a request never waits for a listing it already has one of)."""
         now = time.monotonic()
-        due = [n for n in names if self._next.get(n, 0.0) <= now]
-        if due:
-            await asyncio.gather(*(self._ask(n) for n in due))
+        due = [n for n in names if self._next.get(n, 0.0) <= now and n not in self._asking]
+        first = [n for n in due if n not in self._next]
+        later = [n for n in due if n in self._next]
+        for name in later:
+            self._asking.add(name)
+            task = asyncio.create_task(self._ask(name))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if first:
+            await asyncio.gather(*(self._ask(n) for n in first))
 
     async def _ask(self, name: str) -> None:
+        try:
+            await self._listing(name)
+        finally:
+            self._asking.discard(name)
+
+    async def _listing(self, name: str) -> None:
         upstream = self.config.upstreams[name]
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=ASK_TIMEOUT_S, verify=not self.insecure)
@@ -65,5 +82,7 @@ class ServedModels:
         self._next[name] = time.monotonic() + FRESH_FOR_S
 
     async def done(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
