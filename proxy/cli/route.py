@@ -21,7 +21,12 @@ from tapfix.proxy.store.locator import StoreLocator
 
 @click.group("route")
 def route() -> None:
-    """Explain the route a request takes through a model's routes (docs/routing.md)."""
+    """Explain the route a request takes through a model's routes (docs/routing.md).
+
+    \b
+    Example:
+      tapfix route explain --config tapfix.toml --request body.json
+    """
 
 
 @route.command("explain")
