@@ -171,6 +171,8 @@ def compare_served(config: Config, upstream_name: str, served_ids: Iterable[str]
     for m in config.models.values():
         if m.upstream != upstream_name or m.upstream_model in served:
             continue
+        if is_glob(m.name) and m.upstream_model == m.name:
+            continue  # a glob name that passes the asked name on: no one id to look for
         close = difflib.get_close_matches(m.upstream_model, served, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         listing = ", ".join(served) or "nothing"

@@ -285,3 +285,17 @@ def test_the_reasoning_dialect_follows_the_route_taken():
         assert outcome.upstream is not None
         sent[outcome.upstream.name] = json.loads(outcome.body)["reasoning_effort"]
     assert sent == {"local": "xhigh", "big": "high"}
+
+
+def test_a_glob_name_passing_names_on_is_not_reported_unserved():
+    from tapfix.proxy.request.routing import compare_served
+
+    data = json.loads(json.dumps(ISSUE_EXAMPLE))
+    data["models"]["qwen*"] = {"upstream": "local"}
+    problems = [str(p) for p in compare_served(from_dict(data), "local", ["qwen3.6-27b", "qwen3.6-4b"])]
+    assert problems == []
+    problems = [str(p) for p in compare_served(from_dict(data), "local", ["qwen3.6-27b"])]
+    assert problems == [
+        "error: models.claude-haiku-*.upstream_model: upstream local does not serve 'qwen3.6-4b'; it serves: "
+        "qwen3.6-27b; did you mean 'qwen3.6-27b'?"
+    ]
