@@ -139,7 +139,7 @@ class Router:
             failed[decision.taken.upstream] = f"unreachable: {why}"
             self.breaker.failed(decision.taken.upstream, time.monotonic())
             attempts.append({"route": decision.taken.route, "upstream": decision.taken.upstream, "reason": why})
-            log.warning("route %s: upstream %s unreachable (%s); next route", decision.taken.route, target, why)
+            log.warning("route %s: upstream %s unreachable (%s); next route", decision.taken.route, target.url, why)
         if outcome.decision is not None:
             ex.extra["route_decision"] = {**outcome.decision.record(), "attempts": attempts}
             if outcome.decision.taken is not None:

@@ -251,3 +251,49 @@ def test_a_model_the_upstream_does_not_list_is_passed_over_and_explained(tmp_pat
         assert "route: default → local/tapfix-mock" in other.stdout.decode()
     finally:
         proxy.stop()
+
+
+def test_replicas_are_tried_in_order_and_messages_get_its_own_error_shape(tmp_path, upstreams):
+    import anthropic
+
+    local, cloud = upstreams
+    config = tmp_path / "replicas.toml"
+    config.write_text(
+        f'[upstreams.gpu0]\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\nsupports = ["tools"]\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "vision"\nwhen = { needs = ["images"] }\nupstream = ["gpu0", "gpu1"]\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(
+            model="coder", messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}]
+        )
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "vision",
+            "vision=failed",
+        )
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(cloud.url)
+        assert json.loads(row["route_decision"])["upstream"] == "gpu1"
+        # Both replicas gone (gpu1 now points at a closed port too) and the default declares no images: on
+        # Messages the client gets Anthropic's 503 overloaded_error, which it retries.
+        config.write_text(config.read_text().replace(cloud.url, f"http://127.0.0.1:{closed_port()}"))
+        proxy.stop()
+        proxy = run_proxy(tmp_path, str(config))
+        messages = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+        picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            messages.messages.create(model="coder", max_tokens=20, messages=[{"role": "user", "content": [picture]}])
+        assert raised.value.status_code == 503
+        body = raised.value.body
+        assert body["error"]["type"] == "overloaded_error"
+        assert body["error"]["message"] == (
+            'no route for model "coder" can take this request: vision: upstream gpu0 failed; vision: upstream gpu1 '
+            "failed; default: upstream local does not support images"
+        )
+    finally:
+        proxy.stop()
