@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -121,14 +122,24 @@ class Router:
         upstream accepts a connection (issue 38): one that refuses it (or doesn't connect in time) is
         recorded as an attempt, counts against its circuit breaker, and the next route is tried. Nothing has
         reached the upstream or the client yet, so moving on is safe."""
+        request = flow.request
+        return await self.decide_route(ex, request.path, request.raw_content or b"", request.headers, {}, [])
+
+    async def decide_route(
+        self,
+        ex: Exchange,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        failed: dict[str, str],
+        attempts: list[dict[str, Any]],
+    ) -> Outcome:
+        """`_routed_outcome` for a request as given, upstreams in `failed` skipped (addons/route_fallback.py
+        asks again after an upstream's error answer)."""
         if self.routed and self.served is not None:
             await self.served.refresh(self.routed)
-        failed: dict[str, str] = {}
-        attempts: list[dict[str, Any]] = []
         while True:
-            outcome: Outcome = self.runtime.policy.apply(
-                flow.request.path, flow.request.raw_content or b"", flow.request.headers, self._knowledge(failed)
-            )
+            outcome: Outcome = self.runtime.policy.apply(path, body, headers, self._knowledge(failed))
             decision = outcome.decision
             if decision is None or decision.taken is None or outcome.upstream is None:
                 break
@@ -223,6 +234,11 @@ class Router:
         server = data.server
         if self.runtime.settings.mode == "reverse" and server.sni is not None and server.address:
             server.sni = server.address[0]
+
+    def point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None:
+        """Send `flow` to `target` (and name it in Host in reverse mode)."""
+        self._point_at(flow, target)
+        self._name_the_upstream(flow)
 
     @staticmethod
     def _point_at(flow: http.HTTPFlow, target: UpstreamTarget) -> None:

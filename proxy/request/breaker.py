@@ -29,6 +29,10 @@ class Breaker:
             self._open_until[upstream] = now + self.open_s
             seen.clear()
 
+    def hold(self, upstream: str, until: float) -> None:
+        """Skip `upstream` until `until` (an upstream's own `Retry-After`), however few its failures."""
+        self._open_until[upstream] = max(until, self._open_until.get(upstream, 0.0))
+
     def succeeded(self, upstream: str) -> None:
         self._seen.pop(upstream, None)
         self._open_until.pop(upstream, None)
@@ -36,7 +40,7 @@ class Breaker:
     def open(self, now: float) -> dict[str, str]:
         """upstream → why it is skipped, for each whose circuit is open at `now`."""
         return {
-            name: f"circuit open for {until - now:.0f} s after {self.failures} failures within {self.window_s:g} s"
+            name: f"circuit open for {until - now:.0f} s more"
             for name, until in self._open_until.items()
             if until > now
         }

@@ -297,3 +297,72 @@ def test_replicas_are_tried_in_order_and_messages_get_its_own_error_shape(tmp_pa
         )
     finally:
         proxy.stop()
+
+
+FLAKY = {
+    "models": ["m503", "m429", "m400"],
+    "rules": [
+        {"when": {"model": "m429"}, "do": "http_error", "status": 429, "headers": {"retry-after": "30"}},
+        {"when": {"model": "m400"}, "do": "http_error", "status": 400},
+        {"do": "http_error", "status": 503},
+    ],
+}
+
+
+def test_an_upstreams_5xx_or_429_falls_over_a_400_does_not(tmp_path, upstreams):
+    local, _ = upstreams
+    scenario = tmp_path / "flaky.json"
+    scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(scenario))
+    config = tmp_path / "flaky.toml"
+    models = "".join(
+        f'[models.{name}]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        f'[[models.{name}.routes]]\nname = "primary"\nupstream = "{upstream}"\nupstream_model = "{served}"\n\n'
+        for name, upstream, served in (
+            ("coder", "flaky", "m503"),
+            ("limited", "flaky", "m429"),
+            ("picky", "picky", "m400"),
+        )
+    )
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.picky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n' + models
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        hi = [{"role": "user", "content": "hi"}]
+        answer = client.chat.completions.with_raw_response.create(model="coder", messages=hi)
+        assert answer.parse().choices[0].message.content
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "default",
+            "primary=failed",
+        )
+        db = proxy.extra["db"]
+        capture_id = answer.headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
+        assert "route_fallback" in json.loads(row["flags"])
+        assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
+        assert failed["served_model"] == "m503"
+
+        # A 429 falls over too, and its Retry-After keeps the route skipped: the next request doesn't try it.
+        client.chat.completions.create(model="limited", messages=hi)
+        again = client.chat.completions.with_raw_response.create(model="limited", messages=hi)
+        decision = decision_of(proxy, again.headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream flaky failed: circuit open for")
+
+        # A 400 is the request's own fault: it reaches the client, no other route is asked (another upstream on the
+        # same mock: the breaker is per upstream, and the 429's Retry-After holds `flaky`).
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(model="picky", messages=hi)
+        assert raised.value.response.headers["x-tapfix-route"] == "primary"
+    finally:
+        proxy.stop()
+        flaky.stop()
