@@ -14,21 +14,44 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import httpx
 from mitmproxy import http
-from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
+from tapfix.proxy.request.breaker import Breaker
+from tapfix.proxy.request.policy import Outcome
 
 log = logging.getLogger("tapfix")
 RETRY_AFTER_MAX_S = 300.0
 FLAG = "route_fallback"
 _NOT_COPIED = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+class Routes(Protocol):
+    """What this addon asks of the router (addons/router.py): addons don't import each other."""
+
+    breaker: Breaker
+
+    async def decide_route(
+        self,
+        ex: Exchange,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        failed: dict[str, str],
+        attempts: list[dict[str, Any]],
+    ) -> Outcome: ...
+
+    def point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None: ...
+
+    def route_headers(self, ex: Exchange) -> dict[str, str]: ...
 
 
 def retryable(status: int) -> bool:
@@ -44,7 +67,7 @@ def retry_after(value: str | None) -> float | None:
 
 
 class RouteFallback:
-    def __init__(self, runtime: Runtime, router: Router) -> None:
+    def __init__(self, runtime: Runtime, router: Routes) -> None:
         self.runtime = runtime
         self.router = router
         self._client: httpx.AsyncClient | None = None

@@ -145,7 +145,7 @@ class Router:
                 break
             target = self.runtime.targets.get(outcome.upstream.name)
             why = await self.runtime.unreachable(target) if target is not None else None
-            if why is None:
+            if why is None or target is None:
                 break
             failed[decision.taken.upstream] = f"unreachable: {why}"
             self.breaker.failed(decision.taken.upstream, time.monotonic())
