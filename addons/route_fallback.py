@@ -25,8 +25,10 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
+from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
+from tapfix.proxy.window.overflow import recognise
 
 log = logging.getLogger("tapfix")
 RETRY_AFTER_MAX_S = 300.0
@@ -89,47 +91,75 @@ class RouteFallback:
         if ex is None or response is None or response.stream or ex.tapfix_answered or ex.stream:
             return
         decision = ex.extra.get("route_decision")
-        if not retryable(response.status_code) or not isinstance(decision, dict) or decision.get("route") is None:
+        if not isinstance(decision, dict) or decision.get("route") is None:
+            return
+        why = self._why(ex, response)
+        if why is None:
             return
         failed = {a["upstream"]: a["reason"] for a in decision.get("attempts", [])}
         attempts = list(decision.get("attempts", []))
+        larger_than: int | None = None
         number = 1
-        while retryable(response.status_code):
+        while why is not None:
+            reason, overflowed = why
             upstream, status = str(ex.extra.get("target")), response.status_code
-            reason = f"answered {status}"
             failed[upstream] = reason
             now = time.monotonic()
-            self.router.breaker.failed(upstream, now)
+            if overflowed is None:  # an overflow says nothing of the upstream's health
+                self.router.breaker.failed(upstream, now)
+            else:
+                larger_than = max(larger_than or 0, overflowed)
             wait = retry_after(response.headers.get("retry-after")) if status == 429 else None
             if wait is not None:
                 self.router.breaker.hold(upstream, now + wait)
             attempts.append({"route": ex.route, "upstream": upstream, "reason": reason, "status": status})
             number += 1
-            ex.extra.setdefault("attempt_records", []).append(self._failed_attempt(ex, flow, number))
+            ex.extra.setdefault("attempt_records", []).append(self._failed_attempt(ex, flow, number, reason))
+            before = ex.extra["route_decision"]
             outcome = await self.router.decide_route(
-                ex, ex.path, ex.request, dict(ex.request_headers), failed, attempts
+                ex, ex.path, ex.request, dict(ex.request_headers), failed, attempts, larger_than
             )
             taken = outcome.decision.taken if outcome.decision is not None else None
             target = self.runtime.targets.get(outcome.upstream.name) if outcome.upstream is not None else None
             if taken is None or target is None or outcome.error is not None:
-                log.warning("route fallback: no other route can take %s after %s %s", ex.id, upstream, reason)
-                break  # the client gets this upstream's error answer, as without routes
+                log.warning("route fallback: no other route can take %s after upstream %s %s", ex.id, upstream, reason)
+                # the client gets this upstream's answer, as without routes; the decision says what was tried
+                others = outcome.decision.record()["rejected"] if outcome.decision is not None else []
+                ex.extra["route_decision"] = {**before, "fallback_rejected": others}
+                break
             log.warning("route %s: upstream %s %s; next route %s", attempts[-1]["route"], upstream, reason, taken.route)
             try:
                 response = await self._send(
                     flow, ex, outcome.body, outcome.upstream_headers, outcome.remove_headers, target
                 )
             except httpx.HTTPError as e:
-                failed[taken.upstream] = f"failed: {e}"
                 attempts.append({"route": taken.route, "upstream": taken.upstream, "reason": str(e)})
                 break
             ex.changes.append(
                 Change("router", "fallback", "upstream", upstream, taken.upstream, f"upstream {upstream} {reason}")
             )
             ex.served_model = outcome.served_model
+            why = self._why(ex, response)
         ex.extra["route_decision"] = {**ex.extra["route_decision"], "attempts": attempts}
         ex.flags.add(FLAG)
         response.headers.update(self.router.route_headers(ex))
+
+    @staticmethod
+    def _why(ex: Exchange, response: http.Response) -> tuple[str, int | None] | None:
+        """Why this answer moves the request to another route: (reason, the window an overflow names, else
+        None); None when it stands. An overflow moves it only to a strictly larger window (issue 38)."""
+        status = response.status_code
+        if retryable(status):
+            return f"answered {status}", None
+        if status != 400:
+            return None
+        overflow = recognise(json_object(response.raw_content or b""))
+        if overflow is None:
+            return None
+        window = overflow.window or _route_window(ex)
+        if window is None:
+            return None  # no window to be larger than: the overflow answer stands
+        return f"overflowed its window of {window:,} tokens", window
 
     async def _send(
         self,
@@ -165,7 +195,7 @@ class RouteFallback:
         return response
 
     @staticmethod
-    def _failed_attempt(ex: Exchange, flow: http.HTTPFlow, number: int) -> Exchange:
+    def _failed_attempt(ex: Exchange, flow: http.HTTPFlow, number: int, reason: str) -> Exchange:
         """The error answer a route gave, as an exchange of its own under the client's capture."""
         response = flow.response
         assert response is not None
@@ -189,7 +219,7 @@ class RouteFallback:
             content_type=response.headers.get("content-type", ""),
             response=response.raw_content or b"",
             ended_at=time.perf_counter(),
-            error=f"upstream {ex.extra.get('target')} answered {response.status_code}",
+            error=f"upstream {ex.extra.get('target')} {reason}",
             flags={FLAG},
             attempt_of=ex.id,
             attempt=number,
@@ -197,3 +227,9 @@ class RouteFallback:
             trace_id=ex.trace_id,
             mark=ex.mark,
         )
+
+
+def _route_window(ex: Exchange) -> int | None:
+    """The window the route taken was known to have (its config's), when the engine's error names none."""
+    routed = ex.extra.get("route_window")
+    return routed[0] if isinstance(routed, tuple) else None

@@ -133,13 +133,15 @@ class Router:
         headers: Mapping[str, str],
         failed: dict[str, str],
         attempts: list[dict[str, Any]],
+        larger_than: int | None = None,
     ) -> Outcome:
         """`_routed_outcome` for a request as given, upstreams in `failed` skipped (addons/route_fallback.py
         asks again after an upstream's error answer)."""
         if self.routed and self.served is not None:
             await self.served.refresh(self.routed)
         while True:
-            outcome: Outcome = self.runtime.policy.apply(path, body, headers, self._knowledge(failed))
+            known = self._knowledge(failed, larger_than)
+            outcome: Outcome = self.runtime.policy.apply(path, body, headers, known)
             decision = outcome.decision
             if decision is None or decision.taken is None or outcome.upstream is None:
                 break
@@ -161,7 +163,7 @@ class Router:
                 log.warning("%s", "; ".join(r["reason"] for r in ex.extra["route_decision"]["rejected"]))
         return outcome
 
-    def _knowledge(self, failed: dict[str, str]) -> Knowledge:
+    def _knowledge(self, failed: dict[str, str], larger_than: int | None = None) -> Knowledge:
         reported = {key: tokens for key, (tokens, _) in self.runtime.windows.items()}
         served = self.served
         windows = {**(served.windows if served is not None else {}), **reported}
@@ -171,6 +173,7 @@ class Router:
             windows=windows,
             failed={**self.breaker.open(time.monotonic()), **failed},
             max_tokens_floor=self.runtime.settings.max_tokens_floor,
+            larger_than=larger_than,
         )
 
     @staticmethod

@@ -135,6 +135,7 @@ class Knowledge:
     windows: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (upstream, served) → the engine's
     failed: Mapping[str, str] = field(default_factory=dict)  # upstream → why it is skipped now
     max_tokens_floor: int = 256
+    larger_than: int | None = None  # an engine said the prompt overflowed this window: only larger ones now
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,10 @@ def rejection(config: Config, c: Candidate, facts: Facts, known: Knowledge) -> R
         said = f"upstream {c.upstream} does not support {', '.join(missing)}"
         return Rejection("needs", said, said)
     window = c.window or known.windows.get((c.upstream, c.served_model))
+    if known.larger_than is not None and (window is None or window <= known.larger_than):
+        size = f"window {window:,}" if window is not None else "its window is unknown,"
+        said = f"{size} not larger than the {known.larger_than:,} the prompt overflowed"
+        return Rejection("window", said, said, window)
     if window is not None:
         output = min(facts.max_tokens, known.max_tokens_floor) if facts.max_tokens else 0
         if facts.prompt_tokens + output > window:

@@ -366,3 +366,32 @@ def test_an_upstreams_5xx_or_429_falls_over_a_400_does_not(tmp_path, upstreams):
     finally:
         proxy.stop()
         flaky.stop()
+
+
+def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
+    local, _ = upstreams
+    small = start_mock(tmp_path, "--context-window", "1000")  # plays vLLM: its 400 for a prompt that won't fit
+    config = tmp_path / "overflow.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.small]\nbase_url = "{small.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\ncontext_window = 20000\n\n'
+        # The config believes the route's window is larger than it is: the engine's overflow tells the truth.
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "small"\nupstream_model = "tapfix-mock"\n'
+        "context_window = 10000\n"
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        answer = ask(proxy, "word " * 2000)
+        assert answer.parse().choices[0].message.content
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "default",
+            "fast=failed",
+        )
+        decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
+        assert decision["attempts"][0]["reason"] == "overflowed its window of 1,000 tokens"
+        # The overflow is the prompt's, not the upstream's: its breaker counted nothing, a short prompt goes there.
+        assert ask(proxy, SHORT).headers["x-tapfix-route"] == "fast"
+    finally:
+        proxy.stop()
+        small.stop()

@@ -43,6 +43,8 @@ def config(**changes):
     data = json.loads(json.dumps(ISSUE_EXAMPLE))
     for key, value in changes.items():
         data["models"]["coder"][key] = value
+        if value is None:
+            del data["models"]["coder"][key]
     return from_dict(data)
 
 
@@ -299,3 +301,17 @@ def test_a_glob_name_passing_names_on_is_not_reported_unserved():
         "error: models.claude-haiku-*.upstream_model: upstream local does not serve 'qwen3.6-4b'; it serves: "
         "qwen3.6-27b; did you mean 'qwen3.6-27b'?"
     ]
+
+
+def test_after_an_overflow_only_a_strictly_larger_window_is_eligible():
+    c = config(routes=[{"name": "same", "upstream": "cloud", "context_window": 131072}])
+    d = decide_for(c, facts(1000), environ={"CLOUD_API_KEY": "k"}, larger_than=131072)
+    assert d.taken is None
+    assert [r.message for _, r in d.rejected] == [
+        "window 131,072 not larger than the 131,072 the prompt overflowed",
+        "window 131,072 not larger than the 131,072 the prompt overflowed",
+    ]
+    unknown = decide_for(config(routes=[], context_window=None), facts(1000), larger_than=4096)
+    assert unknown.taken is None and "its window is unknown" in unknown.rejected[0][1].message
+    bigger = decide_for(c, facts(1000), environ={"CLOUD_API_KEY": "k"}, larger_than=100000)
+    assert bigger.taken is not None and bigger.taken.route == "same"
