@@ -49,6 +49,7 @@ class Routes(Protocol):
         headers: Mapping[str, str],
         failed: dict[str, str],
         attempts: list[dict[str, Any]],
+        larger_than: int | None = None,
     ) -> Outcome: ...
 
     def point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None: ...
