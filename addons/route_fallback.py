@@ -56,6 +56,8 @@ class Routes(Protocol):
 
     def route_headers(self, ex: Exchange) -> dict[str, str]: ...
 
+    def served_turn(self, ex: Exchange) -> None: ...
+
 
 def retryable(status: int) -> bool:
     return status >= 500 or status == 429
@@ -141,6 +143,8 @@ class RouteFallback:
             )
             ex.served_model = outcome.served_model
             why = self._why(ex, response)
+            if why is None and response.status_code < 400:
+                self.router.served_turn(ex)
         ex.extra["route_decision"] = {**ex.extra["route_decision"], "attempts": attempts}
         ex.flags.add(FLAG)
         response.headers.update(self.router.route_headers(ex))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 
 log = logging.getLogger("tapfix")
+AFFINITY_KEPT = 10_000  # threads whose upstream is remembered (the oldest forgotten first)
 
 
 class Router:
@@ -42,6 +44,7 @@ class Router:
         self.routed = self.served.routed_upstreams() if self.served is not None else set()
         s = runtime.settings
         self.breaker = Breaker(s.route_breaker_failures, s.route_breaker_window, s.route_breaker_open)
+        self.affinity: OrderedDict[tuple[str, str], str] = OrderedDict()  # (thread, route) → upstream, newest last
 
     async def done(self) -> None:
         if self.served is not None:
@@ -174,7 +177,21 @@ class Router:
             failed={**self.breaker.open(time.monotonic()), **failed},
             max_tokens_floor=self.runtime.settings.max_tokens_floor,
             larger_than=larger_than,
+            affinity=self.affinity,
         )
+
+    def served_turn(self, ex: Exchange) -> None:
+        """The thread's turn was answered by its route's upstream: its next turn goes there first (replicas)."""
+        decision = ex.extra.get("route_decision")
+        thread = decision.get("inputs", {}).get("thread") if isinstance(decision, dict) else None
+        upstream = ex.extra.get("target")
+        if not thread or ex.route is None or not isinstance(upstream, str):
+            return
+        key = (thread, ex.route)
+        self.affinity.pop(key, None)
+        self.affinity[key] = upstream
+        while len(self.affinity) > AFFINITY_KEPT:
+            self.affinity.popitem(last=False)
 
     @staticmethod
     def route_headers(ex: Exchange) -> dict[str, str]:
@@ -219,6 +236,8 @@ class Router:
             self.runtime.saw_upstream(ex.extra["target"])
             if flow.response.status_code < 500:
                 self.breaker.succeeded(ex.extra["target"])
+                if flow.response.status_code < 400:
+                    self.served_turn(ex)
         if ex is not None and flow.response is not None:
             flow.response.headers.update(self.route_headers(ex))
 

@@ -13,6 +13,7 @@ prompt is never sent anywhere to be counted for routing.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ import orjson
 from tapfix.proxy.config.file import Config, ModelConfig
 from tapfix.proxy.config.routes import DEFAULT_ROUTE, RouteRule, When, glob_match
 from tapfix.proxy.errors import LocalAnswer, context_overflow, no_eligible_route, overflow_message
+from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.window.clamp import budget_of, chat_messages
 
@@ -39,6 +41,18 @@ class Facts:
     needs: tuple[str, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)  # lowercased names
     user_agent: str = ""
+    thread: str | None = None  # the conversation this turn continues (`thread_of`), for replica affinity
+
+
+def thread_of(messages: list[Any], headers: Mapping[str, str]) -> str | None:
+    """A key for the conversation a request belongs to, the same on each of its turns: the agent's session
+    header (if any) and its first two messages (the system prompt and the task), hashed. Subagents of one
+    session start with other messages, so they are threads of their own."""
+    if not messages:
+        return None
+    session = next((headers[h] for h in SESSION_HEADERS if h in headers), "")
+    digest = hashlib.sha256(orjson.dumps([session, messages[:2]], option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return digest[:16]
 
 
 def facts_of(surface: Surface | None, parsed: Mapping[str, Any], headers: Mapping[str, str], model: str) -> Facts:
@@ -54,6 +68,7 @@ def facts_of(surface: Surface | None, parsed: Mapping[str, Any], headers: Mappin
         needs=needs_of(parsed, messages),
         headers=lowered,
         user_agent=lowered.get("user-agent", ""),
+        thread=thread_of(messages, lowered),
     )
 
 
@@ -110,13 +125,18 @@ class Candidate:
         return self.route
 
 
-def candidates(config: Config, model: ModelConfig, served: str, facts: Facts) -> list[Candidate]:
-    """The matching routes in order (each replica of one in its order), then the model's own upstream."""
+def candidates(
+    config: Config, model: ModelConfig, served: str, facts: Facts, affinity: Mapping[tuple[str, str], str] | None = None
+) -> list[Candidate]:
+    """The matching routes in order, then the model's own upstream. A route's replicas are in their order, but
+    the one that served this thread's previous turn first (its KV cache is there): affinity orders replicas
+    within the route a rule chose, never which rule."""
     found = []
     for rule in model.routes:
         if not matches(rule.when, facts):
             continue
-        for upstream in rule.upstreams:
+        preferred = (affinity or {}).get((facts.thread, rule.name)) if facts.thread else None
+        for upstream in sorted(rule.upstreams, key=lambda u: u != preferred):
             supports = rule.supports or model.supports or config.upstreams[upstream].supports
             found.append(
                 Candidate(rule.name, upstream, rule.upstream_model or served, rule.context_window, supports, rule)
@@ -136,6 +156,7 @@ class Knowledge:
     failed: Mapping[str, str] = field(default_factory=dict)  # upstream → why it is skipped now
     max_tokens_floor: int = 256
     larger_than: int | None = None  # an engine said the prompt overflowed this window: only larger ones now
+    affinity: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (thread, route) → its last upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +244,7 @@ class Decision:
                 "needs": list(self.facts.needs),
                 "headers": self._headers_seen(),
                 "user_agent": self.facts.user_agent,
+                "thread": self.facts.thread,
             },
             "rejected": [
                 {"route": c.route, "upstream": c.upstream, "kind": r.kind, "reason": r.detail} for c, r in self.rejected
@@ -240,7 +262,7 @@ class Decision:
 
 def decide(config: Config, model: ModelConfig, served: str, facts: Facts, known: Knowledge) -> Decision:
     decision = Decision(model.name, facts)
-    listed = candidates(config, model, served, facts)
+    listed = candidates(config, model, served, facts, known.affinity)
     matched = {c.route for c in listed}
     decision.unmatched = [r.name for r in model.routes if r.name not in matched]
     for c in listed:

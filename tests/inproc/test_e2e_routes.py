@@ -395,3 +395,41 @@ def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
     finally:
         proxy.stop()
         small.stop()
+
+
+def test_a_threads_turns_stay_on_the_replica_that_served_it(tmp_path, upstreams):
+    local, cloud = upstreams
+    scenario = tmp_path / "first-fails.json"
+    scenario.write_text(json.dumps({"rules": [{"when": {"first": 1}, "do": "http_error", "status": 503}]}))
+    gpu0 = start_mock(tmp_path, "--scenario", str(scenario))  # fails its first request only
+    config = tmp_path / "replicas.toml"
+    config.write_text(
+        f'[upstreams.gpu0]\nbase_url = "{gpu0.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "gpus"\nupstream = ["gpu0", "gpu1"]\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+
+    def turn(task: str, history: list[dict]) -> str:
+        messages = [{"role": "system", "content": "you code"}, {"role": "user", "content": task}, *history]
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(model="coder", messages=messages)
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert answer.headers["x-tapfix-route"] == "gpus"
+        return "gpu0" if row["upstream_url"].startswith(gpu0.url) else "gpu1"
+
+    try:
+        # Thread A's first turn: gpu0 fails it, gpu1 serves it; its later turns stay on gpu1 though gpu0 is well.
+        assert turn("task A", []) == "gpu1"
+        follow = [{"role": "assistant", "content": "done"}, {"role": "user", "content": "more"}]
+        assert turn("task A", follow) == "gpu1"
+        later = [*follow, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+        assert turn("task A", later) == "gpu1"
+        # Another thread starts on the first replica.
+        assert turn("task B", []) == "gpu0"
+        assert turn("task B", follow) == "gpu0"
+    finally:
+        proxy.stop()
+        gpu0.stop()
