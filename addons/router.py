@@ -61,8 +61,8 @@ class Router:
         if self.runtime.policy is not None:
             if self._answered_locally(flow, ex):
                 return
-            outcome = await self._routed_outcome(flow, ex)
-            target = self._apply_policy(flow, ex, outcome) or target
+            # One expression: the outcome (and the parsed body in it) is gone before the hook awaits again.
+            target = self._apply_policy(flow, ex, await self._routed_outcome(flow, ex)) or target
             if flow.response is not None:
                 return
         if target is None:  # regular mode: the client chose the host
