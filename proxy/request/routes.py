@@ -14,6 +14,7 @@ prompt is never sent anywhere to be counted for routing.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,18 +52,22 @@ def thread_of(messages: list[Any], headers: Mapping[str, str]) -> str | None:
     if not messages:
         return None
     session = next((headers[h] for h in SESSION_HEADERS if h in headers), "")
-    digest = hashlib.sha256(orjson.dumps([session, messages[:2]], option=orjson.OPT_SORT_KEYS)).hexdigest()
+    try:
+        key = orjson.dumps([session, messages[:2]], option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (see `_size`)
+        key = json.dumps([session, messages[:2]], sort_keys=True, default=str).encode()
+    digest = hashlib.sha256(key).hexdigest()
     return digest[:16]
 
 
 def facts_of(surface: Surface | None, parsed: Mapping[str, Any], headers: Mapping[str, str], model: str) -> Facts:
     lowered = {k.lower(): v for k, v in headers.items()}
     messages = chat_messages(surface, dict(parsed)) or []
-    prompt = orjson.dumps([messages, parsed.get("tools") or []], option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    prompt = _size([messages, parsed.get("tools") or []])
     budget = budget_of(surface, dict(parsed))
     return Facts(
         model=model,
-        prompt_tokens=-(-len(prompt) // BYTES_PER_TOKEN),
+        prompt_tokens=-(-prompt // BYTES_PER_TOKEN),
         prompt_source=f"estimate, {BYTES_PER_TOKEN} bytes a token",
         max_tokens=budget[1] if budget else None,
         needs=needs_of(parsed, messages),
@@ -70,6 +75,14 @@ def facts_of(surface: Surface | None, parsed: Mapping[str, Any], headers: Mappin
         user_agent=lowered.get("user-agent", ""),
         thread=thread_of(messages, lowered),
     )
+
+
+def _size(value: Any) -> int:
+    """Its JSON's length in bytes; what orjson refuses (a lone surrogate, an integer past 64 bits) json writes."""
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:
+        return len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
 
 
 def needs_of(parsed: Mapping[str, Any], messages: list[Any]) -> tuple[str, ...]:

@@ -315,3 +315,10 @@ def test_after_an_overflow_only_a_strictly_larger_window_is_eligible():
     assert unknown.taken is None and "its window is unknown" in unknown.rejected[0][1].message
     bigger = decide_for(c, facts(1000), environ={"CLOUD_API_KEY": "k"}, larger_than=100000)
     assert bigger.taken is not None and bigger.taken.route == "same"
+
+
+def test_a_prompt_orjson_refuses_is_still_sized_and_routed():
+    body = json.loads('{"model": "coder", "messages": [{"role": "user", "content": "a \\ud800 b"}], "n": 1}')
+    body["seed"] = 2**70
+    f = facts_of("chat", body, {}, "coder")
+    assert f.prompt_tokens > 0 and f.thread is not None
