@@ -36,6 +36,12 @@ def default_addons(runtime: Runtime) -> list[object]:
     ]
     if runtime.replay_turns is not None:  # issue 36: a model replays reasoning; after the recorder: the turn is whole
         chain.insert(chain.index(next(a for a in chain if isinstance(a, RecordExchange))) + 1, RememberTurns(runtime))
+    config = getattr(runtime.policy, "config", None)
+    if config is not None and any(m.routes for m in config.models.values()):  # issue 38: routes fall back
+        from tapfix.addons.route_fallback import RouteFallback
+
+        router = next(a for a in chain if isinstance(a, Router))
+        chain.insert(chain.index(next(a for a in chain if isinstance(a, StreamOwner))), RouteFallback(runtime, router))
     if runtime.settings.regenerate > 0:  # issue 19: only then may a request get a later attempt
         from tapfix.addons.attempts import LaterAttempts
 

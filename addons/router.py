@@ -6,6 +6,11 @@ HTML 502."""
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from mitmproxy import flow as mitm_flow
@@ -16,21 +21,36 @@ from tapfix.addons.runner.http import answer_locally, json_response
 from tapfix.addons.runner.reset_tail import REPLY_ATTR
 from tapfix.addons.runner.runtime import SHUTDOWN_FLAG, Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.addons.runner.served import ServedModels
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.request.breaker import Breaker
+from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
+from tapfix.proxy.request.routes import Knowledge
 from tapfix.proxy.request.routing import models_listing
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
 
 log = logging.getLogger("tapfix")
+AFFINITY_KEPT = 10_000  # threads whose upstream is remembered (the oldest forgotten first)
 
 
 class Router:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        config = getattr(runtime.policy, "config", None)
+        self.served = ServedModels(config, runtime.settings.insecure) if config is not None else None
+        self.routed = self.served.routed_upstreams() if self.served is not None else set()
+        s = runtime.settings
+        self.breaker = Breaker(s.route_breaker_failures, s.route_breaker_window, s.route_breaker_open)
+        self.affinity: OrderedDict[tuple[str, str], str] = OrderedDict()  # (thread, route) → upstream, newest last
+
+    async def done(self) -> None:
+        if self.served is not None:
+            await self.served.done()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -43,7 +63,8 @@ class Router:
         if self.runtime.policy is not None:
             if self._answered_locally(flow, ex):
                 return
-            target = self._apply_policy(flow, ex) or target
+            # One expression: the outcome (and the parsed body in it) is gone before the hook awaits again.
+            target = self._apply_policy(flow, ex, await self._routed_outcome(flow, ex)) or target
             if flow.response is not None:
                 return
         if target is None:  # regular mode: the client chose the host
@@ -101,11 +122,93 @@ class Router:
             return True
         return False
 
-    def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange) -> UpstreamTarget | None:
-        """Route, fill defaults, rewrite reasoning. A plain method, so the parsed body (megabytes of
-        Python objects for a long conversation) is gone before the request hook awaits anything."""
+    async def _routed_outcome(self, flow: http.HTTPFlow, ex: Exchange) -> Outcome:
+        """The policy's outcome, for a model with routes the first route that can take the request and whose
+        upstream accepts a connection (issue 38): one that refuses it (or doesn't connect in time) is
+        recorded as an attempt, counts against its circuit breaker, and the next route is tried. Nothing has
+        reached the upstream or the client yet, so moving on is safe."""
         request = flow.request
-        outcome = self.runtime.policy.apply(request.path, request.raw_content or b"", request.headers, ex.client_addr)
+        return await self.decide_route(ex, request.path, request.raw_content or b"", request.headers, {}, [])
+
+    async def decide_route(
+        self,
+        ex: Exchange,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        failed: dict[str, str],
+        attempts: list[dict[str, Any]],
+        larger_than: int | None = None,
+    ) -> Outcome:
+        """`_routed_outcome` for a request as given, upstreams in `failed` skipped (addons/route_fallback.py
+        asks again after an upstream's error answer)."""
+        if self.routed and self.served is not None:
+            await self.served.refresh(self.routed)
+        while True:
+            known = self._knowledge(failed, larger_than)
+            outcome: Outcome = self.runtime.policy.apply(path, body, headers, ex.client_addr, known)
+            decision = outcome.decision
+            if decision is None or decision.taken is None or outcome.upstream is None:
+                break
+            target = self.runtime.targets.get(outcome.upstream.name)
+            why = await self.runtime.unreachable(target) if target is not None else None
+            if why is None or target is None:
+                break
+            failed[decision.taken.upstream] = f"unreachable: {why}"
+            self.breaker.failed(decision.taken.upstream, time.monotonic())
+            attempts.append({"route": decision.taken.route, "upstream": decision.taken.upstream, "reason": why})
+            log.warning("route %s: upstream %s unreachable (%s); next route", decision.taken.route, target.url, why)
+        if outcome.decision is not None:
+            ex.extra["route_decision"] = {**outcome.decision.record(), "attempts": attempts}
+            if outcome.decision.taken is not None:
+                ex.route = outcome.decision.taken.route
+                window = outcome.decision.taken.window
+                ex.extra["route_window"] = (window, f"config route {ex.route}") if window else None
+            else:
+                log.warning("%s", "; ".join(r["reason"] for r in ex.extra["route_decision"]["rejected"]))
+        return outcome
+
+    def _knowledge(self, failed: dict[str, str], larger_than: int | None = None) -> Knowledge:
+        reported = {key: tokens for key, (tokens, _) in self.runtime.windows.items()}
+        served = self.served
+        windows = {**(served.windows if served is not None else {}), **reported}
+        return Knowledge(
+            environ=os.environ,
+            served=served.served if served is not None else {},
+            windows=windows,
+            failed={**self.breaker.open(time.monotonic()), **failed},
+            max_tokens_floor=self.runtime.settings.max_tokens_floor,
+            larger_than=larger_than,
+            affinity=self.affinity,
+        )
+
+    def served_turn(self, ex: Exchange) -> None:
+        """The thread's turn was answered by its route's upstream: its next turn goes there first (replicas)."""
+        decision = ex.extra.get("route_decision")
+        thread = decision.get("inputs", {}).get("thread") if isinstance(decision, dict) else None
+        upstream = ex.extra.get("target")
+        if not thread or ex.route is None or not isinstance(upstream, str):
+            return
+        key = (thread, ex.route)
+        self.affinity.pop(key, None)
+        self.affinity[key] = upstream
+        while len(self.affinity) > AFFINITY_KEPT:
+            self.affinity.popitem(last=False)
+
+    @staticmethod
+    def route_headers(ex: Exchange) -> dict[str, str]:
+        """`x-tapfix-route` (the route taken) and `x-tapfix-route-rejected` (`route=why` of those skipped)."""
+        decision = ex.extra.get("route_decision")
+        if not isinstance(decision, dict):
+            return {}
+        headers = {"x-tapfix-route": decision["route"] or "none"}
+        rejected = [f"{r['route']}={r['kind']}" for r in decision["rejected"]]
+        if rejected:
+            headers["x-tapfix-route-rejected"] = ", ".join(rejected)
+        return headers
+
+    def _apply_policy(self, flow: http.HTTPFlow, ex: Exchange, outcome: Outcome) -> UpstreamTarget | None:
+        """Route, fill defaults, rewrite reasoning, as the policy's `outcome` says."""
         if outcome.replay_reasoning:
             ex.extra[REPLAY_MARK] = True  # addons/replay.py remembers the turn this request gets
         if outcome.replay_missed:
@@ -123,7 +226,7 @@ class Router:
         if not outcome.store_bodies:
             ex.store_bodies = False  # [models.X] store_bodies = false: metadata only
         if outcome.error is not None:
-            answer_locally(flow, ex, outcome.error)
+            answer_locally(flow, ex, outcome.error, self.route_headers(ex))
             return None
         if outcome.body is not flow.request.raw_content:
             flow.request.raw_content = outcome.body
@@ -139,6 +242,12 @@ class Router:
         ex = exchange_of(flow)
         if ex is not None and "target" in ex.extra and flow.response and flow.server_conn.timestamp_start:
             self.runtime.saw_upstream(ex.extra["target"])
+            if flow.response.status_code < 500:
+                self.breaker.succeeded(ex.extra["target"])
+                if flow.response.status_code < 400:
+                    self.served_turn(ex)
+        if ex is not None and flow.response is not None:
+            flow.response.headers.update(self.route_headers(ex))
 
     def _name_the_upstream(self, flow: http.HTTPFlow) -> None:
         """Reverse mode keeps the client's Host for the record (`keep_host_header`, runner/master.py);
@@ -155,6 +264,11 @@ class Router:
         server = data.server
         if self.runtime.settings.mode == "reverse" and server.sni is not None and server.address:
             server.sni = server.address[0]
+
+    def point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None:
+        """Send `flow` to `target` (and name it in Host in reverse mode)."""
+        self._point_at(flow, target)
+        self._name_the_upstream(flow)
 
     @staticmethod
     def _point_at(flow: http.HTTPFlow, target: UpstreamTarget) -> None:

@@ -52,6 +52,9 @@ class Window:
     def configured(self, ex: Exchange) -> tuple[int, str] | None:
         """`[models.X] context_window` (config mode) or `--context-window` (quick mode): it wins."""
         config = getattr(self.runtime.policy, "config", None)
+        if "route_window" in ex.extra:  # issue 38: the route taken's own window, else what its engine says
+            routed: tuple[int, str] | None = ex.extra["route_window"]
+            return routed
         if config is not None and not config.is_quick:
             own = getattr(resolve(config, ex.model), "settings", None)
             if own is not None and own.context_window:

@@ -119,6 +119,11 @@ def upstream_unreachable(surface: Surface | None, message: str) -> LocalAnswer:
     return _answer(surface, 502, message, "upstream_unreachable")
 
 
+def no_eligible_route(surface: Surface | None, message: str) -> LocalAnswer:
+    """The 503 when no route of a model can take the request (issue 38, request/routes.py): agents retry it."""
+    return _answer(surface, 503, message, "server_error", "no_eligible_route")
+
+
 def shutting_down(surface: Surface | None) -> LocalAnswer:
     """The 503 a request gets while tapfix drains for shutdown (Anthropic `overloaded_error`): agents
     retry it, on another connection."""

@@ -82,6 +82,7 @@ EXCHANGE = """{% extends "base" %}
 {% if c.prefix_break %}{% set pb = c.prefix_break %}<dt>prefix break</dt><dd class="prefixbreak">at <code>{{ pb.path }}</code>, byte {{ pb.offset }}: {{ pb.reason or pb.cause }} <span class="muted">({{ pb.cause }}; compared with <a href="/exchange/{{ pb.previous }}">{{ pb.previous }}</a>; was <code>{{ pb.old }}</code>, now <code>{{ pb.new }}</code>)</span></dd>{% endif %}
 {% if c.source_id %}<dt>replay of</dt><dd><a href="/exchange/{{ c.source_id }}">{{ c.source_id }}</a></dd>{% endif %}
 {% if c.attempt_of %}<dt>attempt</dt><dd>{{ c.attempt }}, regenerated for <a href="/exchange/{{ c.attempt_of }}">{{ c.attempt_of }}</a> <span class="muted">(the client-facing capture: what the client sent and received)</span></dd>{% endif %}
+{% if c.route_decision %}{% set r = c.route_decision %}<dt>route</dt><dd>{{ r.route or 'none' }}{% if r.upstream %} → {{ r.upstream }}/{{ r.served_model }}{% endif %} <span class="muted">matched {{ r.matched or '-' }}; prompt {{ r.inputs.prompt_tokens }} tokens ({{ r.inputs.prompt_source }}){% for x in r.rejected %}; rejected {{ x.route }} ({{ x.upstream }}): {{ x.reason }}{% endfor %}</span></dd>{% endif %}
 {% if c.trace_id %}<dt>trace</dt><dd><code class="trace">{{ c.trace_id }}</code> <span class="muted">span {{ c.span_id or '-' }} · parent span {{ c.parent_span_id or '-' }}</span></dd>{% endif %}
 </dl>
 {% if d.attempts %}<section><h2>regeneration attempts ({{ d.attempts|length }})</h2>

@@ -60,7 +60,12 @@ def captures_list(db: StoreLocator, limit: int, as_json: bool, filters: CaptureF
     reader = _reader(db)
     with reported(StoreError):
         rows = reader.list_captures(
-            limit=limit, flag=filters.flag, tag=filters.tag, session=filters.session, trace=filters.trace
+            limit=limit,
+            flag=filters.flag,
+            tag=filters.tag,
+            session=filters.session,
+            trace=filters.trace,
+            route=filters.route,
         )
     if as_json:
         out = sys.stdout.buffer

@@ -17,7 +17,7 @@ def filter_options[F: Callable[..., Any]](f: F) -> F:
 
     @functools.wraps(f)
     def command(*args: Any, **kw: Any) -> Any:
-        kw["filters"] = CaptureFilter(*(kw.pop(key) for key in ("flag", "tag", "session", "trace")))
+        kw["filters"] = CaptureFilter(*(kw.pop(key) for key in ("flag", "tag", "session", "trace", "route")))
         return f(*args, **kw)
 
     for option in reversed(
@@ -30,6 +30,7 @@ def filter_options[F: Callable[..., Any]](f: F) -> F:
             click.option(
                 "--trace", metavar="TRACE_ID", help="only this W3C trace (32 hex digits, as tracing shows it)"
             ),
+            click.option("--route", metavar="NAME", help="only exchanges that took this route (docs/routing.md)"),
         )
     ):
         command = option(command)

@@ -38,11 +38,13 @@ class LazyGroup(click.Group):
         "browse": "tapfix.proxy.cli.browse:browse",
         "probe": "tapfix.proxy.cli.probe:probe",
         "replay": "tapfix.proxy.cli.replay:replay",
+        "route": "tapfix.proxy.cli.route:route",
     }
     summaries = {
         "browse": "Browse captures in a web browser: filters, search, diffs, stream timelines, sessions, stats.",
         "probe": "Deep health probe: prove the model works (answers, streams, calls tools, reasons, sees, recalls).",
         "replay": "Resend a captured request (or a whole session) N times and compare the runs.",
+        "route": "Explain the route a request takes through a model's routes (docs/routing.md).",
     }
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -47,6 +47,7 @@ def render_capture(reader: CaptureReader, capture: dict[str, Any]) -> str:
         f"  timings: first byte {_ms(c.get('upstream_first_byte_ms'))}, first token {_ms(c.get('first_token_ms'))},"
         f" total {_ms(c.get('duration_ms'))}, {c.get('chunk_count') or 0} chunks",
     ]
+    lines += route_lines(c.get("route_decision"))
     if c.get("flags"):
         lines.append(f"  flags: {', '.join(c['flags'])}")
     if c.get("tags"):
@@ -127,6 +128,29 @@ def _plain(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
+def route_lines(decision: Any) -> list[str]:
+    """The route decision (issue 38, request/routes.py `Decision.record`), as `captures show` and
+    `tapfix route explain` print it."""
+    if not isinstance(decision, dict):
+        return []
+    inputs = decision.get("inputs") or {}
+    route = decision.get("route")
+    taken = f"{route} → {decision.get('upstream')}/{decision.get('served_model')}" if route else "none"
+    lines = [f"  route: {taken}   matched: {decision.get('matched') or '-'}"]
+    seen = f"prompt {inputs.get('prompt_tokens')} tokens ({inputs.get('prompt_source')})"
+    seen += f", max_tokens {inputs.get('max_tokens')}" if inputs.get("max_tokens") else ""
+    seen += f", needs {', '.join(inputs['needs'])}" if inputs.get("needs") else ""
+    seen += "".join(f", header {k}: {v}" for k, v in (inputs.get("headers") or {}).items())
+    lines.append(f"    inputs: {seen}")
+    for r in decision.get("rejected") or []:
+        lines.append(f"    rejected {r.get('route')} ({r.get('upstream')}): {r.get('reason')}")
+    for a in decision.get("attempts") or []:
+        lines.append(f"    attempt on {a.get('route')} ({a.get('upstream')}) failed: {a.get('reason')}")
+    if decision.get("not_matched"):
+        lines.append(f"    not matched: {', '.join(decision['not_matched'])}")
+    return lines
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
@@ -172,6 +196,7 @@ def capture_json(reader: CaptureReader, capture: dict[str, Any]) -> dict[str, An
             "usage": c.get("usage"),
         },
         "headers": {which: c.get(f"{which}_headers") for which in ("request", "forwarded", "response")},
+        "route_decision": c.get("route_decision"),
         "upstream_error": upstream_error(c),
         "tapfix_error": tapfix_error(c),
         "choices": reader.read_choices(c["id"]),

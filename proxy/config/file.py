@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tapfix.proxy.config.model import ENGINE_DIALECT, ParamPolicy, ReasoningSettings
+from tapfix.proxy.config.routes import RouteRule, parse_routes
 from tapfix.proxy.config.settings import declared
 from tapfix.proxy.config.shape import key_name, shape_problems
 from tapfix.proxy.vocabulary.store_url import is_postgres_url, url_like_problem
@@ -48,6 +49,7 @@ class Upstream:
     read_timeout: float | None = None
     regenerate_concurrency: int | None = None  # issue 19: None: the declared default (config/settings.py)
     regenerate_per_minute: int | None = None
+    supports: tuple[str, ...] | None = None  # issue 38: what its models can take; None: everything
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The upstream's own credential (from the environment variable the config names), as it expects it."""
@@ -74,6 +76,9 @@ class ModelConfig:
     keep_billing_line: bool = False  # issue 36: forward Claude Code's billing block even to a local engine
     replay_reasoning: bool = False  # issue 36: recorded reasoning back into resent assistant turns
     replay_reasoning_as: str | None = None  # "field" | "think"; None: the engine's field
+    routes: tuple[RouteRule, ...] = ()  # issue 38: tried in order before `upstream` (config/routes.py)
+    supports: tuple[str, ...] | None = None  # issue 38: wins over its upstream's `supports`
+    dialect_from_engine: bool = False  # the reasoning dialect is its upstream's engine's: a route's engine's instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +341,9 @@ def _model(
         keep_billing_line=m.get("keep_billing_line", False),
         replay_reasoning=m.get("replay_reasoning", False),
         replay_reasoning_as=m.get("replay_reasoning_as"),
+        routes=parse_routes(source, where, m.get("routes"), names, problems),
+        supports=tuple(m["supports"]) if "supports" in m else None,
+        dialect_from_engine=not r.get("dialect"),
     )
 
 
@@ -353,6 +361,7 @@ def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
         read_timeout=u.get("read_timeout"),
         regenerate_concurrency=u.get("regenerate_concurrency"),
         regenerate_per_minute=u.get("regenerate_per_minute"),
+        supports=tuple(u["supports"]) if "supports" in u else None,
     )
 
 

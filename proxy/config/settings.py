@@ -280,6 +280,35 @@ class Settings:
             "This model's context window in tokens; wins over what the engine reports.",
         ),
     )
+    route_breaker_failures: int = setting(
+        3,
+        kind="int",
+        flag="--route-breaker-failures",
+        key="routing.breaker_failures",
+        metavar="N",
+        range=Range(1),
+        help="a routed upstream that fails N times within --route-breaker-window is skipped by the routes for a while",
+    )
+    route_breaker_window: float = setting(
+        30.0,
+        kind="number",
+        flag="--route-breaker-window",
+        key="routing.breaker_window",
+        metavar="SECONDS",
+        unit=SECONDS,
+        range=Range(0, min_open=True),
+        help="the window a routed upstream's failures are counted in",
+    )
+    route_breaker_open: float = setting(
+        30.0,
+        kind="number",
+        flag="--route-breaker-open",
+        key="routing.breaker_open",
+        metavar="SECONDS",
+        unit=SECONDS,
+        range=Range(0, min_open=True),
+        help="how long the routes skip an upstream whose breaker opened, before trying it again",
+    )
     max_tokens_floor: int = setting(
         256,
         kind="int",

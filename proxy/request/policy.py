@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
+from tapfix.proxy.config.model import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
@@ -29,7 +30,8 @@ from tapfix.proxy.request.reasoning_replay import (
     session_key,
 )
 from tapfix.proxy.request.reasoning_replay_responses import replay_responses
-from tapfix.proxy.request.routing import RouteError, resolve
+from tapfix.proxy.request.routes import Decision, Knowledge, decide, facts_of
+from tapfix.proxy.request.routing import Route, RouteError, resolve
 from tapfix.proxy.request.sampling import (
     GenerationConfigError,
     SamplingPolicy,
@@ -60,6 +62,7 @@ class Outcome:
     store_bodies: bool = True  # false: the routed model's config asks for metadata only
     replay_reasoning: bool = False  # the routed model replays reasoning: its answered turns are remembered
     replay_missed: int = 0  # resent turns without reasoning that matched none tapfix answered
+    decision: Decision | None = None  # issue 38: the route decision of a model with routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class RequestPolicy:
     def __init__(self, config: Config, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._environ = os.environ if environ is None else environ
+        self._known = Knowledge(environ=self._environ)
         self._policies: dict[str, _ModelPolicy] = {}
         self.turns: ReplaySource | None = None  # where reasoning replay finds answered turns (set at start)
         models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
@@ -91,9 +95,13 @@ class RequestPolicy:
                 raise ConfigError(f"{self.config.source or 'command line'}: {where}: {e}") from e
         return SamplingPolicy.build(m.sampling, values, label)
 
-    def apply(self, path: str, body: bytes, headers: Mapping[str, str], client_addr: str = "") -> Outcome:
+    def apply(
+        self, path: str, body: bytes, headers: Mapping[str, str], client_addr: str = "", known: Knowledge | None = None
+    ) -> Outcome:
         """`client_addr`: the client's address, which with its user-agent says whose turns it may get back
-        (reasoning replay)."""
+        (reasoning replay). `known`: what the proxy knows of its upstreams now, for a model's routes
+        (request/routes.py)."""
+        self._known = known or Knowledge(environ=self._environ)
         try:
             encoding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), "")
             if not codings(encoding):
@@ -168,6 +176,21 @@ class RequestPolicy:
             outcome.model = parsed.get("model") if isinstance(parsed.get("model"), str) else None
             outcome.error = route.answer(outcome.surface)
             return outcome
+        if route.settings is not None and route.settings.routes and route.model is not None:
+            decision = decide(
+                self.config,
+                route.settings,
+                route.served_model or route.model,
+                facts_of(outcome.surface, parsed, headers, route.model),
+                self._known,
+            )
+            outcome.decision = decision
+            if decision.taken is None:
+                outcome.model = route.model
+                outcome.error = decision.answer(outcome.surface)
+                return outcome
+            taken = decision.taken
+            route = Route(route.model, taken.served_model, self.config.upstreams[taken.upstream], route.settings)
         outcome.model, outcome.served_model, outcome.upstream = (
             route.model,
             route.served_model,
@@ -197,7 +220,7 @@ class RequestPolicy:
             s_edits, s_changes = apply_sampling(parsed, policy.sampling, outcome.surface, engine)
             edits += s_edits
             outcome.changes += s_changes
-            r = apply_reasoning(parsed, policy.settings.reasoning, outcome.surface)
+            r = apply_reasoning(parsed, self._reasoning(policy.settings, route.upstream), outcome.surface)
             if r.error is not None:
                 outcome.error = r.error
                 outcome.changes += r.changes
@@ -260,6 +283,14 @@ class RequestPolicy:
             return replayed.body, replayed.parsed
         outcome.flags.add("request_reserialized")
         return self._serialize(replayed.parsed), replayed.parsed
+
+    @staticmethod
+    def _reasoning(settings: ModelConfig, upstream: Upstream | None) -> ReasoningSettings:
+        """The model's reasoning settings for the upstream a route took (issue 38): a dialect that came from
+        the default upstream's engine follows the route's engine."""
+        if upstream is None or upstream.name == settings.upstream or not settings.dialect_from_engine:
+            return settings.reasoning
+        return replace(settings.reasoning, dialect=ENGINE_DIALECT.get(upstream.engine or ""))
 
     def _engine(self, upstream: Upstream | None) -> str | None:
         if upstream is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 from tapfix.proxy.config.file import Config
+from tapfix.proxy.request.route_checks import route_lines, route_problems
 from tapfix.proxy.request.routing import Problem, compare_served, preflight_static
 from tapfix.proxy.window.sources import probes_for
 
@@ -100,7 +101,7 @@ def run_checks(
 ) -> tuple[list[UpstreamStatus], list[Problem]]:
     environ = os.environ if environ is None else environ
     statuses, problems = check_upstreams(config, environ, timeout)
-    return statuses, preflight_static(config, environ) + problems
+    return statuses, preflight_static(config, environ) + problems + route_problems(config, environ, list(statuses))
 
 
 def window_text(configured: int | None, reported: tuple[int, str] | None) -> str:
@@ -131,6 +132,7 @@ def render(config: Config, statuses: list[UpstreamStatus], problems: list[Proble
             f"model    {model.name:<12} {mark} → {model.upstream}/{model.upstream_model}{aliases}"
             f"  {window_text(model.context_window, reported.get(model.upstream, {}).get(model.upstream_model))}"
         )
+    lines += route_lines(config)
     if config.is_quick:
         for s in statuses:
             lines += [f"model    {m:<12} {window_text(None, s.windows.get(m))}" for m in s.served]

@@ -15,6 +15,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.file import Config, ModelConfig, Upstream
+from tapfix.proxy.config.routes import glob_match, is_glob
 from tapfix.proxy.errors import LocalAnswer, request_error
 from tapfix.proxy.request.sampling import GenerationConfigError, load_generation_config
 from tapfix.proxy.surfaces import Surface
@@ -69,13 +70,25 @@ def resolve(config: Config, model: Any) -> Route | RouteError:
             f"request has {found}; expected the name of a served model; {_served(config)}",
             "missing_model" if model is None else "invalid_model",
         )
-    settings = config.models.get(model)
+    settings = public_model(config, model)
     if settings is None:
-        target = config.aliases().get(model)
-        if target is None:
-            return _error(404, f"model '{model}' is not served here; {_served(config)}", "model_not_found")
-        settings = config.models[target]
-    return Route(model, settings.upstream_model, config.upstreams[settings.upstream], settings)
+        return _error(404, f"model '{model}' is not served here; {_served(config)}", "model_not_found")
+    served = settings.upstream_model
+    if is_glob(settings.name) and served == settings.name:
+        served = model  # `[models."claude-haiku-*"]` without upstream_model: the name asked for
+    return Route(model, served, config.upstreams[settings.upstream], settings)
+
+
+def public_model(config: Config, model: str) -> ModelConfig | None:
+    """The `[models.X]` table a name asks for: an exact name, then an alias, then the first public name
+    that is a glob pattern (`[models."claude-haiku-*"]`, issue 38) matching it, in the file's order."""
+    settings = config.models.get(model)
+    if settings is not None and not is_glob(model):
+        return settings
+    target = config.aliases().get(model)
+    if target is not None:
+        return config.models[target]
+    return next((m for m in config.models.values() if is_glob(m.name) and glob_match(m.name, model)), None)
 
 
 def _served(config: Config) -> str:
@@ -124,7 +137,10 @@ def preflight_static(config: Config, environ: Mapping[str, str]) -> list[Problem
             problems.append(Problem("error", f"{where}.ca_file", f"cannot read {u.ca_file}"))
         if u.insecure:
             problems.append(Problem("warning", f"{where}.insecure", "TLS certificates are not verified"))
-        if not config.is_quick and not any(m.upstream == u.name for m in config.models.values()):
+        used = {m.upstream for m in config.models.values()} | {
+            name for m in config.models.values() for r in m.routes for name in r.upstreams
+        }
+        if not config.is_quick and u.name not in used:
             problems.append(Problem("warning", where, "no model is routed to this upstream"))
     models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
     for m in models:
@@ -155,6 +171,8 @@ def compare_served(config: Config, upstream_name: str, served_ids: Iterable[str]
     for m in config.models.values():
         if m.upstream != upstream_name or m.upstream_model in served:
             continue
+        if is_glob(m.name) and m.upstream_model == m.name:
+            continue  # a glob name that passes the asked name on: no one id to look for
         close = difflib.get_close_matches(m.upstream_model, served, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         listing = ", ".join(served) or "nothing"

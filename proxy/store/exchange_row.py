@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.store.kept import body_columns, trace_columns
+from tapfix.proxy.store.kept import body_columns, route_columns, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
 from tapfix.proxy.store.sessions import SessionLink
 
@@ -61,6 +61,7 @@ def exchange_row(
         "source_id": ex.source_id,
         **attempt_columns(ex),
         **trace_columns(ex),
+        **route_columns(ex),
         "tags": _json(sorted(ex.tags)),
         "flags": _json(sorted(flags)),
         "changes_count": len(ex.changes),

@@ -40,6 +40,7 @@ def kept_row(ex: Exchange, bodies: dict[str, int | None], upstream: bytes, reaso
         "response_headers": _json([(_safe(k), _safe(v)) for k, v in redact_headers(ex.response_headers)]),
         "chunk_count": len(ex.chunk_times),
         **trace_columns(ex),
+        **route_columns(ex),
     }
 
 
@@ -114,3 +115,9 @@ def _ms(when: float | None, mark: float) -> float | None:
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def route_columns(ex: Exchange) -> dict[str, str | None]:
+    """The route decision (issue 38, request/routes.py `Decision.record`) as JSON text (migration m008)."""
+    decision = ex.extra.get("route_decision")
+    return {"route_decision": _json(decision) if decision is not None else None}

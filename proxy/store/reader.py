@@ -37,6 +37,7 @@ class CaptureFilter:
     tag: str | None = None
     session: str | None = None
     trace: str | None = None
+    route: str | None = None  # issue 38: the route taken, as the route decision names it
 
     def asked(self) -> str:
         """The filters as the command line spells them: `--flag F, --trace T`."""
@@ -44,7 +45,13 @@ class CaptureFilter:
 
     def given(self) -> list[tuple[str, str]]:
         """(key, value) of each filter given, as given."""
-        given = (("flag", self.flag), ("tag", self.tag), ("session", self.session), ("trace", self.trace))
+        given = (
+            ("flag", self.flag),
+            ("tag", self.tag),
+            ("session", self.session),
+            ("trace", self.trace),
+            ("route", self.route),
+        )
         return [(key, value) for key, value in given if value]
 
     def sought(self) -> list[tuple[str, str]]:
@@ -65,6 +72,7 @@ def with_parent(own: list[str], of_parent: list[str]) -> str:
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
     """A row as the CLI shows it: JSON columns parsed, `stream` a bool, `changes` the count."""
     for key in (
+        "route_decision",
         "flags",
         "tags",
         "request_headers",
@@ -106,13 +114,14 @@ class CaptureReader:
         tag: str | None = None,
         session: str | None = None,
         trace: str | None = None,
+        route: str | None = None,
     ) -> list[dict[str, Any]]:
         """Client requests newest first, each followed by its regeneration attempts (issue 19) in order.
 
         The filters and `limit` are about client requests: an attempt is listed under its parent, whatever
         it carries itself (it has no session; its flags say what went wrong upstream, and the parent
         carries `regenerated`). An attempt whose parent isn't in the store is listed on its own."""
-        rows = self._clients(CaptureFilter(flag, tag, session, trace), limit)
+        rows = self._clients(CaptureFilter(flag, tag, session, trace, route), limit)
         parents = [row["id"] for row in rows if row["attempt_of"] is None]
         children: dict[str, list[dict[str, Any]]] = {}
         for start in range(0, len(parents), CHUNK):

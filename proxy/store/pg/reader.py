@@ -59,6 +59,8 @@ def filter_clauses(filters: CaptureFilter, table: str = "exchanges") -> tuple[li
     for key, value in filters.sought():
         if key in ("flag", "tag"):
             where.append(f"exists (select 1 from json_array_elements_text({table}.{key}s::json) v where v = ?)")
+        elif key == "route":
+            where.append(f"({table}.route_decision::jsonb ->> 'route') = ?")
         else:
             where.append(f"{table}.{'session_id' if key == 'session' else 'trace_id'} = ?")
         args.append(value)

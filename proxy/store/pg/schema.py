@@ -266,6 +266,11 @@ PREFIX_BREAK = """
 alter table exchanges add column prefix_break text;
 """
 
+# Routes (issue 38; SQLite's m009_route_decision): the decision that sent an exchange where it went, as JSON text.
+ROUTE_DECISION = """
+alter table exchanges add column route_decision text;
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
@@ -275,6 +280,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg005_browse_indexes", BROWSE_INDEXES),
     ("pg006_threads", THREADS),
     ("pg007_prefix_break", PREFIX_BREAK),
+    ("pg008_route_decision", ROUTE_DECISION),
 )
 
 # The SQLite migration (store/sqlite/schema.py) whose schema each of these reaches: how `captures copy` tells
@@ -287,4 +293,5 @@ REACHES: dict[str, str] = {
     "pg005_browse_indexes": "m006_exchange_bodies",  # indexes only (the browser's filters): no SQLite step
     "pg006_threads": "m007_threads",
     "pg007_prefix_break": "m008_prefix_break",
+    "pg008_route_decision": "m009_route_decision",
 }

@@ -52,6 +52,11 @@ def filter_clauses(
             where.append(f"exists (select 1 from json_each({table}.{key}s) where value = ?)")
         elif key == "session":
             where.append(f"{table}.session_id = ?")
+        elif key == "route":
+            if not has_column(conn, "route_decision"):
+                where.append("0")
+                continue
+            where.append(f"json_extract({table}.route_decision, '$.route') = ?")
         elif has_column(conn, "trace_id"):
             where.append(f"{table}.trace_id = ?")
         else:

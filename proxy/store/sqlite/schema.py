@@ -241,3 +241,11 @@ def m008_prefix_break(db: Database) -> None:
     store/prefix_breaks.py): JSON text `{path, offset, cause, reason, previous, old, new, body}`, null when
     it extends it or starts its thread."""
     db.execute("alter table exchanges add column prefix_break text")
+
+
+@migrations()
+def m009_route_decision(db: Database) -> None:
+    """Routes (issue 38): the decision that sent an exchange where it went, as JSON text
+    (request/routes.py `Decision.record`): the route taken, the rule and its inputs, the routes rejected
+    and why; null for a model without routes."""
+    db.execute("alter table exchanges add column route_decision text")

@@ -1,0 +1,240 @@
+"""Route fallback after an upstream's answer (issue 38): a routed request whose upstream answered 5xx or 429 is
+sent to the next route that can take it, before any byte of that answer reached the client.
+
+Only a whole (non-streamed) answer is held until the `response` hook, so only a request that didn't ask for
+a stream falls back here: a streamed request's error answer reaches its client as before. This addon runs
+before the stream owner, so the answer that replaces the error goes through the same body stages (tool-call
+repair, the reasoning field) and is recorded as the client's exchange; each failed answer is an exchange of
+its own (`attempt_of` the client's capture, `attempt` 2, 3, ...), flagged `route_fallback`. A 4xx other
+than 429 is the request's own fault: no fallback. An upstream that answered 429 with a `Retry-After` is
+skipped by the routes for that long (at most `RETRY_AFTER_MAX_S`), each failure counts against its breaker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import httpx
+from mitmproxy import http
+from tapfix.addons.runner.runtime import Runtime, exchange_of
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.proxy.changes import Change
+from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.ids import new_capture_id
+from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.request.breaker import Breaker
+from tapfix.proxy.request.policy import Outcome
+from tapfix.proxy.window.overflow import recognise
+
+log = logging.getLogger("tapfix")
+RETRY_AFTER_MAX_S = 300.0
+FLAG = "route_fallback"
+_NOT_COPIED = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+class Routes(Protocol):
+    """What this addon asks of the router (addons/router.py): addons don't import each other."""
+
+    breaker: Breaker
+
+    async def decide_route(
+        self,
+        ex: Exchange,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        failed: dict[str, str],
+        attempts: list[dict[str, Any]],
+        larger_than: int | None = None,
+    ) -> Outcome: ...
+
+    def point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None: ...
+
+    def route_headers(self, ex: Exchange) -> dict[str, str]: ...
+
+    def served_turn(self, ex: Exchange) -> None: ...
+
+
+def retryable(status: int) -> bool:
+    return status >= 500 or status == 429
+
+
+def retry_after(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S) if seconds is not None and seconds > 0 else None
+
+
+class RouteFallback:
+    def __init__(self, runtime: Runtime, router: Routes) -> None:
+        self.runtime = runtime
+        self.router = router
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            timeout = httpx.Timeout(None, connect=self.runtime.settings.connect_timeout)
+            self._client = httpx.AsyncClient(timeout=timeout, verify=not self.runtime.settings.insecure)
+            self._client.headers.clear()  # only the headers the request carries (no httpx defaults)
+        return self._client
+
+    async def done(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        response = flow.response
+        if ex is None or response is None or response.stream or ex.tapfix_answered or ex.stream:
+            return
+        decision = ex.extra.get("route_decision")
+        if not isinstance(decision, dict) or decision.get("route") is None:
+            return
+        why = self._why(ex, response)
+        if why is None:
+            return
+        failed = {a["upstream"]: a["reason"] for a in decision.get("attempts", [])}
+        attempts = list(decision.get("attempts", []))
+        larger_than: int | None = None
+        number = 1
+        while why is not None:
+            reason, overflowed = why
+            upstream, status = str(ex.extra.get("target")), response.status_code
+            failed[upstream] = reason
+            now = time.monotonic()
+            if overflowed is None:  # an overflow says nothing of the upstream's health
+                self.router.breaker.failed(upstream, now)
+            else:
+                larger_than = max(larger_than or 0, overflowed)
+            wait = retry_after(response.headers.get("retry-after")) if status == 429 else None
+            if wait is not None:
+                self.router.breaker.hold(upstream, now + wait)
+            attempts.append({"route": ex.route, "upstream": upstream, "reason": reason, "status": status})
+            number += 1
+            ex.extra.setdefault("attempt_records", []).append(self._failed_attempt(ex, flow, number, reason))
+            before = ex.extra["route_decision"]
+            outcome = await self.router.decide_route(
+                ex, ex.path, ex.request, dict(ex.request_headers), failed, attempts, larger_than
+            )
+            taken = outcome.decision.taken if outcome.decision is not None else None
+            target = self.runtime.targets.get(outcome.upstream.name) if outcome.upstream is not None else None
+            if taken is None or target is None or outcome.error is not None:
+                log.warning("route fallback: no other route can take %s after upstream %s %s", ex.id, upstream, reason)
+                # the client gets this upstream's answer, as without routes; the decision says what was tried
+                others = outcome.decision.record()["rejected"] if outcome.decision is not None else []
+                ex.extra["route_decision"] = {**before, "fallback_rejected": others}
+                break
+            log.warning("route %s: upstream %s %s; next route %s", attempts[-1]["route"], upstream, reason, taken.route)
+            try:
+                response = await self._send(
+                    flow, ex, outcome.body, outcome.upstream_headers, outcome.remove_headers, target
+                )
+            except httpx.HTTPError as e:
+                attempts.append({"route": taken.route, "upstream": taken.upstream, "reason": str(e)})
+                break
+            ex.changes.append(
+                Change("router", "fallback", "upstream", upstream, taken.upstream, f"upstream {upstream} {reason}")
+            )
+            ex.served_model = outcome.served_model
+            why = self._why(ex, response)
+            if why is None and response.status_code < 400:
+                self.router.served_turn(ex)
+        ex.extra["route_decision"] = {**ex.extra["route_decision"], "attempts": attempts}
+        ex.flags.add(FLAG)
+        response.headers.update(self.router.route_headers(ex))
+
+    @staticmethod
+    def _why(ex: Exchange, response: http.Response) -> tuple[str, int | None] | None:
+        """Why this answer moves the request to another route: (reason, the window an overflow names, else
+        None); None when it stands. An overflow moves it only to a strictly larger window (issue 38)."""
+        status = response.status_code
+        if retryable(status):
+            return f"answered {status}", None
+        if status != 400:
+            return None
+        overflow = recognise(json_object(response.raw_content or b""))
+        if overflow is None:
+            return None
+        window = overflow.window or _route_window(ex)
+        if window is None:
+            return None  # no window to be larger than: the overflow answer stands
+        return f"overflowed its window of {window:,} tokens", window
+
+    async def _send(
+        self,
+        flow: http.HTTPFlow,
+        ex: Exchange,
+        body: bytes,
+        upstream_headers: dict[str, str],
+        remove: list[str],
+        target: UpstreamTarget,
+    ) -> http.Response:
+        """The request as the new route's policy made it, from the client's own headers; its answer whole,
+        in place of the error."""
+        request = flow.request
+        request.headers = http.Headers([(k.encode(), v.encode()) for k, v in ex.request_headers])
+        for name in [*remove, "accept-encoding"]:
+            request.headers.pop(name, None)
+        request.headers.update(upstream_headers)
+        request.path = ex.path
+        request.raw_content = body
+        if "content-length" in request.headers:
+            request.headers["content-length"] = str(len(body))
+        self.router.point_at(flow, target)
+        ex.upstream_url = f"{target.origin}{request.path}"
+        ex.extra["target"] = target.name
+        sent = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
+        answer = await self.client().request(request.method, ex.upstream_url, headers=sent, content=body)
+        headers = [(k.encode(), v.encode()) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_COPIED]
+        flow.response = response = http.Response.make(answer.status_code, answer.content, headers)
+        response.headers["x-tapfix-capture-id"] = ex.id
+        ex.upstream_status = answer.status_code
+        ex.response_started_at = time.perf_counter()
+        ex.response = None
+        return response
+
+    @staticmethod
+    def _failed_attempt(ex: Exchange, flow: http.HTTPFlow, number: int, reason: str) -> Exchange:
+        """The error answer a route gave, as an exchange of its own under the client's capture."""
+        response = flow.response
+        assert response is not None
+        return Exchange(
+            id=new_capture_id(),
+            started_at=ex.started_at,
+            client_addr=ex.client_addr,
+            method=ex.method,
+            path=ex.path,
+            url=ex.url,
+            upstream_url=ex.upstream_url,
+            user_agent=ex.user_agent,
+            model=ex.model,
+            served_model=ex.served_model,
+            route=ex.route,
+            request=flow.request.raw_content or b"",
+            request_headers=list(flow.request.headers.items(multi=True)),
+            status=response.status_code,
+            upstream_status=response.status_code,
+            response_headers=list(response.headers.items(multi=True)),
+            content_type=response.headers.get("content-type", ""),
+            response=response.raw_content or b"",
+            ended_at=time.perf_counter(),
+            error=f"upstream {ex.extra.get('target')} {reason}",
+            flags={FLAG},
+            attempt_of=ex.id,
+            attempt=number,
+            store_bodies=ex.store_bodies,
+            trace_id=ex.trace_id,
+            mark=ex.mark,
+        )
+
+
+def _route_window(ex: Exchange) -> int | None:
+    """The window the route taken was known to have (its config's), when the engine's error names none."""
+    routed = ex.extra.get("route_window")
+    return routed[0] if isinstance(routed, tuple) else None

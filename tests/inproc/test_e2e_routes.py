@@ -1,0 +1,435 @@
+"""Issue 38: a model's routes, checked before they are taken and explained on every exchange. Two mock
+upstreams on loopback play `local` and `cloud`; the real proxy, from a config file, sits in front; an
+OpenAI SDK client asks. The config is the issue's own, with thresholds small enough for a test."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import openai
+import pytest
+
+from tests.support.inproc import cli, start, start_mock
+from tests.support.procs import wait_capture
+
+KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
+CONFIG = """
+[upstreams.local]
+base_url = "{local}/v1"
+engine = "vllm"
+
+[upstreams.cloud]
+base_url = "{cloud}/v1"
+engine = "openai"
+api_key_env = "{key_env}"
+
+[models.coder]
+upstream = "local"              # the default route
+upstream_model = "tapfix-mock"
+context_window = 4096
+
+[[models.coder.routes]]
+name = "long-context"
+when = {{ prompt_tokens_over = 2000 }}
+upstream = "cloud"
+upstream_model = "tapfix-mock"
+
+[models."claude-haiku-*"]
+upstream = "local"
+upstream_model = "tapfix-mock"
+"""
+LONG = "word " * 4000  # about 5,000 tokens by the estimate: over the route's 2,000 and the local 4,096
+SHORT = "hello"
+
+
+@pytest.fixture(scope="module")
+def upstreams(module_tmp):
+    local, cloud = start_mock(module_tmp), start_mock(module_tmp)
+    yield local, cloud
+    local.stop()
+    cloud.stop()
+
+
+def write_config(tmp_path, local: str, cloud: str) -> str:
+    path = tmp_path / "tapfix.toml"
+    path.write_text(CONFIG.format(local=local, cloud=cloud, key_env=KEY_ENV))
+    return str(path)
+
+
+def ask(proxy, content: str, **kw):
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="client-key", max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model="coder", messages=[{"role": "user", "content": content}], max_tokens=50, **kw
+    )
+
+
+def decision_of(proxy, capture_id: str) -> dict:
+    row = wait_capture(proxy.extra["db"], capture_id)
+    return json.loads(row["route_decision"])
+
+
+def run_proxy(tmp_path, config: str, env: dict[str, str] | None = None):
+    db = tmp_path / "captures.db"
+    proxy = start(["--config", config, "--db", str(db)], tmp_path / "proxy.log", env=env)
+    proxy.extra["db"] = db
+    return proxy
+
+
+def test_without_the_credential_check_fails_naming_route_and_variable(tmp_path, upstreams, monkeypatch):
+    local, cloud = upstreams
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    result = cli("check", "--config", write_config(tmp_path, local.url, cloud.url))
+    out = result.stdout.decode()
+    assert result.returncode == 1, out
+    problem = next(line for line in out.splitlines() if "long-context" in line and line.startswith("error"))
+    assert KEY_ENV in problem and "never be taken" in problem
+
+
+def test_without_the_credential_a_long_request_is_told_both_rejections(tmp_path, upstreams, monkeypatch):
+    local, cloud = upstreams
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url))
+    try:
+        with pytest.raises(openai.BadRequestError) as raised:
+            ask(proxy, LONG)
+        error = raised.value
+        message = error.body["message"]
+        # The overflow shape (the window turned the last route down), so agents compact ...
+        assert error.code == "context_length_exceeded" and message.startswith("This model's maximum context length")
+        # ... naming each route and why, and never the variable.
+        assert 'no route for model "coder" can take this request: long-context: no credential for upstream cloud; ' in (
+            message
+        )
+        assert "default: prompt " in message and "> window 4,096" in message
+        assert KEY_ENV not in message
+        headers = error.response.headers
+        assert headers["x-tapfix-route"] == "none"
+        assert headers["x-tapfix-route-rejected"] == "long-context=credential, default=window"
+        decision = decision_of(proxy, headers["x-tapfix-capture-id"])
+        assert decision["route"] is None
+        assert KEY_ENV in decision["rejected"][0]["reason"]  # the capture names it
+        # A short request still goes to the default, the local upstream.
+        short = ask(proxy, SHORT)
+        assert short.headers["x-tapfix-route"] == "default"
+        assert "x-tapfix-route-rejected" not in short.headers
+    finally:
+        proxy.stop()
+
+
+def test_with_the_credential_long_goes_to_cloud_and_short_to_local(tmp_path, upstreams):
+    local, cloud = upstreams
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url), env={KEY_ENV: "cloud-secret"})
+    try:
+        long = ask(proxy, LONG)
+        assert long.headers["x-tapfix-route"] == "long-context"
+        row = wait_capture(proxy.extra["db"], long.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(cloud.url)
+        decision = json.loads(row["route_decision"])
+        assert decision["route"] == "long-context" and decision["upstream"] == "cloud"
+        assert decision["matched"] == "prompt_tokens_over 2,000"
+        assert decision["inputs"]["prompt_tokens"] > 2000
+
+        short = ask(proxy, SHORT)
+        assert short.headers["x-tapfix-route"] == "default"
+        row = wait_capture(proxy.extra["db"], short.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(local.url)
+        assert json.loads(row["route_decision"])["not_matched"] == ["long-context"]
+
+        db = str(proxy.extra["db"])
+        listed = cli("captures", "list", "--route", "long-context", "--json", "--db", db).stdout.decode()
+        assert [json.loads(line)["id"] for line in listed.splitlines()] == [long.headers["x-tapfix-capture-id"]]
+        shown = cli("captures", "show", long.headers["x-tapfix-capture-id"], "--db", db).stdout.decode()
+        assert "route: long-context → cloud/tapfix-mock   matched: prompt_tokens_over 2,000" in shown
+    finally:
+        proxy.stop()
+
+
+def test_a_glob_public_name_serves_a_clients_hard_coded_model(tmp_path, upstreams):
+    local, cloud = upstreams
+    proxy = run_proxy(tmp_path, write_config(tmp_path, local.url, cloud.url))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(
+            model="claude-haiku-4-5-20251001", messages=[{"role": "user", "content": "hi"}]
+        )
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert (row["model"], row["served_model"]) == ("claude-haiku-4-5-20251001", "tapfix-mock")
+        assert row["upstream_url"].startswith(local.url)
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="claude-opus-4", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        proxy.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_dead_upstream_falls_over_to_the_next_eligible_route(tmp_path, upstreams):
+    local, _ = upstreams
+    config = tmp_path / "dead.toml"
+    config.write_text(
+        "[routing]\nbreaker_failures = 2\n\n"
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "gpu1"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        answer = ask(proxy, SHORT)
+        assert answer.parse().choices[0].message.content
+        assert answer.headers["x-tapfix-route"] == "default"
+        assert answer.headers["x-tapfix-route-rejected"] == "fast=failed"
+        decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
+        assert [a["route"] for a in decision["attempts"]] == ["fast"]
+        assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: unreachable")
+        # The second failure opens its breaker (`[routing] breaker_failures = 2`): the third request doesn't try it.
+        ask(proxy, SHORT)
+        third = ask(proxy, SHORT)
+        assert third.headers["x-tapfix-route"] == "default"
+        decision = decision_of(proxy, third.headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream gpu1 failed: circuit open for")
+    finally:
+        proxy.stop()
+
+
+def test_a_model_the_upstream_does_not_list_is_passed_over_and_explained(tmp_path, upstreams):
+    local, cloud = upstreams
+    config = tmp_path / "served.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.cloud]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "agents"\nwhen = { user_agent = "OpenAI/Python*" }\n'
+        'upstream = "cloud"\nupstream_model = "not-served-here"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=[{"role": "user", "content": "hi"}], stream=True
+        ) as streamed:
+            assert streamed.headers["x-tapfix-route"] == "default"
+            assert streamed.headers["x-tapfix-route-rejected"] == "agents=served"
+            capture_id = streamed.headers["x-tapfix-capture-id"]
+            assert list(streamed.iter_lines())
+        decision = decision_of(proxy, capture_id)
+        assert decision["rejected"][0]["reason"].startswith("upstream cloud does not serve not-served-here")
+        assert decision["inputs"]["user_agent"].startswith("OpenAI/Python")
+        # `route explain` reads the capture's request and headers and sends nothing: without the served lists
+        # it would take the route whose rule matched.
+        explained = cli(
+            "route",
+            "explain",
+            "--config",
+            str(config),
+            "--capture",
+            capture_id,
+            "--db",
+            str(proxy.extra["db"]),
+            "--json",
+        )
+        assert explained.returncode == 0, explained.stderr
+        assert json.loads(explained.stdout)["route"] == "agents"
+        other = cli(
+            "route",
+            "explain",
+            "--config",
+            str(config),
+            "--capture",
+            capture_id,
+            "--db",
+            str(proxy.extra["db"]),
+            "--user-agent",
+            "curl/8",
+        )
+        assert "route: default → local/tapfix-mock" in other.stdout.decode()
+    finally:
+        proxy.stop()
+
+
+def test_replicas_are_tried_in_order_and_messages_get_its_own_error_shape(tmp_path, upstreams):
+    import anthropic
+
+    local, cloud = upstreams
+    config = tmp_path / "replicas.toml"
+    config.write_text(
+        f'[upstreams.gpu0]\nbase_url = "http://127.0.0.1:{closed_port()}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\nsupports = ["tools"]\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "vision"\nwhen = { needs = ["images"] }\nupstream = ["gpu0", "gpu1"]\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(
+            model="coder", messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}]
+        )
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "vision",
+            "vision=failed",
+        )
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert row["upstream_url"].startswith(cloud.url)
+        assert json.loads(row["route_decision"])["upstream"] == "gpu1"
+        # Both replicas gone (gpu1 now points at a closed port too) and the default declares no images: on
+        # Messages the client gets Anthropic's 503 overloaded_error, which it retries.
+        config.write_text(config.read_text().replace(cloud.url, f"http://127.0.0.1:{closed_port()}"))
+        proxy.stop()
+        proxy = run_proxy(tmp_path, str(config))
+        messages = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
+        picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            messages.messages.create(model="coder", max_tokens=20, messages=[{"role": "user", "content": [picture]}])
+        assert raised.value.status_code == 503
+        body = raised.value.body
+        assert body["error"]["type"] == "overloaded_error"
+        assert body["error"]["message"] == (
+            'no route for model "coder" can take this request: vision: upstream gpu0 failed; vision: upstream gpu1 '
+            "failed; default: upstream local does not support images"
+        )
+    finally:
+        proxy.stop()
+
+
+FLAKY = {
+    "models": ["m503", "m429", "m400"],
+    "rules": [
+        {"when": {"model": "m429"}, "do": "http_error", "status": 429, "headers": {"retry-after": "30"}},
+        {"when": {"model": "m400"}, "do": "http_error", "status": 400},
+        {"do": "http_error", "status": 503},
+    ],
+}
+
+
+def test_an_upstreams_5xx_or_429_falls_over_a_400_does_not(tmp_path, upstreams):
+    local, _ = upstreams
+    scenario = tmp_path / "flaky.json"
+    scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(scenario))
+    config = tmp_path / "flaky.toml"
+    models = "".join(
+        f'[models.{name}]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        f'[[models.{name}.routes]]\nname = "primary"\nupstream = "{upstream}"\nupstream_model = "{served}"\n\n'
+        for name, upstream, served in (
+            ("coder", "flaky", "m503"),
+            ("limited", "flaky", "m429"),
+            ("picky", "picky", "m400"),
+        )
+    )
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.picky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n' + models
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        hi = [{"role": "user", "content": "hi"}]
+        answer = client.chat.completions.with_raw_response.create(model="coder", messages=hi)
+        assert answer.parse().choices[0].message.content
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "default",
+            "primary=failed",
+        )
+        db = proxy.extra["db"]
+        capture_id = answer.headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
+        assert "route_fallback" in json.loads(row["flags"])
+        assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
+        assert failed["served_model"] == "m503"
+
+        # A 429 falls over too, and its Retry-After keeps the route skipped: the next request doesn't try it.
+        client.chat.completions.create(model="limited", messages=hi)
+        again = client.chat.completions.with_raw_response.create(model="limited", messages=hi)
+        decision = decision_of(proxy, again.headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream flaky failed: circuit open for")
+
+        # A 400 is the request's own fault: it reaches the client, no other route is asked (another upstream on the
+        # same mock: the breaker is per upstream, and the 429's Retry-After holds `flaky`).
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(model="picky", messages=hi)
+        assert raised.value.response.headers["x-tapfix-route"] == "primary"
+    finally:
+        proxy.stop()
+        flaky.stop()
+
+
+def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
+    local, _ = upstreams
+    small = start_mock(tmp_path, "--context-window", "1000")  # plays vLLM: its 400 for a prompt that won't fit
+    config = tmp_path / "overflow.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.small]\nbase_url = "{small.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\ncontext_window = 20000\n\n'
+        # The config believes the route's window is larger than it is: the engine's overflow tells the truth.
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "small"\nupstream_model = "tapfix-mock"\n'
+        "context_window = 10000\n"
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        answer = ask(proxy, "word " * 2000)
+        assert answer.parse().choices[0].message.content
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "default",
+            "fast=failed",
+        )
+        decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
+        assert decision["attempts"][0]["reason"] == "overflowed its window of 1,000 tokens"
+        # The overflow is the prompt's, not the upstream's: its breaker counted nothing, a short prompt goes there.
+        assert ask(proxy, SHORT).headers["x-tapfix-route"] == "fast"
+    finally:
+        proxy.stop()
+        small.stop()
+
+
+def test_a_threads_turns_stay_on_the_replica_that_served_it(tmp_path, upstreams):
+    local, cloud = upstreams
+    scenario = tmp_path / "first-fails.json"
+    scenario.write_text(json.dumps({"rules": [{"when": {"first": 1}, "do": "http_error", "status": 503}]}))
+    gpu0 = start_mock(tmp_path, "--scenario", str(scenario))  # fails its first request only
+    config = tmp_path / "replicas.toml"
+    config.write_text(
+        f'[upstreams.gpu0]\nbase_url = "{gpu0.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.gpu1]\nbase_url = "{cloud.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "gpus"\nupstream = ["gpu0", "gpu1"]\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+
+    def turn(task: str, history: list[dict]) -> str:
+        messages = [{"role": "system", "content": "you code"}, {"role": "user", "content": task}, *history]
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        answer = client.chat.completions.with_raw_response.create(model="coder", messages=messages)
+        row = wait_capture(proxy.extra["db"], answer.headers["x-tapfix-capture-id"])
+        assert answer.headers["x-tapfix-route"] == "gpus"
+        return "gpu0" if row["upstream_url"].startswith(gpu0.url) else "gpu1"
+
+    try:
+        # Thread A's first turn: gpu0 fails it, gpu1 serves it; its later turns stay on gpu1 though gpu0 is well.
+        assert turn("task A", []) == "gpu1"
+        follow = [{"role": "assistant", "content": "done"}, {"role": "user", "content": "more"}]
+        assert turn("task A", follow) == "gpu1"
+        later = [*follow, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+        assert turn("task A", later) == "gpu1"
+        # Another thread starts on the first replica.
+        assert turn("task B", []) == "gpu0"
+        assert turn("task B", follow) == "gpu0"
+    finally:
+        proxy.stop()
+        gpu0.stop()
