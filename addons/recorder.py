@@ -19,6 +19,7 @@ from tapfix.addons.runner.runtime import (
 )
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS
 from tapfix.proxy.store.redact import redact_url
 from tapfix.proxy.surfaces import is_inference
 
@@ -99,7 +100,7 @@ class RecordExchange:
             if not response.stream and ex.response is None and not ex.response_chunks:
                 ex.response = response.raw_content or b""
         self.runtime.submit(ex)
-        for attempt in ex.extra.pop("attempt_records", ()):  # issue 19: each later attempt, after its parent
+        for attempt in ex.extra.pop(ATTEMPT_RECORDS, ()):  # issue 19: each later attempt, after its parent
             self.runtime.submit(attempt)
         if self.runtime.settings.verbose:  # one line per exchange costs ~0.1 ms: only when asked
             took = (ex.ended_at - ex.mark) * 1000

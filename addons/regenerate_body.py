@@ -24,7 +24,7 @@ from tapfix.proxy.content_encoding import DecodeError, codings, decode_whole
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate import wire
-from tapfix.proxy.regenerate.records import attempt_records
+from tapfix.proxy.regenerate.records import attempt_records, keep_attempt_records
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome, WholeBodyRegeneration, needs_another
 from tapfix.proxy.surfaces import surface_for
@@ -76,8 +76,7 @@ class RegenerateBody:
             ex.flags.add("client_disconnected")
             ex.error = ex.error or "the client disconnected while the answer was regenerated"
         records = attempt_records(ex, regen, regen)
-        if records:
-            ex.extra["attempt_records"] = records  # the recorder writes them after their parent
+        keep_attempt_records(ex, records)
 
 
 def _answer(ex: Exchange, response: http.Response, good: BodyOutcome) -> None:

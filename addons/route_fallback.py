@@ -26,6 +26,7 @@ from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.window.overflow import recognise
@@ -117,7 +118,7 @@ class RouteFallback:
                 self.router.breaker.hold(upstream, now + wait)
             attempts.append({"route": ex.route, "upstream": upstream, "reason": reason, "status": status})
             number += 1
-            ex.extra.setdefault("attempt_records", []).append(self._failed_attempt(ex, flow, number, reason))
+            ex.extra.setdefault(ATTEMPT_RECORDS, []).append(self._failed_attempt(ex, flow, number, reason))
             before = ex.extra["route_decision"]
             outcome = await self.router.decide_route(
                 ex, ex.path, ex.request, dict(ex.request_headers), failed, attempts, larger_than

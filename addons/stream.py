@@ -32,7 +32,7 @@ from tapfix.proxy.content_encoding import DecodeError, Decoder, codings, decode_
 from tapfix.proxy.errors import reset_event
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.regenerate.records import attempt_records
+from tapfix.proxy.regenerate.records import attempt_records, keep_attempt_records
 from tapfix.proxy.regenerate.session import CUT, ENDED, LEFT, SHUTDOWN, AttemptSession
 from tapfix.proxy.regenerate.splice import AttemptSplice
 from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome
@@ -225,8 +225,7 @@ class StreamOwner:
         if isinstance(session, AttemptSession):
             session.release()
             records = attempt_records(ex, session, splice if isinstance(splice, AttemptSplice) else None)
-            if records:
-                ex.extra["attempt_records"] = records
+            keep_attempt_records(ex, records)
         if stage is not None:
             ex.changes.extend(stage.changes)
             # The flag says what the client got: when a later attempt failed and the client got an earlier

@@ -122,3 +122,16 @@ def attempt_records(ex: Exchange, session: SessionLike, splice: DecisionsLike | 
             )
         )
     return out
+
+
+ATTEMPT_RECORDS = "attempt_records"  # Exchange.extra: later attempts' exchanges, the recorder writes after their parent
+
+
+def keep_attempt_records(ex: Exchange, records: list[Exchange]) -> None:
+    """Hold `records` with those `ex` holds already (a route fallback's failed answers, addons/route_fallback.py,
+    come before regeneration's): numbered on after them, so no two attempts of one exchange share a number
+    and none is lost."""
+    kept: list[Exchange] = ex.extra.setdefault(ATTEMPT_RECORDS, [])
+    for record in records:
+        record.attempt += len(kept)
+    kept.extend(records)

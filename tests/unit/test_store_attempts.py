@@ -274,3 +274,17 @@ def test_captures_show_json_names_the_attempt_and_its_parent(tmp_path: Path) -> 
         assert (obj["attempt_of"], obj["attempt"]) == want
     text = CliRunner().invoke(main, ["captures", "show", attempt.id, "--db", str(tmp_path / "c.db")]).output
     assert f"attempt 2 of: {parent.id}" in text
+
+
+def test_regeneration_numbers_its_attempts_after_a_route_fallbacks():
+    """A route fallback's failed answer is attempt 2 (addons/route_fallback.py); a regeneration of the answer
+    that replaced it numbers its own after it, and neither record is dropped."""
+    from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS, keep_attempt_records
+
+    parent = Exchange()
+    fallback = Exchange(attempt_of=parent.id, attempt=2)
+    parent.extra[ATTEMPT_RECORDS] = [fallback]
+    regenerated = [Exchange(attempt_of=parent.id, attempt=n) for n in (2, 3)]
+    keep_attempt_records(parent, regenerated)
+    kept = parent.extra[ATTEMPT_RECORDS]
+    assert [r.attempt for r in kept] == [2, 3, 4] and kept[0] is fallback
