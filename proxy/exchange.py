@@ -30,6 +30,7 @@ class Exchange:
     user_agent: str = ""
     model: str | None = None
     served_model: str | None = None
+    route: str | None = None  # the route taken (issue 38)
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None  # the request's, as sent (a named one lets a chat call finish with "stop")

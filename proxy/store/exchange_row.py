@@ -50,6 +50,7 @@ def exchange_row(
         "upstream_url": redact_url(ex.upstream_url),
         "model": ex.model,
         "served_model": ex.served_model,
+        "route": ex.route,
         "stream": int(ex.stream),
         "status": ex.status,
         "error": error or ex.error,
@@ -74,10 +75,38 @@ def exchange_row(
         "usage": _json(assembled.usage) if assembled.usage is not None else None,
         "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
         "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+        **usage_details(usage),
         "chunk_count": len(ex.chunk_times),
         "chunk_timing": pack_timing(ex.chunk_times, ex.response_chunks),
     }
     return row
+
+
+# Where a usage object keeps its cached prompt tokens and its reasoning tokens: Chat Completions, Responses,
+# Anthropic Messages, first found wins. The migrations that added these columns fill old rows by the same
+# paths (store/sqlite/schema.py m008, store/pg/schema.py pg007).
+CACHED_TOKENS = (
+    ("prompt_tokens_details", "cached_tokens"),
+    ("input_tokens_details", "cached_tokens"),
+    ("cache_read_input_tokens",),
+)
+REASONING_TOKENS = (("completion_tokens_details", "reasoning_tokens"), ("output_tokens_details", "reasoning_tokens"))
+MAX_COUNT = 2**31 - 1
+
+
+def usage_details(usage: dict[str, Any]) -> dict[str, int | None]:
+    """`cached_tokens` and `reasoning_tokens` of a usage object (None: it doesn't say, or not as a count)."""
+    return {"cached_tokens": _count(usage, CACHED_TOKENS), "reasoning_tokens": _count(usage, REASONING_TOKENS)}
+
+
+def _count(usage: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> int | None:
+    for path in paths:
+        value: Any = usage
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+            return value
+    return None
 
 
 def attempt_columns(ex: Exchange) -> dict[str, Any]:

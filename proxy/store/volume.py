@@ -1,0 +1,197 @@
+"""The token-volume report (issue 38: `tapfix captures stats`, the browser's stats page): per group of
+exchanges, how many requests and tokens, how many failed or were repaired, and how fast they answered.
+
+Why SQL and one logic: the report runs over a whole store (10^6 captures), so the database groups and
+sums over columns (the writer stores the token counts as columns: store/exchange_row.py); the
+statements are built here once from a backend's `Dialect` (its spelling of a group's field, of its
+filters, of a repair, of an hour) and each backend answers them (`CaptureReader.token_volume`).
+
+What is counted: every exchange row, regeneration attempts and fallbacks included (each went upstream
+and spent its tokens on its own route); `requests` counts client requests, `attempts` the rest.
+Percentiles are nearest-rank (the value at rank ceil(p*n) of the group's sorted values), exact on both
+backends: PostgreSQL's `percentile_disc`, SQLite's window functions.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tapfix.proxy.store.filters import ERRORS, Filters
+
+GROUP_FIELDS = ("model", "route", "upstream", "client", "session")
+SUMS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens")
+COUNTS = ("requests", "attempts", *SUMS, "errors", "repairs")
+TIMINGS = ("ttft_ms_p50", "ttft_ms_p95", "decode_tps_p50")
+# Tokens per second of the answer after its first token; only where it took more than a millisecond.
+DECODE_RATE = (
+    "case when e.completion_tokens > 0 and e.duration_ms - e.first_token_ms > 1"
+    " then e.completion_tokens * 1000.0 / (e.duration_ms - e.first_token_ms) end"
+)
+# Columns a store written before this report (or before regeneration) lacks: read as null there.
+LATE_COLUMNS = ("route", "cached_tokens", "reasoning_tokens", "attempt_of")
+
+Rows = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
+
+
+class GroupError(ValueError):
+    """A `--by` the report can't group by; the message lists what it can."""
+
+
+def parse_by(text: str) -> tuple[str, ...]:
+    """`model,route` → ("model", "route"); unknown or repeated fields are a `GroupError`."""
+    fields = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    unknown = [name for name in fields if name not in GROUP_FIELDS]
+    if unknown or not fields:
+        raise GroupError(f"can't group by {', '.join(unknown) or repr(text)}: use any of {', '.join(GROUP_FIELDS)}")
+    if len(set(fields)) < len(fields):
+        raise GroupError(f"--by {text}: a field is named twice")
+    return fields
+
+
+def client_product(user_agent: str | None) -> str | None:
+    """The client a User-Agent names: its first word without a version (`opencode/0.4.1 ai-sdk/...` →
+    `opencode`, `claude-cli/2.0.1 (external, cli)` → `claude-cli`), but a product path is kept
+    (`OpenAI/Python 1.99` → `OpenAI/Python`). Each backend's SQL says the same (`Dialect.fields`)."""
+    if not user_agent:
+        return None
+    word = user_agent.split(" ", 1)[0]
+    slash = word.find("/")
+    if slash >= 0 and word[slash + 1 : slash + 2].isdigit() and word[slash + 1 : slash + 2].isascii():
+        return word[:slash]
+    return word
+
+
+def upstream_host(upstream_url: str | None) -> str | None:
+    """The upstream an exchange went to, as `host:port` of its URL (None: tapfix answered it itself)."""
+    if not upstream_url or "://" not in upstream_url:
+        return None
+    return upstream_url.split("://", 1)[1].split("/", 1)[0] or None
+
+
+def is_local(host: str | None) -> bool:
+    """An upstream on this machine or its network: loopback, a private or link-local address, `localhost`,
+    a `.local`/`.internal`/`.lan` name, or a one-label name (a container's service name such as `vllm`)."""
+    if not host:
+        return False
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+    name = name.strip("[]").lower()
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return name == "localhost" or "." not in name or name.endswith((".localhost", ".local", ".internal", ".lan"))
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one backend spells what the report's statements need, on `exchanges e`."""
+
+    fields: Mapping[str, str]  # each of GROUP_FIELDS as an SQL expression
+    where: Callable[[Filters], tuple[list[str], list[Any]]]  # the browser's filters (store/*/filters.py)
+    repaired: str  # a condition: the exchange had a tool call repaired (a `toolcalls` change)
+    hour: str  # the start of the exchange's hour, unix seconds (an integer)
+    columns: frozenset[str]  # which of LATE_COLUMNS the store has
+    percentile: Callable[[float, str], str] | None = None  # an aggregate of (fraction, value); None: windows
+
+    def column(self, name: str) -> str:
+        return f"e.{name}" if name in self.columns else "null"
+
+
+def token_volume(rows: Rows, d: Dialect, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
+    """One dict per group: its fields by name (None where the exchanges have none), COUNTS and TIMINGS
+    (None without data); the groups with the most tokens first."""
+    cond, args = d.where(f)
+    keys = [f"{d.fields[name]} as {name}" for name in by]
+    client_request = f"{d.column('attempt_of')} is null"
+    sums = [
+        f"sum(case when {client_request} then 1 else 0 end) as requests",
+        f"sum(case when {client_request} then 0 else 1 end) as attempts",
+        "coalesce(sum(e.prompt_tokens), 0) as input_tokens",
+        f"coalesce(sum({d.column('cached_tokens')}), 0) as cached_input_tokens",
+        "coalesce(sum(e.completion_tokens), 0) as output_tokens",
+        f"coalesce(sum({d.column('reasoning_tokens')}), 0) as reasoning_tokens",
+        f"sum(case when {ERRORS} then 1 else 0 end) as errors",
+        f"sum(case when e.changes_count > 0 then case when {d.repaired} then 1 else 0 end else 0 end) as repairs",
+    ]
+    if d.percentile is not None:
+        sums += [
+            f"{d.percentile(0.5, 'e.first_token_ms')} as ttft_ms_p50",
+            f"{d.percentile(0.95, 'e.first_token_ms')} as ttft_ms_p95",
+            f"{d.percentile(0.5, DECODE_RATE)} as decode_tps_p50",
+        ]
+    where = f" where {' and '.join(cond)}" if cond else ""
+    group = f" group by {', '.join(str(i + 1) for i in range(len(by)))}" if by else ""
+    sql = f"select {', '.join([*keys, *sums])} from exchanges e{where}{group}"
+    groups = [_counts(row) for row in rows(sql, args)]
+    if d.percentile is None:
+        _window_percentiles(rows, d, cond, args, by, groups)
+    groups = [g for g in groups if g["requests"] or g["attempts"]]  # no exchange: no group (a total over none)
+    return sorted(groups, key=lambda g: (-(g["input_tokens"] + g["output_tokens"]), -g["requests"], _order(g, by)))
+
+
+def _counts(row: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for name in COUNTS:
+        out[name] = int(out[name] or 0)
+    for name in TIMINGS:
+        out[name] = None if out.get(name) is None else float(out[name])
+    return out
+
+
+def _order(group: Mapping[str, Any], by: Sequence[str]) -> tuple[tuple[bool, str], ...]:
+    return tuple((group[name] is None, str(group[name])) for name in by)
+
+
+def _window_percentiles(
+    rows: Rows, d: Dialect, cond: list[str], args: list[Any], by: Sequence[str], groups: list[dict[str, Any]]
+) -> None:
+    """TTFT p50/p95 and decode rate p50 of each group by ranks (SQLite has no percentile aggregate):
+    only the rows at the wanted ranks come back, one statement per value."""
+    by_key = {tuple(g[name] for name in by): g for g in groups}
+    keys = [f"{d.fields[name]} as {name}" for name in by]
+    where = f" where {' and '.join(cond)}" if cond else ""
+    partition = f"partition by {', '.join(by)} " if by else ""
+    for value, wanted in (
+        ("e.first_token_ms", {50: "ttft_ms_p50", 95: "ttft_ms_p95"}),
+        (DECODE_RATE, {50: "decode_tps_p50"}),
+    ):
+        at_rank = " or ".join(f"(rn * 100 >= {p} * n and (rn - 1) * 100 < {p} * n)" for p in wanted)
+        sql = (
+            f"select {', '.join([*by, 'v', 'rn', 'n'])} from (select {', '.join([*by, 'v'])},"
+            f" row_number() over ({partition}order by v) as rn, count(*) over ({partition.strip()}) as n"
+            f" from (select {', '.join([*keys, f'{value} as v'])} from exchanges e{where}) where v is not null)"
+            f" where {at_rank}"
+        )
+        for row in rows(sql, args):
+            group = by_key.get(tuple(row[name] for name in by))
+            if group is None:
+                continue
+            for p, name in wanted.items():
+                if row["rn"] * 100 >= p * row["n"] and (row["rn"] - 1) * 100 < p * row["n"]:
+                    group[name] = float(row["v"])
+
+
+def volume_by_hour(rows: Rows, d: Dialect, f: Filters) -> list[dict[str, Any]]:
+    """Per hour (unix seconds of its start), route and upstream host: requests and tokens (input + output),
+    oldest first: what the stats page draws over time."""
+    cond, args = d.where(f)
+    where = f" where {' and '.join(cond)}" if cond else ""
+    sql = (
+        f"select {d.hour} as hour, {d.column('route')} as route, {d.fields['upstream']} as upstream,"
+        f" sum(case when {d.column('attempt_of')} is null then 1 else 0 end) as requests,"
+        " coalesce(sum(e.prompt_tokens), 0) + coalesce(sum(e.completion_tokens), 0) as tokens"
+        f" from exchanges e{where} group by 1, 2, 3 order by 1, 2, 3"
+    )
+    return [
+        {
+            "hour": int(r["hour"]),
+            "route": r["route"],
+            "upstream": r["upstream"],
+            "requests": int(r["requests"] or 0),
+            "tokens": int(r["tokens"] or 0),
+        }
+        for r in rows(sql, args)
+    ]
