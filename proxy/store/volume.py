@@ -30,8 +30,8 @@ DECODE_RATE = (
     "case when e.completion_tokens > 0 and e.duration_ms - e.first_token_ms > 1"
     " then e.completion_tokens * 1000.0 / (e.duration_ms - e.first_token_ms) end"
 )
-# Columns a store written before this report (or before regeneration) lacks: read as null there.
-LATE_COLUMNS = ("route", "cached_tokens", "reasoning_tokens", "attempt_of")
+# Columns a store written before this report (or before regeneration) lacks, by type: read as null there.
+LATE_COLUMNS = {"route": "text", "cached_tokens": "integer", "reasoning_tokens": "integer", "attempt_of": "text"}
 
 Rows = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
 
@@ -97,7 +97,7 @@ class Dialect:
     percentile: Callable[[float, str], str] | None = None  # an aggregate of (fraction, value); None: windows
 
     def column(self, name: str) -> str:
-        return f"e.{name}" if name in self.columns else "null"
+        return f"e.{name}" if name in self.columns else f"cast(null as {LATE_COLUMNS[name]})"
 
 
 def token_volume(rows: Rows, d: Dialect, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:

@@ -313,3 +313,41 @@ def test_usage_details_of_each_surface() -> None:
         "cached_tokens": None,
         "reasoning_tokens": None,
     }
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request, tmp_path)
+
+
+def as_before_the_report(store: Backend) -> None:
+    """The store as a tapfix before issue 38 left it: no route, cached or reasoning columns."""
+    drops = "drop column route, drop column cached_tokens, drop column reasoning_tokens"
+    if store.name == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(store.locator) as conn:
+            conn.execute("drop index idx_exchanges_route")
+            for column in ("route", "cached_tokens", "reasoning_tokens"):
+                conn.execute(f"alter table exchanges drop column {column}")
+            conn.execute("delete from _sqlite_migrations where name = 'm008_route_and_token_details'")
+        return
+    import psycopg
+
+    with psycopg.connect(store.locator, autocommit=True) as pg:
+        pg.execute(f"drop index exchanges_route; alter table exchanges {drops}".encode())
+        pg.execute(b"delete from tapfix_migrations where name = 'pg007_route_and_token_details'")
+
+
+def test_an_older_store_reports_and_its_writer_fills_the_new_columns(fresh: Backend) -> None:
+    exchanges, known = cases()
+    write_all(fresh.writer(), exchanges[:30])
+    as_before_the_report(fresh)
+    before = {g["model"]: g for g in stats(fresh, "--by", "model,route")}  # read as it is: no route, no details
+    assert {g["route"] for g in stats(fresh, "--by", "route")} == {None}
+    assert sum(g["cached_input_tokens"] for g in before.values()) == 0
+    assert sum(g["input_tokens"] for g in before.values()) == sum(known[ex.id]["tokens"][0] for ex in exchanges[:30])
+    write_all(fresh.writer(), [])  # a writer migrates it: the old rows get their details from their usage
+    after = stats(fresh, "--by", "model")
+    assert sum(g["cached_input_tokens"] for g in after) == sum(known[ex.id]["tokens"][1] for ex in exchanges[:30])
+    assert sum(g["reasoning_tokens"] for g in after) == sum(known[ex.id]["tokens"][3] for ex in exchanges[:30])

@@ -96,7 +96,7 @@ def volume_dialect(store: Rows) -> Dialect:
     columns = {str(r["c"]) for r in found}
     fields = dict(VOLUME_FIELDS)
     if "route" not in columns:
-        fields["route"] = "null"
+        fields["route"] = "cast(null as text)"
     return Dialect(
         fields=fields,
         where=where,

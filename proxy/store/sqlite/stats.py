@@ -121,7 +121,7 @@ def volume_dialect(conn: sqlite3.Connection) -> Dialect:
     columns = {str(r[1]) for r in conn.execute("pragma table_info(exchanges)")}
     fields = dict(VOLUME_FIELDS)
     if "route" not in columns:
-        fields["route"] = "null"
+        fields["route"] = "cast(null as text)"
     return Dialect(
         fields=fields,
         where=sqlite_where,
