@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -351,3 +352,42 @@ def test_an_older_store_reports_and_its_writer_fills_the_new_columns(fresh: Back
     after = stats(fresh, "--by", "model")
     assert sum(g["cached_input_tokens"] for g in after) == sum(known[ex.id]["tokens"][1] for ex in exchanges[:30])
     assert sum(g["reasoning_tokens"] for g in after) == sum(known[ex.id]["tokens"][3] for ex in exchanges[:30])
+
+
+def test_the_stats_page_draws_the_report(tmp_path: Path) -> None:
+    """The browser's /stats: the table's numbers, tokens per route per hour, and the share that went local."""
+    from starlette.testclient import TestClient
+    from tapfix.proxy.browse import create_app
+
+    exchanges, known = cases()
+    path = tmp_path / "c.db"
+    write_all(Backend("sqlite", str(path)).writer(), exchanges)
+    with TestClient(create_app(path, background_index=False), base_url="http://127.0.0.1") as client:
+        page = client.get("/stats?by=route")
+        assert page.status_code == 200
+        html = page.text
+        assert client.get("/stats?by=colour").status_code == 400
+    per_route: dict[str, int] = defaultdict(int)
+    local = 0
+    for ex in exchanges:
+        tokens = known[ex.id]["tokens"][0] + known[ex.id]["tokens"][2]
+        per_route[ex.route or "-"] += tokens
+        local += tokens if is_local(upstream_host(ex.upstream_url)) else 0
+    drawn: dict[str, int] = defaultdict(int)
+    for route, tokens in re.findall(r"<title>\d{4}-\d\d-\d\d \d\d:00 UTC ([^:]+): ([\d,]+) tokens</title>", html):
+        drawn[route] += int(tokens.replace(",", ""))
+    assert drawn == per_route
+    total = sum(per_route.values())
+    assert f"{100 * local / total:.0f}% of tokens went to local upstreams ({local:,} of {total:,})" in html
+    rows = re.findall(
+        r"<tr><td class=\"clip\">([^<]*)</td><td class=\"num\">([\d,]+)</td><td class=\"num\">[\d,]+</td>"
+        r"<td class=\"num\">([\d,]+)</td>",
+        html,
+    )
+    inputs = {route: int(value.replace(",", "")) for route, _, value in rows}
+    want: dict[str, int] = defaultdict(int)
+    for ex in exchanges:
+        want[ex.route or "-"] += known[ex.id]["tokens"][0]
+    assert inputs == want
+    shares = re.findall(r"UTC: (\d+)% local \(([\d,]+) of ([\d,]+) tokens\)", html)
+    assert sum(int(of.replace(",", "")) for _, _, of in shares) == total
