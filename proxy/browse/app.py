@@ -32,7 +32,6 @@ from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.pages import Page, Stats
 from tapfix.proxy.store.volume import GroupError, is_local, parse_by
 
-
 DEFAULT_BY = ("route", "upstream")  # the stats page's token-volume table, unless `by=` says otherwise
 
 

@@ -10,8 +10,8 @@ import datetime
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 from html import escape
+from typing import Any
 
 STALL_MS = 1000.0  # a gap this long is a stall whatever the stream's pace
 STALL_FACTOR = 10.0  # ... and so is one this many times the median gap,
