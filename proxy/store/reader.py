@@ -10,7 +10,7 @@ attempt listed under its parent, an id prefix resolved, a body told missing) is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,7 +160,7 @@ class CaptureReader:
 
     def token_volume(self, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
         """`captures stats`: requests, tokens, errors, repairs and timings per group (store/volume.py)."""
-        return token_volume(self._dict_rows, self._volume_dialect(), f, by)
+        return token_volume(self._dict_rows, self._values, self._volume_dialect(), f, by)
 
     def volume_by_hour(self, f: Filters) -> list[dict[str, Any]]:
         """Requests and tokens per hour, route and upstream (the stats page's charts; store/volume.py)."""
@@ -209,6 +209,10 @@ class CaptureReader:
 
     def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         """The rows of a qmark statement as dicts; a database error as a `StoreError`."""
+        raise NotImplementedError
+
+    def _values(self, sql: str, args: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        """The rows of a qmark statement as tuples, read as they are used (a report's millions of numbers)."""
         raise NotImplementedError
 
     def _volume_dialect(self) -> Dialect:

@@ -9,13 +9,16 @@ filters, of a repair, of an hour) and each backend answers them (`CaptureReader.
 What is counted: every exchange row, regeneration attempts and fallbacks included (each went upstream
 and spent its tokens on its own route); `requests` counts client requests, `attempts` the rest.
 Percentiles are nearest-rank (the value at rank ceil(p*n) of the group's sorted values), exact on both
-backends: PostgreSQL's `percentile_disc`, SQLite's window functions.
+backends: PostgreSQL's `percentile_disc`; SQLite has no percentile aggregate, so the two numbers per
+answer are read (from the report's covering index, unsorted) and sorted per group here.
 """
 
 from __future__ import annotations
 
+import array
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ DECODE_RATE = (
 LATE_COLUMNS = {"route": "text", "cached_tokens": "integer", "reasoning_tokens": "integer", "attempt_of": "text"}
 
 Rows = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
+Values = Callable[[str, Sequence[Any]], Iterable[Sequence[Any]]]  # a statement's rows as tuples, one at a time
 
 
 class GroupError(ValueError):
@@ -94,13 +98,14 @@ class Dialect:
     repaired: str  # a condition: the exchange had a tool call repaired (a `toolcalls` change)
     hour: str  # the start of the exchange's hour, unix seconds (an integer)
     columns: frozenset[str]  # which of LATE_COLUMNS the store has
-    percentile: Callable[[float, str], str] | None = None  # an aggregate of (fraction, value); None: windows
+    source: str = "exchanges e"  # what the report reads (SQLite: its covering index)
+    percentile: Callable[[float, str], str] | None = None  # an aggregate of (fraction, value); None: fetched
 
     def column(self, name: str) -> str:
         return f"e.{name}" if name in self.columns else f"cast(null as {LATE_COLUMNS[name]})"
 
 
-def token_volume(rows: Rows, d: Dialect, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
+def token_volume(rows: Rows, values: Values, d: Dialect, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
     """One dict per group: its fields by name (None where the exchanges have none), COUNTS and TIMINGS
     (None without data); the groups with the most tokens first."""
     cond, args = d.where(f)
@@ -124,10 +129,10 @@ def token_volume(rows: Rows, d: Dialect, f: Filters, by: Sequence[str]) -> list[
         ]
     where = f" where {' and '.join(cond)}" if cond else ""
     group = f" group by {', '.join(str(i + 1) for i in range(len(by)))}" if by else ""
-    sql = f"select {', '.join([*keys, *sums])} from exchanges e{where}{group}"
+    sql = f"select {', '.join([*keys, *sums])} from {d.source}{where}{group}"
     groups = [_counts(row) for row in rows(sql, args)]
     if d.percentile is None:
-        _window_percentiles(rows, d, cond, args, by, groups)
+        _fetched_percentiles(values, d, cond, args, by, groups)
     groups = [g for g in groups if g["requests"] or g["attempts"]]  # no exchange: no group (a total over none)
     return sorted(groups, key=lambda g: (-(g["input_tokens"] + g["output_tokens"]), -g["requests"], _order(g, by)))
 
@@ -145,33 +150,40 @@ def _order(group: Mapping[str, Any], by: Sequence[str]) -> tuple[tuple[bool, str
     return tuple((group[name] is None, str(group[name])) for name in by)
 
 
-def _window_percentiles(
-    rows: Rows, d: Dialect, cond: list[str], args: list[Any], by: Sequence[str], groups: list[dict[str, Any]]
+def _fetched_percentiles(
+    values: Values, d: Dialect, cond: list[str], args: list[Any], by: Sequence[str], groups: list[dict[str, Any]]
 ) -> None:
-    """TTFT p50/p95 and decode rate p50 of each group by ranks (SQLite has no percentile aggregate):
-    only the rows at the wanted ranks come back, one statement per value."""
+    """TTFT p50/p95 and decode rate p50 of each group where the database has no percentile aggregate
+    (SQLite): its keys and two numbers per answer, unsorted (the cheapest read: measured against window
+    ranks, which cost SQLite 3x as much), kept per group as doubles and sorted here."""
     by_key = {tuple(g[name] for name in by): g for g in groups}
-    keys = [f"{d.fields[name]} as {name}" for name in by]
-    where = f" where {' and '.join(cond)}" if cond else ""
-    partition = f"partition by {', '.join(by)} " if by else ""
-    for value, wanted in (
-        ("e.first_token_ms", {50: "ttft_ms_p50", 95: "ttft_ms_p95"}),
-        (DECODE_RATE, {50: "decode_tps_p50"}),
-    ):
-        at_rank = " or ".join(f"(rn * 100 >= {p} * n and (rn - 1) * 100 < {p} * n)" for p in wanted)
-        sql = (
-            f"select {', '.join([*by, 'v', 'rn', 'n'])} from (select {', '.join([*by, 'v'])},"
-            f" row_number() over ({partition}order by v) as rn, count(*) over ({partition.strip()}) as n"
-            f" from (select {', '.join([*keys, f'{value} as v'])} from exchanges e{where}) where v is not null)"
-            f" where {at_rank}"
-        )
-        for row in rows(sql, args):
-            group = by_key.get(tuple(row[name] for name in by))
-            if group is None:
-                continue
-            for p, name in wanted.items():
-                if row["rn"] * 100 >= p * row["n"] and (row["rn"] - 1) * 100 < p * row["n"]:
-                    group[name] = float(row["v"])
+    found: dict[tuple[Any, ...], tuple[array.array[float], array.array[float]]] = {}
+    keys = [d.fields[name] for name in by]
+    where = " and ".join([*cond, "e.first_token_ms is not null"])
+    sql = f"select {', '.join([*keys, 'e.first_token_ms', DECODE_RATE])} from {d.source} where {where}"
+    width = len(by)
+    for row in values(sql, args):
+        key = tuple(row[:width])
+        lists = found.get(key)
+        if lists is None:
+            lists = found[key] = (array.array("d"), array.array("d"))
+        lists[0].append(row[width])
+        if row[width + 1] is not None:
+            lists[1].append(row[width + 1])
+    for key, (ttfts, rates) in found.items():
+        group = by_key.get(key)
+        if group is not None:
+            ordered, ordered_rates = sorted(ttfts), sorted(rates)
+            group["ttft_ms_p50"], group["ttft_ms_p95"] = nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.95)
+            group["decode_tps_p50"] = nearest_rank(ordered_rates, 0.5)
+
+
+def nearest_rank(ordered: Sequence[float], p: float) -> float | None:
+    """The value at rank ceil(p * n) of sorted values, in floating point as PostgreSQL's `percentile_disc`
+    computes it (0.95 * 20 is a hair above 19: rank 20); None for none."""
+    if not ordered:
+        return None
+    return float(ordered[max(1, math.ceil(p * len(ordered))) - 1])
 
 
 def volume_by_hour(rows: Rows, d: Dialect, f: Filters) -> list[dict[str, Any]]:
@@ -183,7 +195,7 @@ def volume_by_hour(rows: Rows, d: Dialect, f: Filters) -> list[dict[str, Any]]:
         f"select {d.hour} as hour, {d.column('route')} as route, {d.fields['upstream']} as upstream,"
         f" sum(case when {d.column('attempt_of')} is null then 1 else 0 end) as requests,"
         " coalesce(sum(e.prompt_tokens), 0) + coalesce(sum(e.completion_tokens), 0) as tokens"
-        f" from exchanges e{where} group by 1, 2, 3 order by 1, 2, 3"
+        f" from {d.source}{where} group by 1, 2, 3 order by 1, 2, 3"
     )
     return [
         {

@@ -329,6 +329,7 @@ def as_before_the_report(store: Backend) -> None:
 
         with sqlite3.connect(store.locator) as conn:
             conn.execute("drop index idx_exchanges_route")
+            conn.execute("drop index idx_exchanges_volume")
             for column in ("route", "cached_tokens", "reasoning_tokens"):
                 conn.execute(f"alter table exchanges drop column {column}")
             conn.execute("delete from _sqlite_migrations where name = 'm008_route_and_token_details'")

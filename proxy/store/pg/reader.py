@@ -132,6 +132,9 @@ class PostgresReader(CaptureReader):
     def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         return self.rows(sql, list(args))
 
+    def _values(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(row.values()) for row in self.rows(sql, list(args))]
+
     def _volume_dialect(self) -> Dialect:
         from tapfix.proxy.store.pg.stats import volume_dialect
 

@@ -8,7 +8,7 @@ A database error comes out as a `StoreError` carrying SQLite's message, as Postg
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
@@ -102,6 +102,12 @@ class SqliteReader(CaptureReader):
 
     def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         return [dict(row) for row in self._rows(sql, list(args))]
+
+    def _values(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        try:
+            yield from self.conn.execute(sql, list(args))
+        except sqlite3.Error as e:
+            raise StoreError(str(e)) from e
 
     def _volume_dialect(self) -> Dialect:
         from tapfix.proxy.store.sqlite.stats import volume_dialect
