@@ -136,7 +136,7 @@ class PostgresReader(CaptureReader):
         return [tuple(row.values()) for row in self.rows(sql, list(args))]
 
     def _volume_dialect(self) -> Dialect:
-        from tapfix.proxy.store.pg.stats import volume_dialect
+        from tapfix.proxy.store.pg.volume import volume_dialect
 
         return volume_dialect(self)
 

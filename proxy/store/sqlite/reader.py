@@ -110,7 +110,7 @@ class SqliteReader(CaptureReader):
             raise StoreError(str(e)) from e
 
     def _volume_dialect(self) -> Dialect:
-        from tapfix.proxy.store.sqlite.stats import volume_dialect
+        from tapfix.proxy.store.sqlite.volume import volume_dialect
 
         return volume_dialect(self.conn)
 
