@@ -154,29 +154,30 @@ def fill_pg(dsn: str, n: int, end: float) -> None:
         conn.execute("analyze")
 
 
-def best(repeat: int, run: Callable[[], object]) -> tuple[float, object]:
-    times, result = [], None
+def best(repeat: int, run: Callable[[], object]) -> tuple[float, float, object]:
+    """The best wall time and the best CPU time of this process (SQLite's engine runs in it), and the result."""
+    walls, cpus, result = [], [], None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = run()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return min(walls), min(cpus), result
 
 
-def measure(db: str, repeat: int) -> list[tuple[str, str, float, int]]:
-    """(report, span, seconds, groups) for each grouping, then the hourly series."""
-    out = []
+def measure(db: str, repeat: int) -> None:
+    """Each grouping over the whole week and over its last day, then the hourly series: wall, CPU, groups."""
     with StoreLocator.resolve(db, postgres=True).backend().reader() as reader:
         for since in ("", "1d"):
             f = Filters(since=since)
-            for by in GROUPINGS:
-                s, groups = best(repeat, lambda f=f, by=by: reader.token_volume(f, by.split(",")))
-                out.append((f"--by {by}", since or "all (7 days)", s, len(groups)))  # type: ignore[arg-type]
-                print(f"  {out[-1][0]:<42} {out[-1][1]:<14} {s:7.2f} s  {out[-1][3]:>6} groups", flush=True)
-            s, hours = best(repeat, lambda f=f: reader.volume_by_hour(f))
-            out.append(("hourly (the page's charts)", since or "all (7 days)", s, len(hours)))  # type: ignore[arg-type]
-            print(f"  {out[-1][0]:<42} {out[-1][1]:<14} {s:7.2f} s  {out[-1][3]:>6} rows", flush=True)
-    return out
+            runs: list[tuple[str, Callable[[], object]]] = [
+                (f"--by {by}", lambda f=f, by=by: reader.token_volume(f, by.split(","))) for by in GROUPINGS
+            ]
+            runs.append(("hourly (the page's charts)", lambda f=f: reader.volume_by_hour(f)))
+            for name, run in runs:
+                wall, cpu, result = best(repeat, run)
+                span = f"--since {since}" if since else "all (7 days)"
+                print(f"| {name} | {span} | {wall:.2f} | {cpu:.2f} | {len(result):,} |", flush=True)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,16 +185,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--stores", default="sqlite,postgresql")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--work", type=Path, help="keep the SQLite store here, and measure it again without a fill")
     a = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="tapfix-stats-"))
+    work = a.work or Path(tempfile.mkdtemp(prefix="tapfix-stats-"))
+    work.mkdir(parents=True, exist_ok=True)
     end = time.time()
     server = None
     try:
         for kind in a.stores.split(","):
             start = time.perf_counter()
             if kind == "sqlite":
-                db = str(work / "stats.db")
-                fill_sqlite(Path(db), a.rows, end)
+                db = str(work / f"stats-{a.rows}.db")
+                if not (a.work and Path(db).exists()):
+                    fill_sqlite(Path(db), a.rows, end)
             else:
                 sys.path.insert(0, str(ROOT))
                 from tests.support.postgres import start_postgres
@@ -202,11 +206,13 @@ def main(argv: list[str] | None = None) -> None:
                 db = server.dsn("stats")
                 fill_pg(db, a.rows, end)
             print(f"{kind}: {a.rows:,} rows filled in {time.perf_counter() - start:.0f} s", flush=True)
+            print("| report | span | wall s | CPU s (bench process) | groups / rows |\n|---|---|---|---|---|")
             measure(db, a.repeat)
     finally:
         if server is not None:
             server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
