@@ -245,7 +245,7 @@ def route_tokens_svg(h: Hourly, width: int = 880, height: int = 220) -> str:
         f'<text x="{left - 6}" y="{top + ph}" font-size="11" text-anchor="end" fill="#445">0</text>',
     ]
     for i, bar in enumerate(h.tokens):
-        y = top + ph
+        y = float(top + ph)
         for route in h.routes:
             tokens = bar.get(route, 0)
             if not tokens:

@@ -131,8 +131,8 @@ def token_volume(rows: Rows, values: Values, d: Dialect, f: Filters, by: Sequenc
             f"{d.percentile(0.5, DECODE_RATE)} as decode_tps_p50",
         ]
     where = f" where {' and '.join(cond)}" if cond else ""
-    group = f" group by {', '.join(str(i + 1) for i in range(len(by)))}" if by else ""
-    sql = f"select {', '.join([*keys, *sums])} from {d.source}{where}{group}"
+    grouping = f" group by {', '.join(str(i + 1) for i in range(len(by)))}" if by else ""
+    sql = f"select {', '.join([*keys, *sums])} from {d.source}{where}{grouping}"
     assert d.percentile is None or not d.derive, "a derived field's groups can't merge percentile aggregates"
     keyed = _keyed(d, by)
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
