@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble.usage import usage_counts
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.kept import body_columns, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
@@ -82,31 +83,19 @@ def exchange_row(
     return row
 
 
-# Where a usage object keeps its cached prompt tokens and its reasoning tokens: Chat Completions, Responses,
-# Anthropic Messages, first found wins. The migrations that added these columns fill old rows by the same
-# paths (store/sqlite/schema.py m008, store/pg/schema.py pg007).
-CACHED_TOKENS = (
-    ("prompt_tokens_details", "cached_tokens"),
-    ("input_tokens_details", "cached_tokens"),
-    ("cache_read_input_tokens",),
-)
-REASONING_TOKENS = (("completion_tokens_details", "reasoning_tokens"), ("output_tokens_details", "reasoning_tokens"))
-MAX_COUNT = 2**31 - 1
+MAX_COUNT = 2**31 - 1  # beyond this it is no token count (and PostgreSQL's integer column can't hold it)
 
 
 def usage_details(usage: dict[str, Any]) -> dict[str, int | None]:
-    """`cached_tokens` and `reasoning_tokens` of a usage object (None: it doesn't say, or not as a count)."""
-    return {"cached_tokens": _count(usage, CACHED_TOKENS), "reasoning_tokens": _count(usage, REASONING_TOKENS)}
+    """`cached_tokens` and `reasoning_tokens` of a usage object, as assemble/usage.py reads every surface's
+    (None: it doesn't say). The migrations that added these columns fill old rows by the same paths
+    (store/sqlite/schema.py m008, store/pg/schema.py pg007)."""
+    counts = usage_counts(usage)
+    return {"cached_tokens": _count(counts.cached), "reasoning_tokens": _count(counts.reasoning)}
 
 
-def _count(usage: dict[str, Any], paths: tuple[tuple[str, ...], ...]) -> int | None:
-    for path in paths:
-        value: Any = usage
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
-            return value
-    return None
+def _count(value: int | None) -> int | None:
+    return value if value is not None and 0 <= value <= MAX_COUNT else None
 
 
 def attempt_columns(ex: Exchange) -> dict[str, Any]:
