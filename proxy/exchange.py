@@ -33,7 +33,7 @@ class Exchange:
     # Where its prompt stopped extending the previous request of its thread (None: it extends it, or it is a
     # thread's first); set by the writer (store/prefix_breaks.py), read by the row and telemetry.
     prefix_break: dict[str, Any] | None = None
-    route: str | None = None
+    route: str | None = None  # the route taken (issue 38)
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None  # the request's, as sent (a named one lets a chat call finish with "stop")

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from tapfix.proxy.browse import static
-from tapfix.proxy.browse.charts import histogram_svg
+from tapfix.proxy.browse.charts import Hourly, histogram_svg, hourly, local_share_svg, route_tokens_svg
 from tapfix.proxy.browse.detail import BODIES, export_available, load_detail
 from tapfix.proxy.browse.security import HostGuard, SecurityHeaders, TokenGate
 from tapfix.proxy.browse.session_turns import session_view
@@ -30,6 +30,9 @@ from tapfix.proxy.store.errors import CaptureNotFound, StoreError
 from tapfix.proxy.store.filters import FilterError, Filters
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.pages import Page, Stats
+from tapfix.proxy.store.volume import GroupError, is_local, parse_by
+
+DEFAULT_BY = ("route", "upstream")  # the stats page's token-volume table, unless `by=` says otherwise
 
 
 def create_app(
@@ -120,35 +123,36 @@ def create_app(
             return error(404, f"no session {request.path_params['session_id']!r}")
         return page("session", v=session_view(turns))
 
-    def stats_of(f: Filters) -> tuple[Stats, str, str]:
+    def stats_of(f: Filters, by: tuple[str, ...] = DEFAULT_BY) -> dict[str, object]:
         """Aggregates over the whole store take a while (~0.2-1 s at 100k): cached, refreshed behind."""
 
-        def compute() -> tuple[Stats, str, str]:
+        def compute() -> dict[str, object]:
             s = store.compute_stats(f)
-            return (
-                s,
-                histogram_svg(s.ttft_ms, unit="ms", label="time to first token"),
-                histogram_svg(s.decode_rate, unit="tok/s", label="decode rate"),
-            )
+            with store.reading() as reader:
+                volume = reader.token_volume(f, by)
+                hours = hourly(reader.volume_by_hour(f), is_local)
+            return {
+                "s": s,
+                "ttft_svg": histogram_svg(s.ttft_ms, unit="ms", label="time to first token"),
+                "rate_svg": histogram_svg(s.decode_rate, unit="tok/s", label="decode rate"),
+                "volume": volume,
+                "hours": hours,
+                "route_svg": route_tokens_svg(hours),
+                "share_svg": local_share_svg(hours),
+            }
 
-        return store.cached(f"stats?{f.query()}", 10.0, compute)
+        return store.cached(f"stats?{f.query(by=','.join(by))}", 10.0, compute)
 
     def stats(request: Request) -> Response:
         f = Filters.from_params(request.query_params)
+        by_text = request.query_params.get("by", "").strip()[:200]
         try:
-            s, ttft_svg, rate_svg = stats_of(f)
-            problem = None
-        except FilterError as e:
-            s, ttft_svg, rate_svg, problem = Stats(), "", "", str(e)
-        return page(
-            "stats",
-            200 if problem is None else 400,
-            f=f,
-            s=s,
-            error=problem,
-            ttft_svg=ttft_svg,
-            rate_svg=rate_svg,
-        )
+            by = parse_by(by_text) if by_text else DEFAULT_BY
+            shown, problem = stats_of(f, by), None
+        except (FilterError, GroupError) as e:
+            shown, problem = {"s": Stats(), "volume": [], "hours": Hourly()}, str(e)
+            by = DEFAULT_BY
+        return page("stats", 200 if problem is None else 400, f=f, by=by, by_text=by_text, error=problem, **shown)
 
     def asset(request: Request) -> Response:
         name = request.path_params["name"]

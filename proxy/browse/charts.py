@@ -6,9 +6,12 @@ presentation attributes and CSS classes from the static stylesheet. Every text i
 
 from __future__ import annotations
 
+import datetime
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
+from typing import Any
 
 STALL_MS = 1000.0  # a gap this long is a stall whatever the stream's pace
 STALL_FACTOR = 10.0  # ... and so is one this many times the median gap,
@@ -170,5 +173,134 @@ def histogram_svg(
         f' fill="#0a7d32">median {median:.0f} {escape(unit)}</text>'
         f'<text x="{left + pw}" y="{height - 14}" font-size="11" text-anchor="end"'
         f' fill="#445">{hi:.0f}+ {escape(unit)}</text></svg>'
+    )
+    return "".join(out)
+
+
+PALETTE = ("#2b59c3", "#e08a1e", "#0a7d32", "#b0336b", "#6b4fbb", "#1f8f9e", "#8a6d1e", "#c24a2b")
+MAX_BARS = 96  # hours beyond this are drawn in bins of several hours
+
+
+@dataclass
+class Hourly:
+    """`volume_by_hour` rows (store/volume.py) as bars: hours from the first to the last (empty ones too),
+    binned so there are at most MAX_BARS; per bar the tokens of each route and of local upstreams."""
+
+    start: int = 0  # unix seconds of the first bar
+    hours_per_bar: int = 1
+    routes: list[str] = field(default_factory=list)  # the routes, most tokens first; "-" is no route
+    tokens: list[dict[str, int]] = field(default_factory=list)  # per bar: route → tokens
+    local: list[int] = field(default_factory=list)  # per bar: tokens that went to a local upstream
+    total_local: int = 0
+    total: int = 0
+
+
+def hourly(rows: list[dict[str, Any]], is_local: Callable[[str | None], bool]) -> Hourly:
+    h = Hourly()
+    if not rows:
+        return h
+    hours = [int(r["hour"]) for r in rows]
+    h.start = min(hours)
+    span = (max(hours) - h.start) // 3600 + 1
+    h.hours_per_bar = -(-span // MAX_BARS)
+    bars = -(-span // h.hours_per_bar)
+    h.tokens = [{} for _ in range(bars)]
+    h.local = [0] * bars
+    by_route: dict[str, int] = {}
+    for r, hour in zip(rows, hours, strict=True):
+        bar, route, tokens = (hour - h.start) // 3600 // h.hours_per_bar, str(r["route"] or "-"), int(r["tokens"])
+        h.tokens[bar][route] = h.tokens[bar].get(route, 0) + tokens
+        by_route[route] = by_route.get(route, 0) + tokens
+        if is_local(r["upstream"]):
+            h.local[bar] += tokens
+            h.total_local += tokens
+        h.total += tokens
+    h.routes = sorted(by_route, key=lambda name: (-by_route[name], name))
+    return h
+
+
+def _hour(ts: int) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _bar_label(h: Hourly, i: int) -> str:
+    start = h.start + i * h.hours_per_bar * 3600
+    return _hour(start) if h.hours_per_bar == 1 else f"{_hour(start)} +{h.hours_per_bar}h"
+
+
+def route_tokens_svg(h: Hourly, width: int = 880, height: int = 220) -> str:
+    """Tokens (input + output) per route per hour, stacked bars; each segment's title has its numbers."""
+    if not h.tokens:
+        return '<p class="muted">no token data</p>'
+    left, right, top, bottom = 64, 12, 14, 40
+    pw, ph = width - left - right, height - top - bottom
+    peak = max(max(sum(bar.values()) for bar in h.tokens), 1)
+    bar_w = pw / len(h.tokens)
+    colour = {route: PALETTE[i % len(PALETTE)] for i, route in enumerate(h.routes)}
+    out = [
+        f'<svg class="route-tokens" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}"'
+        f' width="{width}" height="{height}" role="img" aria-label="tokens per route per hour">',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfbfd" stroke="#ccd"/>',
+        f'<text x="{left - 6}" y="{top + 10}" font-size="11" text-anchor="end" fill="#445">{peak:,}</text>'
+        f'<text x="{left - 6}" y="{top + ph}" font-size="11" text-anchor="end" fill="#445">0</text>',
+    ]
+    for i, bar in enumerate(h.tokens):
+        y = float(top + ph)
+        for route in h.routes:
+            tokens = bar.get(route, 0)
+            if not tokens:
+                continue
+            size = ph * tokens / peak
+            y -= size
+            out.append(
+                f'<rect class="segment" x="{left + i * bar_w + 0.5:.1f}" y="{y:.1f}" width="{max(bar_w - 1, 1):.1f}"'
+                f' height="{size:.1f}" fill="{colour[route]}"><title>{escape(_bar_label(h, i))} UTC'
+                f" {escape(route)}: {tokens:,} tokens</title></rect>"
+            )
+    out.append(
+        f'<text x="{left}" y="{height - 24}" font-size="11" fill="#445">{escape(_hour(h.start))}</text>'
+        f'<text x="{left + pw}" y="{height - 24}" font-size="11" text-anchor="end" fill="#445">'
+        f"{escape(_bar_label(h, len(h.tokens) - 1))} UTC</text>"
+    )
+    x = left
+    for route in h.routes[: len(PALETTE)]:
+        out.append(
+            f'<rect x="{x}" y="{height - 12}" width="10" height="10" fill="{colour[route]}"/>'
+            f'<text x="{x + 14}" y="{height - 3}" font-size="11" fill="#223">{escape(route)}</text>'
+        )
+        x += 24 + 7 * len(route)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def local_share_svg(h: Hourly, width: int = 880, height: int = 160) -> str:
+    """The share of each hour's tokens that went to a local upstream, 0-100 %."""
+    if not h.total:
+        return '<p class="muted">no token data</p>'
+    left, right, top, bottom = 64, 12, 14, 26
+    pw, ph = width - left - right, height - top - bottom
+    bar_w = pw / len(h.tokens)
+    out = [
+        f'<svg class="local-share" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}"'
+        f' width="{width}" height="{height}" role="img" aria-label="share of tokens served locally">',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfbfd" stroke="#ccd"/>',
+        f'<text x="{left - 6}" y="{top + 10}" font-size="11" text-anchor="end" fill="#445">100%</text>'
+        f'<text x="{left - 6}" y="{top + ph}" font-size="11" text-anchor="end" fill="#445">0%</text>',
+    ]
+    for i, bar in enumerate(h.tokens):
+        total = sum(bar.values())
+        if not total:
+            continue
+        share = h.local[i] / total
+        size = ph * share
+        out.append(
+            f'<rect class="share" x="{left + i * bar_w + 0.5:.1f}" y="{top + ph - size:.1f}"'
+            f' width="{max(bar_w - 1, 1):.1f}" height="{size:.1f}" fill="#0a7d32"><title>{escape(_bar_label(h, i))}'
+            f" UTC: {share:.0%} local ({h.local[i]:,} of {total:,} tokens)</title></rect>"
+        )
+    out.append(
+        f'<text x="{left}" y="{height - 8}" font-size="11" fill="#445">{escape(_hour(h.start))}</text>'
+        f'<text x="{left + pw}" y="{height - 8}" font-size="11" text-anchor="end" fill="#445">'
+        f"{escape(_bar_label(h, len(h.tokens) - 1))} UTC</text></svg>"
     )
     return "".join(out)

@@ -187,6 +187,7 @@ STATS = """{% extends "base" %}
 <form class="filters" method="get" action="/stats">
 <input name="model" value="{{ f.model }}" placeholder="model"><input name="client" value="{{ f.client }}" placeholder="client">
 <input name="since" value="{{ f.since }}" placeholder="since: 24h, 7d"><input name="until" value="{{ f.until }}" placeholder="until">
+<input name="by" value="{{ by_text }}" placeholder="group by: {{ by|join(',') }}" title="any of model, route, upstream, client, session">
 <button type="submit">filter</button></form>
 {% if error %}<p class="error">{{ error }}</p>{% endif %}
 <p>{{ s.total }} requests{% if s.first %}, {{ s.first|when }} – {{ s.last|when }}{% endif %}.{% if s.attempts %} tapfix made <a href="/?flag=regenerated">{{ s.attempts }} regeneration attempt{{ '' if s.attempts == 1 else 's' }}</a> for them (not counted as requests).{% endif %}</p>
@@ -194,6 +195,15 @@ STATS = """{% extends "base" %}
 <table class="summary"><thead><tr><th></th><th>n</th><th>p50</th><th>p90</th><th>p99</th></tr></thead><tbody>
 {% for name, unit, sm in (("TTFT", "ms", s.ttft_summary), ("decode rate", "tokens/s", s.rate_summary)) %}
 <tr><th>{{ name }}</th>{% if sm %}<td>{{ sm.n }}</td><td>{{ '%.0f'|format(sm.p50) }} {{ unit }}</td><td>{{ '%.0f'|format(sm.p90) }} {{ unit }}</td><td>{{ '%.0f'|format(sm.p99) }} {{ unit }}</td>{% else %}<td colspan="4" class="muted">no data</td>{% endif %}</tr>{% endfor %}
+</tbody></table>
+<h2>token volume by {{ by|join(', ') }}</h2>
+{% if hours.total %}<p class="local-share">{{ '%.0f'|format(100 * hours.total_local / hours.total) }}% of tokens went to local upstreams ({{ hours.total_local|count }} of {{ hours.total|count }}); regeneration and fallback attempts included.</p>{% endif %}
+<h3>tokens per route per {{ 'hour' if hours.hours_per_bar == 1 else hours.hours_per_bar ~ ' hours' }}</h3>
+<div class="charts">{{ route_svg|safe }}</div>
+<h3>share of tokens served locally</h3>
+<div class="charts">{{ share_svg|safe }}</div>
+<table class="volume"><thead><tr>{% for name in by %}<th>{{ name }}</th>{% endfor %}<th>requests</th><th>attempts</th><th>input</th><th>cached input</th><th>output</th><th>reasoning</th><th>errors</th><th>repairs</th><th>TTFT p50</th><th>TTFT p95</th><th>tokens/s p50</th></tr></thead><tbody>
+{% for g in volume %}<tr>{% for name in by %}<td class="clip">{{ '-' if g[name] is none else g[name] }}</td>{% endfor %}<td class="num">{{ g.requests|count }}</td><td class="num">{{ g.attempts|count }}</td><td class="num">{{ g.input_tokens|count }}</td><td class="num">{{ g.cached_input_tokens|count }}</td><td class="num">{{ g.output_tokens|count }}</td><td class="num">{{ g.reasoning_tokens|count }}</td><td class="num">{{ g.errors|count }}</td><td class="num">{{ g.repairs|count }}</td><td class="num">{{ g.ttft_ms_p50|ms }}</td><td class="num">{{ g.ttft_ms_p95|ms }}</td><td class="num">{{ '-' if g.decode_tps_p50 is none else '%.1f'|format(g.decode_tps_p50) }}</td></tr>{% endfor %}
 </tbody></table>
 <h2>requests per client and model</h2>
 <table><thead><tr><th>client</th><th>model</th><th>requests</th><th>errors</th><th>changed</th><th>mean TTFT</th><th>tokens in→out</th></tr></thead><tbody>

@@ -47,6 +47,11 @@ def tojson_pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 
 
+def count(value: Any) -> str:
+    """A count with thousands separators; `-` for none."""
+    return "-" if value is None else f"{value:,}"
+
+
 def pathseg(value: Any) -> str:
     return quote(str(value), safe="")
 
@@ -59,6 +64,7 @@ def _environment() -> Environment:
     )
     env.filters.update(
         ms=ms,
+        count=count,
         when=when,
         client=client,
         marked=marked,

@@ -1,5 +1,5 @@
-"""`tapfix captures list | tail | show | export | purge | copy`: the store from the terminal (`tail` in
-tail.py, `purge` in purge.py, `copy` in copy.py).
+"""`tapfix captures list | tail | show | export | purge | copy | stats`: the store from the terminal (`tail`
+in tail.py, `purge` in purge.py, `copy` in copy.py, `stats` in stats.py).
 
 Read-only except `purge` and `copy`'s target; each opens the store through its `StoreLocator`, so an unusable `--db`
 is one line. Imports stay light (click, orjson, the store) so listing starts fast.
@@ -17,6 +17,7 @@ from tapfix.proxy.cli.copy import copy
 from tapfix.proxy.cli.listing import filter_options, json_row, marked
 from tapfix.proxy.cli.options import db_option, json_option
 from tapfix.proxy.cli.purge import purge
+from tapfix.proxy.cli.stats import stats
 from tapfix.proxy.cli.tail import tail
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.store.errors import StoreError
@@ -32,7 +33,7 @@ def _reader(db: StoreLocator) -> CaptureReader:
 
 @click.group()
 def captures() -> None:
-    """List, follow, show, export, purge and copy captured exchanges.
+    """List, follow, show, export, purge, copy and count captured exchanges.
 
     \b
     Example:
@@ -162,3 +163,4 @@ def _write_atomically(path: Path, data: bytes) -> None:
 captures.add_command(purge)
 captures.add_command(tail)
 captures.add_command(copy)
+captures.add_command(stats)

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled, assemble, assemble_sse
+from tapfix.proxy.assemble.usage import usage_counts
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.kept import body_columns, route_columns, trace_columns
 from tapfix.proxy.store.redact import redact_headers, redact_url
@@ -51,6 +52,7 @@ def exchange_row(
         "model": ex.model,
         "served_model": ex.served_model,
         "prefix_break": _json(ex.prefix_break) if ex.prefix_break is not None else None,
+        "route": ex.route,
         "stream": int(ex.stream),
         "status": ex.status,
         "error": error or ex.error,
@@ -76,10 +78,26 @@ def exchange_row(
         "usage": _json(assembled.usage) if assembled.usage is not None else None,
         "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
         "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+        **usage_details(usage),
         "chunk_count": len(ex.chunk_times),
         "chunk_timing": pack_timing(ex.chunk_times, ex.response_chunks),
     }
     return row
+
+
+MAX_COUNT = 2**31 - 1  # beyond this it is no token count (and PostgreSQL's integer column can't hold it)
+
+
+def usage_details(usage: dict[str, Any]) -> dict[str, int | None]:
+    """`cached_tokens` and `reasoning_tokens` of a usage object, as assemble/usage.py reads every surface's
+    (None: it doesn't say). The migrations that added these columns fill old rows by the same paths
+    (store/sqlite/schema.py m008, store/pg/schema.py pg007)."""
+    counts = usage_counts(usage)
+    return {"cached_tokens": _count(counts.cached), "reasoning_tokens": _count(counts.reasoning)}
+
+
+def _count(value: int | None) -> int | None:
+    return value if value is not None and 0 <= value <= MAX_COUNT else None
 
 
 def attempt_columns(ex: Exchange) -> dict[str, Any]:

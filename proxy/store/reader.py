@@ -10,12 +10,18 @@ attempt listed under its parent, an id prefix resolved, a body told missing) is 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.store.bodies import FALLBACK_KIND
 from tapfix.proxy.store.errors import CaptureNotFound, StoreError
+from tapfix.proxy.store.volume import token_volume, volume_by_hour
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.filters import Filters
+    from tapfix.proxy.store.volume import Dialect
 
 LIST_COLUMNS = (
     "id, started_at, method, path, model, status, user_agent, stream, changes_count, flags, tags, "
@@ -170,6 +176,14 @@ class CaptureReader:
             return b""
         return self._body(capture, body_id) or b""
 
+    def token_volume(self, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
+        """`captures stats`: requests, tokens, errors, repairs and timings per group (store/volume.py)."""
+        return token_volume(self._dict_rows, self._values, self._volume_dialect(), f, by)
+
+    def volume_by_hour(self, f: Filters) -> list[dict[str, Any]]:
+        """Requests and tokens per hour, route and upstream (the stats page's charts; store/volume.py)."""
+        return volume_by_hour(self._dict_rows, self._volume_dialect(), f)
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -214,4 +228,15 @@ class CaptureReader:
         raise NotImplementedError
 
     def _body(self, capture: dict[str, Any], body_id: int) -> bytes | None:
+        raise NotImplementedError
+
+    def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        """The rows of a qmark statement as dicts; a database error as a `StoreError`."""
+        raise NotImplementedError
+
+    def _values(self, sql: str, args: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        """The rows of a qmark statement as tuples, read as they are used (a report's millions of numbers)."""
+        raise NotImplementedError
+
+    def _volume_dialect(self) -> Dialect:
         raise NotImplementedError

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.assemble.usage import usage_counts
 from tapfix.proxy.changes import Change
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.reasoning import detect
@@ -25,7 +26,7 @@ from tapfix.proxy.store.redact import secret_values
 from tapfix.proxy.store.writer import Written
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.telemetry import semconv as sc
-from tapfix.proxy.telemetry.answer import response_identity, usage_counts
+from tapfix.proxy.telemetry.answer import response_identity
 from tapfix.proxy.telemetry.content import TurnContent, turn_content
 
 UNRECOVERABLE_FLAG = "toolcall_unrecoverable"

@@ -131,6 +131,13 @@ def test_a_kept_in_part_attempt_keeps_its_parent(store: Backend) -> None:
 def as_before_attempts(path: Path) -> None:
     """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it."""
     conn = sqlite3.connect(path)
+    for statement in (  # and before m008 (the report's covering index holds attempt_of)
+        "drop index idx_exchanges_volume",
+        "drop index idx_exchanges_route",
+        *(f"alter table exchanges drop column {c}" for c in ("route", "cached_tokens", "reasoning_tokens")),
+        "delete from _sqlite_migrations where name = 'm010_route_and_token_details'",
+    ):
+        conn.execute(statement)
     conn.execute("drop index idx_exchanges_attempt_of")
     conn.execute("alter table exchanges drop column attempt_of")
     conn.execute("alter table exchanges drop column attempt")

@@ -22,7 +22,8 @@ psycopg is imported here only: this module is loaded for a `postgresql://` store
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -30,6 +31,9 @@ from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.pg.locator import PostgresLocator
 from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, CaptureReader, decode_row
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.volume import Dialect
 
 LIST = f"{LIST_COLUMNS}, attempt_of, attempt, trace_id"
 # By the full primary key or the day: PostgreSQL reads one partition of each table, not every day's.
@@ -126,6 +130,17 @@ class PostgresReader(CaptureReader):
             return self.conn.execute(pyformat(sql), args).fetchall()
         except psycopg.Error as e:
             raise StoreError(f"{self.locator}: {said(self.locator, e)}") from None
+
+    def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        return self.rows(sql, list(args))
+
+    def _values(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(row.values()) for row in self.rows(sql, list(args))]
+
+    def _volume_dialect(self) -> Dialect:
+        from tapfix.proxy.store.pg.volume import volume_dialect
+
+        return volume_dialect(self)
 
     def _clients(self, filters: CaptureFilter, limit: int) -> list[dict[str, Any]]:
         where, args = filter_clauses(filters)

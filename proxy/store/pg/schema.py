@@ -271,6 +271,31 @@ ROUTE_DECISION = """
 alter table exchanges add column route_decision text;
 """
 
+
+# The token-volume report (issue 38; SQLite's m010_route_and_token_details): the route taken, and the cached
+# prompt and reasoning tokens from the usage as columns, filled for the rows already stored (the usage is the
+# writer's own JSON text; only a whole number is taken). Each path is one store/exchange_row.py reads.
+def _first_count(*paths: str) -> str:
+    def one(path: str) -> str:  # a JSON whole number (not 5.0, as orjson reads it) that fits an integer
+        at, text = f"(usage::jsonb #> '{{{path}}}')", f"(usage::jsonb #>> '{{{path}}}')"
+        digits = f"jsonb_typeof({at}) = 'number' and {text} ~ '^[0-9]{{1,10}}$'"
+        return f"case when {digits} then case when {text}::bigint <= 2147483647 then {text}::integer end end"
+
+    return "coalesce(" + ", ".join(one(p) for p in paths) + ")"
+
+
+_CACHED = _first_count(
+    "prompt_tokens_details,cached_tokens", "input_tokens_details,cached_tokens", "cache_read_input_tokens"
+)
+_REASONING = _first_count("completion_tokens_details,reasoning_tokens", "output_tokens_details,reasoning_tokens")
+ROUTE_AND_TOKEN_DETAILS = f"""
+alter table exchanges add column route text collate "C",
+    add column cached_tokens integer, add column reasoning_tokens integer;
+create index exchanges_route on exchanges (route, id) where route is not null;
+update exchanges set cached_tokens = {_CACHED}, reasoning_tokens = {_REASONING}
+where usage is not null and usage like '{{%';
+"""
+
 # Named, ordered; applied in one transaction by store/pg/migrate.py. Never edit a shipped one: add one.
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg001_tables", TABLES),
@@ -281,6 +306,7 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
     ("pg006_threads", THREADS),
     ("pg007_prefix_break", PREFIX_BREAK),
     ("pg008_route_decision", ROUTE_DECISION),
+    ("pg009_route_and_token_details", ROUTE_AND_TOKEN_DETAILS),
 )
 
 # The SQLite migration (store/sqlite/schema.py) whose schema each of these reaches: how `captures copy` tells
@@ -294,4 +320,5 @@ REACHES: dict[str, str] = {
     "pg006_threads": "m007_threads",
     "pg007_prefix_break": "m008_prefix_break",
     "pg008_route_decision": "m009_route_decision",
+    "pg009_route_and_token_details": "m010_route_and_token_details",
 }

@@ -8,12 +8,16 @@ A database error comes out as a `StoreError` carrying SQLite's message, as Postg
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tapfix.proxy.store.choices import CHOICE_COLUMNS, choice_row
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import LIST_COLUMNS, ORPHAN_OR_CLIENT, CaptureFilter, CaptureReader, decode_row
 from tapfix.proxy.store.sqlite.bodies import read_body
+
+if TYPE_CHECKING:
+    from tapfix.proxy.store.volume import Dialect
 
 # A store from before migration m004 (a reader never migrates) has no attempts: every row is client-facing.
 _NO_ATTEMPTS = "null as attempt_of, 1 as attempt"
@@ -100,6 +104,20 @@ class SqliteReader(CaptureReader):
             return self.conn.execute(sql, args).fetchall()
         except sqlite3.Error as e:
             raise StoreError(str(e)) from e
+
+    def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
+        return [dict(row) for row in self._rows(sql, list(args))]
+
+    def _values(self, sql: str, args: Sequence[Any]) -> Iterator[Sequence[Any]]:
+        try:
+            yield from self.conn.execute(sql, list(args))
+        except sqlite3.Error as e:
+            raise StoreError(str(e)) from e
+
+    def _volume_dialect(self) -> Dialect:
+        from tapfix.proxy.store.sqlite.volume import volume_dialect
+
+        return volume_dialect(self.conn)
 
     def _clients(self, filters: CaptureFilter, limit: int) -> list[dict[str, Any]]:
         where, args = filter_clauses(self.conn, filters)

@@ -249,3 +249,62 @@ def m009_route_decision(db: Database) -> None:
     (request/routes.py `Decision.record`): the route taken, the rule and its inputs, the routes rejected
     and why; null for a model without routes."""
     db.execute("alter table exchanges add column route_decision text")
+# Where a usage object keeps its cached prompt tokens and its reasoning tokens, by surface: Chat
+# Completions, Responses, Anthropic Messages (store/exchange_row.py `usage_details` reads the same paths).
+CACHED_PATHS = (
+    "$.prompt_tokens_details.cached_tokens",
+    "$.input_tokens_details.cached_tokens",
+    "$.cache_read_input_tokens",
+)
+MAX_COUNT = 2**31 - 1  # a count beyond this isn't a token count (and PostgreSQL's integer column can't hold it)
+REASONING_PATHS = ("$.completion_tokens_details.reasoning_tokens", "$.output_tokens_details.reasoning_tokens")
+
+
+# Every column the report reads (store/volume.py, store/sqlite/stats.py), the time first: the report reads
+# this index alone, a narrow slice of the rows (which carry headers and answers), and a `--since` reads
+# only its range of it. bench/stats.py measures it.
+VOLUME_COLUMNS = (
+    "ts",
+    "model",
+    "route",
+    "upstream_url",
+    "user_agent",
+    "session_id",
+    "status",
+    "error",
+    "changes_count",
+    "attempt_of",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "first_token_ms",
+    "duration_ms",
+    "id",
+)
+
+
+@migrations()
+def m010_route_and_token_details(db: Database) -> None:
+    """The token-volume report (issue 38, `captures stats`): the route an exchange took (routing's, null
+    without one), and the cached prompt tokens and reasoning tokens from its usage, as columns so the
+    report's sums are SQL over columns, not JSON parsed per row. Rows already stored get them from
+    their `usage`. `route` is indexed (a filter by route walks it), and the report has a covering index."""
+
+    def first(paths: tuple[str, ...]) -> str:
+        def one(path: str) -> str:
+            value = f"json_extract(usage, '{path}')"
+            return f"iif(json_type(usage, '{path}') = 'integer' and {value} between 0 and {MAX_COUNT}, {value}, null)"
+
+        return "coalesce(" + ", ".join(one(p) for p in paths) + ")"
+
+    for statement in (
+        "alter table exchanges add column route text",
+        "alter table exchanges add column cached_tokens integer",
+        "alter table exchanges add column reasoning_tokens integer",
+        "create index idx_exchanges_route on exchanges (route) where route is not null",
+        f"create index idx_exchanges_volume on exchanges ({', '.join(VOLUME_COLUMNS)})",
+        f"update exchanges set cached_tokens = {first(CACHED_PATHS)}, reasoning_tokens = {first(REASONING_PATHS)}"
+        " where usage is not null and json_valid(usage)",
+    ):
+        db.execute(statement)
