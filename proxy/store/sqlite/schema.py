@@ -249,6 +249,8 @@ def m009_route_decision(db: Database) -> None:
     (request/routes.py `Decision.record`): the route taken, the rule and its inputs, the routes rejected
     and why; null for a model without routes."""
     db.execute("alter table exchanges add column route_decision text")
+
+
 # Where a usage object keeps its cached prompt tokens and its reasoning tokens, by surface: Chat
 # Completions, Responses, Anthropic Messages (store/exchange_row.py `usage_details` reads the same paths).
 CACHED_PATHS = (
