@@ -5,6 +5,7 @@ what reaches it on turn 2."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import anthropic
 import httpx
@@ -12,6 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.builders import DONE, chat_chunk, message_tool_call, sse_event, tool_call_delta
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, sse_response
@@ -27,15 +29,8 @@ TOOLS = [
 FIRST = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "read a.py"}]
 
 
-def _chunk(delta: dict, finish: str | None = None) -> bytes:
-    event = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "qwen3",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="chatcmpl-1", model="qwen3")
+frame = partial(sse_event, ensure_ascii=True, separators=(", ", ": "))  # json.dumps' spacing and escaping, as before
 
 
 def _answer(request):
@@ -43,13 +38,12 @@ def _answer(request):
     body = json.loads(request.body)
     if len(body["messages"]) == 2:
         half = len(REASONING) // 2
-        call = {"index": 0, "id": CALL_ID, "type": "function", "function": {"name": "read", "arguments": ""}}
-        events = [
-            _chunk({"role": "assistant", "content": None, "reasoning": REASONING[:half]}),
-            _chunk({"reasoning": REASONING[half:]}),
-            _chunk({"tool_calls": [call]}),
-            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"path": "a.py"}'}}]}),
-            _chunk({}, "tool_calls"),
+        chunks = [
+            chunk({"role": "assistant", "content": None, "reasoning": REASONING[:half]}),
+            chunk({"reasoning": REASONING[half:]}),
+            chunk({"tool_calls": [tool_call_delta(0, CALL_ID, "read", "")]}),
+            chunk({"tool_calls": [tool_call_delta(0, arguments='{"path": "a.py"}')]}),
+            chunk({}, "tool_calls"),
         ]
     else:
         message = {"role": "assistant", "content": "It prints 1."}
@@ -64,7 +58,7 @@ def _answer(request):
         ).encode()
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
         return [(0.0, head + answer)]
-    return sse_response([*events, b"data: [DONE]\n\n"])
+    return sse_response([*map(frame, chunks), DONE])
 
 
 @pytest.fixture
@@ -96,13 +90,8 @@ def _turn1(client: openai.OpenAI):
 
 def _turn2_messages(call: dict) -> list[dict]:
     """The conversation as agents resend it: the assistant turn with its tool call and no reasoning."""
-    assistant = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
-        ],
-    }
+    tool_call = message_tool_call(call["arguments"], id=call["id"], name=call["name"])
+    assistant = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
     return [*FIRST, assistant, {"role": "tool", "tool_call_id": call["id"], "content": "print(1)"}]
 
 

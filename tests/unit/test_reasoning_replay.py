@@ -13,6 +13,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.store.replay_turns import RecentTurns, store_lookup
 
+from tests.support.builders import message_tool_call
 from tests.support.stores import BACKENDS, make_backend
 
 CHAT = "/v1/chat/completions"
@@ -38,13 +39,8 @@ def _turn1(**extra):
 def _turn2(assistant=None, **extra):
     """Turn 1's conversation, the reply as the client resends it (no reasoning), the tool's result."""
     body = _turn1(**extra)
-    sent = assistant or {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": CALL["id"], "type": "function", "function": {"name": "read", "arguments": '{"path":"a.py"}'}}
-        ],
-    }
+    call = message_tool_call('{"path":"a.py"}', id=CALL["id"], name="read")
+    sent = assistant or {"role": "assistant", "content": None, "tool_calls": [call]}
     body["messages"] = [*body["messages"], sent, {"role": "tool", "tool_call_id": CALL["id"], "content": "print(1)"}]
     return body
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import tarfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ import openai
 import pytest
 
 from tests.process.realengine.engine import Build, LlamaServer
+from tests.support.builders import DONE, chat_chunk, sse_event, tool_call_delta
 from tests.support.ci import unavailable
 from tests.support.inproc import InprocProxy
 from tests.support.rawserver import RawServer, sse_response
@@ -47,25 +49,22 @@ def _qwen3_template(build: Build, tmp: Path) -> Path:
     raise AssertionError  # unavailable() skips or fails
 
 
-def _chunk(delta: dict, finish: str | None = None) -> bytes:
-    event = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny", "choices": []}
-    event["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="c1", model="tiny")
+frame = partial(sse_event, ensure_ascii=True, separators=(", ", ": "))  # json.dumps' spacing and escaping, as before
 
 
 def _answer(request):
     """As llama-server answers a reasoning model: `reasoning_content`, then a tool call; turn 2: text."""
     if len(json.loads(request.body)["messages"]) == 2:
-        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "read", "arguments": ""}}
-        events = [
-            _chunk({"role": "assistant", "content": None, "reasoning_content": REASONING}),
-            _chunk({"tool_calls": [call]}),
-            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"path":"a.py"}'}}]}),
-            _chunk({}, "tool_calls"),
+        chunks = [
+            chunk({"role": "assistant", "content": None, "reasoning_content": REASONING}),
+            chunk({"tool_calls": [tool_call_delta(0, "call_1", "read", "")]}),
+            chunk({"tool_calls": [tool_call_delta(0, arguments='{"path":"a.py"}')]}),
+            chunk({}, "tool_calls"),
         ]
     else:
-        events = [_chunk({"role": "assistant", "content": "It prints 1."}), _chunk({}, "stop")]
-    return sse_response([*events, b"data: [DONE]\n\n"])
+        chunks = [chunk({"role": "assistant", "content": "It prints 1."}), chunk({}, "stop")]
+    return sse_response([*map(frame, chunks), DONE])
 
 
 @pytest.fixture(scope="module")

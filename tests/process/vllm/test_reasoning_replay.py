@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 
 import openai
 import pytest
 
 from tests.process.vllm.engine import VllmServer
 from tests.process.vllm.wire import rendered_prompt
+from tests.support.builders import DONE, chat_chunk, sse_event, tool_call_delta
 from tests.support.inproc import InprocProxy
 from tests.support.rawserver import RawServer, sse_response
 
@@ -26,24 +28,21 @@ TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type"
 FIRST = [{"role": "user", "content": "hi"}]
 
 
-def _chunk(delta: dict, finish: str | None = None) -> bytes:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    event = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny", "choices": [choice]}
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="c1", model="tiny")
+frame = partial(sse_event, ensure_ascii=True, separators=(", ", ": "))  # json.dumps' spacing and escaping, as before
 
 
 def _answer(request):
     """As vLLM answers a reasoning model: `reasoning` deltas, then a tool call; turn 2: text."""
     if len(json.loads(request.body)["messages"]) == 1:
-        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
-        events = [
-            _chunk({"role": "assistant", "content": None, "reasoning": REASONING}),
-            _chunk({"tool_calls": [call]}),
-            _chunk({}, "tool_calls"),
+        chunks = [
+            chunk({"role": "assistant", "content": None, "reasoning": REASONING}),
+            chunk({"tool_calls": [tool_call_delta(0, "call_1", "read", "{}")]}),
+            chunk({}, "tool_calls"),
         ]
     else:
-        events = [_chunk({"role": "assistant", "content": "ok"}), _chunk({}, "stop")]
-    return sse_response([*events, b"data: [DONE]\n\n"])
+        chunks = [chunk({"role": "assistant", "content": "ok"}), chunk({}, "stop")]
+    return sse_response([*map(frame, chunks), DONE])
 
 
 def test_turn_2_rendered_by_vllm_holds_turn_1s_reasoning_through_tapfix_only(
