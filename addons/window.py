@@ -5,6 +5,7 @@ event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -25,28 +26,75 @@ from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import budget_of, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
-from tapfix.proxy.window.sources import probes_for
+from tapfix.proxy.window.sources import engine_url, probes_for
+from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change
 
 log = logging.getLogger("tapfix")
 ASK_TIMEOUT_S = 10.0
 # An engine that didn't tell its window is asked again only after this long (issue 34: not once per request,
 # which cost every request of the agents' path an upstream round trip before it was sent).
 UNKNOWN_FOR_S = 60.0
+# Windows are read at start and again this often (an engine restarted with another `-c` or `num_ctx`, an Ollama
+# model loaded with another context), so a request seldom waits for one.
+REFRESH_S = 300.0
 
 
 class Window:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=ASK_TIMEOUT_S, verify=not self.runtime.settings.insecure)
         return self._client
 
+    def running(self) -> None:
+        if self.runtime.targets and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._every(REFRESH_S))
+
     async def done(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
         if self._client is not None:
             await self._client.aclose()
+
+    async def _every(self, interval: float) -> None:
+        while True:
+            try:
+                await self.read_all()
+            except Exception as e:  # noqa: BLE001 - reading windows must never take the proxy down
+                log.warning("reading the context windows failed: %s", e)
+            await asyncio.sleep(interval)
+
+    async def read_all(self) -> None:
+        """Every known model's window, read again from its engine and logged: the config's models, or in quick
+        mode what the upstream's `/v1/models` lists."""
+        config = getattr(self.runtime.policy, "config", None)
+        pairs: list[tuple[str, str]] = []
+        if config is not None and not config.is_quick:
+            pairs = [(m.upstream, m.upstream_model) for m in config.models.values() if m.upstream_model != "*"]
+        else:
+            for name, target in self.runtime.targets.items():
+                pairs += [(name, served) for served in await self._served(target)]
+        for name, served in dict.fromkeys(pairs):
+            target = self.runtime.targets.get(name)
+            if target is None:
+                continue
+            found = await self.read(target, served, self.runtime.engine_of(name)) or self.runtime.windows.get(
+                (name, served)
+            )
+            shown = f"{found[0]:,} tokens ({found[1]})" if found else "unknown (the engine doesn't say)"
+            log.info("window of %s on %s: %s", served or "the served model", name, shown)
+
+    async def _served(self, target: UpstreamTarget) -> list[str]:
+        try:
+            answer = await self.client().get(engine_url(target.url, "/v1/models"))
+            data = answer.json().get("data") if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return [e["id"] for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)] if data else []
 
     # -- the window -------------------------------------------------------------------------------
     def configured(self, ex: Exchange) -> tuple[int, str] | None:
@@ -68,23 +116,25 @@ class Window:
             return self.runtime.windows[key]
         if self.runtime.windows_unknown.get(key, 0.0) > time.monotonic():
             return None
-        for path, read in probes_for(engine):
+        return await self.read(target, served, engine)
+
+    async def read(self, target: UpstreamTarget, served: str, engine: str | None) -> tuple[int, str] | None:
+        """Ask the engine (`window/sources.py` says where); what it says is cached, silence remembered a while."""
+        key = (target.name, served)
+        for probe in probes_for(engine):
+            url = engine_url(target.url, probe.path)
             try:
-                answer = await self.client().get(self._url(target, path))
-                found = read(answer.json(), served) if answer.status_code == 200 else None
+                client = self.client()
+                answer = await (client.post(url, json={"model": served}) if probe.post else client.get(url))
+                found = probe.read(answer.json(), served) if answer.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 found = None
             if found:
-                self.runtime.windows[key] = (found, f"GET {path}")
+                self.runtime.windows[key] = (found, probe.label)
+                self.runtime.windows_unknown.pop(key, None)
                 return self.runtime.windows[key]
         self.runtime.windows_unknown[key] = time.monotonic() + UNKNOWN_FOR_S
         return None
-
-    @staticmethod
-    def _url(target: UpstreamTarget, path: str) -> str:
-        if path.startswith("/v1/"):
-            return target.origin + target.join(path)
-        return target.origin + target.prefix.removesuffix("/v1") + path  # llama.cpp's /props, /tokenize
 
     async def count(self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str) -> int | None:
         """The prompt's tokens by the engine's own tokenizer, chat template applied: vLLM and SGLang
@@ -92,14 +142,14 @@ class Window:
         client = self.client()
         try:
             if engine == "llamacpp":
-                applied = await client.post(self._url(target, "/apply-template"), json={"messages": messages})
+                applied = await client.post(engine_url(target.url, "/apply-template"), json={"messages": messages})
                 prompt = applied.json().get("prompt")
-                tokens = await client.post(self._url(target, "/tokenize"), json={"content": prompt})
+                tokens = await client.post(engine_url(target.url, "/tokenize"), json={"content": prompt})
                 listed = tokens.json().get("tokens")
                 return len(listed) if isinstance(listed, list) else None
             if engine not in (None, "vllm", "sglang"):
                 return None
-            answer = await client.post(self._url(target, "/tokenize"), json={"model": served, "messages": messages})
+            answer = await client.post(engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages})
             counted = answer.json().get("count") if answer.status_code == 200 else None
             return counted if isinstance(counted, int) else None
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -119,17 +169,25 @@ class Window:
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
         if parsed is None or target is None:
             return
-        budget = budget_of(surface, parsed)
-        if budget is None:  # nothing to clamp: the engine isn't asked (its own overflow error has the numbers)
-            return
+        engine = self.runtime.engine_of(name)
+        if surface == "chat" and engine in ENGINES and (asked := ask_for_usage(body, parsed)) is not None:
+            options = parsed.get("stream_options")
+            before = options.get("include_usage") if isinstance(options, dict) else None
+            body = self._forward(flow, asked)
+            ex.extra[ADDED] = True
+            ex.changes.append(request_change(before))
         model = parsed.get("model")
         served = model if isinstance(model, str) else ""
-        engine = self.runtime.engine_of(name)
-        window = self.configured(ex) or await self.reported(target, served, engine)
-        if window is None:
+        budget = budget_of(surface, parsed)
+        # Without an output budget the engine isn't asked now (its own overflow error has the numbers): the
+        # window read at start or since, if any, is what the truncation check reads.
+        known = self.configured(ex) or self.runtime.windows.get((target.name, served))
+        window = known if budget is None else known or await self.reported(target, served, engine)
+        if window is not None:
+            ex.extra["window_hints"] = (window[0], None)
+        if budget is None or window is None:
             return
         tokens, source = window
-        ex.extra["window_hints"] = (tokens, None)
         if not might_not_fit(len(body), budget[1], tokens):
             return
         messages = chat_messages(surface, parsed)
@@ -146,13 +204,18 @@ class Window:
         new = clamped(value, tokens, counted, self.runtime.settings.max_tokens_floor)
         if new is None:
             return
-        flow.request.raw_content = splice(body, [Set((key,), new)])
-        if "content-length" in flow.request.headers:
-            flow.request.headers["content-length"] = str(len(flow.request.raw_content))
+        self._forward(flow, splice(body, [Set((key,), new)]))
         left = tokens - counted
         floor = f", raised to the floor {new}" if new > left else ""
         reason = f"the {tokens}-token window ({source}) less the prompt's {counted} tokens (the engine's count) "
         ex.changes.append(Change("window", "clamp", f"$.{key}", value, new, reason + f"leaves {left}{floor}"))
+
+    @staticmethod
+    def _forward(flow: http.HTTPFlow, body: bytes) -> bytes:
+        flow.request.raw_content = body
+        if "content-length" in flow.request.headers:
+            flow.request.headers["content-length"] = str(len(body))
+        return body
 
     # -- the response: overflow errors, the models list -------------------------------------------
     def response(self, flow: http.HTTPFlow) -> None:
