@@ -76,8 +76,8 @@ class Window:
         if config is not None and not config.is_quick:
             pairs = [(m.upstream, m.upstream_model) for m in config.models.values() if m.upstream_model != "*"]
         else:
-            for name, target in self.runtime.targets.items():
-                pairs += [(name, served) for served in await self._served(target)]
+            for name, listed in self.runtime.targets.items():
+                pairs += [(name, served) for served in await self._served(listed)]
         for name, served in dict.fromkeys(pairs):
             target = self.runtime.targets.get(name)
             if target is None:
@@ -149,7 +149,9 @@ class Window:
                 return len(listed) if isinstance(listed, list) else None
             if engine not in (None, "vllm", "sglang"):
                 return None
-            answer = await client.post(engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages})
+            answer = await client.post(
+                engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages}
+            )
             counted = answer.json().get("count") if answer.status_code == 200 else None
             return counted if isinstance(counted, int) else None
         except (httpx.HTTPError, ValueError, AttributeError):

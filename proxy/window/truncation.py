@@ -107,7 +107,9 @@ def prompt_truncation(ex: Exchange, usage: Any) -> str | None:
     if parsed is None:
         return None
     bound = lower_bound(surface_for(ex.path), parsed)
-    at_least, by = (counted, "the engine's count") if isinstance(counted, int) and counted > bound else (bound, "its words")
+    at_least, by = (
+        (counted, "the engine's count") if isinstance(counted, int) and counted > bound else (bound, "its words")
+    )
     if not truncated(reported, at_least, window):
         return None
     return describe(reported, at_least, window, by)

@@ -58,16 +58,24 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
         info = {"general.architecture": "qwen3", "qwen3.context_length": 40960}
         return _json(orjson.dumps({"parameters": 'stop "<|im_end|>"', "model_info": info}))
     if request.path == "/v1/models":
-        return _json(orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "library"}]}))
+        return _json(
+            orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "library"}]})
+        )
     body = json.loads(request.body)
     prompt = min(tokens(body["messages"]), NUM_CTX)  # what survives the cut, and what it reports
     usage = {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}
     if not body.get("stream"):
         message = {"role": "assistant", "content": "Sure."}
         answer = {"id": "chatcmpl-386", "object": "chat.completion", "created": 1796530149, "model": MODEL}
-        answer |= {"system_fingerprint": "fp_ollama", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+        answer |= {
+            "system_fingerprint": "fp_ollama",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
         return _json(json.dumps(answer | {"usage": usage}, separators=(",", ":")).encode())
-    events = [_chunk({"role": "assistant", "content": "Sure"}, None), _chunk({"role": "assistant", "content": "."}, None)]
+    events = [
+        _chunk({"role": "assistant", "content": "Sure"}, None),
+        _chunk({"role": "assistant", "content": "."}, None),
+    ]
     events.append(_chunk({"role": "assistant", "content": ""}, "stop"))
     if (body.get("stream_options") or {}).get("include_usage"):
         events.append(_chunk({}, None, usage))
@@ -96,7 +104,10 @@ def flags(proxy, capture_id: str) -> list[str]:
     return json.loads(wait_capture(proxy.extra["db"], capture_id)["flags"])
 
 
-LONG = [{"role": "system", "content": "You are opencode. Follow these rules. " * 120}, {"role": "user", "content": "fix it"}]
+LONG = [
+    {"role": "system", "content": "You are opencode. Follow these rules. " * 120},
+    {"role": "user", "content": "fix it"},
+]
 
 
 def test_a_prompt_ollama_cut_is_flagged_and_one_it_did_not_is_not(tmp_path, upstream):

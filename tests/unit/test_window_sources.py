@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tapfix.proxy.window.sources import engine_url, from_ollama_ps, from_ollama_show, probes_for
 
 

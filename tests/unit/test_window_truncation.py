@@ -8,7 +8,6 @@ import re
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.window.truncation import lower_bound, prompt_truncation, reported_prompt_tokens, truncated, words
 

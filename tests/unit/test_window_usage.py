@@ -8,7 +8,6 @@ from pathlib import Path
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tapfix.proxy.mock.chat import DONE, ChunkBuilder
 from tapfix.proxy.window.usage import UsageChunkStrip, ask_for_usage
 
