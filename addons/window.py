@@ -44,6 +44,8 @@ class Window:
         self.runtime = runtime
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._answers: dict[tuple[str, str], tuple[float, Any]] = {}  # (upstream, path) → (kept until, JSON)
+        self._shown: dict[tuple[str, str], str] = {}  # what the log last said of each model's window
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -71,11 +73,16 @@ class Window:
     async def read_all(self) -> None:
         """Every known model's window, read again from its engine and logged: the config's models, or in quick
         mode what the upstream's `/v1/models` lists."""
+        self._answers.clear()  # this round asks afresh
         config = getattr(self.runtime.policy, "config", None)
         pairs: list[tuple[str, str]] = []
         if config is not None and not config.is_quick:
-            pairs = [(m.upstream, m.upstream_model) for m in config.models.values() if m.upstream_model != "*"]
-        else:
+            pairs = [
+                (m.upstream, m.upstream_model)
+                for m in config.models.values()
+                if m.upstream_model != "*" and not m.context_window  # a configured window wins: nothing to ask
+            ]
+        elif not self.runtime.settings.context_window:
             for name, listed in self.runtime.targets.items():
                 pairs += [(name, served) for served in await self._served(listed)]
         for name, served in dict.fromkeys(pairs):
@@ -84,17 +91,31 @@ class Window:
                 continue
             found = await self.read(target, served, self.runtime.engine_of(name)) or self.runtime.windows.get(
                 (name, served)
-            )
+            )  # an engine that didn't answer this round keeps the window it told before
             shown = f"{found[0]:,} tokens ({found[1]})" if found else "unknown (the engine doesn't say)"
-            log.info("window of %s on %s: %s", served or "the served model", name, shown)
+            if self._shown.get((name, served)) != shown:  # logged when first read and when it changed
+                self._shown[(name, served)] = shown
+                log.info("window of %s on %s: %s", served or "the served model", name, shown)
 
     async def _served(self, target: UpstreamTarget) -> list[str]:
-        try:
-            answer = await self.client().get(engine_url(target.url, "/v1/models"))
-            data = answer.json().get("data") if answer.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return []
+        listing = await self._get(target, "/v1/models")
+        data = listing.get("data") if isinstance(listing, dict) else None
         return [e["id"] for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)] if data else []
+
+    async def _get(self, target: UpstreamTarget, path: str) -> Any:
+        """A GET answer's JSON (None: no answer), kept a while: a listing read at start, or for one model,
+        answers the next model's question too (an upstream is not asked the same twice in a row)."""
+        key = (target.name, path)
+        kept = self._answers.get(key)
+        if kept is not None and kept[0] > time.monotonic():
+            return kept[1]
+        try:
+            answer = await self.client().get(engine_url(target.url, path))
+            found = answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            found = None
+        self._answers[key] = (time.monotonic() + UNKNOWN_FOR_S, found)
+        return found
 
     # -- the window -------------------------------------------------------------------------------
     def configured(self, ex: Exchange) -> tuple[int, str] | None:
@@ -122,13 +143,14 @@ class Window:
         """Ask the engine (`window/sources.py` says where); what it says is cached, silence remembered a while."""
         key = (target.name, served)
         for probe in probes_for(engine):
-            url = engine_url(target.url, probe.path)
-            try:
-                client = self.client()
-                answer = await (client.post(url, json={"model": served}) if probe.post else client.get(url))
-                found = probe.read(answer.json(), served) if answer.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                found = None
+            if probe.post:
+                try:
+                    answer = await self.client().post(engine_url(target.url, probe.path), json={"model": served})
+                    found = probe.read(answer.json(), served) if answer.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    found = None
+            else:
+                found = probe.read(await self._get(target, probe.path), served)
             if found:
                 self.runtime.windows[key] = (found, probe.label)
                 self.runtime.windows_unknown.pop(key, None)
@@ -249,6 +271,8 @@ class Window:
         for known in (self.runtime.windows, self.runtime.windows_unknown):
             for key in [k for k in known if k[0] == name]:
                 del known[key]  # the window may have changed (or be told now): asked again on the next request
+        for kept in [k for k in self._answers if k[0] == name]:
+            del self._answers[kept]
 
     def _models_list(self, ex: Exchange, response: http.Response) -> None:
         """Quick mode: the upstream's own list, each entry with `context_length` and `max_model_len`."""

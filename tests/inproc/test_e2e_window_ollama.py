@@ -24,6 +24,7 @@ from tests.support.rawserver import RawRequest, RawServer
 
 MODEL = "qwen3:8b"
 NUM_CTX = 512
+LOADED = {"num_ctx": NUM_CTX}  # the window the fake Ollama runs the model with now
 
 
 def tokens(messages: list[dict]) -> int:
@@ -52,7 +53,13 @@ def _chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
 
 def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
     if request.path == "/api/ps":
-        loaded = {"name": MODEL, "model": MODEL, "size": 6591830464, "digest": "a2af6c", "context_length": NUM_CTX}
+        loaded = {
+            "name": MODEL,
+            "model": MODEL,
+            "size": 6591830464,
+            "digest": "a2af6c",
+            "context_length": LOADED["num_ctx"],
+        }
         return _json(orjson.dumps({"models": [loaded | {"expires_at": "2026-12-06T12:00:00Z", "size_vram": 0}]}))
     if request.path == "/api/show":
         info = {"general.architecture": "qwen3", "qwen3.context_length": 40960}
@@ -62,7 +69,7 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
             orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "library"}]})
         )
     body = json.loads(request.body)
-    prompt = min(tokens(body["messages"]), NUM_CTX)  # what survives the cut, and what it reports
+    prompt = min(tokens(body["messages"]), LOADED["num_ctx"])  # what survives the cut, and what it reports
     usage = {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}
     if not body.get("stream"):
         message = {"role": "assistant", "content": "Sure."}
@@ -86,6 +93,7 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
 
 @pytest.fixture
 def upstream():
+    LOADED["num_ctx"] = NUM_CTX
     server = RawServer(ollama)
     yield server
     server.close()
@@ -139,6 +147,22 @@ def test_a_streamed_cut_is_flagged_from_the_usage_the_client_did_not_ask_for(tmp
         assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
         row = wait_capture(proxy.extra["db"], capture_id)
         assert row["prompt_tokens"] == NUM_CTX and "prompt_truncated" in json.loads(row["flags"])
+    finally:
+        proxy.stop()
+
+
+def test_windows_are_read_again_on_a_timer(tmp_path, upstream, monkeypatch):
+    """The model reloaded with a larger window (`ollama ps` shows it): tapfix reads it again without a request
+    asking, and a prompt that now fits is not flagged."""
+    monkeypatch.setattr("tapfix.addons.window.REFRESH_S", 0.2)
+    proxy = start_proxy(tmp_path, upstream.url, "--engine", "ollama")
+    try:
+        wait_log(proxy, rf"window of {re.escape(MODEL)} on \S+: {NUM_CTX} tokens")
+        LOADED["num_ctx"] = 2048
+        wait_log(proxy, rf"window of {re.escape(MODEL)} on \S+: 2,048 tokens \(GET /api/ps\)")
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=LONG)
+        assert "prompt_truncated" not in flags(proxy, raw.headers["x-tapfix-capture-id"])
     finally:
         proxy.stop()
 
