@@ -25,6 +25,7 @@ from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import budget_of, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
 from tapfix.proxy.window.sources import engine_url, probes_for
 from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change
@@ -46,6 +47,7 @@ class Window:
         self._task: asyncio.Task[None] | None = None
         self._answers: dict[tuple[str, str], tuple[float, Any]] = {}  # (upstream, path) → (kept until, JSON)
         self._shown: dict[tuple[str, str], str] = {}  # what the log last said of each model's window
+        self.counts = PromptCounts()  # llama.cpp's counts of recent prompts: a next turn tokenizes its new part
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -158,24 +160,38 @@ class Window:
         self.runtime.windows_unknown[key] = time.monotonic() + UNKNOWN_FOR_S
         return None
 
-    async def count(self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str) -> int | None:
+    async def count(
+        self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str, whole: bool = False
+    ) -> Counted | None:
         """The prompt's tokens by the engine's own tokenizer, chat template applied: vLLM and SGLang
-        `POST /tokenize` with the messages; llama.cpp `/apply-template` then `/tokenize`. None: it can't say."""
+        `POST /tokenize` with the messages; llama.cpp `/apply-template` then `/tokenize`, of only what follows
+        a prompt counted before (`whole`: of all of it). None: it can't say."""
         client = self.client()
         try:
             if engine == "llamacpp":
                 applied = await client.post(engine_url(target.url, "/apply-template"), json={"messages": messages})
                 prompt = applied.json().get("prompt")
-                tokens = await client.post(engine_url(target.url, "/tokenize"), json={"content": prompt})
+                if not isinstance(prompt, str):
+                    return None
+                model = (target.name, served)
+                earlier = None if whole else self.counts.known(model, prompt)
+                if earlier is not None and earlier[0] == prompt:
+                    return earlier[1]
+                rest = prompt[len(earlier[0]) :] if earlier is not None else prompt
+                tokens = await client.post(engine_url(target.url, "/tokenize"), json={"content": rest})
                 listed = tokens.json().get("tokens")
-                return len(listed) if isinstance(listed, list) else None
+                if not isinstance(listed, list):
+                    return None
+                counted = Counted(len(listed) + (earlier[1].tokens if earlier else 0), exact=earlier is None)
+                self.counts.remember(model, prompt, counted)
+                return counted
             if engine not in (None, "vllm", "sglang"):
                 return None
             answer = await client.post(
                 engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages}
             )
-            counted = answer.json().get("count") if answer.status_code == 200 else None
-            return counted if isinstance(counted, int) else None
+            found = answer.json().get("count") if answer.status_code == 200 else None
+            return Counted(found, exact=True) if isinstance(found, int) else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
 
@@ -215,10 +231,13 @@ class Window:
         if not might_not_fit(len(body), budget[1], tokens):
             return
         messages = chat_messages(surface, parsed)
-        counted = await self.count(target, engine, messages, served) if messages is not None else None
-        if counted is None:
+        found = await self.count(target, engine, messages, served) if messages is not None else None
+        if found is not None and not found.exact and found.tokens > tokens:  # an overflow answer: a whole count
+            found = await self.count(target, engine, messages or [], served, whole=True)
+        if found is None:
             ex.flags.add("window_count_unavailable")
             return
+        counted = found.tokens
         ex.extra["window_hints"] = (tokens, counted)
         if counted > tokens:  # the prompt alone can't fit: the overflow answer now, with the engine's count
             ex.flags.add(FLAG)
