@@ -1,7 +1,8 @@
 """What counting a prompt adds to the first token (issue 37): an agent turn of ~100k tokens through
 `tapfix run --engine llamacpp`, with an output budget (tapfix counts the prompt by the engine's own
-`POST /apply-template` then `POST /tokenize`, to clamp the budget) and without one (nothing is counted),
-interleaved; and the count alone, asked directly.
+`POST /apply-template` then `POST /tokenize`, to clamp the budget): a session's first turn (the whole prompt
+tokenized) and its next turn (only the new part: proxy/window/counts.py); and without one (nothing is
+counted), interleaved; and the whole count alone, asked directly, split into its two calls.
 
 The count is the real llama-server's: tapfix's upstream is a relay that passes `/props`, `/v1/models`,
 `/apply-template` and `/tokenize` to it and answers the chat itself at once, so the difference between the
@@ -123,20 +124,29 @@ def main() -> None:
             messages = conversation(turns)
             front = relay(server.url)
             proxy = start_proxy(tmp, f"http://127.0.0.1:{front.server_address[1]}", "--engine", "llamacpp")
-            base = {"model": "tiny", "messages": messages, "stream": True, "temperature": 0}
-            counted_body = base | {"max_tokens": 16_000}  # a budget the bytes say may not fit: tapfix counts
-            plain_body = base | {"n_predict": 16_000}  # llama.cpp's own name: no budget tapfix sees, no count
+            base = {"model": "tiny", "stream": True, "temperature": 0}
+            # llama.cpp's own name for the budget: no budget tapfix sees, so nothing is counted
+            plain_body = base | {"messages": messages, "n_predict": 16_000}
             first_token_s(client, proxy.url, plain_body)  # tapfix has read the window by now
             rows: dict[str, list[float]] = {
-                "with count": [],
-                "without": [],
+                "first turn": [],
+                "next turn": [],
+                "no count": [],
                 "count alone": [],
                 "  template": [],
                 "  tokenize": [],
             }
-            for _ in range(args.rounds):
-                rows["with count"].append(first_token_s(client, proxy.url, counted_body))
-                rows["without"].append(first_token_s(client, proxy.url, plain_body))
+            for r in range(args.rounds):
+                # a session tapfix hasn't seen (its own first words), then its next turn; a budget the bytes
+                # say may not fit, so tapfix counts: the whole prompt, then only the next turn's new part
+                session = [{"role": "system", "content": f"Session {r}. " + messages[0]["content"]}, *messages[1:]]
+                reply = [{"role": "assistant", "content": "Tests pass."}, {"role": "user", "content": "Commit it."}]
+                rows["first turn"].append(
+                    first_token_s(client, proxy.url, base | {"messages": session, "max_tokens": 16_000})
+                )
+                body = base | {"messages": session + reply, "max_tokens": 16_000}
+                rows["next turn"].append(first_token_s(client, proxy.url, body))
+                rows["no count"].append(first_token_s(client, proxy.url, plain_body))
                 start = time.perf_counter()
                 prompt = client.post(f"{server.url}/apply-template", json={"messages": messages}).json()["prompt"]
                 templated = time.perf_counter()
@@ -148,14 +158,18 @@ def main() -> None:
         if proxy is not None:
             proxy.stop()
         server.stop()
-    body_kb = len(json.dumps(counted_body)) / 1024
+    body_kb = len(json.dumps(plain_body)) / 1024
     print(f"prompt: {tokens} tokens by llama-server's count, {body_kb:.0f} KB of request, {args.rounds} rounds")
     print(f"{'row':<12} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     for name, values in rows.items():
         ms = [v * 1000 for v in values]
         print(f"{name:<12} {statistics.median(ms):>10.1f} {min(ms):>8.1f} {max(ms):>8.1f}")
-    added = statistics.median(rows["with count"]) - statistics.median(rows["without"])
-    print(f"added TTFT (median with count - median without): {added * 1000:.1f} ms")
+    added = {
+        name: statistics.median(rows[name]) - statistics.median(rows["no count"])
+        for name in ("first turn", "next turn")
+    }
+    for name, seconds in added.items():
+        print(f"added TTFT, {name} (median less the median without a count): {seconds * 1000:.1f} ms")
     if args.json:
         args.json.write_text(json.dumps({"tokens": tokens, "rows": rows, "added_s": added}, indent=1))
 
