@@ -57,6 +57,7 @@ def test_a_next_turn_tokenizes_only_its_new_part(tmp_path, upstream):
         turn = [{"role": "system", "content": "You are opencode. " * 1000}, {"role": "user", "content": "fix it"}]
         for _ in range(2):
             raw = client.chat.completions.with_raw_response.create(model="m", messages=turn, max_tokens=32_000)
+            wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
             sent = json.loads(
                 cli(
                     "captures",
@@ -67,7 +68,6 @@ def test_a_next_turn_tokenizes_only_its_new_part(tmp_path, upstream):
                     str(proxy.extra["db"]),
                 ).stdout
             )
-            wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
             assert sent["max_tokens"] == WINDOW - len(chatml(turn))  # the same as a whole count
             turn = turn + [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "now the tests"}]
         tokenized = [json.loads(r.body)["content"] for r in upstream.requests if r.path == "/tokenize"]
