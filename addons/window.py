@@ -204,18 +204,16 @@ class Window:
         if ex is None or surface not in ("chat", "responses", "messages"):
             return
         body = flow.request.raw_content or b""
-        parsed = json_object(body)
         name = ex.extra.get("target")
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
+        engine = self.runtime.engine_of(name)
+        if surface == "chat" and ex.stream and engine in ENGINES and (asked := ask_for_usage(body)) is not None:
+            body = self._forward(flow, asked[0])
+            ex.extra[ADDED] = True
+            ex.changes.append(request_change(asked[1]))
+        parsed = json_object(body)
         if parsed is None or target is None:
             return
-        engine = self.runtime.engine_of(name)
-        if surface == "chat" and engine in ENGINES and (asked := ask_for_usage(body, parsed)) is not None:
-            options = parsed.get("stream_options")
-            before = options.get("include_usage") if isinstance(options, dict) else None
-            body = self._forward(flow, asked)
-            ex.extra[ADDED] = True
-            ex.changes.append(request_change(before))
         model = parsed.get("model")
         served = model if isinstance(model, str) else ""
         budget = budget_of(surface, parsed)

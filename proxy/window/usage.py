@@ -29,18 +29,29 @@ ADDED = "usage_added"  # ex.extra: tapfix asked for usage the client didn't
 _CHUNK_MEMBERS = frozenset(("id", "object", "created", "model", "choices", "usage"))
 
 
-def ask_for_usage(body: bytes, parsed: dict[str, Any]) -> bytes | None:
-    """The streamed chat request with `stream_options.include_usage` set, or None: not a stream, the client
-    asked already, or its `stream_options` is not an object (the engine's own error answers that)."""
-    if parsed.get("stream") is not True:
+def ask_for_usage(body: bytes) -> tuple[bytes, Any] | None:
+    """The streamed chat request with `stream_options.include_usage` set, and what it was before; None: not
+    a stream, the client asked already, or its `stream_options` is not an object (the engine's own error
+    answers that). Only `stream` and `stream_options` are read: the messages are skipped, not parsed."""
+    try:
+        spans = top_level_spans(body)
+    except SpliceError:
         return None
-    options = parsed.get("stream_options")
-    if options is not None and not isinstance(options, dict):
+    if "stream" not in spans or body[slice(*spans["stream"])] != b"true":
         return None
-    if isinstance(options, dict) and options.get("include_usage") is True:
+    options: Any = None
+    if "stream_options" in spans:
+        try:
+            options = orjson.loads(body[slice(*spans["stream_options"])])
+        except orjson.JSONDecodeError:
+            return None
+        if options is not None and not isinstance(options, dict):
+            return None
+    before = options.get("include_usage") if isinstance(options, dict) else None
+    if before is True:
         return None
     try:
-        return splice(body, [Set(("stream_options", "include_usage"), True)])
+        return splice(body, [Set(("stream_options", "include_usage"), True)]), before
     except SpliceError:
         return None
 

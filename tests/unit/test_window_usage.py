@@ -26,18 +26,18 @@ def through(events: list[bytes]) -> tuple[list[bytes], UsageChunkStrip]:
 
 def test_the_option_is_added_only_where_the_client_did_not_ask():
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
-    asked = ask_for_usage(body, orjson.loads(body))
-    assert asked == body[:-1] + b',"stream_options":{"include_usage":true}}'
+    assert ask_for_usage(body) == (body[:-1] + b',"stream_options":{"include_usage":true}}', None)
     kept = b'{"model":"m","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":false}}'
-    assert orjson.loads(ask_for_usage(kept, orjson.loads(kept)))["stream_options"] == {
+    asked, before = ask_for_usage(kept)
+    assert before is False and orjson.loads(asked)["stream_options"] == {
         "include_usage": True,
         "continuous_usage_stats": False,
     }
-    already = b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}'
-    assert ask_for_usage(already, orjson.loads(already)) is None
-    assert ask_for_usage(b'{"model":"m"}', {"model": "m"}) is None  # not a stream: the answer has usage
-    odd = b'{"stream":true,"stream_options":"x"}'
-    assert ask_for_usage(odd, orjson.loads(odd)) is None  # the engine's own error answers that
+    assert ask_for_usage(b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}') is None
+    assert ask_for_usage(b'{"model":"m"}') is None  # not a stream: the answer has usage
+    assert ask_for_usage(b'{"model":"m","stream":false}') is None
+    assert ask_for_usage(b'{"stream":true,"stream_options":"x"}') is None  # the engine's own error answers that
+    assert ask_for_usage(b"not json") is None
 
 
 def test_a_real_vllm_stream_with_usage_becomes_the_one_without():
