@@ -56,8 +56,9 @@ def test_a_real_vllm_stream_with_usage_becomes_the_one_without():
 
 
 def test_llamacpp_timings_go_back_on_the_last_choice_chunk():
-    """llama.cpp (server-task.cpp, to_json_oaicompat_chat_stream) puts `timings` on the stream's last chunk:
-    the usage chunk when asked, else the finish chunk; nlohmann's JSON writes keys in sorted order."""
+    """llama.cpp (server-task.cpp, to_json_oaicompat_chat_stream) adds `timings` last to the stream's last
+    chunk: the usage chunk when asked, else the finish chunk (tests/process/realengine/test_usage.py shows it
+    on the real llama-server)."""
     head = b'"created":1,"id":"c","model":"m","object":"chat.completion.chunk","system_fingerprint":"b1"'
     timings = b'{"cache_n":0,"predicted_ms":1.5,"prompt_n":12}'
     content = b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null,"index":0}],' + head + b"}\n\n"
