@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.turn import Turn
+from tapfix.proxy.window.truncation import FLAG as TRUNCATED
 
 LABEL_LIMIT = 50  # distinct values a label takes before the rest are `other`
 OTHER = "other"
@@ -186,6 +187,13 @@ UNRECOVERABLE = Instrument(
     "Exchanges with a tool call tapfix could not repair (flag toolcall_unrecoverable), an attempt's too.",
     (MODEL, UPSTREAM, SURFACE),
 )
+PROMPT_TRUNCATED = Instrument(
+    sc.METRIC_PROMPT_TRUNCATED,
+    "counter",
+    "{exchange}",
+    "Exchanges whose prompt the engine cut to its window and answered (flag prompt_truncated).",
+    (MODEL, UPSTREAM, SURFACE),
+)
 REGENERATIONS = Instrument(
     sc.METRIC_REGENERATIONS,
     "counter",
@@ -207,7 +215,7 @@ QUEUE_DEPTH = Instrument(
     "Exchanges waiting for the capture writer, read at scrape or collection time.",
     (),
 )
-_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, REGENERATIONS, CAPTURE_FAILURES, QUEUE_DEPTH)
+_TAPFIX = (REQUESTS, REPAIRS, UNRECOVERABLE, PROMPT_TRUNCATED, REGENERATIONS, CAPTURE_FAILURES, QUEUE_DEPTH)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -322,6 +330,8 @@ def observations(turn: Turn, labeller: Labeller, catalogue: Catalogue = CURRENT)
         yield REPAIRS, (count,), base | {KIND: labeller.value(KIND, kind)}
     if turn.unrecoverable:
         yield UNRECOVERABLE, (1,), base
+    if TRUNCATED in turn.flags:
+        yield PROMPT_TRUNCATED, (1,), base
     if turn.attempt >= 2:
         outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
         yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}

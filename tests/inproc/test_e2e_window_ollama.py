@@ -132,6 +132,11 @@ def test_a_prompt_ollama_cut_is_flagged_and_one_it_did_not_is_not(tmp_path, upst
         assert "prompt_truncated" not in flags(proxy, short.headers["x-tapfix-capture-id"])
         listed = cli("captures", "list", "--flag", "prompt_truncated", "--json", "--db", str(proxy.extra["db"]))
         assert [json.loads(line)["id"] for line in listed.stdout.decode().splitlines()] == [cut]
+        counted = r'^tapfix_prompt_truncated_total\{[^}]*model="qwen3:8b"[^}]*\} 1(\.0)?$'
+        deadline = time.monotonic() + 10  # the writer's observer counts it after the commit
+        while not re.search(counted, metrics := httpx.get(f"{proxy.url}/tapfix/metrics", timeout=10).text, re.M):
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.05)
     finally:
         proxy.stop()
 
