@@ -47,6 +47,8 @@ class Window:
         self._task: asyncio.Task[None] | None = None
         self._answers: dict[tuple[str, str], tuple[float, Any]] = {}  # (upstream, path) → (kept until, JSON)
         self._shown: dict[tuple[str, str], str] = {}  # what the log last said of each model's window
+        self._settling: set[tuple[str, str]] = set()  # models whose window is being read again after an answer
+        self._pending: set[asyncio.Task[None]] = set()
         self.counts = PromptCounts()  # llama.cpp's counts of recent prompts: a next turn tokenizes its new part
 
     def client(self) -> httpx.AsyncClient:
@@ -61,6 +63,8 @@ class Window:
     async def done(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._pending):
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
 
@@ -91,13 +95,43 @@ class Window:
             target = self.runtime.targets.get(name)
             if target is None:
                 continue
-            found = await self.read(target, served, self.runtime.engine_of(name)) or self.runtime.windows.get(
-                (name, served)
-            )  # an engine that didn't answer this round keeps the window it told before
-            shown = f"{found[0]:,} tokens ({found[1]})" if found else "unknown (the engine doesn't say)"
-            if self._shown.get((name, served)) != shown:  # logged when first read and when it changed
-                self._shown[(name, served)] = shown
-                log.info("window of %s on %s: %s", served or "the served model", name, shown)
+            await self.refresh(target, served)
+
+    async def refresh(self, target: UpstreamTarget, served: str) -> None:
+        """Read one model's window again, and log it when it is new or changed."""
+        key = (target.name, served)
+        found = await self.read(target, served, self.runtime.engine_of(target.name)) or self.runtime.windows.get(
+            key
+        )  # an engine that didn't answer this round keeps the window it told before
+        shown = f"{found[0]:,} tokens ({found[1]})" if found else "unknown (the engine doesn't say)"
+        if self._shown.get(key) != shown:
+            self._shown[key] = shown
+            log.info("window of %s on %s: %s", served or "the served model", target.name, shown)
+
+    def _settle(self, ex: Exchange) -> None:
+        """An answered request has loaded its model: a window read from Ollama's `/api/show` (the model's own
+        maximum, an upper bound, when it wasn't loaded) is read again in the background, now that `/api/ps`
+        can say the one it runs with."""
+        name = ex.extra.get("target")
+        target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
+        served = ex.served_model or ex.model or ""
+        if target is None or (target.name, served) in self._settling:
+            return
+        cached = self.runtime.windows.get((target.name, served))
+        if cached is None or cached[1] != "POST /api/show":
+            return
+        self._settling.add((target.name, served))
+        self._answers.pop((target.name, "/api/ps"), None)
+
+        async def settle() -> None:
+            try:
+                await self.refresh(target, served)
+            finally:
+                self._settling.discard((target.name, served))
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _served(self, target: UpstreamTarget) -> list[str]:
         listing = await self._get(target, "/v1/models")
@@ -262,6 +296,8 @@ class Window:
     def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
+        if ex is not None and response is not None and response.status_code == 200 and not ex.tapfix_answered:
+            self._settle(ex)
         if ex is None or response is None or response.stream or ex.tapfix_answered:
             return
         if response.status_code == 200 and flow.request.method == "GET":

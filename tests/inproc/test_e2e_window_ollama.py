@@ -24,7 +24,7 @@ from tests.support.rawserver import RawRequest, RawServer
 
 MODEL = "qwen3:8b"
 NUM_CTX = 512
-LOADED = {"num_ctx": NUM_CTX}  # the window the fake Ollama runs the model with now
+LOADED = {"num_ctx": NUM_CTX, "loaded": True}  # the window the fake Ollama runs the model with; loaded yet
 
 
 def tokens(messages: list[dict]) -> int:
@@ -52,6 +52,8 @@ def _chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
 
 
 def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
+    if request.path == "/api/ps" and not LOADED["loaded"]:
+        return _json(b'{"models":[]}')  # Ollama loads a model on its first request
     if request.path == "/api/ps":
         loaded = {
             "name": MODEL,
@@ -69,6 +71,7 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
             orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "library"}]})
         )
     body = json.loads(request.body)
+    LOADED["loaded"] = True
     prompt = min(tokens(body["messages"]), LOADED["num_ctx"])  # what survives the cut, and what it reports
     usage = {"prompt_tokens": prompt, "completion_tokens": 2, "total_tokens": prompt + 2}
     if not body.get("stream"):
@@ -93,7 +96,7 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
 
 @pytest.fixture
 def upstream():
-    LOADED["num_ctx"] = NUM_CTX
+    LOADED.update(num_ctx=NUM_CTX, loaded=True)
     server = RawServer(ollama)
     yield server
     server.close()
@@ -152,6 +155,22 @@ def test_a_streamed_cut_is_flagged_from_the_usage_the_client_did_not_ask_for(tmp
         assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
         row = wait_capture(proxy.extra["db"], capture_id)
         assert row["prompt_tokens"] == NUM_CTX and "prompt_truncated" in json.loads(row["flags"])
+    finally:
+        proxy.stop()
+
+
+def test_a_model_not_loaded_at_start_has_its_window_read_again_once_it_answered(tmp_path, upstream):
+    """At start only `/api/show` knows the model (its own maximum, 40,960): the first answer loads it, and
+    tapfix reads `/api/ps` again at once for the window it runs with, so the next cut is flagged."""
+    LOADED["loaded"] = False
+    proxy = start_proxy(tmp_path, upstream.url, "--engine", "ollama")
+    try:
+        wait_log(proxy, rf"window of {re.escape(MODEL)} on \S+: 40,960 tokens \(POST /api/show\)")
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        client.chat.completions.create(model=MODEL, messages=[LONG[1]])
+        wait_log(proxy, rf"window of {re.escape(MODEL)} on \S+: {NUM_CTX} tokens \(GET /api/ps\)")
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=LONG)
+        assert "prompt_truncated" in flags(proxy, raw.headers["x-tapfix-capture-id"])
     finally:
         proxy.stop()
 
