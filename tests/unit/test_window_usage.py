@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tapfix.proxy.mock.chat import DONE, ChunkBuilder
 from tapfix.proxy.window.usage import UsageChunkStrip, ask_for_usage
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "vllm-samples" / "hermes"
+# Real vLLM answers to the same request without and with the option (../shared/vllm-samples/hermes/01, 02)
+SAMPLES = Path(__file__).resolve().parents[1] / "vectors" / "vllm"
 
 
 def events_of(body: bytes) -> list[bytes]:
@@ -43,8 +44,8 @@ def test_the_option_is_added_only_where_the_client_did_not_ask():
 def test_a_real_vllm_stream_with_usage_becomes_the_one_without():
     """vLLM moves `system_fingerprint` from the last choice chunk to the usage chunk when usage is asked for
     (its real answers, with and without the option): the strip puts it back."""
-    with_usage = events_of((SAMPLES / "02_stream_chat_free_usage.body").read_bytes())
-    without = events_of((SAMPLES / "01_stream_chat_free.body").read_bytes())
+    with_usage = events_of((SAMPLES / "stream_chat_usage.body").read_bytes())
+    without = events_of((SAMPLES / "stream_chat.body").read_bytes())
     out, strip = through(with_usage)
     assert len(out) == len(with_usage) - 1 and not any(b'"usage"' in e for e in out)
     assert out[:-2] == with_usage[:-3]  # every other event is the same bytes
@@ -72,7 +73,7 @@ def test_llamacpp_timings_go_back_on_the_last_choice_chunk():
 def test_null_usage_members_go_and_a_stream_without_usage_passes_as_it_came():
     chunk = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"usage":null}\n\n'
     assert through([chunk, DONE])[0] == [chunk.replace(b',"usage":null', b""), DONE]
-    plain = events_of((SAMPLES / "01_stream_chat_free.body").read_bytes())
+    plain = events_of((SAMPLES / "stream_chat.body").read_bytes())
     out, strip = through(plain)
     assert out == plain and all(a is b for a, b in zip(out, plain, strict=True)) and strip.change() is None
 
