@@ -24,7 +24,7 @@ from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
-from tapfix.proxy.window.clamp import budget_of, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.clamp import budget_in, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
 from tapfix.proxy.window.sources import engine_url, probes_for
@@ -47,6 +47,7 @@ class Window:
         self._task: asyncio.Task[None] | None = None
         self._answers: dict[tuple[str, str], tuple[float, Any]] = {}  # (upstream, path) → (kept until, JSON)
         self._shown: dict[tuple[str, str], str] = {}  # what the log last said of each model's window
+        self._asking: dict[tuple[str, str], asyncio.Future[Any]] = {}  # GETs in flight
         self._settling: set[tuple[str, str]] = set()  # models whose window is being read again after an answer
         self._pending: set[asyncio.Task[None]] = set()
         self.counts = PromptCounts()  # llama.cpp's counts of recent prompts: a next turn tokenizes its new part
@@ -140,17 +141,25 @@ class Window:
 
     async def _get(self, target: UpstreamTarget, path: str) -> Any:
         """A GET answer's JSON (None: no answer), kept a while: a listing read at start, or for one model,
-        answers the next model's question too (an upstream is not asked the same twice in a row)."""
+        answers the next model's question too, and a question in flight is awaited, not asked again (an
+        upstream is not asked the same twice in a row: the start's read and a first request meet here)."""
         key = (target.name, path)
         kept = self._answers.get(key)
         if kept is not None and kept[0] > time.monotonic():
             return kept[1]
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._ask(target, path))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(asking)
+
+    async def _ask(self, target: UpstreamTarget, path: str) -> Any:
         try:
             answer = await self.client().get(engine_url(target.url, path))
             found = answer.json() if answer.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             found = None
-        self._answers[key] = (time.monotonic() + UNKNOWN_FOR_S, found)
+        self._answers[(target.name, path)] = (time.monotonic() + UNKNOWN_FOR_S, found)
         return found
 
     # -- the window -------------------------------------------------------------------------------
@@ -245,12 +254,10 @@ class Window:
             body = self._forward(flow, asked[0])
             ex.extra[ADDED] = True
             ex.changes.append(request_change(asked[1]))
-        parsed = json_object(body)
-        if parsed is None or target is None:
+        if target is None:
             return
-        model = parsed.get("model")
-        served = model if isinstance(model, str) else ""
-        budget = budget_of(surface, parsed)
+        served = ex.served_model or ex.model or ""
+        budget = budget_in(surface, body)  # the budget's own bytes: the body is parsed only if it may not fit
         # Without an output budget the engine isn't asked now (its own overflow error has the numbers): the
         # window read at start or since, if any, is what the truncation check reads.
         known = self.configured(ex) or self.runtime.windows.get((target.name, served))
@@ -262,7 +269,8 @@ class Window:
         tokens, source = window
         if not might_not_fit(len(body), budget[1], tokens):
             return
-        messages = chat_messages(surface, parsed)
+        parsed = json_object(body)
+        messages = chat_messages(surface, parsed) if parsed is not None else None
         found = await self.count(target, engine, messages, served) if messages is not None else None
         if found is not None and not found.exact and found.tokens > tokens:  # an overflow answer: a whole count
             found = await self.count(target, engine, messages or [], served, whole=True)
