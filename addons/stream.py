@@ -45,6 +45,8 @@ from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
 from tapfix.proxy.window.rewrite import FLAG as OVERFLOW_FLAG
 from tapfix.proxy.window.rewrite import OverflowEvents
+from tapfix.proxy.window.usage import ADDED as USAGE_ADDED
+from tapfix.proxy.window.usage import UsageChunkStrip
 
 # The engines that may send an overflow as an error event inside a 200 stream (SGLang's and TabbyAPI's
 # streaming handlers, llama.cpp's before it checked the prompt ahead of the headers): only their streams
@@ -92,6 +94,9 @@ class StreamOwner:
             overflow = OverflowEvents(surface, window, prompt_tokens)
             ex.extra["overflow_events"] = overflow
             stages.append(overflow)
+        if ex.extra.get(USAGE_ADDED):  # tapfix asked for usage the client didn't: the client doesn't get it
+            strip = ex.extra["usage_strip"] = UsageChunkStrip()
+            stages.append(strip)
         return stages
 
     def tool_format_for(self, ex: Exchange) -> str | None:
@@ -237,6 +242,9 @@ class StreamOwner:
         rename = ex.extra.pop("reasoning_rename", None)
         if rename is not None and (change := rename.change()) is not None:
             ex.changes.append(change)
+        strip = ex.extra.pop("usage_strip", None)
+        if isinstance(strip, UsageChunkStrip) and (stripped := strip.change()) is not None:
+            ex.changes.append(stripped)
         overflow = ex.extra.pop("overflow_events", None)
         if isinstance(overflow, OverflowEvents) and overflow.changes:
             ex.changes.extend(overflow.changes)

@@ -5,6 +5,7 @@ event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -23,30 +24,143 @@ from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
-from tapfix.proxy.window.clamp import BUDGET_KEY, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.clamp import BUDGET_KEY, budget_in, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
-from tapfix.proxy.window.sources import probes_for
+from tapfix.proxy.window.sources import engine_url, probes_for
+from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change
 
 log = logging.getLogger("tapfix")
 ASK_TIMEOUT_S = 10.0
 # An engine that didn't tell its window is asked again only after this long (issue 34: not once per request,
 # which cost every request of the agents' path an upstream round trip before it was sent).
 UNKNOWN_FOR_S = 60.0
+# Windows are read at start and again this often (an engine restarted with another `-c` or `num_ctx`, an Ollama
+# model loaded with another context), so a request seldom waits for one.
+REFRESH_S = 300.0
 
 
 class Window:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._answers: dict[tuple[str, str], tuple[float, Any]] = {}  # (upstream, path) → (kept until, JSON)
+        self._shown: dict[tuple[str, str], str] = {}  # what the log last said of each model's window
+        self._asking: dict[tuple[str, str], asyncio.Future[Any]] = {}  # GETs in flight
+        self._settling: set[tuple[str, str]] = set()  # models whose window is being read again after an answer
+        self._pending: set[asyncio.Task[None]] = set()
+        self.counts = PromptCounts()  # llama.cpp's counts of recent prompts: a next turn tokenizes its new part
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=ASK_TIMEOUT_S, verify=not self.runtime.settings.insecure)
         return self._client
 
+    def running(self) -> None:
+        if self.runtime.targets and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._every(REFRESH_S))
+
     async def done(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for task in list(self._pending):
+            task.cancel()
         if self._client is not None:
             await self._client.aclose()
+
+    async def _every(self, interval: float) -> None:
+        while True:
+            try:
+                await self.read_all()
+            except Exception as e:  # noqa: BLE001 - reading windows must never take the proxy down
+                log.warning("reading the context windows failed: %s", e)
+            await asyncio.sleep(interval)
+
+    async def read_all(self) -> None:
+        """Every known model's window, read again from its engine and logged: the config's models, or in quick
+        mode what the upstream's `/v1/models` lists."""
+        self._answers.clear()  # this round asks afresh
+        config = getattr(self.runtime.policy, "config", None)
+        pairs: list[tuple[str, str]] = []
+        if config is not None and not config.is_quick:
+            pairs = [
+                (m.upstream, m.upstream_model)
+                for m in config.models.values()
+                if m.upstream_model != "*" and not m.context_window  # a configured window wins: nothing to ask
+            ]
+        elif not self.runtime.settings.context_window:
+            for name, listed in self.runtime.targets.items():
+                pairs += [(name, served) for served in await self._served(listed)]
+        for name, served in dict.fromkeys(pairs):
+            target = self.runtime.targets.get(name)
+            if target is None:
+                continue
+            await self.refresh(target, served)
+
+    async def refresh(self, target: UpstreamTarget, served: str) -> None:
+        """Read one model's window again, and log it when it is new or changed."""
+        key = (target.name, served)
+        found = await self.read(target, served, self.runtime.engine_of(target.name)) or self.runtime.windows.get(
+            key
+        )  # an engine that didn't answer this round keeps the window it told before
+        shown = f"{found[0]:,} tokens ({found[1]})" if found else "unknown (the engine doesn't say)"
+        if self._shown.get(key) != shown:
+            self._shown[key] = shown
+            log.info("window of %s on %s: %s", served or "the served model", target.name, shown)
+
+    def _settle(self, ex: Exchange) -> None:
+        """An answered request has loaded its model: a window read from Ollama's `/api/show` (the model's own
+        maximum, an upper bound, when it wasn't loaded) is read again in the background, now that `/api/ps`
+        can say the one it runs with."""
+        name = ex.extra.get("target")
+        target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
+        served = ex.served_model or ex.model or ""
+        if target is None or (target.name, served) in self._settling:
+            return
+        cached = self.runtime.windows.get((target.name, served))
+        if cached is None or cached[1] != "POST /api/show":
+            return
+        self._settling.add((target.name, served))
+        self._answers.pop((target.name, "/api/ps"), None)
+
+        async def settle() -> None:
+            try:
+                await self.refresh(target, served)
+            finally:
+                self._settling.discard((target.name, served))
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _served(self, target: UpstreamTarget) -> list[str]:
+        listing = await self._get(target, "/v1/models")
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [e["id"] for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)] if data else []
+
+    async def _get(self, target: UpstreamTarget, path: str) -> Any:
+        """A GET answer's JSON (None: no answer), kept a while: a listing read at start, or for one model,
+        answers the next model's question too, and a question in flight is awaited, not asked again (an
+        upstream is not asked the same twice in a row: the start's read and a first request meet here)."""
+        key = (target.name, path)
+        kept = self._answers.get(key)
+        if kept is not None and kept[0] > time.monotonic():
+            return kept[1]
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._ask(target, path))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(asking)
+
+    async def _ask(self, target: UpstreamTarget, path: str) -> Any:
+        try:
+            answer = await self.client().get(engine_url(target.url, path))
+            found = answer.json() if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            found = None
+        self._answers[(target.name, path)] = (time.monotonic() + UNKNOWN_FOR_S, found)
+        return found
 
     # -- the window -------------------------------------------------------------------------------
     def configured(self, ex: Exchange) -> tuple[int, str] | None:
@@ -71,40 +185,59 @@ class Window:
             return self.runtime.windows[key]
         if self.runtime.windows_unknown.get(key, 0.0) > time.monotonic():
             return None
-        for path, read in probes_for(engine):
-            try:
-                answer = await self.client().get(self._url(target, path))
-                found = read(answer.json(), served) if answer.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                found = None
+        return await self.read(target, served, engine)
+
+    async def read(self, target: UpstreamTarget, served: str, engine: str | None) -> tuple[int, str] | None:
+        """Ask the engine (`window/sources.py` says where); what it says is cached, silence remembered a while."""
+        key = (target.name, served)
+        for probe in probes_for(engine):
+            if probe.post:
+                try:
+                    answer = await self.client().post(engine_url(target.url, probe.path), json={"model": served})
+                    found = probe.read(answer.json(), served) if answer.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    found = None
+            else:
+                found = probe.read(await self._get(target, probe.path), served)
             if found:
-                self.runtime.windows[key] = (found, f"GET {path}")
+                self.runtime.windows[key] = (found, probe.label)
+                self.runtime.windows_unknown.pop(key, None)
                 return self.runtime.windows[key]
         self.runtime.windows_unknown[key] = time.monotonic() + UNKNOWN_FOR_S
         return None
 
-    @staticmethod
-    def _url(target: UpstreamTarget, path: str) -> str:
-        if path.startswith("/v1/"):
-            return target.origin + target.join(path)
-        return target.origin + target.prefix.removesuffix("/v1") + path  # llama.cpp's /props, /tokenize
-
-    async def count(self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str) -> int | None:
+    async def count(
+        self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str, whole: bool = False
+    ) -> Counted | None:
         """The prompt's tokens by the engine's own tokenizer, chat template applied: vLLM and SGLang
-        `POST /tokenize` with the messages; llama.cpp `/apply-template` then `/tokenize`. None: it can't say."""
+        `POST /tokenize` with the messages; llama.cpp `/apply-template` then `/tokenize`, of only what follows
+        a prompt counted before (`whole`: of all of it). None: it can't say."""
         client = self.client()
         try:
             if engine == "llamacpp":
-                applied = await client.post(self._url(target, "/apply-template"), json={"messages": messages})
+                applied = await client.post(engine_url(target.url, "/apply-template"), json={"messages": messages})
                 prompt = applied.json().get("prompt")
-                tokens = await client.post(self._url(target, "/tokenize"), json={"content": prompt})
+                if not isinstance(prompt, str):
+                    return None
+                model = (target.name, served)
+                earlier = None if whole else self.counts.known(model, prompt)
+                if earlier is not None and earlier[0] == prompt:
+                    return earlier[1]
+                rest = prompt[len(earlier[0]) :] if earlier is not None else prompt
+                tokens = await client.post(engine_url(target.url, "/tokenize"), json={"content": rest})
                 listed = tokens.json().get("tokens")
-                return len(listed) if isinstance(listed, list) else None
+                if not isinstance(listed, list):
+                    return None
+                counted = Counted(len(listed) + (earlier[1].tokens if earlier else 0), exact=earlier is None)
+                self.counts.remember(model, prompt, counted)
+                return counted
             if engine not in (None, "vllm", "sglang"):
                 return None
-            answer = await client.post(self._url(target, "/tokenize"), json={"model": served, "messages": messages})
-            counted = answer.json().get("count") if answer.status_code == 200 else None
-            return counted if isinstance(counted, int) else None
+            answer = await client.post(
+                engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages}
+            )
+            found = answer.json().get("count") if answer.status_code == 200 else None
+            return Counted(found, exact=True) if isinstance(found, int) else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
 
@@ -119,25 +252,37 @@ class Window:
         body = flow.request.raw_content or b""
         name = ex.extra.get("target")
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
-        # The router's one parse of the body noted its budget: most requests end here, unparsed again.
-        budget = ex.extra.get(BUDGET_KEY)
-        if target is None or budget is None:  # nothing to clamp: the engine isn't asked (its overflow has the numbers)
+        engine = self.runtime.engine_of(name)
+        if surface == "chat" and ex.stream and engine in ENGINES and (asked := ask_for_usage(body)) is not None:
+            body = self._forward(flow, asked[0])
+            ex.extra[ADDED] = True
+            ex.changes.append(request_change(asked[1]))
+        if target is None:
             return
         served = ex.served_model or ex.model or ""
-        engine = self.runtime.engine_of(name)
-        window = self.configured(ex) or await self.reported(target, served, engine)
-        if window is None:
+        # The router's one parse of the body noted its budget (else its own bytes are read): the body is parsed
+        # again only if the request may not fit.
+        budget = ex.extra[BUDGET_KEY] if BUDGET_KEY in ex.extra else budget_in(surface, body)
+        # Without an output budget the engine isn't asked now (its own overflow error has the numbers): the
+        # window read at start or since, if any, is what the truncation check reads.
+        known = self.configured(ex) or self.runtime.windows.get((target.name, served))
+        window = known if budget is None else known or await self.reported(target, served, engine)
+        if window is not None:
+            ex.extra["window_hints"] = (window[0], None)
+        if budget is None or window is None:
             return
         tokens, source = window
-        ex.extra["window_hints"] = (tokens, None)
         if not might_not_fit(len(body), budget[1], tokens):
             return
-        parsed = json_object(body)  # only a request that may not fit: its messages, to count
+        parsed = json_object(body)
         messages = chat_messages(surface, parsed) if parsed is not None else None
-        counted = await self.count(target, engine, messages, served) if messages is not None else None
-        if counted is None:
+        found = await self.count(target, engine, messages, served) if messages is not None else None
+        if found is not None and not found.exact and found.tokens > tokens:  # an overflow answer: a whole count
+            found = await self.count(target, engine, messages or [], served, whole=True)
+        if found is None:
             ex.flags.add("window_count_unavailable")
             return
+        counted = found.tokens
         ex.extra["window_hints"] = (tokens, counted)
         if counted > tokens:  # the prompt alone can't fit: the overflow answer now, with the engine's count
             ex.flags.add(FLAG)
@@ -147,18 +292,25 @@ class Window:
         new = clamped(value, tokens, counted, self.runtime.settings.max_tokens_floor)
         if new is None:
             return
-        flow.request.raw_content = splice(body, [Set((key,), new)])
-        if "content-length" in flow.request.headers:
-            flow.request.headers["content-length"] = str(len(flow.request.raw_content))
+        self._forward(flow, splice(body, [Set((key,), new)]))
         left = tokens - counted
         floor = f", raised to the floor {new}" if new > left else ""
         reason = f"the {tokens}-token window ({source}) less the prompt's {counted} tokens (the engine's count) "
         ex.changes.append(Change("window", "clamp", f"$.{key}", value, new, reason + f"leaves {left}{floor}"))
 
+    @staticmethod
+    def _forward(flow: http.HTTPFlow, body: bytes) -> bytes:
+        flow.request.raw_content = body
+        if "content-length" in flow.request.headers:
+            flow.request.headers["content-length"] = str(len(body))
+        return body
+
     # -- the response: overflow errors, the models list -------------------------------------------
     def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
+        if ex is not None and response is not None and response.status_code == 200 and not ex.tapfix_answered:
+            self._settle(ex)
         if ex is None or response is None or response.stream or ex.tapfix_answered:
             return
         if response.status_code == 200 and flow.request.method == "GET":
@@ -185,6 +337,8 @@ class Window:
         for known in (self.runtime.windows, self.runtime.windows_unknown):
             for key in [k for k in known if k[0] == name]:
                 del known[key]  # the window may have changed (or be told now): asked again on the next request
+        for kept in [k for k in self._answers if k[0] == name]:
+            del self._answers[kept]
 
     def _models_list(self, ex: Exchange, response: http.Response) -> None:
         """Quick mode: the upstream's own list, each entry with `context_length` and `max_model_len`."""

@@ -15,7 +15,7 @@ import httpx
 from tapfix.proxy.config.file import Config
 from tapfix.proxy.request.route_checks import route_lines, route_problems
 from tapfix.proxy.request.routing import Problem, compare_served, preflight_static
-from tapfix.proxy.window.sources import probes_for
+from tapfix.proxy.window.sources import engine_url, probes_for
 
 
 @dataclass
@@ -33,29 +33,25 @@ def models_url(base_url: str) -> str:
     return f"{base}/models" if base.endswith("/v1") else f"{base}/v1/models"
 
 
-def engine_url(base_url: str, path: str) -> str:
-    """`path` (`/v1/...`, or a root path such as llama.cpp's `/props`) on the server of `base_url`."""
-    root = base_url.rstrip("/").removesuffix("/v1")
-    return root + path
-
-
 def engine_windows(
     client: httpx.Client, base_url: str, engine: str | None, listing: object, served: list[str]
 ) -> dict[str, tuple[int, str]]:
     """Each served model's window as its engine states it (`window/sources.py` says where), asked as
     `tapfix run` asks it; the `/v1/models` answer already read is reused."""
     windows: dict[str, tuple[int, str]] = {}
-    answers: dict[str, object] = {"/v1/models": listing}
+    answers: dict[tuple[str, str], object] = {("GET /v1/models", ""): listing}
     for model in served:
-        for path, read in probes_for(engine):
-            if path not in answers:
+        for probe in probes_for(engine):
+            key = (probe.label, model if probe.post else "")  # a POST asks about one model, a GET about all
+            if key not in answers:
                 try:
-                    answer = client.get(engine_url(base_url, path))
-                    answers[path] = answer.json() if answer.status_code == 200 else None
+                    url = engine_url(base_url, probe.path)
+                    answer = client.post(url, json={"model": model}) if probe.post else client.get(url)
+                    answers[key] = answer.json() if answer.status_code == 200 else None
                 except (httpx.HTTPError, ValueError):
-                    answers[path] = None
-            if found := read(answers[path], model):
-                windows[model] = (found, f"GET {path}")
+                    answers[key] = None
+            if found := probe.read(answers[key], model):
+                windows[model] = (found, probe.label)
                 break
     return windows
 

@@ -34,6 +34,8 @@ from tapfix.proxy.store.prefix_breaks import STORED, PrefixTracker
 from tapfix.proxy.store.retention import Retention
 from tapfix.proxy.store.sessions import SessionLink, SessionTracker
 from tapfix.proxy.surfaces import is_inference
+from tapfix.proxy.window.truncation import FLAG as TRUNCATED
+from tapfix.proxy.window.truncation import prompt_truncation
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.parts import WriteBackend
@@ -425,9 +427,14 @@ class CaptureWriter:
         session_id = link.session_id
         own = session_id == f"s-{ex.id}"
         ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=own, stored=self._stored_requests)
+        if assembled.usage is None and upstream_answer is not None:
+            assembled.usage = upstream_answer.usage  # the engine's counts, for a client that didn't ask for them
         flags = set(ex.flags)
         if is_inference(ex.path):
             flags |= response_flags(assembled, ex.status, ex.stream, tools=ex.tools, request_body=ex.readable_request())
+            if (cut := prompt_truncation(ex, assembled.usage)) is not None:
+                flags.add(TRUNCATED)
+                log.warning("capture %s: %s", ex.id, cut)
         error = upstream_error(ex, upstream_answer, upstream)  # the engine's own error object, as JSON
         if error is not None:
             flags.add("upstream_error")

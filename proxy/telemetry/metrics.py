@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.turn import Turn
+from tapfix.proxy.window.truncation import FLAG as TRUNCATED
 
 LABEL_LIMIT = 50  # distinct values a label takes before the rest are `other`
 OTHER = "other"
@@ -189,6 +190,13 @@ UNRECOVERABLE = Instrument(
     "Exchanges with a tool call tapfix could not repair (flag toolcall_unrecoverable), an attempt's too.",
     (MODEL, UPSTREAM, SURFACE),
 )
+PROMPT_TRUNCATED = Instrument(
+    sc.METRIC_PROMPT_TRUNCATED,
+    "counter",
+    "{exchange}",
+    "Exchanges whose prompt the engine cut to its window and answered (flag prompt_truncated).",
+    (MODEL, UPSTREAM, SURFACE),
+)
 REGENERATIONS = Instrument(
     sc.METRIC_REGENERATIONS,
     "counter",
@@ -236,6 +244,7 @@ _TAPFIX = (
     REQUESTS,
     REPAIRS,
     UNRECOVERABLE,
+    PROMPT_TRUNCATED,
     REGENERATIONS,
     REASONING_REPLAY,
     CAPTURE_FAILURES,
@@ -365,6 +374,8 @@ def observations(turn: Turn, labeller: Labeller, catalogue: Catalogue = CURRENT)
         yield REQUEST_CHANGES, (count,), base | {CHANGE_KIND: labeller.value(CHANGE_KIND, kind)}
     if turn.prefix_break_cause is not None:
         yield PREFIX_BREAKS, (1,), base | {CAUSE: labeller.value(CAUSE, turn.prefix_break_cause)}
+    if TRUNCATED in turn.flags:
+        yield PROMPT_TRUNCATED, (1,), base
     if turn.attempt >= 2:
         outcome = "unrecoverable" if turn.unrecoverable else "error" if turn.error_type else "ok"
         yield REGENERATIONS, (1,), base | {ATTEMPT_OUTCOME: outcome}

@@ -101,6 +101,7 @@ TOKEN_MODALITY_UNKNOWN: Final = "unknown"  # engines don't break usage down by m
 METRIC_REQUESTS: Final = "tapfix.requests"
 METRIC_REPAIRS: Final = "tapfix.repairs"
 METRIC_UNRECOVERABLE_CALLS: Final = "tapfix.unrecoverable_calls"
+METRIC_PROMPT_TRUNCATED: Final = "tapfix.prompt_truncated"
 METRIC_REGENERATIONS: Final = "tapfix.regenerations"
 METRIC_CAPTURE_FAILURES: Final = "tapfix.capture.failures"
 METRIC_WRITER_QUEUE_DEPTH: Final = "tapfix.writer.queue_depth"

@@ -272,6 +272,9 @@ def test_sampling_defaults_reach_the_server_as_recorded_and_the_answer_still_pas
     config.write_text(json.dumps({"top_k": 20, "top_p": 0.8, "temperature": 0.7}))
     proxy = tapfix_in_front(relay, "--generation-config", str(config), "--engine", "llamacpp")
     request, expect = CASES["stream_tool_call"]
+    # The client asks for usage: with --engine tapfix would ask for it otherwise, and the client would get the
+    # stream without llama-server's usage chunk (issue 37, tests/process/realengine/test_usage.py)
+    request = {**request, "stream_options": {"include_usage": True}}
     changes = check_passthrough(proxy, relay, {**request, **GREEDY}, expect)
     injected = {c["path"]: c["after"] for c in changes if c["stage"] == "sampling"}
     assert injected == {"$.top_k": 20, "$.top_p": 0.8}  # the client's own temperature 0 stands
