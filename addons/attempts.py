@@ -28,7 +28,7 @@ import httpx
 from mitmproxy import ctx, http
 from tapfix.addons.runner.client_write import ClientWriter
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
-from tapfix.proxy import http_send
+from tapfix.proxy import net
 from tapfix.proxy.content_encoding import DecodeError, Decoder, codings
 from tapfix.proxy.regenerate import wire
 from tapfix.proxy.regenerate.session import CUT, ENDED, LEFT, SHUTDOWN, Attempt, AttemptSession
@@ -78,7 +78,7 @@ class LaterAttempts:
         assert self._client is not None
         self.sent += 1
         request = self._client.build_request(method, url, headers=headers, content=body)
-        return await http_send.send(self._client, request)
+        return await net.send(self._client, request)
 
     async def fetch_whole(self, attempt: Attempt, method: str, url: str, timeout_s: float) -> None:
         """One whole-body upstream request (a non-streamed regeneration, addons/regenerate_body.py), recorded

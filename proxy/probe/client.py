@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import orjson
-from tapfix.proxy import http_send
+from tapfix.proxy import net
 from tapfix.proxy.assemble import Assembled, assemble_json, assemble_sse
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
@@ -179,7 +179,7 @@ class ProbeClient:
         ex.mark = start
         try:
             request = self._http.build_request(method, self.url(path), content=sent or None, headers=headers)
-            response = await http_send.send(self._http, request)
+            response = await net.send(self._http, request)
             try:
                 ex.response_started_at = time.perf_counter()
                 answer.status = response.status_code

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
-from tapfix.proxy import http_send
+from tapfix.proxy import net
 from tapfix.proxy.assemble import Assembled, assemble
 from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.config.upstream import UpstreamTarget, UpstreamURLError
@@ -217,7 +217,7 @@ async def send_one(client: httpx.AsyncClient, req: ReplayRequest, run: int, turn
     started = time.perf_counter()
     try:
         request = client.build_request(req.method, req.url, content=req.body, headers=_wire(req.headers))
-        response = await http_send.send(client, request)
+        response = await net.send(client, request)
         try:
             result.first_byte = time.perf_counter() - started
             result.status = response.status_code

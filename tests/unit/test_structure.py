@@ -226,7 +226,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "changes",
         "content_encoding",
         "http_headers",
-        "http_send",
         "ids",
         "jsonbody",
         "jsonsplice",

@@ -1,6 +1,6 @@
 """A request sent over a kept-alive connection the upstream closed without answering goes out once more.
 
-llama-server does this after every streamed response (tapfix.proxy.http_send); the scripted upstream here
+llama-server does this after every streamed response (tapfix.proxy.net.send); the scripted upstream here
 closes the connection on a chosen request, read but unanswered, so each case is exact rather than a race.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tapfix.proxy import http_send
+from tapfix.proxy import net
 
 from tests.inproc.test_replay import json_rows, run_replay, store_source
 from tests.support.rawserver import RawRequest, RawServer, Script
@@ -62,14 +62,14 @@ def test_without_it_the_second_request_gets_no_answer(upstream: RawServer):
 
 @pytest.mark.parametrize("upstream", [lambda n: n == 2], indirect=True)
 def test_the_unanswered_request_goes_out_once_more_on_a_new_connection(upstream: RawServer):
-    assert asyncio.run(two_requests(upstream.url, http_send.send)) == [200, 200]
+    assert asyncio.run(two_requests(upstream.url, net.send)) == [200, 200]
     assert upstream.served == [2, 1]  # the closed connection read two, the new one the resend
 
 
 @pytest.mark.parametrize("upstream", [lambda n: n >= 2], indirect=True)
 def test_a_second_close_is_the_servers_and_is_reported(upstream: RawServer):
     with pytest.raises(httpx.RemoteProtocolError):
-        asyncio.run(two_requests(upstream.url, http_send.send))
+        asyncio.run(two_requests(upstream.url, net.send))
     assert upstream.served == [2, 1]  # one more, not a loop
 
 
