@@ -22,3 +22,23 @@ def json_object(body: bytes) -> dict[str, Any] | None:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return None
     return obj if isinstance(obj, dict) else None
+
+
+def canonical(value: Any) -> bytes:
+    """`value` as JSON in one spacing and key order: two bodies that mean the same compare equal."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers beyond 64 bits
+        return repr(value).encode()
+
+
+def canonical_arguments(value: Any) -> bytes:
+    """Tool-call arguments as `canonical` JSON, whether sent as a JSON string or an object (a string that isn't
+    JSON: itself, stripped)."""
+    if isinstance(value, str):
+        text: str = value
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text.strip().encode(errors="surrogatepass")
+    return canonical(value)

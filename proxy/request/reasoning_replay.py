@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.http_headers import SESSION_HEADERS
+from tapfix.proxy.jsonbody import canonical_arguments
 from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, splice, top_level_item_spans
 from tapfix.proxy.surfaces import Surface
 
@@ -74,24 +74,10 @@ def session_key(headers: Sequence[tuple[str, str]] | Mapping[str, str], parsed: 
     return key[:200] if isinstance(key, str) and key else None
 
 
-def normal_arguments(value: Any) -> bytes:
-    """Tool-call arguments as JSON in one spacing and key order, whether sent as a string or an object."""
-    if isinstance(value, str):
-        text: str = value
-        try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return text.strip().encode(errors="surrogatepass")
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        return repr(value).encode()
-
-
 def delivered_calls(tool_calls: Sequence[Any]) -> tuple[Call, ...]:
     """An assembled answer's tool calls (`{"id", "name", "arguments"}`) as compared."""
     return tuple(
-        (str(c.get("id") or ""), str(c.get("name") or ""), normal_arguments(c.get("arguments", c.get("input"))))
+        (str(c.get("id") or ""), str(c.get("name") or ""), canonical_arguments(c.get("arguments", c.get("input"))))
         for c in tool_calls
         if isinstance(c, dict)
     )
@@ -158,11 +144,11 @@ def sent_calls(message: Mapping[str, Any], surface: Surface) -> tuple[Call, ...]
     if surface == "messages" and isinstance(message.get("content"), list):
         for b in message["content"]:
             if isinstance(b, dict) and b.get("type") == "tool_use":
-                calls.append((str(b.get("id") or ""), str(b.get("name") or ""), normal_arguments(b.get("input"))))
+                calls.append((str(b.get("id") or ""), str(b.get("name") or ""), canonical_arguments(b.get("input"))))
     for c in message.get("tool_calls") or []:
         fn = c.get("function") if isinstance(c, dict) else None
         if isinstance(fn, dict):
-            calls.append((str(c.get("id") or ""), str(fn.get("name") or ""), normal_arguments(fn.get("arguments"))))
+            calls.append((str(c.get("id") or ""), str(fn.get("name") or ""), canonical_arguments(fn.get("arguments"))))
     return tuple(calls)
 
 

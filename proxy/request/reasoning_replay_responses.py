@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from tapfix.proxy.jsonbody import canonical_arguments
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.request.reasoning_replay import (
     Call,
@@ -24,7 +25,6 @@ from tapfix.proxy.request.reasoning_replay import (
     Replayed,
     TurnSource,
     matching_turn,
-    normal_arguments,
     replayed_change,
     text_of,
 )
@@ -59,7 +59,7 @@ def _sent(items: Sequence[Any]) -> tuple[str, tuple[Call, ...]]:
         (
             str(i.get("call_id") or ""),
             str(i.get("name") or ""),
-            normal_arguments(i.get("arguments", i.get("input"))),
+            canonical_arguments(i.get("arguments", i.get("input"))),
         )
         for i in items
         if i.get("type") in _CALLS

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled
+from tapfix.proxy.jsonbody import canonical, canonical_arguments
 from tapfix.proxy.jsonsplice import SpliceError
 from tapfix.proxy.surfaces import Surface
 
@@ -60,31 +61,13 @@ def _text(value: Any) -> str:
             elif isinstance(part, str):
                 out.append(part)
             elif isinstance(part, dict):
-                out.append(_normal({k: v for k, v in part.items() if k != "cache_control"}).decode())
+                out.append(canonical({k: v for k, v in part.items() if k != "cache_control"}).decode())
         return "".join(out).strip()
-    return _normal(value).decode()
-
-
-def _normal(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # integers beyond 64 bits
-        return repr(value).encode()
-
-
-def _arguments(value: Any) -> bytes:
-    """Tool-call arguments in one spacing and key order, whether sent as a JSON string or an object."""
-    if isinstance(value, str):
-        text: str = value
-        try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return text.strip().encode(errors="surrogatepass")
-    return _normal(value)
+    return canonical(value).decode()
 
 
 def _call(name: Any, arguments: Any) -> Part:
-    return "c", _digest(str(name or "").encode(errors="surrogatepass"), b"\0", _arguments(arguments))
+    return "c", _digest(str(name or "").encode(errors="surrogatepass"), b"\0", canonical_arguments(arguments))
 
 
 def _said(kind: str, value: Any) -> Part:
