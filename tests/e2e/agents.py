@@ -319,30 +319,33 @@ def start_claude(
     base_url: str,
     prompt: str,
     *,
-    model: str = MODEL,
+    model: str | None = MODEL,
     api_key_header: bool = False,
     permission_mode: str = "acceptEdits",
     args: tuple[str, ...] = (),
     env: dict | None = None,
 ) -> AgentProcess:
     """Claude Code (`claude -p`) on the Messages API. `base_url` is the server's root or its `/v1` (Claude
-    Code adds `/v1/messages` itself); every model slot (main, small/fast, haiku, sonnet, opus) is `model`.
+    Code adds `/v1/messages` itself); every model slot (main, small/fast, haiku, sonnet, opus) is `model`
+    (None: Claude Code's own defaults, as a user without those variables gets them).
     The key goes as a bearer token (`ANTHROPIC_AUTH_TOKEN`), or as `x-api-key` with `api_key_header`.
     `permission_mode` `acceptEdits` lets it write files; `default` refuses every write (headless, nobody
     grants it). stdout is one JSON object, the run's result (`claude_result`)."""
     check_port(base_url)
     root = base_url.rstrip("/").removesuffix("/v1")
     key = {"ANTHROPIC_API_KEY": API_KEY} if api_key_header else {"ANTHROPIC_AUTH_TOKEN": API_KEY}
-    models = {
-        name: model
-        for name in (
+    slots = (
+        ()
+        if model is None
+        else (
             "ANTHROPIC_MODEL",
             "ANTHROPIC_SMALL_FAST_MODEL",
             "ANTHROPIC_DEFAULT_HAIKU_MODEL",
             "ANTHROPIC_DEFAULT_SONNET_MODEL",
             "ANTHROPIC_DEFAULT_OPUS_MODEL",
         )
-    }
+    )
+    models = dict.fromkeys(slots, model)
     argv = [str(BIN / "claude"), "-p", "--output-format", "json", "--permission-mode", permission_mode, *args, prompt]
     extra = {**CLAUDE_ENV, **key, **models, "ANTHROPIC_BASE_URL": root, **(env or {})}
     return AgentProcess("claude", argv, sandbox, sandbox.env(extra))
