@@ -1,11 +1,13 @@
 """Route fallback after an upstream's answer (issue 38): a routed request whose upstream answered 5xx or 429 is
 sent to the next route that can take it, before any byte of that answer reached the client.
 
-Only a whole (non-streamed) answer is held until the `response` hook, so only a request that didn't ask for
-a stream falls back here: a streamed request's error answer reaches its client as before. This addon runs
-before the stream owner, so the answer that replaces the error goes through the same body stages (tool-call
-repair, the reasoning field) and is recorded as the client's exchange; each failed answer is an exchange of
-its own (`attempt_of` the client's capture, `attempt` 2, 3, ...), flagged `route_fallback`. A 4xx other
+An error answer is held whole until the `response` hook (the stream owner streams no error head of a routed
+request: addons/stream.py), so a streamed request falls back too: its error head never reached the client.
+The answer that replaces it is read whole (a streamed request's event stream too) and goes to the client whole:
+mitmproxy has sent no head yet and can send only one. This addon runs before the stream owner, so that answer
+goes through the same stages (tool-call repair, the reasoning field; an event stream through the stream's)
+and is recorded as the client's exchange; each failed answer is an exchange of its own (`attempt_of` the
+client's capture, `attempt` 2, 3, ...), flagged `route_fallback`. A 4xx other
 than 429 is the request's own fault: no fallback. An upstream that answered 429 with a `Retry-After` is
 skipped by the routes for that long (at most `RETRY_AFTER_MAX_S`), each failure counts against its breaker.
 """
@@ -92,7 +94,7 @@ class RouteFallback:
     async def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or response is None or response.stream or ex.tapfix_answered or ex.stream:
+        if ex is None or response is None or response.stream or ex.tapfix_answered:
             return
         decision = ex.extra.get("route_decision")
         if not isinstance(decision, dict) or decision.get("route") is None:

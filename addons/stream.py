@@ -124,6 +124,8 @@ class StreamOwner:
         response.headers["x-tapfix-capture-id"] = ex.id
         if "text/event-stream" not in response.headers.get("content-type", ""):
             return
+        if response.status_code >= 400 and ex.route is not None:
+            return  # a routed request's error answer is held whole: another route may answer instead (route_fallback)
         ex.content_type = response.headers.get("content-type", "")
         encoding = response.headers.get("content-encoding", "")
         decoder = None
@@ -281,6 +283,9 @@ class StreamOwner:
 
     def _whole(self, ex: Exchange, response: http.Response) -> None:
         body = response.raw_content or b""
+        if body and response.status_code < 400 and "text/event-stream" in response.headers.get("content-type", ""):
+            self._whole_stream(ex, response, body)
+            return
         ex.response = body
         ex.content_type = response.headers.get("content-type", "")
         readable = self._decoded(ex, response, body)
@@ -295,6 +300,19 @@ class StreamOwner:
             self._drop_encoding(ex, response, "a stage changed the decoded body, so the client gets it decoded")
         if "content-length" in response.headers:
             response.headers["content-length"] = str(len(changed))
+
+    def _whole_stream(self, ex: Exchange, response: http.Response, body: bytes) -> None:
+        """An event stream that came whole: the answer of the route a streamed request fell over to
+        (addons/route_fallback.py reads it plainly). It goes through the stages a stream goes through, recorded
+        as a stream is, and on to the client whole."""
+        ex.content_type = response.headers.get("content-type", "")
+        pipeline = StreamPipeline(ex, self.stages_for(ex))
+        sent = _joined(pipeline(body)) + _joined(pipeline(b""))
+        self.collect(ex)
+        if sent != body:
+            response.raw_content = sent
+            if "content-length" in response.headers:
+                response.headers["content-length"] = str(len(sent))
 
     @staticmethod
     def _decoded(ex: Exchange, response: http.Response, body: bytes) -> bytes | None:
@@ -445,3 +463,7 @@ class StreamOwner:
             )
         )
         return tail + event
+
+
+def _joined(out: bytes | list[bytes]) -> bytes:
+    return out if isinstance(out, bytes) else b"".join(out)

@@ -433,3 +433,74 @@ def test_a_threads_turns_stay_on_the_replica_that_served_it(tmp_path, upstreams)
     finally:
         proxy.stop()
         gpu0.stop()
+
+
+def flaky_config(tmp_path, local_url: str, flaky_url: str) -> str:
+    """`coder` and `limited` try a route on the flaky mock first (503, 429); `picky` one answering 400."""
+    config = tmp_path / "flaky.toml"
+    models = "".join(
+        f'[models.{name}]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        f'[[models.{name}.routes]]\nname = "primary"\nupstream = "{upstream}"\nupstream_model = "{served}"\n\n'
+        for name, upstream, served in (
+            ("coder", "flaky", "m503"),
+            ("limited", "limiter", "m429"),
+            ("picky", "picky", "m400"),
+        )
+    )
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local_url}/v1"\nengine = "vllm"\n\n'
+        + "".join(
+            f'[upstreams.{n}]\nbase_url = "{flaky_url}/v1"\nengine = "vllm"\n\n' for n in ("flaky", "limiter", "picky")
+        )
+        + models
+    )
+    return str(config)
+
+
+def streamed(client: openai.OpenAI, model: str):
+    """A streamed chat completion, read to its end: (its text, its response headers)."""
+    hi = [{"role": "user", "content": "hi"}]
+    with client.chat.completions.with_streaming_response.create(model=model, messages=hi, stream=True) as raw:
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        return text, raw.headers
+
+
+def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_path, upstreams):
+    local, _ = upstreams
+    scenario = tmp_path / "flaky.json"
+    scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(scenario))
+    proxy = run_proxy(tmp_path, flaky_config(tmp_path, local.url, flaky.url))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        text, headers = streamed(client, "coder")
+        assert text, "the client reads a whole stream from the route it fell over to"
+        assert headers["content-type"].startswith("text/event-stream")
+        assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "primary=failed")
+        db = proxy.extra["db"]
+        capture_id = headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
+        assert "route_fallback" in json.loads(row["flags"])
+        assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
+        assert b"[DONE]" in cli("captures", "export", capture_id, "--client-response", "--db", str(db)).stdout
+
+        # A 429 head falls over too, and its Retry-After keeps that upstream skipped for the next request.
+        text, headers = streamed(client, "limited")
+        assert text and headers["x-tapfix-route"] == "default"
+        text, headers = streamed(client, "limited")
+        decision = decision_of(proxy, headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream limiter failed: circuit open for")
+
+        # A 400 is the request's own: the client gets it, from the route it took.
+        with pytest.raises(openai.BadRequestError) as raised:
+            streamed(client, "picky")
+        assert raised.value.response.headers["x-tapfix-route"] == "primary"
+    finally:
+        proxy.stop()
+        flaky.stop()
