@@ -17,7 +17,8 @@ from typing import cast
 
 from mitmproxy import flow as mitm_flow
 from mitmproxy import http
-from tapfix.addons.runner.reset_tail import TAIL_ATTR
+from mitmproxy.net.http import http1
+from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR, REPLY_ATTR, TAIL_ATTR
 from tapfix.addons.runner.runtime import (
     SHUTDOWN_FLAG,
     SHUTDOWN_MESSAGE,
@@ -378,6 +379,10 @@ class StreamOwner:
         attempt, the returned coroutine sends it before mitmproxy ends the client's response."""
         ex = exchange_of(flow)
         response = flow.response
+        if ex is not None and response is not None and ex.extra.pop(REPLY_AFTER_ERROR, None):
+            self._whole(ex, response)  # another route's answer, in place of the error: sent whole
+            setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(response))
+            return None
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return None
         if flow.error and "client" in flow.error.msg.lower():

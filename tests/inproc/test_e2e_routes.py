@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import openai
 import pytest
 
 from tests.support.inproc import cli, start, start_mock
 from tests.support.procs import wait_capture
+from tests.support.rawserver import RawServer
 
 KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
 CONFIG = """
@@ -504,3 +506,53 @@ def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_pat
     finally:
         proxy.stop()
         flaky.stop()
+
+
+def silent_upstream() -> RawServer:
+    """Lists `tapfix-mock` and accepts every request, but never answers one (its head never comes)."""
+    listing = json.dumps({"object": "list", "data": [{"id": "tapfix-mock", "object": "model"}]}).encode()
+    models = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(listing),
+        listing,
+    )
+    return RawServer(lambda r: [(0.0, models)] if r.path.endswith("/models") else [(60.0, b"<CLOSE>")])
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_an_upstream_that_never_answers_the_head_falls_over_after_its_head_timeout(tmp_path, upstreams, stream):
+    local, _ = upstreams
+    silent = silent_upstream()
+    config = tmp_path / "silent.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.silent]\nbase_url = "{silent.url}/v1"\nengine = "vllm"\nhead_timeout = 1\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "silent"\nupstream_model = "tapfix-mock"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0, timeout=30)
+        started = time.monotonic()
+        if stream:
+            text, headers = streamed(client, "coder")
+        else:
+            raw = ask(proxy, SHORT)
+            text, headers = raw.parse().choices[0].message.content, raw.headers
+        assert time.monotonic() - started >= 1.0, "the route had its head_timeout to answer"
+        assert text
+        assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "fast=failed")
+        assert [r.path for r in silent.requests if not r.path.endswith("/models")] == ["/v1/chat/completions"]
+        db = proxy.extra["db"]
+        capture_id = headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url) and not row["error"]
+        decision = json.loads(row["route_decision"])
+        assert decision["attempts"][0]["reason"] == "sent no response head within 1 s"
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] is None and failed["upstream_url"].startswith(silent.url)
+        assert "no response head" in failed["error"]
+    finally:
+        proxy.stop()
+        silent.close()
