@@ -29,7 +29,7 @@ from tapfix.addons.runner.runtime import Runtime, ended_by_attempts, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
-from tapfix.proxy.errors import upstream_unreachable
+from tapfix.proxy.errors import no_response_head
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonbody import json_object
@@ -141,19 +141,21 @@ class RouteFallback:
         reason = ex.extra.pop(NO_HEAD, None)
         if reason is None or flow.response is not None:
             return
-        upstream = ex.extra.get("target")
         response = await self._fall_over(flow, ex, (reason, None), None)
         if response is not None and flow.response is not None:
             flow.response.headers["connection"] = "close"  # the reply is sent in place of the error, then closed
             ex.extra[REPLY_AFTER_ERROR] = True
             ended_by_attempts(ex)  # the client's answer came whole from the next route: no error of the exchange
             return
-        answer = upstream_unreachable(surface_for(ex.path), f"upstream {upstream} {reason}")
-        reply = json_response(504, answer.body, ex.id, {"connection": "close", **self.router.route_headers(ex)})
+        last = ex.extra["route_decision"]["attempts"][-1]  # the route tried last, fallen over to or not
+        answer = no_response_head(surface_for(ex.path), f"upstream {last['upstream']} {last['reason']}")
+        reply = json_response(
+            answer.status, answer.body, ex.id, {"connection": "close", **self.router.route_headers(ex)}
+        )
         setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(reply))
         ex.flags.add("upstream_error")
-        ex.answered_by_tapfix(f"upstream {upstream} {reason}")
-        ex.status, ex.client_response = 504, answer.body
+        ex.answered_by_tapfix(answer.error_text())
+        ex.status, ex.client_response = answer.status, answer.body
 
     async def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)

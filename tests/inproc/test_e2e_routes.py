@@ -556,3 +556,35 @@ def test_an_upstream_that_never_answers_the_head_falls_over_after_its_head_timeo
     finally:
         proxy.stop()
         silent.close()
+
+
+def test_when_every_route_sends_no_head_the_client_gets_a_retryable_504(tmp_path):
+    """The route fallen over to is held to its own upstream's head_timeout too; with none left, a 504 agents retry."""
+    first, second = silent_upstream(), silent_upstream()
+    config = tmp_path / "silent.toml"
+    config.write_text(
+        "".join(
+            f'[upstreams.{name}]\nbase_url = "{server.url}/v1"\nengine = "vllm"\nhead_timeout = 1\n\n'
+            for name, server in (("first", first), ("second", second))
+        )
+        + '[models.coder]\nupstream = "second"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "first"\nupstream_model = "tapfix-mock"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as raised:
+            ask(proxy, SHORT)
+        assert 2.0 <= time.monotonic() - started < 20, "each route had its head_timeout, no more"
+        response = raised.value.response
+        assert response.status_code == 504
+        assert response.json()["error"]["type"] == "server_error"
+        assert "upstream second sent no response head within 1 s" in response.json()["error"]["message"]
+        assert response.headers["x-tapfix-route"] == "default"
+        decision = decision_of(proxy, response.headers["x-tapfix-capture-id"])
+        assert [a["upstream"] for a in decision["attempts"]] == ["first", "second"]
+        assert all(len([r for r in s.requests if not r.path.endswith("/models")]) == 1 for s in (first, second))
+    finally:
+        proxy.stop()
+        first.close()
+        second.close()
