@@ -11,6 +11,8 @@ import time
 import openai
 import pytest
 
+from tests.conftest import corpus_dir
+from tests.support.builders import tool
 from tests.support.inproc import cli, start, start_mock
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer
@@ -588,3 +590,44 @@ def test_when_every_route_sends_no_head_the_client_gets_a_retryable_504(tmp_path
         proxy.stop()
         first.close()
         second.close()
+
+
+def test_the_answer_a_streamed_request_falls_over_to_is_repaired_like_any_stream(tmp_path, upstreams):
+    """The route fallen over to sends a broken tool call (Python literals in its JSON): the client gets it repaired."""
+    local, _ = upstreams
+    scenario = tmp_path / "repair.json"
+    case = str(corpus_dir() / "invalid_json__python_literals_True_None.json")
+    scenario.write_text(json.dumps({"rules": [{"do": "serve_case", "case": case}]}))
+    broken = start_mock(tmp_path, "--scenario", str(scenario))
+    flaky_scenario = tmp_path / "flaky.json"
+    flaky_scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(flaky_scenario))
+    config = tmp_path / "repair.toml"
+    config.write_text(
+        f'[upstreams.broken]\nbase_url = "{broken.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "broken"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "primary"\nupstream = "flaky"\nupstream_model = "m503"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        prompt = [{"role": "user", "content": "list the files"}]
+        list_dir = tool("list_dir", {"path": {"type": "string"}, "recursive": {"type": "boolean"}}, ["path"])
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=prompt, tools=[list_dir], stream=True
+        ) as raw:
+            assert raw.headers["x-tapfix-route"] == "default"
+            chunks = list(raw.parse())
+        calls = "".join(
+            tc.function.arguments or "" for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []
+        )
+        assert "true" in calls and "True" not in calls
+        json.loads(calls)
+        row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
+        flags = json.loads(row["flags"])
+        assert "route_fallback" in flags and any(f.startswith("toolcall_") for f in flags), flags
+    finally:
+        proxy.stop()
+        broken.stop()
+        flaky.stop()
