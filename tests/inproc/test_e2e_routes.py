@@ -394,6 +394,14 @@ def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
         )
         decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
         assert decision["attempts"][0]["reason"] == "overflowed its window of 1,000 tokens"
+        # A streamed request's overflow head falls over the same way, before any byte reached the client.
+        long = [{"role": "user", "content": "word " * 2000}]
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=long, max_tokens=50, stream=True
+        ) as raw:
+            assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+            assert (raw.headers["x-tapfix-route"], raw.headers["x-tapfix-route-rejected"]) == ("default", "fast=failed")
         # The overflow is the prompt's, not the upstream's: its breaker counted nothing, a short prompt goes there.
         assert ask(proxy, SHORT).headers["x-tapfix-route"] == "fast"
     finally:
