@@ -1,39 +1,49 @@
 """Route fallback after an upstream's answer (issue 38): a routed request whose upstream answered 5xx or 429 is
 sent to the next route that can take it, before any byte of that answer reached the client.
 
-Only a whole (non-streamed) answer is held until the `response` hook, so only a request that didn't ask for
-a stream falls back here: a streamed request's error answer reaches its client as before. This addon runs
-before the stream owner, so the answer that replaces the error goes through the same body stages (tool-call
-repair, the reasoning field) and is recorded as the client's exchange; each failed answer is an exchange of
-its own (`attempt_of` the client's capture, `attempt` 2, 3, ...), flagged `route_fallback`. A 4xx other
+An error answer is held whole until the `response` hook (the stream owner streams no error head of a routed
+request: addons/stream.py), so a streamed request falls back too: its error head never reached the client.
+The answer that replaces it is read whole (a streamed request's event stream too) and goes to the client whole:
+mitmproxy has sent no head yet and can send only one. This addon runs before the stream owner, so that answer
+goes through the same stages (tool-call repair, the reasoning field; an event stream through the stream's)
+and is recorded as the client's exchange; each failed answer is an exchange of its own (`attempt_of` the
+client's capture, `attempt` 2, 3, ...), flagged `route_fallback`. A 4xx other
 than 429 is the request's own fault: no fallback. An upstream that answered 429 with a `Retry-After` is
 skipped by the routes for that long (at most `RETRY_AFTER_MAX_S`), each failure counts against its breaker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import httpx
-from mitmproxy import http
-from tapfix.addons.runner.runtime import Runtime, exchange_of
+from mitmproxy import ctx, http
+from mitmproxy.net.http import http1
+from tapfix.addons.runner.http import json_response
+from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR, REPLY_ATTR
+from tapfix.addons.runner.runtime import Runtime, ended_by_attempts, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
+from tapfix.proxy.errors import no_response_head
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
+from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.overflow import recognise
 
 log = logging.getLogger("tapfix")
 RETRY_AFTER_MAX_S = 300.0
 FLAG = "route_fallback"
+HEAD_TIMER = "head_timer"  # ex.extra: the timer of the upstream's `head_timeout`
+NO_HEAD = "no_head"  # ex.extra: why the upstream connection was closed (no head in time)
 _NOT_COPIED = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
@@ -77,6 +87,7 @@ class RouteFallback:
         self.runtime = runtime
         self.router = router
         self._client: httpx.AsyncClient | None = None
+        self._proxyserver: Any = None
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -89,31 +100,92 @@ class RouteFallback:
         if self._client is not None:
             await self._client.aclose()
 
+    async def running(self) -> None:
+        self._proxyserver = ctx.master.addons.get("proxyserver")
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        """The upstream's `head_timeout`, armed once the router pointed the request at its route's upstream."""
+        ex = exchange_of(flow)
+        if ex is None or flow.response is not None or flow.error is not None or not _routed(ex):
+            return
+        timeout = self._head_timeout(ex.extra.get("target"))
+        if timeout is not None:
+            handle = asyncio.get_running_loop().call_later(timeout, self._no_head, flow, timeout)
+            ex.extra[HEAD_TIMER] = handle
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is not None and (timer := ex.extra.pop(HEAD_TIMER, None)) is not None:
+            timer.cancel()
+
+    def _no_head(self, flow: http.HTTPFlow, timeout: float) -> None:
+        """No head came in time: the upstream connection is closed, so mitmproxy's `error` hook runs (below)."""
+        ex = exchange_of(flow)
+        if ex is None or flow.response is not None or flow.error is not None or not flow.live:
+            return
+        ex.extra.pop(HEAD_TIMER, None)
+        ex.extra[NO_HEAD] = f"sent no response head within {timeout:g} s"
+        handler = self._proxyserver.connections.get(flow.client_conn.id) if self._proxyserver else None
+        if handler is not None and flow.server_conn in handler.transports:
+            handler.close_connection(flow.server_conn)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        """The upstream connection closed for want of a head: the next route answers instead, whole; the
+        stream owner's error hook runs the body stages on it and has it sent in place of mitmproxy's error
+        page (an HTTP/1 client's). With no route left the client gets a retryable JSON 504."""
+        ex = exchange_of(flow)
+        if ex is None:
+            return
+        if (timer := ex.extra.pop(HEAD_TIMER, None)) is not None:
+            timer.cancel()
+        reason = ex.extra.pop(NO_HEAD, None)
+        if reason is None or flow.response is not None:
+            return
+        response = await self._fall_over(flow, ex, (reason, None), None)
+        if response is not None and flow.response is not None:
+            flow.response.headers["connection"] = "close"  # the reply is sent in place of the error, then closed
+            ex.extra[REPLY_AFTER_ERROR] = True
+            ended_by_attempts(ex)  # the client's answer came whole from the next route: no error of the exchange
+            return
+        last = ex.extra["route_decision"]["attempts"][-1]  # the route tried last, fallen over to or not
+        answer = no_response_head(surface_for(ex.path), f"upstream {last['upstream']} {last['reason']}")
+        reply = json_response(
+            answer.status, answer.body, ex.id, {"connection": "close", **self.router.route_headers(ex)}
+        )
+        setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(reply))
+        ex.flags.add("upstream_error")
+        ex.answered_by_tapfix(answer.error_text())
+        ex.status, ex.client_response = answer.status, answer.body
+
     async def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or response is None or response.stream or ex.tapfix_answered or ex.stream:
-            return
-        decision = ex.extra.get("route_decision")
-        if not isinstance(decision, dict) or decision.get("route") is None:
+        if ex is None or response is None or response.stream or ex.tapfix_answered or not _routed(ex):
             return
         why = self._why(ex, response)
-        if why is None:
-            return
+        if why is not None:
+            await self._fall_over(flow, ex, why, response)
+
+    async def _fall_over(
+        self, flow: http.HTTPFlow, ex: Exchange, why: tuple[str, int | None] | None, response: http.Response | None
+    ) -> http.Response | None:
+        """The next routes, in turn, while each fails as `why` says; the answer that stood (None: no head)."""
+        decision = ex.extra["route_decision"]
         failed = {a["upstream"]: a["reason"] for a in decision.get("attempts", [])}
         attempts = list(decision.get("attempts", []))
         larger_than: int | None = None
         number = 1
         while why is not None:
             reason, overflowed = why
-            upstream, status = str(ex.extra.get("target")), response.status_code
+            upstream = str(ex.extra.get("target"))
+            status = response.status_code if response is not None else None
             failed[upstream] = reason
             now = time.monotonic()
             if overflowed is None:  # an overflow says nothing of the upstream's health
                 self.router.breaker.failed(upstream, now)
             else:
                 larger_than = max(larger_than or 0, overflowed)
-            wait = retry_after(response.headers.get("retry-after")) if status == 429 else None
+            wait = retry_after(response.headers.get("retry-after")) if response is not None and status == 429 else None
             if wait is not None:
                 self.router.breaker.hold(upstream, now + wait)
             attempts.append({"route": ex.route, "upstream": upstream, "reason": reason, "status": status})
@@ -136,8 +208,10 @@ class RouteFallback:
                 response = await self._send(
                     flow, ex, outcome.body, outcome.upstream_headers, outcome.remove_headers, target
                 )
-            except httpx.HTTPError as e:
-                attempts.append({"route": taken.route, "upstream": taken.upstream, "reason": str(e)})
+            except (httpx.HTTPError, TimeoutError) as e:
+                flow.response = response  # the last route's answer stands (None: none came)
+                why_not = str(e) or f"sent no response head within {self._head_timeout(target.name):g} s"
+                attempts.append({"route": taken.route, "upstream": taken.upstream, "reason": why_not})
                 break
             ex.changes.append(
                 Change("router", "fallback", "upstream", upstream, taken.upstream, f"upstream {upstream} {reason}")
@@ -148,7 +222,14 @@ class RouteFallback:
                 self.router.served_turn(ex)
         ex.extra["route_decision"] = {**ex.extra["route_decision"], "attempts": attempts}
         ex.flags.add(FLAG)
-        response.headers.update(self.router.route_headers(ex))
+        if response is not None:
+            response.headers.update(self.router.route_headers(ex))
+        return response
+
+    def _head_timeout(self, upstream: object) -> float | None:
+        config = getattr(self.runtime.policy, "config", None)
+        declared = config.upstreams.get(upstream) if config is not None and isinstance(upstream, str) else None
+        return declared.head_timeout if declared is not None else None
 
     @staticmethod
     def _why(ex: Exchange, response: http.Response) -> tuple[str, int | None] | None:
@@ -191,7 +272,14 @@ class RouteFallback:
         ex.upstream_url = f"{target.origin}{request.path}"
         ex.extra["target"] = target.name
         sent = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
-        answer = await self.client().request(request.method, ex.upstream_url, headers=sent, content=body)
+        flow.response = None  # until this route's head came: a route that sends none leaves no answer
+        outgoing = self.client().build_request(request.method, ex.upstream_url, headers=sent, content=body)
+        async with asyncio.timeout(self._head_timeout(target.name)):
+            answer = await self.client().send(outgoing, stream=True)
+        try:
+            await answer.aread()
+        finally:
+            await answer.aclose()
         headers = [(k.encode(), v.encode()) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_COPIED]
         flow.response = response = http.Response.make(answer.status_code, answer.content, headers)
         response.headers["x-tapfix-capture-id"] = ex.id
@@ -204,7 +292,6 @@ class RouteFallback:
     def _failed_attempt(ex: Exchange, flow: http.HTTPFlow, number: int, reason: str) -> Exchange:
         """The error answer a route gave, as an exchange of its own under the client's capture."""
         response = flow.response
-        assert response is not None
         return Exchange(
             id=new_capture_id(),
             started_at=ex.started_at,
@@ -219,11 +306,11 @@ class RouteFallback:
             route=ex.route,
             request=flow.request.raw_content or b"",
             request_headers=list(flow.request.headers.items(multi=True)),
-            status=response.status_code,
-            upstream_status=response.status_code,
-            response_headers=list(response.headers.items(multi=True)),
-            content_type=response.headers.get("content-type", ""),
-            response=response.raw_content or b"",
+            status=response.status_code if response is not None else None,
+            upstream_status=response.status_code if response is not None else None,
+            response_headers=list(response.headers.items(multi=True)) if response is not None else [],
+            content_type=response.headers.get("content-type", "") if response is not None else "",
+            response=response.raw_content or b"" if response is not None else b"",
             ended_at=time.perf_counter(),
             error=f"upstream {ex.extra.get('target')} {reason}",
             flags={FLAG},
@@ -233,6 +320,11 @@ class RouteFallback:
             trace_id=ex.trace_id,
             mark=ex.mark,
         )
+
+
+def _routed(ex: Exchange) -> bool:
+    decision = ex.extra.get("route_decision")
+    return isinstance(decision, dict) and decision.get("route") is not None
 
 
 def _route_window(ex: Exchange) -> int | None:

@@ -17,7 +17,8 @@ from typing import cast
 
 from mitmproxy import flow as mitm_flow
 from mitmproxy import http
-from tapfix.addons.runner.reset_tail import TAIL_ATTR
+from mitmproxy.net.http import http1
+from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR, REPLY_ATTR, TAIL_ATTR
 from tapfix.addons.runner.runtime import (
     SHUTDOWN_FLAG,
     SHUTDOWN_MESSAGE,
@@ -129,6 +130,8 @@ class StreamOwner:
         response.headers["x-tapfix-capture-id"] = ex.id
         if "text/event-stream" not in response.headers.get("content-type", ""):
             return
+        if response.status_code >= 400 and ex.route is not None:
+            return  # a routed request's error answer is held whole: another route may answer instead (route_fallback)
         ex.content_type = response.headers.get("content-type", "")
         encoding = response.headers.get("content-encoding", "")
         decoder = None
@@ -289,6 +292,9 @@ class StreamOwner:
 
     def _whole(self, ex: Exchange, response: http.Response) -> None:
         body = response.raw_content or b""
+        if body and response.status_code < 400 and "text/event-stream" in response.headers.get("content-type", ""):
+            self._whole_stream(ex, response, body)
+            return
         ex.response = body
         ex.content_type = response.headers.get("content-type", "")
         readable = self._decoded(ex, response, body)
@@ -303,6 +309,19 @@ class StreamOwner:
             self._drop_encoding(ex, response, "a stage changed the decoded body, so the client gets it decoded")
         if "content-length" in response.headers:
             response.headers["content-length"] = str(len(changed))
+
+    def _whole_stream(self, ex: Exchange, response: http.Response, body: bytes) -> None:
+        """An event stream that came whole: the answer of the route a streamed request fell over to
+        (addons/route_fallback.py reads it plainly). It goes through the stages a stream goes through, recorded
+        as a stream is, and on to the client whole."""
+        ex.content_type = response.headers.get("content-type", "")
+        pipeline = StreamPipeline(ex, self.stages_for(ex))
+        sent = _joined(pipeline(body)) + _joined(pipeline(b""))
+        self.collect(ex)
+        if sent != body:
+            response.raw_content = sent
+            if "content-length" in response.headers:
+                response.headers["content-length"] = str(len(sent))
 
     @staticmethod
     def _decoded(ex: Exchange, response: http.Response, body: bytes) -> bytes | None:
@@ -368,6 +387,10 @@ class StreamOwner:
         attempt, the returned coroutine sends it before mitmproxy ends the client's response."""
         ex = exchange_of(flow)
         response = flow.response
+        if ex is not None and response is not None and ex.extra.pop(REPLY_AFTER_ERROR, None):
+            self._whole(ex, response)  # another route's answer, in place of the error: sent whole
+            setattr(flow.client_conn, REPLY_ATTR, http1.assemble_response(response))
+            return None
         if ex is None or response is None or not isinstance(response.stream, StreamPipeline):
             return None
         if flow.error and "client" in flow.error.msg.lower():
@@ -453,3 +476,7 @@ class StreamOwner:
             )
         )
         return tail + event
+
+
+def _joined(out: bytes | list[bytes]) -> bytes:
+    return out if isinstance(out, bytes) else b"".join(out)

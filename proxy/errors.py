@@ -119,6 +119,12 @@ def upstream_unreachable(surface: Surface | None, message: str) -> LocalAnswer:
     return _answer(surface, 502, message, "upstream_unreachable")
 
 
+def no_response_head(surface: Surface | None, message: str) -> LocalAnswer:
+    """The 504 when a routed request's upstream sent no response head in time and no other route could take
+    it (issue 38, addons/route_fallback.py): agents retry it."""
+    return _answer(surface, 504, message, "server_error", "upstream_head_timeout")
+
+
 def no_eligible_route(surface: Surface | None, message: str) -> LocalAnswer:
     """The 503 when no route of a model can take the request (issue 38, request/routes.py): agents retry it."""
     return _answer(surface, 503, message, "server_error", "no_eligible_route")

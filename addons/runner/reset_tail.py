@@ -21,6 +21,9 @@ from mitmproxy.proxy.layers.http._events import HttpEvent, ResponseProtocolError
 
 TAIL_ATTR = "_tapfix_tail"
 REPLY_ATTR = "_tapfix_reply"
+# ex.extra: an error hook put a whole answer in `flow.response` (the next route's, addons/route_fallback.py); the
+# stream owner's error hook runs the body stages on it and stores it under REPLY_ATTR
+REPLY_AFTER_ERROR = "reply_after_error"
 _installed = False
 
 

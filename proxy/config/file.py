@@ -47,6 +47,7 @@ class Upstream:
     insecure: bool = False
     connect_timeout: float | None = None
     read_timeout: float | None = None
+    head_timeout: float | None = None  # issue 38: no response head in this long: a routed request's next route
     regenerate_concurrency: int | None = None  # issue 19: None: the declared default (config/settings.py)
     regenerate_per_minute: int | None = None
     supports: tuple[str, ...] | None = None  # issue 38: what its models can take; None: everything
@@ -359,6 +360,7 @@ def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
         insecure=u.get("insecure", False),
         connect_timeout=u.get("connect_timeout"),
         read_timeout=u.get("read_timeout"),
+        head_timeout=u.get("head_timeout"),
         regenerate_concurrency=u.get("regenerate_concurrency"),
         regenerate_per_minute=u.get("regenerate_per_minute"),
         supports=tuple(u["supports"]) if "supports" in u else None,

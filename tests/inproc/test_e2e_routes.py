@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import openai
 import pytest
 
+from tests.conftest import corpus_dir
+from tests.support.builders import tool
 from tests.support.inproc import cli, start, start_mock
 from tests.support.procs import wait_capture
+from tests.support.rawserver import RawServer
 
 KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
 CONFIG = """
@@ -390,6 +394,14 @@ def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
         )
         decision = decision_of(proxy, answer.headers["x-tapfix-capture-id"])
         assert decision["attempts"][0]["reason"] == "overflowed its window of 1,000 tokens"
+        # A streamed request's overflow head falls over the same way, before any byte reached the client.
+        long = [{"role": "user", "content": "word " * 2000}]
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=long, max_tokens=50, stream=True
+        ) as raw:
+            assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+            assert (raw.headers["x-tapfix-route"], raw.headers["x-tapfix-route-rejected"]) == ("default", "fast=failed")
         # The overflow is the prompt's, not the upstream's: its breaker counted nothing, a short prompt goes there.
         assert ask(proxy, SHORT).headers["x-tapfix-route"] == "fast"
     finally:
@@ -433,3 +445,197 @@ def test_a_threads_turns_stay_on_the_replica_that_served_it(tmp_path, upstreams)
     finally:
         proxy.stop()
         gpu0.stop()
+
+
+def flaky_config(tmp_path, local_url: str, flaky_url: str) -> str:
+    """`coder` and `limited` try a route on the flaky mock first (503, 429); `picky` one answering 400."""
+    config = tmp_path / "flaky.toml"
+    models = "".join(
+        f'[models.{name}]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        f'[[models.{name}.routes]]\nname = "primary"\nupstream = "{upstream}"\nupstream_model = "{served}"\n\n'
+        for name, upstream, served in (
+            ("coder", "flaky", "m503"),
+            ("limited", "limiter", "m429"),
+            ("picky", "picky", "m400"),
+        )
+    )
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local_url}/v1"\nengine = "vllm"\n\n'
+        + "".join(
+            f'[upstreams.{n}]\nbase_url = "{flaky_url}/v1"\nengine = "vllm"\n\n' for n in ("flaky", "limiter", "picky")
+        )
+        + models
+    )
+    return str(config)
+
+
+def streamed(client: openai.OpenAI, model: str):
+    """A streamed chat completion, read to its end: (its text, its response headers)."""
+    hi = [{"role": "user", "content": "hi"}]
+    with client.chat.completions.with_streaming_response.create(model=model, messages=hi, stream=True) as raw:
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        return text, raw.headers
+
+
+def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_path, upstreams):
+    local, _ = upstreams
+    scenario = tmp_path / "flaky.json"
+    scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(scenario))
+    proxy = run_proxy(tmp_path, flaky_config(tmp_path, local.url, flaky.url))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        text, headers = streamed(client, "coder")
+        assert text, "the client reads a whole stream from the route it fell over to"
+        assert headers["content-type"].startswith("text/event-stream")
+        assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "primary=failed")
+        db = proxy.extra["db"]
+        capture_id = headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
+        assert "route_fallback" in json.loads(row["flags"])
+        assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
+        assert b"[DONE]" in cli("captures", "export", capture_id, "--client-response", "--db", str(db)).stdout
+
+        # A 429 head falls over too, and its Retry-After keeps that upstream skipped for the next request.
+        text, headers = streamed(client, "limited")
+        assert text and headers["x-tapfix-route"] == "default"
+        text, headers = streamed(client, "limited")
+        decision = decision_of(proxy, headers["x-tapfix-capture-id"])
+        assert decision["attempts"] == []
+        assert decision["rejected"][0]["reason"].startswith("upstream limiter failed: circuit open for")
+
+        # A 400 is the request's own: the client gets it, from the route it took.
+        with pytest.raises(openai.BadRequestError) as raised:
+            streamed(client, "picky")
+        assert raised.value.response.headers["x-tapfix-route"] == "primary"
+    finally:
+        proxy.stop()
+        flaky.stop()
+
+
+def silent_upstream() -> RawServer:
+    """Lists `tapfix-mock` and accepts every request, but never answers one (its head never comes)."""
+    listing = json.dumps({"object": "list", "data": [{"id": "tapfix-mock", "object": "model"}]}).encode()
+    models = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(listing),
+        listing,
+    )
+    return RawServer(lambda r: [(0.0, models)] if r.path.endswith("/models") else [(60.0, b"<CLOSE>")])
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_an_upstream_that_never_answers_the_head_falls_over_after_its_head_timeout(tmp_path, upstreams, stream):
+    local, _ = upstreams
+    silent = silent_upstream()
+    config = tmp_path / "silent.toml"
+    config.write_text(
+        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.silent]\nbase_url = "{silent.url}/v1"\nengine = "vllm"\nhead_timeout = 1\n\n'
+        '[models.coder]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "silent"\nupstream_model = "tapfix-mock"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0, timeout=30)
+        started = time.monotonic()
+        if stream:
+            text, headers = streamed(client, "coder")
+        else:
+            raw = ask(proxy, SHORT)
+            text, headers = raw.parse().choices[0].message.content, raw.headers
+        assert time.monotonic() - started >= 1.0, "the route had its head_timeout to answer"
+        assert text
+        assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "fast=failed")
+        assert [r.path for r in silent.requests if not r.path.endswith("/models")] == ["/v1/chat/completions"]
+        db = proxy.extra["db"]
+        capture_id = headers["x-tapfix-capture-id"]
+        row = wait_capture(db, capture_id)
+        assert row["status"] == 200 and row["upstream_url"].startswith(local.url) and not row["error"]
+        decision = json.loads(row["route_decision"])
+        assert decision["attempts"][0]["reason"] == "sent no response head within 1 s"
+        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+        failed = wait_capture(db, attempt["id"])
+        assert failed["status"] is None and failed["upstream_url"].startswith(silent.url)
+        assert "no response head" in failed["error"]
+    finally:
+        proxy.stop()
+        silent.close()
+
+
+def test_when_every_route_sends_no_head_the_client_gets_a_retryable_504(tmp_path):
+    """The route fallen over to is held to its own upstream's head_timeout too; with none left, a 504 agents retry."""
+    first, second = silent_upstream(), silent_upstream()
+    config = tmp_path / "silent.toml"
+    config.write_text(
+        "".join(
+            f'[upstreams.{name}]\nbase_url = "{server.url}/v1"\nengine = "vllm"\nhead_timeout = 1\n\n'
+            for name, server in (("first", first), ("second", second))
+        )
+        + '[models.coder]\nupstream = "second"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "fast"\nupstream = "first"\nupstream_model = "tapfix-mock"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as raised:
+            ask(proxy, SHORT)
+        assert 2.0 <= time.monotonic() - started < 20, "each route had its head_timeout, no more"
+        response = raised.value.response
+        assert response.status_code == 504
+        assert response.json()["error"]["type"] == "server_error"
+        assert "upstream second sent no response head within 1 s" in response.json()["error"]["message"]
+        assert response.headers["x-tapfix-route"] == "default"
+        decision = decision_of(proxy, response.headers["x-tapfix-capture-id"])
+        assert [a["upstream"] for a in decision["attempts"]] == ["first", "second"]
+        assert all(len([r for r in s.requests if not r.path.endswith("/models")]) == 1 for s in (first, second))
+    finally:
+        proxy.stop()
+        first.close()
+        second.close()
+
+
+def test_the_answer_a_streamed_request_falls_over_to_is_repaired_like_any_stream(tmp_path, upstreams):
+    """The route fallen over to sends a broken tool call (Python literals in its JSON): the client gets it repaired."""
+    local, _ = upstreams
+    scenario = tmp_path / "repair.json"
+    case = str(corpus_dir() / "invalid_json__python_literals_True_None.json")
+    scenario.write_text(json.dumps({"rules": [{"do": "serve_case", "case": case}]}))
+    broken = start_mock(tmp_path, "--scenario", str(scenario))
+    flaky_scenario = tmp_path / "flaky.json"
+    flaky_scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(flaky_scenario))
+    config = tmp_path / "repair.toml"
+    config.write_text(
+        f'[upstreams.broken]\nbase_url = "{broken.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "broken"\nupstream_model = "tapfix-mock"\n\n'
+        '[[models.coder.routes]]\nname = "primary"\nupstream = "flaky"\nupstream_model = "m503"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
+        prompt = [{"role": "user", "content": "list the files"}]
+        list_dir = tool("list_dir", {"path": {"type": "string"}, "recursive": {"type": "boolean"}}, ["path"])
+        with client.chat.completions.with_streaming_response.create(
+            model="coder", messages=prompt, tools=[list_dir], stream=True
+        ) as raw:
+            assert raw.headers["x-tapfix-route"] == "default"
+            chunks = list(raw.parse())
+        calls = "".join(
+            tc.function.arguments or "" for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []
+        )
+        assert "true" in calls and "True" not in calls
+        json.loads(calls)
+        row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
+        flags = json.loads(row["flags"])
+        assert "route_fallback" in flags and any(f.startswith("toolcall_") for f in flags), flags
+    finally:
+        proxy.stop()
+        broken.stop()
+        flaky.stop()
