@@ -91,7 +91,9 @@ class Window:
             ]
         elif not self.runtime.settings.context_window:
             for name, listed in self.runtime.targets.items():
-                pairs += [(name, served) for served in await self._served(listed)]
+                engine = self.runtime.engine_of(name)  # an engine not named (or that tells no window) isn't asked
+                if engine is not None and probes_for(engine):
+                    pairs += [(name, served) for served in await self._served(listed)]
         for name, served in dict.fromkeys(pairs):
             target = self.runtime.targets.get(name)
             if target is None:
