@@ -67,9 +67,12 @@ class Runtime:
         now = time.monotonic()
         if self._reachable_until.get(target.name, 0.0) > now:
             return None
+        config = getattr(self.policy, "config", None)
+        upstream = config.upstreams.get(target.name) if config is not None else None
+        timeout = upstream.connect_timeout if upstream is not None and upstream.connect_timeout else None
         try:
             _, writer = await asyncio.wait_for(
-                asyncio.open_connection(target.host, target.port), self.settings.connect_timeout
+                asyncio.open_connection(target.host, target.port), timeout or self.settings.connect_timeout
             )
         except (OSError, TimeoutError) as e:
             return str(e) or type(e).__name__

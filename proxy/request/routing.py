@@ -137,6 +137,15 @@ def preflight_static(config: Config, environ: Mapping[str, str]) -> list[Problem
             problems.append(Problem("error", f"{where}.ca_file", f"cannot read {u.ca_file}"))
         if u.insecure:
             problems.append(Problem("warning", f"{where}.insecure", "TLS certificates are not verified"))
+        if u.read_timeout is not None:  # accepted since the first config, never read: say so instead of ignoring it
+            problems.append(
+                Problem(
+                    "warning",
+                    f"{where}.read_timeout",
+                    "has no effect: tapfix never cuts an upstream's pace (head_timeout bounds the wait for a "
+                    "routed model's response head)",
+                )
+            )
         used = {m.upstream for m in config.models.values()} | {
             name for m in config.models.values() for r in m.routes for name in r.upstreams
         }

@@ -128,6 +128,18 @@ def test_preflight_static(tmp_path):
     assert any("is empty" in p.message for p in preflight_static(cfg, {"GPU0_KEY": ""}))
 
 
+def test_a_read_timeout_is_said_to_have_no_effect():
+    """`[upstreams.X] read_timeout` was accepted and never read: a silent no-op is a warning now."""
+    cfg = from_dict(
+        {
+            "upstreams": {"gpu0": {"base_url": "http://127.0.0.1:8000/v1", "engine": "vllm", "read_timeout": 600}},
+            "models": {"m": {"upstream": "gpu0"}},
+        }
+    )
+    found = [p for p in preflight_static(cfg, {}) if p.where == "upstreams.gpu0.read_timeout"]
+    assert [p.severity for p in found] == ["warning"] and "no effect" in found[0].message
+
+
 def test_preflight_quick_mode_checks_the_flag_generation_config(tmp_path):
     problems = preflight_static(Config.quick("http://x", generation_config=tmp_path / "nope"), {})
     assert [p.where for p in problems] == ["--generation-config.generation_config"]
