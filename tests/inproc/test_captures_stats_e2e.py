@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.support.builders import chat_chunk, sse
+from tests.support.builders import DONE, chat_chunk, sse_event
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawRequest, RawServer, sse_response
@@ -38,8 +38,8 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
         sent.append((streamed, usage))
         if streamed:
             events = [chat_chunk({"role": "assistant", "content": "hi"}), chat_chunk(finish_reason="stop")]
-            events.append({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
-            return sse_response([sse([e], done=False) for e in events] + [b"data: [DONE]\n\n"])
+            events.append(chat_chunk(id="c", created=None) | {"choices": [], "usage": usage})
+            return sse_response([*map(sse_event, events), DONE])
         body = json.dumps(
             {
                 "id": f"c{n}",
