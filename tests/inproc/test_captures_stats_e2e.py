@@ -26,6 +26,10 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
     sent: list[tuple[bool, dict[str, Any]]] = []  # (streamed, the usage the upstream reported)
 
     def answer(request: RawRequest) -> list[tuple[float, bytes]]:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        if request.path == "/v1/models":  # the proxy's start-up preflight: no chat, no usage, no capture
+            models = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+            return [(0.0, head % len(models) + models)]
         n = next(counter)
         usage: dict[str, Any] = {
             "prompt_tokens": 1000 * n,
@@ -49,8 +53,7 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
                 "usage": usage,
             }
         ).encode()
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-        return [(0.0, head + body)]
+        return [(0.0, head % len(body) + body)]
 
     server = RawServer(answer)
     proxy = start_proxy(tmp_path, f"http://127.0.0.1:{server.port}")
