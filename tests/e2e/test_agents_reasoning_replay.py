@@ -13,10 +13,12 @@ field the engine reads is left as sent; kept in the other one, it is moved to th
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from tests.e2e.agents import AGENTS, GREETING, PROMPT, RUN_TIMEOUT, Sandbox, check_run, run_agent, turn_requests
+from tests.support.builders import chat_chunk, tool_call_delta
 from tests.support.stage_io import client_view
 
 pytestmark = [pytest.mark.agents, pytest.mark.e2e]
@@ -34,30 +36,22 @@ WRITE_ARGS = {
 }
 
 
-def _chunk(delta: dict, finish: str | None = None) -> dict:
-    return {
-        "id": "chatcmpl-replay1",
-        "object": "chat.completion.chunk",
-        "created": 1787270400,
-        "model": "fake-model",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+chunk = partial(chat_chunk, id="chatcmpl-replay1", created=1787270400, model="fake-model")
 
 
 def scenario(agent: str) -> dict:
     """Turn 1 (the prompt last, tools offered): REASONING in three pieces, then the write call in
     fragments. Turn 2 (a tool result last) and opencode's title request (no tools): the mock's own answers."""
     args = json.dumps(WRITE_ARGS[agent])
-    call = {"index": 0, "id": "chatcmpl-tool-replay1", "type": "function", "function": {"name": "write"}}
     stream = [
-        _chunk({"role": "assistant", "content": ""}),
-        _chunk({"reasoning": REASONING[:20]}),
-        _chunk({"reasoning": REASONING[20:50]}),
-        _chunk({"reasoning": REASONING[50:]}),
-        _chunk({"tool_calls": [{**call, "function": {"name": "write", "arguments": ""}}]}),
-        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[:15]}}]}),
-        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[15:]}}]}),
-        _chunk({}, "tool_calls"),
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"reasoning": REASONING[:20]}),
+        chunk({"reasoning": REASONING[20:50]}),
+        chunk({"reasoning": REASONING[50:]}),
+        chunk({"tool_calls": [tool_call_delta(0, "chatcmpl-tool-replay1", "write", "")]}),
+        chunk({"tool_calls": [tool_call_delta(0, arguments=args[:15])]}),
+        chunk({"tool_calls": [tool_call_delta(0, arguments=args[15:])]}),
+        chunk({}, "tool_calls"),
     ]
     rule = {"when": {"last_role": "user", "has_tools": True}, "do": "serve_case", "case": {"stream": stream}}
     return {"description": f"turn 1 of {agent}: reasoning, then a write call", "rules": [rule]}

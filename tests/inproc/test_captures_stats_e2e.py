@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.support.builders import chat_chunk, sse
+from tests.support.builders import DONE, chat_chunk, sse_event
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawRequest, RawServer, sse_response
@@ -26,6 +26,10 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
     sent: list[tuple[bool, dict[str, Any]]] = []  # (streamed, the usage the upstream reported)
 
     def answer(request: RawRequest) -> list[tuple[float, bytes]]:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        if request.path == "/v1/models":  # the proxy's start-up preflight: no chat, no usage, no capture
+            models = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+            return [(0.0, head % len(models) + models)]
         n = next(counter)
         usage: dict[str, Any] = {
             "prompt_tokens": 1000 * n,
@@ -38,8 +42,8 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
         sent.append((streamed, usage))
         if streamed:
             events = [chat_chunk({"role": "assistant", "content": "hi"}), chat_chunk(finish_reason="stop")]
-            events.append({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
-            return sse_response([sse([e], done=False) for e in events] + [b"data: [DONE]\n\n"])
+            events.append(chat_chunk(id="c", created=None) | {"choices": [], "usage": usage})
+            return sse_response([*map(sse_event, events), DONE])
         body = json.dumps(
             {
                 "id": f"c{n}",
@@ -49,8 +53,7 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
                 "usage": usage,
             }
         ).encode()
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-        return [(0.0, head + body)]
+        return [(0.0, head % len(body) + body)]
 
     server = RawServer(answer)
     proxy = start_proxy(tmp_path, f"http://127.0.0.1:{server.port}")

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from functools import partial
 
 import httpx
 import openai
 import orjson
 import pytest
 
+from tests.support.builders import DONE, chat_chunk, sse_event
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawRequest, RawServer
@@ -37,18 +39,7 @@ def _json(body: bytes, status: int = 200) -> list[tuple[float, bytes]]:
     return [(0.0, head % (status, len(body)) + body)]
 
 
-def _chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
-    chunk: dict = {
-        "id": "chatcmpl-386",
-        "object": "chat.completion.chunk",
-        "created": 1796530149,
-        "model": MODEL,
-        "system_fingerprint": "fp_ollama",
-        "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    if usage:
-        chunk["usage"] = usage
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+chunk = partial(chat_chunk, id="chatcmpl-386", created=1796530149, model=MODEL, system_fingerprint="fp_ollama")
 
 
 def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
@@ -82,14 +73,14 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
         }
         return _json(json.dumps(answer | {"usage": usage}, separators=(",", ":")).encode())
-    events = [
-        _chunk({"role": "assistant", "content": "Sure"}, None),
-        _chunk({"role": "assistant", "content": "."}, None),
+    chunks = [
+        chunk({"role": "assistant", "content": "Sure"}),
+        chunk({"role": "assistant", "content": "."}),
+        chunk({"role": "assistant", "content": ""}, "stop"),
     ]
-    events.append(_chunk({"role": "assistant", "content": ""}, "stop"))
     if (body.get("stream_options") or {}).get("include_usage"):
-        events.append(_chunk({}, None, usage))
-    events.append(b"data: [DONE]\n\n")
+        chunks.append(chunk() | {"choices": [], "usage": usage})
+    events = [*map(sse_event, chunks), DONE]
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     return [(0.0, head)] + [(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in events] + [(0.0, b"0\r\n\r\n")]
 

@@ -94,7 +94,7 @@ def made(rng: random.Random, n: int, surface: str, parents: list[Exchange]) -> t
         ex.path, ex.stream, ex.content_type = "/v1/chat/completions", True, "text/event-stream"
         events = [chat_chunk({"content": "hi"}), chat_chunk({"content": " there"}), chat_chunk(finish_reason="stop")]
         if usage is not None:
-            events.append({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
+            events.append(chat_chunk(id="c", created=None) | {"choices": [], "usage": usage})
         ex.response_chunks = sse_events(events)
         first = rng.uniform(0.05, 3.0)
         ex.chunk_times = [first + 0.01 * i for i in range(len(ex.response_chunks))]
