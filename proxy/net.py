@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:  # `tapfix --help` reads this module and imports no HTTP client
+    import httpx
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
 DEFAULT_HOST = "127.0.0.1"
@@ -98,6 +100,8 @@ async def send(client: httpx.AsyncClient, request: httpx.Request, *, stream: boo
     answer at all (httpx: "Server disconnected without sending a response"): measured against the real
     llama-server, 14 of 30 back-to-back requests after a stream. The server never read such a request, so it
     is sent once more; a second failure is the server's own and is reported as it is."""
+    import httpx
+
     try:
         return await client.send(request, stream=stream)
     except httpx.RemoteProtocolError:

@@ -22,6 +22,7 @@ psycopg is imported here only: this module is loaded for a `postgresql://` store
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,16 @@ class PostgresReader(CaptureReader):
     def _dict_rows(self, sql: str, args: Sequence[Any]) -> list[dict[str, Any]]:
         return self.rows(sql, list(args))
 
+    @functools.cached_property
+    def list_columns(self) -> str:
+        """What `captures list` and `captures tail` select: prefix_break is null on a store no writer of pg007
+        or later has migrated yet."""
+        found = self.rows(
+            "select 1 as f from information_schema.columns where table_name = 'exchanges'"
+            " and column_name = 'prefix_break' and table_schema = current_schema()"
+        )
+        return f"{LIST}, {'prefix_break' if found else 'null as prefix_break'}"
+
     def _values(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         return [tuple(row.values()) for row in self.rows(sql, list(args))]
 
@@ -145,13 +156,13 @@ class PostgresReader(CaptureReader):
     def _clients(self, filters: CaptureFilter, limit: int) -> list[dict[str, Any]]:
         where, args = filter_clauses(filters)
         where.insert(0, f"({ORPHAN_OR_CLIENT})")
-        sql = f"select {LIST} from exchanges where {' and '.join(where)} order by id desc"
+        sql = f"select {self.list_columns} from exchanges where {' and '.join(where)} order by id desc"
         if limit > 0:
             sql += f" limit {int(limit)}"
         return [decode(row) for row in self.rows(sql, args)]
 
     def _attempts(self, parents: list[str]) -> list[dict[str, Any]]:
-        sql = f"select {LIST} from exchanges where attempt_of = any(?) order by attempt_of, attempt, id"
+        sql = f"select {self.list_columns} from exchanges where attempt_of = any(?) order by attempt_of, attempt, id"
         return [decode(row) for row in self.rows(sql, [parents])]
 
     def answered_turns(self, chains: list[str]) -> list[tuple[Any, ...]]:

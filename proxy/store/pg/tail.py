@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tapfix.proxy.store.pg.reader import LIST, PostgresReader, decode, filter_clauses
+from tapfix.proxy.store.pg.reader import PostgresReader, decode, filter_clauses
 from tapfix.proxy.store.reader import CaptureFilter, with_parent
 
 CHUNK = 500  # rows a query returns at most: a tail started far back prints in pieces
@@ -80,12 +80,6 @@ class PostgresTail:
         self.reader = reader
         self.cursor = cursor
         self.filters = filters
-        # pg007's column: a store no newer writer has migrated yet reads as without a break.
-        found = reader.rows(
-            "select 1 as f from information_schema.columns where table_name = 'exchanges'"
-            " and column_name = 'prefix_break' and table_schema = current_schema()"
-        )
-        self._prefix = "prefix_break" if found else "null as prefix_break"
 
     def poll(self) -> list[dict[str, Any]]:
         """The next rows, oldest commit first; each a `captures list --json` row."""
@@ -105,7 +99,7 @@ class PostgresTail:
 
     def _query(self) -> tuple[str, list[Any]]:
         sql = (
-            f"select commit_xid::text::bigint as x, commit_seq as s, {LIST}, {self._prefix} from exchanges"
+            f"select commit_xid::text::bigint as x, commit_seq as s, {self.reader.list_columns} from exchanges"
             " where (commit_xid, commit_seq) > (?::xid8, ?) and commit_xid < ?::xid8"
         )
         own, args = filter_clauses(self.filters, "exchanges")

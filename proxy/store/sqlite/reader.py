@@ -39,9 +39,11 @@ def attempt_columns(conn: sqlite3.Connection, table: str = "exchanges") -> str:
 
 
 def list_columns(conn: sqlite3.Connection) -> str:
-    """What `captures list` and `captures tail` select, on any store: trace_id is null before m005."""
+    """What `captures list` and `captures tail` select, on any store: trace_id is null before m005, prefix_break
+    before m008."""
     trace = "exchanges.trace_id" if has_column(conn, "trace_id") else "null as trace_id"
-    return f"{LIST_COLUMNS}, {attempt_columns(conn)}, {trace}"
+    prefix = "exchanges.prefix_break" if has_column(conn, "prefix_break") else "null as prefix_break"
+    return f"{LIST_COLUMNS}, {attempt_columns(conn)}, {trace}, {prefix}"
 
 
 def filter_clauses(

@@ -25,7 +25,7 @@ from typing import Any
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import CaptureFilter, decode_row, with_parent
 from tapfix.proxy.store.sqlite.database import open_when_ready, unusable
-from tapfix.proxy.store.sqlite.reader import filter_clauses, has_attempts, has_column, list_columns, resolve_id
+from tapfix.proxy.store.sqlite.reader import filter_clauses, has_attempts, list_columns, resolve_id
 
 CHUNK = 500  # rows a query returns at most: a tail started far back prints in pieces
 
@@ -84,8 +84,7 @@ class Tail:
 
     def _query(self) -> tuple[str, list[Any]]:
         conn = self.conn
-        prefix = "exchanges.prefix_break" if has_column(conn, "prefix_break") else "null as prefix_break"
-        sql = f"select exchanges.rowid as seq, {list_columns(conn)}, {prefix} from exchanges"
+        sql = f"select exchanges.rowid as seq, {list_columns(conn)} from exchanges"
         sql += " where exchanges.rowid > ? and exchanges.rowid <= ?"
         own, args = filter_clauses(conn, self.filters, "exchanges")
         if own and has_attempts(conn):
