@@ -18,7 +18,7 @@ from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
-from tapfix.proxy.errors import context_overflow
+from tapfix.proxy.errors import context_overflow, prompt_never_fits
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Set, splice
@@ -26,11 +26,13 @@ from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_in, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.counts import Counted, PromptCounts
+from tapfix.proxy.window.overflow import RepeatedOverflows
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
 from tapfix.proxy.window.sources import engine_url, probes_for
 from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change
 
 log = logging.getLogger("tapfix")
+REPEATED_FLAG = "overflow_repeated"  # the same request overflowed again: answered so the agent stops
 ASK_TIMEOUT_S = 10.0
 # An engine that didn't tell its window is asked again only after this long (issue 34: not once per request,
 # which cost every request of the agents' path an upstream round trip before it was sent).
@@ -50,6 +52,7 @@ class Window:
         self._asking: dict[tuple[str, str], asyncio.Future[Any]] = {}  # GETs in flight
         self._settling: set[tuple[str, str]] = set()  # models whose window is being read again after an answer
         self._pending: set[asyncio.Task[None]] = set()
+        self.repeated = RepeatedOverflows()  # prompts answered as overflowing: the same again ends the cycle
         self.counts = PromptCounts()  # llama.cpp's counts of recent prompts: a next turn tokenizes its new part
 
     def client(self) -> httpx.AsyncClient:
@@ -288,6 +291,10 @@ class Window:
         ex.extra["window_hints"] = (tokens, counted)
         if counted > tokens:  # the prompt alone can't fit: the overflow answer now, with the engine's count
             ex.flags.add(FLAG)
+            if self.repeated.again(f"{ex.client_addr} {ex.user_agent}", body):  # compacting didn't shorten it
+                ex.flags.add(REPEATED_FLAG)
+                answer_locally(flow, ex, prompt_never_fits(surface, counted, tokens))
+                return
             answer_locally(flow, ex, context_overflow(surface, counted, tokens))
             return
         key, value = budget

@@ -172,6 +172,23 @@ def context_overflow(surface: Surface | None, prompt_tokens: int | None, window:
     )
 
 
+PROMPT_NEVER_FITS = "prompt_exceeds_window"
+
+
+def prompt_never_fits(surface: Surface | None, prompt_tokens: int, window: int) -> LocalAnswer:
+    """A 400 for a request whose overflow tapfix answered before, sent again as it was: the agent compacted
+    and its prompt didn't get shorter (its own system prompt and tools are larger than the window), so one
+    more "compact" answer would only start the cycle again (opencode against a real llama-server: the same
+    request 70 times in 45 s). Worded so no agent's overflow pattern matches: a plain client error stops it."""
+    message = (
+        f"This request's prompt needs {prompt_tokens} tokens and the model holds {window}. It was refused before "
+        "and came back unchanged: compacting the conversation didn't shorten it, because the agent's fixed "
+        "prompt (its system prompt and tools) is larger than the model can take. Give the server a larger "
+        "context size or choose a model with a larger window."
+    )
+    return _answer(surface, 400, message, "invalid_request_error", PROMPT_NEVER_FITS, None)
+
+
 def context_overflow_event(
     surface: Surface | None, prompt_tokens: int | None, window: int | None, newline: bytes = b"\n", seq: int = 0
 ) -> bytes:

@@ -14,7 +14,9 @@ The texts, and where each engine writes them, are listed in docs/window.md.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,3 +103,22 @@ def recognise(obj: Any) -> EngineOverflow | None:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RepeatedOverflows:
+    """The prompts tapfix answered as overflowing, by digest (the client and the body it sent), the oldest
+    forgotten first: a request that overflows again, byte for byte, is an agent caught in a compaction cycle."""
+
+    def __init__(self, kept: int = 4096) -> None:
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._kept = kept
+
+    def again(self, client: str, body: bytes) -> bool:
+        """Whether this client sent this body, answered as an overflow, before; noted either way."""
+        key = hashlib.sha256(client.encode(errors="surrogatepass") + b"\0" + body).digest()
+        seen = key in self._seen
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._kept:
+            self._seen.popitem(last=False)
+        return seen

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tapfix.proxy.errors import overflow_message
-from tapfix.proxy.window.overflow import recognise
+from tapfix.proxy.errors import overflow_message, prompt_never_fits
+from tapfix.proxy.window.overflow import RepeatedOverflows, recognise
 
 from tests.support.overflow_patterns import agents_recognise
 
@@ -105,3 +105,23 @@ def test_other_errors_are_not_overflows(body):
 )
 def test_every_standard_text_is_an_overflow_to_opencode_and_pi(surface, prompt, window):
     assert agents_recognise(overflow_message(surface, prompt, window))
+
+
+@pytest.mark.parametrize("surface", ["chat", "responses", "messages"])
+def test_the_answer_to_a_repeated_overflow_is_no_overflow_to_the_agents(surface):
+    """The same request overflowing again means compacting didn't help: the answer must not read as an overflow
+    (the agent would compact again, forever) but as a plain client error, which stops it."""
+    answer = prompt_never_fits(surface, 14210, 4096)
+    assert answer.status == 400
+    assert not agents_recognise(answer.error["message"]) and "14210" in answer.error["message"]
+    assert answer.error.get("code") != "context_length_exceeded"
+
+
+def test_a_repeated_overflow_is_the_same_client_and_the_same_bytes():
+    seen = RepeatedOverflows(kept=2)
+    assert not seen.again("127.0.0.1 opencode/1", b"{1}")
+    assert seen.again("127.0.0.1 opencode/1", b"{1}")
+    assert not seen.again("127.0.0.2 opencode/1", b"{1}")  # another client's identical body is its own first
+    assert not seen.again("127.0.0.1 opencode/1", b"{2}")
+    assert not seen.again("127.0.0.1 opencode/1", b"{3}")
+    assert not seen.again("127.0.0.1 opencode/1", b"{1}")  # forgotten: only the last `kept` are held
