@@ -15,6 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
+import orjson
+
 _BUFFER = 65536
 
 
@@ -238,3 +241,23 @@ def close_all(listener: socket.socket, sockets: list[socket.socket]) -> None:
             sock.close()
         except OSError:
             pass
+
+
+def chat_stream_through(
+    proxy_url: str, relay: Relay, body: dict, timeout: float = 60
+) -> tuple[bytes, str, bytes, dict]:
+    """One streamed chat completion sent to tapfix in front of `relay`: (the bytes the client got, its capture
+    id, the bytes the server answered, the request the server received, parsed)."""
+    chat = "/v1/chat/completions"
+    mark = relay.mark()
+    with httpx.Client(timeout=timeout) as client:
+        with client.stream("POST", proxy_url + chat, json=body) as response:
+            received = b"".join(response.iter_raw())
+            capture_id = response.headers["x-tapfix-capture-id"]
+    [sent] = [e for e in relay.exchanges_since(mark) if e.request.start_line.startswith(f"POST {chat} ")]
+    return received, capture_id, sent.response.body, orjson.loads(sent.request.body)
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    """An SSE body's events, each with its blank line."""
+    return [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]

@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 
-import httpx
 import pytest
 
 from tests.process.realengine.engine import LlamaServer
-from tests.process.realengine.relay import Relay
+from tests.process.realengine.relay import Relay, chat_stream_through, sse_events
 from tests.support.inproc import InprocProxy
 from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.realengine]
 
-CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -35,18 +33,11 @@ def proxy(tapfix_in_front: Callable[..., InprocProxy], relay: Relay) -> InprocPr
     return tapfix_in_front(relay, "--engine", "llamacpp")
 
 
-def events(body: bytes) -> list[bytes]:
-    return [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]
-
-
 def stream(proxy: InprocProxy, relay: Relay, **extra: object) -> tuple[bytes, str, bytes, dict]:
-    mark = relay.mark()
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", proxy.url + CHAT, json={"messages": HI, "stream": True} | extra) as response:
-            received = b"".join(response.iter_raw())
-            capture_id = response.headers["x-tapfix-capture-id"]
-    [sent] = [e for e in relay.exchanges_since(mark) if e.request.start_line.startswith(f"POST {CHAT} ")]
-    return received, capture_id, sent.response.body, json.loads(sent.request.body)
+    return chat_stream_through(proxy.url, relay, {"messages": HI, "stream": True} | extra)
+
+
+events = sse_events
 
 
 def test_the_client_gets_the_stream_without_usage_and_the_capture_the_usage(proxy, relay):
