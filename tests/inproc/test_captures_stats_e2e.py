@@ -16,7 +16,7 @@ import openai
 from tests.support.builders import DONE, chat_chunk, sse_event
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawRequest, RawServer, sse_response
+from tests.support.rawserver import RawRequest, RawServer, json_reply, sse_response
 
 OPENCODE = "opencode/0.4.1 ai-sdk/provider-utils/2.2.8 runtime/bun/1.2.19"
 
@@ -26,10 +26,8 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
     sent: list[tuple[bool, dict[str, Any]]] = []  # (streamed, the usage the upstream reported)
 
     def answer(request: RawRequest) -> list[tuple[float, bytes]]:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         if request.path == "/v1/models":  # the proxy's start-up preflight: no chat, no usage, no capture
-            models = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
-            return [(0.0, head % len(models) + models)]
+            return [(0.0, json_reply(b'{"object":"list","data":[{"id":"m","object":"model"}]}'))]
         n = next(counter)
         usage: dict[str, Any] = {
             "prompt_tokens": 1000 * n,
@@ -53,7 +51,7 @@ def test_stats_by_client_sum_to_what_the_upstream_reported(tmp_path: Path) -> No
                 "usage": usage,
             }
         ).encode()
-        return [(0.0, head % len(body) + body)]
+        return [(0.0, json_reply(body))]
 
     server = RawServer(answer)
     proxy = start_proxy(tmp_path, f"http://127.0.0.1:{server.port}")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.rawserver import RawServer, json_reply
 
 LINE = "x-anthropic-billing-header: cc_version=2.1.332.4e6; cc_entrypoint=sdk-cli; cch=1a2b3;"
 # Claude Code 2.1.332's system prompt, shortened: the billing line, then the prompt blocks it marks for caching.
@@ -38,7 +38,7 @@ MESSAGE = {
     "usage": {"input_tokens": 10, "output_tokens": 1},
 }
 ANSWER = json.dumps(MESSAGE).encode()
-OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER)
+OK = json_reply(ANSWER)
 
 
 @pytest.fixture

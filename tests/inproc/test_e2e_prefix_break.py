@@ -16,12 +16,12 @@ from jsonschema import Draft202012Validator
 from tests.inproc.test_e2e_metrics import scrape_until, total
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.rawserver import RawServer, json_reply
 
 
 def _ok(body: dict[str, object]) -> bytes:
     data = json.dumps(body).encode()
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data)
+    return json_reply(data)
 
 
 MESSAGE = {

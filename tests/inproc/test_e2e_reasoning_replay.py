@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.builders import DONE, chat_chunk, message_tool_call, sse_event, tool_call_delta
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawServer, sse_response
+from tests.support.rawserver import RawServer, json_reply, sse_response
 
 REASONING = "The user wants a.py.\nI'll read it first — «ü»."
 CALL_ID = "functions.read:0"  # Kimi's ids: the same in every conversation
@@ -56,8 +56,7 @@ def _answer(request):
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
             }
         ).encode()
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
-        return [(0.0, head + answer)]
+        return [(0.0, json_reply(answer))]
     return sse_response([*map(frame, chunks), DONE])
 
 
@@ -184,9 +183,7 @@ def _message(content: list[dict], stop: str) -> list[tuple[float, bytes]]:
         "usage": {"input_tokens": 10, "output_tokens": 5},
     }
     raw = json.dumps(body).encode()
-    return [
-        (0.0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
-    ]
+    return [(0.0, json_reply(raw))]
 
 
 def _messages_answer(request):
@@ -234,8 +231,7 @@ def _responses_answer(request):
     answer = {"id": "resp_1", "object": "response", "created_at": 1, "model": "qwen3", "status": "completed"}
     answer |= {"output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
     raw = json.dumps(answer).encode()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(raw)
-    return [(0.0, head + raw)]
+    return [(0.0, json_reply(raw))]
 
 
 def test_responses_turn_2_gets_a_reasoning_item_before_the_function_call(tmp_path):

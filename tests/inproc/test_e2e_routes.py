@@ -15,7 +15,7 @@ from tests.conftest import corpus_dir
 from tests.support.builders import tool
 from tests.support.inproc import cli, start, start_mock
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawServer
+from tests.support.rawserver import RawServer, json_reply
 
 KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
 CONFIG = """
@@ -521,10 +521,7 @@ def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_pat
 def silent_upstream() -> RawServer:
     """Lists `tapfix-mock` and accepts every request, but never answers one (its head never comes)."""
     listing = json.dumps({"object": "list", "data": [{"id": "tapfix-mock", "object": "model"}]}).encode()
-    models = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        len(listing),
-        listing,
-    )
+    models = json_reply(listing)
     return RawServer(lambda r: [(0.0, models)] if r.path.endswith("/models") else [(60.0, b"<CLOSE>")])
 
 

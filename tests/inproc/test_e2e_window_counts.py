@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawRequest, RawServer
+from tests.support.rawserver import RawRequest, RawServer, json_reply
 
 WINDOW = 40_000
 
@@ -26,9 +26,7 @@ def chatml(messages: list[dict]) -> str:
 
 def _json(obj: object) -> list[tuple[float, bytes]]:
     body = orjson.dumps(obj)
-    return [
-        (0.0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    ]
+    return [(0.0, json_reply(body))]
 
 
 def llamacpp(request: RawRequest) -> list[tuple[float, bytes]]:

@@ -128,7 +128,12 @@ class RawServer:
             self._loop.close()
 
 
-JSON_OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+def json_reply(body: bytes) -> bytes:
+    """A whole `200 OK` answer carrying the JSON `body`."""
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+JSON_OK = json_reply(b"{}")
 
 
 @contextmanager

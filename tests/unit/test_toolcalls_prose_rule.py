@@ -35,7 +35,7 @@ from tapfix.proxy.toolcalls import (
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
 from tests.support.builders import chat_chunk, sse, sse_event, tool
-from tests.support.rawserver import RawRequest, sse_response
+from tests.support.rawserver import RawRequest, json_reply, sse_response
 from tests.support.stage_io import client_view, run_stage
 from tests.unit.test_toolformats_evented import (
     m_calls,
@@ -440,8 +440,7 @@ def _answer(request: RawRequest) -> list[tuple[float, bytes]]:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         }
     ).encode()
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-    return [(0.0, head + body)]
+    return [(0.0, json_reply(body))]
 
 
 ROLE_EVENT = sse_event(ROLE)

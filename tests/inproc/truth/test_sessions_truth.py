@@ -266,7 +266,7 @@ def test_truth_8_compressed_request_bodies_chain(tmp_path: Path) -> None:
     the policy did, decoded."""
     import gzip
 
-    from tests.support.rawserver import RawServer
+    from tests.support.rawserver import RawServer, json_reply
 
     answer = json.dumps(
         {
@@ -278,7 +278,7 @@ def test_truth_8_compressed_request_bodies_chain(tmp_path: Path) -> None:
             ],
         }
     ).encode()
-    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer)
+    reply = json_reply(answer)
     server = RawServer(lambda request: [(0.0, reply)])
     proxy = start_proxy(tmp_path, server.url)
     try:

@@ -258,6 +258,6 @@ def chat_stream_through(
     return received, capture_id, sent.response.body, orjson.loads(sent.request.body)
 
 
-def sse_events(body: bytes) -> list[bytes]:
+def split_events(body: bytes) -> list[bytes]:
     """An SSE body's events, each with its blank line."""
     return [e + b"\n\n" for e in body.split(b"\n\n") if e.strip()]

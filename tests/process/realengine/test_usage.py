@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.process.realengine.engine import LlamaServer
-from tests.process.realengine.relay import Relay, chat_stream_through, sse_events
+from tests.process.realengine.relay import Relay, chat_stream_through, split_events
 from tests.support.inproc import InprocProxy
 from tests.support.procs import wait_capture
 
@@ -37,7 +37,7 @@ def stream(proxy: InprocProxy, relay: Relay, **extra: object) -> tuple[bytes, st
     return chat_stream_through(proxy.url, relay, {"messages": HI, "stream": True} | extra)
 
 
-events = sse_events
+events = split_events
 
 
 def test_the_client_gets_the_stream_without_usage_and_the_capture_the_usage(proxy, relay):

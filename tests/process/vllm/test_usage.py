@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.process.realengine.relay import Relay, chat_stream_through, sse_events
+from tests.process.realengine.relay import Relay, chat_stream_through, split_events
 from tests.process.vllm.engine import VllmServer
 from tests.process.vllm.wire import chat_body
 from tests.support.inproc import InprocProxy
@@ -38,7 +38,7 @@ def stream(proxy: InprocProxy, relay: Relay, **extra: object) -> tuple[bytes, st
     return chat_stream_through(proxy.url, relay, chat_body(HI, stream=True, **NO_THINKING) | extra, timeout=120)
 
 
-events = sse_events
+events = split_events
 
 
 def test_the_client_gets_the_stream_without_usage_and_the_capture_the_usage(proxy, relay):
