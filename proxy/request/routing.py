@@ -106,9 +106,13 @@ def _error(status: int, message: str, code: str) -> RouteError:
 def models_listing(config: Config, windows: Mapping[tuple[str, str], int] | None = None) -> dict[str, Any]:
     """The body of `GET /v1/models`: every served model and alias (empty in quick mode), with its context
     window where it is known (`context_length`, OpenRouter's name, and `max_model_len`, vLLM's): the
-    config's `context_window`, else what the engine reported (`windows`, by (upstream, served model))."""
+    config's `context_window`, else what the engine reported (`windows`, by (upstream, served model)).
+    A glob name (`claude-haiku-*`) is a pattern for names clients already send, not an id one could pick:
+    it isn't listed (a client that lists models to offer them would offer the pattern itself)."""
     data = []
     for m in config.models.values():
+        if is_glob(m.name):
+            continue
         entry: dict[str, Any] = {
             "id": m.name,
             "object": "model",

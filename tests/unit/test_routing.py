@@ -108,6 +108,15 @@ def test_models_listing():
     assert models_listing(Config.quick("http://x")) == {"object": "list", "data": []}
 
 
+def test_models_listing_leaves_out_glob_names():
+    """A glob public name serves names clients already send; listed, a client offering the listing to its
+    user would offer the pattern `claude-haiku-*` as if it were a model."""
+    listing = models_listing(
+        config(**{"claude-haiku-*": {"upstream": "gpu1", "upstream_model": "small"}, "glm": {"upstream": "gpu1"}})
+    )
+    assert [m["id"] for m in listing["data"]] == ["glm"]
+
+
 def test_preflight_static(tmp_path):
     good = tmp_path / "Good"
     good.mkdir()
