@@ -9,6 +9,7 @@ import json
 import threading
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -32,10 +33,12 @@ class LlamaLike:
 
     def respond(self, request: RawRequest) -> list[tuple[float, bytes]]:
         path = request.path.split("?")[0]
-        if not path.endswith(("/chat/completions", "/messages")):
+        if not path.endswith(("/completions", "/messages", "/responses")):
             return [(0.0, b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")]
         body = json.loads(request.body)
         self.seen.append((path, body))
+        if path.endswith(("/responses", "/v1/completions")):  # only what reaches the upstream is looked at here
+            return [(self.delay, json_reply(b'{"error": {"message": "not played", "type": "server_error"}}'))]
         if path.endswith("/messages"):
             answer = {
                 "id": "msg_1",
@@ -165,6 +168,24 @@ def test_concurrent_threads_get_different_slots_and_a_third_takes_the_least_rece
     finally:
         proxy.stop()
         llama.server.close()
+
+
+def test_responses_and_a_named_sessions_legacy_completions_are_pinned(tmp_path, llama):
+    proxy = run_proxy(tmp_path, llama.server.url)
+    try:
+        for path, body, headers in [
+            ("responses", {"model": "coder", "instructions": "you code", "input": "hi"}, {}),
+            ("completions", {"model": "coder", "prompt": "def f():"}, {"x-session-id": "s1"}),
+            ("completions", {"model": "coder", "prompt": "def g():"}, {}),
+        ]:
+            httpx.post(f"{proxy.url}/v1/{path}", json=body, headers=headers, timeout=10)
+        assert [(p.rsplit("/", 1)[-1], b.get("id_slot")) for p, b in llama.seen] == [
+            ("responses", 0),
+            ("completions", 1),
+            ("completions", None),  # no session named: no conversation to pin
+        ]
+    finally:
+        proxy.stop()
 
 
 def test_messages_requests_are_not_pinned(tmp_path, llama):

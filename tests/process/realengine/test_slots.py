@@ -87,3 +87,16 @@ def test_two_interleaved_threads_each_stay_on_their_slot(proxy: InprocProxy, two
     for later in (a2, b2):
         assert later["cache_n"] > 0 and later["cached_tokens"] >= later["cache_n"]
     assert a1["cache_n"] == 0
+
+
+def test_a_responses_request_is_pinned_too(proxy: InprocProxy, two_slots: LlamaServer) -> None:
+    """llama-server copies a Responses body into the chat request it makes of it, `id_slot` with it."""
+    before = two_slots.log().count("selected slot by id")
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0, timeout=60)
+    raw = client.responses.with_raw_response.create(
+        model="tiny", instructions="You answer briefly.", input="Name a colour.", max_output_tokens=16
+    )
+    row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
+    slot = json.loads(row["route_decision"])["slot"]["slot"]
+    chosen = [line for line in two_slots.log().splitlines() if "selected slot by id" in line][before:]
+    assert [f"selected slot by id ({slot})" in line for line in chosen] == [True], two_slots.log()[-2000:]
