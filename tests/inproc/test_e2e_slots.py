@@ -25,8 +25,9 @@ TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type"
 class LlamaLike:
     """Answers chat completions (whole or streamed) and Messages; `seen` is each inference request's body."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, fail_first: int = 0) -> None:
         self.delay = delay
+        self.fail_first = fail_first  # answer this many inference requests 503 first
         self.seen: list[tuple[str, dict]] = []
         self.by_slot: dict[int, int] = {}
         self.server = RawServer(self.respond)
@@ -37,6 +38,9 @@ class LlamaLike:
             return [(0.0, b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")]
         body = json.loads(request.body)
         self.seen.append((path, body))
+        if len(self.seen) <= self.fail_first:
+            busy = b'{"error": {"message": "busy", "type": "server_error"}}'
+            return [(0.0, b"HTTP/1.1 503 Service Unavailable\r\n" + json_reply(busy).split(b"\r\n", 1)[1])]
         if path.endswith(("/responses", "/v1/completions")):  # only what reaches the upstream is looked at here
             return [(self.delay, json_reply(b'{"error": {"message": "not played", "type": "server_error"}}'))]
         if path.endswith("/messages"):
@@ -233,6 +237,40 @@ def test_the_clients_own_id_slot_stands_and_a_misspelt_slot_id_is_flagged(tmp_pa
         assert "slot_id_ignored" in json.loads(row["flags"])
     finally:
         proxy.stop()
+
+
+def test_replicas_pin_apart_and_a_fallback_pins_the_thread_on_the_upstream_it_moved_to(tmp_path):
+    gpu0, gpu1 = LlamaLike(fail_first=1), LlamaLike()
+    config = tmp_path / "tapfix.toml"
+    config.write_text(
+        "".join(
+            f'[upstreams.{name}]\nbase_url = "{u.server.url}/v1"\nengine = "llamacpp"\nslots = 2\n\n'
+            for name, u in (("gpu0", gpu0), ("gpu1", gpu1))
+        )
+        + '[models.coder]\nupstream = "gpu1"\nupstream_model = "tiny"\n\n'
+        '[[models.coder.routes]]\nname = "gpus"\nupstream = ["gpu0", "gpu1"]\n'
+    )
+    db = tmp_path / "captures.db"
+    proxy = start(["--config", str(config), "--db", str(db)], tmp_path / "proxy.log")
+    proxy.extra["db"] = db
+    try:
+        b1 = turn(proxy, "task B", 1)  # gpu0 answers 503: B falls over to gpu1, where it is pinned to gpu1's slot 0
+        a = turn(proxy, "task A", 1)  # A on gpu0, its slot 0 there
+        b2 = turn(proxy, "task B", 2)  # affinity keeps B on gpu1, on its slot there
+        # B's failed try took gpu0's slot 0, which B keeps there (a pin outlives a failed request) as A takes 1
+        assert [b.get("id_slot") for _, b in gpu0.seen] == [0, 1]
+        assert gpu1.slots_of("task B") == [0, 0] and gpu1.slots_of("task A") == []
+        assert slot_of(proxy, a)["upstream"] == "gpu0"
+        record = slot_of(proxy, b2)
+        assert (record["upstream"], record["slot"], record["how"]) == ("gpu1", 0, "kept")
+        shown = json.loads(cli("captures", "show", b1, "--json", "--db", str(db)).stdout)
+        slot_changes = [(c["before"], c["after"]) for c in shown["changes"] if c["path"] == "$.id_slot"]
+        assert slot_changes == [(None, 0), (None, 0)], "gpu0's pin, then gpu1's, each recorded"
+        assert shown["route_decision"]["slot"]["upstream"] == "gpu1"
+    finally:
+        proxy.stop()
+        gpu0.server.close()
+        gpu1.server.close()
 
 
 def test_slots_on_an_engine_without_them_fails_the_check(tmp_path):
