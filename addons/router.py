@@ -26,13 +26,12 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.jsonsplice import Set, SpliceError, splice
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
 from tapfix.proxy.request.routes import Knowledge
 from tapfix.proxy.request.routing import models_listing
-from tapfix.proxy.request.slots import SLOT_FIELD, SlotPlanner, misspelt_change, slot_request
+from tapfix.proxy.request.slots import SlotPlanner, misspelt_change, slot_request, with_slot
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
 
@@ -197,11 +196,11 @@ class Router:
         if plan is None:
             return
         if plan.slot is not None:
-            try:
-                outcome.body = splice(outcome.body, [Set((SLOT_FIELD,), plan.slot)])
-            except SpliceError:  # a body tapfix can't splice (one that came compressed and is forwarded so)
+            pinned = with_slot(outcome.body, plan.slot)
+            if pinned is None:  # not an object's bytes: one that came compressed and is forwarded so
                 self.slots.release(upstream.name, plan.slot, time.monotonic())
                 return
+            outcome.body = pinned
             ex.extra[_HELD] = (upstream.name, plan.slot)
             change = plan.change()
             if change is not None:

@@ -233,6 +233,19 @@ class SlotPlan:
         return Change("router", "set", "$.id_slot", None, self.slot, f"llama.cpp slot on {self.upstream}: {why}")
 
 
+def with_slot(body: bytes, slot: int) -> bytes | None:
+    """`body` (a JSON object without `id_slot`) with `"id_slot": slot` as its last member, written in before the
+    closing brace; nothing else is read (a splice walks the whole body: ~2 ms for an 80 KB agent request). None
+    when the bytes aren't an object's (a body forwarded compressed)."""
+    end = len(body.rstrip())
+    if not body.lstrip().startswith(b"{") or body[end - 1 : end] != b"}":
+        return None
+    head = body[: end - 1]
+    last = len(head.rstrip())
+    comma = b"" if head[last - 1 : last] == b"{" else b","
+    return head[:last] + comma + b'"%s":%d' % (SLOT_FIELD.encode(), slot) + body[last:]
+
+
 def misspelt_change() -> Change:
     return Change(
         "router",

@@ -3,11 +3,14 @@ pinned, and the `slots` / `reserve_main_slot` config."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.config.file import ConfigError, from_dict
-from tapfix.proxy.request.slots import SESSIONS_KEPT, SlotPins, SlotPlanner, slot_request
+from tapfix.proxy.request.slots import SESSIONS_KEPT, SlotPins, SlotPlanner, slot_request, with_slot
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
@@ -171,6 +174,35 @@ def test_affinity_and_slots_agree_a_thread_has_a_pin_per_upstream():
     assert planner.plan("gpu0", 2, False, "chat", request, 1).slot == 1
     assert planner.plan("gpu1", 2, False, "chat", request, 2).slot == 0, "its pin on gpu1 is its own"
     assert planner.plan("gpu0", 2, False, "chat", request, 3).how == "kept"
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=6).filter(lambda k: k != "id_slot"), JSON_VALUES, max_size=5),
+    st.sampled_from([None, 2]),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.sampled_from(["", "\n", "  \r\n"]),
+    st.integers(0, 4095),
+)
+def test_id_slot_is_written_into_any_object_the_rest_byte_for_byte(obj, indent, separators, trailing, slot):
+    body = (json.dumps(obj, indent=indent, separators=separators) + trailing).encode()
+    pinned = with_slot(body, slot)
+    assert json.loads(pinned) == {**obj, "id_slot": slot}
+    inserted = (b"," if obj else b"") + b'"id_slot":%d' % slot
+    at = pinned.rfind(inserted)
+    assert pinned[:at] + pinned[at + len(inserted) :] == body, "nothing but the member was written"
+
+
+def test_bytes_that_are_no_objects_are_not_pinned():
+    assert with_slot(gzip.compress(b'{"model": "m"}'), 0) is None
+    assert with_slot(b'["not", "an", "object"]', 0) is None
 
 
 # -- config ---------------------------------------------------------------------------------------------------
