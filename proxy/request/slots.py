@@ -35,6 +35,7 @@ from typing import Any, Literal
 from tapfix.proxy.changes import Change
 from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.request.routes import thread_of
+from tapfix.proxy.request.routing import Problem
 from tapfix.proxy.surfaces import Surface
 from tapfix.proxy.window.clamp import chat_messages
 
@@ -244,6 +245,20 @@ def with_slot(body: bytes, slot: int) -> bytes | None:
     last = len(head.rstrip())
     comma = b"" if head[last - 1 : last] == b"{" else b","
     return head[:last] + comma + b'"%s":%d' % (SLOT_FIELD.encode(), slot) + body[last:]
+
+
+def slot_count_problem(upstream: str, configured: int, props: Any) -> Problem | None:
+    """`slots` against the slots llama-server says it runs (`GET /props`, `total_slots`). More configured than it
+    runs: llama-server takes `id_slot` modulo its slot count, so two pinned threads share a slot and evict each
+    other's cache on every turn: an error. Fewer: the slots past them are never pinned to: a warning."""
+    running = props.get("total_slots") if isinstance(props, dict) else None
+    if not isinstance(running, int) or isinstance(running, bool) or running == configured:
+        return None
+    where = f"upstreams.{upstream}.slots"
+    if configured > running:
+        said = f"slots = {configured}, but llama-server runs {running} (-np {running}): pinned threads share slots"
+        return Problem("error", where, said)
+    return Problem("warning", where, f"slots = {configured}, but llama-server runs {running}: the rest go unused")
 
 
 def misspelt_change() -> Change:

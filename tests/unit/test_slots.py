@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.config.file import ConfigError, from_dict
-from tapfix.proxy.request.slots import SESSIONS_KEPT, SlotPins, SlotPlanner, slot_request, with_slot
+from tapfix.proxy.request.slots import (
+    SESSIONS_KEPT,
+    SlotPins,
+    SlotPlanner,
+    slot_count_problem,
+    slot_request,
+    with_slot,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
@@ -232,3 +239,11 @@ def test_slots_that_could_do_nothing_are_refused(upstream, said):
     with pytest.raises(ConfigError) as raised:
         from_dict(upstream_config(**upstream))
     assert said in str(raised.value)
+
+
+def test_the_slot_count_is_checked_against_what_llama_server_runs():
+    assert slot_count_problem("local", 2, {"total_slots": 2}) is None
+    assert slot_count_problem("local", 2, None) is None, "a server that doesn't say: nothing to compare"
+    more = slot_count_problem("local", 4, {"total_slots": 2})
+    assert (more.severity, more.where) == ("error", "upstreams.local.slots") and "share slots" in more.message
+    assert slot_count_problem("local", 2, {"total_slots": 4}).severity == "warning"

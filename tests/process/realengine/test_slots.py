@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.process.realengine.engine import LlamaServer
-from tests.support.inproc import InprocProxy, start
+from tests.support.inproc import InprocProxy, cli, start
 from tests.support.procs import wait_capture
 
 pytestmark = [pytest.mark.realengine]
@@ -100,3 +100,19 @@ def test_a_responses_request_is_pinned_too(proxy: InprocProxy, two_slots: LlamaS
     slot = json.loads(row["route_decision"])["slot"]["slot"]
     chosen = [line for line in two_slots.log().splitlines() if "selected slot by id" in line][before:]
     assert [f"selected slot by id ({slot})" in line for line in chosen] == [True], two_slots.log()[-2000:]
+
+
+@pytest.mark.parametrize(("slots", "code", "said"), [(2, 0, None), (4, 1, "error: upstreams.llama.slots: slots = 4")])
+def test_check_compares_slots_with_what_llama_server_runs(two_slots: LlamaServer, tmp_path, slots, code, said) -> None:
+    served = httpx.get(f"{two_slots.url}/v1/models", timeout=10).json()["data"][0]["id"]
+    config = tmp_path / "tapfix.toml"
+    config.write_text(
+        f'[upstreams.llama]\nbase_url = "{two_slots.url}/v1"\nengine = "llamacpp"\nslots = {slots}\n\n'
+        f'[models.tiny]\nupstream = "llama"\nupstream_model = "{served}"\ncontext_window = 1024\n'
+    )
+    result = cli("check", "--config", str(config))
+    out = result.stdout.decode()
+    assert [line for line in out.splitlines() if ".slots" in line] == (
+        [f"{said}, but llama-server runs 2 (-np 2): pinned threads share slots"] if said else []
+    ), out
+    assert result.returncode == code, out
