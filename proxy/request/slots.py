@@ -98,6 +98,12 @@ class SlotPins:
         slot.busy += 1
         return Pin(index, how, evicted)
 
+    def rename(self, old: str, new: str) -> None:
+        """`old`'s slot is `new`'s now (a conversation that started again goes on where it was)."""
+        if old in self.pins and new not in self.pins:
+            index = self.pins[new] = self.pins.pop(old)
+            self.slots[index].thread = new
+
     def release(self, index: int, now: float) -> None:
         """A request pinned to `index` ended (answered, failed or cut)."""
         if 0 <= index < len(self.slots):
@@ -124,6 +130,7 @@ class SlotRequest:
     session: str | None  # the session the agent names (its parent's, for opencode's child sessions)
     subagent: bool  # the client says it is a subagent (`x-parent-session-id`)
     offers_tools: bool
+    head: str | None = None  # its conversation's first message (the system prompt) and its tools, hashed
     client_slot: Any = None  # the client's own `id_slot`, if it sent one
     misspelt: bool = False  # it sent `slot_id`, which llama.cpp ignores
 
@@ -136,18 +143,18 @@ def slot_request(
     lowered = {k.lower(): v for k, v in headers.items() if v}
     parent = lowered.get(PARENT_SESSION_HEADER)
     session = parent or next((lowered[h] for h in SESSION_HEADERS if h in lowered), None)
-    if thread is None:
-        messages = chat_messages(surface, dict(parsed))
-        if messages:
-            thread = thread_of(messages, lowered)
-        elif surface == "completions" and session is not None:
-            thread = thread_of([{"session": session}], lowered)
+    messages = chat_messages(surface, dict(parsed))
+    if thread is None and messages:
+        thread = thread_of(messages, lowered)
+    elif thread is None and surface == "completions" and session is not None:
+        thread = thread_of([{"session": session}], lowered)
     tools = parsed.get("tools")
     return SlotRequest(
         thread=thread,
         session=session[:200] if session else None,
         subagent=parent is not None,
         offers_tools=isinstance(tools, list) and bool(tools),
+        head=thread_of([*messages[:1], tools], {}) if messages else None,
         client_slot=parsed.get(SLOT_FIELD),
         misspelt=MISSPELT_FIELD in parsed,
     )
@@ -158,23 +165,29 @@ class SlotPlanner:
     """Every slotted upstream's pins, and each session's main thread (the last `SESSIONS_KEPT` sessions)."""
 
     upstreams: dict[str, SlotPins] = field(default_factory=dict)
-    mains: OrderedDict[str, str] = field(default_factory=OrderedDict)  # session → its main thread, newest last
+    # session → its main thread and that thread's first message (hashed), newest last
+    mains: OrderedDict[str, tuple[str, str | None]] = field(default_factory=OrderedDict)
 
-    def role(self, request: SlotRequest) -> Role:
+    def role(self, request: SlotRequest) -> tuple[Role, str | None]:
         """main: the first thread of its session that offers tools; subagent: any other thread of a named
-        session; unnamed: no session named, nothing to tell it by."""
+        session; unnamed: no session named, nothing to tell it by. A new thread of the session that starts with the
+        main thread's own first message (its system prompt) and offers its tools is the main agent's conversation
+        started again (compacted; a subagent has a prompt and tools of its own): it is the main thread now, and
+        the thread it continues is returned too."""
         if request.session is None or request.thread is None:
-            return "unnamed"
+            return "unnamed", None
         if request.subagent:
-            return "subagent"
+            return "subagent", None
         main = self.mains.get(request.session)
-        if main is None and request.offers_tools:
-            self.mains[request.session] = main = request.thread
+        continues = None
+        if request.offers_tools and (main is None or (main[0] != request.thread and main[1] == request.head)):
+            continues = main[0] if main is not None else None
+            self.mains[request.session] = main = (request.thread, request.head)
             while len(self.mains) > SESSIONS_KEPT:
                 self.mains.popitem(last=False)
-        elif main is not None:
+        if main is not None:
             self.mains.move_to_end(request.session)
-        return "main" if main == request.thread else "subagent"
+        return ("main" if main is not None and main[0] == request.thread else "subagent"), continues
 
     def pins_of(self, upstream: str, slots: int, reserve_main: bool) -> SlotPins:
         pins = self.upstreams.get(upstream)
@@ -191,10 +204,13 @@ class SlotPlanner:
             return None
         if request.client_slot is not None:
             return SlotPlan(upstream, None, request.thread, None, "client", None, request.client_slot)
-        role = self.role(request)
+        role, continues = self.role(request)
+        if continues is not None:  # the main agent's slot (its system prompt and tools are cached there) goes on
+            for held in self.upstreams.values():
+                held.rename(continues, request.thread)
         pins = self.pins_of(upstream, slots, reserve_main)
         pin = pins.pin(request.thread, role == "main", now)
-        return SlotPlan(upstream, pin.slot, request.thread, role, pin.how, pin.evicted, None)
+        return SlotPlan(upstream, pin.slot, request.thread, role, pin.how, pin.evicted, None, continues)
 
     def release(self, upstream: str, slot: int, now: float) -> None:
         pins = self.upstreams.get(upstream)
@@ -211,6 +227,7 @@ class SlotPlan:
     how: str  # kept | free | evicted | client
     evicted: str | None
     client_slot: Any
+    continues: str | None = None  # the main thread this one started again (compacted), whose slot it kept
 
     def record(self) -> dict[str, Any]:
         """The capture's `route_decision.slot` (before the answer's `cache_n` is added)."""
@@ -221,6 +238,8 @@ class SlotPlan:
         found.update(role=self.role, how=self.how)
         if self.evicted is not None:
             found["evicted"] = self.evicted
+        if self.continues is not None:
+            found["continues"] = self.continues
         return found
 
     def change(self) -> Change | None:

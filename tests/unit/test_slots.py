@@ -22,8 +22,8 @@ from tapfix.proxy.request.slots import (
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
 
-def chat(task: str, *, tools: bool = True, **extra) -> dict:
-    body = {"model": "m", "messages": [{"role": "system", "content": "you code"}, {"role": "user", "content": task}]}
+def chat(task: str, *, tools: bool = True, system: str = "you code", **extra) -> dict:
+    body = {"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": task}]}
     return {**body, **({"tools": TOOLS} if tools else {}), **extra}
 
 
@@ -121,24 +121,38 @@ def test_the_first_thread_of_a_session_that_offers_tools_is_its_main_one():
     planner = SlotPlanner()
     title = slot_request("chat", chat("title this", tools=False), {"x-session-id": "ses_1"})
     main = slot_request("chat", chat("build it"), {"x-session-id": "ses_1"})
-    sub = slot_request("chat", chat("subtask"), {"X-Claude-Code-Session-Id": "ses_1"})
-    assert planner.role(title) == "subagent", "opencode's title request, sent with turn 1, is a side request"
-    assert planner.role(main) == "main"
-    assert planner.role(sub) == "subagent"
-    assert planner.role(main) == "main"
+    sub = slot_request("chat", chat("subtask", system="you explore"), {"X-Claude-Code-Session-Id": "ses_1"})
+    assert planner.role(title) == ("subagent", None), "opencode's title request, sent with turn 1, is a side request"
+    assert planner.role(main) == ("main", None)
+    assert planner.role(sub) == ("subagent", None), "a subagent has a system prompt of its own"
+    assert planner.role(main) == ("main", None)
+
+
+def test_a_compacted_main_conversation_stays_the_main_thread_on_its_slot():
+    planner = SlotPlanner()
+    session = {"x-session-id": "ses_1"}
+    main = slot_request("chat", chat("build it"), session)
+    first = planner.plan("gpu", 3, True, "chat", main, 0)
+    sub = planner.plan("gpu", 3, True, "chat", slot_request("chat", chat("look", system="you explore"), session), 1)
+    compacted = slot_request("chat", chat("summary of the work so far"), session)  # same system prompt and tools
+    again = planner.plan("gpu", 3, True, "chat", compacted, 2)
+    assert (again.role, again.slot, again.how, again.continues) == ("main", first.slot, "kept", main.thread)
+    assert sub.slot != first.slot
+    other_tools = slot_request("chat", {**chat("x"), "tools": []}, session)
+    assert planner.role(other_tools) == ("subagent", None)
 
 
 def test_opencodes_child_session_is_a_subagent_of_its_parent():
     planner = SlotPlanner()
     main = slot_request("chat", chat("build it"), {"x-session-id": "ses_parent"})
     child = slot_request("chat", chat("explore"), {"x-session-id": "ses_child", "x-parent-session-id": "ses_parent"})
-    assert planner.role(child) == "subagent" and child.session == "ses_parent"
-    assert planner.role(main) == "main", "a child session that came first doesn't take its parent's main"
+    assert planner.role(child) == ("subagent", None) and child.session == "ses_parent"
+    assert planner.role(main) == ("main", None), "a child session that came first doesn't take its parent's main"
 
 
 def test_a_request_without_a_session_is_unnamed_and_sessions_are_bounded():
     planner = SlotPlanner()
-    assert planner.role(slot_request("chat", chat("x"), {})) == "unnamed"
+    assert planner.role(slot_request("chat", chat("x"), {})) == ("unnamed", None)
     for i in range(SESSIONS_KEPT + 5):
         planner.role(slot_request("chat", chat(f"t{i}"), {"x-session-id": f"s{i}"}))
     assert len(planner.mains) == SESSIONS_KEPT and "s0" not in planner.mains
