@@ -197,7 +197,14 @@ class Router:
             return
         if plan.slot is not None:
             pinned = with_slot(outcome.body, plan.slot)
-            if pinned is None:  # not an object's bytes: one that came compressed and is forwarded so
+            if pinned is None and outcome.decoded is not None:  # it came compressed: it goes upstream decoded
+                pinned = with_slot(outcome.decoded, plan.slot)
+                if pinned is not None and "content-encoding" not in outcome.remove_headers:
+                    outcome.remove_headers.append("content-encoding")
+                    coding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), None)
+                    why = "id_slot was added to the decoded body; it goes upstream decoded"
+                    outcome.changes.append(Change("framing", "drop", "headers.content-encoding", coding, None, why))
+            if pinned is None:  # no JSON object's bytes, decoded or not: forwarded as it came, unpinned
                 self.slots.release(upstream.name, plan.slot, time.monotonic())
                 return
             outcome.body = pinned

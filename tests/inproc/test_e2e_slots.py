@@ -5,6 +5,7 @@ nothing of the cache, as older builds' didn't). Clients are the OpenAI and Anthr
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 
@@ -188,6 +189,25 @@ def test_responses_and_a_named_sessions_legacy_completions_are_pinned(tmp_path, 
             ("completions", 1),
             ("completions", None),  # no session named: no conversation to pin
         ]
+    finally:
+        proxy.stop()
+
+
+def test_a_compressed_request_is_pinned_and_goes_upstream_decoded(tmp_path, llama):
+    proxy = run_proxy(tmp_path, llama.server.url)
+    try:
+        body = json.dumps({"model": "coder", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        headers = {"content-encoding": "gzip", "content-type": "application/json"}
+        answer = httpx.post(f"{proxy.url}/v1/chat/completions", content=gzip.compress(body), headers=headers)
+        assert answer.status_code == 200
+        request = llama.server.requests[-1]
+        assert request.header("content-encoding") is None and json.loads(request.body)["id_slot"] == 0
+        shown = json.loads(
+            cli(
+                "captures", "show", answer.headers["x-tapfix-capture-id"], "--json", "--db", str(proxy.extra["db"])
+            ).stdout
+        )
+        assert {"headers.content-encoding", "$.id_slot"} <= {c["path"] for c in shown["changes"]}
     finally:
         proxy.stop()
 
