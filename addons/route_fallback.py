@@ -69,6 +69,8 @@ class Routes(Protocol):
 
     def served_turn(self, ex: Exchange) -> None: ...
 
+    def release_slot(self, ex: Exchange) -> None: ...
+
 
 def retryable(status: int) -> bool:
     return status >= 500 or status == 429
@@ -216,11 +218,13 @@ class RouteFallback:
             ex.changes.append(
                 Change("router", "fallback", "upstream", upstream, taken.upstream, f"upstream {upstream} {reason}")
             )
+            ex.changes += [c for c in outcome.changes if c.path == "$.id_slot"]  # its own slot there (llama.cpp)
             ex.served_model = outcome.served_model
             why = self._why(ex, response)
             if why is None and response.status_code < 400:
                 self.router.served_turn(ex)
         ex.extra["route_decision"] = {**ex.extra["route_decision"], "attempts": attempts}
+        self.router.release_slot(ex)  # the answer that stands came whole: its slot is done
         ex.flags.add(FLAG)
         if response is not None:
             response.headers.update(self.router.route_headers(ex))

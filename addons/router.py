@@ -31,11 +31,14 @@ from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
 from tapfix.proxy.request.routes import Knowledge
 from tapfix.proxy.request.routing import models_listing
+from tapfix.proxy.request.slots import SlotPlanner, misspelt_change, slot_request, with_slot
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
 
 log = logging.getLogger("tapfix")
 AFFINITY_KEPT = 10_000  # threads whose upstream is remembered (the oldest forgotten first)
+SLOT_KEY = "slot"  # ex.extra: the llama.cpp slot the request was pinned to (request/slots.py `SlotPlan.record`)
+_HELD = "slot_held"  # ex.extra: (upstream, slot) counted busy until the exchange ends
 
 
 class Router:
@@ -47,6 +50,7 @@ class Router:
         s = runtime.settings
         self.breaker = Breaker(s.route_breaker_failures, s.route_breaker_window, s.route_breaker_open)
         self.affinity: OrderedDict[tuple[str, str], str] = OrderedDict()  # (thread, route) → upstream, newest last
+        self.slots = SlotPlanner()  # llama.cpp slot pins, per upstream with `slots`
 
     async def done(self) -> None:
         if self.served is not None:
@@ -86,10 +90,12 @@ class Router:
         but TLS failed (a certificate tapfix can't verify), or the upstream went away in between.
         mitmproxy would answer its HTML 502; the client gets the JSON 502 of an unreachable upstream
         instead (agents retry it, clients.md §8), sent by reset_tail in place of that page."""
+        ex = exchange_of(flow)
+        if ex is not None:
+            self.release_slot(ex)
         if flow.response is not None or flow.error is None or flow.server_conn.timestamp_tcp_setup is not None:
             return  # a head went out, or the connection was open: the error is the stream's (addons/stream.py)
         message = flow.error.msg
-        ex = exchange_of(flow)
         if message == mitm_flow.Error.KILLED_MESSAGE or "client" in message.lower():
             return  # ended on purpose (the shutdown grace answers itself), or nobody is left to tell
         if getattr(flow.client_conn, REPLY_ATTR, None) or (ex is not None and SHUTDOWN_FLAG in ex.flags):
@@ -158,6 +164,7 @@ class Router:
             self.breaker.failed(decision.taken.upstream, time.monotonic())
             attempts.append({"route": decision.taken.route, "upstream": decision.taken.upstream, "reason": why})
             log.warning("route %s: upstream %s unreachable (%s); next route", decision.taken.route, target.url, why)
+        self._pin_slot(ex, headers, outcome)
         if outcome.decision is not None:
             ex.extra["route_decision"] = {**outcome.decision.record(), "attempts": attempts}
             if outcome.decision.taken is not None:
@@ -167,6 +174,56 @@ class Router:
             else:
                 log.warning("%s", "; ".join(r["reason"] for r in ex.extra["route_decision"]["rejected"]))
         return outcome
+
+    def _pin_slot(self, ex: Exchange, headers: Mapping[str, str], outcome: Outcome) -> None:
+        """A request to a llama.cpp upstream with `slots` goes to its thread's slot: `id_slot` added to the body
+        the upstream gets (request/slots.py says which surfaces and which slot). A fallback to another upstream
+        pins the thread there apart; the slot it left is released."""
+        self.release_slot(ex)
+        ex.extra.pop(SLOT_KEY, None)
+        upstream = outcome.upstream
+        if upstream is None or not upstream.slots or outcome.error is not None or not isinstance(outcome.parsed, dict):
+            return
+        decision = outcome.decision
+        thread = decision.facts.thread if decision is not None else None
+        request = slot_request(outcome.surface, outcome.parsed, headers, thread)
+        if request.misspelt:
+            outcome.changes.append(misspelt_change())
+            outcome.flags.add("slot_id_ignored")
+        plan = self.slots.plan(
+            upstream.name, upstream.slots, upstream.reserve_main_slot, outcome.surface, request, time.monotonic()
+        )
+        if plan is None:
+            return
+        if plan.slot is not None:
+            pinned = with_slot(outcome.body, plan.slot)
+            if pinned is None and outcome.decoded is not None:  # it came compressed: it goes upstream decoded
+                pinned = with_slot(outcome.decoded, plan.slot)
+                if pinned is not None and "content-encoding" not in outcome.remove_headers:
+                    outcome.remove_headers.append("content-encoding")
+                    coding = next((v for k, v in headers.items() if k.lower() == "content-encoding"), None)
+                    why = "id_slot was added to the decoded body; it goes upstream decoded"
+                    outcome.changes.append(Change("framing", "drop", "headers.content-encoding", coding, None, why))
+            if pinned is None:  # no JSON object's bytes, decoded or not: forwarded as it came, unpinned
+                self.slots.release(upstream.name, plan.slot, time.monotonic())
+                return
+            outcome.body = pinned
+            ex.extra[_HELD] = (upstream.name, plan.slot)
+            change = plan.change()
+            if change is not None:
+                outcome.changes.append(change)
+        ex.extra[SLOT_KEY] = plan.record()
+
+    def release_slot(self, ex: Exchange) -> None:
+        """The request pinned to a slot ended (or moved to another upstream): the slot is free to be chosen."""
+        held = ex.extra.pop(_HELD, None)
+        if held is not None:
+            self.slots.release(held[0], held[1], time.monotonic())
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is not None:
+            self.release_slot(ex)
 
     def _knowledge(self, failed: dict[str, str], larger_than: int | None = None) -> Knowledge:
         reported = {key: tokens for key, (tokens, _) in self.runtime.windows.items()}

@@ -155,6 +155,8 @@ def _fold_event(fold: _Fold, event: bytes, chunk_index: int) -> None:
         result.error = obj["error"]
     if obj.get("usage"):
         result.usage = obj["usage"]
+    if obj.get("timings").__class__ is dict:
+        result.timings = obj["timings"]
     for choice in choices if choices.__class__ is list else ():
         if isinstance(choice, dict) and fold.apply(choice):
             if result.first_token_chunk is None:
@@ -166,6 +168,7 @@ def assemble_chat_json(obj: dict[str, Any]) -> Assembled:
     result = fold.result
     result.error = obj.get("error")
     result.usage = obj.get("usage")
+    result.timings = obj["timings"] if isinstance(obj.get("timings"), dict) else None
     choices = obj.get("choices")
     for position, choice in enumerate(choices if isinstance(choices, list) else ()):
         if not isinstance(choice, dict):

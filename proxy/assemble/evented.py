@@ -265,6 +265,8 @@ def _each_event(chunks: list[bytes], result: Assembled, fold: Any) -> None:
             if not isinstance(obj, dict):
                 result.malformed_events += 1
                 continue
+            if isinstance(obj.get("timings"), dict):  # llama.cpp's, on a Responses stream's last event
+                result.timings = obj["timings"]
             fold(obj, min(chunk_index, last))
 
 

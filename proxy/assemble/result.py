@@ -13,6 +13,7 @@ class Assembled:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # llama.cpp's `timings` (a body's, a stream's last): `cache_n` in it
     error: Any = None
     events: int = 0
     malformed_events: int = 0

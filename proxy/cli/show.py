@@ -133,6 +133,9 @@ def route_lines(decision: Any) -> list[str]:
     `tapfix route explain` print it."""
     if not isinstance(decision, dict):
         return []
+    slot = slot_line(decision.get("slot"))
+    if "route" not in decision:  # a model without routes, its upstream's slot pinned
+        return [slot] if slot else []
     inputs = decision.get("inputs") or {}
     route = decision.get("route")
     taken = f"{route} → {decision.get('upstream')}/{decision.get('served_model')}" if route else "none"
@@ -148,7 +151,22 @@ def route_lines(decision: Any) -> list[str]:
         lines.append(f"    attempt on {a.get('route')} ({a.get('upstream')}) failed: {a.get('reason')}")
     if decision.get("not_matched"):
         lines.append(f"    not matched: {', '.join(decision['not_matched'])}")
-    return lines
+    return lines + ([slot] if slot else [])
+
+
+def slot_line(slot: Any) -> str | None:
+    """The llama.cpp slot the request was pinned to (request/slots.py), and what the slot's cache served."""
+    if not isinstance(slot, dict):
+        return None
+    cached = slot.get("cache_n")
+    served = f"; cache_n {cached:,} prompt tokens from the slot's cache" if isinstance(cached, int) else ""
+    if slot.get("how") == "client":
+        return f"  slot: the client's id_slot {slot.get('client_slot')!r} on {slot.get('upstream')}{served}"
+    evicted = f", taken from thread {slot['evicted']}" if slot.get("evicted") else ""
+    return (
+        f"  slot: {slot.get('slot')} on {slot.get('upstream')} ({slot.get('how')}{evicted}), "
+        f"thread {slot.get('thread')} ({slot.get('role')}){served}"
+    )
 
 
 def _ms(value: float | None) -> str:

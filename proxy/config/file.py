@@ -51,6 +51,8 @@ class Upstream:
     regenerate_concurrency: int | None = None  # issue 19: None: the declared default (config/settings.py)
     regenerate_per_minute: int | None = None
     supports: tuple[str, ...] | None = None  # issue 38: what its models can take; None: everything
+    slots: int | None = None  # issue 38: llama-server's -np; each thread pinned to one with `id_slot`
+    reserve_main_slot: bool = False  # a slot kept for each session's main agent thread
 
     def auth_headers(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The upstream's own credential (from the environment variable the config names), as it expects it."""
@@ -216,6 +218,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<config>", base_dir: Path 
     for name, u in _tables(data.get("upstreams")):
         with _unless_shaped(shaped):
             upstreams[name] = _upstream(name, u)
+            problems += slot_problems(source, upstreams[name])
     names = [name for name, _ in _tables(data.get("upstreams"), everything=True)]
     models: dict[str, ModelConfig] = {}
     claimed: dict[str, str] = {}  # every routable name → where it was declared
@@ -364,7 +367,28 @@ def _upstream(name: str, u: Mapping[str, Any]) -> Upstream:
         regenerate_concurrency=u.get("regenerate_concurrency"),
         regenerate_per_minute=u.get("regenerate_per_minute"),
         supports=tuple(u["supports"]) if "supports" in u else None,
+        slots=u.get("slots"),
+        reserve_main_slot=u.get("reserve_main_slot", False),
     )
+
+
+def slot_problems(source: str, u: Upstream) -> list[str]:
+    """`slots` is llama-server's `-np`, pinned with its `id_slot`: no other engine has slots to pin, so on one
+    it would be a setting that silently does nothing; and a main slot can only be kept when there are others."""
+    where = f"{source}: upstreams.{u.name}"
+    problems = []
+    if u.slots is not None and u.engine != "llamacpp":
+        problems.append(
+            f'{where}.slots: only a llama.cpp upstream (engine = "llamacpp") has slots to pin a thread to; '
+            f"this one's engine is {u.engine}: remove slots"
+        )
+    if u.reserve_main_slot and (u.slots or 0) < 2:
+        found = f"slots = {u.slots}" if u.slots is not None else "no slots"
+        problems.append(
+            f"{where}.reserve_main_slot: needs slots = 2 or more (one for the main agent, one for the rest); "
+            f"found {found}"
+        )
+    return problems
 
 
 def _param(where: str, value: Any, problems: list[str]) -> ParamPolicy:

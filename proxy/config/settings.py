@@ -434,6 +434,31 @@ UPSTREAM_ONLY = (
             "upstreams", "regenerate_per_minute", "Regeneration attempts started to this upstream in any 60 s."
         ),
     ),
+    Setting(
+        "int",
+        name="slots",
+        range=Range(1, 4096),
+        help="the slots this llama.cpp upstream runs with (llama-server's -np)",
+        per=PerTable(
+            "upstreams",
+            "slots",
+            "The slots this llama-server runs with (its `-np`): each conversation's turns are pinned to one slot "
+            "with `id_slot` (chat completions, Responses; not Messages, which llama.cpp doesn't pin). "
+            'engine = "llamacpp" only. Default: no pinning (docs/routing.md).',
+        ),
+    ),
+    Setting(
+        "flag",
+        name="reserve_main_slot",
+        default=False,
+        help="keep one slot of this llama.cpp upstream for each session's main agent; subagents share the others",
+        per=PerTable(
+            "upstreams",
+            "reserve_main_slot",
+            "Keep a slot for each session's main agent thread, which subagent threads never take (they share the "
+            "others); needs `slots` of 2 or more (docs/routing.md).",
+        ),
+    ),
 )
 
 

@@ -15,6 +15,7 @@ import httpx
 from tapfix.proxy.config.file import Config
 from tapfix.proxy.request.route_checks import route_lines, route_problems
 from tapfix.proxy.request.routing import Problem, compare_served, preflight_static
+from tapfix.proxy.request.slots import slot_count_problem
 from tapfix.proxy.window.sources import engine_url, probes_for
 
 
@@ -56,6 +57,17 @@ def engine_windows(
     return windows
 
 
+def slot_problems(client: httpx.Client, base_url: str, name: str, slots: int) -> list[Problem]:
+    """The configured `slots` against the count llama-server reports (request/slots.py `slot_count_problem`)."""
+    try:
+        answer = client.get(engine_url(base_url, "/props"))
+        props = answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        props = None
+    found = slot_count_problem(name, slots, props)
+    return [found] if found is not None else []
+
+
 def check_upstreams(
     config: Config, environ: Mapping[str, str] | None = None, timeout: float = 5.0
 ) -> tuple[list[UpstreamStatus], list[Problem]]:
@@ -84,6 +96,8 @@ def check_upstreams(
             listing, served = None, []
         with httpx.Client(headers=upstream.auth_headers(environ), timeout=timeout, verify=verify) as client:
             windows = engine_windows(client, upstream.base_url, upstream.engine, listing, served)
+            if upstream.slots is not None:
+                problems += slot_problems(client, upstream.base_url, name, upstream.slots)
         status = UpstreamStatus(name, upstream.base_url, True, f"serves {', '.join(served) or 'nothing'}", served)
         status.windows = windows
         statuses.append(status)

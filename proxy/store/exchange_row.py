@@ -63,7 +63,7 @@ def exchange_row(
         "source_id": ex.source_id,
         **attempt_columns(ex),
         **trace_columns(ex),
-        **route_columns(ex),
+        **route_columns(ex, cache_n(assembled)),
         "tags": _json(sorted(ex.tags)),
         "flags": _json(sorted(flags)),
         "changes_count": len(ex.changes),
@@ -78,7 +78,7 @@ def exchange_row(
         "usage": _json(assembled.usage) if assembled.usage is not None else None,
         "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
         "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
-        **usage_details(usage),
+        **usage_details(usage, cache_n(assembled)),
         "chunk_count": len(ex.chunk_times),
         "chunk_timing": pack_timing(ex.chunk_times, ex.response_chunks),
     }
@@ -88,12 +88,21 @@ def exchange_row(
 MAX_COUNT = 2**31 - 1  # beyond this it is no token count (and PostgreSQL's integer column can't hold it)
 
 
-def usage_details(usage: dict[str, Any]) -> dict[str, int | None]:
+def usage_details(usage: dict[str, Any], cache_n: int | None = None) -> dict[str, int | None]:
     """`cached_tokens` and `reasoning_tokens` of a usage object, as assemble/usage.py reads every surface's
     (None: it doesn't say). The migrations that added these columns fill old rows by the same paths
-    (store/sqlite/schema.py m008, store/pg/schema.py pg007)."""
+    (store/sqlite/schema.py m008, store/pg/schema.py pg007). Where the usage doesn't say, llama.cpp's
+    `timings.cache_n` does (the same count: llama-servers that report `cached_tokens` report it from it)."""
     counts = usage_counts(usage)
-    return {"cached_tokens": _count(counts.cached), "reasoning_tokens": _count(counts.reasoning)}
+    cached = counts.cached if counts.cached is not None else cache_n
+    return {"cached_tokens": _count(cached), "reasoning_tokens": _count(counts.reasoning)}
+
+
+def cache_n(assembled: Assembled) -> int | None:
+    """The prompt tokens llama.cpp's answer says its slot's cache served (`timings.cache_n`); None: no timings."""
+    timings = assembled.timings
+    value = timings.get("cache_n") if isinstance(timings, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _count(value: int | None) -> int | None:

@@ -117,7 +117,13 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def route_columns(ex: Exchange) -> dict[str, str | None]:
-    """The route decision (issue 38, request/routes.py `Decision.record`) as JSON text (migration m008)."""
+def route_columns(ex: Exchange, cache_n: int | None = None) -> dict[str, str | None]:
+    """The route decision (issue 38, request/routes.py `Decision.record`) as JSON text (migration m008), with the
+    llama.cpp slot the request was pinned to (request/slots.py) as its `slot`, and in that the prompt tokens
+    the engine's answer says the slot's cache served (`cache_n`). A model without routes whose upstream pins
+    slots has a decision of its slot alone."""
     decision = ex.extra.get("route_decision")
+    slot = ex.extra.get("slot")
+    if isinstance(slot, dict):
+        decision = {**(decision if isinstance(decision, dict) else {}), "slot": {**slot, "cache_n": cache_n}}
     return {"route_decision": _json(decision) if decision is not None else None}

@@ -280,3 +280,37 @@ def test_omps_role_alias_is_routed_by_the_model_id_it_sends(routed, tmp_path):
     smol_rows = [r for r in rows if r["model"] == "omp-smol"]
     assert len(small_log.generations()) == len(smol_rows)
     assert len(big_log.generations()) == len(rows) - len(smol_rows)
+
+
+def test_opencodes_turns_keep_their_llama_cpp_slot_and_its_title_request_is_no_main_agent(tmp_path, agents_installed):
+    """opencode against an upstream declared a llama-server with 2 slots, one kept for the main agent: every turn
+    of its agent loop carries one `id_slot` (the main thread's, reserved), its title request, sent with turn 1
+    and offering no tools, is a side request on the other slot. The upstream's own log shows what it got."""
+    mock, log = logged_mock(tmp_path)
+    cfg = tmp_path / "tapfix.toml"
+    cfg.write_text(
+        f'[upstreams.llama]\nbase_url = "{mock.url}/v1"\nengine = "llamacpp"\nslots = 2\nreserve_main_slot = true\n\n'
+        f'[models.coder]\nupstream = "llama"\nupstream_model = "{SERVED}"\n'
+    )
+    db = tmp_path / "captures.db"
+    proxy = start(["--config", str(cfg), "--db", str(db)], tmp_path / "proxy.log")
+    try:
+        logs = SimpleNamespace(describe=lambda: f"--- proxy log ---\n{proxy.log()[-3000:]}")
+        run = start_opencode(Sandbox(tmp_path, "opencode"), f"{proxy.url}/v1", PROMPT, model="coder").wait(RUN_TIMEOUT)
+        check_run(run, logs)
+    finally:
+        proxy.stop()
+        mock.stop()
+    rows = captures(db)
+    turns = [r for r in rows if r["body"].get("tools")]
+    (title,) = [r for r in rows if not r["body"].get("tools")]
+    assert len(turns) >= 2, [r["id"] for r in rows]  # the tool call, then the answer after it
+    main_slots = {(r["decision"]["slot"]["slot"], r["decision"]["slot"]["role"]) for r in turns}
+    assert len(main_slots) == 1 and next(iter(main_slots))[1] == "main", main_slots
+    assert title["decision"]["slot"]["role"] == "subagent"
+    assert title["decision"]["slot"]["slot"] != next(iter(main_slots))[0]
+    sent = [b.get("id_slot") for b in log.generations() if b.get("tools")]
+    assert sent == [next(iter(main_slots))[0]] * len(turns), sent
+    assert all(r["session_id"] for r in rows) and {
+        h[1] for r in rows for h in json.loads(r["request_headers"]) if h[0].lower() == "x-session-id"
+    }, "opencode named its session"

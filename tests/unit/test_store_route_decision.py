@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from importlib.resources import files
 from pathlib import Path
 
@@ -65,3 +66,28 @@ def test_the_decision_is_stored_shown_filtered_and_drawn(tmp_path: Path) -> None
         assert "<dt>route</dt><dd>long-context → cloud/deepseek-v4-flash" in page
         assert "rejected fast (gpu0): upstream gpu0 failed: refused" in page
         assert "<dt>route</dt>" not in client.get(f"/exchange/{plain.id}").text
+
+
+def test_a_slot_is_stored_with_the_answers_cache_n_shown_and_drawn(tmp_path: Path) -> None:
+    """A llama.cpp slot pin (request/slots.py) of a model without routes: a decision of its slot alone, the
+    answer's `timings.cache_n` in it, and in `cached_tokens` where the usage says nothing of the cache."""
+    pinned = exchange()
+    pinned.extra["slot"] = {"upstream": "llama", "slot": 1, "thread": "t1", "role": "main", "how": "kept"}
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+    answer |= {"usage": {"prompt_tokens": 50, "completion_tokens": 1}, "timings": {"cache_n": 42, "prompt_n": 8}}
+    pinned.response = json.dumps(answer).encode()
+    pinned.content_type = "application/json"
+    path = tmp_path / "c.db"
+    write(path, [pinned])
+    shown = json.loads(cli("captures", "show", pinned.id, "--db", str(path), "--json"))
+    assert shown["route_decision"] == {"slot": {**pinned.extra["slot"], "cache_n": 42}}
+    assert shown["cached_prompt_tokens"] == 42
+    with sqlite3.connect(path) as db:
+        assert db.execute("select cached_tokens from exchanges").fetchone() == (42,)  # what `captures stats` sums
+    text = cli("captures", "show", pinned.id, "--db", str(path))
+    assert "  slot: 1 on llama (kept), thread t1 (main); cache_n 42 prompt tokens from the slot's cache" in text
+    assert "route:" not in text
+    with TestClient(create_app(path, background_index=False), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/exchange/{pinned.id}").text
+        assert "<dt>llama.cpp slot</dt><dd>1 on llama" in page and "42 prompt tokens from its cache" in page
+        assert "<dt>route</dt>" not in page
