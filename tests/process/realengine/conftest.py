@@ -22,16 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.process.engine_suite import provided
 from tests.process.realengine.engine import (
     REASONING_TEMPLATE,
     Build,
-    EngineUnavailable,
     LlamaServer,
     build_llama_server,
     start_llama_server,
     tiny_model,
 )
-from tests.support.ci import unavailable
 from tests.support.inproc import InprocProxy, start_proxy
 
 # n=2 (two choices for one request): this version's llama-server runs each choice as a task of its own
@@ -44,13 +43,9 @@ LLAMA_CTX = 2048
 
 @pytest.fixture(scope="session")
 def llama_build() -> Build:
-    try:
-        build = build_llama_server()
-    except EngineUnavailable as exc:
-        unavailable(f"real-engine suite: {exc}")
-    if "built " in build.output:
-        print(f"\n[realengine] built llama-server into {build.dir} in {build.seconds:.0f}s")
-    return build
+    return provided(
+        build_llama_server, "real-engine suite", "built", lambda b: f"[realengine] built llama-server into {b.dir}"
+    )
 
 
 @pytest.fixture(scope="session")
