@@ -227,31 +227,11 @@ def test_a_model_the_upstream_does_not_list_is_passed_over_and_explained(tmp_pat
         assert decision["inputs"]["user_agent"].startswith("OpenAI/Python")
         # `route explain` reads the capture's request and headers and sends nothing: without the served lists
         # it would take the route whose rule matched.
-        explained = cli(
-            "route",
-            "explain",
-            "--config",
-            str(config),
-            "--capture",
-            capture_id,
-            "--db",
-            str(proxy.extra["db"]),
-            "--json",
-        )
+        explain = ("route", "explain", "--config", str(config), "--capture", capture_id, "--db", str(proxy.extra["db"]))
+        explained = cli(*explain, "--json")
         assert explained.returncode == 0, explained.stderr
         assert json.loads(explained.stdout)["route"] == "agents"
-        other = cli(
-            "route",
-            "explain",
-            "--config",
-            str(config),
-            "--capture",
-            capture_id,
-            "--db",
-            str(proxy.extra["db"]),
-            "--user-agent",
-            "curl/8",
-        )
+        other = cli(*explain, "--user-agent", "curl/8")
         assert "route: default → local/tapfix-mock" in other.stdout.decode()
     finally:
         proxy.stop()
