@@ -8,11 +8,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.toolcalls import MessagesToolCallRepair, ResponsesToolCallRepair
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
+# A write call every surface's repair tests stream: its schema, its arguments, and those arguments in fragments.
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
+    "required": ["path", "content"],
+}
+WRITE_ARGS = {"path": "hello.txt", "content": "hi there"}
+WRITE_FRAGMENTS = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
 
-def run_stage(stage: ChatToolCallRepair, pieces: list[bytes]) -> bytes:
+
+ToolCallStage = ChatToolCallRepair | MessagesToolCallRepair | ResponsesToolCallRepair
+
+
+def run_stage(
+    stage: ChatToolCallRepair | MessagesToolCallRepair | ResponsesToolCallRepair, pieces: list[bytes]
+) -> bytes:
+    """A tool-call stage (any surface's) fed the events of `pieces` as they complete, then flushed."""
     splitter = SSESplitter()
     out: list[bytes] = []
     for piece in pieces:
