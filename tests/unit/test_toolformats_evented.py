@@ -30,6 +30,7 @@ from tapfix.proxy.toolcalls import (
 )
 
 from tests.support.builders import sse_json as events
+from tests.support.builders import tool
 from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
 
 VECTOR_DIR = Path(__file__).parents[1] / "vectors" / "toolformats"
@@ -248,7 +249,7 @@ def test_markup_in_text_becomes_calls_in_bodies(name: str, vector: dict[str, Any
 
 # == what stays text ==================================================================================
 def test_a_text_only_stream_with_tools_passes_byte_for_byte() -> None:
-    tools = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object"}}}]
+    tools = [tool("write")]
     for pieces in (PLAIN, ["a < b and c [1] ", "<b>bold</b> ", "[x](y) {z}"], ["<", "tool", "_cal", "l is a tag"]):
         s = text_script(pieces, reasoning=["Think ", "<tool_call> first."])
         evs = responses_events(s, {"tools": r_tools(tools)}, "f" * 64, 1_760_000_000, "m", 10)
@@ -275,7 +276,7 @@ def test_no_tools_offered_means_no_holding_and_no_calls() -> None:
 
 def test_text_that_cannot_be_markup_is_released_at_once() -> None:
     """A possible opener's start is held only until the next delta shows it isn't one."""
-    tools = r_tools([{"type": "function", "function": {"name": "write", "parameters": {"type": "object"}}}])
+    tools = r_tools([tool("write")])
     s = text_script(["one <", "b> two", " three"])
     evs = responses_events(s, {"tools": tools}, "f" * 64, 1_760_000_000, "m", 10)
     stage = ResponsesToolCallRepair(tools, capture_id="cap-17")
@@ -291,15 +292,7 @@ def test_text_that_cannot_be_markup_is_released_at_once() -> None:
 
 # == reasoning ========================================================================================
 HERMES_WRITE = '<tool_call>\n{"name": "write", "arguments": {"path": "a.py", "content": "x = 1\\n"}}\n</tool_call>'
-WRITE_TOOL = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
-        },
-    }
-]
+WRITE_TOOL = [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}})]
 
 
 @pytest.mark.parametrize("cut", [1, 5, 11, 30, len(HERMES_WRITE) - 3])
@@ -361,20 +354,12 @@ def test_a_recovered_call_before_a_structured_one_keeps_indexes_dense_and_ids_un
 
 
 def test_a_recovered_call_whose_arguments_cannot_be_recovered_is_the_retryable_error() -> None:
-    tool = [
-        {
-            "type": "function",
-            "function": {
-                "name": "write",
-                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
-            },
-        }
-    ]
+    write_n = [tool("write", {"n": {"type": "integer"}}, ["n"])]
     markup = '<tool_call>\n{"name": "write", "arguments": {"m": 1}}\n</tool_call>'
-    data, stage = run_r(text_script([markup]), r_tools(tool))
+    data, stage = run_r(text_script([markup]), r_tools(write_n))
     assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
     assert "missing_fragment" in leak_kinds(stage)
-    data, stage = run_m(text_script([markup]), m_tools(tool))
+    data, stage = run_m(text_script([markup]), m_tools(write_n))
     assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
 
 
