@@ -24,7 +24,7 @@ from tapfix.proxy.store.sqlite.reader import SqliteReader, list_captures, load_c
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
-from tests.support.stores import BACKENDS, Backend, make_backend
+from tests.support.stores import BACKENDS, Backend, make_backend, streamed_chat
 
 _made = itertools.count()
 
@@ -36,20 +36,10 @@ def exchange(**kw: object) -> Exchange:
         events = [tool_call_chunk(0, "c1", "read", '{"pa'), chat_chunk(finish_reason="tool_calls")]
     else:
         events = [chat_chunk({"content": "hi"}), chat_chunk(finish_reason="stop")]
-    base: dict[str, object] = dict(
-        id=f"01t{next(_made):013d}",  # increasing: new capture ids made in one millisecond need not be
-        method="POST",
-        path="/v1/chat/completions",
-        request=b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}',
-        model="m",
-        status=200,
-        content_type="text/event-stream",
-        stream=True,
-        response_chunks=sse_events(events),
-        chunk_times=[0.01, 0.02, 0.03],
-    )
-    base.update(kw)
-    return Exchange(**base)  # type: ignore[arg-type]
+    request = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}'
+    # ids increasing: new capture ids made in one millisecond need not be
+    made = {"id": f"01t{next(_made):013d}", "request": request, "response_chunks": sse_events(events)}
+    return streamed_chat(**(made | kw))
 
 
 def regenerated(parent_id: str | None = None, attempts: int = 1) -> list[Exchange]:
