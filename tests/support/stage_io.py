@@ -42,6 +42,15 @@ def run_stage(
     return b"".join(out)
 
 
+def assert_passes_untouched(run: Any, data: bytes, cuts: list[int] | None = None, crlf: bool = False) -> None:
+    """A valid stream (with CRLF line ends if `crlf`), split at `cuts`, comes out of `run(data, cuts)` (a
+    surface's stage driven by run_stage) byte for byte, and the stage says it left it untouched."""
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    out, stage = run(data, cuts)
+    assert out == data and stage.outcome == "untouched"
+
+
 @dataclass
 class ClientView:
     chunks: list[dict[str, Any]] = field(default_factory=list)
