@@ -34,20 +34,22 @@ def _run(tmp_path, *args, env=None):
     return proc
 
 
+# A Qwen3 model card's generation_config.json: its sampling defaults, and keys that are none (the token ids).
+GENERATION_CONFIG = {
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "min_p": 0.0,
+    "repetition_penalty": 1.05,
+    "max_new_tokens": 4096,
+}
+
+
 def _generation_config(tmp_path):
     path = tmp_path / "generation_config.json"
-    path.write_text(
-        json.dumps(
-            {
-                "temperature": 0.6,
-                "top_p": 0.95,
-                "top_k": 20,
-                "min_p": 0.0,
-                "repetition_penalty": 1.05,
-                "max_new_tokens": 4096,
-            }
-        )
-    )
+    path.write_text(json.dumps(GENERATION_CONFIG))
     return path
 
 

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from tests.inproc.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
-from tests.support.inproc import cli, start, start_mock, start_proxy
+from tests.inproc.test_e2e_request_side import _run
+from tests.support.inproc import cli, start_mock, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_upstreams
 
@@ -312,14 +313,6 @@ def test_truth_5_decoding_stops_at_a_size_limit():
 def upstreams():
     with json_upstreams(2) as servers:
         yield servers
-
-
-def _run(tmp_path, *args):
-    k = len(list(tmp_path.glob("r*.db")))
-    db = tmp_path / f"r{k}.db"
-    proc = start(["--db", str(db), *args], tmp_path / f"p{k}.log")
-    proc.extra["db"] = db
-    return proc
 
 
 def _send_gzip(proxy, payload: bytes) -> httpx.Response:
