@@ -129,6 +129,21 @@ def run_with_only(script: Path, tools: tuple[str, ...], tmp: Path) -> subprocess
 # --- fixtures ------------------------------------------------------------------------------------
 
 
+def stopped_at_the_end[T](start: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """For a fixture to `yield from`: `start`, remembering what it started, each stopped (or closed) when the
+    fixture ends."""
+    started: list[T] = []
+
+    def starting(*args: Any, **kw: Any) -> T:
+        thing = start(*args, **kw)
+        started.append(thing)
+        return thing
+
+    yield starting
+    for thing in started:
+        (getattr(thing, "stop", None) or thing.close)()
+
+
 def relayed(server: str, *tapfix_args: str) -> tuple[Any, Any]:
     """The module fixtures `relay` (a recording relay in front of the engine the fixture `server` names) and
     `proxy` (`tapfix run *tapfix_args` in front of that relay), for `relay, proxy = relayed(...)`."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process.engine_suite import provided
+from tests.process.engine_suite import provided, stopped_at_the_end
 from tests.process.realengine.engine import (
     REASONING_TEMPLATE,
     Build,
@@ -58,18 +58,13 @@ def llama_server(
     llama_build: Build, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., LlamaServer]]:
     tmp = tmp_path_factory.mktemp("llama")
-    started: list[LlamaServer] = []
 
     def start(*args: str, ctx: int = LLAMA_CTX, parallel: int = 1, template: str | None = None) -> LlamaServer:
-        server = start_llama_server(
+        return start_llama_server(
             llama_build, tiny_model_path, tmp, *args, ctx=ctx, parallel=parallel, template=template
         )
-        started.append(server)
-        return server
 
-    yield start
-    for server in started:
-        server.stop()
+    yield from stopped_at_the_end(start)
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +79,11 @@ def llama_reasoning(llama_server: Callable[..., LlamaServer]) -> LlamaServer:
 
 @pytest.fixture(scope="module")
 def tapfix_in_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., InprocProxy]]:
-    started: list[InprocProxy] = []
-
     def start(server: LlamaServer, *args: str) -> InprocProxy:
         tmp = tmp_path_factory.mktemp("tapfix")
-        proc = start_proxy(tmp, server.url, *args, shared=True)  # in-process: one at a time, each comes back
-        started.append(proc)
-        return proc
+        return start_proxy(tmp, server.url, *args, shared=True)  # in-process: one at a time, each comes back
 
-    yield start
-    for proc in started:
-        proc.stop()
+    yield from stopped_at_the_end(start)
 
 
 @pytest.fixture(scope="module")
