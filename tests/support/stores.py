@@ -85,3 +85,22 @@ def streamed_chat(**fields: Any) -> Exchange:
         }
         | fields
     )
+
+
+def undo_sqlite_migration(path: Path | str, name: str, *statements: str) -> None:
+    """Turn a SQLite store into what a tapfix before migration `name` left: `statements` undo what the migration
+    made (its columns, indexes, views), and its record goes."""
+    conn = sqlite3.connect(path)
+    for statement in statements:
+        conn.execute(statement)
+    conn.execute("delete from _sqlite_migrations where name = ?", (name,))
+    conn.commit()
+    conn.close()
+
+
+# What m010_route_and_token_details made (issue 38): the route and token-detail columns and their indexes.
+M010_MADE = (
+    "drop index idx_exchanges_volume",
+    "drop index idx_exchanges_route",
+    *(f"alter table exchanges drop column {c}" for c in ("route", "cached_tokens", "reasoning_tokens")),
+)
