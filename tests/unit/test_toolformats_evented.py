@@ -170,44 +170,35 @@ def leak_kinds(stage: Any) -> list[str]:
 
 
 # == content, streamed ================================================================================
+# surface -> (its tools for a vector's, its stage run, its client view, its calls and stop reason, its text,
+# the stop reasons of an answer with calls and without: Responses has none)
+EVENTED = {
+    "responses": (r_tools, run_r, responses_view, lambda data: (r_calls(data), None), r_text, (None, None)),
+    "messages": (m_tools, run_m, messages_view, m_calls, m_text, ("tool_use", "end_turn")),
+}
+
+
+@pytest.mark.parametrize("surface", list(EVENTED))
 @pytest.mark.parametrize(("name", "vector"), VECTORS, ids=IDS)
-def test_markup_in_text_becomes_calls_on_responses_split_anywhere(name: str, vector: dict[str, Any]) -> None:
-    tools = r_tools(vector["tools"])
+def test_markup_in_text_becomes_calls_split_anywhere(name: str, vector: dict[str, Any], surface: str) -> None:
+    tools_of, run, view, calls_and_stop, text_of, (stop_with_calls, stop_without) = EVENTED[surface]
+    tools = tools_of(vector["tools"])
     want = expected(vector)
     for pieces in splits(vector["text"], hash(name) & 0xFFFF):
-        data, stage = run_r(text_script(pieces), tools)
+        data, stage = run(text_script(pieces), tools)
         if lacks_required(vector):
-            assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
+            assert view(data)["errors"] and stage.outcome == "unrecoverable"
             continue
-        got = r_calls(data)
+        got, stop = calls_and_stop(data)
         assert same_calls(got, want), (pieces, got)
-        text = r_text(data)
+        text = text_of(data)
         if want:
+            assert stop == stop_with_calls
             assert "leaked_into_content" in leak_kinds(stage)
             assert stage.outcome == "repaired"
             assert text == without_markup(vector["text"], stage)
         else:
-            assert text == vector["text"] and stage.changes == []
-
-
-@pytest.mark.parametrize(("name", "vector"), VECTORS, ids=IDS)
-def test_markup_in_text_becomes_calls_on_messages_split_anywhere(name: str, vector: dict[str, Any]) -> None:
-    tools = m_tools(vector["tools"])
-    want = expected(vector)
-    for pieces in splits(vector["text"], hash(name) & 0xFFFF):
-        data, stage = run_m(text_script(pieces), tools)
-        if lacks_required(vector):
-            assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
-            continue
-        got, stop = m_calls(data)
-        assert same_calls(got, want), (pieces, got)
-        text = m_text(data)
-        if want:
-            assert stop == "tool_use"
-            assert "leaked_into_content" in leak_kinds(stage)
-            assert text == without_markup(vector["text"], stage)
-        else:
-            assert stop == "end_turn"
+            assert stop == stop_without
             assert text == vector["text"] and stage.changes == []
 
 
