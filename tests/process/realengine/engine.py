@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tests.process.engine_suite import (
     ROOT,
-    EngineUnavailable,
     Provisioned,
     cache_root,
     http_status,
@@ -25,7 +24,6 @@ from tests.process.engine_suite import (
 )
 from tests.support.procs import Proc, free_port
 
-__all__ = ["ROOT", "EngineUnavailable", "cache_root"]  # where bench/ and tests/support/early_build.py take them
 BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server"
 BUILD_TIMEOUT = 1500  # a cold build took 15 minutes on 2 cores shared with the suite
 MISSING_TOOLCHAIN = 3  # the script's exit status when cmake or a C++ compiler is missing
