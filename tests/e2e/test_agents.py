@@ -33,6 +33,7 @@ from tests.e2e.agents import (
     start_opencode,
     turn_requests,
 )
+from tests.inproc.test_e2e_request_side import GENERATION_CONFIG
 from tests.support.procs import free_port
 
 pytestmark = [pytest.mark.agents, pytest.mark.e2e]
@@ -107,17 +108,6 @@ def test_tool_round_trip(agent, stack, tmp_path):
 
 
 # ---- 2. missing sampling parameters are filled from generation_config.json ------------------------------
-
-GENERATION_CONFIG = {
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "temperature": 0.6,
-    "top_p": 0.95,
-    "top_k": 20,
-    "min_p": 0.0,
-    "repetition_penalty": 1.05,
-    "max_new_tokens": 4096,
-}
 
 
 @pytest.mark.parametrize("agent", AGENTS)

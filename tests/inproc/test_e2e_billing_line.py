@@ -8,6 +8,7 @@ import json
 import anthropic
 import pytest
 
+from tests.support.builders import messages_answer
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_reply
@@ -27,16 +28,7 @@ SYSTEM = [
         "cache_control": {"type": "ephemeral"},
     },
 ]
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "qwen3",
-    "content": [{"type": "text", "text": "ok"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 10, "output_tokens": 1},
-}
+MESSAGE = messages_answer()
 ANSWER = json.dumps(MESSAGE).encode()
 OK = json_reply(ANSWER)
 

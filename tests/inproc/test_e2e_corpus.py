@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import corpus_dir
 from tests.support.inproc import start_mock, start_proxy
 from tests.support.procs import wait_capture
+from tests.support.sdk_turn import streamed_calls
 
 CASES = sorted(corpus_dir().glob("*.json"))
 
@@ -46,19 +47,8 @@ def _sdk_calls(proxy, case_path, case):
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
     body = _body(case_path, case)
     raw = client.chat.completions.with_raw_response.create(**body)
-    calls: dict[int, dict] = {}
-    error = None
-    try:
-        for chunk in raw.parse():
-            for choice in chunk.choices:
-                for call in choice.delta.tool_calls or []:
-                    entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
-                    if call.function:
-                        entry["name"] += call.function.name or ""
-                        entry["arguments"] += call.function.arguments or ""
-    except openai.APIError as e:
-        error = e
-    return [calls[i] for i in sorted(calls)], error, raw.headers["x-tapfix-capture-id"]
+    calls, error = streamed_calls(raw.parse())
+    return calls, error, raw.headers["x-tapfix-capture-id"]
 
 
 def _parsed(calls):

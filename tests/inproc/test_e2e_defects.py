@@ -25,6 +25,7 @@ from tapfix.proxy.toolcalls.defects import DEFECTS, SURFACES
 from tests.conftest import corpus_dir
 from tests.support.inproc import start_proxy
 from tests.support.rawserver import RawRequest, RawServer, sse_response
+from tests.support.sdk_turn import streamed_calls
 
 ROWS = [(s, d) for d in DEFECTS for s in SURFACES if s in d.outcome]
 PROMPT = "do it"
@@ -58,21 +59,14 @@ def stack(tmp_path_factory):
 
 def _chat(proxy, key: str, ex: Example) -> tuple[list[tuple[str, str]], Exception | None]:
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
-    calls: dict[int, dict[str, str]] = {}
     try:
         stream = client.chat.completions.create(
             model=key, messages=[{"role": "user", "content": PROMPT}], tools=ex.tools, stream=True
         )
-        for chunk in stream:
-            for choice in chunk.choices:
-                for tc in choice.delta.tool_calls or []:
-                    entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-                    if tc.function:
-                        entry["name"] += tc.function.name or ""
-                        entry["arguments"] += tc.function.arguments or ""
     except openai.APIError as e:
-        return [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], e
-    return [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], None
+        return [], e
+    calls, error = streamed_calls(stream)
+    return [(c["name"], c["arguments"]) for c in calls], error
 
 
 def _responses(proxy, key: str, ex: Example) -> tuple[list[tuple[str, str]], Exception | None]:

@@ -14,6 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from tests.inproc.test_e2e_metrics import scrape_until, total
+from tests.support.builders import messages_answer
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_reply
@@ -24,16 +25,7 @@ def _ok(body: dict[str, object]) -> bytes:
     return json_reply(data)
 
 
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "qwen3",
-    "content": [{"type": "text", "text": "ok"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 10, "output_tokens": 1},
-}
+MESSAGE = messages_answer()
 CHAT = {
     "id": "c1",
     "object": "chat.completion",

@@ -13,19 +13,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.builders import DONE, chat_chunk, message_tool_call, sse_event, tool_call_delta
+from tests.support.builders import DONE, chat_chunk, message_tool_call, sse_event, tool, tool_call_delta
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_reply, sse_response
 
 REASONING = "The user wants a.py.\nI'll read it first — «ü»."
 CALL_ID = "functions.read:0"  # Kimi's ids: the same in every conversation
-TOOLS = [
-    {
-        "type": "function",
-        "function": {"name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
-    }
-]
+TOOLS = [tool("read", {"path": {"type": "string"}})]
 FIRST = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "read a.py"}]
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 
-from tests.support.inproc import cli, start, start_mock
+from tests.support.inproc import InprocProxy, cli, start, start_mock
 from tests.support.procs import free_port, wait_capture
 from tests.support.rawserver import RawServer
 
@@ -34,20 +36,22 @@ def _run(tmp_path, *args, env=None):
     return proc
 
 
+# A Qwen3 model card's generation_config.json: its sampling defaults, and keys that are none (the token ids).
+GENERATION_CONFIG = {
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "min_p": 0.0,
+    "repetition_penalty": 1.05,
+    "max_new_tokens": 4096,
+}
+
+
 def _generation_config(tmp_path):
     path = tmp_path / "generation_config.json"
-    path.write_text(
-        json.dumps(
-            {
-                "temperature": 0.6,
-                "top_p": 0.95,
-                "top_k": 20,
-                "min_p": 0.0,
-                "repetition_penalty": 1.05,
-                "max_new_tokens": 4096,
-            }
-        )
-    )
+    path.write_text(json.dumps(GENERATION_CONFIG))
     return path
 
 
@@ -230,12 +234,23 @@ upstream = "mock"
 """
 
 
-def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
-    mock = start_mock(tmp_path)
-    config = tmp_path / "rename.toml"
-    config.write_text(RENAME_CONFIG.format(url=mock.url))
-    proxy = _run(tmp_path, "--config", str(config))
+@contextmanager
+def renaming_proxy(tmp_path, config: str = RENAME_CONFIG, *mock_args: str) -> Iterator[InprocProxy]:
+    """`tapfix run --config` with the reasoning-field rename (`config`, its `{url}` the mock's) in front of the mock,
+    started with `mock_args`; both stopped at the end."""
+    mock = start_mock(tmp_path, *mock_args)
+    path = tmp_path / "rename.toml"
+    path.write_text(config.format(url=mock.url))
+    proxy = _run(tmp_path, "--config", str(path))
     try:
+        yield proxy
+    finally:
+        proxy.stop()
+        mock.stop()
+
+
+def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
+    with renaming_proxy(tmp_path) as proxy:
         body = {
             "model": "tapfix-mock",
             "stream": True,
@@ -255,9 +270,6 @@ def test_reasoning_field_is_renamed_only_for_the_client_that_needs_it(tmp_path):
         assert row["reasoning"] and row["client_response_body_id"] is not None
         shown = cli("captures", "show", row["id"], "--db", str(proxy.extra["db"])).stdout.decode()
         assert "[reasoning_field] rename" in shown
-    finally:
-        proxy.stop()
-        mock.stop()
 
 
 def test_upstream_key_env_replaces_the_client_credential(tmp_path, upstream):

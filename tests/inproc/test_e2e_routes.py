@@ -227,31 +227,11 @@ def test_a_model_the_upstream_does_not_list_is_passed_over_and_explained(tmp_pat
         assert decision["inputs"]["user_agent"].startswith("OpenAI/Python")
         # `route explain` reads the capture's request and headers and sends nothing: without the served lists
         # it would take the route whose rule matched.
-        explained = cli(
-            "route",
-            "explain",
-            "--config",
-            str(config),
-            "--capture",
-            capture_id,
-            "--db",
-            str(proxy.extra["db"]),
-            "--json",
-        )
+        explain = ("route", "explain", "--config", str(config), "--capture", capture_id, "--db", str(proxy.extra["db"]))
+        explained = cli(*explain, "--json")
         assert explained.returncode == 0, explained.stderr
         assert json.loads(explained.stdout)["route"] == "agents"
-        other = cli(
-            "route",
-            "explain",
-            "--config",
-            str(config),
-            "--capture",
-            capture_id,
-            "--db",
-            str(proxy.extra["db"]),
-            "--user-agent",
-            "curl/8",
-        )
+        other = cli(*explain, "--user-agent", "curl/8")
         assert "route: default → local/tapfix-mock" in other.stdout.decode()
     finally:
         proxy.stop()
@@ -311,65 +291,6 @@ FLAKY = {
         {"do": "http_error", "status": 503},
     ],
 }
-
-
-def test_an_upstreams_5xx_or_429_falls_over_a_400_does_not(tmp_path, upstreams):
-    local, _ = upstreams
-    scenario = tmp_path / "flaky.json"
-    scenario.write_text(json.dumps(FLAKY))
-    flaky = start_mock(tmp_path, "--scenario", str(scenario))
-    config = tmp_path / "flaky.toml"
-    models = "".join(
-        f'[models.{name}]\nupstream = "local"\nupstream_model = "tapfix-mock"\n\n'
-        f'[[models.{name}.routes]]\nname = "primary"\nupstream = "{upstream}"\nupstream_model = "{served}"\n\n'
-        for name, upstream, served in (
-            ("coder", "flaky", "m503"),
-            ("limited", "flaky", "m429"),
-            ("picky", "picky", "m400"),
-        )
-    )
-    config.write_text(
-        f'[upstreams.local]\nbase_url = "{local.url}/v1"\nengine = "vllm"\n\n'
-        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
-        f'[upstreams.picky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n' + models
-    )
-    proxy = run_proxy(tmp_path, str(config))
-    try:
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
-        hi = [{"role": "user", "content": "hi"}]
-        answer = client.chat.completions.with_raw_response.create(model="coder", messages=hi)
-        assert answer.parse().choices[0].message.content
-        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
-            "default",
-            "primary=failed",
-        )
-        db = proxy.extra["db"]
-        capture_id = answer.headers["x-tapfix-capture-id"]
-        row = wait_capture(db, capture_id)
-        assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
-        assert "route_fallback" in json.loads(row["flags"])
-        assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
-        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
-        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
-        failed = wait_capture(db, attempt["id"])
-        assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
-        assert failed["served_model"] == "m503"
-
-        # A 429 falls over too, and its Retry-After keeps the route skipped: the next request doesn't try it.
-        client.chat.completions.create(model="limited", messages=hi)
-        again = client.chat.completions.with_raw_response.create(model="limited", messages=hi)
-        decision = decision_of(proxy, again.headers["x-tapfix-capture-id"])
-        assert decision["attempts"] == []
-        assert decision["rejected"][0]["reason"].startswith("upstream flaky failed: circuit open for")
-
-        # A 400 is the request's own fault: it reaches the client, no other route is asked (another upstream on the
-        # same mock: the breaker is per upstream, and the 429's Retry-After holds `flaky`).
-        with pytest.raises(openai.BadRequestError) as raised:
-            client.chat.completions.create(model="picky", messages=hi)
-        assert raised.value.response.headers["x-tapfix-route"] == "primary"
-    finally:
-        proxy.stop()
-        flaky.stop()
 
 
 def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
@@ -477,7 +398,25 @@ def streamed(client: openai.OpenAI, model: str):
         return text, raw.headers
 
 
-def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_path, upstreams):
+def answered(client: openai.OpenAI, model: str, stream: bool):
+    """A chat completion, streamed or whole: (its text, its response headers)."""
+    if stream:
+        return streamed(client, model)
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=[{"role": "user", "content": "hi"}])
+    return raw.parse().choices[0].message.content, raw.headers
+
+
+def fell_over(proxy, capture_id: str) -> tuple[dict, dict]:
+    """The capture of a request that fell over to another route, and its failed first attempt's."""
+    db = proxy.extra["db"]
+    row = wait_capture(db, capture_id)
+    listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
+    (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+    return row, wait_capture(db, attempt["id"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_request_falls_over_on_a_5xx_or_429_not_on_a_400(tmp_path, upstreams, stream):
     local, _ = upstreams
     scenario = tmp_path / "flaky.json"
     scenario.write_text(json.dumps(FLAKY))
@@ -485,33 +424,32 @@ def test_a_streamed_request_falls_over_on_a_5xx_or_429_head_not_on_a_400(tmp_pat
     proxy = run_proxy(tmp_path, flaky_config(tmp_path, local.url, flaky.url))
     try:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
-        text, headers = streamed(client, "coder")
-        assert text, "the client reads a whole stream from the route it fell over to"
-        assert headers["content-type"].startswith("text/event-stream")
+        text, headers = answered(client, "coder", stream)
+        assert text, "the client reads a whole answer from the route it fell over to"
         assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "primary=failed")
-        db = proxy.extra["db"]
         capture_id = headers["x-tapfix-capture-id"]
-        row = wait_capture(db, capture_id)
+        row, failed = fell_over(proxy, capture_id)
         assert row["status"] == 200 and row["upstream_url"].startswith(local.url)
         assert "route_fallback" in json.loads(row["flags"])
         assert json.loads(row["route_decision"])["attempts"][0]["status"] == 503
-        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
-        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
-        failed = wait_capture(db, attempt["id"])
         assert failed["status"] == 503 and failed["upstream_url"].startswith(flaky.url)
-        assert b"[DONE]" in cli("captures", "export", capture_id, "--client-response", "--db", str(db)).stdout
+        assert failed["served_model"] == "m503"
+        if stream:
+            assert headers["content-type"].startswith("text/event-stream")
+            export = cli("captures", "export", capture_id, "--client-response", "--db", str(proxy.extra["db"]))
+            assert b"[DONE]" in export.stdout
 
-        # A 429 head falls over too, and its Retry-After keeps that upstream skipped for the next request.
-        text, headers = streamed(client, "limited")
+        # A 429 falls over too, and its Retry-After keeps that upstream skipped: the next request doesn't try it.
+        text, headers = answered(client, "limited", stream)
         assert text and headers["x-tapfix-route"] == "default"
-        text, headers = streamed(client, "limited")
+        text, headers = answered(client, "limited", stream)
         decision = decision_of(proxy, headers["x-tapfix-capture-id"])
         assert decision["attempts"] == []
         assert decision["rejected"][0]["reason"].startswith("upstream limiter failed: circuit open for")
 
-        # A 400 is the request's own: the client gets it, from the route it took.
+        # A 400 is the request's own fault: it reaches the client, from the route it took, no other route is asked.
         with pytest.raises(openai.BadRequestError) as raised:
-            streamed(client, "picky")
+            answered(client, "picky", stream)
         assert raised.value.response.headers["x-tapfix-route"] == "primary"
     finally:
         proxy.stop()
@@ -549,15 +487,10 @@ def test_an_upstream_that_never_answers_the_head_falls_over_after_its_head_timeo
         assert text
         assert (headers["x-tapfix-route"], headers["x-tapfix-route-rejected"]) == ("default", "fast=failed")
         assert [r.path for r in silent.requests if not r.path.endswith("/models")] == ["/v1/chat/completions"]
-        db = proxy.extra["db"]
-        capture_id = headers["x-tapfix-capture-id"]
-        row = wait_capture(db, capture_id)
+        row, failed = fell_over(proxy, headers["x-tapfix-capture-id"])
         assert row["status"] == 200 and row["upstream_url"].startswith(local.url) and not row["error"]
         decision = json.loads(row["route_decision"])
         assert decision["attempts"][0]["reason"] == "sent no response head within 1 s"
-        listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
-        (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
-        failed = wait_capture(db, attempt["id"])
         assert failed["status"] is None and failed["upstream_url"].startswith(silent.url)
         assert "no response head" in failed["error"]
     finally:

@@ -289,7 +289,7 @@ def test_http_errors_are_stored_and_exit_1(tmp_path: Path) -> None:
     assert _count(db) == 3
 
 
-def _replays(db: Path) -> int:
+def replays_in(db: Path) -> int:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         return conn.execute("select count(*) from exchanges where tags like '%replay%'").fetchone()[0]

@@ -9,20 +9,12 @@ tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other 
 from __future__ import annotations
 
 import json
-import stat
-from pathlib import Path
 
 import httpx
 
 from tests.support.inproc import cli, start, start_mock, start_proxy
 from tests.support.procs import free_port, wait_capture
-
-SECRET = "sk-live-SECRETSECRET0123456789"
-SECRET2 = "tok_ANOTHERSECRET987654321"
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
+from tests.support.secrets import SECRET, SECRET2, file_mode
 
 
 def test_secrets_never_reach_logs_error_bodies_or_cli_output(tmp_path):
@@ -86,11 +78,11 @@ def test_mitmproxy_ca_key_stays_private_under_the_config_dir(tmp_path):
         proxy.stop()
         mock.stop()
     confdir = config_home / "tapfix" / "mitmproxy"
-    assert _mode(confdir) == 0o700
+    assert file_mode(confdir) == 0o700
     keys = [p for p in confdir.iterdir() if p.name in ("mitmproxy-ca.pem", "mitmproxy-ca.p12")]
     assert keys, list(confdir.iterdir())
     for key in keys:  # the CA's private key: whoever reads it can intercept this user's TLS
-        assert _mode(key) & 0o077 == 0, (key, oct(_mode(key)))
+        assert file_mode(key) & 0o077 == 0, (key, oct(file_mode(key)))
 
 
 def test_per_model_privacy_switch_stores_metadata_only(tmp_path):

@@ -21,10 +21,10 @@ from tapfix.proxy.telemetry.turn import TurnContext, turn_from
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.procs import free_port
+from tests.support.secrets import SECRET
 from tests.support.turns import WrittenBy, exchange
 
 TRACE, SPAN, PARENT = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "b7ad6b7169203331"
-SECRET = "sk-live-SECRETSECRET0123456789"
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.builders import tool
 from tests.support.inproc import start_mock
 from tests.support.phoenix import phoenix_executable, start_phoenix
 from tests.support.procs import start_proxy, wait_capture
@@ -29,18 +30,12 @@ PROJECT = "tapfix-e2e"
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 BROWSE = "http://127.0.0.1:8090"
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write",
-            "description": "Write a file",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path", "content"],
-            },
-        },
-    }
+    tool(
+        "write",
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        ["path", "content"],
+        description="Write a file",
+    )
 ]
 SCENARIO = {
     "rules": [

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -67,6 +68,16 @@ def _env(server: RawServer) -> dict[str, str]:
     return {**os.environ, "TAPFIX_UPSTREAM": server.url, "TAPFIX_API_KEY": SECRET}
 
 
+def run_repro(server: RawServer, script: Path, text: str, runner: str) -> tuple[subprocess.CompletedProcess, Any]:
+    """A repro script written to `script` and run by `runner` against the server: it exits 0; returns the run
+    and the request it sent."""
+    script.write_text(text)
+    before = len(server.requests)
+    run = subprocess.run([runner, str(script)], env=_env(server), capture_output=True, timeout=30)
+    assert run.returncode == 0, run.stderr.decode()
+    return run, server.requests[before]
+
+
 def _need_curl() -> None:
     if shutil.which("curl") is None:
         unavailable("curl is not installed")  # CI runs every repro test
@@ -76,12 +87,8 @@ def _need_curl() -> None:
 def test_curl_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
     _need_curl()
     script = tmp_path / "repro.sh"
-    script.write_text(curl_script(_capture(body), body))
-    before = len(server.requests)
-    run = subprocess.run(["bash", str(script)], env=_env(server), capture_output=True, timeout=30)
-    assert run.returncode == 0, run.stderr.decode()
+    run, request = run_repro(server, script, curl_script(_capture(body), body), "bash")
     assert run.stdout == b"{}"
-    request = server.requests[before]
     assert request.body == body
     assert request.path == "/v1/chat/completions"
     assert request.header("authorization") == f"Bearer {SECRET}"  # from the environment at run time
@@ -91,26 +98,18 @@ def test_curl_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: b
 
 @pytest.mark.parametrize("body", BODIES)
 def test_python_repro_sends_exact_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
-    script = tmp_path / "repro.py"
-    script.write_text(python_script(_capture(body), body))
-    before = len(server.requests)
-    run = subprocess.run([sys.executable, str(script)], env=_env(server), capture_output=True, timeout=30)
-    assert run.returncode == 0, run.stderr.decode()
+    run, request = run_repro(server, tmp_path / "repro.py", python_script(_capture(body), body), sys.executable)
     assert run.stdout == b"{}" and b"HTTP 200" in run.stderr
-    assert server.requests[before].body == body
-    assert server.requests[before].header("authorization") == f"Bearer {SECRET}"
+    assert request.body == body
+    assert request.header("authorization") == f"Bearer {SECRET}"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=400) | st.text(min_size=1, max_size=400).map(str.encode))
 def test_curl_repro_any_bytes(tmp_path: Path, server: RawServer, body: bytes) -> None:
     _need_curl()
-    script = tmp_path / "any.sh"
-    script.write_text(curl_script(_capture(body), body))
-    before = len(server.requests)
-    run = subprocess.run(["bash", str(script)], env=_env(server), capture_output=True, timeout=30)
-    assert run.returncode == 0, run.stderr.decode()
-    assert server.requests[before].body == body
+    _, request = run_repro(server, tmp_path / "any.sh", curl_script(_capture(body), body), "bash")
+    assert request.body == body
 
 
 def test_cli_export_formats(tmp_path: Path, stored: Path, server: RawServer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811

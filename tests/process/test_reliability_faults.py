@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.support import inproc
-from tests.support.procs import Proc, cli, free_port, start_mock, start_proxy, wait_port
+from tests.support.procs import Proc, cli, free_port, listening, start_mock, start_proxy
 
 LONG = os.environ.get("TAPFIX_LONG") == "1"
 
@@ -69,13 +69,7 @@ def _start_limited_proxy(tmp: Path, upstream: str, db: Path, fsize: int) -> Proc
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    handle = Proc(proc, port, log_path, {"db": db})
-    try:
-        wait_port(port, proc)
-    except Exception:
-        handle.stop(signal.SIGKILL)
-        raise
-    return handle
+    return listening(Proc(proc, port, log_path, {"db": db}))
 
 
 def test_disk_full_keeps_traffic_flowing_and_counts_failures(mock, tmp_path):

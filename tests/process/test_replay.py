@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.inproc.test_replay import store_source
+from tests.inproc.test_replay import replays_in, store_source
 from tests.support.inproc import start_mock
 from tests.support.procs import TAPFIX
 
@@ -30,7 +29,7 @@ def test_ctrl_c_keeps_finished_runs_and_prints_the_summary(tmp_path: Path) -> No
     )
     try:
         deadline = time.monotonic() + 30
-        while _replays(db) < 2 and time.monotonic() < deadline:
+        while replays_in(db) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.3)  # the third run is now waiting on the stalled stream
         proc.send_signal(signal.SIGINT)
@@ -42,20 +41,10 @@ def test_ctrl_c_keeps_finished_runs_and_prints_the_summary(tmp_path: Path) -> No
     assert proc.returncode == 130, err.decode()
     text = out.decode()
     assert "2 runs of 5" in text and "interrupted" in text
-    assert _replays(db) == 2
+    assert replays_in(db) == 2
 
 
 TAPFIX_REPLAY = [sys.executable, "-m", "tapfix.proxy.cli.replay"]
-
-
-def _replays(db: Path) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return conn.execute("select count(*) from exchanges where tags like '%replay%'").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        conn.close()
 
 
 def test_replay_command_is_registered_or_runnable() -> None:

@@ -8,18 +8,11 @@ tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other 
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.support.procs import cli
-
-SECRET = "sk-live-SECRETSECRET0123456789"
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
+from tests.support.secrets import SECRET
 
 
 def test_tapfix_processes_starting_together_share_one_whole_ca(tmp_path):

@@ -1,5 +1,5 @@
 """The structure the code keeps: mypy's strict types (see [tool.mypy] in pyproject.toml), run as mypy runs;
-the import rules in tests/unit/test_structure.py. The canary proves mypy looks at the code."""
+the import rules are in tests/unit/test_structure.py. The canary proves mypy looks at the code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,18 +84,3 @@ def test_mypy_reports_errors_inside_the_namespace(tmp_path):
     assert f'{canary}:5: error: Incompatible return value type (got "str", expected "int")  [return-value]' in out
     assert f"{canary}:8: error: Function is missing a type annotation  [no-untyped-def]" in out
     assert f'{canary}:13: error: Incompatible return value type (got "str", expected "int")  [return-value]' in out
-
-
-# --- import rules -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def graph() -> grimp.ImportGraph:
-    # Function-level imports are edges too: grimp reads every import statement, not only the top ones.
-    built = grimp.build_graph("tapfix.proxy", "tapfix.addons", include_external_packages=True, cache_dir=None)
-    assert len([m for m in built.modules if m.startswith("tapfix.")]) > 50, "the graph holds the packages"
-    return built
-
-
-def _internal(module: str) -> bool:
-    return module.startswith(("tapfix.proxy", "tapfix.addons"))

@@ -126,6 +126,21 @@ def streamed_case(
     return {"stream": [*events, chat_chunk({}, finish, id=cid)]}
 
 
+# -- whole answers -----------------------------------------------------------------------------------
+def messages_answer(text: str = "ok", model: str = "qwen3", id: str = "msg_1") -> dict[str, Any]:
+    """A whole, non-streamed Anthropic Messages answer: one text block, ended by the model."""
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }
+
+
 # -- SSE framing -------------------------------------------------------------------------------------
 def sse_event(
     obj: dict[str, Any] | bytes,

@@ -6,12 +6,13 @@ No process, no socket: the addons run inside `mitmproxy.test.taddons.context`, o
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import orjson
 from mitmproxy import http
-from mitmproxy.test import tflow, tutils
+from mitmproxy.test import taddons, tflow, tutils
 from tapfix.addons.runner.master import build_runtime
 from tapfix.addons.runner.runtime import META, Runtime
 from tapfix.proxy.config.file import from_dict
@@ -95,3 +96,23 @@ def json_response(obj: object, status: int = 200) -> http.Response:
 
 def store(tmp_path: Path) -> CaptureWriter:
     return CaptureWriter(tmp_path / "captures.db")
+
+
+def requested(addon: Any, f: http.HTTPFlow) -> None:
+    """An addon's `request` hook run on `f` as mitmproxy runs it (in its loop, inside the addon's context)."""
+
+    async def run() -> None:
+        with taddons.context(addon):
+            await addon.request(f)
+
+    asyncio.run(run())
+
+
+def assert_leaves_alone(addon: Any, other_path: str, own_path: str) -> None:
+    """An addon answering GET `own_path` leaves a request to `other_path`, and one already answered, as they are."""
+    other = flow(other_path, method="GET")
+    answered = flow(own_path, method="GET", response=json_response({"mine": True}, 401))
+    for f in (other, answered):
+        requested(addon, f)
+    assert other.response is None
+    assert answered.response is not None and answered.response.status_code == 401

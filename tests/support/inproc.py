@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import subprocess
@@ -41,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,12 +53,28 @@ from tapfix.proxy.cli.run import prepared
 from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.config.settings import Settings
 
+from tests.support.procs import mock_then_proxy
+
 run_module = sys.modules["tapfix.proxy.cli.run"]  # the module whose run_proxy the command calls
 
 START_TIMEOUT_S = 20.0
 MOCK_THREAD = "tapfix-demo-mock"  # what proxy/cli/demo.py names the mock's thread
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"  # cli/run.py's
 STARTED: list[Any] = []  # every in-process proxy and mock, for the logs a failing test shows (tests/conftest.py)
+
+
+class _OnLoopback:
+    """What the in-process servers answer as a process handle does (tests/support/procs.py's Proc)."""
+
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 class OneAtATime(RuntimeError):
@@ -139,7 +154,7 @@ def _run_settings(args: list[str], log_path: Path) -> Settings:
 
 
 @dataclass
-class InprocProxy:
+class InprocProxy(_OnLoopback):
     """`tapfix run` served by a thread of the test process.
 
     A `shared` proxy (a module's, started by a fixture) steps aside when a test starts one of its own, and
@@ -169,13 +184,6 @@ class InprocProxy:
             self._aside = False
             self.start()
         return self._port
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -313,7 +321,7 @@ def _log_path(tmp: Path, kind: str) -> Path:
 
 
 @dataclass
-class InprocMock:
+class InprocMock(_OnLoopback):
     """`tapfix mock` served by a uvicorn thread of the test process (as `tapfix demo` serves it)."""
 
     server: Any
@@ -321,13 +329,6 @@ class InprocMock:
     port: int
     thread: threading.Thread | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def alive(self) -> bool:
         return any(s.is_serving() for s in self.server.servers)
@@ -364,25 +365,12 @@ def start_mock(tmp: Path, *args: str) -> InprocMock:
     return handle
 
 
-@contextmanager
 def mock_and_proxy(
     tmp: Path, scenario: str | dict[str, Any], *proxy_args: str, shared: bool = False
-) -> Iterator[tuple[InprocMock, InprocProxy]]:
-    """The mock with `--scenario` (a name, a file, or a dict written to one) and the proxy in front of it,
-    both stopped at the end; `shared`: a module's proxy (see InprocProxy)."""
-    if isinstance(scenario, dict):
-        path = tmp / "scenario.json"
-        path.write_text(json.dumps(scenario))
-        scenario = str(path)
-    mock = start_mock(tmp, "--scenario", scenario)
-    try:
-        proxy = start_proxy(tmp, mock.url, *proxy_args, shared=shared)
-        try:
-            yield mock, proxy
-        finally:
-            proxy.stop()
-    finally:
-        mock.stop()
+) -> AbstractContextManager[tuple[InprocMock, InprocProxy]]:
+    """The mock with `--scenario` and the proxy in front of it, both in the test process and stopped at the end;
+    `shared`: a module's proxy (see InprocProxy)."""
+    return mock_then_proxy(start_mock, start_proxy, tmp, scenario, *proxy_args, shared=shared)
 
 
 class WouldServe(RuntimeError):

@@ -10,10 +10,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TAPFIX = [sys.executable, "-m", "tapfix.proxy.cli"]
 STARTED: list[Proc] = []  # every process `start` began, for the logs a failing test shows (tests/conftest.py)
@@ -104,10 +105,15 @@ def start(args: list[str], port: int, log_path: Path, env: dict | None = None) -
         TAPFIX + args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
     )
     proc.log_path = log_path  # type: ignore[attr-defined]
-    handle = Proc(proc, port, log_path)
+    return listening(Proc(proc, port, log_path))
+
+
+def listening(handle: Proc) -> Proc:
+    """The process once its port accepts connections (a process that can't get there is killed, and the
+    error raised); every one is stopped at the session's end if a test didn't."""
     STARTED.append(handle)
     try:
-        wait_port(port, proc)
+        wait_port(handle.port, handle.proc)
     except Exception:
         handle.stop(signal.SIGKILL)
         raise
@@ -165,19 +171,31 @@ def cli(
 
 
 @contextmanager
-def mock_and_proxy(tmp: Path, scenario: str | dict, *proxy_args: str) -> Iterator[tuple[Proc, Proc]]:
-    """`tapfix mock --scenario` (a name, a file, or a dict written to one) and `tapfix run` in front of it,
-    both stopped at the end."""
+def mock_then_proxy(
+    mock_starter: Callable[..., Any],
+    proxy_starter: Callable[..., Any],
+    tmp: Path,
+    scenario: str | dict,
+    *args: str,
+    **kw: Any,
+) -> Iterator[tuple[Any, Any]]:
+    """The mock with `--scenario` (a name, a file, or a dict written to one) and the proxy in front of it, both
+    stopped at the end, each started by the tier's own function (processes here, tests/support/inproc.py's)."""
     if isinstance(scenario, dict):
         path = tmp / "scenario.json"
         path.write_text(json.dumps(scenario))
         scenario = str(path)
-    mock = start_mock(tmp, "--scenario", scenario)
+    mock = mock_starter(tmp, "--scenario", scenario)
     try:
-        proxy = start_proxy(tmp, mock.url, *proxy_args)
+        proxy = proxy_starter(tmp, mock.url, *args, **kw)
         try:
             yield mock, proxy
         finally:
             proxy.stop()
     finally:
         mock.stop()
+
+
+def mock_and_proxy(tmp: Path, scenario: str | dict, *proxy_args: str) -> AbstractContextManager[tuple[Proc, Proc]]:
+    """`tapfix mock --scenario` and `tapfix run` in front of it, both stopped at the end."""
+    return mock_then_proxy(start_mock, start_proxy, tmp, scenario, *proxy_args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,6 +42,24 @@ class Turn:
     @property
     def error_text(self) -> str:
         return str(self.error) if self.error is not None else ""
+
+
+def streamed_calls(chunks: Iterable[Any]) -> tuple[list[dict[str, str]], openai.APIError | None]:
+    """The tool calls a streamed chat completion's chunks (as the openai SDK parses them) hand out, joined per
+    index and in index order, and the error the SDK raised mid-stream, if any (the calls read until then)."""
+    calls: dict[int, dict[str, str]] = {}
+    error = None
+    try:
+        for chunk in chunks:
+            for choice in chunk.choices:
+                for call in choice.delta.tool_calls or []:
+                    entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+                    if call.function:
+                        entry["name"] += call.function.name or ""
+                        entry["arguments"] += call.function.arguments or ""
+    except openai.APIError as e:
+        error = e
+    return [calls[i] for i in sorted(calls)], error
 
 
 def prompt(tag: str = "") -> str:

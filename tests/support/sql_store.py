@@ -20,6 +20,7 @@ from tapfix.proxy.store.bodies import MAX_DEPTH
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events
+from tests.support.stores import streamed_chat
 
 SESSION_TURNS = MAX_DEPTH + 12  # past one chain's depth: a second root, then deltas on it
 
@@ -41,20 +42,14 @@ def _answer(text: str) -> list[bytes]:
 
 
 def _exchange(request: bytes, answer: list[bytes], **kw: object) -> Exchange:
-    ex = Exchange(
-        method="POST",
-        path="/v1/chat/completions",
-        url="http://127.0.0.1:8000/v1/chat/completions",
-        model="m",
-        stream=True,
+    return streamed_chat(
         request=request,
-        **kw,  # type: ignore[arg-type]
+        response_chunks=answer,
+        url="http://127.0.0.1:8000/v1/chat/completions",
+        response_headers=[("content-type", "text/event-stream")],
+        chunk_times=[0.001 * (i + 1) for i in range(len(answer))],
+        **kw,
     )
-    ex.status, ex.content_type = 200, "text/event-stream"
-    ex.response_headers = [("content-type", "text/event-stream")]
-    ex.response_chunks = answer
-    ex.chunk_times = [0.001 * (i + 1) for i in range(len(answer))]
-    return ex
 
 
 def _record(filled: Filled, ex: Exchange) -> str:

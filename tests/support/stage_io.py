@@ -8,11 +8,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapfix.proxy.sse import SSESplitter, event_data
+from tapfix.proxy.toolcalls import MessagesToolCallRepair, ResponsesToolCallRepair
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 
+# A write call every surface's repair tests stream: its schema, its arguments, and those arguments in fragments.
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
+    "required": ["path", "content"],
+}
+WRITE_ARGS = {"path": "hello.txt", "content": "hi there"}
+WRITE_FRAGMENTS = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
 
-def run_stage(stage: ChatToolCallRepair, pieces: list[bytes]) -> bytes:
+
+ToolCallStage = ChatToolCallRepair | MessagesToolCallRepair | ResponsesToolCallRepair
+
+
+def run_stage(
+    stage: ChatToolCallRepair | MessagesToolCallRepair | ResponsesToolCallRepair, pieces: list[bytes]
+) -> bytes:
+    """A tool-call stage (any surface's) fed the events of `pieces` as they complete, then flushed."""
     splitter = SSESplitter()
     out: list[bytes] = []
     for piece in pieces:
@@ -24,6 +40,15 @@ def run_stage(stage: ChatToolCallRepair, pieces: list[bytes]) -> bytes:
     for item in out:
         assert isinstance(item, bytes) and item, "stages return whole non-empty events"
     return b"".join(out)
+
+
+def assert_passes_untouched(run: Any, data: bytes, cuts: list[int] | None = None, crlf: bool = False) -> None:
+    """A valid stream (with CRLF line ends if `crlf`), split at `cuts`, comes out of `run(data, cuts)` (a
+    surface's stage driven by run_stage) byte for byte, and the stage says it left it untouched."""
+    if crlf:
+        data = data.replace(b"\n", b"\r\n")
+    out, stage = run(data, cuts)
+    assert out == data and stage.outcome == "untouched"
 
 
 @dataclass

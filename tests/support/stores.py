@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.backend import StoreBackend
 from tapfix.proxy.store.locator import StoreLocator
 from tapfix.proxy.store.writer import CaptureWriter
@@ -66,3 +67,40 @@ def make_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return Backend("sqlite", str(tmp_path / "c.db"))
     server = request.getfixturevalue("postgres")
     return Backend("postgresql", server.create_database(f"store_{next(_numbers)}_{tmp_path.name[-20:].lower()}"))
+
+
+def streamed_chat(**fields: Any) -> Exchange:
+    """A streamed Chat Completions exchange of model `m` as a writer is given it: answered 200 with the SSE
+    events `response_chunks`, 10 ms apart; `fields` are any other of Exchange's, or replace these."""
+    chunks = fields.get("response_chunks", [])
+    return Exchange(
+        **{
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "model": "m",
+            "status": 200,
+            "content_type": "text/event-stream",
+            "stream": True,
+            "chunk_times": [(i + 1) / 100 for i in range(len(chunks))],
+        }
+        | fields
+    )
+
+
+def undo_sqlite_migration(path: Path | str, name: str, *statements: str) -> None:
+    """Turn a SQLite store into what a tapfix before migration `name` left: `statements` undo what the migration
+    made (its columns, indexes, views), and its record goes."""
+    conn = sqlite3.connect(path)
+    for statement in statements:
+        conn.execute(statement)
+    conn.execute("delete from _sqlite_migrations where name = ?", (name,))
+    conn.commit()
+    conn.close()
+
+
+# What m010_route_and_token_details made (issue 38): the route and token-detail columns and their indexes.
+M010_MADE = (
+    "drop index idx_exchanges_volume",
+    "drop index idx_exchanges_route",
+    *(f"alter table exchanges drop column {c}" for c in ("route", "cached_tokens", "reasoning_tokens")),
+)

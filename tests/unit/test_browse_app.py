@@ -16,7 +16,7 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.browse.detail import export_available
 from tapfix.proxy.store.locator import StoreLocator
 
-from tests.unit.test_browse_fixtures import OPENCODE, SDK, Built, build_db
+from tests.unit.test_browse_fixtures import OPENCODE, Built, build_db
 from tests.unit.test_store_attempts import as_before_attempts, regenerated
 from tests.unit.test_store_attempts import exchange as attempt_exchange
 from tests.unit.test_store_attempts import write as write_exchanges
@@ -44,36 +44,8 @@ def test_list_newest_first(client: TestClient, built: Built) -> None:
     assert ids_on(r.text) == [built.ids[k] for k in ("xss", "error", "replay", "sdk", "turn3", "turn2", "turn1")]
 
 
-@pytest.mark.parametrize(
-    ("query", "expected"),
-    [
-        ("model=llama-3.1-8b", ["error", "replay", "sdk"]),
-        ("client=opencode", ["turn3", "turn2", "turn1"]),
-        (f"client={SDK.replace(' ', '+')}", ["error", "sdk"]),
-        ("path=/v1/chat/completions&model=qwen3", ["xss", "turn3", "turn2", "turn1"]),
-        ("path=/v1/embeddings", []),
-        ("status=502", ["error"]),
-        ("status=5xx", ["error"]),
-        ("status=error", ["error"]),
-        ("status=2xx&model=llama-3.1-8b", ["replay", "sdk"]),
-        ("changes=1", ["xss", "turn2", "turn1"]),
-        ("repairs=1", ["xss", "turn2"]),
-        ("flag=runaway_length", ["turn3"]),
-        ("flag=no_sampling_params", ["turn1"]),
-        ("tag=replay", ["replay"]),
-        ("session=ses_opencode_1", ["turn3", "turn2", "turn1"]),
-        ("since=1d", ["xss", "error", "replay", "sdk", "turn3", "turn2", "turn1"]),
-        ("until=2000-01-01", []),
-        (
-            "since=2000-01-01T00:00&until=2100-01-01",
-            ["xss", "error", "replay", "sdk", "turn3", "turn2", "turn1"],
-        ),
-    ],
-)
-def test_list_filters(client: TestClient, built: Built, query: str, expected: list[str]) -> None:
-    r = client.get(f"/?{query}")
-    assert r.status_code == 200, r.text
-    assert ids_on(r.text) == [built.ids[k] for k in expected]
+# Every filter of the list (the form's, and search) is checked on both backends, SQLite always, in
+# tests/unit/test_browse_backends.py's test_list_filters_and_search.
 
 
 def test_time_range_splits_the_session(client: TestClient, built: Built) -> None:

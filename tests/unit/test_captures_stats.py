@@ -30,7 +30,7 @@ from tapfix.proxy.store.volume import GROUP_FIELDS, GroupError, client_product, 
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.sql_store import write_all
-from tests.support.stores import BACKENDS, Backend, make_backend
+from tests.support.stores import BACKENDS, M010_MADE, Backend, make_backend, undo_sqlite_migration
 
 UPSTREAMS = ("http://127.0.0.1:8000", "https://api.cloud.example:443", "http://gpu1.lan:8080", "")
 AGENTS = ("opencode/0.4.1 ai-sdk/provider-utils/2", "claude-cli/2.0.1 (external, cli)", "OpenAI/Python 1.99.0", "")
@@ -325,14 +325,7 @@ def as_before_the_report(store: Backend) -> None:
     """The store as a tapfix before issue 38 left it: no route, cached or reasoning columns."""
     drops = "drop column route, drop column cached_tokens, drop column reasoning_tokens"
     if store.name == "sqlite":
-        import sqlite3
-
-        with sqlite3.connect(store.locator) as conn:
-            conn.execute("drop index idx_exchanges_route")
-            conn.execute("drop index idx_exchanges_volume")
-            for column in ("route", "cached_tokens", "reasoning_tokens"):
-                conn.execute(f"alter table exchanges drop column {column}")
-            conn.execute("delete from _sqlite_migrations where name = 'm010_route_and_token_details'")
+        undo_sqlite_migration(store.locator, "m010_route_and_token_details", *M010_MADE)
         return
     import psycopg
 

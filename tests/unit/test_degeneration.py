@@ -19,6 +19,8 @@ from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.mock.degenerate import degenerate_reply
 
+from tests.support.builders import tool
+
 CJK = "配置文件需要更新以便系统能够正确加载模型参数然后我们再检查输出结果是否符合预期因此我们应该先确认环境变量"
 ENGLISH = (
     "The configuration file needs a small update so that the loader picks up the model "
@@ -30,20 +32,13 @@ CODE = "\n".join(
 TABLE = "| name | type | default |\n| --- | --- | --- |\n" + "".join(
     f"| option_{i} | int | {i * 3} |\n" for i in range(60)
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path", "content"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+WRITE_SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"],
+    "additionalProperties": False,
+}
+TOOLS = [tool("write", parameters=WRITE_SCHEMA)]
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.replay.export import export_capture, write_bundle
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.sqlite.database import open_for_reading
 from tapfix.proxy.store.sqlite.reader import SqliteReader, load_capture
 from tapfix.proxy.store.writer import CaptureWriter
+
+from tests.support.stores import streamed_chat
 
 SECRET = "sk-tapfix-export-secret-0123456789"
 
@@ -32,27 +33,20 @@ def stored(tmp_path: Path) -> Path:
         b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
     ]
     writer.submit(
-        Exchange(
+        streamed_chat(
             id="01exportcapture0",
-            method="POST",
-            path="/v1/chat/completions",
             url="http://127.0.0.1:8080/v1/chat/completions",
             upstream_url="http://127.0.0.1:9/v1/chat/completions",
-            model="m",
-            stream=True,
             request=body,
             forwarded=forwarded,
             request_headers=[("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")],
             forwarded_headers=[("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")],
-            status=200,
             response_headers=[
                 ("content-type", "text/event-stream"),
                 ("server", "uvicorn"),
                 ("set-cookie", f"s={SECRET}"),
             ],
-            content_type="text/event-stream",
             response_chunks=chunks,
-            chunk_times=[0.01, 0.02],
             response_started_at=None,
             ended_at=None,
             user_agent="opencode/1",

@@ -23,6 +23,8 @@ from tapfix.proxy.config.file import from_dict
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import RequestPolicy
 
+from tests.support.builders import tool
+
 # Found by this fuzzer: a body that must be re-serialized (splice can't be verified, e.g. a UTF-8 BOM or a
 # duplicated key) and holds a lone surrogate escape ("\ud800") made `apply` fail (request_policy_error: the
 # policy is skipped; with several upstreams the client gets a 500). Fixed by reliability patch 07.
@@ -84,18 +86,7 @@ SEEDS: list[bytes] = [
                 {"role": "system", "content": "You are opencode."},
                 {"role": "user", "content": 'write hello.txt containing "hi" é 😀'},
             ],
-            "tools": [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "write",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}},
-                        },
-                    },
-                }
-            ],
+            "tools": [tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}})],
             "max_tokens": 32000,
             "temperature": 0.2,
         },

@@ -11,20 +11,13 @@ from hypothesis import strategies as st
 from tapfix.proxy.assemble import assemble, assemble_sse
 from tapfix.proxy.mock.messages import messages_body, messages_events
 from tapfix.proxy.mock.surface_script import Part, Script
-from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import MessagesToolCallRepair, repair_messages_body
 
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
+from tests.support.stage_io import WRITE_ARGS, WRITE_FRAGMENTS, WRITE_SCHEMA, assert_passes_untouched, run_stage
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
-    "required": ["path", "content"],
-}
-TOOLS = [{"name": "write", "description": "write a file", "input_schema": SCHEMA}]
-ARGS = {"path": "hello.txt", "content": "hi there"}
-GOOD = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
+TOOLS = [{"name": "write", "description": "write a file", "input_schema": WRITE_SCHEMA}]
 
 
 def script(frags: list[str], finish: str = "tool_calls") -> Script:
@@ -42,14 +35,7 @@ def stream(frags: list[str], **kw) -> bytes:
 
 def run(data: bytes, cuts: list[int] | None = None, policy: str = "error", tools=TOOLS):
     stage = MessagesToolCallRepair(tools, policy=policy, capture_id="cap1")
-    splitter = SSESplitter()
-    out: list[bytes] = []
-    for piece in [data] if cuts is None else split_at(data, cuts):
-        for event in splitter.feed(piece):
-            out += stage.feed(event)
-    for event in splitter.flush():
-        out += stage.feed(event)
-    return b"".join(out + stage.flush()), stage
+    return run_stage(stage, [data] if cuts is None else split_at(data, cuts)), stage
 
 
 def sdk_input(data: bytes) -> dict | None:
@@ -64,7 +50,7 @@ def sdk_input(data: bytes) -> dict | None:
 
 
 def test_valid_stream_is_byte_identical():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     out, stage = run(data)
     assert out == data and stage.outcome == "untouched"
 
@@ -72,11 +58,7 @@ def test_valid_stream_is_byte_identical():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=12), st.booleans())
 def test_valid_stream_split_anywhere_is_byte_identical(cuts, crlf):
-    data = stream(GOOD)
-    if crlf:
-        data = data.replace(b"\n", b"\r\n")
-    out, stage = run(data, cuts)
-    assert out == data and stage.outcome == "untouched"
+    assert_passes_untouched(run, stream(WRITE_FRAGMENTS), cuts, crlf)
 
 
 def test_a_call_without_input_deltas_means_empty_input():
@@ -91,14 +73,14 @@ def test_a_call_without_input_deltas_means_empty_input():
 @pytest.mark.parametrize(
     ("frags", "kind"),
     [
-        (GOOD + ['{"path": "hello.txt", "content": "hi there"}'], "duplicated_fragments"),
+        (WRITE_FRAGMENTS + ['{"path": "hello.txt", "content": "hi there"}'], "duplicated_fragments"),
         (['path": ', '"hello.txt", ', '"content": "hi', ' there"}'], "missing_first_chunk"),
         (['{"path": "hello.txt", "content": "hi there", "force": "true"}'], "schema_mismatch"),
     ],
 )
 def test_defects_are_repaired(frags, kind):
     out, stage = run(stream(frags))
-    expected = {**ARGS, "force": True} if kind == "schema_mismatch" else ARGS
+    expected = {**WRITE_ARGS, "force": True} if kind == "schema_mismatch" else WRITE_ARGS
     assert sdk_input(out) == expected
     assert stage.outcome == "repaired" and kind in stage.defects
     assert events(out)[-1]["type"] == "message_stop"
@@ -121,7 +103,7 @@ def test_fail_fast_is_a_permanent_looking_error():
 
 
 def test_upstream_error_while_a_call_is_open_is_replaced():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     cut = data[: data.index(b'event: content_block_stop\ndata: {"type":"content_block_stop","index":2}')]
     error = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
     cut += b"event: error\ndata: " + error + b"\n\n"
@@ -131,21 +113,21 @@ def test_upstream_error_while_a_call_is_open_is_replaced():
 
 
 def test_assembly_of_stream_and_body():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     a = assemble(data, "text/event-stream", "/v1/messages")
     assert (a.content, a.reasoning) == ("Writing it.", "I will write.")
-    call = {"id": "toolu_0123456789abcdef01234567", "name": "write", "arguments": "".join(GOOD)}
+    call = {"id": "toolu_0123456789abcdef01234567", "name": "write", "arguments": "".join(WRITE_FRAGMENTS)}
     assert a.tool_calls == [call]
     assert a.finish_reason == "tool_use" and a.done
     assert a.usage == {"input_tokens": 10, "output_tokens": 12}
     assert assemble_sse([data]).tool_calls == a.tool_calls
-    b = assemble(messages_body(script(GOOD), "d" * 64, "m", 10), "application/json")
+    b = assemble(messages_body(script(WRITE_FRAGMENTS), "d" * 64, "m", 10), "application/json")
     assert (b.content, b.reasoning, b.finish_reason) == (a.content, a.reasoning, "tool_use")
-    assert json.loads(b.tool_calls[0]["arguments"]) == ARGS
+    assert json.loads(b.tool_calls[0]["arguments"]) == WRITE_ARGS
 
 
 def test_non_streamed_repair():
-    good = messages_body(script(GOOD), "d" * 64, "m", 10)
+    good = messages_body(script(WRITE_FRAGMENTS), "d" * 64, "m", 10)
     assert repair_messages_body(good, TOOLS) == (good, [], "untouched")
     obj = orjson.loads(good)
     obj["content"][2]["input"] = {"path": "hello.txt", "content": "hi there", "force": "false"}

@@ -11,21 +11,11 @@ from tapfix.proxy.mock import MockOptions, RecordedResponse, create_app
 from tapfix.proxy.mock.wire import MockReset
 
 from tests.conftest import corpus_dir  # noqa: E402
-from tests.support.builders import sse, sse_event
+from tests.support.builders import sse, sse_event, tool
 
 CORPUS = corpus_dir()
 
-WRITE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "write",
-        "parameters": {
-            "type": "object",
-            "properties": {"filePath": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["filePath", "content"],
-        },
-    },
-}
+WRITE_TOOL = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
 TOOL_PROMPT = {
     "model": "tapfix-mock",
     "stream": True,

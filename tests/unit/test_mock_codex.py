@@ -21,6 +21,7 @@ from tapfix.proxy.mock.schema_args import build_arguments
 from tapfix.proxy.mock.surface_script import chat_from_responses
 
 from tests.support.builders import sse_json as events
+from tests.support.builders import tool
 
 
 def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
@@ -230,11 +231,11 @@ def test_a_topic_tool_is_used_when_the_prompt_names_its_topic() -> None:
 
 
 def test_every_codex_function_tool_gets_schema_valid_whole_numbers() -> None:
-    for tool in (*CODEX_UNIFIED, SHELL, SHELL_COMMAND, APPLY_PATCH_FUNCTION):
-        choice = {"type": "function", "name": tool["name"]}
-        name, args, _ = call_of([tool], "Hello", tool_choice=choice)
+    for spec in (*CODEX_UNIFIED, SHELL, SHELL_COMMAND, APPLY_PATCH_FUNCTION):
+        choice = {"type": "function", "name": spec["name"]}
+        name, args, _ = call_of([spec], "Hello", tool_choice=choice)
         parsed = json.loads(args)
-        jsonschema.validate(parsed, tool["parameters"])
+        jsonschema.validate(parsed, spec["parameters"])
         assert ".0" not in args, args
     _, args, _ = call_of([WRITE_STDIN], "Hello", tool_choice={"type": "function", "name": "write_stdin"})
     assert json.loads(args) == {"session_id": 1} and isinstance(json.loads(args)["session_id"], int)
@@ -263,33 +264,17 @@ def test_numbers_are_whole_unless_the_schema_asks_for_fractions(schema: dict, ex
 
 
 def test_an_editor_with_create_semantics_is_told_to_create() -> None:
-    editor = {
-        "type": "function",
-        "function": {
-            "name": "str_replace_based_edit_tool",
-            "description": "Custom editing tool for viewing, creating and editing files",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
-                    "path": {"type": "string"},
-                    "file_text": {"type": "string"},
-                },
-                "required": ["command", "path"],
-            },
+    editor = tool(
+        "str_replace_based_edit_tool",
+        {
+            "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
+            "path": {"type": "string"},
+            "file_text": {"type": "string"},
         },
-    }
-    bash = {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
+        ["command", "path"],
+        description="Custom editing tool for viewing, creating and editing files",
+    )
+    bash = tool("bash", {"command": {"type": "string"}}, ["command"])
     reply = respond({"messages": [{"role": "user", "content": PROMPT}], "tools": [bash, editor]}, "id")
     assert reply.tool_calls[0].name == "str_replace_based_edit_tool"
     args = json.loads(reply.tool_calls[0].arguments)
@@ -299,28 +284,8 @@ def test_an_editor_with_create_semantics_is_told_to_create() -> None:
 
 
 def test_a_todo_writer_is_no_file_writer() -> None:
-    todo = {
-        "type": "function",
-        "function": {
-            "name": "todowrite",
-            "parameters": {
-                "type": "object",
-                "properties": {"todos": {"type": "array", "items": {"type": "string"}}},
-                "required": ["todos"],
-            },
-        },
-    }
-    bash = {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}},
-                "required": ["command"],
-            },
-        },
-    }
+    todo = tool("todowrite", {"todos": {"type": "array", "items": {"type": "string"}}}, ["todos"])
+    bash = tool("bash", {"command": {"type": "string"}}, ["command"])
     reply = respond({"messages": [{"role": "user", "content": PROMPT}], "tools": [todo, bash]}, "id")
     assert [c.name for c in reply.tool_calls] == ["bash"]
 

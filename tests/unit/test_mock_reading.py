@@ -351,10 +351,7 @@ def _text_of_answer(surface: str, data: dict) -> str:
 def test_an_image_inside_a_tool_result_is_looked_at(surface: str) -> None:
     c = TestClient(create_app(MockOptions()))
     data = _png(RED)
-    read = {
-        "type": "function",
-        "function": {"name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
-    }
+    read = tool("read", {"path": {"type": "string"}})
     if surface == "chat":
         call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "shot.png"}'}}
         image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}

@@ -11,18 +11,10 @@ from starlette.testclient import TestClient
 from tapfix.proxy.mock import MockOptions, ScenarioError, create_app
 from tapfix.proxy.mock.scenario import RequestFacts, load_scenario, parse_scenario
 
+from tests.support.builders import tool
+
 SCENARIOS = Path(__file__).resolve().parents[2] / "proxy" / "mock" / "scenarios"
-WRITE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "write",
-        "parameters": {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path", "content"],
-        },
-    },
-}
+WRITE_TOOL = tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
 TEXT = {"model": "tapfix-mock", "stream": True, "messages": [{"role": "user", "content": "hello"}]}
 TOOLS = {
     **TEXT,

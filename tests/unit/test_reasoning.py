@@ -13,6 +13,8 @@ from tapfix.proxy.request.reasoning_levels import (
     level_from_number,
 )
 
+from tests.support import strategies
+
 TV = {"template_var": "enable_thinking"}
 
 
@@ -429,11 +431,7 @@ def test_spliced_bytes_change_only_reasoning_keys():
     )
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-    max_leaves=6,
-)
+json_values = strategies.json_values(st.text(max_size=6), max_leaves=6)
 reasoning_keys = st.sampled_from(
     [
         "reasoning_effort",

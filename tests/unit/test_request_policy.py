@@ -8,6 +8,8 @@ from tapfix.proxy.config.file import Config, ConfigError, from_dict
 from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.surfaces import surface_for
 
+from tests.support import strategies
+
 ENV = {"GPU0_KEY": "k-gpu0", "CLAUDE_KEY": "k-claude"}
 
 
@@ -217,11 +219,7 @@ def test_five_megabyte_request_is_fast(policy):
     assert out.body.index(b'"messages"') == body.index(b'"messages"') + len("Qwen/Qwen3-32B") - len("qwen")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
-    max_leaves=10,
-)
+json_values = strategies.json_values(st.text(max_size=8), max_leaves=10)
 known_keys = st.sampled_from(
     [
         "model",

@@ -11,20 +11,13 @@ from hypothesis import strategies as st
 from tapfix.proxy.assemble import assemble, assemble_sse
 from tapfix.proxy.mock.responses import responses_body, responses_events
 from tapfix.proxy.mock.surface_script import Part, Script
-from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ResponsesToolCallRepair, repair_responses_body
 
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
+from tests.support.stage_io import WRITE_ARGS, WRITE_FRAGMENTS, WRITE_SCHEMA, assert_passes_untouched, run_stage
 
-SCHEMA = {
-    "type": "object",
-    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "force": {"type": "boolean"}},
-    "required": ["path", "content"],
-}
-TOOLS = [{"type": "function", "name": "write", "parameters": SCHEMA}]
-ARGS = {"path": "hello.txt", "content": "hi there"}
-GOOD = ['{"path": ', '"hello.txt", ', '"content": "hi', ' there"}']
+TOOLS = [{"type": "function", "name": "write", "parameters": WRITE_SCHEMA}]
 
 
 def script(frags: list[str], finish: str = "tool_calls", text: bool = True) -> Script:
@@ -41,16 +34,7 @@ def stream(frags: list[str], **kw) -> bytes:
 
 def run(data: bytes, chunks: list[int] | None = None, policy: str = "error") -> tuple[bytes, ResponsesToolCallRepair]:
     stage = ResponsesToolCallRepair(TOOLS, policy=policy, capture_id="cap1")
-    splitter = SSESplitter()
-    out: list[bytes] = []
-    pieces = [data] if chunks is None else split_at(data, chunks)
-    for piece in pieces:
-        for event in splitter.feed(piece):
-            out += stage.feed(event)
-    for event in splitter.flush():
-        out += stage.feed(event)
-    out += stage.flush()
-    return b"".join(out), stage
+    return run_stage(stage, [data] if chunks is None else split_at(data, chunks)), stage
 
 
 def client_call(data: bytes) -> tuple[dict | None, list[dict]]:
@@ -73,7 +57,7 @@ def client_call(data: bytes) -> tuple[dict | None, list[dict]]:
 
 
 def test_valid_stream_is_byte_identical():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     out, stage = run(data)
     assert out == data and stage.outcome == "untouched" and stage.changes == []
 
@@ -81,17 +65,13 @@ def test_valid_stream_is_byte_identical():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=20_000), max_size=12), st.booleans())
 def test_valid_stream_split_anywhere_is_byte_identical(cuts, crlf):
-    data = stream(GOOD)
-    if crlf:
-        data = data.replace(b"\n", b"\r\n")
-    out, stage = run(data, cuts)
-    assert out == data and stage.outcome == "untouched"
+    assert_passes_untouched(run, stream(WRITE_FRAGMENTS), cuts, crlf)
 
 
 @pytest.mark.parametrize(
     ("frags", "kind"),
     [
-        (GOOD + ['{"path": "hello.txt", "content": "hi there"}'], "duplicated_fragments"),  # resent whole
+        (WRITE_FRAGMENTS + ['{"path": "hello.txt", "content": "hi there"}'], "duplicated_fragments"),  # resent whole
         (['path": ', '"hello.txt", ', '"content": "hi', ' there"}'], "missing_first_chunk"),
         (['{"path": "hello.txt", "content": "hi there", "force": "true"}'], "schema_mismatch"),
         (["{'path': 'hello.txt', 'content': 'hi there'}"], "invalid_json"),
@@ -100,7 +80,7 @@ def test_valid_stream_split_anywhere_is_byte_identical(cuts, crlf):
 def test_defects_are_repaired(frags, kind):
     out, stage = run(stream(frags))
     call, _ = client_call(out)
-    expected = {**ARGS, "force": True} if kind == "schema_mismatch" else ARGS
+    expected = {**WRITE_ARGS, "force": True} if kind == "schema_mismatch" else WRITE_ARGS
     assert call == expected
     assert stage.outcome == "repaired" and kind in stage.defects
     assert stage.changes and stage.changes[0].after["arguments"] == json.dumps(expected)
@@ -136,7 +116,7 @@ def test_passthrough_policy_sends_the_held_bytes():
 
 
 def test_stream_cut_while_a_call_is_open_is_detected():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     cut = data[: data.index(b"response.function_call_arguments.done")]
     cut = cut[: cut.rindex(b"event:")]
     out, stage = run(cut)
@@ -144,13 +124,15 @@ def test_stream_cut_while_a_call_is_open_is_detected():
 
 
 def test_assembly_of_stream_and_body():
-    data = stream(GOOD)
+    data = stream(WRITE_FRAGMENTS)
     a = assemble(data, "text/event-stream", "/v1/responses")
     assert a.content == "Writing it." and a.reasoning == "I will write."
-    assert a.tool_calls == [{"id": "call_0123456789abcdef01234567", "name": "write", "arguments": "".join(GOOD)}]
+    assert a.tool_calls == [
+        {"id": "call_0123456789abcdef01234567", "name": "write", "arguments": "".join(WRITE_FRAGMENTS)}
+    ]
     assert a.finish_reason == "completed" and a.done and a.usage["output_tokens"] == 12
     assert assemble_sse([data[:100], data[100:]]).tool_calls == a.tool_calls  # sniffed without a path
-    body = responses_body(script(GOOD), {}, "d" * 64, 1, "m", 10)
+    body = responses_body(script(WRITE_FRAGMENTS), {}, "d" * 64, 1, "m", 10)
     b = assemble(body, "application/json")
     assert (b.content, b.reasoning, b.tool_calls, b.finish_reason) == (
         a.content,
@@ -158,7 +140,7 @@ def test_assembly_of_stream_and_body():
         a.tool_calls,
         "completed",
     )
-    cut = assemble(stream(GOOD[:2], finish="length"), "text/event-stream", "/v1/responses")
+    cut = assemble(stream(WRITE_FRAGMENTS[:2], finish="length"), "text/event-stream", "/v1/responses")
     assert cut.finish_reason == "max_output_tokens"
 
 
@@ -184,13 +166,13 @@ def test_reasoning_summaries_are_assembled():
 
 
 def test_non_streamed_repair():
-    good = responses_body(script(GOOD), {}, "d" * 64, 1, "m", 10)
+    good = responses_body(script(WRITE_FRAGMENTS), {}, "d" * 64, 1, "m", 10)
     assert repair_responses_body(good, TOOLS) == (good, [], "untouched")
     bad = responses_body(script(["{'path': 'hello.txt', 'content': 'hi there'}"]), {}, "d" * 64, 1, "m", 10)
     body, changes, outcome = repair_responses_body(bad, TOOLS)
     assert outcome == "repaired" and changes
     call = next(i for i in orjson.loads(body)["output"] if i["type"] == "function_call")
-    assert json.loads(call["arguments"]) == ARGS
+    assert json.loads(call["arguments"]) == WRITE_ARGS
     cut_script = script(['{"path": "hello.txt", "content": "hi'], finish="length")
     cut = responses_body(cut_script, {}, "d" * 64, 1, "m", 1)
     body, _, outcome = repair_responses_body(cut, TOOLS)

@@ -1,27 +1,18 @@
 """What is stored and where secrets can leak: file modes, replay/export (logs, error bodies, CLI output, the
 CA key and the per-model privacy switch through the real proxy in tests/inproc/test_security_data.py).
-
-tests/inproc/test_e2e_capture.py already proves header/URL secrets never reach the db/-wal/-shm files and
-tests/unit/test_upstream_and_redact.py the redaction rules; this adds the other ways out.
+Which ways out other tests already cover is in tests/inproc/test_security_data.py.
 """
 
 from __future__ import annotations
 
 import os
-import stat
-from pathlib import Path
 
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.sqlite.database import open_for_reading
 from tapfix.proxy.store.sqlite.reader import load_capture
 from tapfix.proxy.store.writer import CaptureWriter
 
-SECRET = "sk-live-SECRETSECRET0123456789"
-SECRET2 = "tok_ANOTHERSECRET987654321"
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
+from tests.support.secrets import SECRET, SECRET2, file_mode
 
 
 def test_db_wal_and_shm_are_private_even_with_a_permissive_umask(tmp_path):
@@ -37,7 +28,7 @@ def test_db_wal_and_shm_are_private_even_with_a_permissive_umask(tmp_path):
             deadline -= 1
         files = [tmp_path / n for n in ("c.db", "c.db-wal", "c.db-shm")]
         assert all(f.exists() for f in files)
-        assert {f.name: _mode(f) for f in files} == {f.name: 0o600 for f in files}
+        assert {f.name: file_mode(f) for f in files} == {f.name: 0o600 for f in files}
         writer.close()
     finally:
         os.umask(old)

@@ -13,23 +13,12 @@ from tapfix.proxy.store.sqlite.database import open_for_reading
 from tapfix.proxy.store.sqlite.reader import capture_body, list_captures, load_capture
 from tapfix.proxy.store.writer import CaptureWriter
 
-from tests.support.stores import BACKENDS, Backend, make_backend
+from tests.support.stores import BACKENDS, Backend, make_backend, streamed_chat
 
 
 def _exchange(**kw) -> Exchange:
-    base = dict(
-        method="POST",
-        path="/v1/chat/completions",
-        request=b'{"model":"m","messages":[]}',
-        model="m",
-        status=200,
-        content_type="text/event-stream",
-        stream=True,
-        response_chunks=[b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"],
-        chunk_times=[0.01, 0.02],
-    )
-    base.update(kw)
-    return Exchange(**base)
+    answer = [b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n"]
+    return streamed_chat(**({"request": b'{"model":"m","messages":[]}', "response_chunks": answer} | kw))
 
 
 def test_round_trip_with_changes_and_timing(tmp_path):

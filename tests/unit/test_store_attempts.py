@@ -24,7 +24,7 @@ from tapfix.proxy.store.sqlite.reader import SqliteReader, list_captures, load_c
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
-from tests.support.stores import BACKENDS, Backend, make_backend
+from tests.support.stores import BACKENDS, M010_MADE, Backend, make_backend, streamed_chat, undo_sqlite_migration
 
 _made = itertools.count()
 
@@ -36,20 +36,10 @@ def exchange(**kw: object) -> Exchange:
         events = [tool_call_chunk(0, "c1", "read", '{"pa'), chat_chunk(finish_reason="tool_calls")]
     else:
         events = [chat_chunk({"content": "hi"}), chat_chunk(finish_reason="stop")]
-    base: dict[str, object] = dict(
-        id=f"01t{next(_made):013d}",  # increasing: new capture ids made in one millisecond need not be
-        method="POST",
-        path="/v1/chat/completions",
-        request=b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}',
-        model="m",
-        status=200,
-        content_type="text/event-stream",
-        stream=True,
-        response_chunks=sse_events(events),
-        chunk_times=[0.01, 0.02, 0.03],
-    )
-    base.update(kw)
-    return Exchange(**base)  # type: ignore[arg-type]
+    request = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}'
+    # ids increasing: new capture ids made in one millisecond need not be
+    made = {"id": f"01t{next(_made):013d}", "request": request, "response_chunks": sse_events(events)}
+    return streamed_chat(**(made | kw))
 
 
 def regenerated(parent_id: str | None = None, attempts: int = 1) -> list[Exchange]:
@@ -129,21 +119,16 @@ def test_a_kept_in_part_attempt_keeps_its_parent(store: Backend) -> None:
 
 
 def as_before_attempts(path: Path) -> None:
-    """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it."""
-    conn = sqlite3.connect(path)
-    for statement in (  # and before m008 (the report's covering index holds attempt_of)
-        "drop index idx_exchanges_volume",
-        "drop index idx_exchanges_route",
-        *(f"alter table exchanges drop column {c}" for c in ("route", "cached_tokens", "reasoning_tokens")),
-        "delete from _sqlite_migrations where name = 'm010_route_and_token_details'",
-    ):
-        conn.execute(statement)
-    conn.execute("drop index idx_exchanges_attempt_of")
-    conn.execute("alter table exchanges drop column attempt_of")
-    conn.execute("alter table exchanges drop column attempt")
-    conn.execute("delete from _sqlite_migrations where name = 'm004_attempts'")
-    conn.commit()
-    conn.close()
+    """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it (and
+    before m010, whose covering index holds attempt_of)."""
+    undo_sqlite_migration(path, "m010_route_and_token_details", *M010_MADE)
+    undo_sqlite_migration(
+        path,
+        "m004_attempts",
+        "drop index idx_exchanges_attempt_of",
+        "alter table exchanges drop column attempt_of",
+        "alter table exchanges drop column attempt",
+    )
 
 
 def test_an_older_store_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 
+from tests.support.stores import undo_sqlite_migration
 from tests.unit.test_store_attempts import exchange, regenerated, write
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -92,15 +93,14 @@ def test_the_exchange_page_shows_the_trace(db: tuple[Path, list[Exchange]]) -> N
 
 def as_before_trace_context(path: Path) -> None:
     """What a tapfix before migration m005 left: no trace columns, no record of the migration."""
-    conn = sqlite3.connect(path)
-    conn.execute("drop view exchange_view")
-    conn.execute("drop index idx_exchanges_trace_id")
-    for column in ("trace_id", "span_id", "parent_span_id"):
-        conn.execute(f"alter table exchanges drop column {column}")
-    conn.execute("delete from _sqlite_migrations where name = 'm005_trace_context'")
-    conn.execute("create view exchange_view as select id from exchanges")
-    conn.commit()
-    conn.close()
+    undo_sqlite_migration(
+        path,
+        "m005_trace_context",
+        "drop view exchange_view",
+        "drop index idx_exchanges_trace_id",
+        *(f"alter table exchanges drop column {c}" for c in ("trace_id", "span_id", "parent_span_id")),
+        "create view exchange_view as select id from exchanges",
+    )
 
 
 def test_an_older_store_reads_as_it_is_and_its_writer_migrates_it(tmp_path: Path) -> None:

@@ -113,19 +113,25 @@ def test_dense_indexes_pass_byte_for_byte() -> None:
 
 
 # -- ids ------------------------------------------------------------------------------------------
-def test_parallel_calls_all_on_index_0_with_new_id_and_name_are_two_calls() -> None:
-    _, out, stage = run(
-        [
-            call(0, "c1", "read", ""),
-            call(0, arguments='{"path": "a"}'),
-            call(0, "c2", "read", ""),
-            call(0, arguments='{"path": "b"}'),
-            finish("tool_calls"),
-        ]
-    )
+PARALLEL_ON_INDEX_0 = [
+    call(0, "c1", "read", ""),
+    call(0, arguments='{"path": "a"}'),
+    call(0, "c2", "read", ""),
+    call(0, arguments='{"path": "b"}'),
+    finish("tool_calls"),
+]
+
+
+@pytest.mark.parametrize("prefix_mode", [False, True], ids=["held", "prefix_mode_after_a_streamed_call"])
+def test_parallel_calls_all_on_index_0_with_new_id_and_name_are_two_calls(prefix_mode: bool) -> None:
+    _, out, stage = run(PARALLEL_ON_INDEX_0, stream_valid_prefix=prefix_mode)
+    view = client_view(out)
     assert calls_of(out) == [("read", {"path": "a"}), ("read", {"path": "b"})]
-    assert [c["id"] for c in client_view(out).calls] == ["c1", "c2"] and tool_indexes(out) == [0, 1]
-    assert WRONG_INDEX in kinds(stage)
+    assert [c["id"] for c in view.calls] == ["c1", "c2"]
+    if prefix_mode:
+        assert not view.errors
+    else:
+        assert tool_indexes(out) == [0, 1] and WRONG_INDEX in kinds(stage)
 
 
 def test_id_churn_on_argument_deltas_is_one_call_with_the_first_id() -> None:
@@ -311,22 +317,6 @@ def test_prefix_mode_holds_an_opener_off_index() -> None:
         stream_valid_prefix=True,
     )
     assert tool_indexes(out) == [0] and calls_of(out) == [("read", {"path": "a"})] and not client_view(out).errors
-
-
-def test_prefix_mode_parallel_calls_on_index_0_after_a_streamed_call() -> None:
-    _, out, _ = run(
-        [
-            call(0, "c1", "read", ""),
-            call(0, arguments='{"path": "a"}'),
-            call(0, "c2", "read", ""),
-            call(0, arguments='{"path": "b"}'),
-            finish("tool_calls"),
-        ],
-        stream_valid_prefix=True,
-    )
-    view = client_view(out)
-    assert not view.errors and calls_of(out) == [("read", {"path": "a"}), ("read", {"path": "b"})]
-    assert [c["id"] for c in view.calls] == ["c1", "c2"]
 
 
 # -- a property: index offsets and gaps, any args, any splits: the client gets dense calls, same content

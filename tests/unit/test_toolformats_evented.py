@@ -30,6 +30,7 @@ from tapfix.proxy.toolcalls import (
 )
 
 from tests.support.builders import sse_json as events
+from tests.support.builders import tool
 from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
 
 VECTOR_DIR = Path(__file__).parents[1] / "vectors" / "toolformats"
@@ -169,44 +170,35 @@ def leak_kinds(stage: Any) -> list[str]:
 
 
 # == content, streamed ================================================================================
+# surface -> (its tools for a vector's, its stage run, its client view, its calls and stop reason, its text,
+# the stop reasons of an answer with calls and without: Responses has none)
+EVENTED = {
+    "responses": (r_tools, run_r, responses_view, lambda data: (r_calls(data), None), r_text, (None, None)),
+    "messages": (m_tools, run_m, messages_view, m_calls, m_text, ("tool_use", "end_turn")),
+}
+
+
+@pytest.mark.parametrize("surface", list(EVENTED))
 @pytest.mark.parametrize(("name", "vector"), VECTORS, ids=IDS)
-def test_markup_in_text_becomes_calls_on_responses_split_anywhere(name: str, vector: dict[str, Any]) -> None:
-    tools = r_tools(vector["tools"])
+def test_markup_in_text_becomes_calls_split_anywhere(name: str, vector: dict[str, Any], surface: str) -> None:
+    tools_of, run, view, calls_and_stop, text_of, (stop_with_calls, stop_without) = EVENTED[surface]
+    tools = tools_of(vector["tools"])
     want = expected(vector)
     for pieces in splits(vector["text"], hash(name) & 0xFFFF):
-        data, stage = run_r(text_script(pieces), tools)
+        data, stage = run(text_script(pieces), tools)
         if lacks_required(vector):
-            assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
+            assert view(data)["errors"] and stage.outcome == "unrecoverable"
             continue
-        got = r_calls(data)
+        got, stop = calls_and_stop(data)
         assert same_calls(got, want), (pieces, got)
-        text = r_text(data)
+        text = text_of(data)
         if want:
+            assert stop == stop_with_calls
             assert "leaked_into_content" in leak_kinds(stage)
             assert stage.outcome == "repaired"
             assert text == without_markup(vector["text"], stage)
         else:
-            assert text == vector["text"] and stage.changes == []
-
-
-@pytest.mark.parametrize(("name", "vector"), VECTORS, ids=IDS)
-def test_markup_in_text_becomes_calls_on_messages_split_anywhere(name: str, vector: dict[str, Any]) -> None:
-    tools = m_tools(vector["tools"])
-    want = expected(vector)
-    for pieces in splits(vector["text"], hash(name) & 0xFFFF):
-        data, stage = run_m(text_script(pieces), tools)
-        if lacks_required(vector):
-            assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
-            continue
-        got, stop = m_calls(data)
-        assert same_calls(got, want), (pieces, got)
-        text = m_text(data)
-        if want:
-            assert stop == "tool_use"
-            assert "leaked_into_content" in leak_kinds(stage)
-            assert text == without_markup(vector["text"], stage)
-        else:
-            assert stop == "end_turn"
+            assert stop == stop_without
             assert text == vector["text"] and stage.changes == []
 
 
@@ -248,7 +240,7 @@ def test_markup_in_text_becomes_calls_in_bodies(name: str, vector: dict[str, Any
 
 # == what stays text ==================================================================================
 def test_a_text_only_stream_with_tools_passes_byte_for_byte() -> None:
-    tools = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object"}}}]
+    tools = [tool("write")]
     for pieces in (PLAIN, ["a < b and c [1] ", "<b>bold</b> ", "[x](y) {z}"], ["<", "tool", "_cal", "l is a tag"]):
         s = text_script(pieces, reasoning=["Think ", "<tool_call> first."])
         evs = responses_events(s, {"tools": r_tools(tools)}, "f" * 64, 1_760_000_000, "m", 10)
@@ -275,7 +267,7 @@ def test_no_tools_offered_means_no_holding_and_no_calls() -> None:
 
 def test_text_that_cannot_be_markup_is_released_at_once() -> None:
     """A possible opener's start is held only until the next delta shows it isn't one."""
-    tools = r_tools([{"type": "function", "function": {"name": "write", "parameters": {"type": "object"}}}])
+    tools = r_tools([tool("write")])
     s = text_script(["one <", "b> two", " three"])
     evs = responses_events(s, {"tools": tools}, "f" * 64, 1_760_000_000, "m", 10)
     stage = ResponsesToolCallRepair(tools, capture_id="cap-17")
@@ -291,15 +283,7 @@ def test_text_that_cannot_be_markup_is_released_at_once() -> None:
 
 # == reasoning ========================================================================================
 HERMES_WRITE = '<tool_call>\n{"name": "write", "arguments": {"path": "a.py", "content": "x = 1\\n"}}\n</tool_call>'
-WRITE_TOOL = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
-        },
-    }
-]
+WRITE_TOOL = [tool("write", {"path": {"type": "string"}, "content": {"type": "string"}})]
 
 
 @pytest.mark.parametrize("cut", [1, 5, 11, 30, len(HERMES_WRITE) - 3])
@@ -361,20 +345,12 @@ def test_a_recovered_call_before_a_structured_one_keeps_indexes_dense_and_ids_un
 
 
 def test_a_recovered_call_whose_arguments_cannot_be_recovered_is_the_retryable_error() -> None:
-    tool = [
-        {
-            "type": "function",
-            "function": {
-                "name": "write",
-                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
-            },
-        }
-    ]
+    write_n = [tool("write", {"n": {"type": "integer"}}, ["n"])]
     markup = '<tool_call>\n{"name": "write", "arguments": {"m": 1}}\n</tool_call>'
-    data, stage = run_r(text_script([markup]), r_tools(tool))
+    data, stage = run_r(text_script([markup]), r_tools(write_n))
     assert responses_view(data)["errors"] and stage.outcome == "unrecoverable"
     assert "missing_fragment" in leak_kinds(stage)
-    data, stage = run_m(text_script([markup]), m_tools(tool))
+    data, stage = run_m(text_script([markup]), m_tools(write_n))
     assert messages_view(data)["errors"] and stage.outcome == "unrecoverable"
 
 

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from tests.inproc.test_e2e_request_side import RENAME_CONFIG as REQUEST_SIDE_RENAME_CONFIG
-from tests.support.inproc import cli, start, start_mock, start_proxy
+from tests.inproc.test_e2e_request_side import _run, renaming_proxy
+from tests.support.inproc import cli, start_mock, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, json_upstreams
 
@@ -314,14 +315,6 @@ def upstreams():
         yield servers
 
 
-def _run(tmp_path, *args):
-    k = len(list(tmp_path.glob("r*.db")))
-    db = tmp_path / f"r{k}.db"
-    proc = start(["--db", str(db), *args], tmp_path / f"p{k}.log")
-    proc.extra["db"] = db
-    return proc
-
-
 def _send_gzip(proxy, payload: bytes) -> httpx.Response:
     return httpx.post(
         f"{proxy.url}/v1/chat/completions",
@@ -445,11 +438,7 @@ upstream = "mock"
 
 def test_truth_10_reasoning_field_non_stream(tmp_path):
     (tmp_path / "scenario.json").write_text(json.dumps({"rules": RULES}))
-    mock = start_mock(tmp_path, "--scenario", str(tmp_path / "scenario.json"))
-    config = tmp_path / "rename.toml"
-    config.write_text(RENAME_CONFIG.format(url=mock.url))
-    proxy = _run(tmp_path, "--config", str(config))
-    try:
+    with renaming_proxy(tmp_path, RENAME_CONFIG, "--scenario", str(tmp_path / "scenario.json")) as proxy:
         body = {
             "model": "tapfix-mock",
             "reasoning_effort": "high",
@@ -475,9 +464,6 @@ def test_truth_10_reasoning_field_non_stream(tmp_path):
         headers, raw, _ = _post(proxy, {**body, "model": "gzip-plain"}, {"user-agent": "opencode/1.18.33 ai-sdk"})
         assert "content-encoding" not in headers
         assert json.loads(raw)["choices"][0]["message"].get("reasoning_content")
-    finally:
-        proxy.stop()
-        mock.stop()
 
 
 def test_mock_compresses_each_event_on_its_own(tmp_path):

@@ -195,24 +195,27 @@ def newer_store(db: Path) -> Path:
     return db
 
 
-def foreign_file(db: Path) -> Path:
-    """Somebody else's SQLite file."""
+def _sqlite_file(db: Path, *statements: str) -> Path:
     conn = sqlite3.connect(db)
-    conn.execute("create table notes (id integer primary key, text text)")
-    conn.execute("insert into notes (text) values ('mine')")
+    for statement in statements:
+        conn.execute(statement)
     conn.commit()
     conn.close()
     return db
+
+
+def foreign_file(db: Path) -> Path:
+    """Somebody else's SQLite file."""
+    return _sqlite_file(
+        db, "create table notes (id integer primary key, text text)", "insert into notes (text) values ('mine')"
+    )
 
 
 def foreign_exchanges_table(db: Path) -> Path:
     """Somebody else's file with a table named like tapfix's."""
-    conn = sqlite3.connect(db)
-    conn.execute("create table exchanges (id text primary key, amount real)")
-    conn.execute("insert into exchanges values ('01abc', 12.5)")
-    conn.commit()
-    conn.close()
-    return db
+    return _sqlite_file(
+        db, "create table exchanges (id text primary key, amount real)", "insert into exchanges values ('01abc', 12.5)"
+    )
 
 
 def tables(db: Path) -> set[str]:

@@ -14,12 +14,14 @@ import sqlite3
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from tests.support.procs import Proc
+from tests.support.procs import Proc, start_mock, start_proxy
 
 
 @dataclass
@@ -145,3 +147,27 @@ def stored_ids(db: Path) -> set[str]:
         return {r[0] for r in conn.execute("select id from exchanges")}
     finally:
         conn.close()
+
+
+@contextmanager
+def under_load(
+    tmp: Path, streams: int, seconds: float, chunk_delay_ms: str, drain_timeout: float = 60.0
+) -> Iterator[LoadResult]:
+    """`streams` concurrent streams for `seconds` through `tapfix run` in front of the mock (its chunks
+    `chunk_delay_ms` apart): every answer whole and byte for byte, and, once the writer drained, every exchange
+    stored, none twice. Yields the result, for the memory checks, before both processes stop."""
+    mock = start_mock(tmp, "--chunk-delay-ms", chunk_delay_ms)
+    proxy = start_proxy(tmp, mock.url, db=tmp / "load.db")
+    try:
+        result = run_load(mock, proxy, streams, seconds)
+        print("\nload:", result.summary())
+        assert not result.errors, result.errors[:5]
+        assert result.mismatches == 0
+        writer = wait_drained(proxy, result.requests, timeout=drain_timeout)
+        assert writer["failures"] == 0, writer
+        assert stored_ids(proxy.extra["db"]) == set(result.capture_ids)
+        assert len(result.capture_ids) == result.requests
+        yield result
+    finally:
+        proxy.stop()
+        mock.stop()

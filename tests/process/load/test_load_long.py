@@ -13,8 +13,7 @@ import os
 
 import pytest
 
-from tests.process.load.harness import run_load, stored_ids, wait_drained
-from tests.support.procs import start_mock, start_proxy
+from tests.process.load.harness import under_load
 
 pytestmark = pytest.mark.skipif(os.environ.get("TAPFIX_LONG") != "1", reason="long form: TAPFIX_LONG=1")
 STREAMS = int(os.environ.get("TAPFIX_LOAD_STREAMS", "64"))
@@ -26,17 +25,7 @@ CHUNK_DELAY_MS = os.environ.get("TAPFIX_LOAD_CHUNK_DELAY_MS", "20")
 
 
 def test_64_streams_for_a_minute(tmp_path):
-    mock = start_mock(tmp_path, "--chunk-delay-ms", CHUNK_DELAY_MS)
-    proxy = start_proxy(tmp_path, mock.url, db=tmp_path / "load.db")
-    try:
-        result = run_load(mock, proxy, STREAMS, WARMUP + SECONDS)
-        print("\nload:", result.summary())
-        assert not result.errors, result.errors[:5]
-        assert result.mismatches == 0
-        writer = wait_drained(proxy, result.requests, timeout=120)
-        assert writer["failures"] == 0, writer
-        assert stored_ids(proxy.extra["db"]) == set(result.capture_ids)
-        assert len(result.capture_ids) == result.requests
+    with under_load(tmp_path, STREAMS, WARMUP + SECONDS, CHUNK_DELAY_MS, drain_timeout=120) as result:
         window = min(20.0, SECONDS / 3)
         first = result.rss_window(WARMUP, WARMUP + window)
         last = result.rss_window(result.seconds - window, result.seconds)
@@ -49,6 +38,3 @@ def test_64_streams_for_a_minute(tmp_path):
             [round(result.rss_window(t, t + 10) / 1024, 1) for t in range(0, int(result.seconds), 10)],
         )
         assert last <= first * 1.10 + 8 * 1024, (first, last)
-    finally:
-        proxy.stop()
-        mock.stop()

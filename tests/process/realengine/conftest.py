@@ -22,16 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.process.engine_suite import provided, stopped_at_the_end
 from tests.process.realengine.engine import (
     REASONING_TEMPLATE,
     Build,
-    EngineUnavailable,
     LlamaServer,
     build_llama_server,
     start_llama_server,
     tiny_model,
 )
-from tests.support.ci import unavailable
 from tests.support.inproc import InprocProxy, start_proxy
 
 # n=2 (two choices for one request): this version's llama-server runs each choice as a task of its own
@@ -44,13 +43,9 @@ LLAMA_CTX = 2048
 
 @pytest.fixture(scope="session")
 def llama_build() -> Build:
-    try:
-        build = build_llama_server()
-    except EngineUnavailable as exc:
-        unavailable(f"real-engine suite: {exc}")
-    if "built " in build.output:
-        print(f"\n[realengine] built llama-server into {build.dir} in {build.seconds:.0f}s")
-    return build
+    return provided(
+        build_llama_server, "real-engine suite", "built", lambda b: f"[realengine] built llama-server into {b.dir}"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -63,18 +58,13 @@ def llama_server(
     llama_build: Build, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., LlamaServer]]:
     tmp = tmp_path_factory.mktemp("llama")
-    started: list[LlamaServer] = []
 
     def start(*args: str, ctx: int = LLAMA_CTX, parallel: int = 1, template: str | None = None) -> LlamaServer:
-        server = start_llama_server(
+        return start_llama_server(
             llama_build, tiny_model_path, tmp, *args, ctx=ctx, parallel=parallel, template=template
         )
-        started.append(server)
-        return server
 
-    yield start
-    for server in started:
-        server.stop()
+    yield from stopped_at_the_end(start)
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +79,11 @@ def llama_reasoning(llama_server: Callable[..., LlamaServer]) -> LlamaServer:
 
 @pytest.fixture(scope="module")
 def tapfix_in_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., InprocProxy]]:
-    started: list[InprocProxy] = []
-
     def start(server: LlamaServer, *args: str) -> InprocProxy:
         tmp = tmp_path_factory.mktemp("tapfix")
-        proc = start_proxy(tmp, server.url, *args, shared=True)  # in-process: one at a time, each comes back
-        started.append(proc)
-        return proc
+        return start_proxy(tmp, server.url, *args, shared=True)  # in-process: one at a time, each comes back
 
-    yield start
-    for proc in started:
-        proc.stop()
+    yield from stopped_at_the_end(start)
 
 
 @pytest.fixture(scope="module")

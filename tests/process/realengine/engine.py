@@ -8,7 +8,6 @@ context, other flags) calls `start_llama_server` through the `llama_server` fixt
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import signal
 import subprocess
@@ -16,9 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.process.engine_suite import (
+    ROOT,
+    Provisioned,
+    cache_root,
+    http_status,
+    run_cache_script,
+)
 from tests.support.procs import Proc, free_port
 
-ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server"
 BUILD_TIMEOUT = 1500  # a cold build took 15 minutes on 2 cores shared with the suite
 MISSING_TOOLCHAIN = 3  # the script's exit status when cmake or a C++ compiler is missing
@@ -31,23 +36,9 @@ QWEN_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 REASONING_TEMPLATE = "Qwen-QwQ-32B.jinja"
 
 
-def cache_root() -> Path:
-    """Where built things outlive the clone: the server build and the tiny model."""
-    return Path(os.environ.get("TAPFIX_CACHE") or Path.home() / ".cache" / "tapfix")
-
-
-class EngineUnavailable(Exception):
-    """This machine can't provide the engine; the message says why (the fixture turns it into a skip
-    locally, a failure under CI)."""
-
-
 @dataclass(frozen=True)
-class Build:
+class Build(Provisioned):
     """What scripts/build-llama-server produced, and whether this run built it (or found it cached)."""
-
-    dir: Path
-    seconds: float
-    output: str  # the script's stderr: its progress lines
 
     @property
     def server(self) -> Path:
@@ -59,22 +50,8 @@ class Build:
 
 def build_llama_server(timeout: float = BUILD_TIMEOUT) -> Build:
     """Run the build script (a no-op print of the directory when the cache holds the build)."""
-    started = time.monotonic()
-    try:
-        result = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise EngineUnavailable(f"scripts/build-llama-server did not finish within {timeout:.0f}s") from exc
-    seconds = time.monotonic() - started
-    if result.returncode == MISSING_TOOLCHAIN:
-        raise EngineUnavailable(f"llama-server can't be built here: {result.stderr.strip()}")
-    if result.returncode != 0:
-        raise EngineUnavailable(
-            f"scripts/build-llama-server failed (exit {result.returncode}); its output ends:\n{result.stderr[-6000:]}"
-        )
-    lines = result.stdout.strip().splitlines()
-    if len(lines) != 1 or not (Path(lines[0]) / "bin" / "llama-server").exists():
-        raise EngineUnavailable(f"scripts/build-llama-server printed no build directory: {result.stdout!r}")
-    return Build(Path(lines[0]), seconds, result.stderr)
+    built = run_cache_script(BUILD_SCRIPT, timeout, cannot_status=MISSING_TOOLCHAIN, must_hold="bin/llama-server")
+    return Build(built.dir, built.seconds, built.output)
 
 
 def file_sha256(path: Path) -> str:
@@ -118,17 +95,6 @@ class LlamaServer:
         return self.proc.stop()
 
 
-def _health(port: int) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status
-    except OSError:
-        return None
-    finally:
-        conn.close()
-
-
 def start_llama_server(
     build: Build,
     model: Path,
@@ -164,7 +130,7 @@ def start_llama_server(
                 f"llama-server exited with {popen.returncode} before it was healthy; its log ends:\n"
                 + server.log()[-4000:]
             )
-        if _health(port) == 200:
+        if http_status(port, "GET", "/health", timeout=2) == 200:
             return server
         time.sleep(0.1)
     server.proc.stop(signal.SIGKILL)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.process.engine_suite import check_a_warm_run_reuses_the_cache, run_with_only
 from tests.process.realengine import tiny_model
 from tests.process.realengine.engine import (
     BUILD_SCRIPT,
@@ -58,31 +57,15 @@ def test_cached_server_is_the_vendored_llama_cpp(llama_build: Build) -> None:
 
 
 def test_build_script_reuses_its_cache(llama_build: Build) -> None:
-    server = llama_build.server.resolve()
-    before = server.stat().st_mtime_ns
-    started = time.monotonic()
-    result = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=120)
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [str(llama_build.dir)]
-    assert seconds < 10, f"a warm run took {seconds:.1f}s: {result.stderr}"
-    assert server.stat().st_mtime_ns == before, "the warm run replaced the binary"
-    assert not list((cache_root() / "llama-server").glob(".work-*")), "a run left its work tree behind"
+    kept = llama_build.server.resolve()
+    check_a_warm_run_reuses_the_cache(BUILD_SCRIPT, llama_build, kept, 10, 120, "llama-server/.work-*")
 
 
 def test_build_script_names_a_missing_cmake(tmp_path: Path) -> None:
     """Without cmake the script exits 3 and says so (the fixture's skip locally, failure in CI),
     before it downloads anything."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("bash", "dirname", "mkdir", "flock", "sha256sum", "cut", "printf", "readlink", "c++"):
-        found = shutil.which(tool)
-        if found:
-            (bin_dir / tool).symlink_to(found)
-    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "TAPFIX_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [str(bin_dir / "bash"), str(BUILD_SCRIPT)], capture_output=True, text=True, env=env, timeout=60
-    )
+    tools = ("bash", "dirname", "mkdir", "flock", "sha256sum", "cut", "printf", "readlink", "c++")
+    result = run_with_only(BUILD_SCRIPT, tools, tmp_path)
     assert result.returncode == MISSING_TOOLCHAIN, result.stderr
     assert "cmake" in result.stderr
     assert result.stdout == ""

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Store
+from tests.process.engine_suite import relayed
 from tests.process.realengine import tiny_model as tm
-from tests.process.realengine.engine import LlamaServer
 from tests.process.realengine.relay import Exchange, Relay
 from tests.support.inproc import InprocProxy
 from tests.support.procs import wait_capture
@@ -57,16 +57,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 TAPFIX_OWN = {"x-tapfix-capture-id"}  # names the capture; a client that doesn't know it ignores it
 
 
-@pytest.fixture(scope="module")
-def relay(llama: LlamaServer) -> Iterator[Relay]:
-    witness = Relay(llama.port)
-    yield witness
-    witness.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(tapfix_in_front: Callable[..., InprocProxy], relay: Relay) -> InprocProxy:
-    return tapfix_in_front(relay)  # tapfix's upstream is the relay, which forwards to llama-server
+relay, proxy = relayed("llama")
 
 
 # --- reading the answers, independently of tapfix ------------------------------------------------

@@ -174,13 +174,19 @@ def tools_detail_by_mode(detail: str) -> dict[bool, str]:
     return {True: detail.removeprefix("streamed: ")}
 
 
-def test_reasoning_verdict_counts_the_reasoning_the_server_returns(direct, resend):
+def reasoning_lengths(direct: ProbeRun, resend: Callable[[bytes], Answer]) -> list[int]:
+    """How much reasoning the server returns to each of the reasoning check's requests (its field or think tags)."""
     lengths = []
     for body in direct.requests("reasoning"):
         answer = resend(body)
         assert answer.ok, answer.body
         msg = answer.message()
         lengths.append(len(msg.reasoning) or len("".join(THINK.findall(msg.content))))
+    return lengths
+
+
+def test_reasoning_verdict_counts_the_reasoning_the_server_returns(direct, resend):
+    lengths = reasoning_lengths(direct, resend)
     row = direct.rows["reasoning"]
     assert "data" in row, row
     assert [row["data"]["none_chars"], row["data"]["high_chars"]] == lengths
@@ -210,13 +216,19 @@ def test_long_context_fails_quoting_the_overflow_error_and_its_token_counts(dire
     assert answer.error_text() in row["detail"]
 
 
-def test_through_tapfix_run_the_verdicts_are_the_same(direct, llama_proxy: InprocProxy, tmp_path):
-    proxied = run_probe(llama_proxy.url, tmp_path / "probe.db")
+def probe_agrees_through(proxy: InprocProxy, direct: ProbeRun, tmp: Path) -> ProbeRun:
+    """`tapfix probe` through tapfix gives the verdicts and exit code it gives straight to the server, and the
+    details too, except streaming's timings and the needle's token count (its passphrase is random)."""
+    proxied = run_probe(proxy.url, tmp / "probe.db")
     assert {c: r["status"] for c, r in proxied.rows.items()} == {c: r["status"] for c, r in direct.rows.items()}
     assert proxied.exit_code == direct.exit_code
-    # the details too, except streaming's timings and the needle's token count (its passphrase is random)
     for check in ("completion", "tools", "reasoning", "vision"):
         assert proxied.rows[check]["detail"] == direct.rows[check]["detail"], check
+    return proxied
+
+
+def test_through_tapfix_run_the_verdicts_are_the_same(direct, llama_proxy: InprocProxy, tmp_path):
+    proxied = probe_agrees_through(llama_proxy, direct, tmp_path)
     # Through tapfix the probe knows the window before sending: tapfix's /v1/models lists llama-server's n_ctx
     # as max_model_len (issue 37), so the needle that overflowed the server directly is refused up front.
     n_ctx = direct.rows["long_context"]["detail"].split("n_ctx ")[-1].split()[0].strip(",;)")

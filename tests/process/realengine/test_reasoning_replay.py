@@ -10,21 +10,17 @@ demand; what tapfix forwards on turn 2, and what the client sent, are both rende
 
 from __future__ import annotations
 
-import json
 import tarfile
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
+from tests.process.engine_suite import ReasoningTurns, replay_two_turns
 from tests.process.realengine.engine import Build, LlamaServer
-from tests.support.builders import DONE, chat_chunk, sse_event, tool_call_delta
 from tests.support.ci import unavailable
 from tests.support.inproc import InprocProxy
-from tests.support.rawserver import RawServer, sse_response
 
 pytestmark = [pytest.mark.realengine]
 
@@ -49,22 +45,8 @@ def _qwen3_template(build: Build, tmp: Path) -> Path:
     raise AssertionError  # unavailable() skips or fails
 
 
-chunk = partial(chat_chunk, id="c1", model="tiny")
-frame = partial(sse_event, ensure_ascii=True, separators=(", ", ": "))  # json.dumps' spacing and escaping, as before
-
-
-def _answer(request):
-    """As llama-server answers a reasoning model: `reasoning_content`, then a tool call; turn 2: text."""
-    if len(json.loads(request.body)["messages"]) == 2:
-        chunks = [
-            chunk({"role": "assistant", "content": None, "reasoning_content": REASONING}),
-            chunk({"tool_calls": [tool_call_delta(0, "call_1", "read", "")]}),
-            chunk({"tool_calls": [tool_call_delta(0, arguments='{"path":"a.py"}')]}),
-            chunk({}, "tool_calls"),
-        ]
-    else:
-        chunks = [chunk({"role": "assistant", "content": "It prints 1."}), chunk({}, "stop")]
-    return sse_response([*map(frame, chunks), DONE])
+# As llama-server answers a reasoning model: `reasoning_content`, then a tool call, its arguments in a delta apart.
+TURNS = ReasoningTurns("reasoning_content", REASONING, ("", '{"path":"a.py"}'), "It prints 1.", result="print(1)")
 
 
 @pytest.fixture(scope="module")
@@ -82,30 +64,7 @@ def _rendered(server: LlamaServer, messages: list[dict]) -> str:
 def test_turn_2_rendered_by_llama_server_holds_turn_1s_reasoning_through_tapfix_only(
     qwen3_llama: LlamaServer, tapfix_in_front: Callable[..., InprocProxy]
 ):
-    upstream = RawServer(_answer)
-    try:
-        proxy = tapfix_in_front(upstream, "--engine", "llamacpp", "--replay-reasoning")  # type: ignore[arg-type]
-        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0)
-        calls: dict[int, dict] = {}
-        for chunk in client.chat.completions.create(model="tiny", messages=FIRST, tools=TOOLS, stream=True):
-            for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-                slot = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
-                slot["id"] = call.id or slot["id"]
-                slot["name"] += call.function.name or ""
-                slot["arguments"] += call.function.arguments or ""
-        call = calls[0]
-        assistant = {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": call["id"], "type": "function", "function": {k: call[k] for k in ("name", "arguments")}}
-            ],
-        }
-        messages = [*FIRST, assistant, {"role": "tool", "tool_call_id": call["id"], "content": "print(1)"}]
-        list(client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, stream=True))
-        forwarded = json.loads(upstream.requests[-1].body)["messages"]
-    finally:
-        upstream.close()
+    messages, forwarded = replay_two_turns(tapfix_in_front, "llamacpp", TURNS, FIRST, TOOLS)
 
     direct, through = _rendered(qwen3_llama, messages), _rendered(qwen3_llama, forwarded)
     assert "<think>\n" + REASONING + "\n</think>" in through

@@ -24,18 +24,16 @@ same newline, so attempt 2 is the call alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from tests.e2e.conftest import Store
 from tests.inproc.test_e2e_regenerate import all_exchanges, rows
+from tests.process import engine_suite
+from tests.process.engine_suite import Read
 from tests.process.realengine import tiny_model as tm
-from tests.process.realengine.engine import LlamaServer
 from tests.process.realengine.fault_relay import Cut, FaultRelay
 from tests.support.inproc import InprocProxy
 from tests.support.stage_io import client_view
@@ -50,62 +48,14 @@ RESET_MID_ARGUMENTS = Cut(b'"arguments":"Hello', offset=len('"arguments":"Hel'),
 CUTS = {"end_after_first_call_delta": AFTER_THE_FIRST_CALL_DELTA, "reset_mid_arguments": RESET_MID_ARGUMENTS}
 
 
-@pytest.fixture
-def cut_in_front(
-    tapfix_in_front: Callable[..., InprocProxy],
-) -> Iterator[Callable[..., tuple[FaultRelay, InprocProxy]]]:
-    """`(server, cut, *tapfix args)` -> a fault relay in front of the server and `tapfix run` in front of it."""
-    relays: list[FaultRelay] = []
-
-    def start(server: LlamaServer, cut: Cut, *args: str) -> tuple[FaultRelay, InprocProxy]:
-        relay = FaultRelay(server.port, cut)
-        relays.append(relay)
-        return relay, tapfix_in_front(relay, "--engine", "llamacpp", *args)
-
-    yield start
-    for relay in relays:
-        relay.close()
-
-
-@dataclass
-class Read:
-    """What the SDK assembled from the stream."""
-
-    capture_id: str
-    ids: set[str] = field(default_factory=set)
-    content: str = ""
-    reasoning: str = ""
-    calls: dict[int, dict[str, str]] = field(default_factory=dict)
-    finish: list[str] = field(default_factory=list)
-    error: openai.APIError | None = None  # the stream's error event, as the SDK raises it
+cut_in_front = engine_suite.cut_in_front
+LLAMACPP = ("--engine", "llamacpp")
 
 
 def sdk_stream(proxy: InprocProxy, **extra: Any) -> Read:
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0, timeout=60)
-    raw = client.chat.completions.with_raw_response.create(
-        model="tiny",
-        messages=HI,  # type: ignore[arg-type]
-        tools=[tm.WRITE_TOOL],  # type: ignore[list-item]
-        stream=True,
-        **extra,
+    return engine_suite.sdk_stream(
+        proxy, "reasoning_content", 60, model="tiny", messages=HI, tools=[tm.WRITE_TOOL], **extra
     )
-    read = Read(raw.headers["x-tapfix-capture-id"])
-    try:
-        for chunk in raw.parse():
-            read.ids.add(chunk.id)
-            for choice in chunk.choices:
-                delta = choice.delta
-                read.content += delta.content or ""
-                read.reasoning += getattr(delta, "reasoning_content", None) or ""
-                for call in delta.tool_calls or []:
-                    got = read.calls.setdefault(call.index, {"name": "", "arguments": ""})
-                    got["name"] += (call.function and call.function.name) or ""
-                    got["arguments"] += (call.function and call.function.arguments) or ""
-                if choice.finish_reason:
-                    read.finish.append(choice.finish_reason)
-    except openai.APIError as e:
-        read.error = e
-    return read
 
 
 def fields(body: bytes) -> dict[str, Any]:
@@ -181,7 +131,7 @@ def regenerate_rows(store: Store, capture_id: str) -> list[tuple[str, str, Any, 
 def test_a_cut_call_with_nothing_before_it_is_asked_again_with_a_fresh_seed(llama, cut_in_front, cut):
     """The Qwen2.5 template: the model calls at once, so the client has nothing when the call breaks;
     attempt 2 is the forwarded body plus a fresh seed (llama.cpp's sampling is the request's own)."""
-    relay, proxy = cut_in_front(llama, cut, "--regenerate", "1")
+    relay, proxy = cut_in_front(llama, cut, *LLAMACPP, "--regenerate", "1")
     read = sdk_stream(proxy)
     assert (read.content, read.reasoning) == ("", "")
     store, sent_1, sent_2, attempt_2 = check_regenerated(relay, proxy, read)
@@ -200,7 +150,7 @@ def test_a_cut_call_after_reasoning_and_text_is_continued_from_what_the_client_r
     """The QwQ template: the client read the reasoning and some content before the call broke. Attempt 2
     continues exactly that text (a trailing assistant message, llama.cpp's explicit form), llama-server
     streams only the call, and the client reads its reasoning and content once."""
-    relay, proxy = cut_in_front(llama_reasoning, cut, "--regenerate", "1")
+    relay, proxy = cut_in_front(llama_reasoning, cut, *LLAMACPP, "--regenerate", "1")
     read = sdk_stream(proxy, tool_choice="required")
     store, sent_1, sent_2, attempt_2 = check_regenerated(relay, proxy, read)
 
@@ -231,7 +181,7 @@ def test_a_cut_call_after_reasoning_and_text_is_continued_from_what_the_client_r
 @pytest.mark.parametrize("cut", CUTS.values(), ids=CUTS.keys())
 def test_regenerate_0_gives_todays_retryable_error_event(llama, cut_in_front, cut):
     """The same cut without regeneration: the client reads no call and one retryable error event."""
-    relay, proxy = cut_in_front(llama, cut, "--regenerate", "0")
+    relay, proxy = cut_in_front(llama, cut, *LLAMACPP, "--regenerate", "0")
     read = sdk_stream(proxy)
     assert read.error is not None and read.calls == {}
     assert isinstance(read.error.body, dict) and read.error.body.get("type") == "server_error", read.error.body

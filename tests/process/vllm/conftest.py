@@ -24,23 +24,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.process.engine_suite import provided
 from tests.process.realengine.conftest import tapfix_in_front
-from tests.process.realengine.engine import EngineUnavailable
 from tests.process.vllm.engine import Install, VllmServer, install_vllm, launch, model_dir, switch_parser_args
-from tests.support.ci import unavailable
 
 __all__ = ["tapfix_in_front"]
 
 
 @pytest.fixture(scope="session")
 def vllm_install() -> Install:
-    try:
-        install = install_vllm()
-    except EngineUnavailable as exc:
-        unavailable(f"vLLM suite: {exc}")
-    if "installed " in install.output:
-        print(f"\n[vllm] installed vLLM into {install.dir} (route {install.route}) in {install.seconds:.0f}s")
-    return install
+    return provided(
+        install_vllm, "vLLM suite", "installed", lambda i: f"[vllm] installed vLLM into {i.dir} (route {i.route})"
+    )
 
 
 @pytest.fixture(scope="session")

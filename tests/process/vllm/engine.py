@@ -7,7 +7,6 @@ The fixtures in conftest.py call these. How a server is started, and why each se
 
 from __future__ import annotations
 
-import http.client
 import os
 import shutil
 import signal
@@ -16,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.process.realengine.engine import ROOT, EngineUnavailable, cache_root
+from tests.process.engine_suite import ROOT, Provisioned, cache_root, http_status, run_cache_script
 from tests.process.vllm import tiny_qwen3
 from tests.support.procs import free_port
 
@@ -49,12 +48,8 @@ SERVER_ENV = {
 
 
 @dataclass(frozen=True)
-class Install:
+class Install(Provisioned):
     """What scripts/install-vllm produced (or found in its cache), and how long the call took."""
-
-    dir: Path
-    seconds: float
-    output: str  # the script's stderr: its progress lines
 
     @property
     def vllm(self) -> Path:
@@ -72,22 +67,8 @@ class Install:
 
 def install_vllm(timeout: float = INSTALL_TIMEOUT) -> Install:
     """Run the install script (a quick print of the directory when the cache holds the install)."""
-    started = time.monotonic()
-    try:
-        result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise EngineUnavailable(f"scripts/install-vllm did not finish within {timeout:.0f}s") from exc
-    seconds = time.monotonic() - started
-    if result.returncode == NO_PYTHON:
-        raise EngineUnavailable(f"vLLM can't be installed here: {result.stderr.strip()}")
-    if result.returncode != 0:
-        raise EngineUnavailable(
-            f"scripts/install-vllm failed (exit {result.returncode}); its output ends:\n{result.stderr[-6000:]}"
-        )
-    lines = result.stdout.strip().splitlines()
-    if len(lines) != 1 or not (Path(lines[0]) / "venv" / "bin" / "vllm").exists():
-        raise EngineUnavailable(f"scripts/install-vllm printed no install directory: {result.stdout!r}")
-    return Install(Path(lines[0]), seconds, result.stderr)
+    installed = run_cache_script(INSTALL_SCRIPT, timeout, cannot_status=NO_PYTHON, must_hold="venv/bin/vllm")
+    return Install(installed.dir, installed.seconds, installed.output)
 
 
 def model_dir(install: Install) -> Path:
@@ -128,17 +109,6 @@ def switch_parser_args() -> list[str]:
     return ["--enable-auto-tool-choice", "--tool-parser-plugin", str(plugin), "--tool-call-parser", SWITCH_PARSER]
 
 
-def _models_status(port: int) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        conn.request("GET", "/v1/models")
-        return conn.getresponse().status
-    except OSError:
-        return None
-    finally:
-        conn.close()
-
-
 @dataclass
 class VllmServer:
     """`vllm serve` on loopback in a process group of its own (API server and engine core), stopped by it."""
@@ -167,7 +137,7 @@ class VllmServer:
                     f"vllm ({self.name}) exited with {self.popen.returncode} before it answered; its log ends:\n"
                     + self.log()[-6000:]
                 )
-            if _models_status(self.port) == 200:
+            if http_status(self.port, "GET", "/v1/models", timeout=5) == 200:
                 self.ready_seconds = time.monotonic() - self.started
                 break
             if time.monotonic() > deadline:

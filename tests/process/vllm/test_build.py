@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.process.realengine.engine import cache_root
+from tests.process.engine_suite import cache_root, check_a_warm_run_reuses_the_cache, run_with_only
 from tests.process.vllm import tiny_qwen3
 from tests.process.vllm.engine import INSTALL_SCRIPT, NO_PYTHON, Install
 from tests.support.ci import unavailable
@@ -28,17 +26,9 @@ def test_tiny_model_rebuilds_to_the_recorded_digest(vllm_install: Install, tmp_p
 
 @pytest.mark.vllm
 def test_install_script_reuses_its_cache(vllm_install: Install) -> None:
-    marker = vllm_install.dir / "venv" / "pyvenv.cfg"
-    before = marker.stat().st_mtime_ns
-    started = time.monotonic()
-    result = subprocess.run([str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [str(vllm_install.dir)]
-    assert seconds < 30, f"a warm run took {seconds:.1f}s: {result.stderr}"
-    assert marker.stat().st_mtime_ns == before, "the warm run replaced the venv"
+    kept = vllm_install.dir / "venv" / "pyvenv.cfg"
+    check_a_warm_run_reuses_the_cache(INSTALL_SCRIPT, vllm_install, kept, 30, 300, "vllm/.sdist-*")
     assert vllm_install.route in ("cpu", "cuda", "external")
-    assert not list((cache_root() / "vllm").glob(".sdist-*")), "a run left its download behind"
 
 
 @pytest.mark.vllm
@@ -62,16 +52,8 @@ def test_an_existing_venv_is_used_as_it_is(vllm_install: Install, tmp_path: Path
 def test_install_script_names_a_missing_python_311(tmp_path: Path) -> None:
     """Without a Python 3.11 the script exits 3 and says how to give one (the fixture's skip locally, a
     failure in CI), before it downloads anything."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("bash", "dirname", "mkdir", "flock", "sha256sum", "cut", "sed", "cat", "printf", "readlink"):
-        found = shutil.which(tool)
-        if found:
-            (bin_dir / tool).symlink_to(found)
-    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "TAPFIX_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [str(bin_dir / "bash"), str(INSTALL_SCRIPT)], capture_output=True, text=True, env=env, timeout=60
-    )
+    tools = ("bash", "dirname", "mkdir", "flock", "sha256sum", "cut", "sed", "cat", "printf", "readlink")
+    result = run_with_only(INSTALL_SCRIPT, tools, tmp_path)
     assert result.returncode == NO_PYTHON, result.stderr
     assert "Python 3.11" in result.stderr and "TAPFIX_VLLM_PYTHON" in result.stderr
     assert result.stdout == ""

@@ -14,11 +14,12 @@ passes on as the engine's own error.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
 
+from tests.process.engine_suite import relayed
 from tests.process.realengine.relay import Relay
 from tests.process.realengine.test_passthrough import recorded_changes
 from tests.process.vllm.engine import VllmServer
@@ -55,16 +56,7 @@ MARKUP = {
 }
 
 
-@pytest.fixture(scope="module")
-def relay(vllm: VllmServer) -> Iterator[Relay]:
-    witness = Relay(vllm.port)
-    yield witness
-    witness.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(tapfix_in_front: Callable[..., InprocProxy], relay: Relay) -> InprocProxy:
-    return tapfix_in_front(relay)
+relay, proxy = relayed("vllm")
 
 
 def body_for(parser: str, markup: str, stream: bool) -> dict:

@@ -14,15 +14,15 @@ The server runs the `hermes` tool parser and the `qwen3` reasoning parser, as a 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.process.engine_suite import relayed
 from tests.process.realengine.relay import Exchange, Relay
 from tests.process.realengine.test_passthrough import Seen, assert_forwarded, assert_passed_back, recorded_changes
-from tests.process.vllm.engine import MAX_MODEL_LEN, MODEL, VllmServer
+from tests.process.vllm.engine import MAX_MODEL_LEN, MODEL
 from tests.process.vllm.wire import (
     CHAT,
     READ_ARGS,
@@ -95,16 +95,7 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 WINDOW_READS = ("GET /v1/models ", "POST /tokenize ")
 
 
-@pytest.fixture(scope="module")
-def relay(vllm: VllmServer) -> Iterator[Relay]:
-    witness = Relay(vllm.port)
-    yield witness
-    witness.close()
-
-
-@pytest.fixture(scope="module")
-def proxy(tapfix_in_front: Callable[..., InprocProxy], relay: Relay) -> InprocProxy:
-    return tapfix_in_front(relay)  # tapfix's upstream is the relay, which forwards to vLLM
+relay, proxy = relayed("vllm")
 
 
 def post(proxy: InprocProxy, path: str, body: dict[str, Any]) -> tuple[Seen, Seen]:

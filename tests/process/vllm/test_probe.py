@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 from tapfix.proxy.probe import checks
 from tapfix.proxy.probe.client import Answer
-from tapfix.proxy.probe.judge import THINK, judge_text, judge_tool_call, scan_stream
+from tapfix.proxy.probe.judge import judge_text, judge_tool_call, scan_stream
 
 from tests.process.realengine.test_probe import (
     MAX_TOKENS,
     ProbeRun,
+    probe_agrees_through,
+    reasoning_lengths,
     resend_to,
     run_probe,
     tools_detail_by_mode,
@@ -94,12 +96,7 @@ def test_tools_verdict_is_what_vllms_answer_to_the_same_request_warrants(direct:
 def test_reasoning_verdict_counts_the_reasoning_vllm_returns(direct: ProbeRun, resend) -> None:
     """The probe asks with reasoning off and high; vLLM turns `reasoning_effort: "none"` into
     `enable_thinking: false`, so the first has none and the second the model's own."""
-    lengths = []
-    for body in direct.requests("reasoning"):
-        answer = resend(body)
-        assert answer.ok, answer.body
-        msg = answer.message()
-        lengths.append(len(msg.reasoning) or len("".join(THINK.findall(msg.content))))
+    lengths = reasoning_lengths(direct, resend)
     row = direct.rows["reasoning"]
     assert [row["data"]["none_chars"], row["data"]["high_chars"]] == lengths
     assert lengths[0] == 0 < lengths[1] and row["status"] == "pass"
@@ -125,8 +122,4 @@ def test_long_context_reports_the_prompt_vllm_counted(direct: ProbeRun, resend) 
 
 def test_through_tapfix_run_the_verdicts_are_the_same(direct: ProbeRun, tapfix_in_front, vllm, tmp_path: Path) -> None:
     proxy: InprocProxy = tapfix_in_front(vllm)
-    proxied = run_probe(proxy.url, tmp_path / "probe.db")
-    assert {c: r["status"] for c, r in proxied.rows.items()} == {c: r["status"] for c, r in direct.rows.items()}
-    assert proxied.exit_code == direct.exit_code
-    for check in ("completion", "tools", "reasoning", "vision"):
-        assert proxied.rows[check]["detail"] == direct.rows[check]["detail"], check
+    probe_agrees_through(proxy, direct, tmp_path)

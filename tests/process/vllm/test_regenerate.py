@@ -18,14 +18,14 @@ the OpenAI SDK (`max_retries=0`, streamed). What a user relies on:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-import openai
 import pytest
 
 from tests.e2e.conftest import Store
 from tests.inproc.test_e2e_regenerate import all_exchanges, rows
+from tests.process import engine_suite
+from tests.process.engine_suite import Read
 from tests.process.realengine.fault_relay import Cut, FaultRelay
 from tests.process.vllm.engine import MODEL, VllmServer
 from tests.process.vllm.wire import (
@@ -53,68 +53,18 @@ RESET_MID_ARGUMENTS = Cut(b'"arguments":"', offset=len(b'"arguments":"') + 1, re
 CUTS = {"end_after_first_call_delta": AFTER_THE_FIRST_CALL_DELTA, "reset_mid_arguments": RESET_MID_ARGUMENTS}
 
 
-@pytest.fixture
-def cut_in_front(
-    tapfix_in_front: Callable[..., InprocProxy], vllm: VllmServer
-) -> Iterator[Callable[[Cut], tuple[FaultRelay, InprocProxy]]]:
-    relays: list[FaultRelay] = []
-
-    def start(cut: Cut) -> tuple[FaultRelay, InprocProxy]:
-        relay = FaultRelay(vllm.port, cut)
-        relays.append(relay)
-        return relay, tapfix_in_front(relay, "--engine", "vllm", "--regenerate", "1")
-
-    yield start
-    for relay in relays:
-        relay.close()
-
-
-@dataclass
-class Read:
-    """What the SDK assembled from the stream."""
-
-    capture_id: str
-    ids: set[str] = field(default_factory=set)
-    content: str = ""
-    reasoning: str = ""
-    calls: dict[int, dict[str, str]] = field(default_factory=dict)
-    finish: list[str] = field(default_factory=list)
-    error: openai.APIError | None = None
+cut_in_front = engine_suite.cut_in_front
 
 
 def sdk_stream(proxy: InprocProxy) -> Read:
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="k", max_retries=0, timeout=120)
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
-        stream=True,
-        max_tokens=400,
-    )
-    read = Read(raw.headers["x-tapfix-capture-id"])
-    try:
-        for chunk in raw.parse():
-            read.ids.add(chunk.id)
-            for choice in chunk.choices:
-                delta = choice.delta
-                read.content += delta.content or ""
-                read.reasoning += getattr(delta, "reasoning", None) or ""  # vLLM's field, kept by the SDK
-                for call in delta.tool_calls or []:
-                    got = read.calls.setdefault(call.index, {"name": "", "arguments": ""})
-                    got["name"] += (call.function and call.function.name) or ""
-                    got["arguments"] += (call.function and call.function.arguments) or ""
-                if choice.finish_reason:
-                    read.finish.append(choice.finish_reason)
-    except openai.APIError as e:
-        read.error = e
-    return read
+    return engine_suite.sdk_stream(proxy, "reasoning", 120, model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=400)
 
 
 @pytest.mark.parametrize("cut", CUTS.values(), ids=CUTS.keys())
 def test_a_cut_call_after_reasoning_and_text_is_continued_from_what_the_client_read(
-    cut_in_front: Callable[[Cut], tuple[FaultRelay, InprocProxy]], vllm: VllmServer, cut: Cut
+    cut_in_front: Callable[..., tuple[FaultRelay, InprocProxy]], vllm: VllmServer, cut: Cut
 ) -> None:
-    relay, proxy = cut_in_front(cut)
+    relay, proxy = cut_in_front(vllm, cut, "--engine", "vllm", "--regenerate", "1")
     read = sdk_stream(proxy)
     first, second = relay.chat(2)[:2]
     assert (first.cut, second.cut) == (True, False) and len(relay.chat(2)) == 2 and not relay.errors

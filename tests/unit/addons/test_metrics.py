@@ -3,24 +3,13 @@ read from the writer at scrape time; every other path and every already-answered
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-from mitmproxy import http
-from mitmproxy.test import taddons
 from prometheus_client.parser import text_string_to_metric_families
 from tapfix.addons.metrics import Metrics
 from tapfix.proxy.telemetry.metrics import MODEL
 
-from tests.support.flows import flow, json_response, runtime, store
-
-
-def ask(metrics: Metrics, f: http.HTTPFlow) -> None:
-    async def run() -> None:
-        with taddons.context(metrics):
-            await metrics.request(f)
-
-    asyncio.run(run())
+from tests.support.flows import assert_leaves_alone, flow, requested, runtime, store
 
 
 def test_a_scrape_renders_the_catalogue_with_the_writers_queue_depth(tmp_path: Path) -> None:
@@ -29,7 +18,7 @@ def test_a_scrape_renders_the_catalogue_with_the_writers_queue_depth(tmp_path: P
         rt = runtime(writer=writer)
         metrics = Metrics(rt)
         f = flow("/tapfix/metrics?x=1", method="GET")
-        ask(metrics, f)
+        requested(metrics, f)
     finally:
         writer.close()
     assert f.response is not None and f.response.status_code == 200
@@ -42,13 +31,7 @@ def test_a_scrape_renders_the_catalogue_with_the_writers_queue_depth(tmp_path: P
 
 
 def test_other_paths_and_answered_flows_are_left_alone() -> None:
-    metrics = Metrics(runtime())
-    other = flow("/tapfix/metricsX", method="GET")
-    answered = flow("/tapfix/metrics", method="GET", response=json_response({"mine": True}, 401))
-    for f in (other, answered):
-        ask(metrics, f)
-    assert other.response is None
-    assert answered.response is not None and answered.response.status_code == 401
+    assert_leaves_alone(Metrics(runtime()), "/tapfix/metricsX", "/tapfix/metrics")
 
 
 def test_config_mode_labels_the_names_the_config_serves() -> None:

@@ -3,15 +3,12 @@ answers itself; guard clauses for flows it must not touch. The upstream is never
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 from mitmproxy import http
-from mitmproxy.test import taddons
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
 
-from tests.support.flows import flow, json_response, reachable, recorded, runtime
+from tests.support.flows import flow, json_response, reachable, recorded, requested, runtime
 
 CONFIG = {
     "upstreams": {
@@ -23,13 +20,7 @@ CONFIG = {
 
 
 def route(rt: Runtime, f: http.HTTPFlow) -> None:
-    router = Router(rt)
-
-    async def run() -> None:
-        with taddons.context(router):
-            await router.request(f)
-
-    asyncio.run(run())
+    requested(Router(rt), f)
 
 
 def test_quick_mode_points_the_flow_at_the_upstream_and_asks_for_identity() -> None:
