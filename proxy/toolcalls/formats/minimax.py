@@ -22,17 +22,20 @@ from tapfix.proxy.toolcalls.formats.base import (
     RawCall,
     ToolFormat,
     XmlArgs,
+    XmlCall,
+    closed_by,
     dumps,
     frame,
     json_value,
     named_call,
     open_markup,
+    quoted_attr,
     skip_ws,
-    unframe,
 )
 
 M1_OPEN, M1_CLOSE = "<tool_calls>", "</tool_calls>"
 M2_OPEN, M2_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+M2_INVOKE = XmlCall('<invoke name="', "</invoke>", '<parameter name="', "</parameter>", quoted_attr, '">')
 NS = "]<]minimax[>["
 M3_OPEN, M3_CLOSE = NS + "<tool_call>", NS + "</tool_call>"
 
@@ -52,11 +55,7 @@ class MinimaxM1(ToolFormat):
             value, pos = json_value(text, pos)
             calls.append(named_call(value))
             pos = skip_ws(text, pos)
-        if not calls:
-            return None
-        if text.startswith(M1_CLOSE, pos):
-            return Markup(at, pos + len(M1_CLOSE), calls)
-        return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
+        return closed_by(text, at, pos, M1_CLOSE, calls) if calls else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         lines = "".join(dumps({"name": n, "arguments": a}) + "\n" for n, a in calls)
@@ -71,21 +70,13 @@ class MinimaxM2(ToolFormat):
     def parse(self, text: str, at: int) -> Markup | None:
         calls: list[RawCall] = []
         pos = skip_ws(text, at + len(M2_OPEN))
-        while text.startswith('<invoke name="', pos):
-            name, pos = _attr(text, pos + len('<invoke name="'))
-            args = XmlArgs()
+        while text.startswith(M2_INVOKE.opener, pos):
+            read = M2_INVOKE.read(text, at, pos, calls)
+            if not isinstance(read, tuple):
+                return read
+            call, pos = read
+            calls.append(call)
             pos = skip_ws(text, pos)
-            while text.startswith('<parameter name="', pos):
-                key, pos = _attr(text, pos + len('<parameter name="'))
-                end = text.find("</parameter>", pos)
-                if end < 0:
-                    return open_markup(at, text, calls)
-                args[key] = unframe(text[pos:end])
-                pos = skip_ws(text, end + len("</parameter>"))
-            if not text.startswith("</invoke>", pos):
-                return open_markup(at, text, calls) if _at_end(text, pos, "</invoke>") else None
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len("</invoke>"))
         if not calls:
             return None
         if text.startswith(M2_CLOSE, pos):
@@ -93,14 +84,8 @@ class MinimaxM2(ToolFormat):
         return open_markup(at, text, calls) if _at_end(text, pos, M2_CLOSE) else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        out = ["\n", M2_OPEN, "\n"]
-        for name, args in calls:
-            out.append(f'<invoke name="{name}">\n')
-            for key, value in args.items():
-                out.append(f'<parameter name="{key}">{_scalar(value)}</parameter>\n')
-            out.append("</invoke>\n")
-        out.append(M2_CLOSE)
-        return "".join(out)
+        invokes = "".join(M2_INVOKE.write(n, a, _scalar, newline="\n") + "\n" for n, a in calls)
+        return f"\n{M2_OPEN}\n{invokes}{M2_CLOSE}"
 
 
 class MinimaxM3(ToolFormat):
@@ -112,7 +97,7 @@ class MinimaxM3(ToolFormat):
         calls: list[RawCall] = []
         pos = skip_ws(text, at + len(M3_OPEN))
         while text.startswith(NS + '<invoke name="', pos):
-            name, pos = _attr(text, pos + len(NS + '<invoke name="'))
+            name, pos = quoted_attr(text, pos + len(NS + '<invoke name="'))
             args = XmlArgs()
             while True:
                 pos = skip_ws(text, pos)
@@ -182,13 +167,6 @@ def _to_xml(value: Any) -> str:
     if isinstance(value, bool):
         return dumps(value)
     return str(value)
-
-
-def _attr(text: str, pos: int) -> tuple[str, int]:
-    end = text.find('">', pos)
-    if end < 0 or "\n" in text[pos:end]:
-        raise ValueError("a name attribute is cut")
-    return text[pos:end], end + 2
 
 
 def _scalar(value: Any) -> str:
