@@ -238,6 +238,30 @@ class XmlCall:
         return f"{self.opener}{name}{self.head_end}{newline}{params}{self.closer}"
 
 
+# How one call of a section is read: the call and where it ends, or how the markup ends there (`XmlCall.read`).
+ReadCall = Callable[[str, int, int, list[RawCall]], "tuple[RawCall, int] | Markup | None"]
+
+
+def call_section(text: str, at: int, opener: str, closer: str, call_opener: str, read: ReadCall) -> Markup | None:
+    """`opener`, calls back to back (each starting with `call_opener`, read by `read`), then `closer`
+    (MiniMax-M2's and M3's `<minimax:tool_call>` sections, Step 3's section tokens): open when the text
+    stops inside, None when it isn't this format."""
+    calls: list[RawCall] = []
+    pos = skip_ws(text, at + len(opener))
+    while text.startswith(call_opener, pos):
+        read_call = read(text, at, pos, calls)
+        if not isinstance(read_call, tuple):
+            return read_call
+        call, pos = read_call
+        calls.append(call)
+        pos = skip_ws(text, pos)
+    if not calls:
+        return None
+    if text.startswith(closer, pos):
+        return Markup(at, pos + len(closer), calls)
+    return open_markup(at, text, calls) if closer.startswith(text[pos:]) else None
+
+
 # Seed-OSS's and Qwen3-Coder's element: `<function=NAME>` holding `<parameter=KEY>value</parameter>`.
 FUNCTION_XML = XmlCall("<function=", "</function>", "<parameter=", "</parameter>", tag_name)
 

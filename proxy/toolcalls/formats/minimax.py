@@ -23,6 +23,7 @@ from tapfix.proxy.toolcalls.formats.base import (
     ToolFormat,
     XmlArgs,
     XmlCall,
+    call_section,
     closed_by,
     dumps,
     frame,
@@ -38,6 +39,7 @@ M2_OPEN, M2_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 M2_INVOKE = XmlCall('<invoke name="', "</invoke>", '<parameter name="', "</parameter>", quoted_attr, '">')
 NS = "]<]minimax[>["
 M3_OPEN, M3_CLOSE = NS + "<tool_call>", NS + "</tool_call>"
+M3_INVOKE, M3_INVOKE_END = NS + '<invoke name="', NS + "</invoke>"
 
 
 class MinimaxM1(ToolFormat):
@@ -68,20 +70,7 @@ class MinimaxM2(ToolFormat):
     openers = (M2_OPEN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[RawCall] = []
-        pos = skip_ws(text, at + len(M2_OPEN))
-        while text.startswith(M2_INVOKE.opener, pos):
-            read = M2_INVOKE.read(text, at, pos, calls)
-            if not isinstance(read, tuple):
-                return read
-            call, pos = read
-            calls.append(call)
-            pos = skip_ws(text, pos)
-        if not calls:
-            return None
-        if text.startswith(M2_CLOSE, pos):
-            return Markup(at, pos + len(M2_CLOSE), calls)
-        return open_markup(at, text, calls) if _at_end(text, pos, M2_CLOSE) else None
+        return call_section(text, at, M2_OPEN, M2_CLOSE, M2_INVOKE.opener, M2_INVOKE.read)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         invokes = "".join(M2_INVOKE.write(n, a, _scalar, newline="\n") + "\n" for n, a in calls)
@@ -94,26 +83,7 @@ class MinimaxM3(ToolFormat):
     openers = (M3_OPEN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[RawCall] = []
-        pos = skip_ws(text, at + len(M3_OPEN))
-        while text.startswith(NS + '<invoke name="', pos):
-            name, pos = quoted_attr(text, pos + len(NS + '<invoke name="'))
-            args = XmlArgs()
-            while True:
-                pos = skip_ws(text, pos)
-                if text.startswith(NS + "</invoke>", pos):
-                    break
-                if not text.startswith(NS + "<", pos) or text.startswith(NS + "</", pos):
-                    return open_markup(at, text, calls) if _at_end(text, pos, NS + "</invoke>") else None
-                key, value, pos = _element(text, pos)
-                args[key] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len(NS + "</invoke>"))
-        if not calls:
-            return None
-        if text.startswith(M3_CLOSE, pos):
-            return Markup(at, pos + len(M3_CLOSE), calls)
-        return open_markup(at, text, calls) if _at_end(text, pos, M3_CLOSE) else None
+        return call_section(text, at, M3_OPEN, M3_CLOSE, M3_INVOKE, _m3_invoke)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         out = [M3_OPEN, "\n"]
@@ -125,6 +95,20 @@ class MinimaxM3(ToolFormat):
             out.append(f"{NS}</invoke>\n")
         out.append(M3_CLOSE)
         return "".join(out)
+
+
+def _m3_invoke(text: str, at: int, pos: int, calls: list[RawCall]) -> tuple[RawCall, int] | Markup | None:
+    """One M3 invoke at `pos` (its parameters are elements named after their keys), as `XmlCall.read`."""
+    name, pos = quoted_attr(text, pos + len(M3_INVOKE))
+    args = XmlArgs()
+    while True:
+        pos = skip_ws(text, pos)
+        if text.startswith(M3_INVOKE_END, pos):
+            return (name, args), pos + len(M3_INVOKE_END)
+        if not text.startswith(NS + "<", pos) or text.startswith(NS + "</", pos):
+            return open_markup(at, text, calls) if _at_end(text, pos, M3_INVOKE_END) else None
+        key, value, pos = _element(text, pos)
+        args[key] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _element(text: str, pos: int) -> tuple[str, Any, int]:

@@ -18,8 +18,10 @@ from typing import Any
 
 from tapfix.proxy.toolcalls.formats.base import (
     Markup,
+    RawCall,
     ToolFormat,
     XmlCall,
+    call_section,
     dumps,
     frame,
     open_markup,
@@ -39,37 +41,33 @@ class Step3(ToolFormat):
     openers = (CALLS_BEGIN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[tuple[str | None, Any]] = []
-        pos = skip_ws(text, at + len(CALLS_BEGIN))
-        while text.startswith(CALL_BEGIN, pos):
-            pos = skip_ws(text, pos + len(CALL_BEGIN))
-            if not text.startswith(INVOKE.opener, pos):
-                sep = text.find(SEP, pos)
-                if sep < 0:
-                    return open_markup(at, text, calls)
-                if text[pos:sep].strip() != "function":
-                    return None
-                pos = skip_ws(text, sep + len(SEP))
-            read = INVOKE.read(text, at, pos, calls)
-            if not isinstance(read, tuple):
-                return read
-            call, pos = read
-            pos = skip_ws(text, pos)
-            if not text.startswith(CALL_END, pos):
-                return open_markup(at, text, calls) if CALL_END.startswith(text[pos:]) else None
-            calls.append(call)
-            pos = skip_ws(text, pos + len(CALL_END))
-            if text.startswith(SEP, pos):
-                pos = skip_ws(text, pos + len(SEP))
-        if not calls:
-            return None
-        if text.startswith(CALLS_END, pos):
-            return Markup(at, pos + len(CALLS_END), calls)
-        return open_markup(at, text, calls) if CALLS_END.startswith(text[pos:]) else None
+        return call_section(text, at, CALLS_BEGIN, CALLS_END, CALL_BEGIN, _call)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         invokes = "".join(f"{CALL_BEGIN}function{SEP}{INVOKE.write(n, a, _value)}{CALL_END}" for n, a in calls)
         return f"{CALLS_BEGIN}{invokes}{CALLS_END}"
+
+
+def _call(text: str, at: int, pos: int, calls: list[RawCall]) -> tuple[RawCall, int] | Markup | None:
+    """`<｜tool_call_begin｜>function<｜tool_sep｜>` (the type and the separator may be left out), an invoke,
+    `<｜tool_call_end｜>` and a separator, as `XmlCall.read`; a call of another type than `function` is not read."""
+    pos = skip_ws(text, pos + len(CALL_BEGIN))
+    if not text.startswith(INVOKE.opener, pos):
+        sep = text.find(SEP, pos)
+        if sep < 0:
+            return open_markup(at, text, calls)
+        if text[pos:sep].strip() != "function":
+            return None
+        pos = skip_ws(text, sep + len(SEP))
+    read = INVOKE.read(text, at, pos, calls)
+    if not isinstance(read, tuple):
+        return read
+    call, pos = read
+    pos = skip_ws(text, pos)
+    if not text.startswith(CALL_END, pos):
+        return open_markup(at, text, calls) if CALL_END.startswith(text[pos:]) else None
+    pos = skip_ws(text, pos + len(CALL_END))
+    return call, skip_ws(text, pos + len(SEP)) if text.startswith(SEP, pos) else pos
 
 
 def _value(value: Any) -> str:
