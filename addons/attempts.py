@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -168,14 +168,10 @@ class LaterAttempts:
     async def _record_rest(response: httpx.Response, attempt: Attempt, waiter: _Waiter) -> str:
         """A failed attempt's body, for its record only, read within the deadline (a body that stalls holds
         nobody past the budget)."""
-        chunks = response.aiter_raw()
         try:
-            while True:
-                data = await waiter.wait(anext(chunks, None))
-                if data is None:
-                    break
-                attempt.chunks.append(data)
-                attempt.times.append(time.perf_counter())
+            async with contextlib.aclosing(_recorded(response, attempt, waiter)) as chunks:
+                async for _ in chunks:
+                    pass
         except _Stopped as e:
             attempt.cancel(e.why)
             return e.ending
@@ -197,19 +193,14 @@ class LaterAttempts:
         the stages); after, the stream is cut there (CUT)."""
         if decoder is not None:
             attempt.decoded = []
-        chunks = response.aiter_raw()
         try:
-            while True:
-                data = await waiter.wait(anext(chunks, None))
-                if data is None:
-                    break
-                attempt.chunks.append(data)
-                attempt.times.append(time.perf_counter())
-                if decoder is not None:
-                    data = decoder.feed(data)
-                    assert attempt.decoded is not None
-                    attempt.decoded.append(data)
-                await waiter.client.send(pipeline.feed_attempt(data))
+            async with contextlib.aclosing(_recorded(response, attempt, waiter)) as chunks:
+                async for data in chunks:
+                    if decoder is not None:
+                        data = decoder.feed(data)
+                        assert attempt.decoded is not None
+                        attempt.decoded.append(data)
+                    await waiter.client.send(pipeline.feed_attempt(data))
             if decoder is not None:
                 tail = decoder.finish()
                 if tail and attempt.decoded:
@@ -234,6 +225,15 @@ class LaterAttempts:
             pipeline.drop_partial()
             return ENDED
         return CUT if attempt.error is not None else ENDED
+
+
+async def _recorded(response: httpx.Response, attempt: Attempt, waiter: _Waiter) -> AsyncGenerator[bytes]:
+    """The upstream's chunks as they come, each awaited within the deadline and recorded on `attempt`."""
+    chunks = response.aiter_raw()
+    while (data := await waiter.wait(anext(chunks, None))) is not None:
+        attempt.chunks.append(data)
+        attempt.times.append(time.perf_counter())
+        yield data
 
 
 class _Stopped(Exception):

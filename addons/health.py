@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 from tapfix.addons.runner.http import json_response
+from tapfix.addons.runner.periodic import every
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 
@@ -38,7 +39,9 @@ class Health:
 
     def running(self) -> None:
         if self.interval > 0 and self.runtime.targets and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._every(self.interval))
+            self._task = asyncio.get_running_loop().create_task(
+                every(self.interval, self.probe_all, "background probe")
+            )
 
     def done(self) -> None:
         if self._task is not None:
@@ -59,14 +62,6 @@ class Health:
         if writer.get("failures") or (writer.get("store") or {}).get("state", "ok") != "ok":
             body["status"] = "degraded"  # captures lost, or held in memory while the database is away
         flow.response = json_response(200, orjson.dumps(body))
-
-    async def _every(self, interval: float) -> None:
-        while True:
-            try:
-                await self.probe_all()
-            except Exception as e:  # noqa: BLE001 - a probe must never take the proxy down
-                log.warning("background probe failed: %s", e)
-            await asyncio.sleep(interval)
 
     async def probe_all(self) -> None:
         from tapfix.proxy.probe import CHEAP_CHECKS, run_probe

@@ -14,6 +14,7 @@ import httpx
 import orjson
 from mitmproxy import http
 from tapfix.addons.runner.http import answer_locally
+from tapfix.addons.runner.periodic import every
 from tapfix.addons.runner.runtime import Runtime, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.changes import Change
@@ -62,7 +63,9 @@ class Window:
 
     def running(self) -> None:
         if self.runtime.targets and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._every(REFRESH_S))
+            self._task = asyncio.get_running_loop().create_task(
+                every(REFRESH_S, self.read_all, "reading the context windows")
+            )
 
     async def done(self) -> None:
         if self._task is not None:
@@ -71,14 +74,6 @@ class Window:
             task.cancel()
         if self._client is not None:
             await self._client.aclose()
-
-    async def _every(self, interval: float) -> None:
-        while True:
-            try:
-                await self.read_all()
-            except Exception as e:  # noqa: BLE001 - reading windows must never take the proxy down
-                log.warning("reading the context windows failed: %s", e)
-            await asyncio.sleep(interval)
 
     async def read_all(self) -> None:
         """Every known model's window, read again from its engine and logged: the config's models, or in quick

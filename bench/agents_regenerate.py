@@ -70,17 +70,10 @@ class Others:
             return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
 
     def _sample(self) -> None:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
+        for pid, fields in procstat.processes():
             if int(fields[3]) in self.ours:
                 continue
-            key, ticks = (int(name), int(fields[19])), int(fields[11]) + int(fields[12])
+            key, ticks = (pid, int(fields[19])), int(fields[11]) + int(fields[12])
             # A process started after the sampler did counts from zero; an older one from its first sample.
             self._start.setdefault(key, 0 if key[1] >= self._boot_ticks else ticks)
             self._last[key] = ticks

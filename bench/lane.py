@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from load import build_request, pct, request_body
+from load import add_fields, build_request, pct, request_body
 
 DELTAS = 64
 GAP_MS = 20.0
@@ -51,13 +51,7 @@ class LaneResult:
     wall: float = 0.0
 
     def merge(self, other: LaneResult) -> None:
-        self.ttft += other.ttft
-        self.delay += other.delay
-        self.streams += other.streams
-        self.complete += other.complete
-        self.lost += other.lost
-        self.errors += other.errors
-        self.wall += other.wall
+        add_fields(self, other)
 
     def summary(self) -> dict:
         return {

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import operator
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -52,6 +54,12 @@ def request_body(size: int = 2048, tools: bool = True, model: str = "bench-model
     return orjson.dumps(base)
 
 
+def add_fields(into: Any, other: Any) -> None:
+    """Adds each field of the dataclass `other` to the same of `into` (samples join, counts add up)."""
+    for f in fields(into):
+        setattr(into, f.name, operator.iadd(getattr(into, f.name), getattr(other, f.name)))
+
+
 @dataclass
 class Result:
     ttft: list[float] = field(default_factory=list)  # seconds
@@ -62,12 +70,7 @@ class Result:
     wall: float = 0.0
 
     def merge(self, other: Result) -> None:
-        self.ttft += other.ttft
-        self.total += other.total
-        self.events += other.events
-        self.bytes += other.bytes
-        self.errors += other.errors
-        self.wall += other.wall
+        add_fields(self, other)
 
     def summary(self) -> dict:
         return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
@@ -42,9 +43,26 @@ def task_cpu_ns(pid: int) -> dict[int, int]:
     return out
 
 
-def ticks_ns(pid: int) -> int:
+def stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat after the command name: `[0]` the state, `[1]` the parent, `[3]` the session,
+    `[11] + [12]` utime + stime in ticks, `[19]` the start time in ticks after boot."""
     with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every live process: its PID and `stat_fields` (one that ends meanwhile is left out)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            yield int(entry), stat_fields(int(entry))
+        except OSError:
+            continue
+
+
+def ticks_ns(pid: int) -> int:
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) * TICK_NS
 
 

@@ -24,6 +24,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.store.writer import CaptureWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procstat import processes  # noqa: E402
 from storage import agent_turn, session  # noqa: E402
 
 MODELS = ("qwen3-coder-30b", "qwen3-235b", "gpt-oss-120b", "llama-3.1-8b", "glm-4.5-air")
@@ -163,19 +164,11 @@ class TreeCpu:
         self._last = self._ticks()
 
     def _ticks(self) -> dict[int, int]:
-        ticks: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            pid, ppid = int(entry), int(fields[1])
-            if pid == self.root_pid or ppid == self.root_pid:
-                ticks[pid] = int(fields[11]) + int(fields[12])  # utime stime
-        return ticks
+        return {
+            pid: int(fields[11]) + int(fields[12])  # utime stime
+            for pid, fields in processes()
+            if pid == self.root_pid or int(fields[1]) == self.root_pid
+        }
 
     def __call__(self) -> float:
         now = self._ticks()

@@ -128,13 +128,8 @@ def _fold_event(fold: _Fold, event: bytes, chunk_index: int) -> None:
     if data[:1] != b"{" and data.strip() == b"[DONE]":
         result.done = True
         return
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        result.malformed_events += 1
-        return
-    if not isinstance(obj, dict):
-        result.malformed_events += 1
+    obj = result.event_object(data)
+    if obj is None:
         return
     choices = obj.get("choices")
     # Most events are choice 0 carrying one content delta: fold those without the general walk

@@ -257,13 +257,8 @@ def _each_event(chunks: list[bytes], result: Assembled, fold: Any) -> None:
             if data is None or not data.strip():
                 continue
             result.events += 1
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                result.malformed_events += 1
-                continue
-            if not isinstance(obj, dict):
-                result.malformed_events += 1
+            obj = result.event_object(data)
+            if obj is None:
                 continue
             if isinstance(obj.get("timings"), dict):  # llama.cpp's, on a Responses stream's last event
                 result.timings = obj["timings"]

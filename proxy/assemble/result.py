@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 
 @dataclass
 class Assembled:
@@ -39,6 +41,17 @@ class Assembled:
             setattr(self, key, getattr(self, key) + "".join(parts))
         self._parts.clear()
         return self
+
+    def event_object(self, data: bytes) -> dict[str, Any] | None:
+        """An event's JSON object; None, counted as malformed, when its data isn't one."""
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            self.malformed_events += 1
+            return None
+        return obj
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from tapfix.proxy.cli.captures import captures
-from tapfix.proxy.cli.options import FiniteFloatRange, db_option, listen_option
+from tapfix.proxy.cli.options import db_option, listen_option, timeout_option
 from tapfix.proxy.cli.run import run
 from tapfix.proxy.cli.user_errors import UserError, reported
 from tapfix.proxy.config.settings import setting_named
@@ -206,13 +206,7 @@ def mock_options(
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="the config to check")
 @db_option("the capture store to check: a SQLite file or a postgresql:// URL (default: $TAPFIX_DB)")
-@click.option(
-    "--timeout",
-    type=FiniteFloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="seconds per upstream (and for the store)",
-)
+@timeout_option(5.0, "seconds per upstream (and for the store)")
 def check(config_path: Path | None, db: StoreLocator, timeout: float) -> None:
     """Preflight: the config is valid, every upstream answers, every model id is served, credentials are set;
     with --db (or $TAPFIX_DB and no --config), the store is reachable and its schema is this tapfix's.

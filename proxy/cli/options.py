@@ -133,6 +133,13 @@ def json_option(help: str) -> Callable[[F], F]:
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
+def timeout_option(default: float, help: str) -> Callable[[F], F]:
+    """`--timeout SECONDS`, above 0."""
+    return click.option(
+        "--timeout", type=FiniteFloatRange(min=0, min_open=True), default=default, show_default=True, help=help
+    )
+
+
 def max_age_option(help: str) -> Callable[[F], F]:
     return click.option("--max-age", "max_age", type=Duration(), default=None, help=help)
 

@@ -17,7 +17,7 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from tapfix.proxy.cli.options import FiniteFloatRange, db_option, json_option, key_env_option
+from tapfix.proxy.cli.options import db_option, json_option, key_env_option, timeout_option
 from tapfix.proxy.cli.user_errors import InputError
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.locator import StoreLocator
@@ -60,13 +60,7 @@ from tapfix.proxy.store.locator import StoreLocator
     help="take the key variable and TLS settings of the matching upstream from this config",
 )
 @click.option("--session", "session_id", metavar="SID", help="replay a whole agent session, turn by turn")
-@click.option(
-    "--timeout",
-    type=FiniteFloatRange(min=0, min_open=True),
-    default=600.0,
-    show_default=True,
-    help="seconds without a byte",
-)
+@timeout_option(600.0, "seconds without a byte")
 @json_option("one JSON object per run on stdout instead of a table")
 def replay(
     capture_id: str | None,

@@ -136,57 +136,35 @@ class Config:
         replay_reasoning_as: str | None = None,
     ) -> Config:
         """Quick mode (`tapfix run --upstream URL ...`): one upstream, every model name passes through."""
-        return quick(
-            upstream_url,
-            engine,
-            generation_config,
-            reasoning_dialect,
-            upstream_key_env,
-            keep_billing_line,
-            replay_reasoning,
-            replay_reasoning_as,
+        data: dict[str, Any] = {"base_url": upstream_url, "engine": engine or "openai"}
+        if upstream_key_env:
+            data["api_key_env"] = upstream_key_env
+        flags: dict[str, Any] = {}
+        if generation_config is not None:
+            flags["generation_config"] = str(generation_config)
+        if reasoning_dialect is not None:
+            flags["reasoning"] = {"dialect": reasoning_dialect}
+        checked = {"upstreams": {"default": data}, "models": {"*": flags}}
+        validate(checked, "command line")
+        upstream = _upstream("default", data)
+        if engine is None:
+            upstream = Upstream("default", upstream.base_url, None, upstream.api_key_env)
+        dialect = reasoning_dialect or ENGINE_DIALECT.get(engine or "")
+        model = ModelConfig(
+            name="*",
+            upstream="default",
+            upstream_model="*",
+            generation_config=Path(generation_config).expanduser() if generation_config is not None else None,
+            reasoning=ReasoningSettings(dialect=dialect),
+            keep_billing_line=keep_billing_line,
+            replay_reasoning=replay_reasoning,
+            replay_reasoning_as=replay_reasoning_as,
         )
+        return cls(upstreams={"default": upstream}, quick_model=model)
 
     @classmethod
     def load(cls, path: str | Path) -> Config:
         return load(path)
-
-
-def quick(
-    upstream_url: str,
-    engine: str | None = None,
-    generation_config: str | Path | None = None,
-    reasoning_dialect: str | None = None,
-    upstream_key_env: str | None = None,
-    keep_billing_line: bool = False,
-    replay_reasoning: bool = False,
-    replay_reasoning_as: str | None = None,
-) -> Config:
-    data: dict[str, Any] = {"base_url": upstream_url, "engine": engine or "openai"}
-    if upstream_key_env:
-        data["api_key_env"] = upstream_key_env
-    flags: dict[str, Any] = {}
-    if generation_config is not None:
-        flags["generation_config"] = str(generation_config)
-    if reasoning_dialect is not None:
-        flags["reasoning"] = {"dialect": reasoning_dialect}
-    checked = {"upstreams": {"default": data}, "models": {"*": flags}}
-    validate(checked, "command line")
-    upstream = _upstream("default", data)
-    if engine is None:
-        upstream = Upstream("default", upstream.base_url, None, upstream.api_key_env)
-    dialect = reasoning_dialect or ENGINE_DIALECT.get(engine or "")
-    model = ModelConfig(
-        name="*",
-        upstream="default",
-        upstream_model="*",
-        generation_config=Path(generation_config).expanduser() if generation_config is not None else None,
-        reasoning=ReasoningSettings(dialect=dialect),
-        keep_billing_line=keep_billing_line,
-        replay_reasoning=replay_reasoning,
-        replay_reasoning_as=replay_reasoning_as,
-    )
-    return Config(upstreams={"default": upstream}, quick_model=model)
 
 
 def load(path: str | Path) -> Config:

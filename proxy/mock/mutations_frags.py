@@ -203,11 +203,18 @@ def arguments_cut(rng: random.Random, wire: Wire) -> Wire | None:
     return wire
 
 
-def objects_concatenated(rng: random.Random, wire: Wire) -> Wire | None:
-    sent = rng.choice(wire.calls) if wire.calls else None
-    if sent is None:
+def _picked(rng: random.Random, wire: Wire) -> tuple[Sent, list[str]] | None:
+    """One of the calls, picked at random, with the fragments it goes out in."""
+    if not wire.calls:
         return None
-    frags = ensure_frags(sent, rng)
+    sent = rng.choice(wire.calls)
+    return sent, ensure_frags(sent, rng)
+
+
+def objects_concatenated(rng: random.Random, wire: Wire) -> Wire | None:
+    if (picked := _picked(rng, wire)) is None:
+        return None
+    sent, frags = picked
     text = "".join(frags)
     if not text:
         return None
@@ -217,10 +224,9 @@ def objects_concatenated(rng: random.Random, wire: Wire) -> Wire | None:
 
 
 def resent_at_finish(rng: random.Random, wire: Wire) -> Wire | None:
-    sent = rng.choice(wire.calls) if wire.calls else None
-    if sent is None:
+    if (picked := _picked(rng, wire)) is None:
         return None
-    frags = ensure_frags(sent, rng)
+    sent, frags = picked
     if not sent.whole:
         return None
     sent.frags = frags + [sent.whole]

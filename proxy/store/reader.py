@@ -10,7 +10,7 @@ attempt listed under its parent, an id prefix resolved, a body told missing) is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,19 @@ class CaptureFilter:
     def sought(self) -> list[tuple[str, str]]:
         """`given`, each value as the store holds it: a trace id in lower case."""
         return [(key, value.lower() if key == "trace" else value) for key, value in self.given()]
+
+    def clauses(self, condition: Callable[[str], str | None]) -> tuple[list[str], list[Any]]:
+        """The filters as SQL conditions (qmark) with their arguments; `condition` is a backend's SQL for a
+        key (`flag`, `tag`, `session`, `trace`, `route`), its value a `?`; None: the store has no column
+        for it, so nothing matches."""
+        where: list[str] = []
+        args: list[Any] = []
+        for key, value in self.sought():
+            sql = condition(key)
+            where.append("0" if sql is None else sql)
+            if sql is not None:
+                args.append(value)
+        return where, args
 
 
 def with_parent(own: list[str], of_parent: list[str]) -> str:

@@ -97,7 +97,7 @@ class Dialect:
     where: Callable[[Filters], tuple[list[str], list[Any]]]  # the browser's filters (store/*/filters.py)
     repaired: str  # a condition: the exchange had a tool call repaired (a `toolcalls` change)
     hour: str  # the start of the exchange's hour, unix seconds (an integer)
-    columns: frozenset[str]  # which of LATE_COLUMNS the store has
+    columns: frozenset[str]  # the columns the store's exchanges have (one of LATE_COLUMNS it lacks reads as null)
     source: str = "exchanges e"  # what the report reads (SQLite: its covering index)
     percentile: Callable[[float, str], str] | None = None  # an aggregate of (fraction, value); None: fetched
     # Fields whose SQL (`fields`) gives the stored column, turned into the field here and the groups merged:
@@ -107,12 +107,16 @@ class Dialect:
     def column(self, name: str) -> str:
         return f"e.{name}" if name in self.columns else f"cast(null as {LATE_COLUMNS[name]})"
 
+    def field(self, name: str) -> str:
+        """A group field's SQL (`fields`); one kept in a column a store may lack (`route`) is null there."""
+        return self.column(name) if name in LATE_COLUMNS else self.fields[name]
+
 
 def token_volume(rows: Rows, values: Values, d: Dialect, f: Filters, by: Sequence[str]) -> list[dict[str, Any]]:
     """One dict per group: its fields by name (None where the exchanges have none), COUNTS and TIMINGS
     (None without data); the groups with the most tokens first."""
     cond, args = d.where(f)
-    keys = [f"{d.fields[name]} as {name}" for name in by]
+    keys = [f"{d.field(name)} as {name}" for name in by]
     client_request = f"{d.column('attempt_of')} is null"
     sums = [
         f"sum(case when {client_request} then 1 else 0 end) as requests",
@@ -194,7 +198,7 @@ def _fetched_percentiles(
     (SQLite): its keys and two numbers per answer, unsorted (the cheapest read: measured against window
     ranks, which cost SQLite 3x as much), kept per group as doubles and sorted here."""
     found: dict[tuple[Any, ...], tuple[array.array[float], array.array[float]]] = {}
-    keys = [d.fields[name] for name in by]
+    keys = [d.field(name) for name in by]
     where = " and ".join([*cond, "e.first_token_ms is not null"])
     sql = f"select {', '.join([*keys, 'e.first_token_ms', DECODE_RATE])} from {d.source} where {where}"
     width = len(by)
@@ -228,7 +232,7 @@ def volume_by_hour(rows: Rows, d: Dialect, f: Filters) -> list[dict[str, Any]]:
     cond, args = d.where(f)
     where = f" where {' and '.join(cond)}" if cond else ""
     sql = (
-        f"select {d.hour} as hour, {d.column('route')} as route, {d.fields['upstream']} as upstream,"
+        f"select {d.hour} as hour, {d.column('route')} as route, {d.field('upstream')} as upstream,"
         f" sum(case when {d.column('attempt_of')} is null then 1 else 0 end) as requests,"
         " coalesce(sum(e.prompt_tokens), 0) + coalesce(sum(e.completion_tokens), 0) as tokens"
         f" from {d.source}{where} group by 1, 2, 3 order by 1, 2, 3"

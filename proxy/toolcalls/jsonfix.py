@@ -9,6 +9,7 @@ cut (unrecoverable: the text stops inside a string or after `1.`), because omp a
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,33 +123,9 @@ class _Reader(StringScanner):
         result: dict[str, Any] = {}
         if self.top is None:
             self.top = result
-        after_value = False
-        after_comma = False
-        while True:
-            self.skip()
-            if self.pos >= self.n:
-                if after_comma or not result:
-                    raise _Cut("member")
-                self.closed += 1
-                return result
-            c = self.text[self.pos]
-            if c == "}" or c == "]":
-                if c == "]":
-                    raise _Lost(LOST_REST)  # `{"a": 1]` or `{"a": 1, ]`: a `[` (or a member and the `}`) was lost
-                if after_comma:
-                    self.fix("trailing_comma")
-                self.pos += 1
-                return result
-            if c == "," or (c == ";" and after_value):
-                if not after_value:
-                    raise _Lost(LOST_REST)  # `{, "b": 1}` / `[1, , 2]`: a member between the commas was lost
-                if c == ";":
-                    self.fix("semicolon_separator")  # a separator no drop can leave: Python-ish `a; b`
-                self.pos += 1
-                after_value, after_comma = False, True
-                continue
-            if after_value:
-                self.missing_separator(c)  # `{"a": 1 "b": 2}` is also `{"a": 15, "b": 2}` with `5,` dropped
+        # `{"a": 1]` or `{"a": 1, ]`: a `[` (or a member and the `}`) was lost; `{"a": 1 "b": 2}` is also
+        # `{"a": 15, "b": 2}` with `5,` dropped
+        for _ in self.members("}", "]"):
             key = self.key()
             if key in result:
                 raise _Spliced(key)
@@ -164,7 +141,7 @@ class _Reader(StringScanner):
             if self.pos >= self.n:
                 raise _Cut("value")
             result[key] = self.value("object", depth + 1)
-            after_value, after_comma = True, False
+        return result
 
     def key(self) -> str:
         c = self.text[self.pos]
@@ -185,23 +162,33 @@ class _Reader(StringScanner):
     def arr(self, depth: int) -> list[Any]:
         self.pos += 1
         result: list[Any] = []
-        after_value = False
-        after_comma = False
+        # `["a"}` or `["a", }`: a `{` (or the rest of the array and `]`) was lost; `[1 2]` is also `[1, 12]`
+        # with `, 1` dropped
+        for _ in self.members("]", "}"):
+            result.append(self.value("array", depth + 1))
+        return result
+
+    def members(self, close: str, other: str) -> Iterator[None]:
+        """Stops at each member of the object or array being read (the caller reads it), past white space
+        and separators, until `close`; a cut, a lost piece or a fix where the separators say so. `other`
+        is the other container's close: met here, a piece of the text was lost."""
+        after_value = after_comma = False
+        count = 0
         while True:
             self.skip()
             if self.pos >= self.n:
-                if after_comma or not result:
+                if after_comma or not count:
                     raise _Cut("member")
                 self.closed += 1
-                return result
+                return
             c = self.text[self.pos]
-            if c == "]" or c == "}":
-                if c == "}":
-                    raise _Lost(LOST_REST)  # `["a"}` or `["a", }`: a `{` (or the rest of the array and `]`) was lost
+            if c == close or c == other:
+                if c == other:
+                    raise _Lost(LOST_REST)
                 if after_comma:
                     self.fix("trailing_comma")
                 self.pos += 1
-                return result
+                return
             if c == "," or (c == ";" and after_value):
                 if not after_value:
                     raise _Lost(LOST_REST)  # `{, "b": 1}` / `[1, , 2]`: a member between the commas was lost
@@ -211,8 +198,9 @@ class _Reader(StringScanner):
                 after_value, after_comma = False, True
                 continue
             if after_value:
-                self.missing_separator(c)  # `[1 2]` is also `[1, 12]` with `, 1` dropped
-            result.append(self.value("array", depth + 1))
+                self.missing_separator(c)
+            yield
+            count += 1
             after_value, after_comma = True, False
 
     @staticmethod

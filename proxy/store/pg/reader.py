@@ -59,17 +59,15 @@ def iso(when: datetime.datetime | str | None) -> str | None:
 
 def filter_clauses(filters: CaptureFilter, table: str = "exchanges") -> tuple[list[str], list[Any]]:
     """The filters as SQL conditions (qmark) on `table` (a name or an alias of exchanges), with their arguments."""
-    where: list[str] = []
-    args: list[Any] = []
-    for key, value in filters.sought():
+
+    def condition(key: str) -> str:
         if key in ("flag", "tag"):
-            where.append(f"exists (select 1 from json_array_elements_text({table}.{key}s::json) v where v = ?)")
-        elif key == "route":
-            where.append(f"({table}.route_decision::jsonb ->> 'route') = ?")
-        else:
-            where.append(f"{table}.{'session_id' if key == 'session' else 'trace_id'} = ?")
-        args.append(value)
-    return where, args
+            return f"exists (select 1 from json_array_elements_text({table}.{key}s::json) v where v = ?)"
+        if key == "route":
+            return f"({table}.route_decision::jsonb ->> 'route') = ?"
+        return f"{table}.{'session_id' if key == 'session' else 'trace_id'} = ?"
+
+    return filters.clauses(condition)
 
 
 def decode(row: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ store/volume.py's Python says it, the browser's filters (store/pg/filters.py), `
 from __future__ import annotations
 
 from tapfix.proxy.store.pg.filters import DAY, Rows, where
-from tapfix.proxy.store.volume import LATE_COLUMNS, Dialect
+from tapfix.proxy.store.volume import Dialect
 
 _UA_WORD = "split_part(e.user_agent, ' ', 1)"
 _SLASH = f"strpos({_UA_WORD}, '/')"
@@ -26,15 +26,12 @@ def volume_dialect(store: Rows) -> Dialect:
         " where table_name = 'exchanges' and table_schema = current_schema()"
     )
     columns = {str(r["c"]) for r in found}
-    fields = dict(VOLUME_FIELDS)
-    if "route" not in columns:
-        fields["route"] = "cast(null as text)"
     return Dialect(
-        fields=fields,
+        fields=VOLUME_FIELDS,
         where=where,
         repaired=f"exists (select 1 from changes c where c.exchange_id = e.id and c.day = {DAY}"
         " and c.stage = 'toolcalls')",
         hour="(floor(extract(epoch from e.started_at) / 3600) * 3600)::bigint",
-        columns=frozenset(c for c in LATE_COLUMNS if c in columns),
+        columns=frozenset(columns),
         percentile=lambda p, value: f"percentile_disc({p}) within group (order by {value})",
     )

@@ -50,26 +50,19 @@ def filter_clauses(
     conn: sqlite3.Connection, filters: CaptureFilter, table: str = "exchanges"
 ) -> tuple[list[str], list[Any]]:
     """SQL conditions on `table` (a name or an alias of exchanges), and their arguments. On a store
-    from before migration m005 a trace id matches nothing."""
-    where: list[str] = []
-    args: list[Any] = []
-    for key, value in filters.sought():
+    from before migration m005 a trace id (before m009 a route) matches nothing."""
+
+    def condition(key: str) -> str | None:
         if key in ("flag", "tag"):
-            where.append(f"exists (select 1 from json_each({table}.{key}s) where value = ?)")
-        elif key == "session":
-            where.append(f"{table}.session_id = ?")
-        elif key == "route":
-            if not has_column(conn, "route_decision"):
-                where.append("0")
-                continue
-            where.append(f"json_extract({table}.route_decision, '$.route') = ?")
-        elif has_column(conn, "trace_id"):
-            where.append(f"{table}.trace_id = ?")
-        else:
-            where.append("0")
-            continue
-        args.append(value)
-    return where, args
+            return f"exists (select 1 from json_each({table}.{key}s) where value = ?)"
+        if key == "session":
+            return f"{table}.session_id = ?"
+        if key == "route":
+            route = f"json_extract({table}.route_decision, '$.route') = ?"
+            return route if has_column(conn, "route_decision") else None
+        return f"{table}.trace_id = ?" if has_column(conn, "trace_id") else None
+
+    return filters.clauses(condition)
 
 
 def known_flags(conn: sqlite3.Connection) -> list[str]:

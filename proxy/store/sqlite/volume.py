@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 from tapfix.proxy.store.sqlite.filters import where as sqlite_where
-from tapfix.proxy.store.volume import LATE_COLUMNS, Dialect, client_product, upstream_host
+from tapfix.proxy.store.volume import Dialect, client_product, upstream_host
 
 # `client` and `upstream` are grouped by their stored column and derived per group in Python (`derive`):
 # SQLite's string functions over every row cost more than the whole sum (bench/stats.py).
@@ -22,16 +22,13 @@ VOLUME_FIELDS = {
 def volume_dialect(conn: sqlite3.Connection) -> Dialect:
     columns = {str(r[1]) for r in conn.execute("pragma table_info(exchanges)")}
     indexes = {str(r[1]) for r in conn.execute("pragma index_list(exchanges)")}
-    fields = dict(VOLUME_FIELDS)
-    if "route" not in columns:
-        fields["route"] = "cast(null as text)"
     return Dialect(
-        fields=fields,
+        fields=VOLUME_FIELDS,
         where=sqlite_where,
         repaired="exists (select 1 from changes c where c.exchange_id = e.id and c.stage = 'toolcalls')",
         hour="cast(e.ts / 3600 as integer) * 3600",
         derive={"client": client_product, "upstream": upstream_host},
         # its planner would rather walk the index of the grouped column (and read every wide row it points at)
         source="exchanges e indexed by idx_exchanges_volume" if "idx_exchanges_volume" in indexes else "exchanges e",
-        columns=frozenset(c for c in LATE_COLUMNS if c in columns),
+        columns=frozenset(columns),
     )

@@ -1,7 +1,8 @@
 """The registry of tool-call formats: one module per format family in this package.
 
-Every module here is imported once and each `ToolFormat` subclass with a `name` is registered, so a new
-family is one new file. `armed(None)` gives every format, `armed("glm47")` only that one.
+Every module here is imported once and each `ToolFormat` subclass (or instance: a declared
+`TaggedJson`) with a `name` is registered, so a new family is one new file. `armed(None)` gives every
+format, `armed("glm47")` only that one.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ def _discover() -> dict[str, ToolFormat]:
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, ToolFormat) and value.__module__ == module.__name__:
-                if value.name:
-                    if value.name in found:
-                        raise RuntimeError(f"tool format {value.name!r} registered twice")
-                    found[value.name] = value()
+            fmt = _declared(value, module.__name__)
+            if fmt is not None and fmt.name and found.get(fmt.name) is not value:
+                if fmt.name in found:
+                    raise RuntimeError(f"tool format {fmt.name!r} registered twice")
+                found[fmt.name] = fmt
     return found
+
+
+def _declared(value: object, module: str) -> ToolFormat | None:
+    """A format a module declares: a `ToolFormat` subclass of its own, or an instance (`TaggedJson(…)`)."""
+    if isinstance(value, type) and issubclass(value, ToolFormat) and value.__module__ == module:
+        return value() if value.name else None
+    return value if isinstance(value, ToolFormat) else None
 
 
 REGISTRY: dict[str, ToolFormat] = _discover()

@@ -10,34 +10,32 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, inside, json_value, skip_ws
+from tapfix.proxy.toolcalls.formats.base import RawCall, dumps
+from tapfix.proxy.toolcalls.formats.tagged import TaggedJson
 
 OPEN, CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"
-THOUGHT_OPEN, THOUGHT_CLOSE = "<|inner_prefix|>", "<|inner_suffix|>"
+THOUGHT = ("<|inner_prefix|>", "<|inner_suffix|>")
 
 
-class Apertus(ToolFormat):
+def _name_keyed(value: Any) -> list[RawCall]:
+    calls: list[RawCall] = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, dict) or len(item) != 1:
+            raise ValueError("an Apertus call is {name: arguments}")
+        ((name, args),) = item.items()
+        if not name or not isinstance(args, dict | str):
+            raise ValueError("arguments are an object or its JSON text")
+        calls.append((name, args))
+    return calls
+
+
+class Apertus(TaggedJson):
     name = "apertus"
     family = "Swiss AI Apertus"
-    openers = (OPEN,)
 
-    def claims(self, text: str, at: int) -> bool:
-        return not inside(text, at, THOUGHT_OPEN, THOUGHT_CLOSE)
-
-    def parse(self, text: str, at: int) -> Markup | None:
-        value, pos = json_value(text, at + len(OPEN))
-        calls: list[RawCall] = []
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, dict) or len(item) != 1:
-                raise ValueError("an Apertus call is {name: arguments}")
-            ((name, args),) = item.items()
-            if not name or not isinstance(args, dict | str):
-                raise ValueError("arguments are an object or its JSON text")
-            calls.append((name, args))
-        pos = skip_ws(text, pos)
-        if not text.startswith(CLOSE, pos):
-            return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
-        return Markup(at, pos + len(CLOSE), calls)
+    def __init__(self) -> None:
+        super().__init__(self.name, self.family, OPEN, CLOSE, reader=_name_keyed, thinking=THOUGHT)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        # the name as JSON with non-ASCII escaped, the arguments as they are
         return OPEN + "[" + ", ".join(f"{{{json.dumps(n)}: {dumps(a)}}}" for n, a in calls) + "]" + CLOSE

@@ -10,6 +10,7 @@ the reasoning field is decided once, for every format, in `registry.py`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,12 +35,12 @@ class Markup:
 class ToolFormat:
     """One format; subclasses set the class attributes and implement `parse` and `render`."""
 
-    name: ClassVar[str] = ""  # the registry key, also what `--tool-format` and `tool_format =` take
-    family: ClassVar[str] = ""  # the model family, as docs and the table of truth show it
+    name: str = ""  # the registry key, also what `--tool-format` and `tool_format =` take
+    family: str = ""  # the model family, as docs and the table of truth show it
     # Other names that pin this format: a family whose templates render another family's markup
     # (Poolside's Laguna writes GLM's). Pinning an alias arms every format that declares it.
     aliases: ClassVar[tuple[str, ...]] = ()
-    openers: ClassVar[tuple[str, ...]] = ()  # literal text that starts this format's markup
+    openers: tuple[str, ...] = ()  # literal text that starts this format's markup
     anchored: ClassVar[bool] = False  # no marker (Llama 3 JSON, pythonic lists): only at the start of content
     fence: ClassVar[bool] = False  # the call syntax is a fenced block (``` tool_code)
 
@@ -135,6 +136,134 @@ def named_call(item: Any) -> RawCall:
     if args is None:
         args = {}
     return name, args
+
+
+def json_calls(value: Any) -> list[RawCall]:
+    """One named call, or a JSON list of them (how most list formats write theirs)."""
+    return [named_call(item) for item in (value if isinstance(value, list) else [value])]
+
+
+def named_json(calls: list[tuple[str, dict[str, Any]]], key: str = "arguments") -> list[dict[str, Any]]:
+    """Calls as the `{"name": N, "arguments": A}` objects most JSON formats write (`key`: their name for A)."""
+    return [{"name": n, key: a} for n, a in calls]
+
+
+def closed_by(text: str, at: int, pos: int, closer: str, calls: list[RawCall], trailer: str = "") -> Markup | None:
+    """Markup whose calls were read up to `pos`: closed by `closer` there (white space between, and a
+    `trailer` token after it taken along), open when the text ends there, not this format otherwise."""
+    pos = skip_ws(text, pos)
+    if not text.startswith(closer, pos):
+        return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
+    pos += len(closer)
+    return Markup(at, pos + len(trailer) if trailer and text.startswith(trailer, pos) else pos, calls)
+
+
+def json_list(text: str, at: int, pos: int) -> Markup | None:
+    """A JSON list of named calls at `pos` that ends the markup: no end marker (Granite 3, `functools[`)."""
+    items, end = json_value(text, pos)
+    if not isinstance(items, list):
+        return None
+    calls = [named_call(item) for item in items]
+    return Markup(at, end, calls) if calls else None
+
+
+def quoted_attr(text: str, pos: int) -> tuple[str, int]:
+    """The value of a `name="…"` attribute whose text starts at `pos`, and where its tag ends (`">`)."""
+    end = text.find('">', pos)
+    if end < 0 or "\n" in text[pos:end]:
+        raise ValueError("a name attribute is cut")
+    return text[pos:end], end + 2
+
+
+def xml_params(
+    text: str, pos: int, opener: str, closer: str, key_at: Callable[[str, int], tuple[str, int]]
+) -> tuple[XmlArgs, int] | None:
+    """`opener KEY … > value closer` parameters back to back from `pos` (a value on lines of its own loses
+    those two newlines), and where they end; None when the text ends inside a value."""
+    args = XmlArgs()
+    pos = skip_ws(text, pos)
+    while text.startswith(opener, pos):
+        key, pos = key_at(text, pos + len(opener))
+        value_end = text.find(closer, pos)
+        if value_end < 0:
+            return None
+        args[key] = unframe(text[pos:value_end])
+        pos = skip_ws(text, value_end + len(closer))
+    return args, pos
+
+
+def tag_name(text: str, pos: int) -> tuple[str, int]:
+    """The name in `<function=NAME>` (a tag name written after `=`), and where its tag ends."""
+    end = text.find(">", pos)
+    if end < 0:
+        raise ValueError("a tag is cut")
+    name = text[pos:end].strip()
+    if not name or "\n" in name or "<" in name:
+        raise ValueError("not a tag name")
+    return name, end + 1
+
+
+@dataclass(frozen=True, slots=True)
+class XmlCall:
+    """A call written as an XML element: `opener NAME head_end`, parameters `param_open KEY head_end value
+    param_close`, then `closer` (Seed-OSS' and Qwen3-Coder's `<function=…>`, Step 3's and MiniMax-M2's
+    `<invoke name="…">`). `name_at` reads a name or key and where its tag ends."""
+
+    opener: str
+    closer: str
+    param_open: str
+    param_close: str
+    name_at: Callable[[str, int], tuple[str, int]]
+    head_end: str = ">"
+
+    def read(self, text: str, at: int, pos: int, calls: list[RawCall]) -> tuple[RawCall, int] | Markup | None:
+        """The call at `pos` and where it ends; or how the markup at `at` (with `calls` read so far) ends
+        there: open when the text stops inside the element, None when it isn't this format."""
+        if not text.startswith(self.opener, pos):
+            return open_markup(at, text, calls) if self.opener.startswith(text[pos:]) else None
+        name, pos = self.name_at(text, pos + len(self.opener))
+        params = xml_params(text, pos, self.param_open, self.param_close, self.name_at)
+        if params is None:
+            return open_markup(at, text, calls)
+        args, pos = params
+        if not text.startswith(self.closer, pos):
+            return open_markup(at, text, calls) if self.closer.startswith(text[pos:]) else None
+        return (name, args), pos + len(self.closer)
+
+    def write(self, name: str, args: dict[str, Any], value: Callable[[Any], str], newline: str = "") -> str:
+        """The element as a template writes it: `value` writes a parameter's value, `newline` ends each line."""
+        params = "".join(
+            f"{self.param_open}{k}{self.head_end}{value(v)}{self.param_close}{newline}" for k, v in args.items()
+        )
+        return f"{self.opener}{name}{self.head_end}{newline}{params}{self.closer}"
+
+
+# How one call of a section is read: the call and where it ends, or how the markup ends there (`XmlCall.read`).
+ReadCall = Callable[[str, int, int, list[RawCall]], "tuple[RawCall, int] | Markup | None"]
+
+
+def call_section(text: str, at: int, opener: str, closer: str, call_opener: str, read: ReadCall) -> Markup | None:
+    """`opener`, calls back to back (each starting with `call_opener`, read by `read`), then `closer`
+    (MiniMax-M2's and M3's `<minimax:tool_call>` sections, Step 3's section tokens): open when the text
+    stops inside, None when it isn't this format."""
+    calls: list[RawCall] = []
+    pos = skip_ws(text, at + len(opener))
+    while text.startswith(call_opener, pos):
+        read_call = read(text, at, pos, calls)
+        if not isinstance(read_call, tuple):
+            return read_call
+        call, pos = read_call
+        calls.append(call)
+        pos = skip_ws(text, pos)
+    if not calls:
+        return None
+    if text.startswith(closer, pos):
+        return Markup(at, pos + len(closer), calls)
+    return open_markup(at, text, calls) if closer.startswith(text[pos:]) else None
+
+
+# Seed-OSS's and Qwen3-Coder's element: `<function=NAME>` holding `<parameter=KEY>value</parameter>`.
+FUNCTION_XML = XmlCall("<function=", "</function>", "<parameter=", "</parameter>", tag_name)
 
 
 def typed_xml_args(args: dict[str, str], props: dict[str, Any] | None) -> dict[str, Any]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, inside, json_value, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, closed_by, dumps, json_value, skip_ws
+from tapfix.proxy.toolcalls.formats.tagged import TaggedJson
 
 ACTION, JSON_FENCE, FENCE = "Action:", "```json", "```"
 START, END = "<|START_ACTION|>", "<|END_ACTION|>"
-THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"
+THINKING = ("<|START_THINKING|>", "<|END_THINKING|>")
 END_OF_TURN = "<|END_OF_TURN_TOKEN|>"  # the template ends a turn of calls with it: a token, never text
 
 
@@ -47,11 +48,7 @@ class CommandR(ToolFormat):
         if not text.startswith(JSON_FENCE, pos):
             return None
         value, pos = json_value(text, pos + len(JSON_FENCE))
-        calls = _actions(value)
-        pos = skip_ws(text, pos)
-        if not text.startswith(FENCE, pos):
-            return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
-        return Markup(at, pos + len(FENCE), calls)
+        return closed_by(text, at, pos, FENCE, _actions(value))
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         items = []
@@ -67,22 +64,13 @@ def _indent(text: str, width: int) -> str:
     return "\n".join([first] + [(" " * width + line) if line else line for line in rest])
 
 
-class CommandA(ToolFormat):
+class CommandA(TaggedJson):
     name = "command_a"
     family = "Cohere Command R7B, Command A"
-    openers = (START,)
 
-    def claims(self, text: str, at: int) -> bool:
-        return not inside(text, at, THINK_OPEN, THINK_CLOSE)  # not inside the plan
-
-    def parse(self, text: str, at: int) -> Markup | None:
-        value, pos = json_value(text, at + len(START))
-        calls = _actions(value)
-        pos = skip_ws(text, pos)
-        if not text.startswith(END, pos):
-            return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
-        pos += len(END)
-        return Markup(at, pos + len(END_OF_TURN) if text.startswith(END_OF_TURN, pos) else pos, calls)
+    def __init__(self) -> None:
+        # markup inside the plan is thinking; the template ends a turn of calls with END_OF_TURN
+        super().__init__(self.name, self.family, START, END, reader=_actions, thinking=THINKING, trailer=END_OF_TURN)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         items = [

@@ -120,7 +120,7 @@ class _TokenSection(ToolFormat):
 class DeepSeekV3(_TokenSection):
     name = "deepseek_v3"
     family = "DeepSeek V3, V3-0324, R1-0528 (deepseekv3 parser)"
-    openers: ClassVar[tuple[str, ...]] = (SECTION_OPEN,)
+    openers: tuple[str, ...] = (SECTION_OPEN,)
 
     def claims(self, text: str, at: int) -> bool:
         # R1 writes the markup right after closing its reasoning; V3.1's separator is followed by JSON.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_value, named_call, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_list, named_json, skip_ws
 
 TOKEN, STRING = "<|tool_call|>", "<tool_call>"
 
@@ -26,16 +26,10 @@ class Granite(ToolFormat):
     def parse(self, text: str, at: int) -> Markup | None:
         opener = _opener(text, at)
         pos = skip_ws(text, at + len(opener))
-        if not text.startswith("[", pos):
-            return None
-        items, end = json_value(text, pos)
-        if not isinstance(items, list):
-            return None
-        calls = [named_call(item) for item in items]
-        return Markup(at, end, calls) if calls else None
+        return json_list(text, at, pos) if text.startswith("[", pos) else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return TOKEN + dumps([{"name": n, "arguments": a} for n, a in calls])
+        return TOKEN + dumps(named_json(calls))
 
 
 def _opener(text: str, at: int) -> str:

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_blocks
-
-OPEN, CLOSE = "<|action_start|><|plugin|>", "<|action_end|>"
+from tapfix.proxy.toolcalls.formats.tagged import TaggedJson
 
 
-class InternLM(ToolFormat):
-    name = "internlm"
-    family = "InternLM2, InternLM2.5, InternLM3"
-    openers = (OPEN,)
+def _parameters(name: str, args: dict[str, Any]) -> Any:
+    return {"name": name, "parameters": args}
 
-    def parse(self, text: str, at: int) -> Markup | None:
-        return json_blocks(text, at, OPEN, CLOSE)
 
-    def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return "".join(f"{OPEN}\n{dumps({'name': n, 'parameters': a})}{CLOSE}" for n, a in calls)
+INTERNLM = TaggedJson(
+    "internlm",
+    "InternLM2, InternLM2.5, InternLM3",
+    "<|action_start|><|plugin|>",
+    "<|action_end|>",
+    block="{opener}\n{call}{closer}",
+    as_json=_parameters,
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_value, named_call, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, dumps, json_value, named_call, named_json, skip_ws
 
 OPEN, CLOSE = "<tool_calls>", "</tool_calls>"
 
@@ -49,4 +49,4 @@ class Jamba(ToolFormat):
         return json_list_calls(text, at, OPEN, CLOSE)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        return OPEN + dumps([{"name": n, "arguments": a} for n, a in calls]) + CLOSE
+        return OPEN + dumps(named_json(calls)) + CLOSE

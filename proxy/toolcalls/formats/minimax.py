@@ -22,19 +22,24 @@ from tapfix.proxy.toolcalls.formats.base import (
     RawCall,
     ToolFormat,
     XmlArgs,
+    XmlCall,
+    call_section,
+    closed_by,
     dumps,
     frame,
     json_value,
     named_call,
     open_markup,
+    quoted_attr,
     skip_ws,
-    unframe,
 )
 
 M1_OPEN, M1_CLOSE = "<tool_calls>", "</tool_calls>"
 M2_OPEN, M2_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+M2_INVOKE = XmlCall('<invoke name="', "</invoke>", '<parameter name="', "</parameter>", quoted_attr, '">')
 NS = "]<]minimax[>["
 M3_OPEN, M3_CLOSE = NS + "<tool_call>", NS + "</tool_call>"
+M3_INVOKE, M3_INVOKE_END = NS + '<invoke name="', NS + "</invoke>"
 
 
 class MinimaxM1(ToolFormat):
@@ -52,11 +57,7 @@ class MinimaxM1(ToolFormat):
             value, pos = json_value(text, pos)
             calls.append(named_call(value))
             pos = skip_ws(text, pos)
-        if not calls:
-            return None
-        if text.startswith(M1_CLOSE, pos):
-            return Markup(at, pos + len(M1_CLOSE), calls)
-        return Markup(at, len(text), calls, closed=False) if pos >= len(text) else None
+        return closed_by(text, at, pos, M1_CLOSE, calls) if calls else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         lines = "".join(dumps({"name": n, "arguments": a}) + "\n" for n, a in calls)
@@ -69,38 +70,11 @@ class MinimaxM2(ToolFormat):
     openers = (M2_OPEN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[RawCall] = []
-        pos = skip_ws(text, at + len(M2_OPEN))
-        while text.startswith('<invoke name="', pos):
-            name, pos = _attr(text, pos + len('<invoke name="'))
-            args = XmlArgs()
-            pos = skip_ws(text, pos)
-            while text.startswith('<parameter name="', pos):
-                key, pos = _attr(text, pos + len('<parameter name="'))
-                end = text.find("</parameter>", pos)
-                if end < 0:
-                    return open_markup(at, text, calls)
-                args[key] = unframe(text[pos:end])
-                pos = skip_ws(text, end + len("</parameter>"))
-            if not text.startswith("</invoke>", pos):
-                return open_markup(at, text, calls) if _at_end(text, pos, "</invoke>") else None
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len("</invoke>"))
-        if not calls:
-            return None
-        if text.startswith(M2_CLOSE, pos):
-            return Markup(at, pos + len(M2_CLOSE), calls)
-        return open_markup(at, text, calls) if _at_end(text, pos, M2_CLOSE) else None
+        return call_section(text, at, M2_OPEN, M2_CLOSE, M2_INVOKE.opener, M2_INVOKE.read)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        out = ["\n", M2_OPEN, "\n"]
-        for name, args in calls:
-            out.append(f'<invoke name="{name}">\n')
-            for key, value in args.items():
-                out.append(f'<parameter name="{key}">{_scalar(value)}</parameter>\n')
-            out.append("</invoke>\n")
-        out.append(M2_CLOSE)
-        return "".join(out)
+        invokes = "".join(M2_INVOKE.write(n, a, _scalar, newline="\n") + "\n" for n, a in calls)
+        return f"\n{M2_OPEN}\n{invokes}{M2_CLOSE}"
 
 
 class MinimaxM3(ToolFormat):
@@ -109,26 +83,7 @@ class MinimaxM3(ToolFormat):
     openers = (M3_OPEN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[RawCall] = []
-        pos = skip_ws(text, at + len(M3_OPEN))
-        while text.startswith(NS + '<invoke name="', pos):
-            name, pos = _attr(text, pos + len(NS + '<invoke name="'))
-            args = XmlArgs()
-            while True:
-                pos = skip_ws(text, pos)
-                if text.startswith(NS + "</invoke>", pos):
-                    break
-                if not text.startswith(NS + "<", pos) or text.startswith(NS + "</", pos):
-                    return open_markup(at, text, calls) if _at_end(text, pos, NS + "</invoke>") else None
-                key, value, pos = _element(text, pos)
-                args[key] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len(NS + "</invoke>"))
-        if not calls:
-            return None
-        if text.startswith(M3_CLOSE, pos):
-            return Markup(at, pos + len(M3_CLOSE), calls)
-        return open_markup(at, text, calls) if _at_end(text, pos, M3_CLOSE) else None
+        return call_section(text, at, M3_OPEN, M3_CLOSE, M3_INVOKE, _m3_invoke)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         out = [M3_OPEN, "\n"]
@@ -140,6 +95,20 @@ class MinimaxM3(ToolFormat):
             out.append(f"{NS}</invoke>\n")
         out.append(M3_CLOSE)
         return "".join(out)
+
+
+def _m3_invoke(text: str, at: int, pos: int, calls: list[RawCall]) -> tuple[RawCall, int] | Markup | None:
+    """One M3 invoke at `pos` (its parameters are elements named after their keys), as `XmlCall.read`."""
+    name, pos = quoted_attr(text, pos + len(M3_INVOKE))
+    args = XmlArgs()
+    while True:
+        pos = skip_ws(text, pos)
+        if text.startswith(M3_INVOKE_END, pos):
+            return (name, args), pos + len(M3_INVOKE_END)
+        if not text.startswith(NS + "<", pos) or text.startswith(NS + "</", pos):
+            return open_markup(at, text, calls) if _at_end(text, pos, M3_INVOKE_END) else None
+        key, value, pos = _element(text, pos)
+        args[key] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _element(text: str, pos: int) -> tuple[str, Any, int]:
@@ -182,13 +151,6 @@ def _to_xml(value: Any) -> str:
     if isinstance(value, bool):
         return dumps(value)
     return str(value)
-
-
-def _attr(text: str, pos: int) -> tuple[str, int]:
-    end = text.find('">', pos)
-    if end < 0 or "\n" in text[pos:end]:
-        raise ValueError("a name attribute is cut")
-    return text[pos:end], end + 2
 
 
 def _scalar(value: Any) -> str:

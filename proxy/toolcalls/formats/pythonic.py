@@ -15,7 +15,7 @@ import json
 import keyword
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, dumps, named_call, skip_ws
+from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, closed_by, dumps, named_call, skip_ws
 
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 OLMO_OPEN, OLMO_CLOSE = "<function_calls>", "</function_calls>"
@@ -229,13 +229,7 @@ class Lfm2(ToolFormat):
         if not text.startswith("[", pos):
             return None
         calls = _lfm2_calls(text, pos)
-        end = bracket_end(text, pos)
-        after = skip_ws(text, end)
-        if text.startswith(LFM_CLOSE, after):
-            return Markup(at, after + len(LFM_CLOSE), calls)
-        if after >= len(text):
-            return Markup(at, len(text), calls, closed=False)
-        return None
+        return closed_by(text, at, bracket_end(text, pos), LFM_CLOSE, calls)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         return LFM_OPEN + "[" + ", ".join(_lfm2_call(n, a) for n, a in calls) + "]" + LFM_CLOSE

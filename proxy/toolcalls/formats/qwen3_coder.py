@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, RawCall, ToolFormat, XmlArgs, dumps, skip_ws
+from tapfix.proxy.toolcalls.formats.base import FUNCTION_XML, Markup, RawCall, ToolFormat, XmlArgs, dumps, skip_ws
 
 WRAP_OPEN, WRAP_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
+NL = "\n"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>")
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>))", re.S)
 
@@ -91,10 +92,11 @@ class Qwen3Coder(ToolFormat):
         return Markup(at, end, calls) if calls else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        out = []
-        for name, args in calls:
-            params = "".join(
-                f"<parameter={k}>\n{v if isinstance(v, str) else dumps(v)}\n</parameter>\n" for k, v in args.items()
-            )
-            out.append(f"{WRAP_OPEN}\n{FUNCTION_OPEN}{name}>\n{params}{FUNCTION_CLOSE}\n{WRAP_CLOSE}")
-        return "\n".join(out)
+        return NL.join(
+            f"{WRAP_OPEN}{NL}{FUNCTION_XML.write(n, a, _value, newline=NL)}{NL}{WRAP_CLOSE}" for n, a in calls
+        )
+
+
+def _value(value: Any) -> str:
+    """On lines of its own (the template's framing); anything but a string as JSON."""
+    return f"\n{value if isinstance(value, str) else dumps(value)}\n"

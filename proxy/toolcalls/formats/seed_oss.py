@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, frame, open_markup, skip_ws, unframe
+from tapfix.proxy.toolcalls.formats.base import FUNCTION_XML, Markup, ToolFormat, frame, open_markup, skip_ws
 
 OPEN, CLOSE = "<seed:tool_call>", "</seed:tool_call>"
-FN_OPEN, FN_CLOSE = "<function=", "</function>"
-PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+NL = "\n"
 
 
 class SeedOSS(ToolFormat):
@@ -26,23 +25,12 @@ class SeedOSS(ToolFormat):
         calls: list[tuple[str | None, Any]] = []
         pos = end = at
         while text.startswith(OPEN, pos):
-            pos = skip_ws(text, pos + len(OPEN))
-            if not text.startswith(FN_OPEN, pos):
-                return open_markup(at, text, calls) if FN_OPEN.startswith(text[pos:]) else None
-            name, pos = _tag_name(text, pos + len(FN_OPEN))
-            args = XmlArgs()
+            read = FUNCTION_XML.read(text, at, skip_ws(text, pos + len(OPEN)), calls)
+            if not isinstance(read, tuple):
+                return read
+            call, pos = read
+            calls.append(call)
             pos = skip_ws(text, pos)
-            while text.startswith(PARAM_OPEN, pos):
-                key, pos = _tag_name(text, pos + len(PARAM_OPEN))
-                value_end = text.find(PARAM_CLOSE, pos)
-                if value_end < 0:
-                    return open_markup(at, text, calls)
-                args[key] = unframe(text[pos:value_end])
-                pos = skip_ws(text, value_end + len(PARAM_CLOSE))
-            if not text.startswith(FN_CLOSE, pos):
-                return open_markup(at, text, calls) if FN_CLOSE.startswith(text[pos:]) else None
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len(FN_CLOSE))
             if not text.startswith(CLOSE, pos):
                 return open_markup(at, text, calls) if CLOSE.startswith(text[pos:]) else None
             end = pos + len(CLOSE)
@@ -50,20 +38,8 @@ class SeedOSS(ToolFormat):
         return Markup(at, end, calls) if calls else None
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        blocks = []
-        for name, args in calls:
-            params = "".join(
-                f"{PARAM_OPEN}{k}>{frame(v) if isinstance(v, str) else str(v)}{PARAM_CLOSE}\n" for k, v in args.items()
-            )
-            blocks.append(f"{OPEN}\n{FN_OPEN}{name}>\n{params}{FN_CLOSE}\n{CLOSE}")
-        return "\n".join(blocks)
+        return "\n".join(f"{OPEN}\n{FUNCTION_XML.write(n, a, _value, newline=NL)}{NL}{CLOSE}" for n, a in calls)
 
 
-def _tag_name(text: str, pos: int) -> tuple[str, int]:
-    end = text.find(">", pos)
-    if end < 0:
-        raise ValueError("a tag is cut")
-    name = text[pos:end].strip()
-    if not name or "\n" in name or "<" in name:
-        raise ValueError("not a tag name")
-    return name, end + 1
+def _value(value: Any) -> str:
+    return frame(value) if isinstance(value, str) else str(value)

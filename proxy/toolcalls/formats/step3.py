@@ -16,12 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapfix.proxy.toolcalls.formats.base import Markup, ToolFormat, XmlArgs, dumps, frame, open_markup, skip_ws, unframe
+from tapfix.proxy.toolcalls.formats.base import (
+    Markup,
+    RawCall,
+    ToolFormat,
+    XmlCall,
+    call_section,
+    dumps,
+    frame,
+    open_markup,
+    quoted_attr,
+    skip_ws,
+)
 
 CALLS_BEGIN, CALLS_END = "<｜tool_calls_begin｜>", "<｜tool_calls_end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool_call_begin｜>", "<｜tool_call_end｜>", "<｜tool_sep｜>"
-INVOKE, INVOKE_END = '<steptml:invoke name="', "</steptml:invoke>"
 PARAM, PARAM_END = '<steptml:parameter name="', "</steptml:parameter>"
+INVOKE = XmlCall('<steptml:invoke name="', "</steptml:invoke>", PARAM, PARAM_END, quoted_attr, '">')
 
 
 class Step3(ToolFormat):
@@ -30,57 +41,34 @@ class Step3(ToolFormat):
     openers = (CALLS_BEGIN,)
 
     def parse(self, text: str, at: int) -> Markup | None:
-        calls: list[tuple[str | None, Any]] = []
-        pos = skip_ws(text, at + len(CALLS_BEGIN))
-        while text.startswith(CALL_BEGIN, pos):
-            pos = skip_ws(text, pos + len(CALL_BEGIN))
-            if not text.startswith(INVOKE, pos):
-                sep = text.find(SEP, pos)
-                if sep < 0:
-                    return open_markup(at, text, calls)
-                if text[pos:sep].strip() != "function":
-                    return None
-                pos = skip_ws(text, sep + len(SEP))
-            if not text.startswith(INVOKE, pos):
-                return open_markup(at, text, calls) if INVOKE.startswith(text[pos:]) else None
-            name, pos = _attr(text, pos + len(INVOKE))
-            args = XmlArgs()
-            pos = skip_ws(text, pos)
-            while text.startswith(PARAM, pos):
-                key, pos = _attr(text, pos + len(PARAM))
-                value_end = text.find(PARAM_END, pos)
-                if value_end < 0:
-                    return open_markup(at, text, calls)
-                args[key] = unframe(text[pos:value_end])
-                pos = skip_ws(text, value_end + len(PARAM_END))
-            if not text.startswith(INVOKE_END, pos):
-                return open_markup(at, text, calls) if INVOKE_END.startswith(text[pos:]) else None
-            pos = skip_ws(text, pos + len(INVOKE_END))
-            if not text.startswith(CALL_END, pos):
-                return open_markup(at, text, calls) if CALL_END.startswith(text[pos:]) else None
-            calls.append((name, args))
-            pos = skip_ws(text, pos + len(CALL_END))
-            if text.startswith(SEP, pos):
-                pos = skip_ws(text, pos + len(SEP))
-        if not calls:
-            return None
-        if text.startswith(CALLS_END, pos):
-            return Markup(at, pos + len(CALLS_END), calls)
-        return open_markup(at, text, calls) if CALLS_END.startswith(text[pos:]) else None
+        return call_section(text, at, CALLS_BEGIN, CALLS_END, CALL_BEGIN, _call)
 
     def render(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
-        out = [CALLS_BEGIN]
-        for name, args in calls:
-            out.append(f'{CALL_BEGIN}function{SEP}{INVOKE}{name}">')
-            for key, value in args.items():
-                out.append(f'{PARAM}{key}">{frame(value) if isinstance(value, str) else dumps(value)}{PARAM_END}')
-            out.append(f"{INVOKE_END}{CALL_END}")
-        out.append(CALLS_END)
-        return "".join(out)
+        invokes = "".join(f"{CALL_BEGIN}function{SEP}{INVOKE.write(n, a, _value)}{CALL_END}" for n, a in calls)
+        return f"{CALLS_BEGIN}{invokes}{CALLS_END}"
 
 
-def _attr(text: str, pos: int) -> tuple[str, int]:
-    end = text.find('">', pos)
-    if end < 0 or "\n" in text[pos:end]:
-        raise ValueError("a name attribute is cut")
-    return text[pos:end], end + 2
+def _call(text: str, at: int, pos: int, calls: list[RawCall]) -> tuple[RawCall, int] | Markup | None:
+    """`<｜tool_call_begin｜>function<｜tool_sep｜>` (the type and the separator may be left out), an invoke,
+    `<｜tool_call_end｜>` and a separator, as `XmlCall.read`; a call of another type than `function` is not read."""
+    pos = skip_ws(text, pos + len(CALL_BEGIN))
+    if not text.startswith(INVOKE.opener, pos):
+        sep = text.find(SEP, pos)
+        if sep < 0:
+            return open_markup(at, text, calls)
+        if text[pos:sep].strip() != "function":
+            return None
+        pos = skip_ws(text, sep + len(SEP))
+    read = INVOKE.read(text, at, pos, calls)
+    if not isinstance(read, tuple):
+        return read
+    call, pos = read
+    pos = skip_ws(text, pos)
+    if not text.startswith(CALL_END, pos):
+        return open_markup(at, text, calls) if CALL_END.startswith(text[pos:]) else None
+    pos = skip_ws(text, pos + len(CALL_END))
+    return call, skip_ws(text, pos + len(SEP)) if text.startswith(SEP, pos) else pos
+
+
+def _value(value: Any) -> str:
+    return frame(value) if isinstance(value, str) else dumps(value)
