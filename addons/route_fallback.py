@@ -33,10 +33,12 @@ from tapfix.proxy.errors import no_response_head
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.ids import new_capture_id
 from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.jsonsplice import Set, SpliceError, splice
 from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.window.clamp import budget_of, clamped
 from tapfix.proxy.window.overflow import recognise
 
 log = logging.getLogger("tapfix")
@@ -206,6 +208,7 @@ class RouteFallback:
                 ex.extra["route_decision"] = {**before, "fallback_rejected": others}
                 break
             log.warning("route %s: upstream %s %s; next route %s", attempts[-1]["route"], upstream, reason, taken.route)
+            self._clamp(ex, outcome, target.name)
             try:
                 response = await self._send(
                     flow, ex, outcome.body, outcome.upstream_headers, outcome.remove_headers, target
@@ -229,6 +232,32 @@ class RouteFallback:
         if response is not None:
             response.headers.update(self.router.route_headers(ex))
         return response
+
+    def _clamp(self, ex: Exchange, outcome: Outcome, upstream: str) -> None:
+        """The new route's window, when known, bounds max_tokens as the window addon bounds a first attempt's:
+        the route was found eligible for the prompt plus the clamped budget, so it must be sent clamped (an
+        agent's fixed 32000 would otherwise overflow a smaller window the route promised to hold). The prompt
+        is the route decision's estimate: the engine isn't asked for a count in the middle of a fallback."""
+        decision = outcome.decision
+        taken = decision.taken if decision is not None else None
+        if taken is None or not isinstance(outcome.parsed, dict):
+            return
+        reported = self.runtime.windows.get((upstream, taken.served_model))
+        window = taken.window or (reported[0] if reported else None)
+        budget = budget_of(outcome.surface, outcome.parsed)
+        if window is None or budget is None or decision is None:
+            return
+        key, value = budget
+        prompt = decision.facts.prompt_tokens
+        new = clamped(value, window, prompt, self.runtime.settings.max_tokens_floor)
+        if new is None:
+            return
+        try:
+            outcome.body = splice(outcome.body, [Set((key,), new)])
+        except SpliceError:
+            return  # not a JSON object's bytes (a compressed body): sent as the route's policy made it
+        reason = f"route {taken.route}'s {window}-token window less the prompt's {prompt} tokens (estimate)"
+        ex.changes.append(Change("window", "clamp", f"$.{key}", value, new, f"{reason} leaves {window - prompt}"))
 
     def _head_timeout(self, upstream: object) -> float | None:
         config = getattr(self.runtime.policy, "config", None)

@@ -330,6 +330,38 @@ def test_an_engine_overflow_moves_only_to_a_larger_window(tmp_path, upstreams):
         small.stop()
 
 
+def test_a_fallback_to_a_smaller_window_is_sent_with_max_tokens_clamped_to_it(tmp_path, upstreams):
+    """The default route was eligible for the prompt plus the clamped budget; the first route's 503 moves the
+    request there, and it must go clamped: the small engine refuses prompt + 4,000 > 1,000 as vLLM does."""
+    scenario = tmp_path / "flaky.json"
+    scenario.write_text(json.dumps(FLAKY))
+    flaky = start_mock(tmp_path, "--scenario", str(scenario))
+    small = start_mock(tmp_path, "--context-window", "1000")
+    config = tmp_path / "clamp.toml"
+    config.write_text(
+        f'[upstreams.flaky]\nbase_url = "{flaky.url}/v1"\nengine = "vllm"\n\n'
+        f'[upstreams.small]\nbase_url = "{small.url}/v1"\nengine = "vllm"\n\n'
+        '[models.coder]\nupstream = "small"\nupstream_model = "tapfix-mock"\ncontext_window = 1000\n\n'
+        '[[models.coder.routes]]\nname = "primary"\nupstream = "flaky"\nupstream_model = "m503"\n'
+    )
+    proxy = run_proxy(tmp_path, str(config))
+    try:
+        answer = ask(proxy, SHORT, extra_body={"max_tokens": 4000})
+        assert answer.parse().choices[0].message.content
+        assert (answer.headers["x-tapfix-route"], answer.headers["x-tapfix-route-rejected"]) == (
+            "default",
+            "primary=failed",
+        )
+        capture_id = answer.headers["x-tapfix-capture-id"]
+        wait_capture(proxy.extra["db"], capture_id)
+        shown = cli("captures", "show", capture_id, "--db", str(proxy.extra["db"])).stdout.decode()
+        assert "[window] clamp $.max_tokens" in shown and "route default's 1000-token window" in shown
+    finally:
+        proxy.stop()
+        flaky.stop()
+        small.stop()
+
+
 def test_a_threads_turns_stay_on_the_replica_that_served_it(tmp_path, upstreams):
     local, cloud = upstreams
     scenario = tmp_path / "first-fails.json"
