@@ -97,6 +97,11 @@ class ApiSurface:
         """The whole error body around an error object."""
         return {"error": error}
 
+    def error_shaped(self, obj: dict[str, Any]) -> bool:
+        """A whole answer that is an error body of this surface's own shape rather than an answer (the chat
+        fold reads those). OpenAI's surfaces fold their own error bodies: none here."""
+        return False
+
     def error_json(self, error: dict[str, Any]) -> bytes:
         """`error_body` as bytes. json, not orjson: a model name may hold a lone surrogate escape, which only
         ASCII output can carry."""

@@ -41,6 +41,9 @@ class _Messages(ApiSurface):
     def error_body(self, error: dict[str, Any]) -> dict[str, Any]:
         return {"type": "error", "error": error}
 
+    def error_shaped(self, obj: dict[str, Any]) -> bool:
+        return obj.get("type") == "error"
+
     def overflow_message(self, prompt_tokens: int | None, window: int | None) -> str:
         if prompt_tokens is not None and window is not None:
             return f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
