@@ -40,6 +40,7 @@ class ApiSurface:
     path: str | None = None  # the path's tail that names it (with or without `/v1`, any prefix before)
     # -- the request
     conversation: str | None = None  # the field holding the turns (`messages`, `input`); None: no conversation
+    string_turns: bool = False  # the turns may be one string: the user's one message (Responses' `input`)
     instructions: str | None = None  # the system prompt's own field beside the turns (`system`, `instructions`)
     typed_content: bool = False  # a turn's content is typed blocks (`thinking`, `tool_use`), not OpenAI's parts
     max_tokens_fields: tuple[str, ...] = ()  # the budget's fields, the first one present counts
@@ -51,6 +52,7 @@ class ApiSurface:
     continuable: bool = False  # a next attempt can continue the client's own text (a final assistant message)
     reasoning_fields: bool = False  # the answer's reasoning can be renamed per field (`reasoning_content`)
     # -- the answer
+    asks_stream_usage: bool = False  # a stream carries usage only when asked (`stream_options.include_usage`)
     framing: Framing = "data"
     numbered: bool = False  # its stream's events carry `sequence_number`
     item_field: str | None = None  # events: where an item (block) that starts is (`item`, `content_block`)

@@ -13,6 +13,7 @@ CHAT = ApiSurface(
     seeded=True,
     continuable=True,
     reasoning_fields=True,
+    asks_stream_usage=True,
     answer_field="choices",
     operation="chat",
     provider="openai",

@@ -36,6 +36,7 @@ RESPONSES = _Responses(
     name="responses",
     path="responses",
     conversation="input",  # a list of items, or one string: the user's message
+    string_turns=True,
     instructions="instructions",
     max_tokens_fields=("max_output_tokens",),
     sampling_params=frozenset({"temperature", "top_p", "max_tokens"}),
