@@ -40,7 +40,7 @@ class ApiSurface:
     path: str | None = None  # the path's tail that names it (with or without `/v1`, any prefix before)
     # -- the request
     conversation: str | None = None  # the field holding the turns (`messages`, `input`); None: no conversation
-    string_turns: bool = False  # the turns may be one string: the user's one message (Responses' `input`)
+    item_turns: bool = False  # the turns are typed items, or one string: the user's message (Responses' `input`)
     instructions: str | None = None  # the system prompt's own field beside the turns (`system`, `instructions`)
     typed_content: bool = False  # a turn's content is typed blocks (`thinking`, `tool_use`), not OpenAI's parts
     max_tokens_fields: tuple[str, ...] = ()  # the budget's fields, the first one present counts

@@ -27,9 +27,10 @@ _PATH = re.compile(r"(?:^|/)(" + "|".join(re.escape(s.path or "") for s in SURFA
 _SNIFF_BYTES = 4096
 
 
-def api_surface(name: Surface | None) -> ApiSurface:
-    """The surface object of a name (`surface_for`'s answer, the store's column); `OTHER` for None."""
-    return OTHER if name is None else _BY_NAME[name]
+def api_surface(name: str | None) -> ApiSurface:
+    """The surface object of a name (`surface_for`'s answer, the store's column); `OTHER` for None or a
+    name no surface has ("other")."""
+    return OTHER if name is None else _BY_NAME.get(name, OTHER)
 
 
 def _name(surface: ApiSurface) -> Surface:

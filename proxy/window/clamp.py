@@ -67,7 +67,7 @@ def chat_messages(surface: Surface | None, parsed: dict[str, Any]) -> list[Any] 
     if api.conversation is None:
         return None
     source = parsed.get(api.conversation)
-    messages = [{"role": "user", "content": source}] if api.string_turns and isinstance(source, str) else source
+    messages = [{"role": "user", "content": source}] if api.item_turns and isinstance(source, str) else source
     system = parsed.get(api.instructions) if api.instructions is not None else None
     if not isinstance(messages, list):
         return None

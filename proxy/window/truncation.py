@@ -51,7 +51,7 @@ def lower_bound(surface: Surface | None, parsed: dict[str, Any]) -> int:
         return 0
     total = _text_words(parsed.get(api.instructions)) if api.instructions is not None else 0
     messages = parsed.get(api.conversation)
-    if api.string_turns and isinstance(messages, str):
+    if api.item_turns and isinstance(messages, str):
         return total + words(messages)
     for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and message.get("role", "user") in _COUNTED_ROLES:
