@@ -81,6 +81,11 @@ class ApiSurface:
         """Its requests carry a conversation of turns (not legacy completions' prompt, not another path)."""
         return self.conversation is not None
 
+    @property
+    def prompt_only(self) -> bool:
+        """A surface of inference whose request is one `prompt`, no turns (legacy completions)."""
+        return self.inference and not self.turns
+
     def max_tokens_field(self, engine: str | None) -> str:
         """The field a token budget is written under for this engine: OpenAI's own API takes the newest of
         the surface's fields (chat's `max_completion_tokens`), the engines the one they all read."""

@@ -35,7 +35,7 @@ def turn_content(
         raw = body.get(api.conversation or "")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
         messages = [_item(i) for i in items if isinstance(i, dict)]
-    elif api.inference and not api.turns:  # legacy completions: one prompt
+    elif api.prompt_only:
         messages = [{"role": "user", "parts": _parts(body.get("prompt"))}]
     else:
         messages = [_message(m) for m in body.get("messages") or [] if isinstance(m, dict)]

@@ -73,6 +73,10 @@ def test_error_bodies_are_in_each_surfaces_shape():
     assert RESPONSES.overflow_param == "input" and CHAT.overflow_param == "messages"
 
 
+def test_only_legacy_completions_is_one_prompt():
+    assert [s.name for s in (*SURFACES, OTHER) if s.prompt_only] == ["completions"]
+
+
 def test_the_tool_call_repairs_cover_the_surfaces_with_turns():
     for surface in SURFACES:
         has = surface.turns
