@@ -40,7 +40,7 @@ from tapfix.proxy.regenerate.whole_body import WHOLE_BODY, BodyOutcome
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.response.pipeline import Stage, StreamPipeline
 from tapfix.proxy.response.reasoning_fields import FIELDS, ReasoningFieldRename
-from tapfix.proxy.surfaces import Surface, is_inference, surface_for
+from tapfix.proxy.surfaces import Surface, api_surface, is_inference, surface_for
 from tapfix.proxy.toolcalls import body_repair_for, stage_for
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
@@ -54,7 +54,6 @@ from tapfix.proxy.window.usage import UsageChunkStrip
 # are read for one, every other stream stays unsplit.
 IN_STREAM_OVERFLOW = ("sglang", "tabbyapi", "llamacpp")
 
-REGENERABLE = ("chat", "responses", "messages")  # the surfaces whose streams a later attempt can join
 SESSION = "attempt_session"  # ex.extra: the AttemptSession of a stream that may get later attempts
 CLIENT_LEFT = "Client disconnected."  # mitmproxy's words for it
 
@@ -113,7 +112,7 @@ class StreamOwner:
 
     def rename_for(self, ex: Exchange, surface: Surface | None) -> ReasoningFieldRename | None:
         """The `[reasoning_field]` rename this client wants (chat deltas and messages), if any."""
-        if self.runtime.policy is None or surface not in ("chat", "completions", None):
+        if self.runtime.policy is None or api_surface(surface).evented:
             return None
         wanted = self.runtime.policy.config.reasoning_field.for_user_agent(ex.user_agent)
         if wanted not in FIELDS:
@@ -178,7 +177,7 @@ class StreamOwner:
             or ex.choices_asked not in (None, 1)
             or not isinstance(ex.extra.get("target"), str)  # regular mode: no upstream of tapfix's own to ask
             or self.runtime.settings.tool_repair not in ("error", "fail_fast")
-            or surface_for(ex.path) not in REGENERABLE
+            or not api_surface(surface_for(ex.path)).turns  # the surfaces whose streams a later attempt can join
             or not isinstance(stage, ChatToolCallRepair | HoldingStage)
             or pipeline.splitter is None
             or pipeline.decoder is not None  # a compressed stream is one attempt

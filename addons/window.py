@@ -24,7 +24,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
-from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.surfaces import api_surface, surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_in, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.overflow import RepeatedOverflows
@@ -247,13 +247,19 @@ class Window:
             return
         ex = exchange_of(flow)
         surface = surface_for(ex.path) if ex is not None else None
-        if ex is None or surface not in ("chat", "responses", "messages"):
+        api = api_surface(surface)
+        if ex is None or not api.turns:
             return
         body = flow.request.raw_content or b""
         name = ex.extra.get("target")
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
         engine = self.runtime.engine_of(name)
-        if surface == "chat" and ex.stream and engine in ENGINES and (asked := ask_for_usage(body)) is not None:
+        if (
+            api_surface(surface).asks_stream_usage
+            and ex.stream
+            and engine in ENGINES
+            and (asked := ask_for_usage(body)) is not None
+        ):
             body = self._forward(flow, asked[0])
             ex.extra[ADDED] = True
             ex.changes.append(request_change(asked[1]))

@@ -1,10 +1,9 @@
 """Every error tapfix itself emits, in the shape each client reads: one place to keep them agreeing.
 
-Each error is in the request's surface's own shape (DESIGN.md): on
-chat, completions and Responses (and any other path) OpenAI's `{"error": {"message", "type", "param",
-"code"}}`; on Messages Anthropic's `{"type": "error", "error": {"type", "message"}}`, typed by
-Anthropic's own words (`invalid_request_error`, `authentication_error`, `not_found_error`, `api_error`,
-`overloaded_error`), since the anthropic SDK and Claude Code read only that shape.
+Each error is in the request's surface's own shape (DESIGN.md), which the surface object holds
+(`tapfix.proxy.surfaces`): on chat, completions and Responses (and any other path) OpenAI's
+`{"error": {"message", "type", "param", "code"}}`; on Messages Anthropic's `{"type": "error", "error":
+{"type", "message"}}`, typed by Anthropic's own words. This module words them.
 
 Two families:
 
@@ -32,7 +31,7 @@ from typing import Any, Protocol
 
 import orjson
 from tapfix.proxy.sse import format_event, named_event
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 TOOL_CALL_UNRECOVERABLE = "tool_call_unrecoverable"
@@ -44,18 +43,6 @@ _TRANSIENT = re.compile(
     r"connection|network|fetch failed|upstream connect|rate limit|429|5\d\d",
     re.I,
 )
-# Anthropic's error type for a status (its API's own table); any other 4xx is invalid_request_error,
-# any other 5xx api_error. The anthropic SDK picks its exception by status, Claude Code shows the type.
-_ANTHROPIC_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    407: "authentication_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
 
 
 # -- answers instead of forwarding --------------------------------------------------------------
@@ -80,18 +67,10 @@ def _answer(
     surface: Surface | None, status: int, message: str, kind: str, code: str | None = None, param: str | None = None
 ) -> LocalAnswer:
     """The body in the surface's shape. `kind`, `code` and `param` are OpenAI's fields; Messages gets
-    Anthropic's type for the status instead. json, not orjson: a model name may hold a lone surrogate
-    escape, which only ASCII output can carry."""
-    if surface == "messages":
-        error: dict[str, Any] = {"type": anthropic_type(status), "message": message}
-        return LocalAnswer(status, json.dumps({"type": "error", "error": error}).encode(), error)
-    error = {"message": message, "type": kind, "param": param, "code": code}
-    return LocalAnswer(status, json.dumps({"error": error}).encode(), error)
-
-
-def anthropic_type(status: int) -> str:
-    """Anthropic's error type for an HTTP status."""
-    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    Anthropic's type for the status instead."""
+    shape = api_surface(surface)
+    error = shape.error_object(status, message, kind, code, param)
+    return LocalAnswer(status, shape.error_json(error), error)
 
 
 def request_error(
@@ -144,29 +123,14 @@ def overflow_message(surface: Surface | None, prompt_tokens: int | None, window:
     """The overflow text the agents' pattern lists recognise (opencode's `provider/error.ts`, pi's
     `utils/overflow.ts`): OpenAI's on chat and Responses, Anthropic's on Messages; the real numbers where
     they are known, never made up."""
-    if surface == "messages":
-        if prompt_tokens is not None and window is not None:
-            return f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
-        if window is not None:
-            return f"prompt is too long: the prompt exceeds the {window} tokens maximum"
-        return "prompt is too long"
-    if window is None:
-        return (
-            "This model's maximum context length was exceeded (context_length_exceeded): your messages do not fit. "
-            "Please reduce the length of the messages."
-        )
-    resulted = f"{prompt_tokens} tokens" if prompt_tokens is not None else "more tokens than that"
-    return (
-        f"This model's maximum context length is {window} tokens. However, your messages resulted in {resulted}. "
-        "Please reduce the length of the messages."
-    )
+    return api_surface(surface).overflow_message(prompt_tokens, window)
 
 
 def context_overflow(surface: Surface | None, prompt_tokens: int | None, window: int | None) -> LocalAnswer:
     """The 400 each surface's clients read as "compact the conversation": `invalid_request_error`, code
     `context_length_exceeded`, param `messages` (chat) or `input` (Responses); Anthropic's
     `invalid_request_error` with "prompt is too long" on Messages."""
-    param = "input" if surface == "responses" else "messages"
+    param = api_surface(surface).overflow_param
     return _answer(
         surface, 400, overflow_message(surface, prompt_tokens, window), "invalid_request_error", CONTEXT_OVERFLOW, param
     )
@@ -195,21 +159,7 @@ def context_overflow_event(
     """The same error once a stream has started, in the stream's own framing: chat's `data: {"error": ...}`,
     Responses' `response.failed`, Messages' `event: error`."""
     error = context_overflow(surface, prompt_tokens, window).error
-    if surface == "messages":
-        return named_event("error", {"type": "error", "error": error}, newline)
-    if surface == "responses":  # `error` first: the openai SDK raises on an event whose data has an `error`
-        message = error["message"]
-        failed = {
-            "object": "response",
-            "status": "failed",
-            "output": [],
-            "error": {"code": CONTEXT_OVERFLOW, "message": message},
-        }
-        head = {"type": "error", "code": CONTEXT_OVERFLOW, "message": message, "param": "input", "error": error}
-        return named_event("error", {**head, "sequence_number": seq}, newline) + named_event(
-            "response.failed", {"type": "response.failed", "sequence_number": seq + 1, "response": failed}, newline
-        )
-    return format_event(orjson.dumps({"error": error}), newline)
+    return api_surface(surface).overflow_events(error, newline, seq)
 
 
 # -- a tool call tapfix can't recover ------------------------------------------------------------
@@ -317,13 +267,4 @@ def reset_event(
 ) -> tuple[bytes, dict[str, Any]]:
     """The retryable error each SDK raises on, in the stream's own framing (clients.md §8):
     (the bytes to send, the error object to record). `reason` is tapfix's own word for the cause."""
-    tapfix = {"reason": reason, "capture_id": capture_id}
-    if surface == "messages":
-        error: dict[str, Any] = {"type": "api_error", "message": message}
-        return named_event("error", {"type": "error", "error": error}), error
-    error = {"message": message, "type": "server_error", "code": 502, "tapfix": tapfix}
-    if surface == "responses":
-        return named_event(
-            "error", {"type": "error", "code": "server_error", "message": message, "error": error, "sequence_number": 0}
-        ), error
-    return format_event(orjson.dumps({"error": error})) + format_event(b"[DONE]"), error
+    return api_surface(surface).reset_events(message, {"reason": reason, "capture_id": capture_id})

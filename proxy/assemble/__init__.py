@@ -10,7 +10,7 @@ import orjson
 from tapfix.proxy.assemble.chat import assemble_chat_json, assemble_chat_sse
 from tapfix.proxy.assemble.evented import assemble_evented_json, assemble_evented_sse
 from tapfix.proxy.assemble.result import Assembled
-from tapfix.proxy.surfaces import evented_body, evented_stream
+from tapfix.proxy.surfaces import api_surface, evented_body, evented_stream
 
 
 def assemble_sse(body: bytes | list[bytes], path: str | None = None) -> Assembled:
@@ -30,8 +30,8 @@ def assemble_json(body: bytes, path: str | None = None) -> Assembled:
     if not isinstance(obj, dict):
         return Assembled()
     surface = evented_body(path, obj)
-    # A Messages error body is `{"type": "error", "error": {...}}`: the chat fold reads it as is.
-    if surface is not None and (obj.get("type") != "error" or surface != "messages"):
+    # An error body in the surface's own shape (Messages' `{"type": "error", ...}`): the chat fold reads it.
+    if surface is not None and not api_surface(surface).error_shaped(obj):
         return assemble_evented_json(surface, obj)
     return assemble_chat_json(obj)
 

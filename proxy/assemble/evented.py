@@ -17,12 +17,13 @@ deltas (it is what a client that reads the final object keeps).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.sse import SSESplitter, event_data
-from tapfix.proxy.surfaces import Evented
+from tapfix.proxy.surfaces import MESSAGES, RESPONSES, Evented, PerSurface
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -265,9 +266,18 @@ def _each_event(chunks: list[bytes], result: Assembled, fold: Any) -> None:
             fold(obj, min(chunk_index, last))
 
 
+# Each evented surface's folds, streamed and whole.
+_SSE_FOLDS: PerSurface[Callable[[list[bytes]], Assembled]] = PerSurface(
+    {RESPONSES: assemble_responses_sse, MESSAGES: assemble_messages_sse}
+)
+_JSON_FOLDS: PerSurface[Callable[[dict[str, Any]], Assembled]] = PerSurface(
+    {RESPONSES: assemble_responses_json, MESSAGES: assemble_messages_json}
+)
+
+
 def assemble_evented_sse(surface: Evented, chunks: list[bytes]) -> Assembled:
-    return assemble_responses_sse(chunks) if surface == "responses" else assemble_messages_sse(chunks)
+    return _SSE_FOLDS[surface](chunks)
 
 
 def assemble_evented_json(surface: Evented, obj: dict[str, Any]) -> Assembled:
-    return assemble_responses_json(obj) if surface == "responses" else assemble_messages_json(obj)
+    return _JSON_FOLDS[surface](obj)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeGuard
 
 from tapfix.proxy.changes import Change
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 STAGE: Final = "toolcalls"  # the tool-call stage's unrecoverable outcome is what an attempt answers
 
@@ -74,7 +74,6 @@ _REASONING_FIELD: Final[dict[str, str]] = {
 # Engines whose Chat Completions route takes `seed` (None: an unknown OpenAI-compatible server; `seed`
 # is a documented Chat Completions field). TabbyAPI's is not established (docs/regenerate.md).
 _SEEDED_CHAT: Final[frozenset[str | None]] = frozenset({None, "vllm", "sglang", "llamacpp", "ollama", "openai"})
-_TURNS: Final[dict[Surface, str]] = {"chat": "messages", "responses": "input", "messages": "messages"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +132,8 @@ def next_attempt(
     seed: SeedSource = system_seed,
 ) -> NextAttempt | Skip:
     """The body of attempt `attempt` (2 for the first regeneration), or why there is none."""
-    turns_key = _TURNS.get(surface)
+    api = api_surface(surface)
+    turns_key = api.conversation
     if turns_key is None:
         return Skip("unsupported_surface", f"no regeneration on the {surface} surface")
     turns = request.get(turns_key)
@@ -145,7 +145,7 @@ def next_attempt(
     if received.tool_call_sent:
         return Skip("tool_call_sent", "part of a tool call already reached the client")
     label = f"regenerate attempt {attempt}"
-    if surface == "chat" and isinstance(turns, list):
+    if api.continuable and isinstance(turns, list):
         why_not = _why_not_continued(turns, engine, received)
         if why_not is None:
             return _continued(request, turns, engine or "", received, label)
@@ -154,7 +154,7 @@ def next_attempt(
     why_same = deterministic(request)
     if why_same is not None:
         return Skip("deterministic", f"{why_same}, and the attempt can't continue the client's text ({why_not})")
-    if surface != "chat" or engine not in _SEEDED_CHAT:
+    if not api.seeded or engine not in _SEEDED_CHAT:
         reason = f"{label}: from scratch, the request unchanged (no seed to set here; {why_not})"
         return NextAttempt(dict(request), "fresh", reason)
     value = seed()

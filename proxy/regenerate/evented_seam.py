@@ -28,7 +28,7 @@ from typing import Any, Final
 from tapfix.proxy.changes import Change
 from tapfix.proxy.regenerate.continuation import STAGE, Received
 from tapfix.proxy.sse import SSESplitter, named_event
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.toolcalls.evented_stage import as_dict, event_name, parse
 
 _OPENING: Final = frozenset({"response.created", "response.in_progress", "message_start"})
@@ -73,6 +73,7 @@ def client_view(surface: Surface, client_chunks: Sequence[bytes]) -> ClientView:
     reasoning: list[str] = []
     call_sent = False
     view = ClientView(surface, Received())
+    api = api_surface(surface)
     by_position: dict[int, dict[str, Any]] = {}
     for kind, obj in _objects(client_chunks):
         seq = obj.get("sequence_number")
@@ -81,8 +82,8 @@ def client_view(surface: Surface, client_chunks: Sequence[bytes]) -> ClientView:
         if kind == "response.created" and view.response_id is None:
             view.response_id = as_dict(obj.get("response")).get("id")
         elif kind in ("response.output_item.added", "response.output_item.done", "content_block_start"):
-            item = as_dict(obj.get("item") if surface == "responses" else obj.get("content_block"))
-            position = obj.get("output_index" if surface == "responses" else "index")
+            item = as_dict(obj.get(api.item_field or ""))
+            position = obj.get(api.index_field or "")
             if isinstance(position, int) and item:
                 by_position[position] = item
                 view.kinds.add(str(item.get("type")))
@@ -120,7 +121,9 @@ class EventedSeam:
         self.held: dict[int, list[bytes]] = {}  # text items of a type the client has, by the attempt's index
         self.held_ids: dict[int, str] = {}
         self.calling = False  # the attempt opened a tool call: held text is a repeat
-        self.responses = view.surface == "responses"
+        api = api_surface(view.surface)
+        self.numbered = api.numbered  # its events carry `sequence_number`, renumbered after the client's
+        self.index_key, self.item_key = api.index_field or "", api.item_field or ""
         self.seq = view.last_seq
         self.base = len(view.items)
         self.positions: dict[int, int] = {}  # the attempt's output index -> the client's
@@ -137,12 +140,12 @@ class EventedSeam:
         kind = str(obj.get("type") or event_name(event) or "")
         if kind in _OPENING:
             return []
-        key = "output_index" if self.responses else "index"
+        key = self.index_key
         index = obj.get(key)
         if kind in _FINISHES and self.held:
             return [*self._release(), *self.feed(event)]  # it answered without a call: its text goes out
         if not isinstance(index, int) or isinstance(index, bool):
-            if not self.responses:
+            if not self.numbered:
                 return [event]  # message_delta, message_stop, ping, error: nothing to renumber
             index = None
         if index is not None and index in self.held:
@@ -156,7 +159,7 @@ class EventedSeam:
         out = dict(obj)
         if index is not None:
             out[key] = self.positions.get(index, index + self.base)
-        if self.responses:
+        if self.numbered:
             self._renumber(out)
         nl = b"\r\n" if b"\r\n" in event else b"\n"
         return [named_event(kind, out, nl)]
@@ -164,7 +167,7 @@ class EventedSeam:
     def _place(self, index: int, kind: str, obj: dict[str, Any], event: bytes) -> bool:
         """Give a new item (block) its place after the client's, or drop it (text the client has). False: dropped."""
         opening = kind in ("response.output_item.added", "content_block_start")
-        item = as_dict(obj.get("item") if self.responses else obj.get("content_block")) if opening else {}
+        item = as_dict(obj.get(self.item_key)) if opening else {}
         item_type = item.get("type")
         item_id = item.get("id")
         if item_type in _CALL_KINDS and not self.calling:

@@ -38,7 +38,7 @@ from tapfix.proxy.regenerate.evented_seam import EventedSeam, client_view
 from tapfix.proxy.regenerate.repeat import RepeatDrop, repeated_kinds
 from tapfix.proxy.regenerate.unreadable import Unreadable
 from tapfix.proxy.sse import SSESplitter, event_data, format_event
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
@@ -293,7 +293,7 @@ class AttemptSplice:
             return self._unanswered(stages), None
         self.fallback = []
         number = self.attempts_made + 2
-        view = client_view(self.surface, client_chunks) if self.surface != "chat" else None
+        view = client_view(self.surface, client_chunks) if api_surface(self.surface).evented else None
         received = view.received if view is not None else received_from(client_chunks)
         now = self.clock()
         verdict = should_regenerate(

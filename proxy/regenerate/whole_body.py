@@ -36,7 +36,7 @@ from tapfix.proxy.regenerate.eligibility import (
 )
 from tapfix.proxy.regenerate.session import Attempt
 from tapfix.proxy.regenerate.splice import Decision, admit_next
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
@@ -88,15 +88,12 @@ def needs_another(first: BodyOutcome, settings: RegenerateSettings, policy: Tool
     return trigger_for(first.outcome, first.defects, settings.unknown_tool) is not None
 
 
-# The field a whole answer of each surface can't do without: a body without it is no answer (an HTML page,
-# an error object, a proxy's JSON), whatever its status says.
-_ANSWER_FIELD: Final = {"chat": "choices", "responses": "output", "messages": "content"}
-
-
 def not_an_answer(surface: Surface, body: bytes) -> str | None:
     """Why `body` can't be read as `surface`'s whole answer (None: it can): not a JSON object, or one
     without the list the answer is made of."""
-    wanted = _ANSWER_FIELD.get(surface)
+    # The field a whole answer can't do without: a body without it is no answer (an HTML page, an error
+    # object, a proxy's JSON), whatever its status says.
+    wanted = api_surface(surface).answer_field
     if wanted is None:
         return None
     parsed = json_object(body)

@@ -18,7 +18,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonsplice import remove_items
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 HEADER = "x-anthropic-billing-header:"
 # Engines that serve from the user's own prefix cache; an unknown engine, `openai` or `anthropic` may be a
@@ -56,11 +56,12 @@ def billing_blocks(parsed: dict[str, Any], surface: Surface | None) -> list[Bill
     """Where the request holds the block: Messages' `system` blocks; on chat, a system or developer message's
     text parts (a message that is nothing but the line goes whole)."""
     found: list[BillingBlock] = []
-    if surface == "messages":
-        system = parsed.get("system")
+    api = api_surface(surface)
+    if api.typed_content and api.instructions is not None:  # Messages: `system` is typed text blocks
+        system = parsed.get(api.instructions)
         if isinstance(system, list):
-            found += [BillingBlock(("system",), i, b["text"]) for i, b in enumerate(system) if _is_block(b)]
-    elif surface == "chat":
+            found += [BillingBlock((api.instructions,), i, b["text"]) for i, b in enumerate(system) if _is_block(b)]
+    elif api.turns and api.instructions is None:  # chat: system and developer messages
         messages = parsed.get("messages")
         for i, m in enumerate(messages if isinstance(messages, list) else []):
             if not isinstance(m, dict) or m.get("role") not in _SYSTEM_ROLES:

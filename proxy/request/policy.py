@@ -39,7 +39,7 @@ from tapfix.proxy.request.sampling import (
     load_generation_config,
     sent_sampling,
 )
-from tapfix.proxy.surfaces import Surface, surface_for
+from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key")
 REQUEST_DECODED_LIMIT = 64 * 1024 * 1024  # a compressed request inflating past this gets 413
@@ -206,7 +206,7 @@ class RequestPolicy:
         if rename is not None:
             edits.append(Set(("model",), route.served_model))
             outcome.changes.append(rename)
-        if outcome.surface != "messages" and not sent_sampling(parsed):
+        if api_surface(outcome.surface).sampling_defaults and not sent_sampling(parsed):
             outcome.flags.add("no_sampling_params")
         policy = self._policies.get(route.settings.name if route.settings else "")
         if policy is not None:
@@ -264,7 +264,7 @@ class RequestPolicy:
         replay_as: ReplayAs | None = "think" if settings.replay_reasoning_as == "think" else None
         session = session_key(headers, parsed)
         try:
-            if outcome.surface == "responses":
+            if api_surface(outcome.surface).item_turns:
                 replayed = replay_responses(body, parsed, self.turns, client, session, engine)
             else:
                 replayed = replay_reasoning(

@@ -35,7 +35,7 @@ from tapfix.proxy.jsonsplice import SpliceError, value_span
 from tapfix.proxy.request.billing_line import is_billing_line
 from tapfix.proxy.request.prefix_causes import CAUSES as CAUSES
 from tapfix.proxy.request.prefix_causes import cause_of, missing_cause
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 # Top-level fields a chat template reads: a change re-renders the prompt (gpt-oss puts the effort in it).
 TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "reasoning_effort", "reasoning", "thinking", "documents")
@@ -108,18 +108,18 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
     """The prompt part of a request on the chat, Responses or Messages surface; None on others."""
     units: list[Unit] = []
     conversation: list[Unit] = []
-    if surface == "messages":
-        units += _system(parsed.get("system"), ("system",))
-        items = parsed.get("messages")
-        conversation = [_unit("item", ("messages", i), m) for i, m in enumerate(_list(items))]
-    elif surface == "responses":
-        units += _system(parsed.get("instructions"), ("instructions",))
-        given = parsed.get("input")
-        if isinstance(given, str):
-            conversation = [_unit("item", ("input",), given)]
+    api = api_surface(surface)
+    field = api.conversation
+    if field is None:
+        return None
+    if api.instructions is not None:  # the system prompt in a field of its own
+        units += _system(parsed.get(api.instructions), (api.instructions,))
+        given = parsed.get(field)
+        if api.item_turns and isinstance(given, str):
+            conversation = [_unit("item", (field,), given)]
         else:
-            conversation = [_unit("item", ("input", i), m) for i, m in enumerate(_list(given))]
-    elif surface == "chat":
+            conversation = [_unit("item", (field, i), m) for i, m in enumerate(_list(given))]
+    else:  # chat: system and developer messages lead the turns
         messages = _list(parsed.get("messages"))
         lead = 0
         while lead < len(messages) and isinstance(messages[lead], dict) and messages[lead].get("role") in _SYSTEM_ROLES:
@@ -131,8 +131,6 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
             else:
                 units.append(_unit("system", ("messages", i), messages[i], _billing(content)))
         conversation = [_unit("item", ("messages", i), m) for i, m in enumerate(messages) if i >= lead]
-    else:
-        return None
     tools = [_unit("tool", ("tools", i), t) for i, t in enumerate(_list(parsed.get("tools")))]
     settings = {k: _setting(k, parsed[k]) for k in TEMPLATE_FIELDS if k in parsed}
     return Prompt((*units, *tools, *conversation), len(conversation), settings, parsed.get("prompt_cache_key"))

@@ -27,7 +27,7 @@ from tapfix.proxy.request.reasoning_levels import (
     parse_level,
 )
 from tapfix.proxy.request.reasoning_messages import apply_messages_reasoning
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 TEMPLATE_VARS = ("enable_thinking", "thinking", "reasoning_effort")
 # Level → the generic 0-100 dialect.
@@ -133,10 +133,10 @@ def _native(dialect: str, surface: Surface, path: Path, settings: ReasoningSetti
         return head == "chat_template_kwargs" and dialect in ("vllm", "sglang", "llamacpp", "template")
     if dialect == "tabbyapi":
         return path in (("reasoning_effort",), ("enable_thinking",))
-    if dialect in _EFFORT_DIALECTS:
-        if surface == "responses":
-            return path == ("reasoning", "effort")
-        return path == ("reasoning_effort",) or (dialect == "ollama" and path == ("reasoning", "effort"))
+    if dialect in _EFFORT_DIALECTS:  # the surface's own field; Ollama also reads Responses' on chat
+        return path == api_surface(surface).reasoning_effort or (
+            dialect == "ollama" and path == ("reasoning", "effort")
+        )
     return False
 
 
@@ -146,11 +146,12 @@ def apply_reasoning(body: Mapping[str, Any], settings: ReasoningSettings, surfac
     dialect = settings.dialect
     if dialect in (None, "passthrough"):
         return result
-    if surface == "messages":
+    api = api_surface(surface)
+    if api.typed_content:  # Messages: thinking is asked for with its own block (`thinking`), not an effort
         return apply_messages_reasoning(body, settings, result)
     signals = detect(body)
     accepted = settings.accepted()
-    if surface == "responses":
+    if api.openai_levels_only:
         # Engines validate Responses `reasoning` with OpenAI's type: no `max` level there.
         accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
     for s in (s for s in signals if s.on is None):
@@ -252,10 +253,11 @@ def _primary(
     if level is None and settings.template_var in ("enable_thinking", "thinking"):
         return {}  # on/off only: the configured template variable says it exactly
     accepted = settings.accepted()
-    if surface == "responses":
+    api = api_surface(surface)
+    if api.openai_levels_only:
         accepted = tuple(a for a in accepted if a in DIALECT_LEVELS["openai"]) or accepted
     effort = clamp_level(level or settings.default_level, accepted)
-    return {("reasoning", "effort") if surface == "responses" else ("reasoning_effort",): effort}
+    return {api.reasoning_effort: effort}
 
 
 def _template_var(

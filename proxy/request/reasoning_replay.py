@@ -32,7 +32,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonbody import canonical_arguments
 from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, splice, top_level_item_spans
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 # What the engine's chat-completions parser reads from a history message and hands the template: vLLM's
 # `_parse_chat_message_content` reads `message.get("reasoning")` (0.32: vllm/renderers/chat_utils.py; earlier
@@ -141,7 +141,7 @@ def text_of(content: Any) -> str:
 def sent_calls(message: Mapping[str, Any], surface: Surface) -> tuple[Call, ...]:
     """The tool calls of a resent assistant message, as compared with `delivered_calls`."""
     calls: list[Call] = []
-    if surface == "messages" and isinstance(message.get("content"), list):
+    if api_surface(surface).typed_content and isinstance(message.get("content"), list):
         for b in message["content"]:
             if isinstance(b, dict) and b.get("type") == "tool_use":
                 calls.append((str(b.get("id") or ""), str(b.get("name") or ""), canonical_arguments(b.get("input"))))
@@ -156,7 +156,7 @@ def _kept_reasoning(message: Mapping[str, Any], surface: Surface) -> dict[str, s
     """The reasoning the client kept in the message, by where it kept it."""
     kept = {f: message[f] for f in REASONING_FIELDS if isinstance(message.get(f), str) and message[f]}
     content = message.get("content")
-    if surface == "messages" and isinstance(content, list):
+    if api_surface(surface).typed_content and isinstance(content, list):
         if any(isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking") for b in content):
             kept["thinking"] = "block"
     elif isinstance(content, str) and content.lstrip().startswith("<think>"):
@@ -199,7 +199,8 @@ def replay_reasoning(
 ) -> Replayed | None:
     """The body with recorded reasoning put back into the assistant turns the client resent without it;
     None when nothing changes and nothing was missed. Raises SpliceError when `body` is not `parsed`."""
-    if surface not in ("chat", "messages"):  # Responses: reasoning_replay_responses.py
+    api = api_surface(surface)
+    if surface is None or not api.turns or api.item_turns:  # Responses: reasoning_replay_responses.py
         return None
     placement = placement_for(engine, replay_as)
     messages = parsed.get("messages")
@@ -217,7 +218,7 @@ def replay_reasoning(
         message: dict[str, Any] = messages[i]
         kept = kept_by[i]
         if kept:
-            if surface == "chat" and placement in REASONING_FIELDS and placement not in kept:
+            if api.reasoning_fields and placement in REASONING_FIELDS and placement not in kept:
                 other = next((f for f in REASONING_FIELDS if f in kept), None)
                 if other is not None:  # kept where this engine doesn't look: moved where it does
                     edits[i] = [Delete((other,)), Set((placement,), kept[other])]
@@ -256,7 +257,7 @@ def _place(
     message: dict[str, Any], reasoning: str, placement: str, surface: Surface
 ) -> tuple[list[Set | Delete], dict[str, Any], str] | None:
     """The edits of one message, the message after them, and the path suffix of what was put in."""
-    if surface == "messages":
+    if api_surface(surface).typed_content:
         content = message.get("content")
         block = {"type": "thinking", "thinking": reasoning, "signature": ""}
         if isinstance(content, str):

@@ -24,7 +24,7 @@ from tapfix.proxy.config.file import Config, ModelConfig
 from tapfix.proxy.config.routes import DEFAULT_ROUTE, RouteRule, When, glob_match
 from tapfix.proxy.errors import LocalAnswer, context_overflow, no_eligible_route, overflow_message
 from tapfix.proxy.http_headers import SESSION_HEADERS
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.window.clamp import budget_of, chat_messages
 
 BYTES_PER_TOKEN = 4  # the estimate: about four bytes of prompt JSON a token (English text and code)
@@ -289,5 +289,5 @@ def decide(config: Config, model: ModelConfig, served: str, facts: Facts, known:
 
 def _with_message(answer: LocalAnswer, surface: Surface | None, message: str) -> LocalAnswer:
     error = {**answer.error, "message": message}
-    body = {"type": "error", "error": error} if surface == "messages" else {"error": error}
+    body = api_surface(surface).error_body(error)
     return LocalAnswer(answer.status, orjson.dumps(body), error)

@@ -21,7 +21,7 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.model import ParamPolicy
 from tapfix.proxy.jsonsplice import Delete, Edit, Set, json_path
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 PARAMS = (
     "temperature",
@@ -63,12 +63,6 @@ ENGINE_PARAMS: dict[str | None, frozenset[str]] = {
     "openai": _OPENAI,
     "anthropic": frozenset({"temperature", "top_p", "top_k", "max_tokens"}),
 }
-SURFACE_PARAMS: dict[Surface, frozenset[str]] = {
-    "chat": _ALL,
-    "completions": _ALL,
-    "responses": frozenset({"temperature", "top_p", "max_tokens"}),
-    "messages": frozenset({"temperature", "top_p", "top_k", "max_tokens"}),
-}
 
 
 def wire_name(param: str, engine: str | None, surface: Surface) -> str:
@@ -76,10 +70,7 @@ def wire_name(param: str, engine: str | None, surface: Surface) -> str:
     if param == "repetition_penalty" and engine == "llamacpp":
         return "repeat_penalty"  # llama-server reads only repeat_penalty (server params_from_json)
     if param == "max_tokens":
-        if surface == "responses":
-            return "max_output_tokens"
-        if surface == "chat" and engine == "openai":
-            return "max_completion_tokens"
+        return api_surface(surface).max_tokens_field(engine)
     return param
 
 
@@ -149,7 +140,7 @@ def apply_sampling(
     """The edits (for `jsonsplice.splice`) and changes that bring `body` in line with `policy`."""
     edits: list[Edit] = []
     changes: list[Change] = []
-    accepted = ENGINE_PARAMS.get(engine, _ALL) & SURFACE_PARAMS.get(surface, frozenset())
+    accepted = ENGINE_PARAMS.get(engine, _ALL) & api_surface(surface).sampling_params
     if engine == "llamacpp":
         _rename_repetition_penalty(body, edits, changes)
     for param, rule in policy.params.items():

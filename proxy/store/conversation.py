@@ -26,7 +26,7 @@ import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.jsonbody import canonical, canonical_arguments
 from tapfix.proxy.jsonsplice import SpliceError
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 # A part: ("a", text) assistant text, ("c", digest) a tool call, ("u", digest) anything the client said.
 Part = tuple[str, bytes | str]
@@ -171,9 +171,10 @@ class Parser:
         """None when the request holds no conversation (not an inference body, legacy completions).
         `spans` and `items`: `jsonsplice.top_level_item_spans(body, CONVERSATION_FIELDS)`."""
         try:
-            if surface == "responses" or (surface is None and "input" in spans and "messages" not in spans):
+            api = api_surface(surface)  # no surface: a stored body; its fields decide
+            if api.item_turns or (surface is None and "input" in spans and "messages" not in spans):
                 return self._chain(body, spans, items, "instructions", "input", responses_parts)
-            if surface in ("chat", "messages", None) and "messages" in spans:
+            if (api.turns or surface is None) and "messages" in spans:
                 return self._chain(body, spans, items, "system", "messages", chat_parts)
         except _PARSE_ERRORS:
             return None

@@ -30,7 +30,7 @@ from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
 from tapfix.proxy.store.redact import redact_content
-from tapfix.proxy.surfaces import Surface, surface_for
+from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 # A session this writer hasn't seen yet (a restart, another instance of a fleet): its latest requests from the
 # store, as the engine received them (`tapfix_body_bytes`: the forwarded body, else the request), newest first.
@@ -79,7 +79,7 @@ class PrefixTracker:
         self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None
     ) -> dict[str, Any] | None:
         surface = surface_for(ex.path)
-        if session_id is None or surface not in ("chat", "responses", "messages") or not _own(ex):
+        if session_id is None or surface is None or not api_surface(surface).turns or not _own(ex):
             return None
         which, body = ("forwarded", ex.forwarded) if ex.forwarded is not None else ("request", ex.readable_request())
         parsed = json_object(body)

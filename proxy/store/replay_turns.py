@@ -29,7 +29,7 @@ from tapfix.proxy.store.conversation import (
     reply_parts,
     responses_parts,
 )
-from tapfix.proxy.surfaces import Surface, surface_for
+from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 log = logging.getLogger("tapfix")
 
@@ -116,7 +116,7 @@ class RecentTurns:
         if shape is None or not wanted:
             return {}
         preamble, items, parts_of = shape
-        whole = surface == "responses"
+        whole = api_surface(surface).item_turns
         own = _without_billing(preamble)
         chains = {i: c for i, c in reply_chains(own, items, parts_of, whole).items() if i in wanted}
         # The store's chain_hash digests the preamble as the client sent it (sessions.py).
@@ -148,7 +148,7 @@ def _shape(parsed: Any, surface: Surface | None) -> tuple[Any, list[Any], Any] |
     """A request's preamble, its conversation's items and how to read them; None: it holds none."""
     if not isinstance(parsed, dict):
         return None
-    if surface == "responses":
+    if api_surface(surface).item_turns:
         items, preamble, parts_of = parsed.get("input"), parsed.get("instructions"), responses_parts
     else:
         items, preamble, parts_of = parsed.get("messages"), parsed.get("system"), chat_parts

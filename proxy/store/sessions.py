@@ -40,7 +40,7 @@ from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.sse import event_data
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
-from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.surfaces import api_surface, surface_for
 
 if TYPE_CHECKING:
     from tapfix.proxy.store.sql_executor import Executes
@@ -146,7 +146,7 @@ class SessionTracker:
         # Replays and probes are copies, not turns an agent continues.
         own = not ex.session_hint and not ({"replay", "probe"} & ex.tags)
         chain = conversation.chained(reply_parts(reply)) if conversation and answered and own else None
-        rid = response_id(client) if surface == "responses" and answered and own else None
+        rid = response_id(client) if api_surface(surface).chains_ids and answered and own else None
         thread = ex.id if own else None  # a chain's first exchange names its thread
         parents = conversation.parents if conversation is not None else []
         key = explicit_key(ex, spans)

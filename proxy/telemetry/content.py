@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.store.redact import redact_content
+from tapfix.proxy.surfaces import api_surface
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,16 +29,13 @@ class TurnContent:
 def turn_content(
     surface: str, body: dict[str, Any], assembled: Assembled | None, secrets: tuple[str, ...] = ()
 ) -> TurnContent:
-    system: list[dict[str, Any]] = []
-    if surface == "messages":
-        system = _parts(body.get("system"))
-        messages = [_message(m) for m in body.get("messages") or [] if isinstance(m, dict)]
-    elif surface == "responses":
-        system = _parts(body.get("instructions"))
-        raw = body.get("input")
+    api = api_surface(surface)
+    system = _parts(body.get(api.instructions)) if api.instructions is not None else []
+    if api.item_turns:
+        raw = body.get(api.conversation or "")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
         messages = [_item(i) for i in items if isinstance(i, dict)]
-    elif surface == "completions":
+    elif api.prompt_only:
         messages = [{"role": "user", "parts": _parts(body.get("prompt"))}]
     else:
         messages = [_message(m) for m in body.get("messages") or [] if isinstance(m, dict)]

@@ -24,7 +24,7 @@ from tapfix.proxy.request.reasoning import detect
 from tapfix.proxy.request.reasoning_replay import REPLAY_MISSED, replay_counts
 from tapfix.proxy.store.redact import secret_values
 from tapfix.proxy.store.writer import Written
-from tapfix.proxy.surfaces import surface_for
+from tapfix.proxy.surfaces import api_surface, surface_for
 from tapfix.proxy.telemetry import semconv as sc
 from tapfix.proxy.telemetry.answer import response_identity
 from tapfix.proxy.telemetry.content import TurnContent, turn_content
@@ -33,14 +33,6 @@ UNRECOVERABLE_FLAG = "toolcall_unrecoverable"
 RESET_FLAGS = frozenset({"upstream_reset", "stream_incomplete"})
 # Tool-call-stage change kinds that record something else than a repair (see `_repairs`).
 NOT_REPAIRS = frozenset({"upstream_error", "inject", "override", "drop", "regenerate", "skip"})
-_OPERATIONS = {
-    "chat": sc.OP_CHAT,
-    "responses": sc.OP_CHAT,
-    "messages": sc.OP_CHAT,
-    "completions": sc.OP_TEXT_COMPLETION,
-}
-# Each surface's API, as `gen_ai.provider.name`'s well-known values name its provider.
-_API_PROVIDERS = {"chat": "openai", "completions": "openai", "responses": "openai", "messages": "anthropic"}
 # Request fields as forwarded -> the span attribute that names them (first present wins).
 _PARAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (sc.GEN_AI_REQUEST_MAX_TOKENS, ("max_completion_tokens", "max_tokens", "max_output_tokens")),
@@ -198,12 +190,12 @@ def provider_of(engine: str | None, surface: str, operation: str = "other") -> s
         return engine
     if operation == sc.OP_EMBEDDINGS:
         return "openai"  # /v1/embeddings is OpenAI's API
-    return _API_PROVIDERS.get(surface)
+    return api_surface(surface).provider
 
 
 def _operation(surface: str, path: str) -> str:
-    if surface in _OPERATIONS:
-        return _OPERATIONS[surface]
+    if (api := api_surface(surface)).inference:
+        return api.operation
     if path.split("?", 1)[0].rstrip("/").endswith("embeddings"):
         return sc.OP_EMBEDDINGS
     return "other"

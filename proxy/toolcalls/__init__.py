@@ -11,9 +11,10 @@ finish with `stop`; the other surfaces don't read it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.changes import Change
+from tapfix.proxy.surfaces import CHAT, MESSAGES, RESPONSES, PerSurface, Surface
 from tapfix.proxy.toolcalls.accumulate import assemble_tool_calls
 from tapfix.proxy.toolcalls.chat_stage import ChatToolCallRepair
 from tapfix.proxy.toolcalls.messages import MessagesToolCallRepair, repair_messages_body
@@ -22,11 +23,72 @@ from tapfix.proxy.toolcalls.responses import ResponsesToolCallRepair
 from tapfix.proxy.toolcalls.responses_body import repair_responses_body
 from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
-_STAGES: dict[Surface, Any] = {
-    "chat": ChatToolCallRepair,
-    "responses": ResponsesToolCallRepair,
-    "messages": MessagesToolCallRepair,
-}
+
+class ToolCallStage(Protocol):
+    """A streaming tool-call repair stage, whichever surface it serves: `feed(event)/flush()` over whole raw
+    SSE events, with its records (`changes`) and its verdict (`outcome`)."""
+
+    @property
+    def changes(self) -> list[Change]: ...
+    @property
+    def outcome(self) -> str: ...
+    def feed(self, event: bytes) -> list[bytes]: ...
+    def flush(self) -> list[bytes]: ...
+
+
+class _StageFactory(Protocol):
+    def __call__(
+        self,
+        tools: list[Any],
+        policy: ToolRepairPolicy,
+        capture_id: str,
+        stream_valid_prefix: bool,
+        tool_choice: Any,
+        tool_format: str | None,
+    ) -> ToolCallStage: ...
+
+
+def _chat_stage(
+    tools: list[Any],
+    policy: ToolRepairPolicy,
+    capture_id: str,
+    stream_valid_prefix: bool,
+    tool_choice: Any,
+    tool_format: str | None,
+) -> ToolCallStage:
+    return ChatToolCallRepair(
+        tools,
+        policy=policy,
+        capture_id=capture_id,
+        stream_valid_prefix=stream_valid_prefix,
+        tool_choice=tool_choice,
+        tool_format=tool_format,
+    )
+
+
+def _evented_stage(cls: type[ResponsesToolCallRepair | MessagesToolCallRepair]) -> _StageFactory:
+    """An evented surface's stage: it reads neither `stream_valid_prefix` nor `tool_choice`."""
+
+    def make(
+        tools: list[Any],
+        policy: ToolRepairPolicy,
+        capture_id: str,
+        stream_valid_prefix: bool,
+        tool_choice: Any,
+        tool_format: str | None,
+    ) -> ToolCallStage:
+        return cls(tools, policy=policy, capture_id=capture_id, tool_format=tool_format)
+
+    return make
+
+
+_STAGES: PerSurface[_StageFactory] = PerSurface(
+    {
+        CHAT: _chat_stage,
+        RESPONSES: _evented_stage(ResponsesToolCallRepair),
+        MESSAGES: _evented_stage(MessagesToolCallRepair),
+    }
+)
 BodyRepair = Callable[..., tuple[bytes, list[Any], str]]
 
 
@@ -41,11 +103,13 @@ def _ignoring_tool_choice(repair: BodyRepair) -> BodyRepair:
     return call
 
 
-_BODIES: dict[Surface, BodyRepair] = {
-    "chat": repair_chat_completion,
-    "responses": _ignoring_tool_choice(repair_responses_body),
-    "messages": _ignoring_tool_choice(repair_messages_body),
-}
+_BODIES: PerSurface[BodyRepair] = PerSurface(
+    {
+        CHAT: repair_chat_completion,
+        RESPONSES: _ignoring_tool_choice(repair_responses_body),
+        MESSAGES: _ignoring_tool_choice(repair_messages_body),
+    }
+)
 
 
 def stage_for(
@@ -56,7 +120,7 @@ def stage_for(
     stream_valid_prefix: bool = False,
     tool_choice: Any = None,
     tool_format: str | None = None,
-) -> Any | None:
+) -> ToolCallStage | None:
     """The streaming repair stage of an API surface (None: the surface has none).
 
     `stream_valid_prefix` (Chat Completions only, off by default): forward tool-call fragments while
@@ -65,25 +129,14 @@ def stage_for(
     with `stop`, as OpenAI and vLLM send it. `tool_format` (every surface; a registered name, see
     docs/formats.md): the one format leaked markup is read in; UnknownFormat for a name not registered.
     """
-    cls = _STAGES.get(surface) if surface is not None else None
-    if cls is None:
-        return None
-    if cls is ChatToolCallRepair:
-        return cls(
-            tools,
-            policy=policy,
-            capture_id=capture_id,
-            stream_valid_prefix=stream_valid_prefix,
-            tool_choice=tool_choice,
-            tool_format=tool_format,
-        )
-    return cls(tools, policy=policy, capture_id=capture_id, tool_format=tool_format)
+    make = _STAGES.get(surface)
+    return make(tools, policy, capture_id, stream_valid_prefix, tool_choice, tool_format) if make else None
 
 
 def body_repair_for(surface: Surface | None) -> BodyRepair | None:
     """The non-streamed repair of an API surface, called as `(body, tools, *, capture_id, policy,
     tool_choice, tool_format)` on every surface."""
-    return _BODIES.get(surface) if surface is not None else None
+    return _BODIES.get(surface)
 
 
 __all__ = [
@@ -96,4 +149,5 @@ __all__ = [
     "repair_messages_body",
     "repair_responses_body",
     "stage_for",
+    "ToolCallStage",
 ]

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from tapfix.proxy.surfaces import CHAT, MESSAGES, ApiSurface
+
 Outcome = Literal["repaired", "detected", "passed"]
 Surface = Literal["chat", "responses", "messages"]
 SURFACES: Final[tuple[Surface, ...]] = ("chat", "responses", "messages")
@@ -58,6 +60,11 @@ def _all(outcome: Outcome) -> dict[Surface, Outcome]:
     return {s: outcome for s in SURFACES}
 
 
+def _on(outcome: Outcome, *surfaces: ApiSurface) -> dict[Surface, Outcome]:
+    """The class exists on these surfaces only, with this outcome."""
+    return {s: outcome for s in SURFACES if any(s == api.name for api in surfaces)}
+
+
 REPAIRED_ALL = _all("repaired")
 
 DEFECTS: Final[tuple[DefectClass, ...]] = (
@@ -83,7 +90,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "indexes and ids",
         WRONG_INDEX,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "parallel calls all streamed on index 0: a delta with a new id and a name starts a new call",
     ),
     DefectClass(
@@ -91,7 +98,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "indexes and ids",
         WRONG_INDEX,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "a fresh id on every argument delta of one call: the call's first id wins",
     ),
     DefectClass(
@@ -110,7 +117,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "indexes and ids",
         WRONG_INDEX,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "two calls opened in one delta: kept apart (as sent, when already well formed)",
     ),
     DefectClass(
@@ -136,7 +143,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "names",
         WRONG_NAME,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "a name streamed in pieces: joined (as sent, when already well formed)",
     ),
     DefectClass(
@@ -185,7 +192,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "duplicated fragments",
         ARGS_AS_OBJECT,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "arguments sent as a JSON object instead of a string (Ollama, MiniMax): serialized",
     ),
     # -- escapes and JSON -------------------------------------------------------------------------------
@@ -245,7 +252,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "finish reason",
         FINISH_MISMATCH,
         True,
-        {"chat": "repaired", "messages": "repaired"},
+        _on("repaired", CHAT, MESSAGES),
         "`stop` (Messages: `end_turn`) with calls: corrected to `tool_calls` (`tool_use`); a named"
         " `tool_choice` keeps `stop`, as OpenAI and vLLM send it",
     ),
@@ -254,7 +261,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "finish reason",
         FINISH_MISMATCH,
         True,
-        {"chat": "repaired", "messages": "repaired"},
+        _on("repaired", CHAT, MESSAGES),
         "`length` (`max_tokens`) with calls that are complete and fit the schema, and nothing after them:"
         " kept, finish corrected",
     ),
@@ -263,7 +270,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "finish reason",
         FINISH_REPEATED,
         True,
-        {"chat": "repaired"},
+        _on("repaired", CHAT),
         "a second finish after the first (a trailing `stop` after `tool_calls`): dropped, one finish per choice",
     ),
     # -- information lost -------------------------------------------------------------------------------
@@ -305,7 +312,7 @@ DEFECTS: Final[tuple[DefectClass, ...]] = (
         "information lost",
         EMPTY_TURN,
         False,
-        {"chat": "detected", "messages": "detected"},
+        _on("detected", CHAT, MESSAGES),
         "a `tool_calls` (`tool_use`) finish with no call at all: never a silent empty turn",
     ),
     # -- leaked markup (issue 17: the registry of formats, proxy/toolcalls/formats/) ----------------------

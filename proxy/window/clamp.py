@@ -13,15 +13,9 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.jsonsplice import SpliceError, top_level_spans
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 
 TEMPLATE_SLACK = 1024  # tokens a chat template may add around the messages and tools
-BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
-    "chat": ("max_completion_tokens", "max_tokens"),
-    "completions": ("max_tokens",),
-    "responses": ("max_output_tokens",),
-    "messages": ("max_tokens",),
-}
 
 
 BUDGET_KEY = "budget"  # Exchange.extra: the request's budget_of(), noted by the router's one parse of the body
@@ -29,7 +23,7 @@ BUDGET_KEY = "budget"  # Exchange.extra: the request's budget_of(), noted by the
 
 def budget_of(surface: Surface | None, parsed: dict[str, Any]) -> tuple[str, int] | None:
     """(field, value) of the request's output budget, when it sets one."""
-    for key in BUDGET_FIELDS.get(surface or "", ()):
+    for key in api_surface(surface).max_tokens_fields:
         value = parsed.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return key, value
@@ -44,7 +38,7 @@ def budget_in(surface: Surface | None, body: bytes) -> tuple[str, int] | None:
     except SpliceError:
         return None
     fields: dict[str, Any] = {}
-    for key in BUDGET_FIELDS.get(surface or "", ()):
+    for key in api_surface(surface).max_tokens_fields:
         if key in spans:
             try:
                 fields[key] = orjson.loads(body[slice(*spans[key])])
@@ -69,15 +63,12 @@ def clamped(budget: int, window: int, prompt_tokens: int, floor: int) -> int | N
 def chat_messages(surface: Surface | None, parsed: dict[str, Any]) -> list[Any] | None:
     """The request's prompt as chat messages, for the engine's `/tokenize` (which applies the chat template):
     Messages' `system` and Responses' `instructions` as a first system message; None when there are none."""
-    if surface == "responses":
-        source = parsed.get("input")
-        messages = [{"role": "user", "content": source}] if isinstance(source, str) else source
-        system = parsed.get("instructions")
-    elif surface in ("chat", "messages"):
-        messages = parsed.get("messages")
-        system = parsed.get("system") if surface == "messages" else None
-    else:
+    api = api_surface(surface)
+    if api.conversation is None:
         return None
+    source = parsed.get(api.conversation)
+    messages = [{"role": "user", "content": source}] if api.item_turns and isinstance(source, str) else source
+    system = parsed.get(api.instructions) if api.instructions is not None else None
     if not isinstance(messages, list):
         return None
     return ([{"role": "system", "content": system}] if system else []) + messages

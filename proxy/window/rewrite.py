@@ -14,7 +14,7 @@ import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import LocalAnswer, context_overflow, context_overflow_event
 from tapfix.proxy.sse import event_data
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.window.overflow import EngineOverflow, error_object, recognise
 
 FLAG = "context_overflow"
@@ -53,7 +53,7 @@ class OverflowEvents:
 
     def feed(self, event: bytes) -> list[bytes]:
         if b"rror" not in event:  # "error", "Error", "exceed_context_size_error"
-            if self.surface == "responses":
+            if api_surface(self.surface).numbered:
                 self.seq += 1
             return [event]
         data = event_data(event)

@@ -17,7 +17,7 @@ from typing import Any
 
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonbody import json_object
-from tapfix.proxy.surfaces import Surface, surface_for
+from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 FLAG = "prompt_truncated"
 MARGIN_MIN = 64  # tokens; and a tenth of the prompt's, whichever is more
@@ -46,19 +46,13 @@ def _text_words(content: Any) -> int:
 def lower_bound(surface: Surface | None, parsed: dict[str, Any]) -> int:
     """Tokens the request's prompt has at least, whatever the tokenizer and template: the words of its
     system, developer and user text (Messages' `system`, Responses' `instructions` and input text)."""
-    total = 0
-    if surface == "messages":
-        total += _text_words(parsed.get("system"))
-    if surface == "responses":
-        total += _text_words(parsed.get("instructions"))
-        source = parsed.get("input")
-        if isinstance(source, str):
-            return total + words(source)
-        messages = source
-    elif surface in ("chat", "messages"):
-        messages = parsed.get("messages")
-    else:
+    api = api_surface(surface)
+    if api.conversation is None:
         return 0
+    total = _text_words(parsed.get(api.instructions)) if api.instructions is not None else 0
+    messages = parsed.get(api.conversation)
+    if api.item_turns and isinstance(messages, str):
+        return total + words(messages)
     for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and message.get("role", "user") in _COUNTED_ROLES:
             total += _text_words(message.get("content"))

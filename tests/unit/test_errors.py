@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 from tapfix.proxy import errors
 from tapfix.proxy.errors import LocalAnswer
+from tapfix.proxy.surfaces import anthropic_type
 
 SURFACES = ["chat", "completions", "responses", "messages", None]
 # (function, its arguments after the surface, status, Anthropic type, OpenAI type, OpenAI code)
@@ -46,7 +47,7 @@ def test_every_answer_in_its_surfaces_shape(make, args, status, anthropic, opena
 
 
 def test_anthropic_types_follow_anthropics_status_table() -> None:
-    assert [errors.anthropic_type(s) for s in (400, 401, 403, 404, 409, 413, 422, 429)] == [
+    assert [anthropic_type(s) for s in (400, 401, 403, 404, 409, 413, 422, 429)] == [
         "invalid_request_error",
         "authentication_error",
         "permission_error",
@@ -56,7 +57,7 @@ def test_anthropic_types_follow_anthropics_status_table() -> None:
         "invalid_request_error",
         "rate_limit_error",
     ]
-    assert [errors.anthropic_type(s) for s in (500, 502, 503, 504, 529)] == [
+    assert [anthropic_type(s) for s in (500, 502, 503, 504, 529)] == [
         "api_error",
         "api_error",
         "overloaded_error",

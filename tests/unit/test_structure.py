@@ -222,6 +222,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("request",),  # the request side: sampling, reasoning dialects, routing, preflight
     ("toolcalls", "window"),  # tool-call formats and repair; the context window
     ("errors", "assemble", "config", "exchange"),  # tapfix's own answers, the assembled answer, settings, one exchange
+    ("surfaces",),  # what each API surface is on the request side and the wire, its error shape included
     (
         "changes",
         "content_encoding",
@@ -232,7 +233,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "net",
         "quantities",
         "sse",
-        "surfaces",
         "vocabulary",
     ),  # fmt: skip  # the shared words and wire primitives
 )
