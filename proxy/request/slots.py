@@ -36,7 +36,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.request.routes import thread_of
 from tapfix.proxy.request.routing import Problem
-from tapfix.proxy.surfaces import Surface
+from tapfix.proxy.surfaces import Surface, api_surface
 from tapfix.proxy.window.clamp import chat_messages
 
 PINNED_SURFACES: frozenset[Surface] = frozenset({"chat", "completions", "responses"})  # llama.cpp reads id_slot
@@ -146,7 +146,7 @@ def slot_request(
     messages = chat_messages(surface, dict(parsed))
     if thread is None and messages:
         thread = thread_of(messages, lowered)
-    elif thread is None and surface == "completions" and session is not None:
+    elif thread is None and surface is not None and api_surface(surface).prompt_only and session is not None:
         thread = thread_of([{"session": session}], lowered)
     tools = parsed.get("tools")
     return SlotRequest(
