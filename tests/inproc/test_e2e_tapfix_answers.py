@@ -21,25 +21,11 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
+from tests.support.config_text import toml_table
 from tests.support.inproc import InprocProxy, cli, start, start_mock, start_proxy
 from tests.support.procs import free_port, wait_capture
 
 SERVED = "served models: qwen, gone"
-CONFIG = """
-[upstreams.mock]
-base_url = "{mock}"
-engine = "vllm"
-
-[upstreams.dead]
-base_url = "http://127.0.0.1:{dead}"
-engine = "vllm"
-
-[models.qwen]
-upstream = "mock"
-
-[models.gone]
-upstream = "dead"
-"""
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +33,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     tmp = tmp_path_factory.mktemp("answers")
     mock = start_mock(tmp)
     config = tmp / "tapfix.toml"
-    config.write_text(CONFIG.format(mock=mock.url, dead=free_port()))
+    config.write_text(
+        toml_table("upstreams.mock", base_url=mock.url, engine="vllm")
+        + toml_table("upstreams.dead", base_url=f"http://127.0.0.1:{free_port()}", engine="vllm")
+        + toml_table("models.qwen", upstream="mock")
+        + toml_table("models.gone", upstream="dead")
+    )
     db = tmp / "captures.db"
     proxy = start(["--config", str(config), "--db", str(db)], tmp / "proxy.log", shared=True)
     proxy.extra["db"] = db
