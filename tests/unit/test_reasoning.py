@@ -432,19 +432,7 @@ def test_spliced_bytes_change_only_reasoning_keys():
 
 
 json_values = strategies.json_values(st.text(max_size=6), max_leaves=6)
-reasoning_keys = st.sampled_from(
-    [
-        "reasoning_effort",
-        "reasoning",
-        "thinking",
-        "enable_thinking",
-        "think",
-        "chat_template_kwargs",
-        "template_vars",
-        "output_config",
-        "model",
-    ]
-)
+reasoning_keys = st.sampled_from([*strategies.REASONING_KEYS, "template_vars", "output_config", "model"])
 
 
 @given(
