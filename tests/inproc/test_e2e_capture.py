@@ -12,7 +12,7 @@ import sqlite3
 import httpx
 import openai
 
-from tests.support.builders import tool
+from tests.support.builders import WRITE_FILE
 from tests.support.inproc import cli
 from tests.support.procs import wait_capture
 
@@ -57,18 +57,10 @@ def test_plain_and_tool_requests(proxy):
     reply = raw.parse()
     row = wait_capture(proxy.extra["db"], raw.headers["x-tapfix-capture-id"])
     assert row["content"] == reply.choices[0].message.content and row["stream"] == 0
-    tools = [
-        tool(
-            "write",
-            {"path": {"type": "string"}, "content": {"type": "string"}},
-            ["path", "content"],
-            description="write a file",
-        )
-    ]
     raw = client.chat.completions.with_raw_response.create(
         model="tapfix-mock",
         stream=True,
-        tools=tools,
+        tools=[WRITE_FILE],
         messages=[{"role": "user", "content": "Create hello.txt containing a greeting"}],
     )
     calls: dict[int, dict] = {}

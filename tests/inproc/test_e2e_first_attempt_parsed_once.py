@@ -80,11 +80,8 @@ def parsed(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 @pytest.fixture
 def upstream() -> Iterator[RawServer]:
-    server = RawServer(answer)
-    try:
+    with RawServer(answer) as server:
         yield server
-    finally:
-        server.close()
 
 
 def stream(url: str, content: str, **extra: Any) -> bytes:

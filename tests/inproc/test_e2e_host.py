@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.inproc.test_e2e_modes import tls_upstream  # noqa: F401 - a fixture: an https upstream with its own CA
+from tests.support.config_text import toml_table
 from tests.support.inproc import start, start_proxy
 from tests.support.procs import response_head, wait_capture
 from tests.support.rawserver import RawServer, json_upstreams
@@ -90,28 +91,21 @@ def test_single_upstream_records_the_clients_host_and_sends_the_upstreams(tmp_pa
         proxy.stop()
 
 
-ROUTES = """
-[upstreams.first]
-base_url = "{first}"
-engine = "vllm"
-
-[upstreams.second]
-base_url = "{second}/v1"
-engine = "vllm"
-
-[models.a]
-upstream = "first"
-
-[models.b]
-upstream = "second"
-"""
+def routes(first: str, second: str) -> str:
+    """Two vLLM upstreams, one model on each; the second's URL names /v1."""
+    return (
+        toml_table("upstreams.first", base_url=first, engine="vllm")
+        + toml_table("upstreams.second", base_url=f"{second}/v1", engine="vllm")
+        + toml_table("models.a", upstream="first")
+        + toml_table("models.b", upstream="second")
+    )
 
 
 @LOOPBACKS
 def test_routed_upstream_gets_its_own_host(tmp_path, upstreams):
     first, second = upstreams
     config = tmp_path / "tapfix.toml"
-    config.write_text(ROUTES.format(first=first.url, second=second.url))
+    config.write_text(routes(first.url, second.url))
     db = tmp_path / "routed.db"
     proxy = start(["--config", str(config), "--db", str(db)], tmp_path / "p.log")
     port = proxy.port

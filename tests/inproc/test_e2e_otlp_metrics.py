@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tapfix.proxy.telemetry.metrics import CATALOGUE, QUEUE_DEPTH, Labeller
 
 from tests.support.ci import unavailable
 from tests.support.inproc import InprocMock, InprocProxy, start_mock, start_proxy
+from tests.support.procs import until
 
 PROMPT = [{"role": "user", "content": "hi"}]
 FAST_EXPORT = {"OTEL_METRIC_EXPORT_INTERVAL": "200"}  # milliseconds: tapfix's export thread reads it
@@ -46,11 +47,7 @@ def mock(tmp_path_factory) -> Iterator[InprocMock]:
     handle.stop()
 
 
-def _until(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return result
+_until = partial(until, timeout=15.0, every=0.1)
 
 
 def _stream(proxy: InprocProxy, model: str) -> tuple[int, int]:

@@ -69,6 +69,26 @@ def rows(db: Path, parent: str, count: int, timeout: float = 10.0) -> list[dict[
         time.sleep(0.05)
 
 
+def parent_id(proxy: InprocProxy) -> str:
+    """The client-facing capture (attempt 1), once written: an SDK stream helper hides the response headers, and a
+    client that left never got them."""
+    db = proxy.extra["db"]
+    for _ in range(200):
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else None
+        try:
+            row = conn.execute("select id from exchanges where attempt_of is null").fetchone() if conn else None
+        except sqlite3.OperationalError:
+            row = None
+        finally:
+            if conn:
+                conn.close()
+        if row:
+            wait_capture(db, row[0])
+            return str(row[0])
+        time.sleep(0.05)
+    raise AssertionError("no client-facing capture recorded")
+
+
 def all_exchanges(db: Path) -> int:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:

@@ -6,7 +6,6 @@ the client-facing capture and each attempt, and counts one client request."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 from tapfix.proxy.store.filters import Filters
 from tapfix.proxy.store.locator import StoreLocator
 
-from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, rows
+from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, WRITE, all_exchanges, messages, parent_id, rows
 from tests.inproc.test_e2e_regenerate_timing import plain_body, slow_second_attempt
 from tests.support.inproc import InprocProxy, cli, mock_and_proxy, start_proxy
 
@@ -240,21 +239,7 @@ def test_a_client_leaving_during_attempt_2_cancels_it(stack: InprocProxy, path: 
             stack.url + path, json={**LEAVING_BODIES[path], "stream": False}, timeout=httpx.Timeout(30, read=LEAVE_S)
         )
     db = stack.extra["db"]
-    deadline = time.monotonic() + 10
-    while True:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else None
-        try:
-            parent = conn.execute("select id from exchanges where attempt_of is null").fetchone() if conn else None
-        except sqlite3.OperationalError:
-            parent = None
-        finally:
-            if conn is not None:
-                conn.close()
-        if parent is not None:
-            break
-        assert time.monotonic() < deadline, "the client-facing capture was never written"
-        time.sleep(0.05)
-    found = rows(db, parent[0], 2)
+    found = rows(db, parent_id(stack), 2)
     assert [(r["attempt"], r["status"]) for r in found] == [(1, None), (2, None)], "nobody received an answer"
     first, second = (set(json.loads(r["flags"])) for r in found)
     assert {"client_disconnected", "regenerated"} <= first and "upstream_error" not in first, first

@@ -7,8 +7,6 @@ retryable error events."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from typing import Any
 
 import anthropic
@@ -17,9 +15,8 @@ import openai
 import pytest
 
 from tests.inproc import test_e2e_regenerate as chat_e2e
-from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, rows
+from tests.inproc.test_e2e_regenerate import ALWAYS_BROKEN, all_exchanges, parent_id, rows
 from tests.support.inproc import InprocProxy
-from tests.support.procs import wait_capture
 from tests.unit.test_mock_attempts import WRITE
 from tests.unit.test_regenerate_evented_seam import objects, valid_messages, valid_responses
 
@@ -46,25 +43,6 @@ def raw_stream(proxy: InprocProxy, path: str, **extra: Any) -> tuple[str, bytes]
     with httpx.stream("POST", proxy.url + path, json={**BODIES[path], **extra}, timeout=30) as r:
         assert r.status_code == 200
         return r.headers["x-tapfix-capture-id"], b"".join(r.iter_raw())
-
-
-def parent_id(proxy: InprocProxy) -> str:
-    """The client-facing capture (an SDK stream helper hides the response headers)."""
-    db = proxy.extra["db"]
-    for _ in range(200):
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else None
-        try:
-            row = conn.execute("select id from exchanges where attempt_of is null").fetchone() if conn else None
-        except sqlite3.OperationalError:
-            row = None
-        finally:
-            if conn:
-                conn.close()
-        if row:
-            wait_capture(db, row[0])
-            return str(row[0])
-        time.sleep(0.05)
-    raise AssertionError("no client-facing capture recorded")
 
 
 def check_store(proxy: InprocProxy, capture_id: str) -> None:

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +127,20 @@ def assert_one_call(turn: Turn) -> None:
     assert set(turn.calls[0][1]) == {"filePath", "content"}, turn.calls
 
 
+def each_turn(**more: Iterable[str]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Runs the test on every SDK surface, streamed and whole, and for each value of each keyword's parameter."""
+
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        for name, values in more.items():
+            test = pytest.mark.parametrize(name, list(values))(test)
+        test = pytest.mark.parametrize("surface", SURFACES)(test)
+        return pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])(test)
+
+    return mark
+
+
 # -- 6: a compressed answer is decoded, never spliced raw into the client's stream --------------------
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("surface", SURFACES)
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@each_turn(encoding=ENCODINGS)
 def test_a_compressed_later_attempt_reaches_the_sdk_decoded(
     proxy: InprocProxy, surface: Surface, stream: bool, encoding: str
 ) -> None:
@@ -153,9 +163,7 @@ THEN_GOOD = {
 }
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("surface", SURFACES)
-@pytest.mark.parametrize("model", list(THEN_GOOD))
+@each_turn(model=THEN_GOOD)
 def test_an_unreadable_later_attempt_is_followed_by_the_next(
     proxy: InprocProxy, surface: Surface, stream: bool, model: str
 ) -> None:
@@ -175,9 +183,7 @@ def test_an_unreadable_later_attempt_is_followed_by_the_next(
 ALWAYS = {"lie-always": {"undecodable_body"}, "html-always": set(), "json-always": set(), "500-always": set()}
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("surface", SURFACES)
-@pytest.mark.parametrize("model", list(ALWAYS))
+@each_turn(model=ALWAYS)
 def test_every_later_attempt_unreadable_is_the_retryable_error(
     proxy: InprocProxy, surface: Surface, stream: bool, model: str
 ) -> None:
@@ -196,8 +202,7 @@ def test_every_later_attempt_unreadable_is_the_retryable_error(
 
 
 # -- 4: a later attempt is bounded by the budget, headers and body ------------------------------------
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("surface", SURFACES)
+@each_turn()
 def test_a_later_attempt_whose_error_body_stalls_ends_within_the_budget(
     proxy: InprocProxy, surface: Surface, stream: bool
 ) -> None:

@@ -10,8 +10,8 @@ client request (`tapfix_requests_total`)."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tapfix.proxy.telemetry import semconv as sc
 from tests.inproc.test_e2e_regenerate import rows
 from tests.support.ci import unavailable
 from tests.support.inproc import InprocProxy, start_mock, start_proxy
+from tests.support.procs import until
 from tests.support.sdk_turn import SURFACES, Turn, ask
 
 BROKEN = {"do": "break_tool_call", "mode": "truncate"}
@@ -59,11 +60,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InprocP
         receiver.close()
 
 
-def _until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return result
+_until = partial(until, timeout=20.0, every=0.2)
 
 
 def test_the_client_gets_the_retryable_error_and_the_capture_says_so(

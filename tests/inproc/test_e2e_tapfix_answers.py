@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -21,25 +22,12 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
+from tests.support.config_text import toml_table
 from tests.support.inproc import InprocProxy, cli, start, start_mock, start_proxy
 from tests.support.procs import free_port, wait_capture
 
 SERVED = "served models: qwen, gone"
-CONFIG = """
-[upstreams.mock]
-base_url = "{mock}"
-engine = "vllm"
-
-[upstreams.dead]
-base_url = "http://127.0.0.1:{dead}"
-engine = "vllm"
-
-[models.qwen]
-upstream = "mock"
-
-[models.gone]
-upstream = "dead"
-"""
+HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +35,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     tmp = tmp_path_factory.mktemp("answers")
     mock = start_mock(tmp)
     config = tmp / "tapfix.toml"
-    config.write_text(CONFIG.format(mock=mock.url, dead=free_port()))
+    config.write_text(
+        toml_table("upstreams.mock", base_url=mock.url, engine="vllm")
+        + toml_table("upstreams.dead", base_url=f"http://127.0.0.1:{free_port()}", engine="vllm")
+        + toml_table("models.qwen", upstream="mock")
+        + toml_table("models.gone", upstream="dead")
+    )
     db = tmp / "captures.db"
     proxy = start(["--config", str(config), "--db", str(db)], tmp / "proxy.log", shared=True)
     proxy.extra["db"] = db
@@ -60,6 +53,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
 
 def _anthropic(proxy: InprocProxy, key: str = "sk-test") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0, timeout=30)
+
+
+def _say_hi(proxy: InprocProxy, model: str, key: str = "sk-test", **extra: Any) -> Any:
+    """A one-word Messages request through the anthropic SDK."""
+    return _anthropic(proxy, key).messages.create(model=model, max_tokens=16, messages=HI, **extra)
 
 
 def _openai(proxy: InprocProxy) -> openai.OpenAI:
@@ -98,9 +96,7 @@ def _recorded_as_tapfix_answer(proxy: InprocProxy, capture_id: str, error: dict)
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_unknown_model_is_anthropics_not_found_error(stack: InprocProxy, stream: bool) -> None:
     with pytest.raises(anthropic.NotFoundError) as raised:
-        _anthropic(stack).messages.create(
-            model="nope", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=stream
-        )
+        _say_hi(stack, "nope", stream=stream)
     e = raised.value
     message = f"model 'nope' is not served here; {SERVED}"
     assert e.body == {"type": "error", "error": {"type": "not_found_error", "message": message}}
@@ -110,7 +106,7 @@ def test_messages_unknown_model_is_anthropics_not_found_error(stack: InprocProxy
 
 def test_messages_bad_model_is_anthropics_invalid_request_error(stack: InprocProxy) -> None:
     with pytest.raises(anthropic.BadRequestError) as raised:
-        _anthropic(stack).messages.create(model="", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+        _say_hi(stack, "")
     error = raised.value.body["error"]  # type: ignore[index]
     assert error["type"] == "invalid_request_error" and "expected the name of a served model" in error["message"]
     _recorded_as_tapfix_answer(stack, _capture_id(raised.value), error)
@@ -119,9 +115,7 @@ def test_messages_bad_model_is_anthropics_invalid_request_error(stack: InprocPro
 @pytest.mark.parametrize("stream", [False, True])
 def test_messages_unreachable_upstream_is_anthropics_api_error(stack: InprocProxy, stream: bool) -> None:
     with pytest.raises(anthropic.InternalServerError) as raised:
-        _anthropic(stack).messages.create(
-            model="gone", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=stream
-        )
+        _say_hi(stack, "gone", stream=stream)
     e = raised.value
     assert e.status_code == 502
     error = e.body["error"]  # type: ignore[index]
@@ -135,7 +129,7 @@ def test_messages_unreachable_upstream_is_anthropics_api_error(stack: InprocProx
 # -- chat and Responses: OpenAI's shape, through the openai SDK -------------------------------------
 def test_chat_unknown_model_is_openais_not_found(stack: InprocProxy) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
-        _openai(stack).chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+        _openai(stack).chat.completions.create(model="nope", messages=HI)
     e = raised.value
     message = f"model 'nope' is not served here; {SERVED}"
     assert e.code == "model_not_found" and e.type == "invalid_request_error" and e.param == "model"
@@ -158,7 +152,7 @@ def test_unreachable_upstream_is_openais_shape(stack: InprocProxy, surface: str)
     client = _openai(stack)
     with pytest.raises(openai.InternalServerError) as raised:
         if surface == "chat":
-            client.chat.completions.create(model="gone", messages=[{"role": "user", "content": "hi"}], stream=True)
+            client.chat.completions.create(model="gone", messages=HI, stream=True)
         else:
             client.responses.create(model="gone", input="hi", stream=True)
     e = raised.value
@@ -176,13 +170,9 @@ def test_models_listing_is_tapfix_answer(stack: InprocProxy) -> None:
 
 def test_an_upstream_answer_is_not_flagged_tapfix(stack: InprocProxy) -> None:
     """The other side: what the upstream answered names it, and is not tapfix's."""
-    message = _anthropic(stack).messages.create(
-        model="qwen", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
-    )
+    message = _say_hi(stack, "qwen")
     assert message.content
-    response = httpx.post(
-        f"{stack.url}/v1/chat/completions", json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}
-    )
+    response = httpx.post(f"{stack.url}/v1/chat/completions", json={"model": "qwen", "messages": HI})
     row = wait_capture(stack.extra["db"], response.headers["x-tapfix-capture-id"])
     assert "tapfix_answered" not in json.loads(row["flags"]) and row["upstream_url"].startswith("http://127.0.0.1:")
 
@@ -193,14 +183,12 @@ def test_wrong_token_is_each_surfaces_authentication_error(tmp_path: Path) -> No
     proxy = start_proxy(tmp_path, mock.url, "--token", "right-token-123", db=tmp_path / "c.db")
     try:
         with pytest.raises(anthropic.AuthenticationError) as raised:
-            _anthropic(proxy, "wrong-token-456").messages.create(
-                model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
-            )
+            _say_hi(proxy, "m", "wrong-token-456")
         error = raised.value.body["error"]  # type: ignore[index]
         assert error["type"] == "authentication_error" and "invalid or missing API key" in error["message"]
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="wrong-token-456", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as wrong:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            client.chat.completions.create(model="m", messages=HI)
         assert wrong.value.code == "invalid_api_key" and "invalid or missing API key" in str(wrong.value)
     finally:
         proxy.stop()

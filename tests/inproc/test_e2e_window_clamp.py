@@ -13,6 +13,7 @@ import openai
 import orjson
 import pytest
 
+from tests.support.config_text import toml_table
 from tests.support.inproc import cli, start_mock, start_proxy
 from tests.support.procs import wait_capture
 
@@ -131,9 +132,9 @@ def test_a_configured_window_wins_and_models_list_it(tmp_path, mock):
 def test_config_mode_lists_every_model_with_its_window(tmp_path, mock):
     config = tmp_path / "tapfix.toml"
     config.write_text(
-        f'[upstreams.gpu]\nbase_url = "{mock.url}"\nengine = "vllm"\n\n'
-        '[models.small]\nupstream = "gpu"\nupstream_model = "tapfix-mock"\ncontext_window = 1024\n\n'
-        '[models.big]\nupstream = "gpu"\nupstream_model = "tapfix-mock"\n'
+        toml_table("upstreams.gpu", base_url=mock.url, engine="vllm")
+        + toml_table("models.small", upstream="gpu", upstream_model="tapfix-mock", context_window=1024)
+        + toml_table("models.big", upstream="gpu", upstream_model="tapfix-mock")
     )
     from tests.support.inproc import start
 

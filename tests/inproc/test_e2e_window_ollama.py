@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from tests.support.builders import DONE, chat_chunk, sse_event
+from tests.support.config_text import toml_table
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawRequest, RawServer
@@ -185,8 +186,8 @@ def test_windows_are_read_again_on_a_timer(tmp_path, upstream, monkeypatch):
 def test_check_prints_the_ollama_window(tmp_path, upstream):
     config = tmp_path / "tapfix.toml"
     config.write_text(
-        f'[upstreams.box]\nbase_url = "{upstream.url}/v1"\nengine = "ollama"\n\n'
-        f'[models.coder]\nupstream = "box"\nupstream_model = "{MODEL}"\n'
+        toml_table("upstreams.box", base_url=f"{upstream.url}/v1", engine="ollama")
+        + toml_table("models.coder", upstream="box", upstream_model=MODEL)
     )
     result = cli("check", "--config", str(config))
     lines = {line.split()[1]: line for line in result.stdout.decode().splitlines() if line.startswith("model ")}

@@ -7,13 +7,17 @@ them are in docs/window.md (vLLM's is a real sample, ../shared/vllm-samples/herm
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.support.inproc import cli, start_proxy
+from tests.support.inproc import InprocProxy, cli, start_proxy
 from tests.support.overflow_patterns import agents_recognise
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawServer, sse_response
@@ -68,11 +72,19 @@ def upstream_answering():
 MESSAGES = [{"role": "user", "content": "a long conversation"}]
 
 
+@contextmanager
+def answered_by(tmp_path: Path, upstream_answering: Any, script: Any, engine: str) -> Iterator[InprocProxy]:
+    """A proxy for `engine` in front of an upstream that answers every request with `script`."""
+    proxy = start_proxy(tmp_path, upstream_answering(script).url, "--engine", engine)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_an_engine_overflow_becomes_openai_context_length_exceeded(tmp_path, upstream_answering, engine):
-    upstream = upstream_answering(json_answer(400, ENGINES[engine]))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", engine)
-    try:
+    with answered_by(tmp_path, upstream_answering, json_answer(400, ENGINES[engine]), engine) as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
@@ -94,39 +106,27 @@ def test_an_engine_overflow_becomes_openai_context_length_exceeded(tmp_path, ups
         assert cli("captures", "export", capture_id, "--response", "--db", str(db)).stdout == ENGINES[engine]
         shown = cli("captures", "show", capture_id, "--db", str(db)).stdout.decode()
         assert "[window] rewrite $.error" in shown
-    finally:
-        proxy.stop()
 
 
 def test_ollama_overflow_without_numbers_still_reads_as_an_overflow(tmp_path, upstream_answering):
-    upstream = upstream_answering(json_answer(400, OLLAMA))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "ollama")
-    try:
+    with answered_by(tmp_path, upstream_answering, json_answer(400, OLLAMA), "ollama") as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model="m", messages=MESSAGES)
         assert raised.value.code == "context_length_exceeded"
         assert agents_recognise(raised.value.body["message"])
-    finally:
-        proxy.stop()
 
 
 def test_responses_overflow_names_input(tmp_path, upstream_answering):
-    upstream = upstream_answering(json_answer(400, VLLM))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "vllm")
-    try:
+    with answered_by(tmp_path, upstream_answering, json_answer(400, VLLM), "vllm") as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.BadRequestError) as raised:
             client.responses.create(model="m", input="a long conversation")
         assert raised.value.code == "context_length_exceeded" and raised.value.param == "input"
-    finally:
-        proxy.stop()
 
 
 def test_messages_overflow_is_anthropics_prompt_is_too_long(tmp_path, upstream_answering):
-    upstream = upstream_answering(json_answer(400, LLAMACPP))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "llamacpp")
-    try:
+    with answered_by(tmp_path, upstream_answering, json_answer(400, LLAMACPP), "llamacpp") as proxy:
         client = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
         with pytest.raises(anthropic.BadRequestError) as raised:
             client.messages.create(model="m", max_tokens=100, messages=MESSAGES)
@@ -136,17 +136,13 @@ def test_messages_overflow_is_anthropics_prompt_is_too_long(tmp_path, upstream_a
             "error": {"type": "invalid_request_error", "message": "prompt is too long: 5000 tokens > 4096 maximum"},
         }
         assert agents_recognise(raised.value.body["error"]["message"])
-    finally:
-        proxy.stop()
 
 
 def test_an_overflow_error_event_inside_a_200_stream_is_rewritten(tmp_path, upstream_answering):
     """SGLang and TabbyAPI report it inside the stream once it started: the client gets chat's own overflow
     event, which the openai SDK raises with the code."""
     event = b"data: " + TABBYAPI + b"\n\n"
-    upstream = upstream_answering(sse_response([event]))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "tabbyapi")
-    try:
+    with answered_by(tmp_path, upstream_answering, sse_response([event]), "tabbyapi") as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.APIError) as raised:
             for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
@@ -163,23 +159,17 @@ def test_an_overflow_error_event_inside_a_200_stream_is_rewritten(tmp_path, upst
         db = proxy.extra["db"]
         assert "context_overflow" in json.loads(wait_capture(db, capture_id)["flags"])
         assert cli("captures", "export", capture_id, "--response", "--db", str(db)).stdout == event
-    finally:
-        proxy.stop()
 
 
 def test_messages_stream_overflow_event_is_anthropics_error_event(tmp_path, upstream_answering):
     sglang_event = b'data: {"error": ' + SGLANG + b"}\n\n"
-    upstream = upstream_answering(sse_response([sglang_event]))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "sglang")
-    try:
+    with answered_by(tmp_path, upstream_answering, sse_response([sglang_event]), "sglang") as proxy:
         client = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as raised:
             with client.messages.stream(model="m", max_tokens=100, messages=MESSAGES) as stream:
                 for _ in stream:
                     pass
         assert "prompt is too long: 5000 tokens > 4096 maximum" in str(raised.value)
-    finally:
-        proxy.stop()
 
 
 def test_other_errors_pass_untouched(tmp_path, upstream_answering):
@@ -187,10 +177,6 @@ def test_other_errors_pass_untouched(tmp_path, upstream_answering):
         b'{"error":{"message":"max_tokens=5000 cannot be greater than max_model_len=4096.","type":"BadRequestError",'
         b'"param":"max_tokens","code":400}}'
     )
-    upstream = upstream_answering(json_answer(400, other))
-    proxy = start_proxy(tmp_path, upstream.url, "--engine", "vllm")
-    try:
+    with answered_by(tmp_path, upstream_answering, json_answer(400, other), "vllm") as proxy:
         response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
         assert response.status_code == 400 and response.content == other
-    finally:
-        proxy.stop()

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from tapfix.proxy.probe import ProbeReport, run_probe
 
+from tests.support.config_text import toml_table
 from tests.support.inproc import cli, start_mock
 from tests.support.procs import free_port
 
@@ -156,32 +157,14 @@ def test_usage_errors_exit_2(args, message):
 
 def test_config_mode_checks_every_served_id_and_reports_sampling(healthy, wrong_ids, tmp_path):
     config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-[upstreams.gpu0]
-base_url = "{healthy.url}/v1"
-engine = "vllm"
-
-[upstreams.gpu1]
-base_url = "{wrong_ids.url}"
-engine = "vllm"
-
-[models.mock]
-upstream = "gpu0"
-upstream_model = "tapfix-mock"
-aliases = ["m"]
-
-[models.mock.sampling]
-temperature = 0.6
-presence_penalty = 1.5
-
-[models.coder]
-upstream = "gpu1"
-upstream_model = "Qwen/Qwen3-Coder-30B-A3B-Instruct"
-
-[models.qwen]
-upstream = "gpu1"
-upstream_model = "Qwen/Qwen3-30B-A3B"
-""")
+    config.write_text(
+        toml_table("upstreams.gpu0", base_url=f"{healthy.url}/v1", engine="vllm")
+        + toml_table("upstreams.gpu1", base_url=wrong_ids.url, engine="vllm")
+        + toml_table("models.mock", upstream="gpu0", upstream_model="tapfix-mock", aliases=["m"])
+        + toml_table("models.mock.sampling", temperature=0.6, presence_penalty=1.5)
+        + toml_table("models.coder", upstream="gpu1", upstream_model="Qwen/Qwen3-Coder-30B-A3B-Instruct")
+        + toml_table("models.qwen", upstream="gpu1", upstream_model="Qwen/Qwen3-30B-A3B")
+    )
     result = probe("--config", str(config), "--no-capture", "--json", "--only", "models,completion,sampling")
     assert result.returncode == 1
     rows = {(r["model"], r["check"]): r for r in report_of(result)["results"]}

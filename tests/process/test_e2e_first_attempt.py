@@ -34,11 +34,8 @@ def paused_stream(_: object) -> list[tuple[float, bytes]]:
 
 @pytest.fixture
 def upstream() -> Iterator[RawServer]:
-    server = RawServer(paused_stream)
-    try:
+    with RawServer(paused_stream) as server:
         yield server
-    finally:
-        server.close()
 
 
 def sockets_mid_stream(proxy: Proc, body: dict, nodelay: dict[int, int] | None = None) -> list[TcpSocket]:

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.builders import tool
+from tests.support.builders import WRITE_FILE
 from tests.support.inproc import start_mock
 from tests.support.phoenix import phoenix_executable, start_phoenix
 from tests.support.procs import start_proxy, wait_capture
@@ -29,14 +29,7 @@ from tests.support.procs import start_proxy, wait_capture
 PROJECT = "tapfix-e2e"
 TRACE, PARENT = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 BROWSE = "http://127.0.0.1:8090"
-TOOLS = [
-    tool(
-        "write",
-        {"path": {"type": "string"}, "content": {"type": "string"}},
-        ["path", "content"],
-        description="Write a file",
-    )
-]
+TOOLS = [WRITE_FILE]
 SCENARIO = {
     "rules": [
         {"when": {"model": "broken"}, "do": "http_error", "status": 500},

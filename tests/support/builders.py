@@ -48,6 +48,15 @@ def tool(
     return {"type": "function", "function": function | function_extra}
 
 
+# The file-writing tool agents offer, as a request names it: the mock's scripted calls fill in its path and content.
+WRITE_FILE = tool(
+    "write",
+    {"path": {"type": "string"}, "content": {"type": "string"}},
+    ["path", "content"],
+    description="Write a file",
+)
+
+
 def tool_call_delta(
     index: int | None,
     id: str | None = None,

@@ -138,6 +138,15 @@ def start_proxy(tmp: Path, upstream: str, *args: str, db: Path | None = None, en
     return handle
 
 
+def until[T](check: Callable[[], T], timeout: float, every: float = 0.1) -> T:
+    """Polls `check` until it returns something truthy or `timeout` passes; its last result (the caller asserts
+    on it, so a timeout fails with what was seen)."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()) and time.monotonic() < deadline:
+        time.sleep(every)
+    return result
+
+
 def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
     """Poll the store (read-only, as any reader does) until the writer has committed the capture."""
     deadline = time.monotonic() + timeout

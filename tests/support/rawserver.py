@@ -127,6 +127,12 @@ class RawServer:
         if not self._loop.is_running():
             self._loop.close()
 
+    def __enter__(self) -> RawServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def json_reply(body: bytes) -> bytes:
     """A whole `200 OK` answer carrying the JSON `body`."""

@@ -93,3 +93,15 @@ def client_view(data: bytes) -> ClientView:
         else:
             view.chunks.append(obj)
     return view
+
+
+def judged_view(stage: Any, policy: str, out: bytes) -> ClientView | None:
+    """What a client reads from a stage that met a mutated stream, or None where there is nothing to judge:
+    the passthrough policy, a stream the stage left untouched, or output a mutation made unreadable (an event
+    it broke went through untouched, as any other opaque event)."""
+    if policy == "passthrough" or stage.outcome == "untouched":
+        return None
+    try:
+        return client_view(out)
+    except ValueError:
+        return None

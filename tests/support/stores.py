@@ -98,6 +98,20 @@ def undo_sqlite_migration(path: Path | str, name: str, *statements: str) -> None
     conn.close()
 
 
+# What m004_attempts made (issue 31): the attempt columns and their index.
+M004_MADE = (
+    "drop index idx_exchanges_attempt_of",
+    "alter table exchanges drop column attempt_of",
+    "alter table exchanges drop column attempt",
+)
+# What m005_trace_context made: the trace columns and their index; exchange_view, which names them, goes too and
+# comes back as a stub.
+M005_MADE = (
+    "drop view exchange_view",
+    "drop index idx_exchanges_trace_id",
+    *(f"alter table exchanges drop column {c}" for c in ("trace_id", "span_id", "parent_span_id")),
+    "create view exchange_view as select id from exchanges",
+)
 # What m010_route_and_token_details made (issue 38): the route and token-detail columns and their indexes.
 M010_MADE = (
     "drop index idx_exchanges_volume",

@@ -15,3 +15,14 @@ def json_values(text: st.SearchStrategy[str], max_leaves: int) -> st.SearchStrat
         lambda c: st.lists(c, max_size=3) | st.dictionaries(text, c, max_size=3),
         max_leaves=max_leaves,
     )
+
+
+# The request keys through which clients and engines switch reasoning on or off (docs/request-side.md's dialects).
+REASONING_KEYS = (
+    "reasoning_effort",
+    "reasoning",
+    "thinking",
+    "enable_thinking",
+    "think",
+    "chat_template_kwargs",
+)

@@ -20,104 +20,69 @@ def fn(name: str, params: dict, **extra: object) -> dict:
     return tool(name, description=f"{name} tool", parameters=params, **extra)
 
 
+def _opencode(name: str, props: dict, required: list[str], **more: object) -> dict:
+    """opencode's tool shape: JSON Schema 2020-12, named by `$schema`."""
+    return fn(name, {"$schema": SCHEMA_2020, "type": "object", "properties": props, "required": required, **more})
+
+
 # Shapes as clients.md describes them: opencode (`$schema`, filePath), omp (`i` required,
 # additionalProperties false), pi (path, strict false).
 OPENCODE_TOOLS = [
-    fn(
+    _opencode(
         "bash",
         {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {
-                "command": {"type": "string"},
-                "timeout": {"type": "number", "description": "ms"},
-                "description": {"type": "string"},
-            },
-            "required": ["command", "description"],
-            "additionalProperties": False,
+            "command": {"type": "string"},
+            "timeout": {"type": "number", "description": "ms"},
+            "description": {"type": "string"},
         },
+        ["command", "description"],
+        additionalProperties=False,
     ),
-    fn(
+    _opencode(
         "edit",
         {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {
-                "filePath": {"type": "string"},
-                "oldString": {"type": "string"},
-                "newString": {"type": "string"},
-                "replaceAll": {"type": "boolean"},
-            },
-            "required": ["filePath", "oldString", "newString"],
+            "filePath": {"type": "string"},
+            "oldString": {"type": "string"},
+            "newString": {"type": "string"},
+            "replaceAll": {"type": "boolean"},
         },
+        ["filePath", "oldString", "newString"],
     ),
-    fn(
-        "glob",
-        {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
-            "required": ["pattern"],
-        },
-    ),
-    fn(
+    _opencode("glob", {"pattern": {"type": "string"}, "path": {"type": "string"}}, ["pattern"]),
+    _opencode(
         "read",
-        {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {
-                "filePath": {"type": "string"},
-                "offset": {"type": "number"},
-                "limit": {"type": "number"},
-            },
-            "required": ["filePath"],
-        },
+        {"filePath": {"type": "string"}, "offset": {"type": "number"}, "limit": {"type": "number"}},
+        ["filePath"],
     ),
-    fn(
+    _opencode(
         "todowrite",
         {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {
-                "todos": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "content": {"type": "string"},
-                            "status": {"type": "string"},
-                            "priority": {"type": "string"},
-                            "id": {"type": "string"},
-                        },
-                        "required": ["content", "status", "priority", "id"],
+            "todos": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "content": {"type": "string"},
+                        "status": {"type": "string"},
+                        "priority": {"type": "string"},
+                        "id": {"type": "string"},
                     },
-                }
-            },
-            "required": ["todos"],
+                    "required": ["content", "status", "priority", "id"],
+                },
+            }
         },
+        ["todos"],
     ),
-    fn(
+    _opencode(
         "webfetch",
         {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {
-                "url": {"type": "string"},
-                "format": {"type": "string", "enum": ["text", "markdown", "html"]},
-                "timeout": {"type": "number"},
-            },
-            "required": ["url", "format"],
+            "url": {"type": "string"},
+            "format": {"type": "string", "enum": ["text", "markdown", "html"]},
+            "timeout": {"type": "number"},
         },
+        ["url", "format"],
     ),
-    fn(
-        "write",
-        {
-            "$schema": SCHEMA_2020,
-            "type": "object",
-            "properties": {"content": {"type": "string"}, "filePath": {"type": "string"}},
-            "required": ["content", "filePath"],
-        },
-    ),
+    _opencode("write", {"content": {"type": "string"}, "filePath": {"type": "string"}}, ["content", "filePath"]),
 ]
 
 
@@ -192,47 +157,21 @@ OMP_TOOLS = [
     _omp("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
 ]
 
+
+def _pi(name: str, props: dict, required: list[str]) -> dict:
+    """pi's tool shape: plain JSON Schema, not strict."""
+    return fn(name, {"type": "object", "properties": props, "required": required}, strict=False)
+
+
 PI_TOOLS = [
-    fn(
-        "read",
-        {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "limit": {"type": "number"}},
-            "required": ["path"],
-        },
-        strict=False,
-    ),
-    fn(
-        "bash",
-        {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
-            "required": ["command"],
-        },
-        strict=False,
-    ),
-    fn(
+    _pi("read", {"path": {"type": "string"}, "limit": {"type": "number"}}, ["path"]),
+    _pi("bash", {"command": {"type": "string"}, "timeout": {"type": "number"}}, ["command"]),
+    _pi(
         "edit",
-        {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-                "oldText": {"type": "string"},
-                "newText": {"type": "string"},
-            },
-            "required": ["path", "oldText", "newText"],
-        },
-        strict=False,
+        {"path": {"type": "string"}, "oldText": {"type": "string"}, "newText": {"type": "string"}},
+        ["path", "oldText", "newText"],
     ),
-    fn(
-        "write",
-        {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path", "content"],
-        },
-        strict=False,
-    ),
+    _pi("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
 ]
 
 AGENTS = {"opencode": OPENCODE_TOOLS, "omp": OMP_TOOLS, "pi": PI_TOOLS}

@@ -43,89 +43,23 @@ FORMS = {
 }
 DIALECT_COLUMNS = ("vllm", "sglang", "llamacpp", "ollama", "tabbyapi", "openai", "int", "template")
 E = "reasoning_effort"
+B = "thinking_budget_tokens"  # llama.cpp's
+ON = {"chat_template_kwargs": {"enable_thinking": True}}  # the template dialect's switch
+VARS_ON = {"template_vars": {"enable_thinking": True}}  # TabbyAPI's
 TABLE = {
-    "effort string": [
-        "=",
-        "=",
-        "=",
-        "=",
-        "=",
-        "=",
-        {E: 75},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "effort 0-100": [{E: "medium"}] * 6 + ["=", {"chat_template_kwargs": {"enable_thinking": True}}],
-    "effort 0-1": [{E: "high"}] * 6 + [{E: 75}, {"chat_template_kwargs": {"enable_thinking": True}}],
-    "effort numeric string": [{E: "high"}] * 6 + [{E: 75}, {"chat_template_kwargs": {"enable_thinking": True}}],
-    "effort JS float 1.0": [{E: "low"}] * 6 + [{E: 25}, {"chat_template_kwargs": {"enable_thinking": True}}],
-    "openrouter reasoning": [
-        {E: "low"},
-        {E: "low"},
-        {E: "low"},
-        "=",
-        {"template_vars": {"enable_thinking": True}},
-        {E: "low"},
-        {E: 25},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "openrouter max_tokens": [
-        {E: "low"},
-        {E: "low"},
-        {E: "low", "thinking_budget_tokens": 2048},
-        {E: "low"},
-        {"template_vars": {"enable_thinking": True}},
-        {E: "low"},
-        {E: 25},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "anthropic budget": [
-        {E: "high"},
-        {E: "high"},
-        {E: "high", "thinking_budget_tokens": 12384},
-        {E: "high"},
-        {"template_vars": {"enable_thinking": True}},
-        {E: "high"},
-        {E: 75},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "anthropic adaptive": [
-        {E: "max"},
-        {E: "max"},
-        {E: "max"},
-        {E: "high"},
-        {"template_vars": {"enable_thinking": True}},
-        {E: "xhigh"},
-        {E: 100},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
+    "effort string": ["=", "=", "=", "=", "=", "=", {E: 75}, ON],
+    "effort 0-100": [{E: "medium"}] * 6 + ["=", ON],
+    "effort 0-1": [{E: "high"}] * 6 + [{E: 75}, ON],
+    "effort numeric string": [{E: "high"}] * 6 + [{E: 75}, ON],
+    "effort JS float 1.0": [{E: "low"}] * 6 + [{E: 25}, ON],
+    "openrouter reasoning": [{E: "low"}] * 3 + ["=", VARS_ON, {E: "low"}, {E: 25}, ON],
+    "openrouter max_tokens": [{E: "low"}] * 2 + [{E: "low", B: 2048}, {E: "low"}, VARS_ON, {E: "low"}, {E: 25}, ON],
+    "anthropic budget": [{E: "high"}] * 2 + [{E: "high", B: 12384}, {E: "high"}, VARS_ON, {E: "high"}, {E: 75}, ON],
+    "anthropic adaptive": [{E: "max"}] * 3 + [{E: "high"}, VARS_ON, {E: "xhigh"}, {E: 100}, ON],
     "kwargs off": ["=", "=", "=", {E: "none"}, "=", {E: "none"}, {E: 0}, "="],
-    "qwen top-level (omp)": [
-        {E: "medium"},
-        {E: "medium"},
-        {E: "medium"},
-        {E: "medium"},
-        "=",
-        {E: "medium"},
-        {E: 50},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "ollama think": [{E: "high"}] * 4
-    + [
-        {"template_vars": {"enable_thinking": True}},
-        {E: "high"},
-        {E: 75},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
-    "omp thinking off": [
-        "=",
-        "=",
-        "=",
-        {E: "low"},
-        "=",
-        "=",
-        {E: 10},
-        {"chat_template_kwargs": {"enable_thinking": True}},
-    ],
+    "qwen top-level (omp)": [{E: "medium"}] * 4 + ["=", {E: "medium"}, {E: 50}, ON],
+    "ollama think": [{E: "high"}] * 4 + [VARS_ON, {E: "high"}, {E: 75}, ON],
+    "omp thinking off": ["=", "=", "=", {E: "low"}, "=", "=", {E: 10}, ON],
 }
 ROWS = [
     (form, dialect, expected)
@@ -432,19 +366,7 @@ def test_spliced_bytes_change_only_reasoning_keys():
 
 
 json_values = strategies.json_values(st.text(max_size=6), max_leaves=6)
-reasoning_keys = st.sampled_from(
-    [
-        "reasoning_effort",
-        "reasoning",
-        "thinking",
-        "enable_thinking",
-        "think",
-        "chat_template_kwargs",
-        "template_vars",
-        "output_config",
-        "model",
-    ]
-)
+reasoning_keys = st.sampled_from([*strategies.REASONING_KEYS, "template_vars", "output_config", "model"])
 
 
 @given(

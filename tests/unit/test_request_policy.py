@@ -220,21 +220,7 @@ def test_five_megabyte_request_is_fast(policy):
 
 
 json_values = strategies.json_values(st.text(max_size=8), max_leaves=10)
-known_keys = st.sampled_from(
-    [
-        "model",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "reasoning_effort",
-        "reasoning",
-        "thinking",
-        "enable_thinking",
-        "chat_template_kwargs",
-        "think",
-        "messages",
-    ]
-)
+known_keys = st.sampled_from(["model", "temperature", "top_p", "max_tokens", *strategies.REASONING_KEYS, "messages"])
 request_bodies = st.dictionaries(known_keys | st.text(max_size=5), json_values, max_size=6)
 paths = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/completions", "/x"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -24,7 +25,15 @@ from tapfix.proxy.store.sqlite.reader import SqliteReader, list_captures, load_c
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
-from tests.support.stores import BACKENDS, M010_MADE, Backend, make_backend, streamed_chat, undo_sqlite_migration
+from tests.support.stores import (
+    BACKENDS,
+    M004_MADE,
+    M010_MADE,
+    Backend,
+    make_backend,
+    streamed_chat,
+    undo_sqlite_migration,
+)
 
 _made = itertools.count()
 
@@ -63,6 +72,14 @@ def write(path: Path, exchanges: list[Exchange]) -> None:
     for ex in exchanges:
         writer.submit(ex)
     writer.close()
+
+
+def older_store(path: Path, undo: Callable[[Path], None]) -> Exchange:
+    """Writes one exchange to a new store, then `undo` takes the store back to what an older tapfix left."""
+    old = exchange()
+    write(path, [old])
+    undo(path)
+    return old
 
 
 def test_attempt_columns_round_trip(tmp_path: Path) -> None:
@@ -122,20 +139,12 @@ def as_before_attempts(path: Path) -> None:
     """Turn a store into what a tapfix before migration m004 left: no attempt columns, no record of it (and
     before m010, whose covering index holds attempt_of)."""
     undo_sqlite_migration(path, "m010_route_and_token_details", *M010_MADE)
-    undo_sqlite_migration(
-        path,
-        "m004_attempts",
-        "drop index idx_exchanges_attempt_of",
-        "alter table exchanges drop column attempt_of",
-        "alter table exchanges drop column attempt",
-    )
+    undo_sqlite_migration(path, "m004_attempts", *M004_MADE)
 
 
 def test_an_older_store_gains_the_columns_and_keeps_its_rows(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
-    old = exchange()
-    write(db, [old])
-    as_before_attempts(db)
+    old = older_store(db, as_before_attempts)
     columns = {r[1] for r in sqlite3.connect(db).execute("pragma table_info(exchanges)")}
     assert "attempt_of" not in columns
     # a reader reads the older store as it is (it never migrates)

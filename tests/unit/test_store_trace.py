@@ -17,8 +17,8 @@ from tapfix.proxy.browse import create_app
 from tapfix.proxy.cli import main
 from tapfix.proxy.exchange import Exchange
 
-from tests.support.stores import undo_sqlite_migration
-from tests.unit.test_store_attempts import exchange, regenerated, write
+from tests.support.stores import M005_MADE, undo_sqlite_migration
+from tests.unit.test_store_attempts import exchange, older_store, regenerated, write
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OTHER = "0af7651916cd43dd8448eb211c80319c"
@@ -93,21 +93,12 @@ def test_the_exchange_page_shows_the_trace(db: tuple[Path, list[Exchange]]) -> N
 
 def as_before_trace_context(path: Path) -> None:
     """What a tapfix before migration m005 left: no trace columns, no record of the migration."""
-    undo_sqlite_migration(
-        path,
-        "m005_trace_context",
-        "drop view exchange_view",
-        "drop index idx_exchanges_trace_id",
-        *(f"alter table exchanges drop column {c}" for c in ("trace_id", "span_id", "parent_span_id")),
-        "create view exchange_view as select id from exchanges",
-    )
+    undo_sqlite_migration(path, "m005_trace_context", *M005_MADE)
 
 
 def test_an_older_store_reads_as_it_is_and_its_writer_migrates_it(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    old = exchange()
-    write(path, [old])
-    as_before_trace_context(path)
+    old = older_store(path, as_before_trace_context)
     assert json.loads(cli("captures", "list", "--db", str(path), "--json"))["trace_id"] is None
     assert cli("captures", "list", "--db", str(path), "--trace", TRACE).startswith("no capture matches")
     assert json.loads(cli("captures", "show", old.id, "--db", str(path), "--json"))["trace_id"] is None

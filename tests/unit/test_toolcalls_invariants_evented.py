@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -344,32 +346,6 @@ def test_responses_body_well_formed_untouched() -> None:
     assert repair_responses_body(body, R_TOOLS) == (body, [], "untouched")
 
 
-def test_responses_body_ids_and_names() -> None:
-    def missing(obj: dict[str, Any]) -> None:
-        del obj["output"][2]["call_id"]
-
-    def duplicate(obj: dict[str, Any]) -> None:
-        obj["output"][3]["call_id"] = obj["output"][2]["call_id"]
-
-    def renamed(obj: dict[str, Any]) -> None:
-        obj["output"][2]["name"] = "functions.get_weather"
-
-    for fn in (missing, duplicate, renamed):
-        body, changes, outcome = repair_responses_body(r_body(fn), R_TOOLS, capture_id="cap-16")
-        calls = body_calls(body)
-        assert parsed(calls) == EXPECTED and outcome == "repaired" and changes, fn.__name__
-        assert_unique_ids(calls, "call_id")
-
-
-def test_responses_body_unknown_tool_is_flagged_unchanged() -> None:
-    def unknown(obj: dict[str, Any]) -> None:
-        obj["output"][2]["name"] = "lookup_stock"
-
-    bad = r_body(unknown)
-    body, changes, _ = repair_responses_body(bad, R_TOOLS)
-    assert body == bad and [c.kind for c in changes] == [UNKNOWN_TOOL]
-
-
 # == Messages, streamed ===============================================================================
 def test_messages_well_formed_is_byte_for_byte_split_anywhere() -> None:
     for s in (script(), script("stop", calls=0), script("length", calls=0)):
@@ -508,25 +484,56 @@ def test_messages_body_stop_reason_matches_the_content() -> None:
     assert outcome == "unrecoverable" and orjson.loads(body)["type"] == "error"
 
 
-def test_messages_body_ids_and_names() -> None:
+# == Both whole bodies: call ids and tool names ======================================================
+@dataclass(frozen=True)
+class WholeBody:
+    """Where a surface's whole body keeps its calls, and how to build and repair one."""
+
+    items: str  # the list the calls sit in
+    id_key: str
+    args_key: str
+    near_name: str  # a tool's name as a model miswrites it
+    build: Callable[[Callable[[dict[str, Any]], None]], bytes]
+    repair: Callable[..., tuple[bytes, list[Any], str]]
+
+
+BODIES = {
+    "responses": WholeBody(
+        "output", "call_id", "arguments", "functions.get_weather", r_body, partial(repair_responses_body, tools=R_TOOLS)
+    ),
+    "messages": WholeBody(
+        "content", "id", "input", "Get-Weather", lambda fn: m_body(fn=fn), partial(repair_messages_body, tools=M_TOOLS)
+    ),
+}
+
+
+@pytest.mark.parametrize("surface", list(BODIES))
+def test_body_ids_and_names(surface: str) -> None:
+    shape = BODIES[surface]
+
     def missing(obj: dict[str, Any]) -> None:
-        del obj["content"][2]["id"]
+        del obj[shape.items][2][shape.id_key]
 
     def duplicate(obj: dict[str, Any]) -> None:
-        obj["content"][3]["id"] = obj["content"][2]["id"]
+        obj[shape.items][3][shape.id_key] = obj[shape.items][2][shape.id_key]
 
     def renamed(obj: dict[str, Any]) -> None:
-        obj["content"][2]["name"] = "Get-Weather"
+        obj[shape.items][2]["name"] = shape.near_name
 
     for fn in (missing, duplicate, renamed):
-        body, changes, outcome = repair_messages_body(m_body(fn=fn), M_TOOLS, capture_id="cap-16")
-        calls = body_calls(body, "content")
-        assert [(b["name"], b["input"]) for b in calls] == EXPECTED and outcome == "repaired", fn.__name__
-        assert_unique_ids(calls, "id")
+        body, changes, outcome = shape.repair(shape.build(fn), capture_id="cap-16")
+        calls = body_calls(body, shape.items)
+        assert parsed(calls, shape.args_key) == EXPECTED and outcome == "repaired" and changes, fn.__name__
+        assert_unique_ids(calls, shape.id_key)
+
+
+@pytest.mark.parametrize("surface", list(BODIES))
+def test_body_unknown_tool_is_flagged_unchanged(surface: str) -> None:
+    shape = BODIES[surface]
 
     def unknown(obj: dict[str, Any]) -> None:
-        obj["content"][2]["name"] = "lookup_stock"
+        obj[shape.items][2]["name"] = "lookup_stock"
 
-    bad = m_body(fn=unknown)
-    body, changes, _ = repair_messages_body(bad, M_TOOLS)
+    bad = shape.build(unknown)
+    body, changes, _ = shape.repair(bad)
     assert body == bad and [c.kind for c in changes] == [UNKNOWN_TOOL]

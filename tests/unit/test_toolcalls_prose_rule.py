@@ -34,9 +34,10 @@ from tapfix.proxy.toolcalls import (
 )
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
-from tests.support.builders import chat_chunk, sse, sse_event, tool
+from tests.support.builders import chat_chunk, sse, sse_event
 from tests.support.rawserver import RawRequest, json_reply, sse_response
 from tests.support.stage_io import client_view, run_stage
+from tests.unit.test_toolcalls_glued import TOOLS  # opencode's write (filePath) and bash
 from tests.unit.test_toolformats_evented import (
     m_calls,
     m_text,
@@ -49,9 +50,6 @@ from tests.unit.test_toolformats_evented import (
     text_script,
 )
 
-WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
-BASH = tool("bash", {"command": {"type": "string"}}, ["command"])
-TOOLS = [WRITE, BASH]
 CALL = ("bash", {"command": "rm -rf ~/project"})
 REPORTED = (
     'Never let a model emit <tool_call>{"name": "bash", "arguments": {"command": "rm -rf ~/project"}}</tool_call> '

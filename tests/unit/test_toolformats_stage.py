@@ -72,6 +72,12 @@ def reasoning_of(out: bytes, field: str = "reasoning_content") -> str:
     return "".join((ch.get("delta") or {}).get(field) or "" for c in view.chunks for ch in c.get("choices") or [])
 
 
+def assert_each_event_goes_out_at_once(stage: ChatToolCallRepair, data: bytes) -> None:
+    """The stage holds nothing back: each event it is fed is what it returns, unchanged."""
+    for event in SSESplitter().feed(data):
+        assert stage.feed(event) == [event]
+
+
 SEEDS = [0, 1, 2]
 
 
@@ -94,9 +100,7 @@ def test_markup_naming_a_tool_not_offered_stays_text(seed: int) -> None:
 def test_without_offered_tools_markup_is_text_and_nothing_is_held(seed: int) -> None:
     data, out, _ = run([ROLE, *texts(HERMES, seed), STOP], seed, tools=None)
     assert out == data
-    stage = ChatToolCallRepair(None)
-    for event in SSESplitter().feed(sse([ROLE, content("<tool_"), content("call>")])):
-        assert stage.feed(event) == [event]
+    assert_each_event_goes_out_at_once(ChatToolCallRepair(None), sse([ROLE, content("<tool_"), content("call>")]))
 
 
 # -- rule 2: a closed <think> in content is a decoy ------------------------------------------------------
@@ -151,10 +155,8 @@ def test_reasoning_markup_that_is_not_last_is_a_decoy(seed: int) -> None:
 
 def test_reasoning_events_go_out_at_once() -> None:
     """Nothing extra is held for reasoning: the decision waits for the finish."""
-    stage = ChatToolCallRepair(TOOLS)
-    events = SSESplitter().feed(sse([ROLE, *[reasoning(t) for t in pieces(HERMES, random.Random(3))]], done=False))
-    for event in events:
-        assert stage.feed(event) == [event]
+    stream = sse([ROLE, *[reasoning(t) for t in pieces(HERMES, random.Random(3))]], done=False)
+    assert_each_event_goes_out_at_once(ChatToolCallRepair(TOOLS), stream)
 
 
 # -- rule 4: fences ------------------------------------------------------------------------------------------

@@ -41,30 +41,29 @@ def test_optional_whitespace_around_the_value_is_allowed(trace_id: str, span_id:
 
 def _broken(trace_id: str, span_id: str, flags: int, draw: st.DrawFn) -> str:
     """A version-00 header with exactly one rule broken."""
-    flags_hex = f"{flags:02x}"
     how = draw(st.sampled_from(["upper", "zero_trace", "zero_span", "short", "long", "sep", "nonhex", "ff", "tail"]))
     if how == "upper":
-        letters = [i for i, c in enumerate(trace_id + span_id) if c in "abcdef"]
-        if not letters:
-            return f"00-{'0' * 32}-{span_id}-{flags_hex}"
-        i = draw(st.sampled_from(letters))
-        ids = (trace_id + span_id)[:i] + (trace_id + span_id)[i].upper() + (trace_id + span_id)[i + 1 :]
-        return f"00-{ids[:32]}-{ids[32:]}-{flags_hex}"
-    if how == "zero_trace":
-        return f"00-{'0' * 32}-{span_id}-{flags_hex}"
-    if how == "zero_span":
-        return f"00-{trace_id}-{'0' * 16}-{flags_hex}"
-    if how == "short":
-        return f"00-{trace_id[:-1]}-{span_id}-{flags_hex}"
-    if how == "long":
-        return f"00-{trace_id}-{span_id}0-{flags_hex}"
-    if how == "sep":
-        return f"00_{trace_id}-{span_id}-{flags_hex}"
-    if how == "nonhex":
-        return f"00-{trace_id[:31]}g-{span_id}-{flags_hex}"
-    if how == "ff":
-        return f"ff-{trace_id}-{span_id}-{flags_hex}"
-    return f"00-{trace_id}-{span_id}-{flags_hex}-extra"  # version 00 has no more fields
+        ids = trace_id + span_id
+        letters = [i for i, c in enumerate(ids) if c in "abcdef"]
+        if letters:
+            i = draw(st.sampled_from(letters))
+            ids = ids[:i] + ids[i].upper() + ids[i + 1 :]
+            trace_id, span_id = ids[:32], ids[32:]
+        else:
+            how = "zero_trace"
+    field = {"version": "00", "sep": "-", "trace": trace_id, "span": span_id, "flags": f"{flags:02x}"}
+    field |= {
+        "upper": {},
+        "zero_trace": {"trace": "0" * 32},
+        "zero_span": {"span": "0" * 16},
+        "short": {"trace": trace_id[:-1]},
+        "long": {"span": span_id + "0"},
+        "sep": {"sep": "_"},
+        "nonhex": {"trace": trace_id[:31] + "g"},
+        "ff": {"version": "ff"},
+        "tail": {"flags": field["flags"] + "-extra"},  # version 00 has no more fields
+    }[how]
+    return f"{field['version']}{field['sep']}{field['trace']}-{field['span']}-{field['flags']}"
 
 
 @given(TRACE_IDS, SPAN_IDS, FLAGS, st.data())

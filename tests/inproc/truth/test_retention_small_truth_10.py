@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -18,24 +17,17 @@ import pytest
 from starlette.testclient import TestClient
 from tapfix.proxy.browse import create_app
 
+from tests.inproc.test_e2e_regenerate import all_exchanges
 from tests.support.inproc import InprocMock, InprocProxy, cli, start_mock
 from tests.support.procs import wait_capture
 
 MISSING_KEY = "TAPFIX_TRUTH_10_MISSING_KEY"
 
 
-def _exchange_count(db: Path) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return int(conn.execute("select count(*) from exchanges").fetchone()[0])
-    finally:
-        conn.close()
-
-
 def _settled(db: Path, want: int, timeout: float = 10.0) -> int:
     """The exchange count once it reaches `want` (or whatever it is after `timeout`)."""
     deadline = time.monotonic() + timeout
-    while (n := _exchange_count(db)) < want and time.monotonic() < deadline:
+    while (n := all_exchanges(db)) < want and time.monotonic() < deadline:
         time.sleep(0.05)
     return n
 
@@ -52,7 +44,7 @@ def test_truth_10_replay_set_refuses_array_and_scalar(proxy: InprocProxy, mock: 
     assert response.status_code == 200
     capture_id = response.headers["x-tapfix-capture-id"]
     wait_capture(db, capture_id)
-    before = _exchange_count(db)
+    before = all_exchanges(db)
     for args, key, found in (
         (("--set", "messages.0.content=hi"), "messages", "array"),
         (("--set", "messages.1=7"), "messages", "array"),
@@ -64,7 +56,7 @@ def test_truth_10_replay_set_refuses_array_and_scalar(proxy: InprocProxy, mock: 
         err = result.stderr.decode()
         assert result.returncode == 2, (args, result.stdout, err)
         assert f"'{key}'" in err and found in err, (args, err)
-        assert _exchange_count(db) == before, f"{args}: something was sent"
+        assert all_exchanges(db) == before, f"{args}: something was sent"
 
     # Walking into objects still works, creating them where missing: sent once, through the proxy.
     ok = cli("replay", capture_id, "--db", str(db), "--upstream", proxy.url, "--set", "chat_template_kwargs.x=1")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.config_text import toml_table
 from tests.support.inproc import start_proxy
 from tests.support.procs import TAPFIX, free_port
 
@@ -17,14 +18,10 @@ def test_truth_10_strict_refuses_unreachable_upstream_in_quick_mode(tmp_path: Pa
     """`--strict` means what it means with --config: the preflight runs, an unreachable upstream stops the start."""
     dead = f"http://127.0.0.1:{free_port()}"
     config = tmp_path / "tapfix.toml"
-    config.write_text(f"""
-[upstreams.local]
-base_url = "{dead}/v1"
-engine = "vllm"
-[models.m]
-upstream = "local"
-upstream_model = "m"
-""")
+    config.write_text(
+        toml_table("upstreams.local", base_url=f"{dead}/v1", engine="vllm")
+        + toml_table("models.m", upstream="local", upstream_model="m")
+    )
     for mode in (("--config", str(config)), ("--upstream", dead)):
         port = free_port()
         args = [*TAPFIX, "run", *mode, "--strict", "--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "c.db")]
