@@ -48,26 +48,10 @@ class _StageFactory(Protocol):
     ) -> ToolCallStage: ...
 
 
-def _chat_stage(
-    tools: list[Any],
-    policy: ToolRepairPolicy,
-    capture_id: str,
-    stream_valid_prefix: bool,
-    tool_choice: Any,
-    tool_format: str | None,
-) -> ToolCallStage:
-    return ChatToolCallRepair(
-        tools,
-        policy=policy,
-        capture_id=capture_id,
-        stream_valid_prefix=stream_valid_prefix,
-        tool_choice=tool_choice,
-        tool_format=tool_format,
-    )
-
-
-def _evented_stage(cls: type[ResponsesToolCallRepair | MessagesToolCallRepair]) -> _StageFactory:
-    """An evented surface's stage: it reads neither `stream_valid_prefix` nor `tool_choice`."""
+def _stage(
+    cls: type[ChatToolCallRepair | ResponsesToolCallRepair | MessagesToolCallRepair], reads_choice: bool
+) -> _StageFactory:
+    """A surface's stage; only Chat Completions reads `stream_valid_prefix` and `tool_choice` (`reads_choice`)."""
 
     def make(
         tools: list[Any],
@@ -77,16 +61,17 @@ def _evented_stage(cls: type[ResponsesToolCallRepair | MessagesToolCallRepair]) 
         tool_choice: Any,
         tool_format: str | None,
     ) -> ToolCallStage:
-        return cls(tools, policy=policy, capture_id=capture_id, tool_format=tool_format)
+        chat_only = {"stream_valid_prefix": stream_valid_prefix, "tool_choice": tool_choice} if reads_choice else {}
+        return cls(tools, policy=policy, capture_id=capture_id, tool_format=tool_format, **chat_only)
 
     return make
 
 
 _STAGES: PerSurface[_StageFactory] = PerSurface(
     {
-        CHAT: _chat_stage,
-        RESPONSES: _evented_stage(ResponsesToolCallRepair),
-        MESSAGES: _evented_stage(MessagesToolCallRepair),
+        CHAT: _stage(ChatToolCallRepair, reads_choice=True),
+        RESPONSES: _stage(ResponsesToolCallRepair, reads_choice=False),
+        MESSAGES: _stage(MessagesToolCallRepair, reads_choice=False),
     }
 )
 BodyRepair = Callable[..., tuple[bytes, list[Any], str]]
