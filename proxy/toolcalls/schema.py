@@ -7,6 +7,7 @@ information: a required argument that never arrived cannot be invented, so it is
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -50,11 +51,10 @@ class ToolSchemas:
         if name not in self._validators:
             schema = self.schemas.get(name) or {}
             try:
-                cls = validators.validator_for(schema)
-                cls.check_schema(schema)
-                self._validators[name] = cls(schema)
-            except (SchemaError, TypeError, ValueError):
-                self._validators[name] = None
+                key = json.dumps(schema, separators=(",", ":"))  # the order kept: it orders the errors
+            except (TypeError, ValueError):
+                key = None
+            self._validators[name] = _checked(key) if key is not None else _build(schema)
         return self._validators[name]
 
     def fit(self, name: str | None, args: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -133,3 +133,19 @@ def _set(container: Any, path: list[Any], value: Any) -> Any:
         copy = list(container)
     copy[head] = _set(copy[head], rest, value) if rest else value
     return copy
+
+
+@functools.lru_cache(maxsize=512)
+def _checked(key: str) -> Any:
+    """A validator per distinct schema, shared by every request that offers it: checking a schema against its
+    metaschema costs a few milliseconds, and an agent sends the same tools with every request."""
+    return _build(json.loads(key))
+
+
+def _build(schema: Any) -> Any:
+    try:
+        cls = validators.validator_for(schema)
+        cls.check_schema(schema)
+        return cls(schema)
+    except (SchemaError, TypeError, ValueError):
+        return None
