@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import corpus_dir
 from tests.support.builders import tool
 from tests.support.inproc import cli, start, start_mock
-from tests.support.procs import wait_capture
+from tests.support.procs import until, wait_capture
 from tests.support.rawserver import RawServer, json_reply
 
 KEY_ENV = "TAPFIX_TEST_ROUTES_CLOUD_KEY"
@@ -442,8 +442,12 @@ def fell_over(proxy, capture_id: str) -> tuple[dict, dict]:
     """The capture of a request that fell over to another route, and its failed first attempt's."""
     db = proxy.extra["db"]
     row = wait_capture(db, capture_id)
-    listed = [json.loads(line) for line in cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()]
-    (attempt,) = [r for r in listed if r["attempt_of"] == capture_id]
+
+    def attempts() -> list[dict]:  # the writer may commit the failed attempt's row after the capture's own
+        listed = cli("captures", "list", "--json", "--db", str(db)).stdout.splitlines()
+        return [r for r in map(json.loads, listed) if r["attempt_of"] == capture_id]
+
+    (attempt,) = until(attempts, timeout=10.0)
     return row, wait_capture(db, attempt["id"])
 
 
