@@ -12,7 +12,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import named_event
-from tapfix.proxy.toolcalls.cutoff import cut_off, length_signs, reasoning_sign
+from tapfix.proxy.toolcalls.cutoff import length_signs
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
     Leaked,
@@ -22,11 +22,12 @@ from tapfix.proxy.toolcalls.evented_leaks import (
     raw_string,
     unpinned_change,
 )
-from tapfix.proxy.toolcalls.evented_stage import DenseIndex, HoldingStage, IdLedger, as_dict, mint_id, parse
+from tapfix.proxy.toolcalls.evented_stage import DenseIndex, IdLedger, as_dict, mint_id, parse
+from tapfix.proxy.toolcalls.leaking_stage import LeakingStage
 from tapfix.proxy.toolcalls.plan_types import Fatal
 
 
-class MessagesLeaks(HoldingStage):
+class MessagesLeaks(LeakingStage):
     """The Messages stage's side of leaked markup: the open text block's hold, the thinking kept for the end
     of the turn, and the recovered calls as tool_use blocks (`MessagesToolCallRepair` is the rest)."""
 
@@ -110,7 +111,7 @@ class MessagesLeaks(HoldingStage):
                 return None, out
             leaked = Leaked("", events=leaked.events)
         for markup in leaked.flagged:
-            self.add(unpinned_change(markup, where, self.leaks.formats.names), flag=True)
+            self._flag_format(markup, where)
         if not leaked.calls:  # no call: the held events go out as they came
             return leaked, out + [self._renumber(e) for e in leaked.events]
         if leaked.text:
@@ -145,22 +146,7 @@ class MessagesLeaks(HoldingStage):
             return out
         text = "".join(p if isinstance(p, str) else decode_raw(p) for p in self.reasoning)
         where = f"$.content[{self._position(self.reasoning_index)}].thinking"
-        sign = reasoning_sign(text, self.leaks.schemas, self.leaks.formats) if self.cut_turn and text else None
-        if sign is not None:
-            return out + self.fatal(cut_off(sign))
-        leaked = self.leaks.reasoning(text, where) if text else None
-        if leaked is None:
-            return out
-        if leaked.fatal is not None:
-            return out + self.fatal(leaked.fatal)
-        for markup in leaked.flagged:
-            self.add(unpinned_change(markup, where, self.leaks.formats.names), flag=True)
-        return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
-
-    def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
-        out = self.new_calls(leaked.calls)
-        self.add(leak_change(leaked, where, what))
-        return out
+        return self._reasoning_calls(out, text, where)
 
     def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
         """Calls tapfix read out of text, as tool_use blocks of their own after the blocks so far."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from tapfix.proxy.changes import Change
 from tapfix.proxy.sse import named_event
-from tapfix.proxy.toolcalls.cutoff import cut_off, length_signs, reasoning_sign
+from tapfix.proxy.toolcalls.cutoff import length_signs
 from tapfix.proxy.toolcalls.evented_leaks import (
     LeakDetector,
     Leaked,
@@ -25,7 +25,8 @@ from tapfix.proxy.toolcalls.evented_leaks import (
     raw_string,
     unpinned_change,
 )
-from tapfix.proxy.toolcalls.evented_stage import DenseIndex, HoldingStage, IdLedger, as_dict, mint_id, parse
+from tapfix.proxy.toolcalls.evented_stage import DenseIndex, IdLedger, as_dict, mint_id, parse
+from tapfix.proxy.toolcalls.leaking_stage import LeakingStage
 from tapfix.proxy.toolcalls.plan_types import Fatal
 
 # The events that end a message item's text, in order.
@@ -42,7 +43,7 @@ class SentCall:
     recovered: bool = False  # a call tapfix read out of leaked markup: the upstream's terminal never lists it
 
 
-class ResponsesLeaks(HoldingStage):
+class ResponsesLeaks(LeakingStage):
     """The Responses stage's side of leaked markup: the open message item's hold, the reasoning kept for the
     end of the turn, and the recovered calls as items (`ResponsesToolCallRepair` is the rest of the stage)."""
 
@@ -175,22 +176,7 @@ class ResponsesLeaks(HoldingStage):
             return out
         text = "".join(p if isinstance(p, str) else decode_raw(p) for p in (self.reasoning or self.summary))
         where = f"$.output[?(@.id=='{self.reasoning_key}')].content"
-        sign = reasoning_sign(text, self.leaks.schemas, self.leaks.formats) if self.cut_turn and text else None
-        if sign is not None:
-            return out + self.fatal(cut_off(sign))
-        leaked = self.leaks.reasoning(text, where) if text else None
-        if leaked is None:
-            return out
-        if leaked.fatal is not None:
-            return out + self.fatal(leaked.fatal)
-        for markup in leaked.flagged:
-            self._flag_format(markup, where)
-        return out + self._emit_calls(leaked, where, "reasoning") if leaked.calls else out
-
-    def _emit_calls(self, leaked: Leaked, where: str, what: str) -> list[bytes]:
-        out = self.new_calls(leaked.calls)
-        self.add(leak_change(leaked, where, what))
-        return out
+        return self._reasoning_calls(out, text, where)
 
     def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
         """Calls tapfix read out of text, as items of their own after the items so far."""
@@ -211,9 +197,6 @@ class ResponsesLeaks(HoldingStage):
             self.done_items.append(item)
             self.sent.append(SentCall(position, item, {}, recovered=True))
         return out
-
-    def _flag_format(self, markup: str, where: str) -> None:
-        self.add(unpinned_change(markup, where, self.leaks.formats.names), flag=True)
 
 
 def item_id(seed: str, position: int) -> str:
