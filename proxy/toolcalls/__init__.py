@@ -36,16 +36,8 @@ class ToolCallStage(Protocol):
     def flush(self) -> list[bytes]: ...
 
 
-class _StageFactory(Protocol):
-    def __call__(
-        self,
-        tools: list[Any],
-        policy: ToolRepairPolicy,
-        capture_id: str,
-        stream_valid_prefix: bool,
-        tool_choice: Any,
-        tool_format: str | None,
-    ) -> ToolCallStage: ...
+# A surface's stage from (tools, policy, capture_id, stream_valid_prefix, tool_choice, tool_format).
+_StageFactory = Callable[[list[Any], ToolRepairPolicy, str, bool, Any, str | None], ToolCallStage]
 
 
 def _stage(
