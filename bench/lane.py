@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from load import add_fields, build_request, pct, request_body
+from load import Mergeable, build_request, pct, request_body
 
 DELTAS = 64
 GAP_MS = 20.0
@@ -41,7 +41,7 @@ def lane_headers(deltas: int = DELTAS, gap_ms: float = GAP_MS) -> dict[str, str]
 
 
 @dataclass
-class LaneResult:
+class LaneResult(Mergeable):
     ttft: list[float] = field(default_factory=list)  # seconds
     delay: list[float] = field(default_factory=list)  # seconds, one per delta received
     streams: int = 0  # streams asked for
@@ -49,9 +49,6 @@ class LaneResult:
     lost: int = 0  # deltas that never came
     errors: list[str] = field(default_factory=list)
     wall: float = 0.0
-
-    def merge(self, other: LaneResult) -> None:
-        add_fields(self, other)
 
     def summary(self) -> dict:
         return {

@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 import orjson
 
@@ -54,23 +54,23 @@ def request_body(size: int = 2048, tools: bool = True, model: str = "bench-model
     return orjson.dumps(base)
 
 
-def add_fields(into: Any, other: Any) -> None:
-    """Adds each field of the dataclass `other` to the same of `into` (samples join, counts add up)."""
-    for f in fields(into):
-        setattr(into, f.name, operator.iadd(getattr(into, f.name), getattr(other, f.name)))
+class Mergeable:
+    """A dataclass of samples and counts that one worker's share can be added to."""
+
+    def merge(self, other: Self) -> None:
+        """Adds each field of `other` to the same of this one (samples join, counts add up)."""
+        for f in fields(self):
+            setattr(self, f.name, operator.iadd(getattr(self, f.name), getattr(other, f.name)))
 
 
 @dataclass
-class Result:
+class Result(Mergeable):
     ttft: list[float] = field(default_factory=list)  # seconds
     total: list[float] = field(default_factory=list)
     events: int = 0
     bytes: int = 0
     errors: list[str] = field(default_factory=list)
     wall: float = 0.0
-
-    def merge(self, other: Result) -> None:
-        add_fields(self, other)
 
     def summary(self) -> dict:
         return {

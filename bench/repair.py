@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import orjson
 from tapfix.proxy.assemble import assemble_sse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repo's tests/ helpers
+from tests.support.timing import best_of  # noqa: E402
 
 
 def tool_stream(size: int, fragment: int = 16) -> list[bytes]:
@@ -67,15 +70,6 @@ def text_stream(size: int) -> list[bytes]:
         b'"choices":[{"index":0,"delta":{"content":"word "},"finish_reason":null}]}\n\n'
     )
     return [ev] * (size // 5) + [b"data: [DONE]\n\n"]
-
-
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tapfix.proxy.mock.mutations_text import SPACE_AND_NOISE, pick_some, same_value
@@ -44,12 +44,20 @@ def _unique_after_dedup(frags: list[str], original: Any) -> bool:
     return True
 
 
-def fragment_duplicated(rng: random.Random, wire: Wire) -> Wire | None:
-    options = []
+def _pristine_calls(rng: random.Random, wire: Wire) -> Iterator[tuple[Sent, list[str]]]:
+    """Each call still as sent, with its fragments (every call is cut into fragments on the way, so
+    each mutation draws from `rng` alike)."""
     for sent in wire.calls:
         frags = ensure_frags(sent, rng)
+        if _pristine(sent):
+            yield sent, frags
+
+
+def fragment_duplicated(rng: random.Random, wire: Wire) -> Wire | None:
+    options = []
+    for sent, frags in _pristine_calls(rng, wire):
         ok, value = strict_json("".join(frags))
-        if ok and _pristine(sent):
+        if ok:
             options.append((sent, value))
     rng.shuffle(options)
     for sent, value in options:
@@ -162,9 +170,8 @@ def _complete_prefix(text: str) -> bool:
 
 def fragment_dropped(rng: random.Random, wire: Wire) -> Wire | None:
     options = []
-    for sent in wire.calls:
-        frags = ensure_frags(sent, rng)
-        if not _pristine(sent) or len(frags) < 2:
+    for sent, frags in _pristine_calls(rng, wire):
+        if len(frags) < 2:
             continue
         for i, (a, b) in enumerate(_spans(frags)):
             marks = sent.charmap[a:b]
@@ -183,10 +190,7 @@ def fragment_dropped(rng: random.Random, wire: Wire) -> Wire | None:
 
 def arguments_cut(rng: random.Random, wire: Wire) -> Wire | None:
     options = []
-    for sent in wire.calls:
-        ensure_frags(sent, rng)
-        if not _pristine(sent):
-            continue
+    for sent, _ in _pristine_calls(rng, wire):
         m = sent.charmap
         options += [
             (sent, p) for p in range(1, len(m)) if (m[p - 1] in "os" and m[p] in "sc") or m[p - 1] + m[p] == "vv"

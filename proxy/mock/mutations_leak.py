@@ -158,18 +158,23 @@ def _markers() -> tuple[str, ...]:
     return tuple(sorted(found, key=len, reverse=True))
 
 
+def small_pieces(text: str, rng: random.Random) -> list[str]:
+    """`text` cut into deltas of 1 to 6 characters: every marker is split somewhere."""
+    out, pos = [], 0
+    while pos < len(text):
+        step = rng.randint(1, 6)
+        out.append(text[pos : pos + step])
+        pos += step
+    return out
+
+
 def hostile_pieces(text: str, rng: random.Random) -> list[str]:
     """`text` in deltas cut at random points, inside every registered marker it holds and next to
     multi-byte characters; a quarter of the time in deltas of 1 to 6 characters."""
     if len(text) < 2:
         return [text]
     if rng.random() < 0.25:
-        out, pos = [], 0
-        while pos < len(text):
-            step = rng.randint(1, 6)
-            out.append(text[pos : pos + step])
-            pos += step
-        return out
+        return small_pieces(text, rng)
     cuts = set(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
     for marker in _markers():
         at = text.find(marker)

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from tapfix.proxy.probe import ProbeReport, run_probe
+from tapfix.proxy.probe import ALL_CHECKS, ProbeReport, run_probe
 
 from tests.support.config_text import toml_table
 from tests.support.inproc import cli, start_mock
@@ -42,16 +42,7 @@ def test_healthy_server_exit_0_table_and_captures(healthy, tmp_path):
     result = probe("--upstream", healthy.url, "--db", str(db))
     out = result.stdout.decode()
     assert result.returncode == 0, out + result.stderr.decode()
-    for check in (
-        "models",
-        "completion",
-        "streaming",
-        "tools",
-        "reasoning",
-        "vision",
-        "long_context",
-        "sampling",
-    ):
+    for check in ALL_CHECKS:
         assert check in out
     assert "8 passed, 0 failed, 0 skipped" in out
     listed = cli("captures", "list", "--db", str(db), "--tag", "probe", "--json", "--limit", "0")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 from functools import partial
 from pathlib import Path
 
@@ -33,7 +32,12 @@ from tests.support.builders import (
     tool,
     tool_call_chunk,
 )
+<<<<<<< HEAD
 from tests.support.stage_io import client_view, judged_view, run_stage
+=======
+from tests.support.stage_io import client_view, run_stage
+from tests.support.timing import best_of
+>>>>>>> f-dups2
 
 READ = tool("read", {"path": {"type": "string"}, "limit": {"type": "integer"}}, ["path"])
 WRITE = tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
@@ -503,15 +507,6 @@ def _big_arguments(size: int) -> str:
     return body
 
 
-def _best_of(fn, runs: int = 3) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def test_prefix_check_is_linear() -> None:
     def scan(text: str) -> None:
         check = JsonPrefix()
@@ -521,7 +516,7 @@ def test_prefix_check_is_linear() -> None:
 
     small, big = _big_arguments(100_000), _big_arguments(1_000_000)
     assert len(big) > 9 * len(small)
-    t_small, t_big = _best_of(lambda: scan(small)), _best_of(lambda: scan(big))
+    t_small, t_big = best_of(lambda: scan(small)), best_of(lambda: scan(big))
     # Linear gives ~10x; quadratic would give ~100x. Loose, so a busy machine doesn't fail it.
     assert t_big < 30 * t_small + 0.05, (t_small, t_big)
 
@@ -539,7 +534,7 @@ def test_stage_streams_a_1mb_argument_in_linear_time() -> None:
 
     small, big = _big_arguments(100_000), _big_arguments(1_000_000)
     assert run(small) == len(range(0, len(small), 16)) + 1
-    t_small, t_big = _best_of(lambda: run(small), 1), _best_of(lambda: run(big), 1)
+    t_small, t_big = best_of(lambda: run(small), 1), best_of(lambda: run(big), 1)
     assert t_big < 30 * t_small + 0.1, (t_small, t_big)
 
 

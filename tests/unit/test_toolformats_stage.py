@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from tapfix.proxy.config.file import ConfigError, from_dict
+from tapfix.proxy.mock.mutations_leak import small_pieces
 from tapfix.proxy.sse import SSESplitter
 from tapfix.proxy.toolcalls import ChatToolCallRepair, body_repair_for, stage_for
 from tapfix.proxy.toolcalls.formats import REGISTRY, UnknownFormat, armed, registry
@@ -43,16 +44,6 @@ def reasoning(text: str, field: str = "reasoning_content") -> dict[str, Any]:
     return chunk({field: text})
 
 
-def pieces(text: str, rng: random.Random) -> list[str]:
-    """`text` cut into deltas of 1 to 6 characters: every marker is split somewhere."""
-    out, pos = [], 0
-    while pos < len(text):
-        step = rng.randint(1, 6)
-        out.append(text[pos : pos + step])
-        pos += step
-    return out
-
-
 def run(stream: list[dict[str, Any]], seed: int = 0, tools: Any = TOOLS, **kw: Any) -> tuple[bytes, bytes, Any]:
     data = sse(stream)
     stage = ChatToolCallRepair(tools, capture_id="cap", **kw)
@@ -60,7 +51,7 @@ def run(stream: list[dict[str, Any]], seed: int = 0, tools: Any = TOOLS, **kw: A
 
 
 def texts(text: str, seed: int, make=content) -> list[dict[str, Any]]:
-    return [make(t) for t in pieces(text, random.Random(seed))]
+    return [make(t) for t in small_pieces(text, random.Random(seed))]
 
 
 def calls_of(out: bytes) -> list[tuple[str, Any]]:
@@ -155,7 +146,7 @@ def test_reasoning_markup_that_is_not_last_is_a_decoy(seed: int) -> None:
 
 def test_reasoning_events_go_out_at_once() -> None:
     """Nothing extra is held for reasoning: the decision waits for the finish."""
-    stream = sse([ROLE, *[reasoning(t) for t in pieces(HERMES, random.Random(3))]], done=False)
+    stream = sse([ROLE, *[reasoning(t) for t in small_pieces(HERMES, random.Random(3))]], done=False)
     assert_each_event_goes_out_at_once(ChatToolCallRepair(TOOLS), stream)
 
 
@@ -364,7 +355,7 @@ def test_a_delta_ending_inside_a_word_led_opener_does_not_lose_the_call(
     make = content if field == "content" else partial(reasoning, field=field)
     for k in _cuts(opener):
         cut = at + k
-        rest = pieces(whole[cut:], random.Random(k))
+        rest = small_pieces(whole[cut:], random.Random(k))
         _, out, stage = run([ROLE, make(whole[:cut]), *[make(t) for t in rest], STOP], k)
         view = client_view(out)
         assert calls_of(out) == READ_A and not view.errors, (opener[:k], view.content, stage.changes)
@@ -407,7 +398,7 @@ THINKABLE = [f for f in REGISTRY.values() if not f.anchored]
 def test_a_think_opened_in_an_earlier_delta_keeps_its_markup_a_decoy(fmt: Any) -> None:
     text = "<think>" + fmt.render(READ_A) + "</think>\nNo call needed."
     for k in range(1, len("<think>") + 1):
-        stream = [ROLE, content(text[:k]), *[content(t) for t in pieces(text[k:], random.Random(k))], STOP]
+        stream = [ROLE, content(text[:k]), *[content(t) for t in small_pieces(text[k:], random.Random(k))], STOP]
         data, out, stage = run(stream, k)
         assert out == data, (fmt.name, text[:k], client_view(out).content)
 
