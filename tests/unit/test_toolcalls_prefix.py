@@ -32,12 +32,8 @@ from tests.support.builders import (
     tool,
     tool_call_chunk,
 )
-<<<<<<< HEAD
 from tests.support.stage_io import client_view, judged_view, run_stage
-=======
-from tests.support.stage_io import client_view, run_stage
 from tests.support.timing import best_of
->>>>>>> f-dups2
 
 READ = tool("read", {"path": {"type": "string"}, "limit": {"type": "integer"}}, ["path"])
 WRITE = tool("write", {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"])
