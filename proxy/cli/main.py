@@ -142,16 +142,7 @@ def demo(listen: tuple[str, int], mock_listen: tuple[str, int], db: StoreLocator
     help="play a vLLM with this max_model_len: /tokenize counts, a prompt (or prompt plus max_tokens) that "
     "doesn't fit gets vLLM's 400",
 )
-def mock(
-    listen: tuple[str, int],
-    cases: tuple[Path, ...],
-    scenario: str | None,
-    chunk_delay_ms: int,
-    db: StoreLocator,
-    capture: str | None,
-    fast: bool,
-    context_window: int | None,
-) -> None:
+def mock(listen: tuple[str, int], **options: Any) -> None:
     """The scripted upstream: an OpenAI-compatible server that plays a model, a corpus case or a capture.
 
     \b
@@ -162,7 +153,7 @@ def mock(
     from tapfix.proxy.mock import serve
 
     host, port = listen
-    opts = mock_options(cases, scenario, chunk_delay_ms, db, capture, fast, context_window)
+    opts = mock_options(**options)  # typed and checked there (the in-process tests call it too)
     click.echo(f"tapfix mock: OpenAI-compatible scripted upstream on {url(host, port)}/v1", err=True)
     serve(opts, host=host, port=port)
 

@@ -4,14 +4,38 @@ surface's). One home, so that the two evented stages can't judge a reasoning lea
 
 from __future__ import annotations
 
+from typing import Any
+
 from tapfix.proxy.toolcalls.cutoff import cut_off, reasoning_sign
 from tapfix.proxy.toolcalls.evented_leaks import LeakDetector, Leaked, leak_change, unpinned_change
 from tapfix.proxy.toolcalls.evented_stage import HoldingStage
+from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 
 class LeakingStage(HoldingStage):
     leaks: LeakDetector
     cut_turn: bool  # max_tokens ended the turn (each surface learns it from its own terminal event)
+
+    def __init__(
+        self,
+        tools: list[Any] | None,
+        policy: ToolRepairPolicy = "error",
+        capture_id: str = "",
+        *,
+        tool_format: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(tools, policy, capture_id, **kw)
+        self.init_leaks(tool_format)
+        self.cut_turn = False
+        self.texts_before_call = 0  # text parts opened before the last call
+        self.init_surface(capture_id)
+
+    def init_leaks(self, tool_format: str | None) -> None:
+        raise NotImplementedError  # the surface's holds and leak detector
+
+    def init_surface(self, capture_id: str) -> None:
+        raise NotImplementedError  # the surface's own ledger of items or blocks, ids and calls sent
 
     def new_calls(self, calls: list[tuple[str, str]]) -> list[bytes]:
         raise NotImplementedError  # each surface emits calls as its own items or blocks

@@ -59,23 +59,11 @@ class MessagesToolCallRepair(MessagesLeaks):
 
     path_prefix = "$.content"
 
-    def __init__(
-        self,
-        tools: list[Any] | None,
-        policy: ToolRepairPolicy = "error",
-        capture_id: str = "",
-        *,
-        tool_format: str | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(tools, policy, capture_id, **kw)
-        self.init_leaks(tool_format)
+    def init_surface(self, capture_id: str) -> None:
         self.repaired: dict[int, tuple[str | None, str | None, str | None]] = {}  # index -> (arguments, name, id)
         self.blocks = DenseIndex()
         self.ids = IdLedger("toolu_", capture_id)
         self.tool_use_sent = False
-        self.cut_turn = False  # max_tokens ended the message
-        self.texts_before_call = 0  # text blocks opened before the last tool_use block
 
     def on_event(self, event: bytes) -> list[bytes]:
         if self.leaks.active and event.startswith(b"event: content_block_delta"):

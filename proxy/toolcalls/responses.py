@@ -40,7 +40,6 @@ from tapfix.proxy.toolcalls.evented_stage import (
 from tapfix.proxy.toolcalls.plan_types import Fatal, cut_by_upstream_error
 from tapfix.proxy.toolcalls.responses_leaks import ResponsesLeaks, SentCall, patch_texts
 from tapfix.proxy.toolcalls.responses_terminal import reconcile_output, without_gaps
-from tapfix.proxy.vocabulary.repair_policy import ToolRepairPolicy
 
 # Text and reasoning deltas, most of a stream's events: they never open, carry or end a call.
 _TEXT_DELTAS = (
@@ -57,17 +56,7 @@ class ResponsesToolCallRepair(ResponsesLeaks):
 
     path_prefix = "$.output"
 
-    def __init__(
-        self,
-        tools: list[Any] | None,
-        policy: ToolRepairPolicy = "error",
-        capture_id: str = "",
-        *,
-        tool_format: str | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(tools, policy, capture_id, **kw)
-        self.init_leaks(tool_format)
+    def init_surface(self, capture_id: str) -> None:
         self.repaired: dict[str, tuple[str | None, str | None, str | None]] = {}  # key -> (arguments, name, call_id)
         self.response: dict[str, Any] = {}  # the latest response envelope (for response.failed)
         self.done_items: list[Any] = []
@@ -77,8 +66,6 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         self.split_ids: dict[str, Any] = {}  # item -> the other call_id its `.done` carried than its `.added`
         self.room: dict[Any, list[tuple[int, str, str]]] = {}  # item -> the calls split off it, at their places
         self.seq = 0
-        self.cut_turn = False
-        self.texts_before_call = 0  # message items opened before the last function_call item
 
     def on_event(self, event: bytes) -> list[bytes]:
         if event.startswith(_TEXT_DELTAS) and self.leaks.active:
