@@ -36,10 +36,12 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.request.routes import thread_of
 from tapfix.proxy.request.routing import Problem
-from tapfix.proxy.surfaces import Surface, api_surface
+from tapfix.proxy.surfaces import CHAT, COMPLETIONS, RESPONSES, PerSurface, Surface, api_surface
 from tapfix.proxy.window.clamp import chat_messages
 
-PINNED_SURFACES: frozenset[Surface] = frozenset({"chat", "completions", "responses"})  # llama.cpp reads id_slot
+# The surfaces whose requests llama.cpp reads `id_slot` from (its /v1/messages builds a request of its own
+# from a fixed list of fields and drops it): a part of each surface this layer owns, keyed by the objects.
+PINNED_SURFACES: PerSurface[bool] = PerSurface({CHAT: True, COMPLETIONS: True, RESPONSES: True})
 SLOT_FIELD = "id_slot"
 MISSPELT_FIELD = "slot_id"  # llama.cpp reads no such field
 PARENT_SESSION_HEADER = "x-parent-session-id"  # opencode's child session (a subagent): its parent session
@@ -200,7 +202,7 @@ class SlotPlanner:
     ) -> SlotPlan | None:
         """The slot this request goes to on `upstream`, and why; None when it isn't pinned (a surface llama.cpp
         doesn't pin, no thread to key it by, or the client chose its own slot)."""
-        if surface is None or surface not in PINNED_SURFACES or request.thread is None:
+        if surface is None or not PINNED_SURFACES.get(surface) or request.thread is None:
             return None
         if request.client_slot is not None:
             return SlotPlan(upstream, None, request.thread, None, "client", None, request.client_slot)
