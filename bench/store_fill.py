@@ -138,10 +138,12 @@ def fill(
     result.seconds = time.perf_counter() - t0
     result.writer_cpu_s = (sum(_thread_cpu_ns(t) for t in tids) - writer0) / 1e9
     result.process_cpu_s = time.process_time() - cpu0
+    # Before the writers close: a backend that exits on its connection's close takes its ticks with it (the
+    # meter reads live processes), which under load made the server's CPU read as 0.
+    result.server_cpu_s = server_cpu() - server0
     for w in writers:
         w.close()
         result.failures += w.stats.failures
-    result.server_cpu_s = server_cpu() - server0
     return result
 
 
