@@ -202,11 +202,9 @@ def test_a_compressed_request_is_pinned_and_goes_upstream_decoded(tmp_path, llam
         assert answer.status_code == 200
         request = llama.server.requests[-1]
         assert request.header("content-encoding") is None and json.loads(request.body)["id_slot"] == 0
-        shown = json.loads(
-            cli(
-                "captures", "show", answer.headers["x-tapfix-capture-id"], "--json", "--db", str(proxy.extra["db"])
-            ).stdout
-        )
+        capture_id = answer.headers["x-tapfix-capture-id"]
+        wait_capture(proxy.extra["db"], capture_id)  # the writer commits after the answer went out
+        shown = json.loads(cli("captures", "show", capture_id, "--json", "--db", str(proxy.extra["db"])).stdout)
         assert {"headers.content-encoding", "$.id_slot"} <= {c["path"] for c in shown["changes"]}
     finally:
         proxy.stop()
@@ -283,6 +281,7 @@ def test_replicas_pin_apart_and_a_fallback_pins_the_thread_on_the_upstream_it_mo
         assert slot_of(proxy, a)["upstream"] == "gpu0"
         record = slot_of(proxy, b2)
         assert (record["upstream"], record["slot"], record["how"]) == ("gpu1", 0, "kept")
+        wait_capture(db, b1)
         shown = json.loads(cli("captures", "show", b1, "--json", "--db", str(db)).stdout)
         slot_changes = [(c["before"], c["after"]) for c in shown["changes"] if c["path"] == "$.id_slot"]
         assert slot_changes == [(None, 0), (None, 0)], "gpu0's pin, then gpu1's, each recorded"
