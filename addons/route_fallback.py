@@ -208,7 +208,7 @@ class RouteFallback:
                 ex.extra["route_decision"] = {**before, "fallback_rejected": others}
                 break
             log.warning("route %s: upstream %s %s; next route %s", attempts[-1]["route"], upstream, reason, taken.route)
-            self._clamp(ex, outcome, target.name)
+            self._clamp(ex, outcome)
             try:
                 response = await self._send(
                     flow, ex, outcome.body, outcome.upstream_headers, outcome.remove_headers, target
@@ -233,19 +233,16 @@ class RouteFallback:
             response.headers.update(self.router.route_headers(ex))
         return response
 
-    def _clamp(self, ex: Exchange, outcome: Outcome, upstream: str) -> None:
+    def _clamp(self, ex: Exchange, outcome: Outcome) -> None:
         """The new route's window, when known, bounds max_tokens as the window addon bounds a first attempt's:
         the route was found eligible for the prompt plus the clamped budget, so it must be sent clamped (an
         agent's fixed 32000 would otherwise overflow a smaller window the route promised to hold). The prompt
         is the route decision's estimate: the engine isn't asked for a count in the middle of a fallback."""
         decision = outcome.decision
         taken = decision.taken if decision is not None else None
-        if taken is None or not isinstance(outcome.parsed, dict):
-            return
-        reported = self.runtime.windows.get((upstream, taken.served_model))
-        window = taken.window or (reported[0] if reported else None)
-        budget = budget_of(outcome.surface, outcome.parsed)
-        if window is None or budget is None or decision is None:
+        window = decision.window if decision is not None else None
+        budget = budget_of(outcome.surface, outcome.parsed) if isinstance(outcome.parsed, dict) else None
+        if decision is None or taken is None or window is None or budget is None:
             return
         key, value = budget
         prompt = decision.facts.prompt_tokens
@@ -256,7 +253,8 @@ class RouteFallback:
             outcome.body = splice(outcome.body, [Set((key,), new)])
         except SpliceError:
             return  # not a JSON object's bytes (a compressed body): sent as the route's policy made it
-        reason = f"route {taken.route}'s {window}-token window less the prompt's {prompt} tokens (estimate)"
+        source = decision.facts.prompt_source
+        reason = f"route {taken.route}'s {window}-token window less the prompt's {prompt} tokens ({source})"
         ex.changes.append(Change("window", "clamp", f"$.{key}", value, new, f"{reason} leaves {window - prompt}"))
 
     def _head_timeout(self, upstream: object) -> float | None:

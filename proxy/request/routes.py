@@ -180,6 +180,11 @@ class Rejection:
     window: int | None = None
 
 
+def window_of(c: Candidate, known: Knowledge) -> int | None:
+    """A candidate's window as eligibility judges it: the config's, else what its engine told."""
+    return c.window or known.windows.get((c.upstream, c.served_model))
+
+
 def rejection(config: Config, c: Candidate, facts: Facts, known: Knowledge) -> Rejection | None:
     """Why `c` can't take this request, or None when it can."""
     upstream = config.upstreams[c.upstream]
@@ -197,7 +202,7 @@ def rejection(config: Config, c: Candidate, facts: Facts, known: Knowledge) -> R
     if missing:
         said = f"upstream {c.upstream} does not support {', '.join(missing)}"
         return Rejection("needs", said, said)
-    window = c.window or known.windows.get((c.upstream, c.served_model))
+    window = window_of(c, known)
     if known.larger_than is not None and (window is None or window <= known.larger_than):
         size = f"window {window:,}" if window is not None else "its window is unknown,"
         said = f"{size} not larger than the {known.larger_than:,} the prompt overflowed"
@@ -220,6 +225,7 @@ class Decision:
     taken: Candidate | None = None
     rejected: list[tuple[Candidate, Rejection]] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)  # routes whose `when` didn't hold
+    window: int | None = None  # the taken route's window as eligibility judged it (None: unknown)
 
     def message(self) -> str:
         why = "; ".join(f"{c.label}: {r.message}" for c, r in self.rejected)
@@ -281,7 +287,7 @@ def decide(config: Config, model: ModelConfig, served: str, facts: Facts, known:
     for c in listed:
         why = rejection(config, c, facts, known)
         if why is None:
-            decision.taken = c
+            decision.taken, decision.window = c, window_of(c, known)
             return decision
         decision.rejected.append((c, why))
     return decision
