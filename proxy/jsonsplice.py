@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,11 +100,15 @@ def _copy(obj: Any) -> Any:
         return json.loads(json.dumps(obj))
 
 
-def splice(body: bytes, edits: Sequence[Edit]) -> bytes:
+def splice(body: bytes, edits: Sequence[Edit], parsed: dict[str, Any] | None = None) -> bytes:
     """Apply `edits` to the JSON object in `body`, touching only the bytes of the keys concerned.
 
     Inserted keys go after the object's last member (or inside an empty object), written in the
     body's own style: compact `"k":v` or spaced `"k": v`, and the separator the object already uses.
+
+    `parsed`, the body's own parse when the caller has it, spares the scan: keys that are only added find
+    their place from the end of the body (`_insert_at_end`), and a compact body's members follow from their
+    serialization (`_compact_layout`); where the bytes don't bear that out, the scan decides as without it.
     """
     if not edits:
         return body
@@ -113,8 +117,13 @@ def splice(body: bytes, edits: Sequence[Edit]) -> bytes:
         raise SpliceError("body is not a JSON object")
     style = _detect_style(body, start)
     tree = _edit_tree(edits)
+    if parsed is not None and not any(key in parsed for key in tree):
+        inserted = _insert_at_end(body, start, tree, style, parsed)
+        if inserted is not None:
+            return inserted
+    layout = _compact_layout(body, parsed, ()) if parsed is not None else None
     patches: list[tuple[int, int, bytes]] = []
-    _edit_object(body, start, tree, style, patches, top=True)
+    _edit_object(body, start, tree, style, patches, layout[:2] if layout is not None else None)
     patches.sort(key=lambda p: (p[0], p[1]))
     out: list[bytes] = []
     pos = 0
@@ -126,6 +135,73 @@ def splice(body: bytes, edits: Sequence[Edit]) -> bytes:
         pos = end
     out.append(body[pos:])
     return b"".join(out)
+
+
+def _insert_at_end(body: bytes, start: int, tree: _Tree, style: _Style, parsed: dict[str, Any]) -> bytes | None:
+    """`splice` of edits that only add keys (none of the tree's keys is in `parsed`), found from the end of the
+    body: the last member is the parse's last key if its key and value, serialized, are the bytes before the
+    closing brace, preceded by `,` or the opening `{` (a string that merely ends the same way would show a
+    backslash there, a number a digit). The member separator is then the one before that member, as
+    `_member_separator` reads it. None when the bytes don't show that: the scan decides."""
+    inserts = _inserts(tree)
+    if not inserts:
+        return body
+    close = _back_ws(body, len(body) - 1)
+    if close <= start or body[close] != 0x7D:
+        return None
+    if not parsed:
+        if _skip_ws(body, start + 1) != close:
+            return None
+        return body[:close] + _member_text(inserts, style.item_sep, style) + body[close:]
+    key = next(reversed(parsed))
+    try:
+        value, name = orjson.dumps(parsed[key]), orjson.dumps(key)
+    except TypeError:  # integers beyond 64 bits, lone surrogates: the scan reads those
+        return None
+    value_end = _back_ws(body, close - 1) + 1
+    value_start = value_end - len(value)
+    colon = _back_ws(body, value_start - 1)
+    if value_start <= start or not body.startswith(value, value_start) or body[colon] != 0x3A:
+        return None
+    key_end = _back_ws(body, colon - 1) + 1
+    key_start = key_end - len(name)
+    before = _back_ws(body, key_start - 1)
+    if key_start <= start or not body.startswith(name, key_start):
+        return None
+    if before == start:  # the only member
+        indent = body[start + 1 : key_start]
+        sep = "," + indent.decode("utf-8", "replace") if b"\n" in indent else style.item_sep
+    elif body[before] == 0x2C:
+        sep = body[_back_ws(body, before - 1) + 1 : key_start].decode("utf-8", "replace")
+    else:
+        return None
+    return body[:value_end] + sep.encode() + _member_text(inserts, sep, style) + body[value_end:]
+
+
+def _back_ws(body: bytes, pos: int) -> int:
+    """The last position at or before `pos` that is not JSON whitespace (-1: none)."""
+    while pos >= 0 and body[pos] in b" \t\r\n":
+        pos -= 1
+    return pos
+
+
+def _inserts(tree: _Tree) -> list[tuple[str, Any]]:
+    """The members a tree adds to an object that has none of its keys, in the order they were first edited."""
+    out: list[tuple[str, Any]] = []
+    for key, (kind, arg) in tree.items():
+        if kind == "set":
+            out.append((key, arg))
+        elif kind == "tree":
+            created = _build(arg)
+            if created is not None:
+                out.append((key, created))
+    return out
+
+
+def _member_text(inserts: list[tuple[str, Any]], sep: str, style: _Style) -> bytes:
+    return sep.join(
+        (_dumps(key, style) + style.key_sep.encode() + _dumps(value, style)).decode("utf-8") for key, value in inserts
+    ).encode("utf-8")
 
 
 class _Tree(dict[str, tuple[str, Any]]):
@@ -170,9 +246,15 @@ def _edit_tree(edits: Sequence[Edit]) -> _Tree:
 
 
 def _edit_object(
-    body: bytes, start: int, tree: _Tree, style: _Style, patches: list[tuple[int, int, bytes]], top: bool
+    body: bytes,
+    start: int,
+    tree: _Tree,
+    style: _Style,
+    patches: list[tuple[int, int, bytes]],
+    layout: tuple[list[_Member], int] | None = None,
 ) -> None:
-    members, close = _members(body, start)
+    """`layout`: the object's members and closing brace when known (`_compact_layout`), else scanned."""
+    members, close = layout if layout is not None else _members(body, start)
     last_index: dict[str, int] = {}
     for i, m in enumerate(members):
         last_index[m.key] = i
@@ -191,7 +273,7 @@ def _edit_object(
                 patches.append((m.value_start, m.value_end, _dumps(arg, style)))
         else:  # nested edits
             if index is not None and body[members[index].value_start] == 0x7B:
-                _edit_object(body, members[index].value_start, arg, style, patches, top=False)
+                _edit_object(body, members[index].value_start, arg, style, patches)
             else:
                 created = _build(arg)
                 if created is None:
@@ -205,10 +287,7 @@ def _edit_object(
     if inserts:
         kept = [m for i, m in enumerate(members) if i not in deleted]
         sep = _member_separator(body, start, members, style)
-        text = sep.join(
-            (_dumps(key, style) + style.key_sep.encode() + _dumps(value, style)).decode("utf-8")
-            for key, value in inserts
-        ).encode("utf-8")
+        text = _member_text(inserts, sep, style)
         if kept:
             patches.append((members[-1].value_end, members[-1].value_end, sep.encode() + text))
         elif members:
@@ -415,32 +494,50 @@ def _compact_item_spans(
         return None
     if not isinstance(obj, dict) or not obj:
         return None
-    spans: dict[str, tuple[int, int]] = {}
+    layout = _compact_layout(body, obj, arrays)
+    if layout is None:
+        return None
+    members, _, items = layout
+    return {m.key: (m.value_start, m.value_end) for m in members}, items
+
+
+def _compact_layout(
+    body: bytes, obj: Mapping[str, Any], arrays: tuple[str, ...]
+) -> tuple[list[_Member], int, dict[str, list[tuple[int, int]]]] | None:
+    """The members of `body`, its closing brace and the items of its `arrays`, when `body` is exactly the
+    compact serialization of `obj` (its parse); None when any byte says otherwise (see `_compact_item_spans`)."""
+    if body[:1] != b"{" or not obj:
+        return None
+    members: list[_Member] = []
     items: dict[str, list[tuple[int, int]]] = {}
     pos = 1
-    for key, value in obj.items():
-        if pos > 1:
-            if body[pos : pos + 1] != b",":
+    try:
+        for key, value in obj.items():
+            if pos > 1:
+                if body[pos : pos + 1] != b",":
+                    return None
+                pos += 1
+            key_start = pos
+            name = orjson.dumps(key)
+            if not body.startswith(name, pos) or body[pos + len(name) : pos + len(name) + 1] != b":":
                 return None
-            pos += 1
-        name = orjson.dumps(key)
-        if not body.startswith(name, pos) or body[pos + len(name) : pos + len(name) + 1] != b":":
-            return None
-        start = pos = pos + len(name) + 1
-        if key in arrays and isinstance(value, list):
-            found = _compact_items(body, pos, value)
-            if found is None:
-                return None
-            items[key], pos = found
-        else:
-            text = orjson.dumps(value)
-            if not body.startswith(text, pos):
-                return None
-            pos += len(text)
-        spans[key] = (start, pos)
+            start = pos = pos + len(name) + 1
+            if key in arrays and isinstance(value, list):
+                found = _compact_items(body, pos, value)
+                if found is None:
+                    return None
+                items[key], pos = found
+            else:
+                text = orjson.dumps(value)
+                if not body.startswith(text, pos):
+                    return None
+                pos += len(text)
+            members.append(_Member(key, key_start, start, pos))
+    except TypeError:  # a value orjson can't write (an integer beyond 64 bits): the scan reads it
+        return None
     if body[pos:] != b"}":
         return None
-    return spans, items
+    return members, pos, items
 
 
 def _compact_items(body: bytes, start: int, values: list[Any]) -> tuple[list[tuple[int, int]], int] | None:
