@@ -26,12 +26,13 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonbody import note_parse
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
 from tapfix.proxy.request.reasoning_replay import REPLAY_MARK, REPLAY_MISSED
 from tapfix.proxy.request.routes import Knowledge
 from tapfix.proxy.request.routing import models_listing
-from tapfix.proxy.request.slots import SlotPlanner, misspelt_change, slot_request, with_slot
+from tapfix.proxy.request.slots import SLOT_FIELD, SlotPlanner, misspelt_change, slot_request, with_slot
 from tapfix.proxy.surfaces import surface_for
 from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of
 
@@ -197,6 +198,8 @@ class Router:
             return
         if plan.slot is not None:
             pinned = with_slot(outcome.body, plan.slot)
+            # with_slot writes the member last: what goes out parses to this (unknown if it pins the decoded body)
+            sent = {**outcome.sent, SLOT_FIELD: plan.slot} if pinned is not None and outcome.sent is not None else None
             if pinned is None and outcome.decoded is not None:  # it came compressed: it goes upstream decoded
                 pinned = with_slot(outcome.decoded, plan.slot)
                 if pinned is not None and "content-encoding" not in outcome.remove_headers:
@@ -207,7 +210,7 @@ class Router:
             if pinned is None:  # no JSON object's bytes, decoded or not: forwarded as it came, unpinned
                 self.slots.release(upstream.name, plan.slot, time.monotonic())
                 return
-            outcome.body = pinned
+            outcome.body, outcome.sent = pinned, sent
             ex.extra[_HELD] = (upstream.name, plan.slot)
             change = plan.change()
             if change is not None:
@@ -289,6 +292,8 @@ class Router:
             flow.request.raw_content = outcome.body
             if "content-length" in flow.request.headers:  # raw_content doesn't update framing
                 flow.request.headers["content-length"] = str(len(outcome.body))
+        if outcome.sent is not None:  # issue 34: the addons after this one read the body from this parse
+            note_parse(ex.extra, outcome.body, outcome.sent)
         for name in outcome.remove_headers:
             flow.request.headers.pop(name, None)
         for name, value in outcome.upstream_headers.items():

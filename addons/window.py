@@ -21,16 +21,16 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.errors import context_overflow, prompt_never_fits
 from tapfix.proxy.exchange import Exchange
-from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.jsonbody import PARSED_KEY, json_object, note_parse, shared_parse
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import api_surface, surface_for
-from tapfix.proxy.window.clamp import BUDGET_KEY, budget_in, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of, chat_messages, clamped, might_not_fit
 from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.overflow import RepeatedOverflows
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
 from tapfix.proxy.window.sources import engine_url, probes_for
-from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change
+from tapfix.proxy.window.usage import ADDED, ENGINES, ask_for_usage, request_change, with_usage
 
 log = logging.getLogger("tapfix")
 REPEATED_FLAG = "overflow_repeated"  # the same request overflowed again: answered so the agent stops
@@ -243,32 +243,42 @@ class Window:
 
     # -- the request: clamp -----------------------------------------------------------------------
     async def request(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is None:
+            return
+        try:
+            await self._request(flow, ex)
+        finally:
+            ex.extra.pop(PARSED_KEY, None)  # the request side's last reader of the shared parse: its memory goes
+
+    async def _request(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         if flow.response or flow.error or not flow.live or flow.request.method != "POST":
             return
-        ex = exchange_of(flow)
-        surface = surface_for(ex.path) if ex is not None else None
+        surface = surface_for(ex.path)
         api = api_surface(surface)
-        if ex is None or not api.turns:
+        if not api.turns:
             return
         body = flow.request.raw_content or b""
         name = ex.extra.get("target")
         target = self.runtime.targets.get(name) if isinstance(name, str) else self.runtime.default_target
         engine = self.runtime.engine_of(name)
-        if (
-            api_surface(surface).asks_stream_usage
-            and ex.stream
-            and engine in ENGINES
-            and (asked := ask_for_usage(body)) is not None
-        ):
-            body = self._forward(flow, asked[0])
-            ex.extra[ADDED] = True
-            ex.changes.append(request_change(asked[1]))
+        if api.asks_stream_usage and ex.stream and engine in ENGINES:
+            parsed = shared_parse(ex.extra, body)
+            asked = ask_for_usage(body, parsed)
+            if asked is not None and parsed is not None:
+                body = self._forward(flow, asked[0])
+                note_parse(ex.extra, body, with_usage(parsed))
+                ex.extra[ADDED] = True
+                ex.changes.append(request_change(asked[1]))
         if target is None:
             return
         served = ex.served_model or ex.model or ""
-        # The router's one parse of the body noted its budget (else its own bytes are read): the body is parsed
-        # again only if the request may not fit.
-        budget = ex.extra[BUDGET_KEY] if BUDGET_KEY in ex.extra else budget_in(surface, body)
+        # The router's one parse of the body noted its budget (else the shared parse has it).
+        if BUDGET_KEY in ex.extra:
+            budget = ex.extra[BUDGET_KEY]
+        else:
+            parsed = shared_parse(ex.extra, body)
+            budget = budget_of(surface, parsed) if parsed is not None else None
         # Without an output budget the engine isn't asked now (its own overflow error has the numbers): the
         # window read at start or since, if any, is what the truncation check reads.
         known = self.configured(ex) or self.runtime.windows.get((target.name, served))
@@ -280,7 +290,7 @@ class Window:
         tokens, source = window
         if not might_not_fit(len(body), budget[1], tokens):
             return
-        parsed = json_object(body)
+        parsed = shared_parse(ex.extra, body)
         messages = chat_messages(surface, parsed) if parsed is not None else None
         found = await self.count(target, engine, messages, served) if messages is not None else None
         if found is not None and not found.exact and found.tokens > tokens:  # an overflow answer: a whole count
@@ -302,7 +312,7 @@ class Window:
         new = clamped(value, tokens, counted, self.runtime.settings.max_tokens_floor)
         if new is None:
             return
-        self._forward(flow, splice(body, [Set((key,), new)]))
+        self._forward(flow, splice(body, [Set((key,), new)], parsed))
         left = tokens - counted
         floor = f", raised to the floor {new}" if new > left else ""
         reason = f"the {tokens}-token window ({source}) less the prompt's {counted} tokens (the engine's count) "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -42,3 +43,24 @@ def canonical_arguments(value: Any) -> bytes:
         except orjson.JSONDecodeError:
             return text.strip().encode(errors="surrogatepass")
     return canonical(value)
+
+
+PARSED_KEY = "parsed_body"  # Exchange.extra: the request body as forwarded and its parse (`shared_parse`)
+
+
+def note_parse(extra: MutableMapping[str, Any], body: bytes, parsed: dict[str, Any] | None) -> None:
+    """Issue 34: `parsed` is the parse of `body`, the request body as it now goes upstream. An addon that changes
+    the body notes the new pair (or drops the entry), so the next one reading it needn't parse it again."""
+    extra[PARSED_KEY] = (body, parsed)
+
+
+def shared_parse(extra: MutableMapping[str, Any], body: bytes) -> dict[str, Any] | None:
+    """`json_object(body)`, parsed once per request: the parse noted for these bytes, else parsed and noted. The
+    parse is shared: read it, never change it (an addon that edits the body notes a new one)."""
+    noted = extra.get(PARSED_KEY)
+    if noted is not None and (noted[0] is body or noted[0] == body):
+        found: dict[str, Any] | None = noted[1]
+        return found
+    parsed = json_object(body)
+    extra[PARSED_KEY] = (body, parsed)
+    return parsed

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-from tapfix.proxy.jsonsplice import SpliceError, top_level_spans
 from tapfix.proxy.surfaces import Surface, api_surface
 
 TEMPLATE_SLACK = 1024  # tokens a chat template may add around the messages and tools
@@ -28,23 +26,6 @@ def budget_of(surface: Surface | None, parsed: dict[str, Any]) -> tuple[str, int
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return key, value
     return None
-
-
-def budget_in(surface: Surface | None, body: bytes) -> tuple[str, int] | None:
-    """`budget_of` read from the budget fields' own bytes: the messages are skipped, not parsed (a full
-    parse of an agent's 33 KB request costs ~300 µs, and most requests need no more than this)."""
-    try:
-        spans = top_level_spans(body)
-    except SpliceError:
-        return None
-    fields: dict[str, Any] = {}
-    for key in api_surface(surface).max_tokens_fields:
-        if key in spans:
-            try:
-                fields[key] = orjson.loads(body[slice(*spans[key])])
-            except orjson.JSONDecodeError:
-                return None
-    return budget_of(surface, fields)
 
 
 def might_not_fit(body_bytes: int, budget: int, window: int) -> bool:

@@ -10,11 +10,13 @@ the other chunks (OpenAI's way) removed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
+from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, splice, top_level_spans
 from tapfix.proxy.sse import event_data
 
@@ -29,31 +31,33 @@ ADDED = "usage_added"  # ex.extra: tapfix asked for usage the client didn't
 _CHUNK_MEMBERS = frozenset(("id", "object", "created", "model", "choices", "usage"))
 
 
-def ask_for_usage(body: bytes) -> tuple[bytes, Any] | None:
+def ask_for_usage(body: bytes, parsed: dict[str, Any] | None = None) -> tuple[bytes, Any] | None:
     """The streamed chat request with `stream_options.include_usage` set, and what it was before; None: not
     a stream, the client asked already, or its `stream_options` is not an object (the engine's own error
-    answers that). Only `stream` and `stream_options` are read: the messages are skipped, not parsed."""
-    try:
-        spans = top_level_spans(body)
-    except SpliceError:
-        return None
-    if "stream" not in spans or body[slice(*spans["stream"])] != b"true":
-        return None
-    options: Any = None
-    if "stream_options" in spans:
-        try:
-            options = orjson.loads(body[slice(*spans["stream_options"])])
-        except orjson.JSONDecodeError:
+    answers that). `parsed`: the body's parse, when the caller has it (else it is parsed here); the option
+    is spliced in from the end of the body, the messages not scanned (`jsonsplice.splice`)."""
+    if parsed is None:
+        parsed = json_object(body)
+        if parsed is None:
             return None
-        if options is not None and not isinstance(options, dict):
-            return None
+    if parsed.get("stream") is not True:
+        return None
+    options = parsed.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return None
     before = options.get("include_usage") if isinstance(options, dict) else None
     if before is True:
         return None
     try:
-        return splice(body, [Set(("stream_options", "include_usage"), True)]), before
+        return splice(body, [Set(("stream_options", "include_usage"), True)], parsed), before
     except SpliceError:
         return None
+
+
+def with_usage(parsed: Mapping[str, Any]) -> dict[str, Any]:
+    """The parse of what `ask_for_usage` returns, from the parse of what it was given (members in the same order)."""
+    options = parsed.get("stream_options")
+    return {**parsed, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
 
 
 def request_change(before: Any) -> Change:
