@@ -162,11 +162,18 @@ def _unit(kind: str, path: Path, value: Any, volatile: bool = False) -> Unit:
 
 
 def digest(value: Any) -> bytes:
-    """Of the normal form, key order aside (a parser hands the template the same mapping)."""
+    """Of the normal form, key order aside (a parser hands the template the same mapping). The value is written
+    as it is first: only when that shows a `cache_control` key or a list led by a text part (`[{"text":` with the
+    keys sorted; inside a JSON string a quote is escaped, so neither is ever text) does `normal` walk it."""
     try:
-        text = orjson.dumps(normal(value), option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # integers beyond 64 bits
-        text = repr(normal(value)).encode()
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers beyond 64 bits (perhaps where the normal form drops them)
+        text = b'"cache_control":'
+    if text.find(b'"cache_control":') >= 0 or text.find(b'[{"text":') >= 0:  # `find`: ~3x `in` on CPython 3.13
+        try:
+            text = orjson.dumps(normal(value), option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            text = repr(normal(value)).encode()
     return hashlib.sha256(text).digest()[:16]
 
 
