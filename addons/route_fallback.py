@@ -250,7 +250,8 @@ class RouteFallback:
         if new is None:
             return
         try:
-            outcome.body = splice(outcome.body, [Set((key,), new)])
+            outcome.body = splice(outcome.body, [Set((key,), new)], outcome.sent)
+            outcome.sent = {**outcome.sent, key: new} if outcome.sent is not None else None
         except SpliceError:
             return  # not a JSON object's bytes (a compressed body): sent as the route's policy made it
         source = decision.facts.prompt_source
