@@ -460,12 +460,13 @@ def top_level_spans(body: bytes) -> dict[str, tuple[int, int]]:
 
 
 def top_level_item_spans(
-    body: bytes, arrays: Iterable[str]
+    body: bytes, arrays: Iterable[str], parsed: dict[str, Any] | None = None
 ) -> tuple[dict[str, tuple[int, int]], dict[str, list[tuple[int, int]]]]:
     """`top_level_spans`, plus the spans of the items of the named members that are arrays, found in
-    the same pass: a caller that needs both crosses a megabyte conversation once, not twice."""
+    the same pass: a caller that needs both crosses a megabyte conversation once, not twice. `parsed`: the
+    body's parse, when the caller has it (a compact body is then not parsed again to be read)."""
     names = tuple(arrays)
-    compact = _compact_item_spans(body, names)
+    compact = _compact_item_spans(body, names, parsed)
     if compact is not None:
         return compact
     start = _skip_ws(body, 0)
@@ -478,7 +479,7 @@ def top_level_item_spans(
 
 
 def _compact_item_spans(
-    body: bytes, arrays: tuple[str, ...]
+    body: bytes, arrays: tuple[str, ...], parsed: dict[str, Any] | None = None
 ) -> tuple[dict[str, tuple[int, int]], dict[str, list[tuple[int, int]]]] | None:
     """`top_level_item_spans` without a scan, when the body is exactly orjson's compact serialization of
     what it parses (what JavaScript's JSON.stringify, Go and Rust clients send: no spaces, UTF-8 as is):
@@ -488,10 +489,13 @@ def _compact_item_spans(
     crossing the body in Python, string by string."""
     if body[:1] != b"{" or b'": ' in body[:256]:  # spaced: `{"model": ...` (not worth a parse to find out)
         return None
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+    if parsed is not None:
+        obj: Any = parsed
+    else:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
     if not isinstance(obj, dict) or not obj:
         return None
     layout = _compact_layout(body, obj, arrays)

@@ -248,7 +248,7 @@ def replay_reasoning(
         out.changes.append(replayed_change(f"$.messages[{i}]{where}", turn))
     if not edits:
         return out if out.missed else None
-    out.body = _splice_messages(body, edits)
+    out.body = _splice_messages(body, edits, parsed)
     out.parsed = {**parsed, "messages": new_messages}
     return out
 
@@ -288,16 +288,19 @@ def replayed_change(path: str, turn: AnsweredTurn) -> Change:
     )
 
 
-def _splice_messages(body: bytes, edits: Mapping[int, Sequence[Set | Delete]]) -> bytes:
-    """Each edited message spliced in place; the bytes between them stay as they came."""
-    _, items = top_level_item_spans(body, ("messages",))
+def _splice_messages(body: bytes, edits: Mapping[int, Sequence[Set | Delete]], parsed: dict[str, Any]) -> bytes:
+    """Each edited message spliced in place; the bytes between them stay as they came. `parsed`: the body's parse."""
+    _, items = top_level_item_spans(body, ("messages",), parsed)
     spans = items.get("messages")
     if spans is None:
         raise SpliceError("no messages array")
+    messages = parsed.get("messages")
     out, pos = [], 0
     for i in sorted(edits):
         start, end = spans[i]
-        out += [body[pos:start], splice(body[start:end], list(edits[i]))]
+        message = messages[i] if isinstance(messages, list) and i < len(messages) else None
+        own = message if isinstance(message, dict) else None
+        out += [body[pos:start], splice(body[start:end], list(edits[i]), own)]
         pos = end
     out.append(body[pos:])
     return b"".join(out)

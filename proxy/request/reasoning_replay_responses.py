@@ -107,7 +107,7 @@ def replay_responses(
         out.changes.append(replayed_change(f"$.input[{start + len(inserts) - 1}]", turn))
     if not inserts:
         return out if out.missed else None
-    out.body = _insert_items(body, inserts)
+    out.body = _insert_items(body, inserts, parsed)
     new_items = list(items)
     for shift, (index, item) in enumerate(inserts):
         new_items.insert(index + shift, item)
@@ -115,9 +115,10 @@ def replay_responses(
     return out
 
 
-def _insert_items(body: bytes, inserts: Sequence[tuple[int, dict[str, Any]]]) -> bytes:
-    """Each item before the `input` item at its index, joined by the separator the array already uses."""
-    _, spans = top_level_item_spans(body, ("input",))
+def _insert_items(body: bytes, inserts: Sequence[tuple[int, dict[str, Any]]], parsed: dict[str, Any]) -> bytes:
+    """Each item before the `input` item at its index, joined by the separator the array already uses. `parsed`:
+    the body's parse."""
+    _, spans = top_level_item_spans(body, ("input",), parsed)
     items = spans.get("input")
     if items is None:
         raise SpliceError("no input array")

@@ -7,7 +7,7 @@ import json
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, apply_to_dict, splice
+from tapfix.proxy.jsonsplice import Delete, Set, SpliceError, apply_to_dict, splice, top_level_item_spans
 from tapfix.proxy.request.policy import _parse, edited
 
 keys = st.sampled_from(["a", "b", "model", "stream", "é", 'k"q', "x y", "\\", "\u2028", "\x00", "\U0001f600", ""])
@@ -95,3 +95,21 @@ def test_a_splice_parses_to_the_edited_object(pairs, style, lead, trail, changes
         except (SpliceError, ValueError):
             continue
         assert _parse(out) == (expected, True), (body, changes)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(members, styles, pads, pads)
+def test_given_the_parse_the_item_spans_are_the_scans(pairs, style, lead, trail):
+    body = _body(pairs, style, lead, trail)
+    parsed, ok = _parse(body)
+    if not ok:
+        return
+    try:
+        scanned = top_level_item_spans(body, ("a", "model"))
+    except SpliceError as e:
+        scanned = type(e)
+    try:
+        fast = top_level_item_spans(body, ("a", "model"), parsed)
+    except SpliceError as e:
+        fast = type(e)
+    assert fast == scanned, body
