@@ -97,7 +97,10 @@ def prompt_truncation(ex: Exchange, usage: Any) -> str | None:
     reported = reported_prompt_tokens(usage)
     if not isinstance(window, int) or reported is None or reported > window:  # a cut leaves at most the window
         return None
-    parsed = json_object(ex.forwarded if ex.forwarded is not None else ex.readable_request())
+    body = ex.forwarded if ex.forwarded is not None else ex.readable_request()
+    if len(body) <= window and (counted if isinstance(counted, int) else 0) <= window:
+        return None  # its words are fewer than its bytes: the prompt fits, so it wasn't cut (not parsed to see)
+    parsed = json_object(body)
     if parsed is None:
         return None
     bound = lower_bound(surface_for(ex.path), parsed)
