@@ -12,9 +12,11 @@ keys = st.sampled_from(["text", "type", "cache_control", "content", "role", "a"]
 texts = st.text(max_size=6) | st.sampled_from(["text", '[{"text":', '"cache_control":', '\\"', "é"])
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | texts,
-    lambda c: st.lists(c, max_size=3)
-    | st.dictionaries(keys, c, max_size=3)
-    | st.builds(lambda t: [{"type": "text", "text": t}], texts),
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(keys, c, max_size=3)
+        | st.builds(lambda t: [{"type": "text", "text": t}], texts)
+    ),
     max_leaves=10,
 )
 
