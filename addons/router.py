@@ -68,7 +68,8 @@ class Router:
         if self.runtime.policy is not None:
             if self._answered_locally(flow, ex):
                 return
-            # One expression: the outcome (and the parsed body in it) is gone before the hook awaits again.
+            # One expression: the outcome is gone before the hook awaits again; its parse of the body is noted for
+            # the window (jsonbody.shared_parse), which drops it at the end of its own request hook.
             target = self._apply_policy(flow, ex, await self._routed_outcome(flow, ex)) or target
             if flow.response is not None:
                 return
