@@ -20,10 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-from tapfix.addons import KEEPALIVE_S
 
 from tests.inproc.test_e2e_regenerate import rows
 from tests.support.inproc import InprocMock, InprocProxy, start, start_mock, start_proxy
+from tests.support.keepalive import TEST_KEEPALIVE_S as KEEPALIVE_S
+from tests.support.keepalive import keepalive_every
 from tests.support.procs import wait_capture
 from tests.support.sdk_turn import CHAT_TOOLS, SURFACES, Surface, Turn, ask, prompt
 from tests.support.stage_io import client_view
@@ -247,10 +248,12 @@ def test_stalled_attempts_free_their_admission_slots(proxy: InprocProxy) -> None
 
 @pytest.fixture
 def waiting_proxy(mock: InprocMock, tmp_path: Path) -> Iterator[InprocProxy]:
-    """A budget longer than the keep-alive interval, so a keep-alive is due while an attempt stalls."""
-    handle = start_proxy(tmp_path, mock.url, "--regenerate", "1", "--regenerate-budget", str(KEEPALIVE_S + 2))
-    yield handle
-    handle.stop()
+    """A budget longer than the keep-alive interval (1 s here: tests/support/keepalive.py), so a keep-alive is due
+    while an attempt stalls."""
+    with keepalive_every(KEEPALIVE_S):
+        handle = start_proxy(tmp_path, mock.url, "--regenerate", "1", "--regenerate-budget", str(KEEPALIVE_S + 2))
+        yield handle
+        handle.stop()
 
 
 def test_keep_alives_reach_the_client_while_a_later_attempt_stalls(waiting_proxy: InprocProxy) -> None:
