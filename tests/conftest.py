@@ -52,7 +52,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` with every file of tests/process/vllm/ in one unit, so one worker runs them all and its
-    session fixtures start each vLLM server once per run (two workers would start two of each)."""
+    session fixtures start each vLLM server once per run (two workers would start two of each).
+
+    The files go out slowest tier first once the early builds are done (a warm cache: at once): xdist hands
+    them out by test count, most first, which left the process tier's one-test files (a wheel build, a
+    PostgreSQL fill, an agent) for last, each queued behind the other on one worker while the other had
+    nothing left. The unit tier's small files now end the run. While a build still runs (a cold cache), xdist's
+    order stays: the engine suites' tests wait for their build where they come."""
     if config.getoption("dist", None) != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -60,8 +66,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     vllm = early_build.VLLM.relative_to(config.rootpath).as_posix() + "/"
 
     class VllmTogether(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return vllm if nodeid.startswith(vllm) else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first assignment: the work queue is complete
+                self.ordered = True
+                if early_build.done(config.stash.get(_EARLY_BUILD, [])):
+                    units = sorted(self.workqueue.items(), key=lambda unit: early_build.tier_rank(unit[0]))
+                    self.workqueue.clear()
+                    self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return VllmTogether(config, log)
 

@@ -22,7 +22,9 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "install-agents"
-AGENTS_DIR = Path(os.environ.get("TAPFIX_AGENTS_DIR") or ROOT / "tests" / "e2e" / ".agents")
+# scripts/install-agents' default: tapfix's cache, beside the engines (tests/process/engine_suite.py cache_root).
+CACHE = Path(os.environ.get("TAPFIX_CACHE") or Path.home() / ".cache" / "tapfix")
+AGENTS_DIR = Path(os.environ.get("TAPFIX_AGENTS_DIR") or CACHE / "agents")
 if not AGENTS_DIR.is_absolute():
     AGENTS_DIR = ROOT / AGENTS_DIR
 BIN = AGENTS_DIR / "node_modules" / ".bin"

@@ -3,7 +3,7 @@
 Each test runs one agent headless in a throw-away HOME, under a hard timeout, against its own proxy and
 mock, and checks both sides: what the agent did (files, exit code, output) and what the store recorded
 (captures, exact bodies, change rows). The agents are installed by scripts/install-agents (pinned
-versions, cached in tests/e2e/.agents); see docs/agents.md.
+versions, cached in tapfix's cache: ~/.cache/tapfix/agents); see docs/agents.md.
 
 Run just this suite with `scripts/test -m agents tests/e2e`; leave it out with `-m "not agents"`.
 """

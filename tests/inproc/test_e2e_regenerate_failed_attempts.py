@@ -20,15 +20,17 @@ from typing import Any
 
 import httpx
 import pytest
-from tapfix.addons import KEEPALIVE_S
 
 from tests.inproc.test_e2e_regenerate import rows
 from tests.support.inproc import InprocMock, InprocProxy, start, start_mock, start_proxy
+from tests.support.keepalive import TEST_KEEPALIVE_S as KEEPALIVE_S
+from tests.support.keepalive import keepalive_every
 from tests.support.procs import wait_capture
 from tests.support.sdk_turn import CHAT_TOOLS, SURFACES, Surface, Turn, ask, prompt
 from tests.support.stage_io import client_view
 
 BUDGET_S = 3.0
+STALL_BUDGET_S = 1.5  # the stalled-body tests wait the budget out: theirs is shorter (a 503's headers come at once)
 SLACK_S = 5.0  # a shared, loaded machine: the bound is the budget plus this, never the stall (60 s)
 STALL_S = 60
 ENCODINGS = ("gzip", "br", "zstd", "deflate")
@@ -91,6 +93,15 @@ def config(mock: InprocMock, regenerate: int, budget: float) -> str:
 @pytest.fixture(scope="module")
 def proxy(mock: InprocMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
     handle = start_configured(tmp_path_factory.mktemp("failed-attempts-proxy"), config(mock, 2, BUDGET_S), shared=True)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def stall_proxy(mock: InprocMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InprocProxy]:
+    """`proxy` with the stalled-body tests' shorter budget."""
+    tmp = tmp_path_factory.mktemp("failed-attempts-stall-proxy")
+    handle = start_configured(tmp, config(mock, 2, STALL_BUDGET_S), shared=True)
     yield handle
     handle.stop()
 
@@ -204,14 +215,14 @@ def test_every_later_attempt_unreadable_is_the_retryable_error(
 # -- 4: a later attempt is bounded by the budget, headers and body ------------------------------------
 @each_turn()
 def test_a_later_attempt_whose_error_body_stalls_ends_within_the_budget(
-    proxy: InprocProxy, surface: Surface, stream: bool
+    stall_proxy: InprocProxy, surface: Surface, stream: bool
 ) -> None:
     started = time.monotonic()
-    turn = ask(proxy.url, surface, "stall-5xx", stream, timeout=30)
+    turn = ask(stall_proxy.url, surface, "stall-5xx", stream, timeout=30)
     waited = time.monotonic() - started
-    assert waited < BUDGET_S + SLACK_S, f"the client waited {waited:.1f} s with a {BUDGET_S:g} s budget"
+    assert waited < STALL_BUDGET_S + SLACK_S, f"the client waited {waited:.1f} s with a {STALL_BUDGET_S:g} s budget"
     assert_retryable(turn, surface, stream)
-    parent, second = records(proxy, turn, 2)
+    parent, second = records(stall_proxy, turn, 2)
     assert {"regenerated", "toolcall_unrecoverable"} <= parent["flags"], parent["flags"]
     assert second["status"] == 503 and "budget" in second["error"], second["error"]
     skips = [json.loads(c["after"]) for c in parent["changes"] if c["kind"] == "skip"]
@@ -229,6 +240,7 @@ def _stream_chat(proxy: InprocProxy, model: str, timeout: float = 30) -> tuple[s
 def test_stalled_attempts_free_their_admission_slots(proxy: InprocProxy) -> None:
     """Two stalled attempts at once fill the upstream's two slots (regenerate_concurrency's default); each
     frees its slot when the budget ends it, so the next broken call is regenerated, not refused."""
+    assert proxy.url  # back from stepping aside for stall_proxy before two threads reach it at once
     ended: list[tuple[str, bytes, float]] = []
     clients = [threading.Thread(target=lambda: ended.append(_stream_chat(proxy, "stall-5xx"))) for _ in range(2)]
     for client in clients:
@@ -247,10 +259,12 @@ def test_stalled_attempts_free_their_admission_slots(proxy: InprocProxy) -> None
 
 @pytest.fixture
 def waiting_proxy(mock: InprocMock, tmp_path: Path) -> Iterator[InprocProxy]:
-    """A budget longer than the keep-alive interval, so a keep-alive is due while an attempt stalls."""
-    handle = start_proxy(tmp_path, mock.url, "--regenerate", "1", "--regenerate-budget", str(KEEPALIVE_S + 2))
-    yield handle
-    handle.stop()
+    """A budget longer than the keep-alive interval (1 s here: tests/support/keepalive.py), so a keep-alive is due
+    while an attempt stalls."""
+    with keepalive_every(KEEPALIVE_S):
+        handle = start_proxy(tmp_path, mock.url, "--regenerate", "1", "--regenerate-budget", str(KEEPALIVE_S + 2))
+        yield handle
+        handle.stop()
 
 
 def test_keep_alives_reach_the_client_while_a_later_attempt_stalls(waiting_proxy: InprocProxy) -> None:

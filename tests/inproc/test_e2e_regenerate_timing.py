@@ -3,7 +3,8 @@ attempt's tool call broken and the second attempt's headers late. Ports the spik
 (keep-alives reach the waiting client while other clients are served) and disconnect_check.py (a client
 that leaves while attempt 2 is awaited lets go of it, and tapfix keeps serving).
 
-The relay's keep-alive interval is fixed (addons.KEEPALIVE_S, 5 s), so attempt 2 is delayed past it."""
+The relay's keep-alive interval (addons.KEEPALIVE_S, 5 s) is 1 s here (tests/support/keepalive.py), and attempt 2
+is delayed past it by the same margins as past the real one."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from tapfix.addons import KEEPALIVE_S
 
 from tests.inproc.test_e2e_regenerate import WRITE, rows
 from tests.support.inproc import InprocMock, InprocProxy, start_mock, start_proxy
+from tests.support.keepalive import TEST_KEEPALIVE_S as KEEPALIVE_S
+from tests.support.keepalive import keepalive_every
 from tests.support.procs import wait_capture
 from tests.support.stage_io import client_view
 
@@ -43,13 +45,14 @@ def slow_second_attempt(delay_s: float) -> dict[str, Any]:
 def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[InprocMock, InprocProxy]]:
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(slow_second_attempt(request.param)))
-    mock = start_mock(tmp_path, "--scenario", str(path))
-    proxy = start_proxy(tmp_path, mock.url, "--regenerate", "1")
-    try:
-        yield proxy, mock
-    finally:
-        proxy.stop()
-        mock.stop()
+    with keepalive_every(KEEPALIVE_S):
+        mock = start_mock(tmp_path, "--scenario", str(path))
+        proxy = start_proxy(tmp_path, mock.url, "--regenerate", "1")
+        try:
+            yield proxy, mock
+        finally:
+            proxy.stop()
+            mock.stop()
 
 
 def tool_body(model: str = SLOW_MODEL, text: str = "Create a file hello.txt containing a greeting") -> dict[str, Any]:

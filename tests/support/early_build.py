@@ -95,3 +95,16 @@ def order(path: Path) -> int:
     if VLLM in path.parents:
         return 0
     return 2 if REALENGINE in path.parents else 1
+
+
+def done(procs: list[subprocess.Popen]) -> bool:
+    """Every early build this run started has finished (a warm cache: the scripts print the cached path at once)."""
+    return all(proc.poll() is not None for proc in procs)
+
+
+def tier_rank(scope: str) -> int:
+    """Which files a worker takes first once the builds are done (the slowest per file first, so the run ends
+    on small ones): the process and agent tiers, then the in-process tier, then the rest (unit tests)."""
+    if scope.startswith(("tests/process/", "tests/e2e/")):
+        return 0
+    return 1 if scope.startswith("tests/inproc/") else 2

@@ -3,7 +3,8 @@
 The store is filled by the real proxy in front of the real mock (in the test process); each test works on
 its own copy of it through the real `tapfix captures purge` (CliRunner). The empty store's floor is
 measured on the copy itself (purge everything, then read what the store still uses), never assumed.
-`tapfix run` refusing the same targets before it starts: tests/process/truth/test_retention_small_truth.py.
+`tapfix run` refusing an age under a minute before it starts: here for every age (CliRunner), and once from a
+real process (its exit code) in tests/process/truth/test_retention_small_truth.py, with the size refusal.
 """
 
 from __future__ import annotations
@@ -161,6 +162,23 @@ def test_truth_9_size_below_floor_refused(filled: Path, tmp_path: Path) -> None:
     assert json.loads(out)["exchanges"] == REQUESTS and _used(db) <= floor
 
 
+def retention_config(tmp_path: Path, port: int, retention: str) -> Path:
+    """A config whose upstream is never reached (the start is refused first), with this [retention] line."""
+    config = tmp_path / "tapfix.toml"
+    config.write_text(f"""
+listen = "127.0.0.1:{port}"
+[upstreams.local]
+base_url = "http://127.0.0.1:9/v1"
+engine = "vllm"
+[models.m]
+upstream = "local"
+upstream_model = "m"
+[retention]
+{retention}
+""")
+    return config
+
+
 @pytest.mark.parametrize("age", ["0", "0s", "30s", "59s", "0.5m"])
 def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None:
     """An age under a minute would purge each capture right after it is written: refused, naming 1 minute."""
@@ -170,6 +188,15 @@ def test_truth_9_min_age_refused(filled: Path, tmp_path: Path, age: str) -> None
     assert code == 2, out + err
     assert "--max-age" in err and "1 minute" in err, err
     assert _counts(db)["exchanges"] == REQUESTS
+
+    # `run` refuses it before it starts, as a flag and as the config file's [retention] (cli raises WouldServe
+    # if it would serve instead).
+    ran = cli("run", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "n.db"),
+              "--max-age", age)  # fmt: skip
+    assert ran.returncode == 2 and "--max-age" in ran.stderr.decode() and "1 minute" in ran.stderr.decode(), ran
+    config = retention_config(tmp_path, 0, f'max_age = "{age}"')
+    ran = cli("run", "--config", str(config), "--db", str(tmp_path / "n2.db"))
+    assert ran.returncode != 0 and "max_age" in ran.stderr.decode() and "1 minute" in ran.stderr.decode(), ran
 
 
 def test_truth_9_min_age_boundary_accepted(filled: Path, tmp_path: Path) -> None:

@@ -6,12 +6,14 @@ that is a failure, which prints the tail of the install log.
 
 Two vLLM starts per run, side by side (a start is a minute or two of CPU on two busy cores; both fit in
 memory with the small KV cache, about 1.3 GB each):
-- `vllm` (session): automatic tool choice with the per-request parser switch (`hermes` unless
+- `vllm` (package): automatic tool choice with the per-request parser switch (`hermes` unless
   `chat_template_kwargs.tool_parser` names another of vLLM's parsers), the `qwen3` reasoning parser, the
   project's logits processor and the request log. Every test but one uses it.
-- `vllm_no_auto` (session): no `--enable-auto-tool-choice`, no parsers: vLLM's refusal of `tool_choice: "auto"`.
-Both start when the first test needs either, and stop at the end of the session (by process group). The xdist
-scheduler keeps every file of tests/process/vllm/ on one worker (tests/conftest.py), so each starts once per run.
+- `vllm_no_auto` (package): no `--enable-auto-tool-choice`, no parsers: vLLM's refusal of `tool_choice: "auto"`.
+Both start when the first test needs either, and stop (by process group) after the suite's last test, not at the
+end of the session: idle, the two servers still took 3% of a core and 2.6 GB for the rest of the run. The xdist
+scheduler keeps every file of tests/process/vllm/ on one worker (tests/conftest.py), and a plain run sorts them
+together (early_build.order), so each starts once per run.
 
 - `vllm_install` (session), `tiny_qwen3_dir` (session): the install and the model directory in the cache.
 - `tapfix_in_front(server, *args)` (module): `tapfix run` in front of a server or relay (the realengine suite's).
@@ -43,7 +45,7 @@ def tiny_qwen3_dir(vllm_install: Install) -> Path:
     return model_dir(vllm_install)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_servers(
     vllm_install: Install, tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
@@ -64,11 +66,11 @@ def vllm_servers(
             server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm(vllm_servers: dict[str, VllmServer]) -> VllmServer:
     return vllm_servers["main"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_no_auto(vllm_servers: dict[str, VllmServer]) -> VllmServer:
     return vllm_servers["no_auto"]
