@@ -94,7 +94,9 @@ def test_a_splice_parses_to_the_edited_object(pairs, style, lead, trail, changes
             out = splice(body, changes, given_parse)
         except (SpliceError, ValueError):
             continue
-        assert _parse(out) == (expected, True), (body, changes)
+        # Python's json, exact: orjson reads an integer past 64 bits as a float on every body alike (the client's
+        # too), so the policy's own parse can't tell such a value apart; the bytes must still carry it exactly.
+        assert json.loads(out) == edited(json.loads(body), changes), (body, changes)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
