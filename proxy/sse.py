@@ -50,7 +50,8 @@ class SSESplitter:
                     return []
                 self.held = buffer[end + 2 :]
                 whole = buffer[: end + 2]
-            if _first_blank_line(whole, end) >= end - 1:  # one event (a run of blank lines ends it)
+            # One event (a run of blank lines ends it): its first newline ends it, or no blank line comes before.
+            if whole.find(b"\n") >= end - 1 or _first_blank_line(whole, end) >= end - 1:
                 return [whole]
             return _split_lf(whole)
         events, self.held = _split_general(buffer)

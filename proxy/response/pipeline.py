@@ -103,6 +103,8 @@ class StreamPipeline:
         ex.chunk_times.append(self._clock() - ex.mark)
         splitter = self.splitter
         if splitter is None or self.decoder is not None or self.broken:
+            if splitter is None and self.decoder is None:  # no stage, plain: as it came (never broken then)
+                return chunk
             return self._other(chunk)
         # The usual read: plain SSE through the stages (what `_run` does when every event is SSE).
         carried = splitter.held
