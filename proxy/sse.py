@@ -3,6 +3,10 @@
 The proxy must pass streams through byte for byte (CRLF, comments, odd spacing), so the splitter
 never re-serializes: it only finds event boundaries and hands out the original bytes of each event,
 terminating blank line included. Stages that need an event's payload call `event_data`.
+
+These run for every event of every stream, so they test bytes with `find`, never `in`: `needle in data`
+first tries the needle as an integer, and the TypeError it raises and clears costs ~0.4 µs a test
+(CPython 3.13; `find` is ~0.04 µs), more than the search.
 """
 
 from __future__ import annotations
@@ -21,50 +25,72 @@ class SSESplitter:
     `b"".join(all outputs) == b"".join(all inputs)` always holds.
     """
 
-    __slots__ = ("_buffer", "_cr_seen")
+    __slots__ = ("held", "_cr_seen")
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self.held = b""  # the bytes of an event not ended yet
         self._cr_seen = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
         if not chunk:
             return []
-        buffer = self._buffer + chunk if self._buffer else chunk
-        if not self._cr_seen and b"\r" in chunk:
+        buffer = self.held + chunk if self.held else chunk
+        if not self._cr_seen and chunk.find(b"\r") >= 0:
             self._cr_seen = True
         if not self._cr_seen:
             # Fast path: LF-only streams (vLLM, SGLang, llama.cpp all send these).
-            end = buffer.rfind(b"\n\n")
-            if end < 0:
-                self._buffer = buffer
-                return []
-            self._buffer = buffer[end + 2 :]
-            whole = buffer[: end + 2]
-            if whole.count(b"\n\n") == 1:
+            if buffer.endswith(b"\n\n"):  # the usual read: whole events, nothing held
+                end = len(buffer) - 2
+                self.held = b""
+                whole = buffer
+            else:
+                end = buffer.rfind(b"\n\n")
+                if end < 0:
+                    self.held = buffer
+                    return []
+                self.held = buffer[end + 2 :]
+                whole = buffer[: end + 2]
+            # One event (a run of blank lines ends it): its first newline ends it, or no blank line comes before.
+            if whole.find(b"\n") >= end - 1 or _first_blank_line(whole, end) >= end - 1:
                 return [whole]
             return _split_lf(whole)
-        events, self._buffer = _split_general(buffer)
+        events, self.held = _split_general(buffer)
         return events
 
     def flush(self) -> list[bytes]:
-        rest, self._buffer = self._buffer, b""
+        rest, self.held = self.held, b""
         return [rest] if rest else []
 
 
+def _first_blank_line(whole: bytes, end: int) -> int:
+    """Where the first `\n\n` at or before `end` starts (`end`: none before it), read newline to newline
+    (`find` of one byte is a memchr; of two, a slower search over every byte)."""
+    nl = whole.find(b"\n")
+    while 0 <= nl < end - 1:
+        if whole[nl + 1] == 0x0A:
+            return nl
+        nl = whole.find(b"\n", nl + 2)
+    return end
+
+
 def _split_lf(whole: bytes) -> list[bytes]:
+    """`whole` ends with a blank line: its events, each with the run of blank lines that ends it."""
     events: list[bytes] = []
     start = 0
-    while True:
-        end = whole.find(b"\n\n", start)
-        if end < 0:
-            return events
-        # A run of blank lines ("\n\n\n") belongs to the event that ends first.
-        stop = end + 2
-        while stop < len(whole) and whole[stop] == 0x0A:
-            stop += 1
-        events.append(whole[start:stop])
-        start = stop
+    n = len(whole)
+    nl = whole.find(b"\n")
+    while nl >= 0:
+        if nl + 1 < n and whole[nl + 1] == 0x0A:
+            # A run of blank lines ("\n\n\n") belongs to the event that ends first.
+            stop = nl + 2
+            while stop < n and whole[stop] == 0x0A:
+                stop += 1
+            events.append(whole[start:stop])
+            start = stop
+            nl = whole.find(b"\n", stop)
+        else:
+            nl = whole.find(b"\n", nl + 1)
+    return events
 
 
 def _split_general(buffer: bytes) -> tuple[list[bytes], bytes]:
@@ -97,7 +123,7 @@ def _split_general(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 def event_data(event: bytes) -> bytes | None:
     """The event's `data` payload (data lines joined by LF), or None for comment-only events."""
-    if event.startswith(b"data: ") and event.count(b"\n") <= 2 and b"\r" not in event:
+    if event.startswith(b"data: ") and event.count(b"\n") <= 2 and event.find(b"\r") < 0:
         # The common one-line event `data: {...}\n\n`.
         return event[6:].rstrip(b"\n")
     parts = []
@@ -114,15 +140,21 @@ def event_data(event: bytes) -> bytes | None:
 
 # A line of server-sent events: a comment, a field with a value (`name:`), or a known field alone.
 _SSE_LINE = re.compile(rb"(?::|[A-Za-z][A-Za-z0-9_.-]*:|(?:data|event|id|retry)[ \t]*$)")
+_COMMON_FIELDS = (b"data:", b"event:", b":")  # lines `_SSE_LINE` matches, told without the regex
 
 
 def is_sse(event: bytes) -> bool:
     """Whether an event (as the splitter hands it out, or a stream's unterminated tail) reads as
     server-sent events: every line a comment or a field. An HTML page, a JSON body or binary junk sent
     as `text/event-stream` is not, and nothing in it is an answer a client could read."""
-    if event.startswith(b"data:") and b"\n" not in event[:-2] and b"\r" not in event:
+    if event.find(b"\r") >= 0:
+        return all(_SSE_LINE.match(line) for line in _LINE_END.split(event) if line)
+    if event.startswith(b"data:") and event.find(b"\n", 0, -2) < 0:
         return True  # the common one-line event
-    return all(_SSE_LINE.match(line) for line in _LINE_END.split(event) if line)
+    for line in event.split(b"\n"):  # the evented surfaces' `event: NAME` + `data: {...}`, comments
+        if line and not line.startswith(_COMMON_FIELDS) and _SSE_LINE.match(line) is None:
+            return False
+    return True
 
 
 def format_event(data: bytes, newline: bytes = b"\n") -> bytes:
@@ -149,7 +181,7 @@ EVENT_END = (b"\n\n", b"\r\r", b"\n\r\n")
 
 def last_event_end(data: bytes) -> int:
     """Where the bytes after the last whole event start (0: no event ended in `data`)."""
-    return max(data.rfind(end) + len(end) if end in data else 0 for end in EVENT_END)
+    return max(data.rfind(end) + len(end) if data.find(end) >= 0 else 0 for end in EVENT_END)
 
 
 def ends_stream(sent: list[bytes], limit: int = 1 << 24) -> bool:
@@ -160,7 +192,7 @@ def ends_stream(sent: list[bytes], limit: int = 1 << 24) -> bool:
     for chunk in reversed(sent):
         tail = chunk + tail
         body = tail.rstrip()
-        if any(end in body for end in EVENT_END) or len(tail) > limit:
+        if any(body.find(end) >= 0 for end in EVENT_END) or len(tail) > limit:
             break
     body = tail.rstrip()
     start = last_event_end(body)

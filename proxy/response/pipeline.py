@@ -101,6 +101,26 @@ class StreamPipeline:
         ex = self.exchange
         ex.response_chunks.append(chunk)
         ex.chunk_times.append(self._clock() - ex.mark)
+        splitter = self.splitter
+        if splitter is None or self.decoder is not None or self.broken:
+            if splitter is None and self.decoder is None:  # no stage, plain: as it came (never broken then)
+                return chunk
+            return self._other(chunk)
+        # The usual read: plain SSE through the stages (what `_run` does when every event is SSE).
+        carried = splitter.held
+        events = splitter.feed(chunk)
+        if not events:
+            return []
+        if self.foreign is not None:
+            return self._run(events, False)
+        for event in events:
+            if not is_sse(event):
+                return self._run(events, False)
+        # The chunk is exactly these events: when the stages hand them all back untouched, it goes out as it came.
+        return self._through(events, False, chunk if not (carried or splitter.held) else None)
+
+    def _other(self, chunk: bytes) -> bytes | list[bytes]:
+        """A chunk no stage reads (passed as it came), of a compressed stream, or after the stream broke."""
         if self.broken:
             return []
         text = chunk if self.decoder is None else self._decode(chunk)
@@ -245,8 +265,11 @@ class StreamPipeline:
         self.exchange.client_response_chunks.append(data)
         return [data]
 
-    def _through(self, events: list[bytes], final: bool) -> bytes | list[bytes]:
+    def _through(self, events: list[bytes], final: bool, whole: bytes | None = None) -> bytes | list[bytes]:
+        """The events through the stages: the client-bound bytes, kept for the record. `whole`: the bytes
+        `events` were split from, exactly, sent instead of a join when no stage changed an event."""
         ex = self.exchange
+        given = events
         for stage in self.stages:
             if len(events) == 1:  # the usual case: one whole event per read
                 events = stage.feed(events[0])
@@ -259,7 +282,12 @@ class StreamPipeline:
                 events = events + stage.flush()
         if not events:
             return []
-        data = events[0] if len(events) == 1 else b"".join(events)
+        if len(events) == 1:
+            data = events[0]
+        elif whole is not None and events == given:  # the same objects: compared by identity, no bytes read
+            data = whole
+        else:
+            data = b"".join(events)
         assert ex.client_response_chunks is not None
         ex.client_response_chunks.append(data)
         return data

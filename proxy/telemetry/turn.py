@@ -9,6 +9,7 @@ parameters, and the head of the answer, for the model and id the upstream report
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,7 +286,11 @@ def _first_chunk(ex: Exchange, row: dict[str, Any]) -> float | None:
 
 
 def _intervals(times: list[float]) -> tuple[float, ...]:
-    return tuple(max(b - a, 0.0) for a, b in zip(times, times[1:], strict=False))
+    """Each gap, never below 0 (`max(gap, 0.0)`); one subtraction per chunk, in C, when none is."""
+    gaps = list(map(operator.sub, times[1:], times))
+    if not gaps or min(gaps) >= 0.0:
+        return tuple(gaps)
+    return tuple(max(gap, 0.0) for gap in gaps)
 
 
 def _request_changes(changes: list[Change]) -> dict[str, int]:
