@@ -34,6 +34,8 @@ _KEY = b'"content":'
 _PROBES = (b"\\u0000tapfix", b"probe")  # two different strings: the slot is where the content lands
 _FINISHES = (b'"finish_reason":"', b'"finish_reason": "')
 _SURROGATE = re.compile(rb"\\u[dD]")
+_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
+OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
 
 
 class ContentSlot:
@@ -176,3 +178,23 @@ def _read_one(raw: bytes) -> str:
             return str(json.loads(quoted))
         except (ValueError, UnicodeDecodeError, RecursionError):
             return ""
+
+
+def contents(events: list[bytes]) -> str | None:
+    """The content of a batch of chunks that each carry one choice (index 0) and no reasoning, read
+    from their bytes in one pass (no JSON parse): their strings joined, as one string; None when a chunk
+    is anything else (the caller parses them one by one). Escapes don't span strings, so the joined raw
+    strings unescape at once."""
+    blob = b"".join(events)
+    if blob.find(b'"reasoning') >= 0 or blob.count(b'"index"') != len(events) or OTHER_CHOICE.search(blob):
+        return None
+    raws = [m.group(1) for m in _CONTENT.finditer(blob)]
+    if len(raws) != blob.count(b'"content":'):
+        return None  # a content that isn't a string (null, logprobs' list)
+    raw = b"".join(raws)
+    if raw.find(b"\\ud") >= 0 or raw.find(b"\\uD") >= 0:
+        return None  # a surrogate pair split across chunks would join here, not in a parser
+    try:
+        return raw.decode() if raw.find(b"\\") < 0 else str(orjson.loads(b'"' + raw + b'"'))
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None

@@ -1,6 +1,7 @@
 """The Chat Completions streaming stage: hold a message's tool-call events until complete, then pass or repair.
 
-Content and reasoning events go out at once; only tool-call events (and what arrives while they are
+Content and reasoning events go out at once (a content chunk that provably can't start or carry a call or
+markup passes without a parse: `chat_quiet.py`); only tool-call events (and what arrives while they are
 open, so order and bytes are kept) and text that may start leaked call syntax are held. A valid stream
 goes out byte for byte: held events are released verbatim unless a rule found a defect.
 
@@ -22,48 +23,24 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
 from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
-from tapfix.proxy.toolcalls.chat_quiet import ContentSlot, learn, read_texts
+from tapfix.proxy.toolcalls.chat_quiet import OTHER_CHOICE, ContentSlot, learn, read_texts
+from tapfix.proxy.toolcalls.chat_quiet import contents as _contents
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
 
+_INDEX = re.compile(rb'"index": ?([^,} ]*)')
 _UNREAD_BATCH = 64  # fast-path events read into the watches at once
 _UNREAD_TEXTS = 4096  # quiet strings kept unread (read when the full path next runs, or at this many)
 _LEARNS = 2  # content chunks of a new shape learned in a row without one quiet event between
 _RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
-
-
-_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
-_OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
-_INDEX = re.compile(rb'"index": ?([^,} ]*)')
-
-
-def _contents(events: list[bytes]) -> str | None:
-    """The content of a batch of chunks that each carry one choice (index 0) and no reasoning, read
-    from their bytes in one pass (no JSON parse): their strings joined, as one string; None when a chunk
-    is anything else (the caller parses them one by one). Escapes don't span strings, so the joined raw
-    strings unescape at once."""
-    blob = b"".join(events)
-    if blob.find(b'"reasoning') >= 0 or blob.count(b'"index"') != len(events) or _OTHER_CHOICE.search(blob):
-        return None
-    raws = [m.group(1) for m in _CONTENT.finditer(blob)]
-    if len(raws) != blob.count(b'"content":'):
-        return None  # a content that isn't a string (null, logprobs' list)
-    raw = b"".join(raws)
-    if raw.find(b"\\ud") >= 0 or raw.find(b"\\uD") >= 0:
-        return None  # a surrogate pair split across chunks would join here, not in a parser
-    try:
-        return raw.decode() if raw.find(b"\\") < 0 else str(orjson.loads(b'"' + raw + b'"'))
-    except (UnicodeDecodeError, orjson.JSONDecodeError):
-        return None
 
 
 class ChatToolCallRepair(ChatJudge):
@@ -216,7 +193,7 @@ class ChatToolCallRepair(ChatJudge):
         byte scans (`chat_leaks.FastPath`), no parse, no generator."""
         if self._fast.interesting(event) or not self._choices:
             return True
-        if _OTHER_CHOICE.search(event) is not None and self._unknown_choice(event):
+        if OTHER_CHOICE.search(event) is not None and self._unknown_choice(event):
             return True  # a choice not seen yet starts at its start (a marker-less format counts there)
         anchored = self._anchored
         for c in self._choices.values():
