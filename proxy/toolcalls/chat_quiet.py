@@ -34,6 +34,7 @@ _KEY = b'"content":'
 _PROBES = (b"\\u0000tapfix", b"probe")  # two different strings: the slot is where the content lands
 _FINISHES = (b'"finish_reason":"', b'"finish_reason": "')
 _SURROGATE = re.compile(rb"\\u[dD]")
+_SEEN, _SEEN_LEN = 4096, 24  # verdicts kept per format set, of strings this short
 _CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
 OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
 
@@ -108,15 +109,26 @@ def _string_end(event: bytes, start: int) -> int:
 class QuietText:
     """Whether a content string's raw bytes can't begin or carry markup of the armed formats (`quiet`)."""
 
-    __slots__ = ("ends", "formats", "marks", "reach")
+    __slots__ = ("ends", "formats", "marks", "reach", "seen")
 
     def __init__(self, formats: Formats) -> None:
         self.formats = formats
         self.marks = _marks(formats)
         self.ends = formats.word_ends
         self.reach = formats.word_reach + 2
+        self.seen: dict[bytes, bool] = {}  # a token's string recurs (` the`): its verdict is looked up
 
     def quiet(self, raw: bytes) -> bool:
+        verdict = self.seen.get(raw)
+        if verdict is None:
+            verdict = self._quiet(raw)
+            if len(raw) <= _SEEN_LEN:
+                if len(self.seen) >= _SEEN:
+                    self.seen.clear()
+                self.seen[raw] = verdict
+        return verdict
+
+    def _quiet(self, raw: bytes) -> bool:
         if self.marks.search(raw) is not None or raw.endswith(b"\\"):
             return False
         return not (raw and raw[-1] in self.ends and self.formats.ends_in_word_start(raw[-self.reach :]))

@@ -53,7 +53,14 @@ class ChatToolCallRepair(ChatJudge):
             # The quiet path (`chat_quiet.py`): a content chunk that can't start or carry a call or markup
             # while nothing is held or watched; its text is read into the context when next needed.
             if self._pending is None and self._quiet_text.quiet(raw):
-                self._pass_quiet(raw)
+                self._last_out = self._clock()  # `_pass_quiet`, inlined: the path of almost every chunk
+                self._learns = _LEARNS
+                if self._unread:
+                    self._read_unread()
+                unread = self._unread_texts
+                unread.append(raw)
+                if len(unread) >= _UNREAD_TEXTS:
+                    self._read_unread()
                 return [event]
             if self._pending is None and self._quiet_text.plain(raw):
                 out = self._maybe(event, raw)
