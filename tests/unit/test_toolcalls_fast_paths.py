@@ -130,7 +130,7 @@ def _run(events: list[tuple[float, bytes]], fast: bool, kw: dict[str, Any]) -> t
 
 
 @given(st.one_of(streams(), streams(prose=True)))
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_the_fast_paths_send_what_the_full_path_sends(stream: tuple[list[tuple[float, bytes]], dict[str, Any]]) -> None:
     events, kw = stream
     assert _run(events, True, kw) == _run(events, False, kw)
