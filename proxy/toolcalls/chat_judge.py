@@ -21,7 +21,8 @@ from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import EVENT_END, comment, format_event
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.chat_finish import OneFinish
-from tapfix.proxy.toolcalls.chat_leaks import FastPath, TextWatch, calls_from_leak
+from tapfix.proxy.toolcalls.chat_leaks import TextWatch, calls_from_leak, fast_path
+from tapfix.proxy.toolcalls.chat_quiet import ContentSlot, quiet_text
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
 from tapfix.proxy.toolcalls.leaks import find_leak, formats_for
 from tapfix.proxy.toolcalls.output import Item, Writer
@@ -90,7 +91,17 @@ class ChatJudge:
         self._formats = formats_for(tool_format)
         self._pinned = tool_format
         # What the fast path looks for: every format when one is pinned (another's markup is flagged).
-        self._fast = FastPath(formats_for(None) if tool_format is not None else self._formats)
+        watched = formats_for(None) if tool_format is not None else self._formats
+        self._fast = fast_path(watched)
+        self._quiet_text = quiet_text(watched)
+        # The fast paths (`_interesting`, the quiet path of `chat_quiet.py`): an event that provably can't
+        # start or carry a call or markup passes without a parse. Off only to show that they are exact.
+        self.fast_paths = True
+        self._slot: ContentSlot | None = None  # the quiet path's content chunk while it may run
+        self._content_slot: ContentSlot | None = None  # the last content chunk's shape learned
+        self._learns = 2  # shapes learned in a row without a quiet event (a server whose envelope never repeats)
+        self._pending: tuple[bytes, bytes] | None = None  # the quiet path's held chunk and its string
+        self._unread_texts: list[bytes] = []  # the quiet path's strings, not yet read into choice 0's watch
         self._anchored = bool(self._formats.anchored)
         self._clock = clock
         self._keepalive_s = keepalive_s

@@ -14,6 +14,7 @@ Text that goes out can't be taken back, so the stage must see markup before its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -145,6 +146,12 @@ class FastPath:
         return self.formats.word_reach > 0 and _text_ends_in_word_start(event, self.formats)
 
 
+@lru_cache(maxsize=64)
+def fast_path(formats: Formats) -> FastPath:
+    """One per armed-format set (`formats_for` caches those): built once, not per stage."""
+    return FastPath(formats)
+
+
 def _text_ends_in_word_start(event: bytes, formats: Formats) -> bool:
     """Whether a delta's text (content or reasoning, each choice) ends in the start of a word-led
     opener: the string's last byte first (a few `find`s and int indexing: no slice until it matters)."""
@@ -185,11 +192,13 @@ def _string_end(event: bytes, start: int) -> int:
 def _fast_checks(singles: tuple[bytes, ...], paired: tuple[bytes, ...]) -> tuple[bytes, tuple[bytes, ...]]:
     """The fast path's checks from `Formats.fast_bytes`: a translate table marking every single-byte one
     as NUL (a JSON text never holds a raw NUL) and `[` `]` as `[` (the envelope's `"choices":[...]`
-    holds one of each), and the multi-byte needles, an escape `\\uXXXX` shortened to its first five
-    bytes (`\\u003c` and `\\u003C` are one search), plus `"error"`."""
+    holds one of each), and the multi-byte needles, plus `"error"` and a finish (the full path notes it: a
+    call after it is judged at once). Escapes: any `\\u00XX` (a server may
+    escape any ASCII character, `[` as `\\u005b`), and a non-ASCII opener character's escape by its first
+    two hex digits in either case."""
     table = bytearray(range(256))
     table[0] = 1  # a NUL in the event (invalid JSON anyway) must not read as a mark
-    multi: list[bytes] = [b'"error"']
+    multi: list[bytes] = [b'"error"', b"\\u00", b'"finish_reason":"', b'"finish_reason": "']
     for needle in singles + paired:
         if len(needle) == 1:
             table[needle[0]] = ord("[") if needle in paired else 0
@@ -197,9 +206,12 @@ def _fast_checks(singles: tuple[bytes, ...], paired: tuple[bytes, ...]) -> tuple
     for needle in singles:
         if len(needle) == 1 or any(bytes([b]) in marks for b in needle):
             continue  # an event holding it whole holds a marked byte too
-        needle = needle[:5] if needle.startswith(b"\\u") else needle
-        if needle not in multi:
-            multi.append(needle)
+        if needle.startswith(b"\\u"):
+            hi, lo = needle[2:3], needle[3:4]
+            found = [b"\\u" + a + b for a in {hi.lower(), hi.upper()} for b in {lo.lower(), lo.upper()}]
+        else:
+            found = [needle]
+        multi += [n for n in found if n not in multi and not n.startswith(b"\\u00")]
     return bytes(table), tuple(multi)
 
 

@@ -1,6 +1,7 @@
 """The Chat Completions streaming stage: hold a message's tool-call events until complete, then pass or repair.
 
-Content and reasoning events go out at once; only tool-call events (and what arrives while they are
+Content and reasoning events go out at once (a content chunk that provably can't start or carry a call or
+markup passes without a parse: `chat_quiet.py`); only tool-call events (and what arrives while they are
 open, so order and bytes are kept) and text that may start leaked call syntax are held. A valid stream
 goes out byte for byte: held events are released verbatim unless a rule found a defect.
 
@@ -22,42 +23,24 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
 from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
+from tapfix.proxy.toolcalls.chat_quiet import OTHER_CHOICE, ContentSlot, learn, read_texts
+from tapfix.proxy.toolcalls.chat_quiet import contents as _contents
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
 from tapfix.proxy.toolcalls.output import ENVELOPE_KEYS, Item
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal, Part
 from tapfix.proxy.toolcalls.prefix import admit_event
 
+_INDEX = re.compile(rb'"index": ?([^,} ]*)')
 _UNREAD_BATCH = 64  # fast-path events read into the watches at once
+_UNREAD_TEXTS = 4096  # quiet strings kept unread (read when the full path next runs, or at this many)
+_LEARNS = 2  # content chunks of a new shape learned in a row without one quiet event between
 _RECHECK_FREE = 2048  # a held leak this short is looked at again on every delta; a longer one as it grows by 1/4
-
-
-_CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
-_OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
-
-
-def _contents(events: list[bytes]) -> str | None:
-    """The content of a batch of chunks that each carry one choice (index 0) and no reasoning, read
-    from their bytes in one pass (no JSON parse): their strings joined, as one string; None when a chunk
-    is anything else (the caller parses them one by one). Escapes don't span strings, so the joined raw
-    strings unescape at once."""
-    blob = b"".join(events)
-    if blob.find(b'"reasoning') >= 0 or blob.count(b'"index"') != len(events) or _OTHER_CHOICE.search(blob):
-        return None
-    raws = [m.group(1) for m in _CONTENT.finditer(blob)]
-    if len(raws) != blob.count(b'"content":'):
-        return None  # a content that isn't a string (null, logprobs' list)
-    raw = b"".join(raws)
-    try:
-        return raw.decode() if raw.find(b"\\") < 0 else str(orjson.loads(b'"' + raw + b'"'))
-    except (UnicodeDecodeError, orjson.JSONDecodeError):
-        return None
 
 
 class ChatToolCallRepair(ChatJudge):
@@ -65,7 +48,92 @@ class ChatToolCallRepair(ChatJudge):
 
     # -- public --------------------------------------------------------------------------------
     def feed(self, event: bytes) -> list[bytes]:
+        slot = self._slot
+        if slot is not None and (raw := slot.text(event)) is not None:
+            # The quiet path (`chat_quiet.py`): a content chunk that can't start or carry a call or markup
+            # while nothing is held or watched; its text is read into the context when next needed.
+            if self._pending is None and self._quiet_text.quiet(raw):
+                self._last_out = self._clock()  # `_pass_quiet`, inlined: the path of almost every chunk
+                self._learns = _LEARNS
+                if self._unread:
+                    self._read_unread()
+                unread = self._unread_texts
+                unread.append(raw)
+                if len(unread) >= _UNREAD_TEXTS:
+                    self._read_unread()
+                return [event]
+            if self._pending is None and self._quiet_text.plain(raw):
+                out = self._maybe(event, raw)
+                if out is not None:
+                    return out
+            elif self._pending is not None and self._settles(raw):
+                out = [self._pending[0], event]
+                self._unread_texts.append(self._pending[1])
+                self._pending = None
+                self._pass_quiet(raw)
+                return out
+        out = self._replay() if self._pending is not None else []
+        out += self._going_out(self._take(event))
+        self._slot = self._quiet_slot(event)
+        return out
+
+    def _pass_quiet(self, raw: bytes) -> None:
+        self._last_out = self._clock()
+        self._learns = _LEARNS
+        if self._unread:
+            self._read_unread()
+        self._unread_texts.append(raw)
+        if len(self._unread_texts) >= _UNREAD_TEXTS:
+            self._read_unread()
+
+    def _maybe(self, event: bytes, raw: bytes) -> list[bytes] | None:
+        """A quiet chunk but for its end, which may start a word-led opener (` to`, `Actio`): held as the full
+        path holds it (`hold_verdict` 'maybe', unless it stands in a container) until the next chunk says;
+        None: the full path takes it."""
+        if self._pinned is not None or not self._interesting(event):
+            return None
+        self._read_unread()
+        cs = self._choices[0]
+        text = read_texts([raw])
+        verdict = hold_verdict(text, cs.at_start, self._schemas, self._formats, cs.watch.context)
+        if verdict == "no":
+            cs.watch.sent(text)
+            self._last_out = self._clock()
+            return [event]
+        if verdict != "maybe":
+            return None
+        self._pending = (event, raw)
+        return []
+
+    def _settles(self, raw: bytes) -> bool:
+        """Whether a quiet chunk after a held one releases both, as the full path would: what they say
+        together can't start an opener (nor the new text alone, for a pinned stage's watch)."""
+        assert self._pending is not None
+        if not raw or self._clock() - self._last_out >= self._keepalive_s:
+            return False  # an empty delta keeps the hold; a due keep-alive is the full path's
+        return self._quiet_text.quiet(raw) and self._quiet_text.quiet(self._pending[1] + raw)
+
+    def _replay(self) -> list[bytes]:
+        """The held chunk through the full path, as if it had taken it when it came (nothing happened since)."""
+        assert self._pending is not None
+        event, self._pending = self._pending[0], None
         return self._going_out(self._take(event))
+
+    def _quiet_slot(self, event: bytes) -> ContentSlot | None:
+        """The content slot the quiet path matches while nothing is held or watched (None: the full path
+        takes every event): learned from a content chunk, again when the envelope changes."""
+        if self._ended or self._done_sent or self._holding or self._streamed or not self._tools or not self.fast_paths:
+            return None
+        if 0 not in self._choices:
+            return None
+        for c in self._choices.values():
+            if c.at_start or c.leak != "none" or c.watch.active or c.acc.calls or c.reasoning_due or c.finish:
+                return None
+        known = self._content_slot
+        if (known is None or known.text(event) is None) and self._learns > 0 and event.find(b'"content":') >= 0:
+            self._learns -= 1
+            self._content_slot = learn(event) or known
+        return self._content_slot
 
     def _going_out(self, out: list[bytes]) -> list[bytes]:
         """What the client gets has one finish per choice (`chat_finish.py`; requests that offered tools)."""
@@ -81,13 +149,15 @@ class ChatToolCallRepair(ChatJudge):
             return []
         if self._done_sent:
             return self._after_done(event)
-        if not self._holding and not self._streamed:
+        if not self._holding and not self._streamed and self.fast_paths:
             if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
                 self._tail_open = not event.endswith(EVENT_END)
                 if b"[DONE]" in event and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
                     self._done_sent = True
                 elif self._tools:
+                    if self._unread_texts:
+                        self._read_unread()
                     self._unread.append(event)
                     if len(self._unread) >= _UNREAD_BATCH:
                         self._read_unread()
@@ -113,6 +183,9 @@ class ChatToolCallRepair(ChatJudge):
         return []
 
     def flush(self) -> list[bytes]:
+        self._slot = None
+        if self._pending is not None:
+            return self._replay() + self.flush()
         if self._ended or self._done_sent or not (self._holding or self._streamed):
             return []
         out = self._finalize(end_of_stream=True)
@@ -127,9 +200,17 @@ class ChatToolCallRepair(ChatJudge):
         byte scans (`chat_leaks.FastPath`), no parse, no generator."""
         if self._fast.interesting(event) or not self._choices:
             return True
+        if OTHER_CHOICE.search(event) is not None and self._unknown_choice(event):
+            return True  # a choice not seen yet starts at its start (a marker-less format counts there)
         anchored = self._anchored
         for c in self._choices.values():
             if (c.at_start and anchored) or c.watch.active:
+                return True
+        return False
+
+    def _unknown_choice(self, event: bytes) -> bool:
+        for m in _INDEX.finditer(event):
+            if not (m[1].isdigit() and int(m[1]) in self._choices):
                 return True
         return False
 
@@ -141,7 +222,12 @@ class ChatToolCallRepair(ChatJudge):
     def _read_unread(self) -> None:
         """Read the text of the events the fast path let through into each choice's watch (what they
         leave open: a fence, a quote, the paragraph's last sentence...), as the slow path would have:
-        each choice's content of the batch at once."""
+        each choice's content of the batch at once; the quiet path's strings are choice 0's content."""
+        if self._unread_texts:
+            raws, self._unread_texts = self._unread_texts, []
+            self._choice(0).watch.sent(read_texts(raws))  # the quiet path runs only past the start
+        if not self._unread:
+            return
         events, self._unread = self._unread, []
         if (text := _contents(events)) is not None:
             events, texts = [], {0: [text]}
@@ -172,7 +258,7 @@ class ChatToolCallRepair(ChatJudge):
         return self._choices.get(ci) or self._choices.setdefault(ci, self._new_choice(True))
 
     def _feed(self, event: bytes) -> list[bytes]:
-        if self._unread:
+        if self._unread or self._unread_texts:
             self._read_unread()
         if not self._framing_known:
             self._framing_known = True
@@ -257,6 +343,8 @@ class ChatToolCallRepair(ChatJudge):
                     cs.at_start = False
                 cs.watch.sent(cs.parts[-1].text)
                 cs.parts.clear()
+            for cs in self._choices.values():
+                cs.finish = None  # a finish that went out with nothing held: calls after it end with their own
             return [event]
         if not self._holding:
             self._holding = True

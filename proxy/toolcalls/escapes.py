@@ -146,6 +146,8 @@ def path_tokens(text: str, props: dict[str, Any] | None) -> list[PathToken]:
             continue
         path_prop = path_like_property(key, props)
         for t in _TOKEN.finditer(body):
+            if GATE.search(body, t.start(), t.end()) is None:
+                continue  # a token `_examine` keeps holds a control escape after a path character, or a UNC
             token = _examine(t.group(), start + t.start(), key, path_prop)
             if token is not None:
                 tokens.append(token)

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
 from tapfix.proxy.changes import Change
-from tapfix.proxy.toolcalls import formats
 from tapfix.proxy.toolcalls.arguments import repair_arguments
 from tapfix.proxy.toolcalls.formats.base import XmlArgs, dumps, typed_xml_args
 from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.formats.placement import Found
 from tapfix.proxy.toolcalls.formats.registry import ANCHOR_LIMIT, Formats
+from tapfix.proxy.toolcalls.leaks import formats_for
 from tapfix.proxy.toolcalls.plan_types import STAGE, Fatal
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
@@ -85,39 +86,67 @@ def decode_raw(raw: bytes) -> str:
     return raw.decode("utf-8", "replace") if b"\\" not in raw else str(orjson.loads(b'"' + raw + b'"'))
 
 
+@dataclass(frozen=True, slots=True)
+class _Checks:
+    """What a `LeakDetector` derives from its armed formats alone: built once per format set (`_checks`)."""
+
+    formats: Formats
+    every: Formats | None
+    first_bytes: tuple[bytes, ...]
+    single: bytes
+    words: tuple[bytes, ...]
+    prefixes: frozenset[str]
+    word_tails: tuple[bytes, ...]
+    heads: tuple[str, ...]
+
+
+@lru_cache(maxsize=64)
+def _checks(tool_format: str | None) -> _Checks:
+    armed = formats_for(tool_format)
+    every = formats_for(None) if tool_format is not None else None
+    watched = every or armed  # pinned: the other formats' markup is still seen, to flag it
+    # A delta none of whose bytes may start an opener can't hold markup (nor the start of one). The
+    # registry derives those bytes once (with the `\\uXXXX` a server may write instead); in a delta's
+    # own text a `[` or `]` counts alone (the registry pairs them only against a chunk's JSON).
+    first_bytes = tuple(watched.fast_bytes) + tuple(watched.paired_bytes)
+    # For one pass per check: single bytes deleted at once (`bytes.translate`), then the few longer
+    # starts that hold none of them (every `\\uXXXX` escape checked as `\\u`).
+    single = b"".join(sorted(b for b in first_bytes if len(b) == 1))
+    longer = {b"\\u" if b.startswith(b"\\u") else b for b in first_bytes if len(b) > 1}
+    # An opener that starts with a word or a space (`Action:`, ` functools[`) may be cut before the
+    # punctuation the byte check sees: a delta that ends with the start of one is held (one `endswith`).
+    word_tails = sorted({o[:k].encode() for o in watched.by_opener for k in range(1, _punctuation_at(o) + 1)})
+    # A marker-less format that starts with the tool's name (Functionary's `NAME\n{…}`) is held at the
+    # start only while the content spells an offered name; the others while it opens with their head.
+    return _Checks(
+        formats=armed,
+        every=every,
+        first_bytes=first_bytes,
+        single=single,
+        words=tuple(sorted(b for b in longer if not any(c in single for c in b))),
+        prefixes=frozenset(o[:k] for o in armed.by_opener for k in range(1, len(o))),
+        word_tails=tuple(word_tails),
+        heads=tuple(h for h in armed.anchor_heads if not h.isalnum()),
+    )
+
+
 class LeakDetector:
-    """One answer's armed formats and offered tools; inactive (nothing held, nothing read) without tools."""
+    """One answer's armed formats and offered tools; inactive (nothing held, nothing read) without tools.
+    What derives from the formats alone is built once per format set (`_checks`), not per answer."""
 
     def __init__(self, schemas: ToolSchemas, tool_format: str | None = None) -> None:
         self.schemas = schemas
         self.offered = list(schemas.names)
-        self.formats: Formats = formats.armed(tool_format)
-        self.every: Formats | None = formats.armed(None) if tool_format is not None else None
+        checks = _checks(tool_format)
+        self.formats: Formats = checks.formats
+        self.every: Formats | None = checks.every
         self.active = bool(self.offered) and bool(self.formats.by_opener or self.formats.anchored)
-        watched = self.every or self.formats  # pinned: the other formats' markup is still seen, to flag it
-        # A delta none of whose bytes may start an opener can't hold markup (nor the start of one). The
-        # registry derives those bytes once (with the `\\uXXXX` a server may write instead); in a delta's
-        # own text a `[` or `]` counts alone (the registry pairs them only against a chunk's JSON).
-        fast = getattr(watched, "fast_bytes", None)
-        if fast is None:
-            fast = tuple(sorted({o[0].encode() for o in watched.by_opener})) + (b"\\u",)
-        self.first_bytes = tuple(fast) + tuple(getattr(watched, "paired_bytes", ()))
-        # For one pass per check: single bytes deleted at once (`bytes.translate`), then the few longer
-        # starts that hold none of them (every `\\uXXXX` escape checked as `\\u`).
-        self.single = b"".join(sorted(b for b in self.first_bytes if len(b) == 1))
-        longer = {b"\\u" if b.startswith(b"\\u") else b for b in self.first_bytes if len(b) > 1}
-        self.words = tuple(sorted(b for b in longer if not any(c in self.single for c in b)))
-        self.prefixes = {o[:k] for o in self.formats.by_opener for k in range(1, len(o))}
-        # An opener that starts with a word or a space (`Action:`, ` functools[`) may be cut before the
-        # punctuation the byte check sees: a delta that ends with the start of one is held (one `endswith`).
-        self.word_tails = tuple(
-            sorted({o[:k].encode() for o in watched.by_opener for k in range(1, _punctuation_at(o) + 1)})
-        )
-        heads = getattr(self.formats, "anchor_heads", None)
-        heads = tuple(heads) if heads is not None else ("{", "[") if self.formats.anchored else ()
-        # A marker-less format that starts with the tool's name (Functionary's `NAME\n{…}`) is held at the
-        # start only while the content spells an offered name; the others while it opens with their head.
-        self.heads = tuple(h for h in heads if not h.isalnum())
+        self.first_bytes = checks.first_bytes
+        self.single = checks.single
+        self.words = checks.words
+        self.prefixes = checks.prefixes
+        self.word_tails = checks.word_tails
+        self.heads = checks.heads
         self.by_name = bool(self.formats.anchored)  # a generation prompt may have written the marker
 
     def anchor_head(self, head: str) -> bool:

@@ -260,3 +260,24 @@ def test_code_with_a_colon_before_its_escapes_is_no_drive_path() -> None:
     text = json.dumps({"content": "def f(x):\n\tif x:\n\t\treturn 1\n"})
     result = repair_arguments([text], None, ToolSchemas(None))
     assert result.fatal is None and not result.changed and result.text == text
+
+
+_PIECES = st.sampled_from(["C:", "\\", "\\\\", "n", "t", "b", "a", "dir", ".", "-", " ", '"', '\\"', ":", "(", "x1"])
+
+
+@given(st.lists(st.lists(_PIECES, max_size=12).map("".join), max_size=4), st.booleans())
+@settings(max_examples=500, deadline=None)
+def test_only_tokens_the_gate_sees_are_examined(values: list[str], path: bool) -> None:
+    """`path_tokens` examines only the tokens where `GATE` matches: every token it would keep matches there
+    (a control escape after a path character, or a UNC prefix), so skipping the others changes nothing."""
+    from tapfix.proxy.toolcalls import escapes
+
+    text = "{" + ", ".join(f'"{"path" if path else "k"}{n}": "{v}"' for n, v in enumerate(values)) + "}"
+    every = []
+    if escapes.GATE.search(text) is not None:
+        for start, end, key in escapes._values(text):
+            body = text[start:end]
+            prop = escapes.path_like_property(key, None)
+            found = (escapes._examine(t.group(), start + t.start(), key, prop) for t in escapes._TOKEN.finditer(body))
+            every += [token for token in found if token is not None and "\\" in body]
+    assert escapes.path_tokens(text, None) == every
