@@ -150,10 +150,10 @@ class ChatToolCallRepair(ChatJudge):
         if self._done_sent:
             return self._after_done(event)
         if not self._holding and not self._streamed and self.fast_paths:
-            if b'"tool_calls"' not in event and (not self._tools or not self._interesting(event)):
+            if event.find(b'"tool_calls"') < 0 and (not self._tools or not self._interesting(event)):
                 self._last_out = self._clock()
                 self._tail_open = not event.endswith(EVENT_END)
-                if b"[DONE]" in event and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
+                if event.find(b"[DONE]") >= 0 and (data := event_data(event)) is not None and data.strip() == b"[DONE]":
                     self._done_sent = True
                 elif self._tools:
                     if self._unread_texts:

@@ -80,9 +80,9 @@ class MessagesToolCallRepair(MessagesLeaks):
         if (
             not self.holding
             and not self.leaks.active
-            and b"tool_use" not in event
-            and b"content_block_start" not in event
-            and b"message_delta" not in event
+            and event.find(b"tool_use") < 0
+            and event.find(b"content_block_start") < 0
+            and event.find(b"message_delta") < 0
         ):
             return [self._renumber(event)] if self.blocks.shifted else [event]
         obj = parse(event)

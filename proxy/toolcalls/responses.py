@@ -83,11 +83,11 @@ class ResponsesToolCallRepair(ResponsesLeaks):
         interesting = (
             self.leaks.active
             or self.holding
-            or b"function_call" in event
-            or b"output_item.added" in event
-            or b"response.completed" in event
-            or b"response.incomplete" in event
-            or b"response.created" in event
+            or event.find(b"function_call") >= 0
+            or event.find(b"output_item.added") >= 0
+            or event.find(b"response.completed") >= 0
+            or event.find(b"response.incomplete") >= 0
+            or event.find(b"response.created") >= 0
         )
         if not interesting:
             self._track_seq(event)
