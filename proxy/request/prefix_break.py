@@ -162,18 +162,11 @@ def _unit(kind: str, path: Path, value: Any, volatile: bool = False) -> Unit:
 
 
 def digest(value: Any) -> bytes:
-    """Of the normal form, key order aside (a parser hands the template the same mapping). The normal form
-    is built only where it differs: its serialization has a `cache_control` key or a one-item list of a
-    `{"text", "type"}` part (sorted keys), else it serializes as `value` does (a walk in Python saved)."""
+    """Of the normal form, key order aside (a parser hands the template the same mapping)."""
     try:
-        text: bytes | None = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        text = None
-    if text is None or b'"cache_control"' in text or b'[{"text":' in text:
-        try:
-            text = orjson.dumps(normal(value), option=orjson.OPT_SORT_KEYS)
-        except TypeError:  # integers beyond 64 bits
-            text = repr(normal(value)).encode()
+        text = orjson.dumps(normal(value), option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers beyond 64 bits
+        text = repr(normal(value)).encode()
     return hashlib.sha256(text).digest()[:16]
 
 
