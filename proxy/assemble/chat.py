@@ -120,8 +120,22 @@ def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
     result = fold.result
     result.events += len(payloads)
     first = None  # the index of the first event that carried a token
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    loads, decode_error, append = orjson.loads, orjson.JSONDecodeError, result.append
+    template: tuple[bytes, bytes] | None = None  # see `_content_template`
+    head = tail = 0
+    tries = _TEMPLATE_TRIES
     for i, data in enumerate(payloads):
+        if template is not None and data.startswith(template[0]) and data.endswith(template[1]):
+            try:
+                text = loads(data[head : len(data) - tail]) if len(data) > head + tail else None
+            except decode_error:
+                text = None
+            if text.__class__ is str:  # this event is the template's with another text: its fold is that text
+                if text:
+                    append("content", text)
+                    if first is None:
+                        first = i
+                continue
         if data[:1] != b"{":
             if data.strip() == b"[DONE]":
                 result.done = True
@@ -137,9 +151,68 @@ def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
                 continue
         if _fold_object(fold, obj) and first is None:
             first = i
+        if template is None and tries and _CONTENT in data:
+            tries -= 1
+            template = _content_template(data, obj)
+            if template is not None:
+                head, tail = len(template[0]), len(template[1])
     if first is not None:
         result.first_token_chunk = _chunk_of(sum(len(p) for p in payloads[: first + 1]) + 8 * (first + 1), chunks)
     return fold.finish()
+
+
+_CONTENT = b'"delta":{"content":'
+_TEMPLATE_TRIES = 8  # events read whole while looking for a template (a stream of another shape stops looking)
+_PROBE = "\x00probe"
+
+
+def _content_template(data: bytes, obj: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """An engine sends each content delta as the same bytes around its text (id, model, index, nulls): the
+    bytes before the text's JSON string and after it, when `obj` (`data` parsed) is a content delta alone.
+    Then an event that is `prefix + S + suffix` with `S` one JSON string is this event with `S`'s text,
+    folded as such without parsing the rest: JSON reads the same tokens around any string put there. The
+    probe shows the text's string really is the value read as the content (not a duplicate key's that a
+    later one overrides), and that nothing else of the object depends on it."""
+    text = _content_delta(obj)
+    start = data.find(_CONTENT) + len(_CONTENT)
+    if text is None or start < len(_CONTENT):
+        return None
+    token = orjson.dumps(text)
+    if data[start : start + len(token)] != token:
+        return None
+    prefix, suffix = data[:start], data[start + len(token) :]
+    try:
+        probe = orjson.loads(prefix + orjson.dumps(_PROBE) + suffix)
+    except orjson.JSONDecodeError:
+        return None
+    choice = obj["choices"][0]
+    return (prefix, suffix) if probe == {**obj, "choices": [{**choice, "delta": {"content": _PROBE}}]} else None
+
+
+def _content_delta(obj: dict[str, Any]) -> str | None:
+    """The text of an event that is choice 0's content delta and nothing else (what `_fold_object` folds
+    as one append); None for any other event."""
+    choices = obj.get("choices")
+    if (
+        choices.__class__ is list
+        and len(choices) == 1
+        and not obj.get("usage")
+        and "error" not in obj
+        and obj.get("timings").__class__ is not dict
+    ):
+        choice = choices[0]
+        if (
+            choice.__class__ is dict
+            and not choice.get("finish_reason")
+            and not choice.get("index")
+            and "text" not in choice
+        ):
+            delta = choice.get("delta")
+            if delta.__class__ is dict and len(delta) == 1:
+                text = delta.get("content")
+                if text.__class__ is str:
+                    return str(text)
+    return None
 
 
 def _one_line_payloads(body: bytes) -> list[bytes] | None:

@@ -3,6 +3,8 @@ tool-call fragments folded without the general walk) give what the general walk 
 
 from __future__ import annotations
 
+import json
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,8 +31,23 @@ objects = st.one_of(
     st.just({"choices": [{"index": 0, "text": "legacy", "delta": {"content": "x"}, "finish_reason": None}]}),
     st.just({"choices": [{"index": 0, "text": "old style", "finish_reason": None}]}),
 )
+# An engine's content delta with its text's string swapped for other bytes: another string (escaped as any
+# encoder may), or bytes that make another object (a second key, a closed delta, a number, two strings).
+_PREFIX, _SUFFIX = orjson.dumps(chat_chunk({"content": "X"})).split(b'"X"')
+middles = st.one_of(
+    texts.map(orjson.dumps),
+    texts.map(lambda t: json.dumps(t).encode()),
+    st.sampled_from(
+        [b'"a","content":"b"', b'"a","role":"x"', b'"a"},"x":{"y":"b"', b"1", b"null", b'"a" "b"', b' "a" ']
+        + [b'""', b'"\\ud800"', b'"\\u00e9\\n"', b'"a', b"", b'"a"}]}', b'{"x":"a"}']
+    ),
+)
 payloads = st.one_of(
     objects.map(orjson.dumps),
+    middles.map(lambda middle: _PREFIX + middle + _SUFFIX),
+    st.just(b'{"choices":[{"index":0,"delta":{"content":"a","content":"b"},"finish_reason":null}]}'),
+    st.just(b'{"choices":[{"index":0,"delta":{"content":"a","content":"a"},"finish_reason":null}]}'),
+    st.just(b'{"choices":[{"index":0,"delta":{"content":"b","content":"a"},"finish_reason":null}]}'),
     st.sampled_from([b"[DONE]", b" [DONE] ", b"{not json", b"", b"[1, 2]", b'"text"', b"  {}", b"{}"]),
 )
 framings = st.sampled_from(["one_line", "crlf", "two_lines", "comment", "no_space", "extra_blank"])
@@ -98,3 +115,18 @@ def test_a_one_line_stream_reads_whole_with_its_first_token_chunk() -> None:
     assert got.tool_calls == [{"id": "c1", "name": "f", "arguments": '{"a":1}'}]
     assert got.first_token_chunk == 2
     _same(got, _assemble_events(chunks, _fold_general))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(middles, min_size=1, max_size=12), texts)
+def test_an_event_shaped_like_the_last_content_delta_reads_as_what_it_is(found: list[bytes], text: str) -> None:
+    body = sse([chat_chunk({"content": text}), *(_PREFIX + middle + _SUFFIX for middle in found)])
+    _same(assemble_chat_sse([body]), _assemble_events([body], _fold_general))
+
+
+def test_a_content_given_twice_reads_as_the_last_one_given() -> None:
+    twice = b'{"choices":[{"index":0,"delta":{"content":"%s","content":"a"},"finish_reason":null}]}'
+    body = sse([twice % b"a", twice % b"b"])
+    got = assemble_chat_sse([body])
+    assert got.content == "aa"
+    _same(got, _assemble_events([body], _fold_general))
