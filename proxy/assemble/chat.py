@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from tapfix.proxy.assemble.result import Assembled
+from tapfix.proxy.assemble.shapes import ARGUMENTS, CONTENT, Shape, learn, single_delta
 from tapfix.proxy.sse import SSESplitter, event_data
 
 
@@ -120,22 +121,25 @@ def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
     result = fold.result
     result.events += len(payloads)
     first = None  # the index of the first event that carried a token
-    loads, decode_error, append = orjson.loads, orjson.JSONDecodeError, result.append
-    template: tuple[bytes, bytes] | None = None  # see `_content_template`
-    head = tail = 0
-    tries = _TEMPLATE_TRIES
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    known: list[_Known] = []  # the shapes of this stream's events seen so far (shapes.py)
+    tries = _SHAPE_TRIES
     for i, data in enumerate(payloads):
-        if template is not None and data.startswith(template[0]) and data.endswith(template[1]):
-            try:
-                text = loads(data[head : len(data) - tail]) if len(data) > head + tail else None
-            except decode_error:
-                text = None
-            if text.__class__ is str:  # this event is the template's with another text: its fold is that text
-                if text:
-                    append("content", text)
-                    if first is None:
+        folded, n = False, len(data)
+        for prefix, suffix, head, tail, sink, any_text in known:
+            if n > head + tail and data.startswith(prefix) and data.endswith(suffix):
+                try:
+                    text = loads(data[head : n - tail])
+                except decode_error:
+                    break
+                if text.__class__ is str:  # the shape's event with this text: folded as the text alone
+                    sink(text)
+                    folded = True
+                    if first is None and (text or any_text):
                         first = i
-                continue
+                break
+        if folded:
+            continue
         if data[:1] != b"{":
             if data.strip() == b"[DONE]":
                 result.done = True
@@ -151,68 +155,38 @@ def assemble_chat_sse(chunks: list[bytes]) -> Assembled:
                 continue
         if _fold_object(fold, obj) and first is None:
             first = i
-        if template is None and tries and _CONTENT in data:
+        if tries and len(known) < _SHAPES and (CONTENT in data or ARGUMENTS in data):
             tries -= 1
-            template = _content_template(data, obj)
-            if template is not None:
-                head, tail = len(template[0]), len(template[1])
+            shape = learn(data, obj)
+            if shape is not None:
+                known.append(_known(fold, shape))
     if first is not None:
         result.first_token_chunk = _chunk_of(sum(len(p) for p in payloads[: first + 1]) + 8 * (first + 1), chunks)
     return fold.finish()
 
 
-_CONTENT = b'"delta":{"content":'
-_TEMPLATE_TRIES = 8  # events read whole while looking for a template (a stream of another shape stops looking)
-_PROBE = "\x00probe"
+_SHAPE_TRIES = 16  # events read whole while looking for shapes (a stream of another kind stops looking)
+_SHAPES = 4  # content, and the fragments of a few parallel tool calls (each index is a shape of its own)
+# A shape as the loop reads it: prefix, suffix, their lengths, what takes an event's text, whether an
+# empty text is a token (a tool call's fragment is; an empty content delta isn't).
+_Known = tuple[bytes, bytes, int, int, Callable[[str], object], bool]
 
 
-def _content_template(data: bytes, obj: dict[str, Any]) -> tuple[bytes, bytes] | None:
-    """An engine sends each content delta as the same bytes around its text (id, model, index, nulls): the
-    bytes before the text's JSON string and after it, when `obj` (`data` parsed) is a content delta alone.
-    Then an event that is `prefix + S + suffix` with `S` one JSON string is this event with `S`'s text,
-    folded as such without parsing the rest: JSON reads the same tokens around any string put there. The
-    probe shows the text's string really is the value read as the content (not a duplicate key's that a
-    later one overrides), and that nothing else of the object depends on it."""
-    text = _content_delta(obj)
-    start = data.find(_CONTENT) + len(_CONTENT)
-    if text is None or start < len(_CONTENT):
-        return None
-    token = orjson.dumps(text)
-    if data[start : start + len(token)] != token:
-        return None
-    prefix, suffix = data[:start], data[start + len(token) :]
-    try:
-        probe = orjson.loads(prefix + orjson.dumps(_PROBE) + suffix)
-    except orjson.JSONDecodeError:
-        return None
-    choice = obj["choices"][0]
-    return (prefix, suffix) if probe == {**obj, "choices": [{**choice, "delta": {"content": _PROBE}}]} else None
-
-
-def _content_delta(obj: dict[str, Any]) -> str | None:
-    """The text of an event that is choice 0's content delta and nothing else (what `_fold_object` folds
-    as one append); None for any other event."""
-    choices = obj.get("choices")
-    if (
-        choices.__class__ is list
-        and len(choices) == 1
-        and not obj.get("usage")
-        and "error" not in obj
-        and obj.get("timings").__class__ is not dict
-    ):
-        choice = choices[0]
-        if (
-            choice.__class__ is dict
-            and not choice.get("finish_reason")
-            and not choice.get("index")
-            and "text" not in choice
-        ):
-            delta = choice.get("delta")
-            if delta.__class__ is dict and len(delta) == 1:
-                text = delta.get("content")
-                if text.__class__ is str:
-                    return str(text)
-    return None
+def _known(fold: _Fold, shape: Shape) -> _Known:
+    """`shape` (just learned from an event `_fold_object` folded) with what folds an event of it: the
+    text appended where `_fold_object` would append it."""
+    sink: Callable[[str], object]
+    if shape.call is None:
+        sink = fold.result.pieces("content").append
+    else:
+        calls, call = fold.states[0][1], shape.call
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        if not call.get("id") and not call["function"].get("name"):  # a fragment: its arguments' next piece
+            sink = calls[index]["_parts"].append
+        else:
+            sink = lambda text: _merge_tool_call(calls, shape.call_with(text))  # noqa: E731
+    return shape.prefix, shape.suffix, len(shape.prefix), len(shape.suffix), sink, shape.call is not None
 
 
 def _one_line_payloads(body: bytes) -> list[bytes] | None:
@@ -272,35 +246,21 @@ def _fold_object(fold: _Fold, obj: dict[str, Any]) -> bool:
     carrying one content delta, or one fragment of a tool call's arguments: those are folded here without
     the general walk (this runs in the writer for every event of every stream), to the same result as
     `_fold_general`'s (tests/unit/test_assemble_chat.py)."""
-    choices = obj.get("choices")
-    if (
-        choices.__class__ is list
-        and len(choices) == 1
-        and not obj.get("usage")
-        and "error" not in obj
-        and obj.get("timings").__class__ is not dict
-    ):
-        choice = choices[0]
-        if (
-            choice.__class__ is dict
-            and not choice.get("finish_reason")
-            and not choice.get("index")
-            and "text" not in choice
-        ):
-            delta = choice.get("delta")
-            if delta.__class__ is dict and len(delta) == 1:
-                text = delta.get("content")
-                if text.__class__ is str:
-                    fold.seen.add(0)
-                    if text:
-                        fold.result.append("content", text)
-                        return True
-                    return False
-                calls = delta.get("tool_calls")
-                if calls.__class__ is list and len(calls) == 1 and calls[0].__class__ is dict:
-                    fold.seen.add(0)
-                    _merge_tool_call(fold.states[0][1], calls[0])
-                    return True
+    found = single_delta(obj)
+    if found is not None:
+        delta = found[1]
+        text = delta.get("content")
+        if text.__class__ is str:
+            fold.seen.add(0)
+            if text:
+                fold.result.append("content", text)
+                return True
+            return False
+        calls = delta.get("tool_calls")
+        if calls.__class__ is list and len(calls) == 1 and calls[0].__class__ is dict:
+            fold.seen.add(0)
+            _merge_tool_call(fold.states[0][1], calls[0])
+            return True
     return _fold_general(fold, obj)
 
 

@@ -21,6 +21,7 @@ objects = st.one_of(
     st.builds(lambda t: chat_chunk({"reasoning_content": t}), texts),
     st.builds(lambda i, t: tool_call_chunk(i, arguments=t), st.integers(0, 2), texts),
     st.builds(lambda i, name: tool_call_chunk(i, f"call_{i}", name), st.integers(0, 2), st.sampled_from(["a", "b"])),
+    st.builds(lambda t: chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": t, "name": "a"}}]}), texts),
     st.builds(lambda t: chat_chunk({"content": t}, index=1), texts),  # another choice (n > 1)
     st.builds(lambda t: chat_chunk({"content": t}, finish_reason="stop"), texts),
     st.builds(lambda t: chat_chunk({"content": t}, timings={"cache_n": 3}), texts),
@@ -34,6 +35,10 @@ objects = st.one_of(
 # An engine's content delta with its text's string swapped for other bytes: another string (escaped as any
 # encoder may), or bytes that make another object (a second key, a closed delta, a number, two strings).
 _PREFIX, _SUFFIX = orjson.dumps(chat_chunk({"content": "X"})).split(b'"X"')
+_ARGS = [orjson.dumps(tool_call_chunk(0, arguments="X")).split(b'"X"')]
+_ARGS.append(
+    orjson.dumps(chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "X", "name": "a"}}]})).split(b'"X"')
+)
 middles = st.one_of(
     texts.map(orjson.dumps),
     texts.map(lambda t: json.dumps(t).encode()),
@@ -121,6 +126,17 @@ def test_a_one_line_stream_reads_whole_with_its_first_token_chunk() -> None:
 @given(st.lists(middles, min_size=1, max_size=12), texts)
 def test_an_event_shaped_like_the_last_content_delta_reads_as_what_it_is(found: list[bytes], text: str) -> None:
     body = sse([chat_chunk({"content": text}), *(_PREFIX + middle + _SUFFIX for middle in found)])
+    _same(assemble_chat_sse([body]), _assemble_events([body], _fold_general))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(middles, min_size=1, max_size=12), texts, st.sampled_from(_ARGS))
+def test_an_event_shaped_like_the_last_tool_call_fragment_reads_as_what_it_is(
+    found: list[bytes], text: str, shape: list[bytes]
+) -> None:
+    before, after = shape
+    opener = tool_call_chunk(0, "c1", "write")
+    body = sse([opener, before + orjson.dumps(text) + after, *(before + middle + after for middle in found)])
     _same(assemble_chat_sse([body]), _assemble_events([body], _fold_general))
 
 
