@@ -36,6 +36,10 @@ class Assembled:
         else:
             parts.append(text)
 
+    def pieces(self, key: str) -> list[str]:
+        """The pieces `append` collects for `key`, to append to directly (the chat fold's loop)."""
+        return self._parts.setdefault(key, [])
+
     def join_parts(self) -> Assembled:
         for key, parts in self._parts.items():
             setattr(self, key, getattr(self, key) + "".join(parts))

@@ -129,8 +129,8 @@ def _ms(when: float | None, mark: float) -> float | None:
 def pack_timing(times: list[float], chunks: list[bytes]) -> bytes | None:
     if not times:
         return None
-    offsets = array.array("f", (t * 1000 for t in times))
-    sizes = array.array("I", (len(c) for c in chunks[: len(times)]))
+    offsets = array.array("f", [t * 1000 for t in times])  # from lists: an array filled from a generator grows
+    sizes = array.array("I", list(map(len, chunks[: len(times)])))
     return offsets.tobytes() + sizes.tobytes()
 
 
