@@ -9,7 +9,6 @@ from tapfix.proxy.jsonsplice import (
     Delete,
     Set,
     SpliceError,
-    _compact_item_spans,
     apply_to_dict,
     array_item_spans,
     json_path,
@@ -17,6 +16,7 @@ from tapfix.proxy.jsonsplice import (
     top_level_item_spans,
     top_level_spans,
 )
+from tapfix.proxy.jsonsplice.spans import _compact_item_spans
 
 # (body, edits, expected bytes): the style of the body is kept, nothing else moves.
 CASES = [
