@@ -22,9 +22,11 @@ pytest_plugins = ["pytester", "tests.support.e2e_guard", "tests.support.process_
 
 # CI runs the same examples every time (a red CI is then reproducible, never a dice roll); local runs
 # explore new ones, and hypothesis keeps what it finds in .hypothesis/.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# No deadline: a property test checks what is computed, and time is the benchmark's (bench/); on a shared 2-core
+# machine a starved worker took 300 ms over hypothesis' default 200 ms deadline on a 0.2 ms example.
+settings.register_profile("local", deadline=None)
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL = 3000  # characters of each process's log a failing test shows
