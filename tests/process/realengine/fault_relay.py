@@ -12,6 +12,7 @@ the whole body the server sent (read on to its end even past a cut) and the body
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import socket
 import struct
@@ -60,6 +61,7 @@ class Passed:
     upstream: bytes  # the de-framed body as the server sent it, whole
     delivered: bytes  # the de-framed body the client got
     cut: bool
+    arrived: int  # the request's place in the order requests reached the relay
 
     @property
     def json(self) -> dict:
@@ -135,6 +137,7 @@ class FaultRelay:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
+        self._arrivals = itertools.count()
         self._passed: list[Passed] = []
         self.errors: list[str] = []  # what broke a connection besides the cut (the client leaving included)
         self._sockets: list[socket.socket] = []
@@ -145,13 +148,15 @@ class FaultRelay:
         return f"http://127.0.0.1:{self.port}"
 
     def chat(self, count: int, timeout: float = 30.0) -> list[Passed]:
-        """The chat completion exchanges so far, once there are `count` of them."""
+        """The chat completion exchanges so far, once there are `count` of them, in the order their requests came:
+        an exchange is kept when its answer is over, and a cut answer is still read to its end while the next
+        attempt runs (a real vLLM finished the continuation first)."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 found = [p for p in self._passed if p.request.start_line.split(" ")[1].endswith("/chat/completions")]
             if len(found) >= count or time.monotonic() > deadline:
-                return found
+                return sorted(found, key=lambda p: p.arrived)
             time.sleep(0.02)
 
     def _accept(self) -> None:
@@ -201,13 +206,15 @@ class FaultRelay:
         length = _header(headers, "content-length")
         body = fc.exact(int(length)) if length else b""  # tapfix's httpx always frames a body by length
         request = Message(start, headers, body, False)
+        with self._lock:
+            arrived = next(self._arrivals)
         with socket.create_connection(self.upstream, timeout=60) as server:
             with self._lock:
                 self._sockets.append(server)
             server.sendall(raw_head + body)
-            return self._respond(client, request, _Reader(server))
+            return self._respond(client, request, _Reader(server), arrived)
 
-    def _respond(self, client: socket.socket, request: Message, fs: _Reader) -> bool:
+    def _respond(self, client: socket.socket, request: Message, fs: _Reader, arrived: int) -> bool:
         start = request.start_line
         while True:
             raw_response = fs.until(b"\r\n\r\n")
@@ -264,7 +271,7 @@ class FaultRelay:
             client.sendall(upstream)
             cut_done = True  # read to close: the connection ends with it
         with self._lock:
-            self._passed.append(Passed(request, status, upstream, delivered, cutting))
+            self._passed.append(Passed(request, status, upstream, delivered, cutting, arrived))
         return not (cut_done and (self.cut.reset or not cutting))
 
     def close(self) -> None:
