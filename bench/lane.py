@@ -45,6 +45,7 @@ class LaneResult(Mergeable):
     ttft: list[float] = field(default_factory=list)  # seconds
     delay: list[float] = field(default_factory=list)  # seconds, one per delta received
     streams: int = 0  # streams asked for
+    sent: int = 0  # requests written: fewer than `streams` when a connection failed (its later streams never went)
     complete: int = 0  # streams that got every delta in order and ended cleanly
     lost: int = 0  # deltas that never came
     errors: list[str] = field(default_factory=list)
@@ -53,6 +54,7 @@ class LaneResult(Mergeable):
     def summary(self) -> dict:
         return {
             "streams": self.streams,
+            "sent": self.sent,
             "complete": self.complete,
             "lost": self.lost,
             "errors": len(self.errors),
@@ -77,7 +79,7 @@ class _Stream(asyncio.Protocol):
         self.need = 0  # body bytes of the current chunk still to come (+2 for its CRLF)
         self.text = b""  # de-chunked body not yet split into events
         self.next_seq = 0
-        self.sent = 0.0
+        self.sent_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -88,8 +90,9 @@ class _Stream(asyncio.Protocol):
         assert self.transport is not None
         self._reset()
         self.left -= 1
-        self.sent = time.monotonic()
+        self.sent_at = time.monotonic()
         self.transport.write(self.request)
+        self.res.sent += 1
 
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
@@ -143,7 +146,7 @@ class _Stream(asyncio.Protocol):
                 self._fail(f"delta {seq} came when {self.next_seq} was due")
                 return
             if seq == 0:
-                res.ttft.append(now - self.sent)
+                res.ttft.append(now - self.sent_at)
             res.delay.append(now - float(m[2]))
             self.next_seq += 1
 
@@ -263,7 +266,7 @@ def step_up(
                 cell = out[name].setdefault(level, Cell())
                 cell.res.merge(res)
                 cell.cpu_ns += (cpu_ns(pid) - before) if pid else 0
-                sent(name, level * streams)
+                sent(name, res.sent)  # what went, not what was asked for: a failed stream's later ones never do
         base = out[direct].get(level)
         for name in live:
             ok = sustained(out[name][level], None if name == direct else base)

@@ -494,12 +494,15 @@ def first_attempt_check(fleet: Fleet) -> str:
     """Issue 34: every request reached the upstream once, over mitmproxy's own connection (tapfix made no
     later attempt: every stream here is healthy), on the agents' path as on the --regenerate 0 twin."""
     later = {name: fleet.later_attempts(name) for name in ("tapfix", "tapfix0")}
-    got, sent = fleet.upstream_stats()["requests"], sum(fleet.sent.values())
+    stats = fleet.upstream_stats()
+    got, sent = stats["requests"], sum(fleet.sent.values())
     verdict = "OK  " if got == sent and not any(later.values()) else "WARN"
     return (
-        f"{verdict}  first attempts: the upstream got {got} requests for the {sent} sent (direct and through every "
-        f"proxy, warm-up included); later attempts made: {later['tapfix']} on the agents' path, "
-        f"{later['tapfix0']} at --regenerate 0"
+        f"{verdict}  first attempts: the upstream got {got} stream requests for the {sent} sent (direct and through "
+        f"every proxy, warm-up included); later attempts made: {later['tapfix']} on the agents' path, "
+        f"{later['tapfix0']} at --regenerate 0; tapfix's own asks besides: {stats['tokenize_asked']} prompt counts "
+        f"(POST /tokenize: the max_tokens clamp, for a prompt whose bytes may not fit the window), "
+        f"{stats['models_asked']} model lists (GET /v1/models: the window)"
     )
 
 

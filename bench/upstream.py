@@ -7,6 +7,11 @@ written one event per `write()`, optionally paced. The server counts requests an
 its own CPU from /proc, so the runner can show that the upstream is not the bottleneck
 (`GET /stats`, and a line on stderr at exit), and counts the requests tapfix's regeneration relay sent.
 
+What tapfix asks a vLLM of its own is answered as vLLM does and counted apart from the stream requests (which
+the runner checks one for one against the requests it sent): `GET /v1/models` (the model's window) and
+`POST /tokenize` (the prompt's count, which tapfix's max_tokens clamp asks for a prompt whose bytes might not
+fit the window: the 1 MB phase's). Counted as streams, each of those was an upstream request no client sent.
+
 The request chooses the response with headers:
   x-bench-chunks: N        SSE events in the stream, [DONE] included (default 256)
   x-bench-delay-ms: F      pause between events (default 0 = burst)
@@ -167,13 +172,29 @@ def cpu_ns(pid: int | str = "self") -> int:
     return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-MODEL = {"id": "bench-model", "object": "model", "owned_by": "vllm", "max_model_len": 131072}
+# A 1M-token window (as Qwen2.5-1M's): the 1 MB phase's prompts (~260k tokens by `prompt_tokens`) fit it. On a
+# smaller one a vLLM refuses them, and tapfix, told their count, answers them itself (a context overflow).
+# (Its own name: as `MODEL` it replaced the model's name in every stream event built after import.)
+MODEL_ENTRY = {"id": MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 1 << 20}
+BYTES_PER_TOKEN = 4  # about what an English BPE tokenizer makes of prose and JSON
+
+
+def prompt_tokens(body: bytes) -> int:
+    """The count vLLM's `/tokenize` would give a `{"model", "messages"}` body, about: its bytes over
+    BYTES_PER_TOKEN (the bench's prompts are padding; no tokenizer is worth its CPU here)."""
+    return max(1, len(body) // BYTES_PER_TOKEN)
+
+
+def tokenize_answer(body: bytes) -> bytes:
+    """vLLM's `POST /tokenize` answer: the count and the window (no token ids: tapfix reads the count)."""
+    return orjson.dumps({"count": prompt_tokens(body), "max_model_len": MODEL_ENTRY["max_model_len"], "tokens": []})
 
 
 class Server:
     def __init__(self) -> None:
         self.requests = 0
         self.models_asked = 0  # GET /v1/models: tapfix asks a vLLM for its window (cached), not a stream request
+        self.tokenize_asked = 0  # POST /tokenize: tapfix's clamp asks a long prompt's count, not a stream request
         self.chunks = 0
         self.started = time.monotonic()
 
@@ -181,6 +202,7 @@ class Server:
         return {
             "requests": self.requests,
             "models_asked": self.models_asked,
+            "tokenize_asked": self.tokenize_asked,
             "chunks": self.chunks,
             "cpu_ns": cpu_ns(),
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -201,25 +223,18 @@ class Server:
                     if sep:
                         headers[k.strip().lower()] = v.strip()
                 length = int(headers.get(b"content-length", b"0"))
-                if length:
-                    await reader.readexactly(length)
+                request_body = await reader.readexactly(length) if length else b""
                 path = line.split(b" ")[1] if b" " in line else b"/"
                 if path.startswith(b"/stats"):
-                    body = orjson.dumps(self.stats())
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                        % (len(body), body)
-                    )
-                    await writer.drain()
+                    await self.json(writer, orjson.dumps(self.stats()))
                     continue
                 if path.startswith(b"/v1/models"):  # as vLLM lists its model, with its window
                     self.models_asked += 1
-                    body = orjson.dumps({"object": "list", "data": [MODEL]})
-                    writer.write(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                        % (len(body), body)
-                    )
-                    await writer.drain()
+                    await self.json(writer, orjson.dumps({"object": "list", "data": [MODEL_ENTRY]}))
+                    continue
+                if path.startswith(b"/tokenize"):  # as vLLM counts a prompt
+                    self.tokenize_asked += 1
+                    await self.json(writer, tokenize_answer(request_body))
                     continue
                 await self.stream(writer, headers)
                 if headers.get(b"connection", b"").lower() == b"close":
@@ -228,6 +243,13 @@ class Server:
             return
         finally:
             writer.close()
+
+    @staticmethod
+    async def json(writer: asyncio.StreamWriter, body: bytes) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
 
     async def stream(self, writer: asyncio.StreamWriter, headers: dict) -> None:
         if b"x-bench-stamp" in headers:
@@ -286,7 +308,11 @@ async def serve(host: str, port: int) -> None:
     async with srv:
         await stop.wait()
     s = server.stats()
-    print(f"upstream: {s['requests']} requests, {s['chunks']} chunks, cpu {s['cpu_ns'] / 1e6:.0f} ms", file=sys.stderr)
+    print(
+        f"upstream: {s['requests']} requests, {s['chunks']} chunks, cpu {s['cpu_ns'] / 1e6:.0f} ms "
+        f"(and {s['models_asked']} model lists, {s['tokenize_asked']} prompt counts)",
+        file=sys.stderr,
+    )
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -203,3 +204,21 @@ def test_a_verdict_shows_what_was_measured_and_passes_the_right_way() -> None:
         "PASS  RSS peak, 32 streams × 1 MB bodies ≤ 150 MB: 140.00 (MB"
     )
     assert ": 1.38× (" in verdict("CPU/chunk ≤ 1.25× mitmproxy", 1.38, 1.25, "a vs b").replace("MISS  ", "")
+
+
+def test_the_upstreams_stream_events_name_the_model_as_vllm_does() -> None:
+    upstream = _bench("upstream")
+    events = [*upstream.sse_events("content", 16), *upstream.sse_events("tools", 16)]
+    events += [upstream.STAMP_HEAD.split(b"\r\n")[1], upstream.stamped_delta(0).split(b"\r\n")[1]]
+    models = {orjson.loads(e.removeprefix(b"data: "))["model"] for e in events if b"[DONE]" not in e}
+    assert models == {"bench-model"} == {upstream.MODEL_ENTRY["id"]}
+
+
+def test_the_upstreams_window_holds_the_longest_prompt_a_phase_sends() -> None:
+    """Else a vLLM refuses it, and tapfix, told its count, answers it itself: the phase would measure refusals."""
+    upstream, runner, load = _bench("upstream"), _bench("runner"), _bench("load")
+    longest = max(p.body for p in runner.PHASES)
+    body = load.request_body(longest, tools=True)
+    count = orjson.loads(upstream.tokenize_answer(body))["count"]
+    assert count > longest // 8  # a count, not a token
+    assert count + orjson.loads(body)["max_tokens"] <= upstream.MODEL_ENTRY["max_model_len"]
