@@ -25,7 +25,7 @@ from tapfix.proxy.jsonbody import PARSED_KEY, json_object, note_parse, shared_pa
 from tapfix.proxy.jsonsplice import Set, splice
 from tapfix.proxy.request.routing import resolve
 from tapfix.proxy.surfaces import api_surface, surface_for
-from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of, chat_messages, clamped, might_not_fit
+from tapfix.proxy.window.clamp import BUDGET_KEY, budget_of, clamped, might_not_fit, tokenize_request
 from tapfix.proxy.window.counts import Counted, PromptCounts
 from tapfix.proxy.window.overflow import RepeatedOverflows
 from tapfix.proxy.window.rewrite import FLAG, rewrite_body
@@ -207,15 +207,15 @@ class Window:
         return None
 
     async def count(
-        self, target: UpstreamTarget, engine: str | None, messages: list[Any], served: str, whole: bool = False
+        self, target: UpstreamTarget, engine: str | None, request: dict[str, Any], served: str, whole: bool = False
     ) -> Counted | None:
         """The prompt's tokens by the engine's own tokenizer, chat template applied: vLLM and SGLang
-        `POST /tokenize` with the messages; llama.cpp `/apply-template` then `/tokenize`, of only what follows
-        a prompt counted before (`whole`: of all of it). None: it can't say."""
+        `POST /tokenize` with the messages and tools (`tokenize_request`); llama.cpp `/apply-template` then
+        `/tokenize`, of only what follows a prompt counted before (`whole`: of all of it). None: it can't say."""
         client = self.client()
         try:
             if engine == "llamacpp":
-                applied = await client.post(engine_url(target.url, "/apply-template"), json={"messages": messages})
+                applied = await client.post(engine_url(target.url, "/apply-template"), json=request)
                 prompt = applied.json().get("prompt")
                 if not isinstance(prompt, str):
                     return None
@@ -233,9 +233,7 @@ class Window:
                 return counted
             if engine not in (None, "vllm", "sglang"):
                 return None
-            answer = await client.post(
-                engine_url(target.url, "/tokenize"), json={"model": served, "messages": messages}
-            )
+            answer = await client.post(engine_url(target.url, "/tokenize"), json={"model": served, **request})
             found = answer.json().get("count") if answer.status_code == 200 else None
             return Counted(found, exact=True) if isinstance(found, int) else None
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -291,10 +289,10 @@ class Window:
         if not might_not_fit(len(body), budget[1], tokens):
             return
         parsed = shared_parse(ex.extra, body)
-        messages = chat_messages(surface, parsed) if parsed is not None else None
-        found = await self.count(target, engine, messages, served) if messages is not None else None
-        if found is not None and not found.exact and found.tokens > tokens:  # an overflow answer: a whole count
-            found = await self.count(target, engine, messages or [], served, whole=True)
+        request = tokenize_request(surface, parsed) if parsed is not None else None
+        found = await self.count(target, engine, request, served) if request is not None else None
+        if request is not None and found is not None and not found.exact and found.tokens > tokens:
+            found = await self.count(target, engine, request, served, whole=True)  # an overflow answer: a whole count
         if found is None:
             ex.flags.add("window_count_unavailable")
             return

@@ -53,3 +53,39 @@ def chat_messages(surface: Surface | None, parsed: dict[str, Any]) -> list[Any] 
     if not isinstance(messages, list):
         return None
     return ([{"role": "system", "content": system}] if system else []) + messages
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """The request's function tools in chat completions' shape, which the engines' chat templates render:
+    Responses' `{type, name, parameters}` and Anthropic's `{name, input_schema}` wrapped as `{type, function}`;
+    tools that aren't functions (a Responses built-in such as web_search) are left out, no template renders them."""
+    out: list[dict[str, Any]] = []
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict):
+            continue
+        if isinstance(tool.get("function"), dict):
+            out.append({"type": "function", "function": tool["function"]})
+        elif isinstance(tool.get("name"), str) and tool.get("type", "function") in ("function", "custom"):
+            schema = tool.get("parameters", tool.get("input_schema"))
+            function = {"name": tool["name"], "parameters": schema if isinstance(schema, dict) else {}}
+            if isinstance(tool.get("description"), str):
+                function["description"] = tool["description"]
+            out.append({"type": "function", "function": function})
+    return out
+
+
+def tokenize_request(surface: Surface | None, parsed: dict[str, Any]) -> dict[str, Any] | None:
+    """What the engine's tokenizer needs to render the prompt as the generation will: the messages, the tools
+    (an agent's tool list is thousands of tokens of the prompt) and the chat template's arguments (a thinking
+    switch changes the rendered prompt). None when the request has no messages."""
+    messages = chat_messages(surface, parsed)
+    if messages is None:
+        return None
+    request: dict[str, Any] = {"messages": messages}
+    tools = chat_tools(parsed.get("tools"))
+    if tools:
+        request["tools"] = tools
+    kwargs = parsed.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs:
+        request["chat_template_kwargs"] = kwargs
+    return request

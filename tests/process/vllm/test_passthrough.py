@@ -160,19 +160,26 @@ def test_the_client_gets_exactly_what_vllm_sent(proxy: InprocProxy, relay: Relay
         assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0 and done == "[DONE]"
 
 
-def test_a_budget_over_the_window_is_clamped_by_vllms_own_count(proxy: InprocProxy, relay: Relay) -> None:
+@pytest.mark.parametrize("tools", [False, True], ids=["messages", "with_tools"])
+def test_a_budget_over_the_window_is_clamped_by_vllms_own_count(proxy: InprocProxy, relay: Relay, tools: bool) -> None:
     """vLLM refuses prompt + max_tokens over max_model_len instead of clamping (vllm #42474); through tapfix
-    the client is answered, max_tokens lowered to what vLLM's own count of the prompt leaves."""
-    body = chat_body(HI, max_tokens=MAX_MODEL_LEN + 1, **NO_THINKING)
+    the client is answered, max_tokens lowered to what vLLM's own count of the prompt leaves. The prompt is
+    what the chat template renders: an agent's tools and the template's arguments are part of it (counted
+    without them, the recorded budget is over what the window leaves: vLLM 0.32 lowers it again itself, an
+    engine that refuses instead answers 400)."""
+    body = chat_body(HI, max_tokens=MAX_MODEL_LEN + 1, **NO_THINKING, **({"tools": TOOLS} if tools else {}))
     mark = relay.mark()
     _, received = post(proxy, CHAT, body)
     seen = relay.exchanges_since(mark)
     exchange = the_request(seen, CHAT)
     [*_, counted] = [e for e in seen if e.request.start_line.startswith("POST /tokenize ")]
     count = json.loads(counted.response.body)["count"]
+    asked = json.loads(counted.request.body)
+    assert asked.get("tools") == (TOOLS if tools else None)
+    assert asked["chat_template_kwargs"] == NO_THINKING["chat_template_kwargs"]
     assert json.loads(exchange.request.body)["max_tokens"] == MAX_MODEL_LEN - count
     assert exchange.response.status == received.status == 200, received.body[:500]
-    assert chat_choice(received.body, False).content == "Hello!"
+    assert tools or chat_choice(received.body, False).content == "Hello!"
     changes = recorded_changes(proxy.extra["db"], received.headers["x-tapfix-capture-id"])
     [clamp] = [c for c in changes if c["stage"] == "window"]
     assert clamp["path"] == "$.max_tokens" and "the engine's count" in clamp["reason"]
