@@ -26,6 +26,7 @@ from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget, authority
 from tapfix.proxy.errors import upstream_unreachable
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.http_headers import folded
 from tapfix.proxy.jsonbody import note_parse
 from tapfix.proxy.request.breaker import Breaker
 from tapfix.proxy.request.policy import Outcome
@@ -137,8 +138,8 @@ class Router:
         reached the upstream or the client yet, so moving on is safe."""
         request = flow.request
         # A plain dict: the request side reads the headers several times, and each pass over mitmproxy's Headers
-        # costs ~40 µs (a multidict lookup per name); their `items()`, which is all it reads, are the same.
-        headers = dict(request.headers.items())
+        # costs ~40 µs (a multidict lookup per name); built from the raw fields in one pass, as `items()` gives them.
+        headers = folded(request.headers.fields)
         return await self.decide_route(ex, request.path, request.raw_content or b"", headers, {}, [])
 
     async def decide_route(
