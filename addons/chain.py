@@ -13,12 +13,14 @@ addon still runs; AddonHalt and OptionsError go on up (the first ends the event,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mitmproxy import exceptions, hooks
+from mitmproxy.addonmanager import AddonManager, traverse
 
 # mitmproxy's own logger and words for an addon's exception (addonmanager.safecall): logs read the same
 log = logging.getLogger("mitmproxy.addonmanager")
@@ -34,9 +36,30 @@ class AddonChain:
     def __init__(self, addons: Sequence[object]) -> None:
         self.chain = list(addons)  # not `addons`: mitmproxy would walk that attribute as children, and call them too
         for hook in sorted({*hooks.all_hooks, "load", "configure"}):
-            funcs = [f for a in self.chain if callable(f := getattr(a, hook, None))]
+            funcs = [f for a in self.chain if (f := _hook_of(a, hook)) is not None]
             if funcs:
                 setattr(self, hook, _dispatch(funcs))
+
+
+def collapse(manager: AddonManager) -> None:
+    """Every addon in `manager`'s chain (mitmproxy's own defaults, tapfix's) behind one entry, once they are all
+    added (each registered its options and name on `add`; `addons.get` still finds it). mitmproxy's three dozen
+    default addons mostly have no hook for a request's events, yet each cost a call per event (issue 34)."""
+    manager.chain[:] = [AddonChain(manager.chain)]
+
+
+def _hook_of(addon: object, hook: str) -> Hook | None:
+    """What to call for `hook` on `addon`. An addon with children (mitmproxy's `addons` attribute, such as the
+    script loader's scripts) may gain and lose them as it runs: they are walked at each call, as mitmproxy does."""
+    if hasattr(addon, "addons"):
+        return functools.partial(_children, addon, hook)
+    func = getattr(addon, hook, None)
+    return func if callable(func) else None
+
+
+def _children(addon: object, hook: str, *args: Any) -> Awaitable[None] | None:
+    funcs = [f for a in traverse([addon]) if callable(f := getattr(a, hook, None))]
+    return _dispatch(funcs)(*args) if funcs else None
 
 
 def _dispatch(funcs: list[Hook]) -> Hook:

@@ -10,7 +10,7 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.test import taddons, tflow
-from tapfix.addons.chain import AddonChain
+from tapfix.addons.chain import AddonChain, collapse
 
 
 class Tally:
@@ -85,3 +85,31 @@ def test_addon_halt_ends_the_event_for_the_addons_after() -> None:
     f = tflow.tflow()
     run_hooks(AddonChain([SyncRequest("a", seen), Halts("b", seen), SyncRequest("c", seen)]), HttpRequestHook(f))
     assert seen == ["a.request", "b.request"]
+
+
+class Parent(Tally):
+    """An addon with children, as mitmproxy's script loader has its scripts: they may change while it runs."""
+
+    def __init__(self, name: str, seen: list[str]) -> None:
+        super().__init__(name, seen)
+        self.addons: list[object] = []
+
+
+def test_collapse_keeps_the_order_and_walks_an_addons_children_at_each_event() -> None:
+    seen: list[str] = []
+    parent = Parent("p", seen)
+    f = tflow.tflow()
+
+    async def run() -> None:
+        with taddons.context() as tctx:
+            manager = tctx.master.addons
+            manager.add(SyncRequest("a", seen), parent, AsyncRequest("b", seen))
+            before = list(manager.chain)
+            collapse(manager)
+            assert len(manager.chain) == 1 and manager.get("a") is before[-3]  # still found by name
+            await manager.handle_lifecycle(HttpRequestHook(f))
+            parent.addons.append(SyncRequest("child", seen))  # a script loaded while it runs
+            await manager.handle_lifecycle(HttpRequestHook(f))
+
+    asyncio.run(run())
+    assert seen == ["a.request", "b.request", "a.request", "child.request", "b.request"]
