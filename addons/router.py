@@ -337,12 +337,16 @@ class Router:
         self._point_at(flow, target)
         self._name_the_upstream(flow)
 
-    @staticmethod
-    def _point_at(flow: http.HTTPFlow, target: UpstreamTarget) -> None:
+    def _point_at(self, flow: http.HTTPFlow, target: UpstreamTarget) -> None:
+        """Each caller names the upstream next (`_name_the_upstream`). In reverse mode that sets Host (and an
+        HTTP/2 authority) itself, so a request mitmproxy already points at the target (the default upstream)
+        skips the setters, each of which rebuilds and rewrites both (~40 µs a request, issue 34)."""
         request = flow.request
-        request.scheme = target.scheme
-        request.host = target.host
-        request.port = target.port
+        unchanged = request.scheme == target.scheme and request.host == target.host and request.port == target.port
+        if not (unchanged and self.runtime.settings.mode == "reverse"):
+            request.scheme = target.scheme
+            request.host = target.host
+            request.port = target.port
         request.path = target.join(request.path)
 
     @staticmethod
