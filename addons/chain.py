@@ -57,7 +57,10 @@ def _hook_of(addon: object, hook: str) -> Hook | None:
     return func if callable(func) else None
 
 
-def _children(addon: object, hook: str, *args: Any) -> Awaitable[None] | None:
+def _children(addon: Any, hook: str, *args: Any) -> Awaitable[None] | None:
+    if not addon.addons:  # no children now (the script loader without scripts, tapfix's case): its own hook only
+        own = getattr(addon, hook, None)
+        return own(*args) if callable(own) else None
     funcs = [f for a in traverse([addon]) if callable(f := getattr(a, hook, None))]
     return _dispatch(funcs)(*args) if funcs else None
 
