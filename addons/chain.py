@@ -21,6 +21,7 @@ from typing import Any
 
 from mitmproxy import exceptions, hooks
 from mitmproxy.addonmanager import AddonManager, traverse
+from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 
 # mitmproxy's own logger and words for an addon's exception (addonmanager.safecall): logs read the same
 log = logging.getLogger("mitmproxy.addonmanager")
