@@ -14,6 +14,7 @@ valid UTF-8 reads as itself and `head_bytes` gives back the exact bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
@@ -42,3 +43,22 @@ def head_bytes(text: str) -> bytes:
     if b"\\" not in raw:
         return raw
     return _ESCAPE.sub(lambda m: b"\\" if m.group(1) == b"\\" else bytes([int(m.group(1)[1:], 16)]), raw)
+
+
+def folded(fields: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """A head's raw fields as the plain dict `dict(headers.items())` of mitmproxy's `Headers` gives, in one pass:
+    each name as first spelt, case-insensitively, its values joined with ", ", names and values decoded as
+    mitmproxy decodes them (UTF-8, other bytes as surrogates). Why: that `items()` looks every name up again
+    in the multidict (~40 µs per request head, issue 34)."""
+    out: dict[str, str] = {}
+    spelt: dict[bytes, str] = {}
+    for raw_name, raw_value in fields:
+        value = raw_value.decode("utf-8", "surrogateescape")
+        key = raw_name.lower()
+        name = spelt.get(key)
+        if name is None:
+            spelt[key] = name = raw_name.decode("utf-8", "surrogateescape")
+            out[name] = value
+        else:
+            out[name] = f"{out[name]}, {value}"
+    return out

@@ -15,6 +15,7 @@ from typing import Any
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 from tapfix.addons import default_addons
+from tapfix.addons.chain import collapse
 from tapfix.addons.runner import client_write, raw_head, reset_tail
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
@@ -218,6 +219,7 @@ async def serve(
         termlog.logger.addFilter(_not_tapfix)
     chain = default_addons(runtime)
     master.addons.add(*chain)
+    collapse(master.addons)  # one entry: mitmproxy calls each entry for every event (addons/chain.py)
     shutdown = next(addon for addon in chain if isinstance(addon, Shutdown))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # the first starts the grace, another ends it

@@ -4,6 +4,7 @@ answers itself; guard clauses for flows it must not touch. The upstream is never
 from __future__ import annotations
 
 import orjson
+import pytest
 from mitmproxy import http
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
@@ -84,3 +85,29 @@ def test_guard_clauses_leave_foreign_and_answered_flows_alone() -> None:
         route(rt, f)
         assert (f.request.host, f.request.port) == ("127.0.0.1", 8080)
     assert answered.response is not None and answered.response.status_code == 200
+
+
+@pytest.mark.parametrize("http2", [False, True])
+@pytest.mark.parametrize("at", [("http", "127.0.0.1", 9), ("http", "127.0.0.1", 8080), ("https", "127.0.0.1", 9)])
+def test_pointing_a_reverse_mode_request_at_its_upstream_forwards_the_same_head(
+    at: tuple[str, str, int], http2: bool
+) -> None:
+    """Already pointed at the upstream (as mitmproxy's reverse mode points a request at the default one), the
+    router skips the setters: what goes upstream is the same as when it sets them all (Host, authority)."""
+    rt = runtime(mode="reverse")
+    router = Router(rt)
+    target = rt.targets["default"]
+    flows = []
+    for _ in range(2):
+        f = flow(body={"model": "m"}, headers={"host": "client.example:8080"})
+        f.request.scheme, f.request.host, f.request.port = at
+        if http2:
+            f.request.http_version, f.request.authority = "HTTP/2.0", "client.example:8080"
+        flows.append(f)
+    set_all, skipped = flows
+    request = set_all.request
+    request.scheme, request.host, request.port = target.scheme, target.host, target.port  # what the setters did
+    request.path = target.join(request.path)
+    router._name_the_upstream(set_all)
+    router.point_at(skipped, target)
+    assert skipped.request.data == set_all.request.data
