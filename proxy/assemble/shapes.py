@@ -15,7 +15,7 @@ from typing import Any
 from tapfix.proxy.sse_envelope import Envelope
 from tapfix.proxy.sse_envelope import learn as learn_envelope
 
-CONTENT = b'"delta":{"content":'  # bytes of an event that may be of a shape (the writer looks no further)
+CONTENT = b'"delta":{"content":'  # `chat.py` tries to learn a shape only from an event holding one of these
 ARGUMENTS = b'"function":{"arguments":'
 _CONTENT = ("choices", 0, "delta", "content")
 _ARGUMENTS = ("choices", 0, "delta", "tool_calls", 0, "function", "arguments")
@@ -23,6 +23,9 @@ _ARGUMENTS = ("choices", 0, "delta", "tool_calls", 0, "function", "arguments")
 
 @dataclass(frozen=True, slots=True)
 class Shape:
+    """An event's envelope around its text, and what the text is. The fold's loop (`chat.py`) reads a later
+    event's text as `Envelope.string` does, inlined over the stream's few shapes: it runs for every event."""
+
     envelope: Envelope
     call: dict[str, Any] | None  # the tool-call delta whose `function.arguments` is the text; None: content
 
