@@ -2,30 +2,42 @@
 
 An engine serializes every content delta (and every fragment of a tool call's arguments) as the same bytes
 around one JSON string: id, model, index, nulls, and the text. Once one event of a stream shows those bytes
-(its `Shape`), an event that is `prefix + S + suffix`, `S` one JSON string, is that event with `S` in the
-text's place: JSON reads the same tokens around any string put there, so it folds as the text alone. A
-probe (the shape's bytes around another string, parsed) shows the text's string is the value the event's
-object holds (not a duplicate key's that a later one overrides) and that nothing else depends on it.
+(its `Shape`: the event's `sse_envelope.Envelope` around the text, proved by probe parses), an event that is
+`prefix + S + suffix`, `S` one JSON string, is that event with `S` in the text's place: it folds as the
+text alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+from tapfix.proxy.sse_envelope import Envelope
+from tapfix.proxy.sse_envelope import learn as learn_envelope
 
-CONTENT = b'"delta":{"content":'
+CONTENT = b'"delta":{"content":'  # `chat.py` tries to learn a shape only from an event holding one of these
 ARGUMENTS = b'"function":{"arguments":'
-_PROBE = "\x00probe"
+_CONTENT = ("choices", 0, "delta", "content")
+_ARGUMENTS = ("choices", 0, "delta", "tool_calls", 0, "function", "arguments")
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    prefix: bytes
-    suffix: bytes
+    """An event's envelope around its text, and what the text is. The fold's loop (`chat.py`) reads a later
+    event's text as `Envelope.string` does, inlined over the stream's few shapes: it runs for every event."""
+
+    envelope: Envelope
     call: dict[str, Any] | None  # the tool-call delta whose `function.arguments` is the text; None: content
+
+    @property
+    def prefix(self) -> bytes:
+        """The bytes before the text's JSON string (`Envelope.string` reads the string from here on)."""
+        return self.envelope.head[:-1]
+
+    @property
+    def suffix(self) -> bytes:
+        """The bytes after the text's JSON string."""
+        return self.envelope.tail[1:]
 
     def call_with(self, arguments: str) -> dict[str, Any]:
         """The tool-call delta of an event of this shape whose text is `arguments`."""
@@ -63,28 +75,12 @@ def learn(data: bytes, obj: dict[str, Any]) -> Shape | None:
     found = single_delta(obj)
     if found is None:
         return None
-    choice, delta = found
-    call: dict[str, Any] | None = None
-    text, marker = delta.get("content"), CONTENT
-    if text is None:
-        calls = delta.get("tool_calls")
-        if calls.__class__ is not list or len(calls) != 1 or calls[0].__class__ is not dict:
-            return None
-        call, marker = calls[0], ARGUMENTS
-        function = call.get("function")
-        text = function.get("arguments") if function.__class__ is dict else None
-    if text.__class__ is not str:
+    delta = found[1]
+    if "content" in delta:
+        envelope = learn_envelope(data, obj, _CONTENT)
+        return Shape(envelope, None) if envelope is not None else None
+    calls = delta.get("tool_calls")
+    if calls.__class__ is not list or len(calls) != 1 or calls[0].__class__ is not dict:
         return None
-    start = data.find(marker) + len(marker)
-    token = orjson.dumps(text)
-    if start < len(marker) or data[start : start + len(token)] != token:
-        return None
-    shape = Shape(data[:start], data[start + len(token) :], call)
-    swapped: Callable[[str], dict[str, Any]] = (
-        (lambda s: {"content": s}) if call is None else (lambda s: {"tool_calls": [shape.call_with(s)]})
-    )
-    try:
-        probe = orjson.loads(shape.prefix + orjson.dumps(_PROBE) + shape.suffix)
-    except orjson.JSONDecodeError:
-        return None
-    return shape if probe == {**obj, "choices": [{**choice, "delta": swapped(_PROBE)}]} else None
+    envelope = learn_envelope(data, obj, _ARGUMENTS)
+    return Shape(envelope, calls[0]) if envelope is not None else None

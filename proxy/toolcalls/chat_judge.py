@@ -19,10 +19,11 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.errors import passthrough_note, tool_call_error_event
 from tapfix.proxy.sse import EVENT_END, comment, format_event
+from tapfix.proxy.sse_envelope import Envelope
 from tapfix.proxy.toolcalls.accumulate import CallAccumulator
 from tapfix.proxy.toolcalls.chat_finish import OneFinish
 from tapfix.proxy.toolcalls.chat_leaks import TextWatch, calls_from_leak, fast_path
-from tapfix.proxy.toolcalls.chat_quiet import ContentSlot, quiet_text
+from tapfix.proxy.toolcalls.chat_quiet import quiet_text
 from tapfix.proxy.toolcalls.defects import UNKNOWN_TOOL
 from tapfix.proxy.toolcalls.leaks import find_leak, formats_for
 from tapfix.proxy.toolcalls.output import Item, Writer
@@ -97,8 +98,8 @@ class ChatJudge:
         # The fast paths (`_interesting`, the quiet path of `chat_quiet.py`): an event that provably can't
         # start or carry a call or markup passes without a parse. Off only to show that they are exact.
         self.fast_paths = True
-        self._slot: ContentSlot | None = None  # the quiet path's content chunk while it may run
-        self._content_slot: ContentSlot | None = None  # the last content chunk's shape learned
+        self._slot: Envelope | None = None  # the quiet path's content chunk while it may run
+        self._content_slot: Envelope | None = None  # the last content chunk's shape learned
         self._learns = 2  # shapes learned in a row without a quiet event (a server whose envelope never repeats)
         self._pending: tuple[bytes, bytes] | None = None  # the quiet path's held chunk and its string
         self._unread_texts: list[bytes] = []  # the quiet path's strings, not yet read into choice 0's watch

@@ -2,11 +2,10 @@
 start, carry or continue a tool call or leaked markup, passed untouched with the least bookkeeping.
 
 A server writes every content chunk of a stream alike: the same envelope around a different string
-(`data: {"id":…,"choices":[{"index":0,"delta":{"content":"` + text + `"},…}]}`). `ContentSlot` learns that
-envelope from one chunk (its head and tail around the content string's bytes) and proves, by parsing
-it with two probe strings in the slot, that what the slot holds is choice 0's `delta.content` and that
-nothing else in the chunk is a call, a finish, reasoning or an error. A later event that starts with
-the head and ends with the tail is then that chunk with another string: when the string's bytes hold
+(`data: {"id":…,"choices":[{"index":0,"delta":{"content":"` + text + `"},…}]}`). `learn` takes that
+envelope from one chunk whose choice 0 carries content and nothing else the stage acts on (no call, finish
+or reasoning), proved by probe parses (`sse_envelope.learn`). A later event that starts with the head and
+ends with the tail (`Envelope.raw`) is then that chunk with another string: when the string's bytes hold
 no quote, no control byte and no trailing backslash, the JSON around it is the learned one, byte for byte.
 
 What is left is the string itself (`QuietText`): it can't begin or carry any armed format's markup when
@@ -24,14 +23,17 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
+from typing import Any
 
 import orjson
+from tapfix.proxy import sse_envelope
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import event_data
+from tapfix.proxy.sse_envelope import Envelope
 from tapfix.proxy.toolcalls.formats import Formats
 
 _KEY = b'"content":'
-_PROBES = (b"\\u0000tapfix", b"probe")  # two different strings: the slot is where the content lands
+_SLOT = ("choices", 0, "delta", "content")
 _FINISHES = (b'"finish_reason":"', b'"finish_reason": "')
 _SURROGATE = re.compile(rb"\\u[dD]")
 _SEEN, _SEEN_LEN = 4096, 24  # verdicts kept per format set, of strings this short
@@ -39,48 +41,25 @@ _CONTENT = re.compile(rb'"content": ?"((?:[^"\\]|\\.)*)"')
 OTHER_CHOICE = re.compile(rb'"index":(?! ?0[,} ])')
 
 
-class ContentSlot:
-    """A stream's content chunk as head + string bytes + tail (`learn`); `text(event)` is the string's bytes
-    of an event of the same shape, or None."""
-
-    __slots__ = ("head", "hi", "lo", "tail")
-
-    def __init__(self, head: bytes, tail: bytes) -> None:
-        self.head, self.tail = head, tail
-        self.lo, self.hi = len(head), len(tail)
-
-    def text(self, event: bytes) -> bytes | None:
-        if event.startswith(self.head) and event.endswith(self.tail) and len(event) >= self.lo + self.hi:
-            return event[self.lo : len(event) - self.hi]
-        return None
-
-
-def learn(event: bytes) -> ContentSlot | None:
-    """The slot of a chunk that carries one choice (index 0) whose delta is its content and nothing the
-    stage acts on (no call, finish, reasoning text, error); None for any other event."""
+def learn(event: bytes) -> Envelope | None:
+    """The content slot of a chunk that carries one choice (index 0) whose delta is its content and nothing
+    the stage acts on (no call, finish, reasoning text, error): its envelope (`sse_envelope`) around
+    `choices[0].delta.content`; None for any other event."""
     at = event.find(_KEY)
     if at < 0 or event.find(_KEY, at + 1) >= 0 or not event.endswith((b"\n\n", b"\r\n\r\n")):
         return None
-    start = at + len(_KEY)
-    while start < len(event) and event[start] == 32:
-        start += 1
-    if start >= len(event) or event[start] != 34:
+    if any(event.find(f) >= 0 for f in (*_FINISHES, b'"tool_calls"')):  # none in the slot: a quote ends it
         return None
-    end = _string_end(event, start + 1)
-    if end < 0:
-        return None
-    head, tail = event[: start + 1], event[end:]
-    if any(tail.find(f) >= 0 or head.find(f) >= 0 for f in (*_FINISHES, b'"tool_calls"')):
-        return None
-    for probe in _PROBES:
-        if not _content_only(head + probe + tail, json.loads(b'"' + probe + b'"')):
-            return None
-    return ContentSlot(head, tail)
+    obj = _event_object(event)
+    return sse_envelope.learn(event, obj, _SLOT, _event_object) if _content_only(obj) else None
 
 
-def _content_only(event: bytes, want: str) -> bool:
+def _event_object(event: bytes) -> dict[str, Any] | None:
     data = event_data(event)
-    obj = json_object(data) if data is not None else None
+    return json_object(data) if data is not None else None
+
+
+def _content_only(obj: dict[str, Any] | None) -> bool:
     choices = obj.get("choices") if obj is not None else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return False
@@ -88,22 +67,9 @@ def _content_only(event: bytes, want: str) -> bool:
     delta = ch.get("delta")
     if type(ch.get("index")) is not int or ch["index"] != 0 or not isinstance(delta, dict):
         return False
-    if delta.get("content") != want or delta.get("tool_calls") or ch.get("finish_reason"):
+    if not isinstance(delta.get("content"), str) or delta.get("tool_calls") or ch.get("finish_reason"):
         return False
     return not any(isinstance(delta.get(k), str) and delta[k] for k in ("reasoning_content", "reasoning"))
-
-
-def _string_end(event: bytes, start: int) -> int:
-    """Where the JSON string whose bytes start at `start` ends (its closing quote), -1 when it doesn't."""
-    end = event.find(b'"', start)
-    while end > 0 and event[end - 1] == 92:
-        k = end - 1
-        while k >= start and event[k] == 92:
-            k -= 1
-        if (end - 1 - k) % 2 == 0:
-            break
-        end = event.find(b'"', end + 1)
-    return end
 
 
 class QuietText:

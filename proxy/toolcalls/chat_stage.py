@@ -26,9 +26,10 @@ from typing import Any
 from tapfix.proxy.changes import Change
 from tapfix.proxy.jsonbody import json_object
 from tapfix.proxy.sse import EVENT_END, comment, event_data
+from tapfix.proxy.sse_envelope import Envelope
 from tapfix.proxy.toolcalls.chat_judge import ChatJudge, ChoiceState
 from tapfix.proxy.toolcalls.chat_leaks import carries_tool_call
-from tapfix.proxy.toolcalls.chat_quiet import OTHER_CHOICE, ContentSlot, learn, read_texts
+from tapfix.proxy.toolcalls.chat_quiet import OTHER_CHOICE, learn, read_texts
 from tapfix.proxy.toolcalls.chat_quiet import contents as _contents
 from tapfix.proxy.toolcalls.defects import EMPTY_TURN
 from tapfix.proxy.toolcalls.leaks import UNPINNED, hold_verdict, settled
@@ -49,7 +50,7 @@ class ChatToolCallRepair(ChatJudge):
     # -- public --------------------------------------------------------------------------------
     def feed(self, event: bytes) -> list[bytes]:
         slot = self._slot
-        if slot is not None and (raw := slot.text(event)) is not None:
+        if slot is not None and (raw := slot.raw(event)) is not None:
             # The quiet path (`chat_quiet.py`): a content chunk that can't start or carry a call or markup
             # while nothing is held or watched; its text is read into the context when next needed.
             if self._pending is None and self._quiet_text.quiet(raw):
@@ -119,7 +120,7 @@ class ChatToolCallRepair(ChatJudge):
         event, self._pending = self._pending[0], None
         return self._going_out(self._take(event))
 
-    def _quiet_slot(self, event: bytes) -> ContentSlot | None:
+    def _quiet_slot(self, event: bytes) -> Envelope | None:
         """The content slot the quiet path matches while nothing is held or watched (None: the full path
         takes every event): learned from a content chunk, again when the envelope changes."""
         if self._ended or self._done_sent or self._holding or self._streamed or not self._tools or not self.fast_paths:
@@ -130,7 +131,7 @@ class ChatToolCallRepair(ChatJudge):
             if c.at_start or c.leak != "none" or c.watch.active or c.acc.calls or c.reasoning_due or c.finish:
                 return None
         known = self._content_slot
-        if (known is None or known.text(event) is None) and self._learns > 0 and event.find(b'"content":') >= 0:
+        if (known is None or known.raw(event) is None) and self._learns > 0 and event.find(b'"content":') >= 0:
             self._learns -= 1
             self._content_slot = learn(event) or known
         return self._content_slot

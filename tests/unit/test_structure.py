@@ -233,6 +233,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "net",
         "quantities",
         "sse",
+        "sse_envelope",
         "vocabulary",
     ),  # fmt: skip  # the shared words and wire primitives
 )

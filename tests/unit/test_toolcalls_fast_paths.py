@@ -160,7 +160,7 @@ def test_a_chunk_of_another_shape_is_not_a_content_slot() -> None:
     for obj in shaped:
         assert learn(sse_event(obj)) is None, obj
     slot = learn(sse_event(chat_chunk({"content": "a"})))
-    assert slot is not None and slot.text(sse_event(chat_chunk({"content": "b c"}))) == b"b c"
+    assert slot is not None and slot.raw(sse_event(chat_chunk({"content": "b c"}))) == b"b c"
 
 
 def test_every_opener_is_loud_to_the_quiet_check() -> None:
