@@ -4,7 +4,8 @@
   every split of every sweep.
 - `quick` (`scripts/test --quick` sets it): a quarter of each example count (at least 20, or the count if
   smaller), and the sweeps' two-piece splits at every fourth point (the point a text starts from moves with
-  its seed, so the texts share the points between them). The one-character-per-delta split and the random
+  its seed, so the texts share the points between them), and one of a sweep's seeded draws where the full depth
+  takes two (picked per case, so the cases share them). The one-character-per-delta split and the random
   splits stay: a split the quick run leaves out is one the full run takes.
 - `thorough` (by hand or on a schedule): ten times each example count, every split.
 
@@ -39,3 +40,9 @@ def split_points(length: int, seed: int) -> range:
     if DEPTH != "quick":
         return range(1, length)
     return range(1 + seed % QUICK_STRIDE, length, QUICK_STRIDE)
+
+
+def draws(count: int, key: int) -> list[int]:
+    """Which of a sweep's `count` seeded draws a case takes: all of them, or at the quick depth one, picked by
+    `key` (a case's index or checksum), so that the cases share the draws between them."""
+    return list(range(count)) if DEPTH != "quick" else [key % count]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -35,7 +36,7 @@ from tapfix.proxy.toolcalls import (
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
 from tests.support.builders import chat_chunk, sse, sse_event
-from tests.support.depth import examples
+from tests.support.depth import draws, examples
 from tests.support.rawserver import RawRequest, json_reply, sse_response
 from tests.support.stage_io import client_view, run_stage
 from tests.unit.test_toolcalls_glued import TOOLS  # opencode's write (filePath) and bash
@@ -149,8 +150,9 @@ def _chat_body(text: str, tools: list[Any] = TOOLS, **kw: Any) -> tuple[bytes, b
 
 
 def _splits(text: str) -> list[list[str]]:
-    """One character per delta, and cut inside every registered marker (two draws)."""
-    return [list(text), hostile_pieces(text, random.Random(1)), hostile_pieces(text, random.Random(2))]
+    """One character per delta, and cut inside every registered marker (two draws; one at the quick depth,
+    which of them by the text: tests/support/depth.py)."""
+    return [list(text), *(hostile_pieces(text, random.Random(1 + k)) for k in draws(2, zlib.crc32(text.encode())))]
 
 
 @pytest.mark.parametrize(("fmt", "text"), CELLS)
