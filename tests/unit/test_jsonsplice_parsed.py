@@ -101,7 +101,9 @@ def test_a_splice_parses_to_the_edited_object(pairs, style, lead, trail, changes
         assert json.loads(out) == edited(json.loads(body), changes), (body, changes)
 
 
-@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
+# Not cut at the quick depth: its 75 examples missed a compact body of three members whose fast spans were
+# off by one (a mutation the 300 catch), and the 300 cost about a second.
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(members, styles, pads, pads)
 def test_given_the_parse_the_item_spans_are_the_scans(pairs, style, lead, trail):
     body = _body(pairs, style, lead, trail)
