@@ -13,6 +13,7 @@ from hypothesis import settings
 
 from tests.support import early_build
 from tests.support.ci import unavailable
+from tests.support.depth import examples
 from tests.support.postgres import PostgresServer, missing_reason, start_postgres
 from tests.support.procs import STARTED, start_mock, start_proxy
 
@@ -24,8 +25,9 @@ pytest_plugins = ["pytester", "tests.support.e2e_guard", "tests.support.process_
 # explore new ones, and hypothesis keeps what it finds in .hypothesis/.
 # No deadline: a property test checks what is computed, and time is the benchmark's (bench/); on a shared 2-core
 # machine a starved worker took 300 ms over hypothesis' default 200 ms deadline on a 0.2 ms example.
-settings.register_profile("local", deadline=None)
-settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+# A test without an example count of its own runs hypothesis' 100 at the depth tests/support/depth.py reads.
+settings.register_profile("local", deadline=None, max_examples=examples(100))
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None, max_examples=examples(100))
 settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,6 +32,7 @@ from tapfix.proxy.telemetry.turn import Turn, TurnContext
 
 from tests.support.builders import chat_chunk, sse_events
 from tests.support.ci import unavailable
+from tests.support.depth import examples
 
 CONTEXT = TurnContext(engine_of={"local": "vllm"}.get)
 
@@ -265,7 +266,7 @@ BOUNDS = TIME_PER_OUTPUT_CHUNK.buckets or ()
 VALUES = st.one_of(st.sampled_from(BOUNDS), st.floats(-1.0, 5.0, allow_nan=False))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(VALUES, max_size=40), max_size=6))
 def test_histogram_buckets_match_a_naive_count(batches: list[list[float]]) -> None:
     """Both paths (a bisection per value for a few, a sort for many), bounds hit exactly included:

@@ -13,6 +13,7 @@ from tapfix.proxy.assemble.chat import _assemble_events, _fold_general, assemble
 from tapfix.proxy.assemble.result import Assembled
 
 from tests.support.builders import chat_chunk, split_at, sse, sse_event, tool_call_chunk
+from tests.support.depth import examples
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=6)
 objects = st.one_of(
@@ -95,7 +96,7 @@ def _same(got: Assembled, want: Assembled) -> None:
     ]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(streams())
 def test_the_shortcuts_give_what_the_general_walk_gives(chunks: list[bytes]) -> None:
     _same(assemble_chat_sse(chunks), _assemble_events(chunks, _fold_general))
@@ -122,14 +123,14 @@ def test_a_one_line_stream_reads_whole_with_its_first_token_chunk() -> None:
     _same(got, _assemble_events(chunks, _fold_general))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(middles, min_size=1, max_size=12), texts)
 def test_an_event_shaped_like_the_last_content_delta_reads_as_what_it_is(found: list[bytes], text: str) -> None:
     body = sse([chat_chunk({"content": text}), *(_PREFIX + middle + _SUFFIX for middle in found)])
     _same(assemble_chat_sse([body]), _assemble_events([body], _fold_general))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(middles, min_size=1, max_size=12), texts, st.sampled_from(_ARGS))
 def test_an_event_shaped_like_the_last_tool_call_fragment_reads_as_what_it_is(
     found: list[bytes], text: str, shape: list[bytes]

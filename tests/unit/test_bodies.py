@@ -9,6 +9,8 @@ from tapfix.proxy.store.bodies import common_prefix_len, common_suffix_len
 from tapfix.proxy.store.sqlite.bodies import BodyReader, BodyWriter, read_body
 from tapfix.proxy.store.sqlite.schema import migrations
 
+from tests.support.depth import examples
+
 
 def _conn() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", isolation_level=None)
@@ -25,7 +27,7 @@ def test_common_prefix_and_suffix(a, b):
     assert a[len(a) - s :] == b[len(b) - s :]
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(st.lists(st.binary(max_size=400), min_size=1, max_size=12), st.binary(min_size=1, max_size=2000))
 def test_growing_conversation_reconstructs_exactly(turns, system):
     conn = _conn()
@@ -82,7 +84,7 @@ def test_bases_beyond_the_memory_budget_are_reloaded_from_the_store(monkeypatch)
     assert deltas >= 3 * 6  # evicted families still got deltas after the first turn
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(
     st.lists(st.tuples(st.integers(0, 10**6), st.binary(max_size=300)), min_size=1, max_size=70),
     st.lists(st.integers(0, 10**6), max_size=120),

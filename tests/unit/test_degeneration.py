@@ -20,6 +20,7 @@ from tapfix.proxy.assemble.result import Assembled
 from tapfix.proxy.mock.degenerate import degenerate_reply
 
 from tests.support.builders import tool
+from tests.support.depth import examples
 
 CJK = "配置文件需要更新以便系统能够正确加载模型参数然后我们再检查输出结果是否符合预期因此我们应该先确认环境变量"
 ENGLISH = (
@@ -207,7 +208,7 @@ def test_error_responses_get_no_degeneration_flags() -> None:
     assert response_flags(_assembled("!" * 500), None, False) == set()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(), st.text(max_size=200), st.booleans())
 def test_detectors_never_raise(text: str, request_text: str, latin: bool) -> None:
     script_drift(text)
@@ -219,7 +220,7 @@ def test_detectors_never_raise(text: str, request_text: str, latin: bool) -> Non
     response_flags(_assembled(text, reasoning=request_text), 200, True, request_body=body, tools=TOOLS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.dictionaries(

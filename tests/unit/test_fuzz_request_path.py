@@ -24,6 +24,7 @@ from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.request.policy import RequestPolicy
 
 from tests.support.builders import tool
+from tests.support.depth import examples
 
 # Found by this fuzzer: a body that must be re-serialized (splice can't be verified, e.g. a UTF-8 BOM or a
 # duplicated key) and holds a lone surrogate escape ("\ud800") made `apply` fail (request_policy_error: the
@@ -34,7 +35,7 @@ SURROGATE_BUG = "UnicodeEncodeError" not in inspect.getsource(RequestPolicy._spl
 SURROGATE_BODY = b'\xef\xbb\xbf{"model":"qwen","messages":[{"role":"user","content":"\\ud800"}]}'
 SURROGATE_KEY_BODY = b'{"model":"qwen3-32b","prompt":"def f(","\\ud83dmax_tokens":5,"think":true}'
 
-EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES") or examples(300))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 ENV = {"GPU0_KEY": "k-gpu0-secret-value", "CLAUDE_KEY": "k-claude-secret"}

@@ -28,8 +28,9 @@ from tapfix.proxy.store.writer import CaptureWriter
 from tapfix.proxy.toolcalls import ChatToolCallRepair, repair_chat_completion
 
 from tests.support.builders import chat_chunk, rechunk, sse_event, tool, tool_call_delta
+from tests.support.depth import examples
 
-EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("TAPFIX_FUZZ_EXAMPLES") or examples(150))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 TOOLS = [
     tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"]),
@@ -211,7 +212,7 @@ EXCHANGES = st.builds(
 )
 
 
-@settings(max_examples=max(20, EXAMPLES // 5), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=max(examples(20), EXAMPLES // 5), deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(EXCHANGES, min_size=1, max_size=8))
 def test_writer_stores_any_exchange_and_gives_bodies_back(tmp_path_factory, exchanges):
     path = tmp_path_factory.mktemp("fz") / "c.db"

@@ -18,6 +18,8 @@ from tapfix.proxy.jsonsplice import (
 )
 from tapfix.proxy.jsonsplice.spans import _compact_item_spans
 
+from tests.support.depth import examples
+
 # (body, edits, expected bytes): the style of the body is kept, nothing else moves.
 CASES = [
     (b'{"model":"a"}', [Set(("top_p",), 0.95)], b'{"model":"a","top_p":0.95}'),
@@ -127,7 +129,7 @@ def _styles(obj):
     yield json.dumps(obj, ensure_ascii=True, separators=(" ,", " : ")).encode()
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(objects, edit_lists)
 def test_splice_then_parse_equals_the_dict_edit(obj, edits):
     expected = apply_to_dict(obj, edits)
@@ -136,7 +138,7 @@ def test_splice_then_parse_equals_the_dict_edit(obj, edits):
         assert json.loads(out) == expected
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(objects, keys, values)
 def test_untouched_members_keep_their_bytes(obj, key, value):
     body = json.dumps(obj, indent=1).encode()
@@ -159,7 +161,7 @@ def _scanned(body):
     return spans, {n: list(array_item_spans(body, spans[n][0])) for n in arrays}
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(conversations)
 def test_top_level_item_spans_are_the_scans_whatever_the_style(obj):
     compact = orjson.dumps(obj)
@@ -168,7 +170,7 @@ def test_top_level_item_spans_are_the_scans_whatever_the_style(obj):
         assert top_level_item_spans(body, ("messages", "input")) == _scanned(body), body
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(conversations.filter(bool))
 def test_a_compact_body_is_read_without_a_scan(obj):
     assert _compact_item_spans(orjson.dumps(obj), ("messages",)) is not None

@@ -15,6 +15,7 @@ from tapfix.proxy.toolcalls import MessagesToolCallRepair, repair_messages_body
 
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
+from tests.support.depth import examples
 from tests.support.stage_io import WRITE_ARGS, WRITE_FRAGMENTS, WRITE_SCHEMA, assert_passes_untouched, run_stage
 
 TOOLS = [{"name": "write", "description": "write a file", "input_schema": WRITE_SCHEMA}]
@@ -55,7 +56,7 @@ def test_valid_stream_is_byte_identical():
     assert out == data and stage.outcome == "untouched"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=12), st.booleans())
 def test_valid_stream_split_anywhere_is_byte_identical(cuts, crlf):
     assert_passes_untouched(run, stream(WRITE_FRAGMENTS), cuts, crlf)

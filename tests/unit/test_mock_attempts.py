@@ -16,6 +16,7 @@ from tapfix.proxy.mock import MockOptions, create_app
 from tapfix.proxy.sse import SSESplitter, event_data
 
 from tests.support.builders import tool
+from tests.support.depth import examples
 
 WRITE = tool(
     "write",
@@ -107,7 +108,7 @@ def test_the_attempt_counts_exactly(tmp_path: Path) -> None:
     assert [c.post("/v1/chat/completions", json=b).status_code for b in sends] == [200, 200, 503]
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(seed=st.integers(), prefix=st.text(max_size=30), flags=st.booleans())
 def test_the_key_ignores_seed_flags_and_a_trailing_prefix(seed: int, prefix: str, flags: bool) -> None:
     base = conversation_key(TOOLS, "chat")
@@ -148,7 +149,7 @@ def test_the_key_per_surface_shape() -> None:
 # ---- 2. continue_final_message the way vLLM does it ------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(cut=st.integers(min_value=0, max_value=200))
 def test_a_prefix_of_the_answer_gets_the_rest(cut: int) -> None:
     c = make(Path("."))

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from tapfix.proxy.jsonsplice import value_span
 from tapfix.proxy.request.prefix_break import extends, find_break, previous_in_thread, prompt_of, string_offset
 
+from tests.support.depth import examples
+
 LINE = "x-anthropic-billing-header: cc_version=2.1.332.4e6; cc_entrypoint=sdk-cli; cch=1a2b3;"
 PROMPT = "You are Claude Code, Anthropic's official CLI for Claude."
 TOOLS = [
@@ -168,7 +170,7 @@ _message = st.builds(lambda role, text: {"role": role, "content": text}, st.samp
 _dumps = st.sampled_from([orjson.dumps, lambda o: json.dumps(o, indent=1, ensure_ascii=True).encode()])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(_message, min_size=1, max_size=6), st.lists(_message, max_size=4), _text, _dumps)
 def test_property_a_request_that_extends_the_previous_never_breaks(history, more, prompt, dumps):
     old = claude_code(LINE, history, prompt=prompt)
@@ -176,7 +178,7 @@ def test_property_a_request_that_extends_the_previous_never_breaks(history, more
     assert brk(old, new, dumps=dumps)[0] is None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(_message, min_size=1, max_size=6), st.data(), _dumps)
 def test_property_a_change_at_a_random_point_is_found_there(history, data, dumps):
     which = data.draw(st.integers(0, len(history) - 1))
@@ -221,7 +223,7 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.sampled_from(["chat", "responses", "messages"]),
     st.dictionaries(

@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.request.prefix_break import digest, normal
 
+from tests.support.depth import examples
+
 keys = st.sampled_from(["text", "type", "cache_control", "content", "role", "a"])
 texts = st.text(max_size=6) | st.sampled_from(["text", '[{"text":', '"cache_control":', '\\"', "é"])
 values = st.recursive(
@@ -29,7 +31,7 @@ def _by_the_normal_form(value):
     return hashlib.sha256(text).digest()[:16]
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(values)
 def test_the_digest_is_the_normal_forms(value):
     assert digest(value) == _by_the_normal_form(value)

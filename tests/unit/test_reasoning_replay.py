@@ -14,6 +14,7 @@ from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.store.replay_turns import RecentTurns, store_lookup
 
 from tests.support.builders import message_tool_call
+from tests.support.depth import examples
 from tests.support.stores import BACKENDS, make_backend
 
 CHAT = "/v1/chat/completions"
@@ -274,7 +275,7 @@ def test_the_memory_is_bounded():
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(reasoning=st.text(min_size=1, max_size=200), user=_text, indent=st.sampled_from([None, 2]), ascii=st.booleans())
 def test_any_reasoning_goes_back_exactly_and_only_the_message_changes(reasoning, user, indent, ascii):
     turns = RecentTurns()

@@ -26,6 +26,7 @@ from tapfix.proxy.toolcalls.evented_stage import event_name, parse
 
 from tests.support.attempts import through_attempts
 from tests.support.builders import named_event, streamed_case
+from tests.support.depth import examples
 from tests.unit.test_mock_attempts import SURFACE_BODIES
 from tests.unit.test_regenerate_splice import FakeSession
 
@@ -181,7 +182,7 @@ def test_defer_fatal_keeps_the_error_events_back(path: str, defer: bool) -> None
 
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
 @pytest.mark.parametrize("think", [True, False])
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_a_broken_first_attempt_then_a_fine_one_is_one_valid_stream(path: str, think: bool, seed: int) -> None:
     body = body_for(path, think)
@@ -201,7 +202,7 @@ def test_a_broken_first_attempt_then_a_fine_one_is_one_valid_stream(path: str, t
 
 
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_every_attempt_broken_ends_with_one_error(path: str, seed: int) -> None:
     body = body_for(path, think=True)
@@ -292,7 +293,7 @@ def naming(data: bytes, name: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_with_unknown_tool_on_a_call_to_a_tool_not_offered_is_regenerated(path: str, seed: int) -> None:
     body = body_for(path, False)
@@ -331,7 +332,7 @@ TEXT_ANSWER = {
 
 
 @pytest.mark.parametrize("path", [RESPONSES, MESSAGES])
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_a_later_attempt_that_answers_in_text_follows_what_the_client_read(path: str, seed: int) -> None:
     body = body_for(path, think=False)

@@ -26,6 +26,7 @@ from tapfix.proxy.store.sqlite.retention import BODY_COLUMNS, purge, used_bytes
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import sse_event
+from tests.support.depth import examples
 
 
 def _session_exchanges(sessions: int, turns: int, seed: int, t0: float) -> list[Exchange]:
@@ -101,7 +102,7 @@ def _check_store(conn: sqlite3.Connection, by_id: dict[str, Exchange]) -> int:
     return kept
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 4), st.integers(1, 9), st.integers(0, 10**6), st.integers(-1, 100))
 def test_purge_by_age_keeps_every_kept_body_exact(tmp_path_factory, sessions, turns, seed, cut):
     path = tmp_path_factory.mktemp("ret") / "c.db"

@@ -9,6 +9,7 @@ from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.surfaces import surface_for
 
 from tests.support import strategies
+from tests.support.depth import examples
 
 ENV = {"GPU0_KEY": "k-gpu0", "CLAUDE_KEY": "k-claude"}
 
@@ -225,7 +226,7 @@ request_bodies = st.dictionaries(known_keys | st.text(max_size=5), json_values, 
 paths = st.sampled_from(["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/completions", "/x"])
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     st.binary(max_size=200) | request_bodies.map(lambda d: json.dumps(d).encode()),
     paths,

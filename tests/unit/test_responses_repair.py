@@ -15,6 +15,7 @@ from tapfix.proxy.toolcalls import ResponsesToolCallRepair, repair_responses_bod
 
 from tests.support.builders import split_at
 from tests.support.builders import sse_json as events
+from tests.support.depth import examples
 from tests.support.stage_io import WRITE_ARGS, WRITE_FRAGMENTS, WRITE_SCHEMA, assert_passes_untouched, run_stage
 
 TOOLS = [{"type": "function", "name": "write", "parameters": WRITE_SCHEMA}]
@@ -62,7 +63,7 @@ def test_valid_stream_is_byte_identical():
     assert out == data and stage.outcome == "untouched" and stage.changes == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=20_000), max_size=12), st.booleans())
 def test_valid_stream_split_anywhere_is_byte_identical(cuts, crlf):
     assert_passes_untouched(run, stream(WRITE_FRAGMENTS), cuts, crlf)

@@ -12,6 +12,7 @@ from tapfix.proxy.jsonbody import PARSED_KEY, shared_parse
 from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.window.usage import ask_for_usage, with_usage
 
+from tests.support.depth import examples
 from tests.support.flows import flow, reachable, recorded, requested, runtime
 
 keys = st.sampled_from(["model", "messages", "stream", "stream_options", "temperature", "top_k", "é", 'k"q'])
@@ -28,7 +29,7 @@ def _in_order(body: bytes) -> list:
     return list(json.loads(body).items())
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(bodies, st.sampled_from([None, True, False]), SEPARATORS)
 def test_the_usage_option_and_its_noted_parse_agree(obj, stream, separators):
     if stream is not None:
@@ -48,7 +49,7 @@ CONFIG = {
 }
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(bodies, SEPARATORS)
 def test_the_policys_parse_of_what_it_forwards_is_that_bodys(obj, separators):
     policy = RequestPolicy(from_dict(CONFIG), environ={})

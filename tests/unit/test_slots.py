@@ -19,6 +19,8 @@ from tapfix.proxy.request.slots import (
     with_slot,
 )
 
+from tests.support.depth import examples
+
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
 
@@ -88,7 +90,7 @@ def turns(draw):
     return [(t, t in mains, r) for t, r in zip(threads, releases, strict=True)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 5), st.booleans(), turns())
 def test_pins_stay_consistent(slots, reserve, sequence):
     pins = SlotPins(slots, reserve_main=reserve)
@@ -204,7 +206,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.dictionaries(st.text(max_size=6).filter(lambda k: k != "id_slot"), JSON_VALUES, max_size=5),
     st.sampled_from([None, 2]),

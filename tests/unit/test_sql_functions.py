@@ -15,6 +15,7 @@ from tapfix.proxy.store.sql_functions import register
 from tapfix.proxy.store.sqlite.database import read_only_uri
 from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
+from tests.support.depth import examples
 from tests.support.sql_store import Filled, fill_store
 
 
@@ -153,7 +154,7 @@ def test_a_time_limit_inside_the_function_interrupts_the_statement(filled: Fille
     assert conn.execute("select count(tapfix_body(id, 'request')) from exchanges").fetchone()[0] > 0
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(order=st.lists(st.integers(0, 10**6), min_size=1, max_size=80))
 def test_any_read_order_through_one_connection_gives_exact_bytes(filled: Filled, order: list[int]) -> None:
     """The reader remembers rebuilt bodies per connection: whatever the order the rows come in (a
@@ -165,7 +166,7 @@ def test_any_read_order_through_one_connection_gives_exact_bytes(filled: Filled,
         assert got == filled.bodies[exchange_id]["request"]
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(notes=st.lists(st.text(max_size=600), min_size=1, max_size=2 * 48 + 5))
 def test_a_generated_session_reads_back_exactly(notes: list[str], tmp_path_factory: pytest.TempPathFactory) -> None:
     """Any conversation the writer deltas (chains restarting every MAX_DEPTH turns): the same bytes."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tapfix.proxy.sse import SSESplitter, event_data, is_sse, last_event_end
 
 from tests.support.builders import split_at
+from tests.support.depth import examples
 
 # --- the code before issue 34's rewrite (proxy/sse.py at b3b89c3) ------------------------------------
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -145,14 +146,14 @@ def both(data: bytes, cuts: list[int]) -> tuple[list[list[bytes]], list[list[byt
     return [new.feed(p) for p in pieces] + [new.flush()], [old.feed(p) for p in pieces] + [old.flush()]
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(STREAM, CUTS)
 def test_the_splitter_hands_out_the_same_events_read_by_read(data: bytes, cuts: list[int]) -> None:
     new, old = both(data, cuts)
     assert new == old
 
 
-@settings(max_examples=80)
+@settings(max_examples=examples(80))
 @given(STREAM)
 def test_the_same_events_cut_at_every_point(data: bytes) -> None:
     for cut in range(len(data) + 1):
@@ -160,7 +161,7 @@ def test_the_same_events_cut_at_every_point(data: bytes) -> None:
         assert new == old
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(STREAM)
 def test_is_sse_event_data_and_the_last_event_end_read_the_same(data: bytes) -> None:
     for event in [data, *OldSplitter().feed(data)]:

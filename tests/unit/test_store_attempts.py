@@ -25,6 +25,7 @@ from tapfix.proxy.store.sqlite.reader import SqliteReader, list_captures, load_c
 from tapfix.proxy.store.writer import CaptureWriter
 
 from tests.support.builders import chat_chunk, sse_events, tool_call_chunk
+from tests.support.depth import examples
 from tests.support.stores import (
     BACKENDS,
     M004_MADE,
@@ -234,7 +235,7 @@ def test_replay_resends_the_one_capture_asked_for(tmp_path: Path) -> None:
     assert session_capture_ids(reader, "ses_1") == [parent.id]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     shape=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=6),
     orphans=st.integers(min_value=0, max_value=2),

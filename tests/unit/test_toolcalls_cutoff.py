@@ -20,6 +20,7 @@ from tapfix.proxy.toolcalls.formats.blocks import Context
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
+from tests.support.depth import draws
 from tests.unit.test_toolcalls_length import PROSE
 
 WRITE = tool("write", {"filePath": {"type": "string"}, "content": {"type": "string"}}, ["filePath", "content"])
@@ -110,8 +111,8 @@ def test_a_cut_example_in_a_container_stays_text(name: str) -> None:
     start = first_opener_end(one, name)
     points = range(start, len(one), max(1, (len(one) - start) // 6))
     wrong = []
-    for kind in CUT_CONTAINERS:
-        for seed in range(2):
+    for n, kind in enumerate(CUT_CONTAINERS):
+        for seed in draws(2, n + len(name)):  # one prose draw of the two at the quick depth (tests/support/depth.py)
             for k in points:
                 text = in_prose(kind, seed, one[:k])
                 at = len(in_prose(kind, seed, ""))

@@ -24,6 +24,7 @@ from tapfix.proxy.mock.mutations_wire import ensure_frags, new_wire
 from tapfix.proxy.toolcalls.defects import DEFECTS, SURFACES
 
 from tests.conftest import corpus_dir
+from tests.support.depth import examples
 
 SOURCE = TurnSource(corpus_turns(corpus_dir()))
 SEEDS = st.integers(0, 2**32 - 1)
@@ -55,7 +56,7 @@ def test_every_row_has_a_mutation_and_every_mutation_a_row() -> None:
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-@settings(max_examples=100, **BUDGET)
+@settings(max_examples=examples(100), **BUDGET)
 @given(seed=SEEDS)
 def test_a_valid_turn_passes_byte_for_byte(surface, seed) -> None:
     rng = random.Random(seed)
@@ -66,7 +67,7 @@ def test_a_valid_turn_passes_byte_for_byte(surface, seed) -> None:
 
 
 @pytest.mark.parametrize(("surface", "row"), ROWS, ids=[f"{s}-{r}" for s, r in ROWS])
-@settings(max_examples=30, **BUDGET)
+@settings(max_examples=examples(30), **BUDGET)
 @given(seed=SEEDS)
 def test_each_defect_alone_gets_its_rows_outcome(surface, row, seed) -> None:
     rng = random.Random(seed)
@@ -79,7 +80,7 @@ def test_each_defect_alone_gets_its_rows_outcome(surface, row, seed) -> None:
 
 @pytest.mark.parametrize("depth", [2, 3])
 @pytest.mark.parametrize("surface", SURFACES)
-@settings(max_examples=150, **BUDGET)
+@settings(max_examples=examples(150), **BUDGET)
 @given(seed=SEEDS)
 def test_compositions_are_exact_or_the_error_never_wrong(surface, depth, seed) -> None:
     rng = random.Random(seed)
@@ -120,7 +121,7 @@ REFERENCE_READINGS = {
 
 
 @pytest.mark.parametrize("mutation", sorted(REFERENCE_READINGS))
-@settings(max_examples=60, **BUDGET)
+@settings(max_examples=examples(60), **BUDGET)
 @given(seed=SEEDS)
 def test_preserving_mutations_keep_a_reading_that_gives_the_original(mutation, seed) -> None:
     rng = random.Random(seed)
@@ -142,7 +143,7 @@ SPEC_VALID = ("two_calls_one_delta", "name_split")
 
 
 @pytest.mark.parametrize("mutation", SPEC_VALID)
-@settings(max_examples=30, **BUDGET)
+@settings(max_examples=examples(30), **BUDGET)
 @given(seed=SEEDS)
 def test_a_well_formed_stream_a_mutation_leaves_valid_passes_byte_for_byte(mutation, seed) -> None:
     rng = random.Random(seed)

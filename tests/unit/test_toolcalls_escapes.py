@@ -17,6 +17,7 @@ from tapfix.proxy.toolcalls.escapes import path_like_key
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import chat_chunk, random_splits, sse, tool, tool_call_chunk
+from tests.support.depth import examples
 from tests.support.stage_io import client_view, run_stage
 
 SHELL = tool("shell", {"command": {"type": "string"}}, ["command"])
@@ -201,7 +202,7 @@ def corrupt(value: dict) -> str:
     return json.dumps(value).replace("\\\\", "\\")
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(
     prefixes,
     st.tuples(first_names, st.lists(names, max_size=4)).map(lambda t: [t[0], *t[1]]),
@@ -225,7 +226,7 @@ json_values = st.recursive(
 )
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=4), st.booleans())
 def test_valid_json_without_backslash_evidence_is_untouched(value: dict, ascii_only: bool) -> None:
     text = json.dumps(value, ensure_ascii=ascii_only)
@@ -266,7 +267,7 @@ _PIECES = st.sampled_from(["C:", "\\", "\\\\", "n", "t", "b", "a", "dir", ".", "
 
 
 @given(st.lists(st.lists(_PIECES, max_size=12).map("".join), max_size=4), st.booleans())
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 def test_only_tokens_the_gate_sees_are_examined(values: list[str], path: bool) -> None:
     """`path_tokens` examines only the tokens where `GATE` matches: every token it would keep matches there
     (a control escape after a path character, or a UNC prefix), so skipping the others changes nothing."""

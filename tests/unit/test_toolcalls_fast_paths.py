@@ -22,6 +22,7 @@ from tapfix.proxy.toolcalls.formats import REGISTRY
 from tapfix.proxy.toolcalls.leaks import formats_for
 
 from tests.support.builders import chat_chunk, sse_event, tool
+from tests.support.depth import examples
 
 TOOLS = [tool("read", {"path": {"type": "string"}}, ["path"]), tool("grep", {"pattern": {"type": "string"}})]
 CALLS = [("read", {"path": "a.py"}), ("grep", {"pattern": "x"})]
@@ -130,14 +131,16 @@ def _run(events: list[tuple[float, bytes]], fast: bool, kw: dict[str, Any]) -> t
 
 
 @given(st.one_of(streams(), streams(prose=True)))
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(800), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 def test_the_fast_paths_send_what_the_full_path_sends(stream: tuple[list[tuple[float, bytes]], dict[str, Any]]) -> None:
     events, kw = stream
     assert _run(events, True, kw) == _run(events, False, kw)
 
 
 @given(st.lists(st.sampled_from(WORDS + MARKUP[:40]), max_size=6), st.booleans())
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_the_quiet_strings_are_read_as_a_json_parser_reads_each(texts: list[str], ascii_: bool) -> None:
     """The quiet path's strings are read in batches; the text is what the stage's parser reads from each
     event, joined (a surrogate pair split across events stays two lone halves)."""

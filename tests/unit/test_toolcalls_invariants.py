@@ -31,6 +31,7 @@ from tests.support.builders import (
     tool_call_chunk,
     tool_call_delta,
 )
+from tests.support.depth import examples
 from tests.support.stage_io import client_view, run_stage
 
 WEATHER = tool("get_weather", {"city": {"type": "string"}}, ["city"])
@@ -320,7 +321,7 @@ def test_prefix_mode_holds_an_opener_off_index() -> None:
 
 
 # -- a property: index offsets and gaps, any args, any splits: the client gets dense calls, same content
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=examples(60))
 @given(
     st.lists(st.sampled_from(["a", "b/c", "é 😀", 'q"x']), min_size=1, max_size=4),
     st.lists(st.integers(0, 3), min_size=4, max_size=4),
@@ -367,7 +368,7 @@ MUTATIONS = ("offset", "all_zero", "id_churn", "name_case", "name_prefix", "fini
 ARG_VALUES = st.one_of(st.integers(-5, 5), st.booleans(), st.text(alphabet='ab /é"\\', max_size=5))
 
 
-@settings(deadline=None, max_examples=120)
+@settings(deadline=None, max_examples=examples(120))
 @given(
     st.lists(
         st.tuples(

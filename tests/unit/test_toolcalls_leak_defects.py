@@ -29,6 +29,7 @@ from tapfix.proxy.mock.mutations_wire import new_wire
 from tapfix.proxy.sse import SSESplitter, event_data
 from tapfix.proxy.toolcalls.defects import SURFACES
 
+from tests.support.depth import examples
 from tests.unit.test_toolcalls_defects import BUDGET, SEEDS, SOURCE  # one corpus read, one budget
 
 CASES = [(s, f) for s in SURFACES for f in FORMATS]
@@ -134,7 +135,7 @@ def test_escape_and_wire_mutations_do_not_compose_with_the_leak() -> None:
 
 
 @pytest.mark.parametrize(("surface", "fmt"), CASES, ids=IDS)
-@settings(max_examples=5, **BUDGET)
+@settings(max_examples=examples(5), **BUDGET)
 @given(seed=SEEDS)
 def test_leaked_markup_reaches_the_client_as_exactly_the_calls(surface: str, fmt: str, seed: int) -> None:
     ex = leaked(random.Random(seed), surface, fmt)
@@ -143,7 +144,7 @@ def test_leaked_markup_reaches_the_client_as_exactly_the_calls(surface: str, fmt
 
 
 @pytest.mark.parametrize(("surface", "fmt"), CASES, ids=IDS)
-@settings(max_examples=3, **BUDGET)
+@settings(max_examples=examples(3), **BUDGET)
 @given(seed=SEEDS)
 def test_decoy_markup_passes_byte_for_byte(surface: str, fmt: str, seed: int) -> None:
     rng = random.Random(seed)

@@ -32,6 +32,7 @@ from tests.support.builders import (
     tool,
     tool_call_chunk,
 )
+from tests.support.depth import examples
 from tests.support.stage_io import client_view, judged_view, run_stage
 from tests.support.timing import best_of
 
@@ -156,7 +157,7 @@ def valid_streams(draw) -> tuple[bytes, list]:
     return b"".join(events), tools
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(valid_streams(), st.integers(0, 2**16))
 def test_valid_streams_are_byte_identical_and_streamed(stream, seed: int) -> None:
     data, tools = stream
@@ -439,7 +440,7 @@ def test_a_done_mid_stream_ends_the_stream_for_the_client() -> None:
 
 
 # -- hostile input never raises -----------------------------------------------------------------------
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=examples(150))
 @given(valid_streams(), st.integers(0, 2**16), st.sampled_from(["error", "fail_fast", "passthrough"]))
 def test_mutated_streams_never_raise_nor_hand_out_broken_arguments(stream, seed: int, policy: str) -> None:
     data, tools = stream
@@ -463,7 +464,7 @@ def test_arbitrary_bytes_never_raise(data: bytes, cut: int) -> None:
     run_stage(stage([tool("x", {})]), [data[:cut], data[cut:]])
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=examples(300))
 @given(st.text(max_size=60), st.integers(0, 2**16))
 def test_prefix_check_agrees_with_json_loads(text: str, seed: int) -> None:
     rng = random.Random(seed)
@@ -482,7 +483,7 @@ def test_prefix_check_agrees_with_json_loads(text: str, seed: int) -> None:
         assert isinstance(json.loads(text + check.closers()), dict)
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=examples(200))
 @given(ARGS, st.booleans(), st.integers(0, 2**16))
 def test_every_prefix_of_valid_arguments_is_accepted(args: dict, ascii_: bool, seed: int) -> None:
     text = json.dumps(args, ensure_ascii=ascii_)
@@ -549,7 +550,7 @@ def _finish_before_calls(data: bytes) -> bool:
     return False
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=examples(300))
 @given(valid_streams(), st.integers(0, 2**16))
 def test_prefix_mode_never_hands_out_what_the_default_mode_would_not(stream, seed: int) -> None:
     """Differential: both modes plan the same message, so without an error event the client assembles

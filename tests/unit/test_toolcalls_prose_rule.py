@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -35,6 +36,7 @@ from tapfix.proxy.toolcalls import (
 from tapfix.proxy.toolcalls.formats import REGISTRY, armed
 
 from tests.support.builders import chat_chunk, sse, sse_event
+from tests.support.depth import draws, examples
 from tests.support.rawserver import RawRequest, json_reply, sse_response
 from tests.support.stage_io import client_view, run_stage
 from tests.unit.test_toolcalls_glued import TOOLS  # opencode's write (filePath) and bash
@@ -148,8 +150,9 @@ def _chat_body(text: str, tools: list[Any] = TOOLS, **kw: Any) -> tuple[bytes, b
 
 
 def _splits(text: str) -> list[list[str]]:
-    """One character per delta, and cut inside every registered marker (two draws)."""
-    return [list(text), hostile_pieces(text, random.Random(1)), hostile_pieces(text, random.Random(2))]
+    """One character per delta, and cut inside every registered marker (two draws; one at the quick depth,
+    which of them by the text: tests/support/depth.py)."""
+    return [list(text), *(hostile_pieces(text, random.Random(1 + k)) for k in draws(2, zlib.crc32(text.encode())))]
 
 
 @pytest.mark.parametrize(("fmt", "text"), CELLS)
@@ -295,7 +298,7 @@ FRAGMENTS = st.sampled_from(
 
 
 @given(parts=st.lists(FRAGMENTS, min_size=1, max_size=12), data=st.data())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_mix_of_prose_and_markup_streams_as_its_body_reads(parts: list[str], data: st.DataObject) -> None:
     """Whatever the prose, containers and markup, and wherever the deltas are cut, a stream's client gets
     what the non-streamed body gives: the same calls and the same text, on all three surfaces."""
@@ -347,7 +350,7 @@ DELTAS = st.one_of(
 @given(
     deltas=st.lists(st.tuples(DELTAS, st.sampled_from([0, 0, 0, 1, 10])), min_size=1, max_size=8), ascii_=st.booleans()
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_the_fast_paths_deltas_are_read_as_a_json_parser_reads_them(deltas: list[Any], ascii_: bool) -> None:
     """The chunks the fast path lets through are read from their bytes in batches; whenever that reading
     answers, it is the content a JSON parser reads (else the stage parses them one by one)."""

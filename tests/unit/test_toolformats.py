@@ -22,6 +22,7 @@ from tapfix.proxy.toolcalls.formats.base import typed_calls
 from tapfix.proxy.toolcalls.schema import ToolSchemas
 
 from tests.support.builders import tool
+from tests.support.depth import examples
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "toolformats"
 
@@ -145,7 +146,7 @@ def _tools_for(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(calls=st.lists(st.tuples(NAMES, ARGS), min_size=1, max_size=3), prose=PROSE)
 def test_a_format_reads_back_what_it_renders(name: str, calls, prose: str) -> None:
     fmt = REGISTRY[name]

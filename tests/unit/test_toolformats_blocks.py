@@ -8,6 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.toolcalls.formats.blocks import Context
 
+from tests.support.depth import examples
+
 # (text before the point, the container the point is in: "" at block level)
 POINTS = [
     ("", ""),
@@ -140,7 +142,7 @@ PIECES = st.sampled_from(
 
 
 @given(parts=st.lists(PIECES, max_size=40), data=st.data())
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_reading_in_any_pieces_is_reading_the_whole(parts: list[str], data: st.DataObject) -> None:
     text = "".join(parts)
     cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=6))))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tapfix.proxy.toolcalls import (
 
 from tests.support.builders import sse_json as events
 from tests.support.builders import tool
+from tests.support.depth import split_points
 from tests.unit.test_toolcalls_invariants_evented import messages_view, responses_view
 
 VECTOR_DIR = Path(__file__).parents[1] / "vectors" / "toolformats"
@@ -60,10 +62,11 @@ def m_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def splits(text: str, seed: int) -> list[list[str]]:
-    """One character per delta, every two-piece split of a short text, and random splits."""
+    """One character per delta, every two-piece split of a short text (every fourth at the quick depth:
+    tests/support/depth.py), and random splits."""
     out = [list(text)]
     if len(text) <= 160:
-        out += [[text[:k], text[k:]] for k in range(1, len(text))]
+        out += [[text[:k], text[k:]] for k in split_points(len(text), seed)]
     rng = random.Random(seed)
     for _ in range(6):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
@@ -184,7 +187,8 @@ def test_markup_in_text_becomes_calls_split_anywhere(name: str, vector: dict[str
     tools_of, run, view, calls_and_stop, text_of, (stop_with_calls, stop_without) = EVENTED[surface]
     tools = tools_of(vector["tools"])
     want = expected(vector)
-    for pieces in splits(vector["text"], hash(name) & 0xFFFF):
+    # A seed of its own per vector and surface, the same on every run (`hash` of a str changes with the process).
+    for pieces in splits(vector["text"], zlib.crc32(f"{name}-{surface}".encode())):
         data, stage = run(text_script(pieces), tools)
         if lacks_required(vector):
             assert view(data)["errors"] and stage.outcome == "unrecoverable"

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from tapfix.proxy.store.sqlite.database import open_for_reading
 from tapfix.proxy.store.sqlite.reader import capture_body, load_capture
 
+from tests.support.depth import examples
 from tests.support.inproc import InprocProxy, cli
 
 CHAT = b"/v1/chat/completions"
@@ -210,7 +211,7 @@ def malformed_heads(draw: Any) -> tuple[str, str, bytes]:
     return "exchange", nonce, _bad_framing(draw, nonce)
 
 
-@settings(max_examples=100, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=malformed_heads())
 def test_truth_10_malformed_heads_each_leave_a_record(proxy: InprocProxy, case: tuple[str, str, bytes]) -> None:
     kind, nonce, sent = case
