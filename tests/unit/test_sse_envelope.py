@@ -14,6 +14,7 @@ from tapfix.proxy.sse import event_data
 from tapfix.proxy.sse_envelope import PROBES, Path, learn, parse_object
 
 from tests.support.builders import sse_event
+from tests.support.depth import examples
 
 # A JSON text as a tree, written by `_write` (so a key may repeat, as no encoder writes but a server may):
 # ("obj", [(key, node), ...]), ("arr", [node, ...]), ("str", text), ("lit", bytes).
@@ -104,7 +105,7 @@ def _has_repeat(node: tuple[Any, Any]) -> bool:
     return kind == "arr" and any(_has_repeat(v) for v in value)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(slotted(), SLOT_TEXTS, MIDDLES)
 def test_a_learned_envelope_reads_what_a_parse_reads(found: Found, text: str, middle: bytes) -> None:
     chunk, obj, path, parse, repeats = found
@@ -130,7 +131,7 @@ def test_a_learned_envelope_reads_what_a_parse_reads(found: Found, text: str, mi
         assert parse(other) == _with(obj, path, orjson.loads(b'"' + raw + b'"'))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(slotted(), st.integers(0, 400), st.binary(min_size=1, max_size=3))
 def test_a_chunk_of_another_shape_is_refused(found: Found, at: int, cut: bytes) -> None:
     """A chunk changed outside its slot (bytes in, or out) is read only when it still parses as the read says."""
