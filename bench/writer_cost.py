@@ -29,6 +29,7 @@ from load import AGENT_BODY, request_body  # noqa: E402
 from tapfix.proxy.assemble import assemble_sse  # noqa: E402
 from tapfix.proxy.exchange import Exchange  # noqa: E402
 from tapfix.proxy.ids import new_capture_id  # noqa: E402
+from tapfix.proxy.jsonbody import note_parse  # noqa: E402
 from tapfix.proxy.response.pipeline import StreamPipeline  # noqa: E402
 from tapfix.proxy.store.kept import as_text  # noqa: E402
 from tapfix.proxy.store.writer import CaptureWriter  # noqa: E402
@@ -50,6 +51,7 @@ def streamed(body: bytes, events: tuple[bytes, ...], headers: list[tuple[str, st
         request_headers=[("content-type", "application/json"), *headers],
     )
     ex.note_request_json(parsed)
+    note_parse(ex.extra, body, parsed)  # what the router hands on: the capture writer reads the request from it
     ex.status, ex.content_type = 200, "text/event-stream"
     ex.response_headers = [("content-type", "text/event-stream")]
     ex.response_started_at = ex.started_at + 0.01
@@ -71,6 +73,7 @@ def fresh(ex: Exchange) -> Exchange:
     new.id = new_capture_id()
     new.started_at = time.time()
     new.flags, new.tags, new.changes, new.extra = set(ex.flags), set(ex.tags), list(ex.changes), {}
+    note_parse(new.extra, ex.request, orjson.loads(ex.request))  # each request's own parse
     new.prefix_break = None
     return new
 

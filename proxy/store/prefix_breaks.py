@@ -27,7 +27,7 @@ from typing import Any
 
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import SESSION_HEADERS
-from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.jsonbody import NotedParse, json_object, noted_parse
 from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
 from tapfix.proxy.store.redact import redact_content
 from tapfix.proxy.surfaces import Surface, api_surface, surface_for
@@ -64,28 +64,36 @@ class PrefixTracker:
         self._bytes = 0
 
     def observe(
-        self, ex: Exchange, session_id: str | None, *, own_session: bool, stored: Stored | None = None
+        self,
+        ex: Exchange,
+        session_id: str | None,
+        *,
+        own_session: bool,
+        stored: Stored | None = None,
+        noted: NotedParse | None = None,
     ) -> dict[str, Any] | None:
         """`own_session`: the session started with this exchange (no explicit id, no earlier turn found);
-        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory.
-        Never raises for what a client sent: a body it can't read has no break, and its capture is stored."""
+        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory;
+        `noted`: the request side's parse of the body as forwarded (jsonbody.STORE_PARSE_KEY), read instead of
+        parsing the body again when it is the body compared. Never raises for what a client sent: a body it
+        can't read has no break, and its capture is stored."""
         try:
-            return self._observe(ex, session_id, own_session, stored)
+            return self._observe(ex, session_id, own_session, stored, noted)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
             log.warning("prefix break of %s not worked out: %s: %s", ex.id, type(e).__name__, e)
             return None
 
     def _observe(
-        self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None
+        self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None, noted: NotedParse | None
     ) -> dict[str, Any] | None:
         surface = surface_for(ex.path)
         if session_id is None or surface is None or not api_surface(surface).turns or not _own(ex):
             return None
         which, body = ("forwarded", ex.forwarded) if ex.forwarded is not None else ("request", ex.readable_request())
-        parsed = json_object(body)
+        parsed = noted_parse(noted, body) or json_object(body)
         if parsed is None and which == "forwarded":
             which, body = "request", ex.readable_request()
-            parsed = json_object(body)
+            parsed = noted_parse(noted, body) or json_object(body)
         prompt = prompt_of(parsed, surface) if parsed is not None else None
         if parsed is None or prompt is None:
             return None

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import SESSION_HEADERS
+from tapfix.proxy.jsonbody import NotedParse, noted_parse
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.sse import event_data
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
@@ -79,12 +80,13 @@ class SessionLink:
     thread_id: str | None = None  # the first exchange of its chain of requests (None: a copy, an attempt)
 
 
-def _spans(body: bytes, arrays: tuple[str, ...] = ()) -> tuple[Spans, Items]:
-    """The top-level members, and the items of the conversation arrays, in one pass over the body."""
+def _spans(body: bytes, arrays: tuple[str, ...] = (), parsed: dict[str, Any] | None = None) -> tuple[Spans, Items]:
+    """The top-level members, and the items of the conversation arrays, in one pass over the body (`parsed`: its
+    parse, when the request side's is at hand)."""
     if body[:1] != b"{" and not body.lstrip()[:1] == b"{":
         return {}, {}
     try:
-        return top_level_item_spans(body, arrays)
+        return top_level_item_spans(body, arrays, parsed)
     except (SpliceError, IndexError):
         return {}, {}
 
@@ -136,11 +138,14 @@ class SessionTracker:
         self.parser = Parser()
         self.sql = sql
 
-    def assign(self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
-        """`reply` and `client`: the answer as the client received it, assembled and as bytes."""
+    def assign(
+        self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes, noted: NotedParse | None = None
+    ) -> SessionLink:
+        """`reply` and `client`: the answer as the client received it, assembled and as bytes; `noted`: the request
+        side's parse of the body as forwarded (jsonbody.STORE_PARSE_KEY), used when it is the client's body."""
         surface = surface_for(ex.path)
         body = ex.readable_request()
-        spans, items = _spans(body, CONVERSATION_FIELDS)
+        spans, items = _spans(body, CONVERSATION_FIELDS, noted_parse(noted, body))
         answered = ex.status is not None and 200 <= ex.status < 300
         conversation = self.parser.conversation(body, spans, items, surface) if spans else None
         # Replays and probes are copies, not turns an agent continues.
