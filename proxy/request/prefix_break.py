@@ -104,8 +104,12 @@ def normal(value: Any) -> Any:
     return value
 
 
-def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
-    """The prompt part of a request on the chat, Responses or Messages surface; None on others."""
+def prompt_of(
+    parsed: dict[str, Any], surface: Surface | None, digest_of: Callable[[Any], bytes] | None = None
+) -> Prompt | None:
+    """The prompt part of a request on the chat, Responses or Messages surface; None on others. `digest_of`:
+    `digest` by another way to the same bytes (the capture writer's cache of units seen, store/unit_digests.py)."""
+    of = digest_of or digest
     units: list[Unit] = []
     conversation: list[Unit] = []
     api = api_surface(surface)
@@ -113,12 +117,12 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
     if field is None:
         return None
     if api.instructions is not None:  # the system prompt in a field of its own
-        units += _system(parsed.get(api.instructions), (api.instructions,))
+        units += _system(parsed.get(api.instructions), (api.instructions,), of)
         given = parsed.get(field)
         if api.item_turns and isinstance(given, str):
-            conversation = [_unit("item", (field,), given)]
+            conversation = [_unit("item", (field,), given, of=of)]
         else:
-            conversation = [_unit("item", (field, i), m) for i, m in enumerate(_list(given))]
+            conversation = [_unit("item", (field, i), m, of=of) for i, m in enumerate(_list(given))]
     else:  # chat: system and developer messages lead the turns
         messages = _list(parsed.get("messages"))
         lead = 0
@@ -127,11 +131,11 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
         for i in range(lead):
             content = messages[i].get("content")
             if isinstance(content, list) and len(content) > 1:
-                units += _system(content, ("messages", i, "content"))
+                units += _system(content, ("messages", i, "content"), of)
             else:
-                units.append(_unit("system", ("messages", i), messages[i], _billing(content)))
-        conversation = [_unit("item", ("messages", i), m) for i, m in enumerate(messages) if i >= lead]
-    tools = [_unit("tool", ("tools", i), t) for i, t in enumerate(_list(parsed.get("tools")))]
+                units.append(_unit("system", ("messages", i), messages[i], _billing(content), of))
+        conversation = [_unit("item", ("messages", i), m, of=of) for i, m in enumerate(messages) if i >= lead]
+    tools = [_unit("tool", ("tools", i), t, of=of) for i, t in enumerate(_list(parsed.get("tools")))]
     settings = {k: _setting(k, parsed[k]) for k in TEMPLATE_FIELDS if k in parsed}
     return Prompt((*units, *tools, *conversation), len(conversation), settings, parsed.get("prompt_cache_key"))
 
@@ -157,8 +161,8 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _unit(kind: str, path: Path, value: Any, volatile: bool = False) -> Unit:
-    return Unit(kind, path, value, digest(value), volatile)
+def _unit(kind: str, path: Path, value: Any, volatile: bool = False, of: Callable[[Any], bytes] | None = None) -> Unit:
+    return Unit(kind, path, value, (of or digest)(value), volatile)
 
 
 def digest(value: Any) -> bytes:
@@ -182,12 +186,12 @@ def _billing(value: Any) -> bool:
     return is_billing_line(text)
 
 
-def _system(value: Any, path: Path) -> list[Unit]:
+def _system(value: Any, path: Path, of: Callable[[Any], bytes] | None = None) -> list[Unit]:
     if value is None:
         return []
     if isinstance(value, list):
-        return [_unit("system", (*path, i), b, _billing(b)) for i, b in enumerate(value)]
-    return [_unit("system", path, value, _billing(value))]
+        return [_unit("system", (*path, i), b, _billing(b), of) for i, b in enumerate(value)]
+    return [_unit("system", path, value, _billing(value), of)]
 
 
 def shared(previous: Prompt, new: Prompt) -> int:

@@ -30,6 +30,7 @@ from tapfix.proxy.http_headers import SESSION_HEADERS
 from tapfix.proxy.jsonbody import NotedParse, json_object, noted_parse
 from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
 from tapfix.proxy.store.redact import redact_content
+from tapfix.proxy.store.unit_digests import UnitDigests
 from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 # A session this writer hasn't seen yet (a restart, another instance of a fleet): its latest requests from the
@@ -62,6 +63,7 @@ class PrefixTracker:
         self.per_session = per_session
         self._recent: OrderedDict[str, deque[_Recent]] = OrderedDict()
         self._bytes = 0
+        self.digests = UnitDigests()  # a thread's units come again every turn: digested once
 
     def observe(
         self,
@@ -94,7 +96,7 @@ class PrefixTracker:
         if parsed is None and which == "forwarded":
             which, body = "request", ex.readable_request()
             parsed = noted_parse(noted, body) or json_object(body)
-        prompt = prompt_of(parsed, surface) if parsed is not None else None
+        prompt = prompt_of(parsed, surface, self.digests) if parsed is not None else None
         if parsed is None or prompt is None:
             return None
         # Only what came before it: a batch written again after a failed transaction meets its own exchanges.
@@ -127,13 +129,13 @@ class PrefixTracker:
         for capture_id, ts, path, body in reversed(stored(session_id, own_id, STORED_LIMIT)):
             surface = surface_for(path or "")
             parsed = json_object(bytes(body)) if body is not None and surface is not None else None
-            prompt = prompt_of(parsed, surface) if parsed is not None else None
+            prompt = prompt_of(parsed, surface, self.digests) if parsed is not None else None
             if prompt is not None and surface is not None:
                 self._keep(session_id, _Recent(str(capture_id), float(ts), prompt.light(), bytes(body), surface))
 
     def _compare(self, previous: _Recent, prompt: Prompt, body: bytes, which: str) -> dict[str, Any] | None:
         parsed = json_object(previous.body)
-        whole = prompt_of(parsed, previous.surface) if parsed is not None else None
+        whole = prompt_of(parsed, previous.surface, self.digests) if parsed is not None else None
         if whole is None:
             return None
         found = find_break(whole, prompt, body)
