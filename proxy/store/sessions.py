@@ -131,6 +131,22 @@ def response_id(client: bytes) -> str | None:
     return None
 
 
+def _longest(conn: Executes, sql: str, parents: list[str], rest: list[object]) -> tuple[Any, ...] | None:
+    """`sql` (`continued` or `continued_in`: the longest prefix first) over `parents`. The longest prefix alone
+    first: an agent's turn continues its previous one, whose digest is the last parent, and a row found for
+    it is the one the whole lookup orders first (its `k` is the highest). One statement, compiled once, and
+    one index probe, where the whole lookup's statement grew by a parent each turn (compiled again each
+    time, probing every earlier turn). Found nothing: the whole lookup, as before."""
+    last: list[object] = [parents[-1], len(parents) - 1]
+    row = conn.execute(sql.format(values="(?, ?)"), [*last, *rest]).fetchone()
+    if row is not None or len(parents) == 1:
+        return None if row is None else tuple(row)
+    values = ", ".join("(?, ?)" for _ in parents)
+    args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
+    found = conn.execute(sql.format(values=values), [*args, *rest]).fetchone()
+    return None if found is None else tuple(found)
+
+
 class SessionTracker:
     """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
 
@@ -176,16 +192,12 @@ class SessionTracker:
 
     def _continued(self, conn: Executes, parents: list[str], ex: Exchange) -> tuple[str, str] | None:
         """One indexed lookup: the session and thread of the exchange behind the longest matching prefix."""
-        values = ", ".join("(?, ?)" for _ in parents)
-        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
-        row = conn.execute(self.sql.continued.format(values=values), [*args, ex.client_addr, ex.user_agent]).fetchone()
+        row = _longest(conn, self.sql.continued, parents, [ex.client_addr, ex.user_agent])
         return None if row is None else (str(row[0]), str(row[1]))
 
     def _thread_in(self, conn: Executes, parents: list[str], session_id: str) -> str | None:
         """The thread of the exchange behind the longest matching prefix in this session, if any."""
-        values = ", ".join("(?, ?)" for _ in parents)
-        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
-        row = conn.execute(self.sql.continued_in.format(values=values), [*args, session_id]).fetchone()
+        row = _longest(conn, self.sql.continued_in, parents, [session_id])
         return None if row is None else str(row[0])
 
     def record(self, conn: Executes, link: SessionLink, ex: Exchange) -> None:
