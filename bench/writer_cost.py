@@ -16,6 +16,7 @@ The answers pass the real `StreamPipeline` with the chat repair stage armed, as 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import sys
 import tempfile
@@ -111,6 +112,8 @@ WRITE = os.environ.get("WRITE", "1") == "1"
 
 def run(kind: str, n: int, batch: int = 8) -> float:
     exchanges = profile_exchanges(n + batch) if kind == "profile" else thread_exchanges(n + batch)
+    gc.collect()
+    gc.freeze()  # the prepared exchanges aside: a full collection over them would land in one run, not the other
     with tempfile.TemporaryDirectory() as tmp:
         writer = CaptureWriter(Path(tmp) / "c.db")
         try:
@@ -128,6 +131,7 @@ def run(kind: str, n: int, batch: int = 8) -> float:
                 assert err is None, err
         finally:
             writer.close()
+            gc.unfreeze()
     return spent / n * 1e6
 
 
