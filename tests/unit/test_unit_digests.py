@@ -76,7 +76,7 @@ def _by_oracle(units: tuple[Unit, ...]) -> list[tuple[str, object, bytes, bool]]
     return [(u.kind, u.path, _oracle(u.value), u.volatile) for u in units]
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(st.lists(bodies, min_size=1, max_size=4), st.sampled_from(PATHS))
 def test_remembered_digests_are_the_computed_ones(turns, path):
     """Turns through one cache (the writer's: what one turn put in, the next finds), each the turn grown or
@@ -96,7 +96,7 @@ def test_remembered_digests_are_the_computed_ones(turns, path):
                 assert [(u.kind, u.path, u.digest, u.volatile) for u in cached.units] == _by_oracle(cached.units)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(values, values)
 def test_a_value_is_never_given_anothers_digest(first, second):
     remembered = UnitDigests()
