@@ -19,6 +19,7 @@ from tapfix.addons.runner.runtime import (
 )
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonbody import note_parse
 from tapfix.proxy.regenerate.records import ATTEMPT_RECORDS
 from tapfix.proxy.store.redact import redact_url
 from tapfix.proxy.surfaces import is_inference
@@ -42,9 +43,12 @@ class RecordRequest:
             # With a request policy, the router parses the body once and notes it instead.
             if is_inference(request.path):
                 try:
-                    ex.note_request_json(orjson.loads(body) if body[:1] == b"{" else None)
+                    parsed = orjson.loads(body) if body[:1] == b"{" else None
                 except orjson.JSONDecodeError:
-                    ex.note_request_json(None)
+                    parsed = None
+                ex.note_request_json(parsed)
+                if isinstance(parsed, dict):  # the capture writer reads the request from it (jsonbody.parse_for_store)
+                    note_parse(ex.extra, body, parsed)
         flow.metadata[META] = ex
         self.runtime.exchanges_seen += 1
 

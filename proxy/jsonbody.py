@@ -46,12 +46,16 @@ def canonical_arguments(value: Any) -> bytes:
 
 
 PARSED_KEY = "parsed_body"  # Exchange.extra: the request body as forwarded and its parse (`shared_parse`)
+# Exchange.extra: the same pair, kept for the capture writer after the request side let go of PARSED_KEY
+# (`parse_for_store`): its session and prefix-break trackers read the request from it instead of parsing it again.
+STORE_PARSE_KEY = "parsed_for_store"
+NotedParse = tuple[bytes, dict[str, Any] | None]  # what PARSED_KEY and STORE_PARSE_KEY hold: a body and its parse
 
 
 def note_parse(extra: MutableMapping[str, Any], body: bytes, parsed: dict[str, Any] | None) -> None:
     """Issue 34: `parsed` is the parse of `body`, the request body as it now goes upstream. An addon that changes
     the body notes the new pair (or drops the entry), so the next one reading it needn't parse it again."""
-    extra[PARSED_KEY] = (body, parsed)
+    extra[PARSED_KEY] = extra[STORE_PARSE_KEY] = (body, parsed)
 
 
 def shared_parse(extra: MutableMapping[str, Any], body: bytes) -> dict[str, Any] | None:
@@ -62,5 +66,14 @@ def shared_parse(extra: MutableMapping[str, Any], body: bytes) -> dict[str, Any]
         found: dict[str, Any] | None = noted[1]
         return found
     parsed = json_object(body)
-    extra[PARSED_KEY] = (body, parsed)
+    extra[PARSED_KEY] = extra[STORE_PARSE_KEY] = (body, parsed)
     return parsed
+
+
+def noted_parse(noted: NotedParse | None, body: bytes) -> dict[str, Any] | None:
+    """The parse in `noted` (the pair kept under STORE_PARSE_KEY) when it is the parse of these bytes, else None
+    (not parsed here). The bytes decide, so a body changed after its parse was noted is parsed again by the
+    caller. Read-only, as `shared_parse`'s."""
+    if noted is not None and (noted[0] is body or noted[0] == body):
+        return noted[1]
+    return None

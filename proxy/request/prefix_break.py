@@ -45,7 +45,7 @@ _SYSTEM_ROLES = ("system", "developer")
 Path = tuple[str | int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one's init costs 4x, and every turn builds each unit (never changed)
 class Unit:
     kind: str  # system | tool | item
     path: Path
@@ -62,11 +62,16 @@ class Prompt:
     conversation: int  # how many conversation items
     settings: dict[str, Any] = field(default_factory=dict)  # TEMPLATE_FIELDS present
     cache_key: Any = None
+    # The units' kinds and digests in one string (`_signature`), so comparing two prompts' units is comparing
+    # bytes, not a loop over units (issue 34: a thread's every earlier request is compared each turn). None:
+    # compared unit by unit.
+    signature: bytes | None = field(default=None, compare=False)
+    volatile: bool = field(default=True, compare=False)  # it has a billing line (`shared` passes it over)
 
     def light(self) -> Prompt:
         """Without the parsed values: what a recent request is kept as (its body parses again on a break)."""
         units = tuple(Unit(u.kind, u.path, None, u.digest, u.volatile) for u in self.units)
-        return Prompt(units, self.conversation, self.settings, self.cache_key)
+        return Prompt(units, self.conversation, self.settings, self.cache_key, self.signature, self.volatile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +109,12 @@ def normal(value: Any) -> Any:
     return value
 
 
-def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
-    """The prompt part of a request on the chat, Responses or Messages surface; None on others."""
+def prompt_of(
+    parsed: dict[str, Any], surface: Surface | None, digest_of: Callable[[Any], bytes] | None = None
+) -> Prompt | None:
+    """The prompt part of a request on the chat, Responses or Messages surface; None on others. `digest_of`:
+    `digest` by another way to the same bytes (the capture writer's cache of units seen, store/unit_digests.py)."""
+    of = digest_of or digest
     units: list[Unit] = []
     conversation: list[Unit] = []
     api = api_surface(surface)
@@ -113,12 +122,12 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
     if field is None:
         return None
     if api.instructions is not None:  # the system prompt in a field of its own
-        units += _system(parsed.get(api.instructions), (api.instructions,))
+        units += _system(parsed.get(api.instructions), (api.instructions,), of)
         given = parsed.get(field)
         if api.item_turns and isinstance(given, str):
-            conversation = [_unit("item", (field,), given)]
+            conversation = [_unit("item", (field,), given, of=of)]
         else:
-            conversation = [_unit("item", (field, i), m) for i, m in enumerate(_list(given))]
+            conversation = [_unit("item", (field, i), m, of=of) for i, m in enumerate(_list(given))]
     else:  # chat: system and developer messages lead the turns
         messages = _list(parsed.get("messages"))
         lead = 0
@@ -127,13 +136,41 @@ def prompt_of(parsed: dict[str, Any], surface: Surface | None) -> Prompt | None:
         for i in range(lead):
             content = messages[i].get("content")
             if isinstance(content, list) and len(content) > 1:
-                units += _system(content, ("messages", i, "content"))
+                units += _system(content, ("messages", i, "content"), of)
             else:
-                units.append(_unit("system", ("messages", i), messages[i], _billing(content)))
-        conversation = [_unit("item", ("messages", i), m) for i, m in enumerate(messages) if i >= lead]
-    tools = [_unit("tool", ("tools", i), t) for i, t in enumerate(_list(parsed.get("tools")))]
+                units.append(_unit("system", ("messages", i), messages[i], _billing(content), of))
+        conversation = [_unit("item", ("messages", i), m, of=of) for i, m in enumerate(messages) if i >= lead]
+    tools = [_unit("tool", ("tools", i), t, of=of) for i, t in enumerate(_list(parsed.get("tools")))]
     settings = {k: _setting(k, parsed[k]) for k in TEMPLATE_FIELDS if k in parsed}
-    return Prompt((*units, *tools, *conversation), len(conversation), settings, parsed.get("prompt_cache_key"))
+    every = (*units, *tools, *conversation)
+    volatile = any(u.volatile for u in every)
+    return Prompt(every, len(conversation), settings, parsed.get("prompt_cache_key"), _signature(every), volatile)
+
+
+_KINDS = {"system": b"s", "tool": b"t", "item": b"i"}
+_WIDTH = 17  # a unit in a signature: its kind's letter and its 16-byte digest
+
+
+def _signature(units: Sequence[Unit]) -> bytes | None:
+    if any(len(u.digest) != _WIDTH - 1 or u.kind not in _KINDS for u in units):
+        return None
+    return b"".join([_KINDS[u.kind] + u.digest for u in units])
+
+
+def _leading(a: bytes, b: bytes) -> int:
+    """How many leading units two signatures share: the longest common prefix in whole units (a bisection on
+    slices, compared at memcmp speed)."""
+    hi = min(len(a), len(b)) // _WIDTH
+    if a[: hi * _WIDTH] == b[: hi * _WIDTH]:
+        return hi
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo * _WIDTH : mid * _WIDTH] == b[lo * _WIDTH : mid * _WIDTH]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def json_path(path: Path) -> str:
@@ -157,8 +194,8 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _unit(kind: str, path: Path, value: Any, volatile: bool = False) -> Unit:
-    return Unit(kind, path, value, digest(value), volatile)
+def _unit(kind: str, path: Path, value: Any, volatile: bool = False, of: Callable[[Any], bytes] | None = None) -> Unit:
+    return Unit(kind, path, value, (of or digest)(value), volatile)
 
 
 def digest(value: Any) -> bytes:
@@ -182,16 +219,18 @@ def _billing(value: Any) -> bool:
     return is_billing_line(text)
 
 
-def _system(value: Any, path: Path) -> list[Unit]:
+def _system(value: Any, path: Path, of: Callable[[Any], bytes] | None = None) -> list[Unit]:
     if value is None:
         return []
     if isinstance(value, list):
-        return [_unit("system", (*path, i), b, _billing(b)) for i, b in enumerate(value)]
-    return [_unit("system", path, value, _billing(value))]
+        return [_unit("system", (*path, i), b, _billing(b), of) for i, b in enumerate(value)]
+    return [_unit("system", path, value, _billing(value), of)]
 
 
 def shared(previous: Prompt, new: Prompt) -> int:
     """How many leading units the two share; a billing line on both sides is passed over, not counted."""
+    if previous.signature is not None and new.signature is not None and not (previous.volatile or new.volatile):
+        return _leading(previous.signature, new.signature)
     count = 0
     for old, now in zip(previous.units, new.units, strict=False):
         if old.volatile and now.volatile:
@@ -205,6 +244,9 @@ def shared(previous: Prompt, new: Prompt) -> int:
 def _extends_conversation(previous: Prompt, new: Prompt) -> bool:
     if new.conversation <= previous.conversation or previous.conversation == 0:
         return False
+    if previous.signature is not None and new.signature is not None:  # the items are the units at the end
+        old_items = previous.signature[len(previous.signature) - previous.conversation * _WIDTH :]
+        return new.signature[len(new.signature) - new.conversation * _WIDTH :].startswith(old_items)
     old = [u.digest for u in previous.units if u.kind == "item"]
     now = [u.digest for u in new.units if u.kind == "item"]
     return now[: len(old)] == old
@@ -229,6 +271,8 @@ def extends(previous: Prompt, new: Prompt) -> bool:
         return False
     if previous.cache_key is not None and previous.cache_key != new.cache_key:
         return False
+    if previous.signature is not None and new.signature is not None:
+        return new.signature.startswith(previous.signature)
     return all(a.kind == b.kind and a.digest == b.digest for a, b in zip(previous.units, new.units, strict=False))
 
 

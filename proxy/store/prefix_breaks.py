@@ -27,9 +27,10 @@ from typing import Any
 
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import SESSION_HEADERS
-from tapfix.proxy.jsonbody import json_object
+from tapfix.proxy.jsonbody import NotedParse, json_object, noted_parse
 from tapfix.proxy.request.prefix_break import Prompt, extends, find_break, previous_in_thread, prompt_of
 from tapfix.proxy.store.redact import redact_content
+from tapfix.proxy.store.unit_digests import UnitDigests
 from tapfix.proxy.surfaces import Surface, api_surface, surface_for
 
 # A session this writer hasn't seen yet (a restart, another instance of a fleet): its latest requests from the
@@ -62,31 +63,40 @@ class PrefixTracker:
         self.per_session = per_session
         self._recent: OrderedDict[str, deque[_Recent]] = OrderedDict()
         self._bytes = 0
+        self.digests = UnitDigests()  # a thread's units come again every turn: digested once
 
     def observe(
-        self, ex: Exchange, session_id: str | None, *, own_session: bool, stored: Stored | None = None
+        self,
+        ex: Exchange,
+        session_id: str | None,
+        *,
+        own_session: bool,
+        stored: Stored | None = None,
+        noted: NotedParse | None = None,
     ) -> dict[str, Any] | None:
         """`own_session`: the session started with this exchange (no explicit id, no earlier turn found);
-        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory.
-        Never raises for what a client sent: a body it can't read has no break, and its capture is stored."""
+        `stored`: reads a session's latest requests from the store (STORED), for a session not in memory;
+        `noted`: the request side's parse of the body as forwarded (jsonbody.STORE_PARSE_KEY), read instead of
+        parsing the body again when it is the body compared. Never raises for what a client sent: a body it
+        can't read has no break, and its capture is stored."""
         try:
-            return self._observe(ex, session_id, own_session, stored)
+            return self._observe(ex, session_id, own_session, stored, noted)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
             log.warning("prefix break of %s not worked out: %s: %s", ex.id, type(e).__name__, e)
             return None
 
     def _observe(
-        self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None
+        self, ex: Exchange, session_id: str | None, own_session: bool, stored: Stored | None, noted: NotedParse | None
     ) -> dict[str, Any] | None:
         surface = surface_for(ex.path)
         if session_id is None or surface is None or not api_surface(surface).turns or not _own(ex):
             return None
         which, body = ("forwarded", ex.forwarded) if ex.forwarded is not None else ("request", ex.readable_request())
-        parsed = json_object(body)
+        parsed = noted_parse(noted, body) or json_object(body)
         if parsed is None and which == "forwarded":
             which, body = "request", ex.readable_request()
-            parsed = json_object(body)
-        prompt = prompt_of(parsed, surface) if parsed is not None else None
+            parsed = noted_parse(noted, body) or json_object(body)
+        prompt = prompt_of(parsed, surface, self.digests) if parsed is not None else None
         if parsed is None or prompt is None:
             return None
         # Only what came before it: a batch written again after a failed transaction meets its own exchanges.
@@ -119,13 +129,13 @@ class PrefixTracker:
         for capture_id, ts, path, body in reversed(stored(session_id, own_id, STORED_LIMIT)):
             surface = surface_for(path or "")
             parsed = json_object(bytes(body)) if body is not None and surface is not None else None
-            prompt = prompt_of(parsed, surface) if parsed is not None else None
+            prompt = prompt_of(parsed, surface, self.digests) if parsed is not None else None
             if prompt is not None and surface is not None:
                 self._keep(session_id, _Recent(str(capture_id), float(ts), prompt.light(), bytes(body), surface))
 
     def _compare(self, previous: _Recent, prompt: Prompt, body: bytes, which: str) -> dict[str, Any] | None:
         parsed = json_object(previous.body)
-        whole = prompt_of(parsed, previous.surface) if parsed is not None else None
+        whole = prompt_of(parsed, previous.surface, self.digests) if parsed is not None else None
         if whole is None:
             return None
         found = find_break(whole, prompt, body)

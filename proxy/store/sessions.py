@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.http_headers import SESSION_HEADERS
+from tapfix.proxy.jsonbody import NotedParse, noted_parse
 from tapfix.proxy.jsonsplice import SpliceError, top_level_item_spans
 from tapfix.proxy.sse import event_data
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, Items, Parser, Spans, reply_parts
@@ -79,12 +80,13 @@ class SessionLink:
     thread_id: str | None = None  # the first exchange of its chain of requests (None: a copy, an attempt)
 
 
-def _spans(body: bytes, arrays: tuple[str, ...] = ()) -> tuple[Spans, Items]:
-    """The top-level members, and the items of the conversation arrays, in one pass over the body."""
+def _spans(body: bytes, arrays: tuple[str, ...] = (), parsed: dict[str, Any] | None = None) -> tuple[Spans, Items]:
+    """The top-level members, and the items of the conversation arrays, in one pass over the body (`parsed`: its
+    parse, when the request side's is at hand)."""
     if body[:1] != b"{" and not body.lstrip()[:1] == b"{":
         return {}, {}
     try:
-        return top_level_item_spans(body, arrays)
+        return top_level_item_spans(body, arrays, parsed)
     except (SpliceError, IndexError):
         return {}, {}
 
@@ -129,6 +131,22 @@ def response_id(client: bytes) -> str | None:
     return None
 
 
+def _longest(conn: Executes, sql: str, parents: list[str], rest: list[object]) -> tuple[Any, ...] | None:
+    """`sql` (`continued` or `continued_in`: the longest prefix first) over `parents`. The longest prefix alone
+    first: an agent's turn continues its previous one, whose digest is the last parent, and a row found for
+    it is the one the whole lookup orders first (its `k` is the highest). One statement, compiled once, and
+    one index probe, where the whole lookup's statement grew by a parent each turn (compiled again each
+    time, probing every earlier turn). Found nothing: the whole lookup, as before."""
+    last: list[object] = [parents[-1], len(parents) - 1]
+    row = conn.execute(sql.format(values="(?, ?)"), [*last, *rest]).fetchone()
+    if row is not None or len(parents) == 1:
+        return None if row is None else tuple(row)
+    values = ", ".join("(?, ?)" for _ in parents)
+    args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
+    found = conn.execute(sql.format(values=values), [*args, *rest]).fetchone()
+    return None if found is None else tuple(found)
+
+
 class SessionTracker:
     """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
 
@@ -136,11 +154,14 @@ class SessionTracker:
         self.parser = Parser()
         self.sql = sql
 
-    def assign(self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes) -> SessionLink:
-        """`reply` and `client`: the answer as the client received it, assembled and as bytes."""
+    def assign(
+        self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes, noted: NotedParse | None = None
+    ) -> SessionLink:
+        """`reply` and `client`: the answer as the client received it, assembled and as bytes; `noted`: the request
+        side's parse of the body as forwarded (jsonbody.STORE_PARSE_KEY), used when it is the client's body."""
         surface = surface_for(ex.path)
         body = ex.readable_request()
-        spans, items = _spans(body, CONVERSATION_FIELDS)
+        spans, items = _spans(body, CONVERSATION_FIELDS, noted_parse(noted, body))
         answered = ex.status is not None and 200 <= ex.status < 300
         conversation = self.parser.conversation(body, spans, items, surface) if spans else None
         # Replays and probes are copies, not turns an agent continues.
@@ -171,16 +192,12 @@ class SessionTracker:
 
     def _continued(self, conn: Executes, parents: list[str], ex: Exchange) -> tuple[str, str] | None:
         """One indexed lookup: the session and thread of the exchange behind the longest matching prefix."""
-        values = ", ".join("(?, ?)" for _ in parents)
-        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
-        row = conn.execute(self.sql.continued.format(values=values), [*args, ex.client_addr, ex.user_agent]).fetchone()
+        row = _longest(conn, self.sql.continued, parents, [ex.client_addr, ex.user_agent])
         return None if row is None else (str(row[0]), str(row[1]))
 
     def _thread_in(self, conn: Executes, parents: list[str], session_id: str) -> str | None:
         """The thread of the exchange behind the longest matching prefix in this session, if any."""
-        values = ", ".join("(?, ?)" for _ in parents)
-        args: list[object] = [x for k, h in enumerate(parents) for x in (h, k)]
-        row = conn.execute(self.sql.continued_in.format(values=values), [*args, session_id]).fetchone()
+        row = _longest(conn, self.sql.continued_in, parents, [session_id])
         return None if row is None else str(row[0])
 
     def record(self, conn: Executes, link: SessionLink, ex: Exchange) -> None:

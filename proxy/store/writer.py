@@ -25,6 +25,7 @@ import orjson
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.assemble.flags import response_flags
 from tapfix.proxy.exchange import Exchange
+from tapfix.proxy.jsonbody import STORE_PARSE_KEY
 from tapfix.proxy.store.choices import write_choices
 from tapfix.proxy.store.engine_error import upstream_error, upstream_view
 from tapfix.proxy.store.exchange_row import assemble_answer, attempt_columns, exchange_row
@@ -232,6 +233,7 @@ class CaptureWriter:
                 self._stopping = True
                 wait_until = min(wait_until, self._give_up_at)
             else:
+                item.extra.pop(STORE_PARSE_KEY, None)  # held for long perhaps: the body is parsed again when written
                 self._hold([as_text(item)])
         if self._stopping and time.monotonic() >= self._give_up_at:
             left = self.held.take(len(self.held))
@@ -420,13 +422,17 @@ class CaptureWriter:
                 first_token_ms = ex.chunk_times[upstream_answer.first_token_chunk] * 1000
         # An attempt's reply is not what the client received: it is no turn of a session (a later turn
         # continues its client-facing capture), so it gets no session and nothing to be continued by.
+        # The request side's parse of the body it forwarded (issue 34): read, not parsed again; its memory goes here.
+        noted = ex.extra.pop(STORE_PARSE_KEY, None)
         if ex.attempt_of is not None:
             link = SessionLink(None)
         else:
-            link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client))
+            link = self.sessions.assign(self.backend, ex, assembled, ex.readable(client), noted)
         session_id = link.session_id
         own = session_id == f"s-{ex.id}"
-        ex.prefix_break = self.prefixes.observe(ex, session_id, own_session=own, stored=self._stored_requests)
+        ex.prefix_break = self.prefixes.observe(
+            ex, session_id, own_session=own, stored=self._stored_requests, noted=noted
+        )
         if assembled.usage is None and upstream_answer is not None:
             assembled.usage = upstream_answer.usage  # the engine's counts, for a client that didn't ask for them
         flags = set(ex.flags)

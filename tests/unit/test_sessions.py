@@ -12,7 +12,7 @@ import sqlite3
 from typing import Any
 
 import orjson
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
@@ -374,3 +374,40 @@ def test_copies_and_attempts_have_no_thread(tmp_path):
     replay = _turn([{"role": "user", "content": "hi"}], "hello", session_hint="replay-1", tags={"replay"})
     _write(db, replay)
     assert _threads(db)[replay.id] == ("replay-1", None)
+
+
+# -- the longest prefix alone first (issue 34) -----------------------------------------------------------------
+hashes = st.sampled_from(["h0", "h1", "h2", "h3", "h4"])
+rows = st.lists(
+    st.tuples(hashes, st.sampled_from(["s1", "s2", None]), st.sampled_from(["a", "b"]), st.sampled_from(["t1", None])),
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows, st.lists(hashes, min_size=1, max_size=5), st.sampled_from(["a", "b"]), st.sampled_from(["s1", "s2"]))
+def test_the_last_parent_first_finds_what_the_whole_lookup_finds(stored, parents, addr, session):
+    """`_longest` asks for the last parent alone before all of them: the row it returns is the whole lookup's."""
+    from tapfix.proxy.store.sessions import _longest
+
+    conn = open_for_writing(":memory:")
+    for i, (chain, session_id, client, thread) in enumerate(stored):
+        conn.execute(
+            "insert into exchanges (id, ts, started_at, chain_hash, session_id, client_addr, user_agent, thread_id)"
+            " values (?, ?, '', ?, ?, ?, 'ua', ?)",
+            (f"x{i}", i, chain, session_id, client, thread),
+        )
+        if session_id is not None:
+            conn.execute(
+                "insert or ignore into sessions (id, first_at, last_at, tip_hash) values (?, '', '', ?)",
+                (session_id, chain),
+            )
+
+    def whole(sql, rest):
+        values = ", ".join("(?, ?)" for _ in parents)
+        args = [x for k, h in enumerate(parents) for x in (h, k)]
+        found = conn.execute(sql.format(values=values), [*args, *rest]).fetchone()
+        return None if found is None else tuple(found)
+
+    for sql, rest in ((SQLITE_SESSION_SQL.continued, [addr, "ua"]), (SQLITE_SESSION_SQL.continued_in, [session])):
+        assert _longest(conn, sql, parents, rest) == whole(sql, rest)

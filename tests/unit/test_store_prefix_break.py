@@ -253,3 +253,22 @@ def test_privacy_mode_keeps_the_point_and_drops_the_excerpts(tmp_path):
     assert (found["path"], found["cause"]) == ("$.system[0].text", "system_edited")
     assert "old" not in found and "new" not in found
     assert b"Alice" not in db.read_bytes()
+
+
+def test_the_request_sides_parse_is_read_only_for_the_bytes_it_was_made_of(tmp_path):
+    """Issue 34: the writer reads the router's parse of the forwarded body (jsonbody.STORE_PARSE_KEY) instead of
+    parsing it again; a pair whose bytes are not the body compared (changed after it was noted) is not used."""
+    main = [_text(LINE.format("4e6")), _text("You are Claude Code.")]
+    turn3 = [*TURN2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more"}]
+    two = _messages_turn(main, TURN2)
+    three = _messages_turn([_text(LINE.format("a1f")), main[1]], turn3)
+    stale = three.request.replace(b"a1f", b"4e6")
+    # Made of other bytes: ignored, the body is parsed and the billing line's change found.
+    tracker = PrefixTracker()
+    assert tracker.observe(two, "cc-1", own_session=False, noted=(two.request, orjson.loads(two.request))) is None
+    got = tracker.observe(three, "cc-1", own_session=False, noted=(stale, orjson.loads(stale)))
+    assert got is not None and got["cause"] == "billing_line"
+    # Made of these bytes: read as it is (this one says the line never changed: no break).
+    tracker = PrefixTracker()
+    assert tracker.observe(two, "cc-1", own_session=False, noted=(two.request, orjson.loads(two.request))) is None
+    assert tracker.observe(three, "cc-1", own_session=False, noted=(bytes(three.request), orjson.loads(stale))) is None
