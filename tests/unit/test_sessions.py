@@ -23,6 +23,8 @@ from tapfix.proxy.store.sqlite.database import open_for_writing
 from tapfix.proxy.store.sqlite.writer import SQLITE_SESSION_SQL
 from tapfix.proxy.store.writer import CaptureWriter
 
+from tests.support.depth import examples
+
 
 def conversation(body: dict[str, Any] | bytes, surface: Any = "chat", parser: Parser | None = None) -> Conversation:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -384,7 +386,7 @@ rows = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(rows, st.lists(hashes, min_size=1, max_size=5), st.sampled_from(["a", "b"]), st.sampled_from(["s1", "s2"]))
 def test_the_last_parent_first_finds_what_the_whole_lookup_finds(stored, parents, addr, session):
     """`_longest` asks for the last parent alone before all of them: the row it returns is the whole lookup's."""

@@ -22,6 +22,8 @@ from tapfix.proxy.request.prefix_break import (
 from tapfix.proxy.store.unit_digests import UnitDigests
 from tapfix.proxy.surfaces import surface_for
 
+from tests.support.depth import examples
+
 keys = st.sampled_from(["text", "type", "cache_control", "content", "role", "tool_calls", "name", "a"])
 texts = st.text(max_size=6) | st.sampled_from(["text", "system", '[{"text":', '"cache_control":', "é", "\ud800"])
 numbers = (
@@ -76,7 +78,7 @@ def _by_oracle(units: tuple[Unit, ...]) -> list[tuple[str, object, bytes, bool]]
     return [(u.kind, u.path, _oracle(u.value), u.volatile) for u in units]
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(bodies, min_size=1, max_size=4), st.sampled_from(PATHS))
 def test_remembered_digests_are_the_computed_ones(turns, path):
     """Turns through one cache (the writer's: what one turn put in, the next finds), each the turn grown or
@@ -96,7 +98,7 @@ def test_remembered_digests_are_the_computed_ones(turns, path):
                 assert [(u.kind, u.path, u.digest, u.volatile) for u in cached.units] == _by_oracle(cached.units)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(values, values)
 def test_a_value_is_never_given_anothers_digest(first, second):
     remembered = UnitDigests()
@@ -123,7 +125,7 @@ billing = st.sampled_from([f"x-anthropic-billing-header: cc_version=2.1.{v}; cc_
 system = st.lists(st.builds(lambda t: {"type": "text", "text": t}, billing | texts), max_size=3)
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(st.lists(bodies, min_size=2, max_size=4), st.lists(system, min_size=2, max_size=4), st.sampled_from(PATHS))
 def test_prompts_compare_by_signature_as_unit_by_unit(turns, systems, path):
     """`shared`, `extends` and the thread lookup read the units' signature: the same answers as the loops over
