@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mitmproxy import options
-from mitmproxy.tools.dump import DumpMaster
+from mitmproxy.master import Master
 from tapfix.addons import default_addons
 from tapfix.addons.runner import client_write, event_loop, raw_head, reset_tail
 from tapfix.addons.runner.runtime import Runtime
@@ -188,7 +188,7 @@ class Serving:
     """A proxy that listens, for whoever started it off the main thread (the in-process test tier): the
     addresses it listens on (port 0 picks one) and a thread-safe stop that does what SIGTERM does."""
 
-    master: DumpMaster
+    master: Master
     shutdown: Shutdown
     addresses: list[Any]
 
@@ -211,7 +211,7 @@ async def serve(
     reset_tail.install()
     raw_head.install()
     client_write.install()
-    master = DumpMaster(options.Options(confdir=str(confdir())), with_termlog=True, with_dumper=False)
+    master = _mitmproxy(options.Options(confdir=str(confdir())))
     master.options.update(**mitm_options(settings, runtime))
     termlog = master.addons.get("termlog")
     if termlog is not None:  # tapfix's own lines have their handler (cli/run.py); mitmproxy's prints its own
@@ -238,11 +238,50 @@ async def serve(
     await task
 
 
+def _mitmproxy(opts: options.Options) -> Master:
+    """mitmproxy's master with the addons of its own that act on tapfix's traffic: the core, the proxy server,
+    the layer choice, TLS, blocking public clients, h2c refusal, proxy auth, Alt-Svc rewriting, script loading
+    (`-s`, addons/runner/script.py), the terminal log and the start-up error check.
+
+    Not the rest of mitmdump's defaults (replays, rewrites, dumps, HAR, sticky cookies, cache busting, the
+    onboarding app, the console's commands, DNS): they act only on options tapfix never sets, yet mitmproxy
+    dispatches every hook of every request to every addon in the chain (a context manager, a coroutine and
+    two generators apiece, about 500 dispatches per request with the full set), so they cost CPU on every
+    request while doing nothing (issue 34)."""
+    from mitmproxy.addons import (
+        block,
+        core,
+        disable_h2c,
+        errorcheck,
+        next_layer,
+        proxyauth,
+        proxyserver,
+        script,
+        tlsconfig,
+        update_alt_svc,
+    )
+
+    master = Master(opts, with_termlog=True)
+    master.addons.add(
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyauth.ProxyAuth(),
+        proxyserver.Proxyserver(),
+        script.ScriptLoader(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        update_alt_svc.UpdateAltSvc(),
+        errorcheck.ErrorCheck(),
+    )
+    return master
+
+
 def _not_tapfix(record: logging.LogRecord) -> bool:
     return not (record.name == "tapfix" or record.name.startswith("tapfix."))
 
 
-async def _wait_listening(master: DumpMaster) -> list[Any]:
+async def _wait_listening(master: Master) -> list[Any]:
     proxyserver = master.addons.get("proxyserver")
     for _ in range(500):
         if proxyserver.is_running and not proxyserver.servers.is_updating:
