@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import click
 from click.testing import CliRunner
+from tapfix.addons.runner import event_loop
 from tapfix.addons.runner.master import Serving, drain, serve
 from tapfix.proxy.cli.main import main, mock_options
 from tapfix.proxy.cli.run import prepared
@@ -222,7 +223,9 @@ class InprocProxy(_OnLoopback):
 
             def serve_here() -> None:
                 try:
-                    asyncio.run(serve(self.settings, self.runtime, listening=on_listening))
+                    asyncio.run(
+                        serve(self.settings, self.runtime, listening=on_listening), loop_factory=event_loop.factory()
+                    )
                 except BaseException as e:  # reported by start (before listening) or wait
                     self._error = e
                 finally:
