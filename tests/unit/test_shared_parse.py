@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tapfix.addons.router import Router
 from tapfix.proxy.config.file import from_dict
-from tapfix.proxy.jsonbody import PARSED_KEY, shared_parse
+from tapfix.proxy.jsonbody import PARSED_KEY, STORE_PARSE_KEY, STORE_PARSE_MAX, note_parse, shared_parse
 from tapfix.proxy.request.policy import RequestPolicy
 from tapfix.proxy.window.usage import ask_for_usage, with_usage
 
@@ -71,3 +71,19 @@ def test_the_router_notes_the_parse_of_the_pinned_body_and_the_next_reader_gets_
     assert shared_parse(ex.extra, sent) is noted  # not parsed again
     other = sent.replace(b"hi", b"ho")
     assert shared_parse(ex.extra, other) == orjson.loads(other)  # other bytes: parsed afresh
+
+
+def test_the_writer_keeps_the_parse_of_a_body_up_to_the_bound_and_not_beyond():
+    """Issue 34: the parse kept for the capture writer lives while the exchange streams and is queued; a body past
+    STORE_PARSE_MAX keeps none (the writer parses it again), and a pair of earlier bytes kept for it goes too."""
+    small = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    big = orjson.dumps({"messages": [{"role": "user", "content": "x" * STORE_PARSE_MAX}]})
+    extra: dict = {}
+    note_parse(extra, small, orjson.loads(small))
+    assert extra[STORE_PARSE_KEY][0] is small
+    note_parse(extra, big, orjson.loads(big))
+    assert extra[PARSED_KEY][0] is big and STORE_PARSE_KEY not in extra
+    assert shared_parse(extra, big) is extra[PARSED_KEY][1]  # the request side still reads it once
+    extra = {}
+    assert shared_parse(extra, big) == orjson.loads(big) and STORE_PARSE_KEY not in extra
+    assert shared_parse(extra, small) == orjson.loads(small) and extra[STORE_PARSE_KEY][0] is small
