@@ -26,6 +26,7 @@ import pytest
 _KEY = "tapfix_cpu_tally"
 _tests: dict[str, list[float]] = {}  # nodeid -> [own cpu, children's cpu, wall]
 _tiers: dict[str, str] = {}  # nodeid -> tier
+_timeline: dict[str, list[Any]] = {}  # nodeid -> [worker, start (epoch seconds), end]: where a run's wall time went
 _session: list[float] = []  # each process's whole CPU, own and children's
 SHOWN_MODULES = 40
 SHOWN_TESTS = 30
@@ -40,13 +41,14 @@ def _cpu() -> tuple[float, float]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     own0, kids0 = _cpu()
-    wall0 = time.monotonic()
+    wall0, start = time.monotonic(), time.time()
     try:
         return (yield)
     finally:
         own1, kids1 = _cpu()
         _tests[item.nodeid] = [own1 - own0, kids1 - kids0, time.monotonic() - wall0]
         _tiers[item.nodeid] = _tier(item)
+        _timeline[item.nodeid] = [os.environ.get("PYTEST_XDIST_WORKER", "main"), start, time.time()]
 
 
 def _tier(item: pytest.Item) -> str:
@@ -60,7 +62,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     own, kids = _cpu()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput[_KEY] = json.dumps({"tests": _tests, "tiers": _tiers, "session": [own, kids]})
+        workeroutput[_KEY] = json.dumps({"tests": _tests, "tiers": _tiers, "timeline": _timeline, "session": [own, kids]})
     elif not _session:  # plain pytest: the session's process and what it reaped
         _session.extend([own, kids])
     else:  # xdist's controller: its children are the workers, counted by themselves
@@ -74,6 +76,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         data = json.loads(raw)
         _tests.update(data["tests"])
         _tiers.update(data["tiers"])
+        _timeline.update(data["timeline"])
         _session.extend(data["session"])
 
 
@@ -93,6 +96,7 @@ def totals() -> dict[str, Any]:
         "by_tier": {t: round(s, 1) for t, s in sorted(tiers.items())},
         "by_module": {m: [round(s, 2), round(module_wall[m], 2)] for m, s in modules.most_common()},
         "by_test": {n: [round(v, 3) for v in t] for n, t in sorted(_tests.items(), key=lambda kv: -sum(kv[1][:2]))},
+        "timeline": dict(sorted(_timeline.items(), key=lambda kv: kv[1][1])),
     }
 
 
