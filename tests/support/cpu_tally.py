@@ -62,7 +62,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     own, kids = _cpu()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput[_KEY] = json.dumps({"tests": _tests, "tiers": _tiers, "timeline": _timeline, "session": [own, kids]})
+        workeroutput[_KEY] = json.dumps(
+            {"tests": _tests, "tiers": _tiers, "timeline": _timeline, "session": [own, kids]}
+        )
     elif not _session:  # plain pytest: the session's process and what it reaped
         _session.extend([own, kids])
     else:  # xdist's controller: its children are the workers, counted by themselves
