@@ -147,6 +147,11 @@ def until[T](check: Callable[[], T], timeout: float, every: float = 0.1) -> T:
     return result
 
 
+# How often a test looks for a capture: a read-only query is cheap, and the fuzz of the capture path waits
+# for one capture per example (200 of them).
+STORE_POLL_S = 0.01
+
+
 def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
     """Poll the store (read-only, as any reader does) until the writer has committed the capture."""
     deadline = time.monotonic() + timeout
@@ -162,7 +167,7 @@ def wait_capture(db: Path, capture_id: str, timeout: float = 10.0) -> dict:
                 conn.close()
             if row is not None:
                 return dict(row)
-        time.sleep(0.05)
+        time.sleep(STORE_POLL_S)
     raise TimeoutError(f"capture {capture_id} not in {db} after {timeout}s")
 
 
