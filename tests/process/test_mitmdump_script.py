@@ -2,6 +2,10 @@
 
 The decision is documented there and in docs/architecture.md: the addons need the runtime
 `tapfix run` builds, so loading one alone must fail loudly, never run as a silent no-op.
+
+Every addon file re-exports the same module-level `load` (tests/unit/addons/test_script_refusal.py checks
+each file in-process, loaded the way `-s` loads it); here one stock mitmdump process shows what that
+`load` does to it: the message, and exit status 1.
 """
 
 from __future__ import annotations
@@ -10,26 +14,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from tapfix.addons.runner.script import MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
-ADDON_FILES = sorted(p for p in (ROOT / "addons").glob("*.py") if p.name != "__init__.py")
 
 
-def test_every_addon_file_is_covered() -> None:
-    assert {p.stem for p in ADDON_FILES} >= {"auth", "health", "recorder", "router", "stream"}
-
-
-@pytest.mark.parametrize("addon", ADDON_FILES, ids=lambda p: p.stem)
-def test_mitmdump_s_refuses_a_tapfix_addon_with_a_message(addon: Path, tmp_path: Path) -> None:
+def test_mitmdump_s_refuses_a_tapfix_addon_with_a_message(tmp_path: Path) -> None:
     done = subprocess.run(
         [
             str(MITMDUMP),
             "-q",
             "-s",
-            str(addon),
+            str(ROOT / "addons" / "recorder.py"),
             "--listen-host",
             "127.0.0.1",
             "-p",
