@@ -220,10 +220,11 @@ def probe_agrees_through(proxy: InprocProxy, direct: ProbeRun, tmp: Path) -> Pro
     """`tapfix probe` through tapfix gives the verdicts and exit code it gives straight to the server, and the
     details too, except streaming's timings and the needle's token count (its passphrase is random)."""
     proxied = run_probe(proxy.url, tmp / "probe.db")
-    assert {c: r["status"] for c, r in proxied.rows.items()} == {c: r["status"] for c, r in direct.rows.items()}, (
-        {c: r.get("detail") for c, r in proxied.rows.items()},
-        {c: r.get("detail") for c, r in direct.rows.items()},
+    differing = [c for c in direct.rows if proxied.rows.get(c, {}).get("status") != direct.rows[c]["status"]]
+    assert not differing, "\n".join(
+        f"{c}: through tapfix {proxied.rows.get(c)!r}\n{' ' * len(c)}  straight {direct.rows[c]!r}" for c in differing
     )
+    assert set(proxied.rows) == set(direct.rows)
     assert proxied.exit_code == direct.exit_code
     for check in ("completion", "tools", "reasoning", "vision"):
         assert proxied.rows[check]["detail"] == direct.rows[check]["detail"], check
