@@ -11,6 +11,7 @@ from tapfix.addons.replay import RememberTurns
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
 from tapfix.addons.shutdown import Shutdown
+from tapfix.addons.stale_connection import ResendOnStaleConnection
 from tapfix.addons.stream import StreamOwner
 from tapfix.addons.trace_context import TraceContext
 from tapfix.addons.window import Window
@@ -29,6 +30,7 @@ def default_addons(runtime: Runtime) -> list[object]:
         Shutdown(runtime),
         Router(runtime),
         TraceContext(runtime),  # after the router: it reads and writes the request as forwarded
+        ResendOnStaleConnection(runtime),  # before the stream owner: its answer goes out in place of the error
         StreamOwner(runtime),
         Window(runtime),  # after the stream owner: it reads the upstream's error body the owner recorded
         RecordExchange(runtime),
@@ -41,7 +43,8 @@ def default_addons(runtime: Runtime) -> list[object]:
         from tapfix.addons.route_fallback import RouteFallback
 
         router = next(a for a in chain if isinstance(a, Router))
-        chain.insert(chain.index(next(a for a in chain if isinstance(a, StreamOwner))), RouteFallback(runtime, router))
+        resend = next(a for a in chain if isinstance(a, ResendOnStaleConnection))
+        chain.insert(chain.index(resend), RouteFallback(runtime, router))  # a route's missing head is its case
     if runtime.settings.regenerate > 0:  # issue 19: only then may a request get a later attempt
         from tapfix.addons.attempts import LaterAttempts
 
