@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` with every file of tests/process/vllm/ in one unit, so one worker runs them all and its
-    session fixtures start each vLLM server once per run (two workers would start two of each).
+    session fixtures start each vLLM server once per run (each worker would start its own).
 
     The files go out slowest tier first once the early builds are done (a warm cache: at once): xdist hands
     them out by test count, most first, which left the process tier's one-test files (a wheel build, a
