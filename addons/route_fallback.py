@@ -27,6 +27,7 @@ from tapfix.addons.runner.http import json_response
 from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR, REPLY_ATTR
 from tapfix.addons.runner.runtime import Runtime, ended_by_attempts, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.addons.runner.whole_answer import answered_whole, fetch_whole, upstream_client
 from tapfix.proxy.changes import Change
 from tapfix.proxy.config.upstream import UpstreamTarget
 from tapfix.proxy.errors import no_response_head
@@ -46,7 +47,6 @@ RETRY_AFTER_MAX_S = 300.0
 FLAG = "route_fallback"
 HEAD_TIMER = "head_timer"  # ex.extra: the timer of the upstream's `head_timeout`
 NO_HEAD = "no_head"  # ex.extra: why the upstream connection was closed (no head in time)
-_NOT_COPIED = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
 class Routes(Protocol):
@@ -95,9 +95,8 @@ class RouteFallback:
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            timeout = httpx.Timeout(None, connect=self.runtime.settings.connect_timeout)
-            self._client = httpx.AsyncClient(timeout=timeout, verify=not self.runtime.settings.insecure)
-            self._client.headers.clear()  # only the headers the request carries (no httpx defaults)
+            settings = self.runtime.settings
+            self._client = upstream_client(settings.connect_timeout, not settings.insecure)
         return self._client
 
     async def done(self) -> None:
@@ -305,19 +304,11 @@ class RouteFallback:
         ex.extra["target"] = target.name
         sent = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
         flow.response = None  # until this route's head came: a route that sends none leaves no answer
-        outgoing = self.client().build_request(request.method, ex.upstream_url, headers=sent, content=body)
-        async with asyncio.timeout(self._head_timeout(target.name)):
-            answer = await self.client().send(outgoing, stream=True)
-        try:
-            await answer.aread()
-        finally:
-            await answer.aclose()
-        headers = [(k.encode(), v.encode()) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_COPIED]
-        flow.response = response = http.Response.make(answer.status_code, answer.content, headers)
-        response.headers["x-tapfix-capture-id"] = ex.id
-        ex.upstream_status = answer.status_code
-        ex.response_started_at = time.perf_counter()
-        ex.response = None
+        response = await fetch_whole(
+            self.client(), request.method, ex.upstream_url, sent, body, self._head_timeout(target.name)
+        )
+        flow.response = response
+        answered_whole(ex, response)
         return response
 
     @staticmethod

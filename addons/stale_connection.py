@@ -17,19 +17,18 @@ case) and before the stream owner (whose `error` hook sends the reply).
 from __future__ import annotations
 
 import logging
-import time
 
 import httpx
 from mitmproxy import http
 from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR
 from tapfix.addons.runner.runtime import Runtime, ended_by_attempts, exchange_of
 from tapfix.addons.runner.script import load as load  # a stock `mitmdump -s` on this file refuses
+from tapfix.addons.runner.whole_answer import answered_whole, fetch_whole, upstream_client
 from tapfix.proxy.changes import Change
 
 log = logging.getLogger("tapfix")
 RESENT = "resent_on_new_connection"  # ex.extra: at most once per request
 REASON = "the upstream closed the reused connection the request went out on, unanswered: sent again on a new one"
-_NOT_COPIED = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
 def closed_a_reused_connection(flow: http.HTTPFlow) -> bool:
@@ -54,9 +53,7 @@ class ResendOnStaleConnection:
             verify: bool | str = not settings.insecure
             if settings.upstream_ca is not None and verify:
                 verify = str(settings.upstream_ca)
-            timeout = httpx.Timeout(None, connect=settings.connect_timeout)
-            self._client = httpx.AsyncClient(timeout=timeout, verify=verify)
-            self._client.headers.clear()  # only the headers the request carries (no httpx defaults)
+            self._client = upstream_client(settings.connect_timeout, verify)
         return self._client
 
     async def done(self) -> None:
@@ -72,24 +69,13 @@ class ResendOnStaleConnection:
         headers = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
         log.warning("capture %s: %s", ex.id, REASON)
         try:
-            answer = await self.client().send(
-                self.client().build_request(request.method, request.url, headers=headers, content=request.raw_content),
-                stream=True,
-            )
-            try:
-                await answer.aread()
-            finally:
-                await answer.aclose()
+            response = await fetch_whole(self.client(), request.method, request.url, headers, request.raw_content)
         except httpx.HTTPError as e:
             log.warning("capture %s: sent again, and that failed too: %s", ex.id, e)
             return  # mitmproxy's error stands
-        copied = [(k.encode(), v.encode()) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_COPIED]
-        flow.response = response = http.Response.make(answer.status_code, answer.content, copied)
-        response.headers["x-tapfix-capture-id"] = ex.id
+        flow.response = response
         response.headers["connection"] = "close"  # the reply is sent in place of the error, then closed
-        ex.upstream_status = answer.status_code
-        ex.response_started_at = time.perf_counter()
-        ex.response = None
+        answered_whole(ex, response)
         ex.changes.append(Change("router", "resend", "connection", None, None, REASON))
         ex.extra[REPLY_AFTER_ERROR] = True
         ended_by_attempts(ex)  # the client's answer came whole from the new connection: no error of the exchange
