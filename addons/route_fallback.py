@@ -302,11 +302,8 @@ class RouteFallback:
         self.router.point_at(flow, target)
         ex.upstream_url = f"{target.origin}{request.path}"
         ex.extra["target"] = target.name
-        sent = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
         flow.response = None  # until this route's head came: a route that sends none leaves no answer
-        response = await fetch_whole(
-            self.client(), request.method, ex.upstream_url, sent, body, self._head_timeout(target.name)
-        )
+        response = await fetch_whole(self.client(), request, ex.upstream_url, body, self._head_timeout(target.name))
         flow.response = response
         answered_whole(ex, response)
         return response

@@ -66,10 +66,9 @@ class ResendOnStaleConnection:
             return
         ex.extra[RESENT] = True
         request = flow.request
-        headers = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
         log.warning("capture %s: %s", ex.id, REASON)
         try:
-            response = await fetch_whole(self.client(), request.method, request.url, headers, request.raw_content)
+            response = await fetch_whole(self.client(), request, request.url, request.raw_content)
         except httpx.HTTPError as e:
             log.warning("capture %s: sent again, and that failed too: %s", ex.id, e)
             return  # mitmproxy's error stands

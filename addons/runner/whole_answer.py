@@ -23,15 +23,12 @@ def upstream_client(connect_timeout: float, verify: bool | str) -> httpx.AsyncCl
 
 
 async def fetch_whole(
-    client: httpx.AsyncClient,
-    method: str,
-    url: str,
-    headers: list[tuple[str, str]],
-    content: bytes | None,
-    head_timeout: float | None = None,
+    client: httpx.AsyncClient, request: http.Request, url: str, content: bytes | None, head_timeout: float | None = None
 ) -> http.Response:
-    """Send the request, wait at most `head_timeout` for the answer's head, read the answer whole."""
-    outgoing = client.build_request(method, url, headers=headers, content=content)
+    """Send `request`'s method and headers (httpx sets Host and Content-Length from `url` and `content`) to `url`,
+    wait at most `head_timeout` for the answer's head, read the answer whole."""
+    headers = [(k, v) for k, v in request.headers.items(multi=True) if k.lower() not in ("host", "content-length")]
+    outgoing = client.build_request(request.method, url, headers=headers, content=content)
     async with asyncio.timeout(head_timeout):
         answer = await client.send(outgoing, stream=True)
     try:
