@@ -15,9 +15,10 @@ import time
 from collections.abc import Awaitable
 from typing import cast
 
+from mitmproxy import ctx, http
 from mitmproxy import flow as mitm_flow
-from mitmproxy import http
 from mitmproxy.net.http import http1
+from tapfix.addons.runner import body_relay
 from tapfix.addons.runner.reset_tail import REPLY_AFTER_ERROR, REPLY_ATTR, TAIL_ATTR
 from tapfix.addons.runner.runtime import (
     SHUTDOWN_FLAG,
@@ -67,6 +68,10 @@ def attempt_session(ex: Exchange) -> AttemptSession | None:
 class StreamOwner:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._proxyserver: object | None = None  # mitmproxy's, for the body relay (None in-process without one)
+
+    def running(self) -> None:
+        self._proxyserver = ctx.master.addons.get("proxyserver")
 
     def stages_for(self, ex: Exchange) -> list[Stage]:
         stages: list[Stage] = []
@@ -158,6 +163,8 @@ class StreamOwner:
             self._drop_encoding(ex, response, "the stages read the stream decoded, so the client gets it decoded")
         response.stream = pipeline = StreamPipeline(ex, stages, decoder)
         self._splice(flow, ex, pipeline)
+        if self._proxyserver is not None and body_relay.enabled():
+            pipeline.after_chunk = body_relay.BodyRelay(flow, pipeline, self._proxyserver).offer
 
     def _splice(self, flow: http.HTTPFlow, ex: Exchange, pipeline: StreamPipeline) -> None:
         """Issue 19: a stream that may be regenerated gets a splice, which decides at each attempt's end

@@ -26,6 +26,7 @@ read once, from mitmproxy, like any stream's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from tapfix.proxy.changes import Change
@@ -70,6 +71,7 @@ class StreamPipeline:
         "splicing",
         "pending",
         "attempt_events",
+        "after_chunk",
     )
 
     def __init__(self, exchange: Exchange, stages: list[Stage], decoder: Decoder | None = None) -> None:
@@ -88,6 +90,8 @@ class StreamPipeline:
         self.splicing = True  # with a splice: each attempt's end is a decision (False: the next end is the last)
         self.pending = False  # the splice asked for another attempt: the owner feeds its bytes (`feed_attempt`)
         self.attempt_events = 0  # whole events of the current later attempt that reached the stages
+        # Run after each chunk mitmproxy hands in: the body relay's cue to take the stream over (addons/runner/body_relay.py)
+        self.after_chunk: Callable[[], None] | None = None
         if stages:
             exchange.client_response_chunks = []
         if decoder is not None:
@@ -101,6 +105,8 @@ class StreamPipeline:
         ex = self.exchange
         ex.response_chunks.append(chunk)
         ex.chunk_times.append(self._clock() - ex.mark)
+        if self.after_chunk is not None:
+            self.after_chunk()
         splitter = self.splitter
         if splitter is None or self.decoder is not None or self.broken:
             if splitter is None and self.decoder is None:  # no stage, plain: as it came (never broken then)

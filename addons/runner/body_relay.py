@@ -1,0 +1,239 @@
+"""The body relay: a streamed response's middle goes from socket to socket past mitmproxy's layers (issue 34).
+
+mitmproxy hands each chunk of a streamed body through its whole sans-IO stack: the server connection's
+reader task, a lock, the HTTP/1 client layer (h11's reader), the HTTP layer, the flow's stream, the
+HTTP/1 server layer, a command, the writer, a drain. At the agents' pace (one SSE event a read, every
+20 ms per stream) that stack is ~85% of a chunk's CPU, and it is what kept one process from holding
+128 streams. So once a streamed response is running and both legs are plain HTTP/1.1 with a chunked
+body, tapfix swaps the server socket's protocol for its own: each read goes through the chunked reader
+(proxy/chunked.py) and the flow's stream callable (the same StreamPipeline, so the taps, repair and
+records are the ones mitmproxy's path runs), and its output is framed and written to the client's
+socket. At the body's last chunk, a bad frame, the server's EOF or a closed connection, the socket goes
+back to mitmproxy with the bytes from that boundary on: the end of the body (the callable's `b""`, the
+`response` hook, later attempts, the error hook's tail) stays mitmproxy's, as it was.
+
+The hand-over happens only where the two readers agree on the state: mitmproxy's HTTP/1 client layer
+has nothing buffered and stands at a chunk boundary (checked on the layer itself, after the chunk
+mitmproxy delivered last has been processed whole), the flow's stream is in its body, and mitmproxy
+keeps no copy of streamed bodies. Anything else (TLS on a leg, HTTP/2, a body that isn't chunked, a
+layer mid-chunk) leaves the stream on mitmproxy's path, where the next chunk tries again.
+
+What it relies on of mitmproxy: the proxyserver's `connections`, a handler's `transports` and
+`timeout_watchdog`, the HTTP layer's `connections` and `streams`, the HTTP/1 client layer's `buf`,
+`state` and h11 `ChunkedReader`. tests/inproc/test_e2e_body_relay.py holds each of them to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from h11._readers import ChunkedReader as H11ChunkedReader
+from mitmproxy import http
+from mitmproxy.proxy.layers.http import HttpClient, HttpLayer, HttpStream
+from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server
+from tapfix.proxy.chunked import ChunkedReader
+from tapfix.proxy.response.pipeline import StreamPipeline
+
+logger = logging.getLogger(__name__)
+
+VARIABLE = "TAPFIX_BODY_RELAY"  # "off": every chunk on mitmproxy's path (a bench's side-by-side, a bug's bisection)
+HIGH_WATER = 64 * 1024  # client-bound bytes buffered before the server socket waits for the client (asyncio's mark)
+
+
+class Tally:
+    """Streams the relay took over in this process: how a test tells the relay ran (the bytes are the same either way)."""
+
+    taken = 0
+
+
+def enabled() -> bool:
+    return os.environ.get(VARIABLE, "on").lower() not in ("off", "0", "no")
+
+
+class BodyRelay:
+    """One streamed response's relay: offered after each chunk mitmproxy delivers until it takes over."""
+
+    def __init__(self, flow: http.HTTPFlow, stream: StreamPipeline, proxyserver: Any) -> None:
+        self.flow = flow
+        self.stream = stream
+        self.proxyserver = proxyserver
+        self.scheduled = False
+        self.running = False
+        self.ended = False  # the socket went back to mitmproxy: the body's end is its own
+
+    def offer(self) -> None:
+        """Called in mitmproxy's layer, mid-event: the check waits until the event is processed whole."""
+        if not (self.scheduled or self.running or self.ended):
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.take_over)
+
+    def take_over(self) -> None:
+        self.scheduled = False
+        if self.running or self.ended or not self.flow.live or self.flow.error is not None:
+            return
+        try:
+            parts = _parts(self.flow, self.proxyserver)
+        except (AttributeError, KeyError, TypeError):  # a mitmproxy whose insides moved: its own path, as before
+            logger.debug("body relay: mitmproxy's layers are not as expected", exc_info=True)
+            self.ended = True
+            return
+        if parts is None:
+            return
+        handler, server_io, client_io, h11_reader = parts
+        transport = server_io.writer.transport
+        client_transport = client_io.writer.transport
+        reader = server_io.reader
+        original = transport.get_protocol()
+        if transport.is_closing() or client_transport.is_closing() or reader.exception() is not None or reader.at_eof():
+            return
+        waiting = bytes(reader._buffer)  # read from the socket, not yet by mitmproxy's reader task
+        reader._buffer.clear()
+        if reader._paused:  # the StreamReader paused the socket for its own full buffer: it's empty now
+            reader._paused = False
+        protocol = _RelayProtocol(self, transport, original, client_io.writer, handler.timeout_watchdog, h11_reader)
+        self.running = True
+        Tally.taken += 1
+        self.stream.after_chunk = None
+        transport.set_protocol(protocol)
+        transport.resume_reading()
+        if waiting:
+            protocol.data_received(waiting)
+
+
+def _parts(flow: http.HTTPFlow, proxyserver: Any) -> tuple[Any, Any, Any, H11ChunkedReader] | None:
+    """The flow's connection handler and both legs' streams, when mitmproxy's side is where the relay can
+    start: else None (the next chunk asks again)."""
+    if flow.client_conn.tls or flow.server_conn.tls or flow.response is None:
+        return None
+    if "chunked" not in flow.response.headers.get("transfer-encoding", "").lower():
+        return None
+    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver is not None else None
+    if handler is None or handler.layer.context.options.store_streamed_bodies:
+        return None
+    server_io = handler.transports.get(flow.server_conn)
+    client_io = handler.transports.get(flow.client_conn)
+    if server_io is None or client_io is None:
+        return None
+    if not isinstance(server_io.reader, asyncio.StreamReader) or not isinstance(client_io.writer, asyncio.StreamWriter):
+        return None
+    layer = _http_layer(handler.layer)
+    if layer is None:
+        return None
+    wrapper = layer.connections.get(flow.server_conn)
+    upstream = wrapper.child_layer if isinstance(wrapper, HttpClient) else None
+    downstream = layer.connections.get(flow.client_conn)
+    stream = next((s for s in layer.streams.values() if s.flow is flow), None)
+    if not (
+        type(upstream) is Http1Client
+        and isinstance(downstream, Http1Server)
+        and isinstance(stream, HttpStream)
+        and stream.server_state == stream.state_stream_response_body
+        and downstream.response is flow.response
+        and upstream.state == upstream.read_body
+        and not len(upstream.buf)
+        and type(upstream.body_reader) is H11ChunkedReader
+    ):
+        return None
+    h11_reader = upstream.body_reader
+    if h11_reader._bytes_in_chunk or h11_reader._bytes_to_discard or h11_reader._reading_trailer:
+        return None
+    return handler, server_io, client_io, h11_reader
+
+
+def _http_layer(layer: Any) -> HttpLayer | None:
+    """The HTTP layer under a client connection's root layer (modes, TLS, NextLayer wrappers between)."""
+    for _ in range(16):
+        if isinstance(layer, HttpLayer):
+            return layer
+        layer = getattr(layer, "child_layer", None) or getattr(layer, "layer", None)
+        if layer is None:
+            return None
+    return None
+
+
+class _RelayProtocol(asyncio.Protocol):
+    """Stands in for mitmproxy's StreamReaderProtocol on the server socket while the body's middle runs."""
+
+    def __init__(
+        self, relay: BodyRelay, transport: Any, original: Any, client: Any, watchdog: Any, h11_reader: H11ChunkedReader
+    ) -> None:
+        self.h11_reader = h11_reader
+        self.relay = relay
+        self.transport = transport
+        self.original = original
+        self.writer = client
+        self.client = client.transport
+        self.watchdog = watchdog
+        self.chunks = ChunkedReader()
+        self.paused = False
+
+    def data_received(self, data: bytes) -> None:
+        self.watchdog.register_activity()
+        pieces, rest = self.chunks.feed(data)
+        if pieces:
+            self._send(pieces)
+        if rest is not None:
+            self._give_back(rest)
+
+    def _send(self, pieces: list[bytes]) -> None:
+        stream = self.relay.stream
+        frames: list[bytes] = []
+        for piece in pieces:
+            try:
+                out = stream(piece)
+            except Exception:  # mitmproxy's layer would log it and go on: so does the relay
+                logger.exception("the stream callable failed on a relayed chunk")
+                continue
+            for chunk in (out,) if isinstance(out, bytes) else out:
+                if chunk:  # an empty chunk is the body's end in chunked framing
+                    frames.append(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        client = self.client
+        if not frames or client.is_closing():
+            return
+        client.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        if not self.paused and client.get_write_buffer_size() > HIGH_WATER:
+            self.paused = True
+            self.transport.pause_reading()
+            asyncio.get_running_loop().create_task(self._resume_when_drained())
+
+    async def _resume_when_drained(self) -> None:
+        try:
+            await self.writer.drain()
+        except OSError:
+            pass  # the client is gone: mitmproxy closes the server connection, connection_lost gives it back
+        self.paused = False
+        if self.relay.running and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _give_back(self, rest: bytes) -> None:
+        """The socket back to mitmproxy's reader, `rest` first: it reads on from the boundary the relay stopped at."""
+        if not self.relay.running:
+            return
+        self.relay.running = False
+        self.relay.ended = True
+        # mitmproxy's reader goes on from where the relay's stands, mid-chunk included (a reset, a bad footer):
+        # so its errors are word for word the ones it gives without the relay
+        self.h11_reader._bytes_in_chunk, self.h11_reader._bytes_to_discard = self.chunks.inside()
+        self.transport.set_protocol(self.original)
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        if rest:
+            self.original.data_received(rest)
+
+    def eof_received(self) -> bool | None:
+        self._give_back(self.chunks.held())
+        return self.original.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._give_back(self.chunks.held())
+        self.original.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.original.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.original.resume_writing()

@@ -1,0 +1,249 @@
+"""The body relay (addons/runner/body_relay.py) changes what a stream costs, never what anyone gets.
+
+Each stream is played by a byte-precise upstream at an agent's pace (one read per event, or the chunked
+framing cut at odd places: inside a size line, a chunk's data, its CRLF, a UTF-8 character), through two
+proxies side by side: the relay on, and the relay off (every chunk on mitmproxy's path). The client's
+bytes, the capture's upstream and client-bound bytes, and its flags and changes must be the same; and
+the relay must have run. The corpus's real broken streams (repair, detection, regeneration) are the
+material, plus the ends a relayed stream can meet: the last chunk, a reset, a bad frame, a client
+that leaves, the next request on the same connection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tapfix.addons.runner.body_relay import Tally
+
+from tests.conftest import corpus_dir
+from tests.support.inproc import cli, start_mock, start_proxy
+from tests.support.procs import wait_capture
+from tests.support.rawserver import RawRequest, RawServer, Script
+
+CASES = sorted(corpus_dir().glob("*.json"))
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+CUTS = (1, 3, 7, 2, 11, 5, 97, 180, 40)  # the sizes of the odd-cut writes, in turn
+GAP_S = 0.002
+
+
+def _events(body: bytes) -> list[bytes]:
+    """An SSE body as its events (each with its blank line), comments and all."""
+    out, start = [], 0
+    while (end := body.find(b"\n\n", start)) >= 0:
+        out.append(body[start : end + 2])
+        start = end + 2
+    if start < len(body):
+        out.append(body[start:])
+    return out
+
+
+def per_event(events: list[bytes], ending: bytes = b"0\r\n\r\n") -> Script:
+    """One chunk per event, one write per chunk, GAP_S apart: what engines do."""
+    script: Script = [(0.0, HEAD)]
+    script += [(GAP_S, b"%x\r\n%s\r\n" % (len(e), e)) for e in events]
+    return [*script, (GAP_S, ending)] if ending else script
+
+
+def odd_cuts(events: list[bytes]) -> Script:
+    """The first two events as engines write them (so the relay takes over), then the rest of the chunks,
+    an extension on every other size line, written in pieces cut anywhere."""
+    framed = b"".join(
+        b"%x%s\r\n%s\r\n" % (len(e), b";ext=1" if k % 2 else b"", e) for k, e in enumerate(events[2:])
+    ) + b"0\r\n\r\n"
+    script: Script = per_event(events[:2], ending=b"")
+    pos, k = 0, 0
+    while pos < len(framed):
+        size = CUTS[k % len(CUTS)]
+        script.append((GAP_S / 4, framed[pos : pos + size]))
+        pos, k = pos + size, k + 1
+    return script
+
+
+class SideBySide:
+    """One upstream, the relay on and then off in front of it (one in-process proxy at a time): what the
+    client and the store got from each."""
+
+    def __init__(self, tmp: Path, server: RawServer) -> None:
+        self.tmp, self.server = tmp, server
+
+    def run(self, bodies: list[dict], relay: bool) -> list[tuple[bytes, dict, int]]:
+        """(client bytes, capture, streams the relay took over) for each body, in turn."""
+        db = self.tmp / f"relay-{'on' if relay else 'off'}.db"
+        env = None if relay else {"TAPFIX_BODY_RELAY": "off"}
+        proxy = start_proxy(self.tmp, self.server.url, db=db, env=env)
+        try:
+            got = []
+            for body in bodies:
+                before = Tally.taken
+                with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
+                    data = b"".join(response.iter_raw())
+                    got.append((data, response.headers["x-tapfix-capture-id"], Tally.taken - before))
+            # tapfix's own error events name their capture: the one thing that differs between the two runs
+            return [
+                (_anonymous(data, capture_id), _anonymous(_capture(db, capture_id), capture_id), taken)
+                for data, capture_id, taken in got
+            ]
+        finally:
+            proxy.stop()
+
+    def same(self, bodies: list[dict], relayed: list[bool] | bool | None = None) -> list[tuple[bytes, dict, int]]:
+        """Each body's client bytes, capture and relayed streams, the same with the relay and without; the
+        relay ran where `relayed` says (by default on each; False: anywhere)."""
+        on, off = self.run(bodies, True), self.run(bodies, False)
+        for k, ((data, capture, taken), (off_data, off_capture, off_taken)) in enumerate(zip(on, off, strict=True)):
+            assert data == off_data, bodies[k]["model"]
+            assert capture == off_capture, bodies[k]["model"]
+            assert off_taken == 0
+            if relayed is not False:
+                want = relayed[k] if isinstance(relayed, list) else True
+                assert taken == want, f"{bodies[k]['model']}: the relay ran"
+        return on
+
+
+CALL_ID = re.compile(rb'"call_[0-9a-f]{24}"')  # the ids tapfix gives the calls it repairs: random
+
+
+def _anonymous[T](value: T, capture_id: str) -> T:
+    if isinstance(value, bytes):
+        return CALL_ID.sub(b'"call_<id>"', value.replace(capture_id.encode(), b"<capture>"))  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {k: _anonymous(v, capture_id) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, list):
+        return [_anonymous(v, capture_id) for v in value]  # type: ignore[return-value]
+    if isinstance(value, tuple):
+        return tuple(_anonymous(v, capture_id) for v in value)  # type: ignore[return-value]
+    if isinstance(value, str):
+        return _anonymous(value.encode(), capture_id).decode()  # type: ignore[return-value]
+    return value
+
+
+def _capture(db: Path, capture_id: str) -> dict:
+    row = wait_capture(db, capture_id)
+    exported = {}
+    for flag in ("--response", "--client-response"):
+        result = cli("captures", "export", capture_id, "--db", str(db), flag)
+        exported[flag] = result.stdout if result.returncode == 0 else result.stderr
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        changes = conn.execute(
+            "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by rowid",
+            (capture_id,),
+        ).fetchall()
+    return {"status": row["status"], "flags": sorted(json.loads(row["flags"])), "error": row["error"], "changes": changes, **exported}
+
+
+@pytest.fixture(scope="module")
+def corpus_bytes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, bytes]]:
+    """Each corpus case's stream as the scripted upstream sends it."""
+    tmp = tmp_path_factory.mktemp("relay-corpus")
+    mock = start_mock(tmp, *[arg for case in CASES for arg in ("--case", str(case))])
+    try:
+        streams = {}
+        for case_path in CASES:
+            case = json.loads(case_path.read_text())
+            body = {"model": case_path.stem, "stream": True, "tools": case["tools"], "messages": [{"role": "user", "content": "x"}]}
+            streams[case_path.stem] = httpx.post(f"{mock.url}/v1/chat/completions", json=body, timeout=30).content
+        yield streams
+    finally:
+        mock.stop()
+
+
+@pytest.fixture()
+def scripted(tmp_path: Path) -> Iterator[tuple[dict[str, Script], SideBySide]]:
+    scripts: dict[str, Script] = {}
+
+    def respond(request: RawRequest) -> Script:
+        return scripts[json.loads(request.body)["model"]]
+
+    server = RawServer(respond)
+    pair = SideBySide(tmp_path, server)
+    try:
+        yield scripts, pair
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("cut", ["per-event", "odd-cuts"])
+def test_every_corpus_stream_gets_the_same_bytes_and_records_with_the_relay(corpus_bytes, scripted, cut):
+    scripts, pair = scripted
+    bodies, relayed = [], []
+    for case_path in CASES:
+        case = json.loads(case_path.read_text())
+        events = _events(corpus_bytes[case_path.stem])
+        scripts[case_path.stem] = per_event(events) if cut == "per-event" else odd_cuts(events)
+        bodies.append({"model": case_path.stem, "stream": True, "tools": case["tools"], "messages": [{"role": "user", "content": "x"}]})
+        relayed.append(len(events) > 2)
+    pair.same(bodies, relayed)
+
+
+CONTENT = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
+TEXT = ["h\xe9", "llo ", "\u2713 ", "w", "orld"] * 4
+
+
+def _content_events() -> list[bytes]:
+    return [CONTENT % t.encode() for t in TEXT] + [b": ping\n\n", b"data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("tools", [False, True], ids=["plain", "tools"])
+def test_a_reset_mid_relay_ends_as_it_does_on_mitmproxys_path(scripted, tools):
+    scripts, pair = scripted
+    scripts["m"] = per_event(_content_events()[:12], ending=b"") + [(GAP_S, b"<RESET>")]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    if tools:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    [(data, capture, _)] = pair.same([body])
+    assert "upstream_reset" in capture["flags"]
+    assert b'"server_error"' in data, "the client is told, in a way agents retry"
+
+
+@pytest.mark.parametrize(
+    "bad", [b"zz\r\nnot a size\r\n", b"5\r\nabcdefgh\r\n", b"5;x\r\nabc"], ids=["size", "footer", "short"]
+)
+def test_a_bad_frame_mid_relay_ends_as_it_does_on_mitmproxys_path(scripted, bad):
+    scripts, pair = scripted
+    scripts["m"] = per_event(_content_events()[:6], ending=b"") + [(GAP_S, bad), (GAP_S, b"<CLOSE>")]
+    [(_, capture, _)] = pair.same([{"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}])
+    assert capture["error"]
+
+
+def test_the_connection_carries_the_next_request_after_a_relayed_stream(scripted):
+    scripts, pair = scripted
+    scripts["m"] = per_event(_content_events())
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    before = Tally.taken
+    proxy = start_proxy(pair.tmp, pair.server.url)
+    try:
+        with httpx.Client(base_url=proxy.url, timeout=30) as client:
+            texts = [client.post("/v1/chat/completions", json=body).content for _ in range(3)]
+    finally:
+        proxy.stop()
+    assert Tally.taken - before == 3
+    assert texts == [b"".join(_content_events())] * 3
+
+
+def test_a_client_that_leaves_mid_relay_is_recorded_as_on_mitmproxys_path(scripted):
+    scripts, pair = scripted
+    scripts["m"] = per_event(_content_events() * 10)
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    rows = {}
+    for relay in (True, False):
+        before = Tally.taken
+        proxy = start_proxy(pair.tmp, pair.server.url, db=pair.tmp / f"left-{relay}.db", env=None if relay else {"TAPFIX_BODY_RELAY": "off"})
+        try:
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
+                capture_id = response.headers["x-tapfix-capture-id"]
+                for k, _ in enumerate(response.iter_raw()):
+                    if k == 20:
+                        break
+            rows[relay] = wait_capture(proxy.extra["db"], capture_id, timeout=15)
+        finally:
+            proxy.stop()
+        assert Tally.taken - before == (1 if relay else 0)
+    for row in rows.values():
+        assert "client_disconnected" in json.loads(row["flags"])
+        assert row["error"]
