@@ -89,18 +89,15 @@ class BodyRelay:
         original = transport.get_protocol()
         if transport.is_closing() or client_transport.is_closing() or reader.exception() is not None or reader.at_eof():
             return
-        waiting = bytes(reader._buffer)  # read from the socket, not yet by mitmproxy's reader task
-        reader._buffer.clear()
-        if reader._paused:  # the StreamReader paused the socket for its own full buffer: it's empty now
-            reader._paused = False
+        if len(reader._buffer) or reader._paused:
+            # Bytes mitmproxy's reader task has been woken for, or will read next: they are its to read (taking
+            # them would hand its read an empty result, which it takes for the peer's EOF). The next chunk asks again.
+            return
         protocol = _RelayProtocol(self, transport, original, client_io.writer, handler.timeout_watchdog, h11_reader)
         self.running = True
         Tally.taken += 1
         self.stream.after_chunk = None
         transport.set_protocol(protocol)
-        transport.resume_reading()
-        if waiting:
-            protocol.data_received(waiting)
 
 
 def _parts(flow: http.HTTPFlow, proxyserver: Any) -> tuple[Any, Any, Any, H11ChunkedReader] | None:

@@ -11,6 +11,7 @@ that leaves, the next request on the same connection.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -211,12 +212,14 @@ def test_a_bad_frame_mid_relay_ends_as_it_does_on_mitmproxys_path(scripted, bad)
     assert capture["error"]
 
 
-def test_the_connection_carries_the_next_request_after_a_relayed_stream(scripted):
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_the_connection_carries_the_next_request_after_a_relayed_stream(scripted, loop):
+    """On either event loop tapfix serves on (their transports swap protocols each in their own code)."""
     scripts, pair = scripted
     scripts["m"] = per_event(_content_events())
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     before = Tally.taken
-    proxy = start_proxy(pair.tmp, pair.server.url)
+    proxy = start_proxy(pair.tmp, pair.server.url, env={"TAPFIX_EVENT_LOOP": loop})
     try:
         with httpx.Client(base_url=proxy.url, timeout=30) as client:
             texts = [client.post("/v1/chat/completions", json=body).content for _ in range(3)]
@@ -247,3 +250,37 @@ def test_a_client_that_leaves_mid_relay_is_recorded_as_on_mitmproxys_path(script
     for row in rows.values():
         assert "client_disconnected" in json.loads(row["flags"])
         assert row["error"]
+
+
+def test_burst_streams_over_kept_alive_connections_all_end_whole(scripted):
+    """Events written back to back, many streams on few connections: reads that race the relay's take-over
+    (mitmproxy's reader woken for bytes it hasn't read yet) must leave those bytes to mitmproxy."""
+    scripts, pair = scripted
+    scripts["m"] = [(0.0, HEAD), *[(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in _content_events() * 8], (0.0, b"0\r\n\r\n")]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    want = b"".join(_content_events() * 8)
+    db = pair.tmp / "burst.db"
+    proxy = start_proxy(pair.tmp, pair.server.url, db=db)
+    try:
+
+        async def connection(client: httpx.AsyncClient) -> list[tuple[bytes, str]]:
+            got = []
+            for _ in range(15):
+                response = await client.post("/v1/chat/completions", json=body)
+                got.append((response.content, response.headers["x-tapfix-capture-id"]))
+            return got
+
+        async def run() -> list[tuple[bytes, str]]:
+            clients = [httpx.AsyncClient(base_url=proxy.url, timeout=30) for _ in range(4)]
+            try:
+                return [r for rs in await asyncio.gather(*(connection(c) for c in clients)) for r in rs]
+            finally:
+                for c in clients:
+                    await c.aclose()
+
+        got = asyncio.run(run())
+        assert [data == want for data, _ in got] == [True] * 60
+        rows = [wait_capture(db, capture_id) for _, capture_id in got]
+        assert [json.loads(row["flags"]) for row in rows if row["error"]] == []
+    finally:
+        proxy.stop()
