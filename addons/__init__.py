@@ -7,6 +7,7 @@ from tapfix.addons.health import Health
 from tapfix.addons.malformed import RecordMalformed
 from tapfix.addons.metrics import Metrics
 from tapfix.addons.recorder import RecordExchange, RecordRequest
+from tapfix.addons.release import Release
 from tapfix.addons.replay import RememberTurns
 from tapfix.addons.router import Router
 from tapfix.addons.runner.runtime import Runtime
@@ -35,6 +36,7 @@ def default_addons(runtime: Runtime) -> list[object]:
         Window(runtime),  # after the stream owner: it reads the upstream's error body the owner recorded
         RecordExchange(runtime),
         RecordMalformed(runtime),
+        Release(runtime),  # last: a finished flow lets go of tapfix's objects
     ]
     if runtime.replay_turns is not None:  # issue 36: a model replays reasoning; after the recorder: the turn is whole
         chain.insert(chain.index(next(a for a in chain if isinstance(a, RecordExchange))) + 1, RememberTurns(runtime))

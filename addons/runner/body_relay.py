@@ -44,9 +44,10 @@ HIGH_WATER = 64 * 1024  # client-bound bytes buffered before the server socket w
 
 
 class Tally:
-    """Streams the relay took over in this process: how a test tells the relay ran (the bytes are the same either way)."""
+    """What the relay did in this process: how a test tells it ran (the bytes are the same either way)."""
 
-    taken = 0
+    taken = 0  # streams taken over
+    waited = 0  # times the server socket waited for a slow client
 
 
 def enabled() -> bool:
@@ -166,6 +167,7 @@ class _RelayProtocol(asyncio.Protocol):
         self.watchdog = watchdog
         self.chunks = ChunkedReader()
         self.paused = False
+        self.drain: asyncio.Task[None] | None = None  # while paused: waits for the client to take its bytes
 
     def data_received(self, data: bytes) -> None:
         self.watchdog.register_activity()
@@ -193,15 +195,16 @@ class _RelayProtocol(asyncio.Protocol):
         client.write(frames[0] if len(frames) == 1 else b"".join(frames))
         if not self.paused and client.get_write_buffer_size() > HIGH_WATER:
             self.paused = True
+            Tally.waited += 1
             self.transport.pause_reading()
-            asyncio.get_running_loop().create_task(self._resume_when_drained())
+            self.drain = asyncio.get_running_loop().create_task(self._resume_when_drained())
 
     async def _resume_when_drained(self) -> None:
         try:
             await self.writer.drain()
         except OSError:
             pass  # the client is gone: mitmproxy closes the server connection, connection_lost gives it back
-        self.paused = False
+        self.paused, self.drain = False, None
         if self.relay.running and not self.transport.is_closing():
             self.transport.resume_reading()
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def _events(body: bytes) -> list[bytes]:
 def per_event(events: list[bytes], ending: bytes = b"0\r\n\r\n") -> Script:
     """One chunk per event, one write per chunk, GAP_S apart: what engines do."""
     script: Script = [(0.0, HEAD)]
-    script += [(GAP_S, b"%x\r\n%s\r\n" % (len(e), e)) for e in events]
+    # the second event 10 ms after the first: the quiet moment the relay takes over in, even on a busy machine
+    script += [(GAP_S if k != 1 else 0.01, b"%x\r\n%s\r\n" % (len(e), e)) for k, e in enumerate(events)]
     return [*script, (GAP_S, ending)] if ending else script
 
 
@@ -284,3 +286,28 @@ def test_burst_streams_over_kept_alive_connections_all_end_whole(scripted):
         assert [json.loads(row["flags"]) for row in rows if row["error"]] == []
     finally:
         proxy.stop()
+
+
+def test_a_slow_client_makes_the_upstream_wait_and_gets_every_byte(scripted):
+    """The relay holds back the upstream while the client's socket is full (mitmproxy's drain does the same):
+    8 MB of events to a client that reads nothing for half a second, then slowly."""
+    scripts, pair = scripted
+    event = CONTENT % (b"x" * 4000)
+    paced = 5  # written 10 ms apart first, as engines do: the relay takes over at one of them, even on a busy machine
+    scripts["m"] = [(0.0, HEAD), *[(0.01, b"%x\r\n%s\r\n" % (len(event), event))] * paced]
+    scripts["m"] += [(0.0, b"%x\r\n%s\r\n" % (len(event), event) * 16) for _ in range(128)] + [(0.0, b"0\r\n\r\n")]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    before, waited = Tally.taken, Tally.waited
+    proxy = start_proxy(pair.tmp, pair.server.url)
+    try:
+        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
+            time.sleep(0.5)
+            received = bytearray()
+            for piece in response.iter_raw(65536):
+                received += piece
+                time.sleep(0.0005)
+    finally:
+        proxy.stop()
+    assert received == event * (paced + 16 * 128)
+    assert Tally.taken - before == 1
+    assert Tally.waited > waited, "the upstream waited for the client at least once"

@@ -225,6 +225,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("surfaces",),  # what each API surface is on the request side and the wire, its error shape included
     (
         "changes",
+        "chunked",
         "content_encoding",
         "http_headers",
         "ids",
