@@ -196,7 +196,7 @@ class CaptureWriter:
             self._write_batch([e for e in batch if e is not None])
             # Let go of the batch before waiting for the next: kept, these locals held the last exchanges
             # (their chunks, their stages) for as long as traffic paused
-            item = batch = None  # type: ignore[assignment]
+            del item, batch
             if stop:
                 self._stopping = True
             if not len(self.held):
