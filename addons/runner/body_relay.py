@@ -226,7 +226,8 @@ class _RelayProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._give_back(self.chunks.held())
-        return self.original.eof_received()
+        keep_open: bool | None = self.original.eof_received()
+        return keep_open
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._give_back(self.chunks.held())

@@ -90,7 +90,7 @@ class StreamPipeline:
         self.splicing = True  # with a splice: each attempt's end is a decision (False: the next end is the last)
         self.pending = False  # the splice asked for another attempt: the owner feeds its bytes (`feed_attempt`)
         self.attempt_events = 0  # whole events of the current later attempt that reached the stages
-        # Run after each chunk mitmproxy hands in: the body relay's cue to take the stream over (addons/runner/body_relay.py)
+        # Run after each chunk mitmproxy hands in: the body relay's cue to take over (addons/runner/body_relay.py)
         self.after_chunk: Callable[[], None] | None = None
         if stages:
             exchange.client_response_chunks = []

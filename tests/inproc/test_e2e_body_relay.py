@@ -56,9 +56,10 @@ def per_event(events: list[bytes], ending: bytes = b"0\r\n\r\n") -> Script:
 def odd_cuts(events: list[bytes]) -> Script:
     """The first two events as engines write them (so the relay takes over), then the rest of the chunks,
     an extension on every other size line, written in pieces cut anywhere."""
-    framed = b"".join(
-        b"%x%s\r\n%s\r\n" % (len(e), b";ext=1" if k % 2 else b"", e) for k, e in enumerate(events[2:])
-    ) + b"0\r\n\r\n"
+    framed = (
+        b"".join(b"%x%s\r\n%s\r\n" % (len(e), b";ext=1" if k % 2 else b"", e) for k, e in enumerate(events[2:]))
+        + b"0\r\n\r\n"
+    )
     script: Script = per_event(events[:2], ending=b"")
     pos, k = 0, 0
     while pos < len(framed):
@@ -137,7 +138,13 @@ def _capture(db: Path, capture_id: str) -> dict:
             "select stage, kind, path, before, after, reason from changes where exchange_id = ? order by rowid",
             (capture_id,),
         ).fetchall()
-    return {"status": row["status"], "flags": sorted(json.loads(row["flags"])), "error": row["error"], "changes": changes, **exported}
+    return {
+        "status": row["status"],
+        "flags": sorted(json.loads(row["flags"])),
+        "error": row["error"],
+        "changes": changes,
+        **exported,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +156,12 @@ def corpus_bytes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         streams = {}
         for case_path in CASES:
             case = json.loads(case_path.read_text())
-            body = {"model": case_path.stem, "stream": True, "tools": case["tools"], "messages": [{"role": "user", "content": "x"}]}
+            body = {
+                "model": case_path.stem,
+                "stream": True,
+                "tools": case["tools"],
+                "messages": [{"role": "user", "content": "x"}],
+            }
             streams[case_path.stem] = httpx.post(f"{mock.url}/v1/chat/completions", json=body, timeout=30).content
         yield streams
     finally:
@@ -179,7 +191,14 @@ def test_every_corpus_stream_gets_the_same_bytes_and_records_with_the_relay(corp
         case = json.loads(case_path.read_text())
         events = _events(corpus_bytes[case_path.stem])
         scripts[case_path.stem] = per_event(events) if cut == "per-event" else odd_cuts(events)
-        bodies.append({"model": case_path.stem, "stream": True, "tools": case["tools"], "messages": [{"role": "user", "content": "x"}]})
+        bodies.append(
+            {
+                "model": case_path.stem,
+                "stream": True,
+                "tools": case["tools"],
+                "messages": [{"role": "user", "content": "x"}],
+            }
+        )
         relayed.append(len(events) > 2)
     pair.same(bodies, relayed)
 
@@ -238,7 +257,12 @@ def test_a_client_that_leaves_mid_relay_is_recorded_as_on_mitmproxys_path(script
     rows = {}
     for relay in (True, False):
         before = Tally.taken
-        proxy = start_proxy(pair.tmp, pair.server.url, db=pair.tmp / f"left-{relay}.db", env=None if relay else {"TAPFIX_BODY_RELAY": "off"})
+        proxy = start_proxy(
+            pair.tmp,
+            pair.server.url,
+            db=pair.tmp / f"left-{relay}.db",
+            env=None if relay else {"TAPFIX_BODY_RELAY": "off"},
+        )
         try:
             with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
                 capture_id = response.headers["x-tapfix-capture-id"]
@@ -258,7 +282,11 @@ def test_burst_streams_over_kept_alive_connections_all_end_whole(scripted):
     """Events written back to back, many streams on few connections: reads that race the relay's take-over
     (mitmproxy's reader woken for bytes it hasn't read yet) must leave those bytes to mitmproxy."""
     scripts, pair = scripted
-    scripts["m"] = [(0.0, HEAD), *[(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in _content_events() * 8], (0.0, b"0\r\n\r\n")]
+    scripts["m"] = [
+        (0.0, HEAD),
+        *[(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in _content_events() * 8],
+        (0.0, b"0\r\n\r\n"),
+    ]
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     want = b"".join(_content_events() * 8)
     db = pair.tmp / "burst.db"

@@ -40,7 +40,13 @@ def test_nothing_of_a_finished_exchange_waits_for_the_collector(tmp_path: Path, 
         if stream:
             return sse_response([EVENT] * 8 + [b"data: [DONE]\n\n"], delay=0.002)
         body = b'{"choices":[{"index":0,"message":{"role":"assistant","content":"w"}}]}'
-        return [(0.0, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))]
+        return [
+            (
+                0.0,
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body),
+            )
+        ]
 
     server = RawServer(respond)
     proxy = start_proxy(tmp_path, server.url)
