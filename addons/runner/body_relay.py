@@ -142,13 +142,19 @@ def _parts(flow: http.HTTPFlow, proxyserver: Any) -> tuple[Any, Any, Any, H11Chu
 
 
 def _http_layer(layer: Any) -> HttpLayer | None:
-    """The HTTP layer under a client connection's root layer (modes, TLS, NextLayer wrappers between)."""
+    """The HTTP layer under a client connection's root layer (modes, TLS, NextLayer wrappers between). A layer
+    names its child `child_layer` (NextLayer: `layer`), or only hands its events on to it (regular mode's
+    HttpProxy rebinds `_handle_event` to the child's `handle_event`)."""
     for _ in range(16):
         if isinstance(layer, HttpLayer):
             return layer
-        layer = getattr(layer, "child_layer", None) or getattr(layer, "layer", None)
-        if layer is None:
+        child = getattr(layer, "child_layer", None) or getattr(layer, "layer", None)
+        if child is None:
+            handed_to = getattr(vars(layer).get("_handle_event"), "__self__", None)
+            child = handed_to if handed_to is not layer else None
+        if child is None:
             return None
+        layer = child
     return None
 
 

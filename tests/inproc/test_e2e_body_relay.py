@@ -24,7 +24,7 @@ import pytest
 from tapfix.addons.runner.body_relay import Tally
 
 from tests.conftest import corpus_dir
-from tests.support.inproc import cli, start_mock, start_proxy
+from tests.support.inproc import cli, start, start_mock, start_proxy
 from tests.support.procs import wait_capture
 from tests.support.rawserver import RawRequest, RawServer, Script
 
@@ -339,3 +339,22 @@ def test_a_slow_client_makes_the_upstream_wait_and_gets_every_byte(scripted):
     assert received == event * (paced + 16 * 128)
     assert Tally.taken - before == 1
     assert Tally.waited > waited, "the upstream waited for the client at least once"
+
+
+def test_regular_mode_over_plain_http_is_relayed_too(scripted):
+    """HTTPS_PROXY-style regular mode, the client speaking plain HTTP to an http:// upstream through it: the
+    same layers under another mode, so the relay finds them and takes the stream over."""
+    scripts, pair = scripted
+    scripts["m"] = per_event(_content_events())
+    db = pair.tmp / "regular.db"
+    proxy = start(["--mode", "regular", "--intercept", "127.0.0.1", "--db", str(db)], pair.tmp / "regular.log")
+    before = Tally.taken
+    try:
+        with httpx.Client(proxy=proxy.url, timeout=30) as client:
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            response = client.post(f"{pair.server.url}/v1/chat/completions", json=body)
+        assert response.content == b"".join(_content_events())
+        wait_capture(db, response.headers["x-tapfix-capture-id"])
+    finally:
+        proxy.stop()
+    assert Tally.taken - before == 1
