@@ -20,7 +20,9 @@ layer mid-chunk) leaves the stream on mitmproxy's path, where the next chunk tri
 
 What it relies on of mitmproxy: the proxyserver's `connections`, a handler's `transports` and
 `timeout_watchdog`, the HTTP layer's `connections` and `streams`, the HTTP/1 client layer's `buf`,
-`state` and h11 `ChunkedReader`. tests/inproc/test_e2e_body_relay.py holds each of them to it.
+`state` and h11 `ChunkedReader`; of asyncio, a StreamReader's `_buffer` and `_paused`. A mitmproxy whose
+insides moved leaves every stream on its own path (the relay steps aside on an AttributeError).
+tests/inproc/test_e2e_body_relay.py holds each of them to it.
 """
 
 from __future__ import annotations
