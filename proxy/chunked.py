@@ -16,6 +16,11 @@ _SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}[ \t]*(?:;[^\r\n]*)?")
 MAX_SIZE_LINE = 4096  # a size line longer than this is no size line (h11 bounds it the same way)
 
 
+def frame(data: bytes) -> bytes:
+    """`data` as one chunk; nothing for no data (an empty chunk is the body's end)."""
+    return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+
+
 class ChunkedReader:
     """Feed it the body's bytes from a chunk boundary on; it gives the chunks' data and, once it stops,
     the bytes from where it stopped."""
@@ -77,10 +82,6 @@ class ChunkedReader:
         """Where in a chunk it stands: its data bytes still to come, and the part of its CRLF still due
         (h11's `_bytes_in_chunk` and `_bytes_to_discard`, for a reader taking over mid-chunk)."""
         return self._left, b"\r\n"[2 - self._crlf :] if self._crlf else b""
-
-    @property
-    def at_boundary(self) -> bool:
-        return not (self._left or self._crlf or self._line)
 
     def _stop(self, out: list[bytes], rest: bytes) -> tuple[list[bytes], bytes]:
         self.stopped = True

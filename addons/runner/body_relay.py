@@ -36,7 +36,7 @@ from h11._readers import ChunkedReader as H11ChunkedReader
 from mitmproxy import http
 from mitmproxy.proxy.layers.http import HttpClient, HttpLayer, HttpStream
 from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server
-from tapfix.proxy.chunked import ChunkedReader
+from tapfix.proxy.chunked import ChunkedReader, frame
 from tapfix.proxy.response.pipeline import StreamPipeline
 
 logger = logging.getLogger(__name__)
@@ -194,9 +194,7 @@ class _RelayProtocol(asyncio.Protocol):
             except Exception:  # mitmproxy's layer would log it and go on: so does the relay
                 logger.exception("the stream callable failed on a relayed chunk")
                 continue
-            for chunk in (out,) if isinstance(out, bytes) else out:
-                if chunk:  # an empty chunk is the body's end in chunked framing
-                    frames.append(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            frames += [frame(chunk) for chunk in ((out,) if isinstance(out, bytes) else out) if chunk]
         client = self.client
         if not frames or client.is_closing():
             return

@@ -18,6 +18,7 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layer import CommandGenerator
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import HttpEvent, ResponseProtocolError
+from tapfix.proxy.chunked import frame
 
 TAIL_ATTR = "_tapfix_tail"
 REPLY_ATTR = "_tapfix_reply"
@@ -37,8 +38,7 @@ def install() -> None:
         setattr(self.conn, TAIL_ATTR, None)
         response = self.response
         if response is not None and "chunked" in response.headers.get("transfer-encoding", "").lower():
-            data = b"%x\r\n%s\r\n" % (len(tail), tail) if tail else b""  # an empty chunk would end it early
-            yield commands.SendData(self.conn, data + b"0\r\n\r\n")
+            yield commands.SendData(self.conn, frame(tail) + b"0\r\n\r\n")
         else:
             yield commands.SendData(self.conn, tail)
         yield from original(self, event)

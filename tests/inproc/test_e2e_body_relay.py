@@ -26,7 +26,7 @@ from tapfix.addons.runner.body_relay import Tally
 from tests.conftest import corpus_dir
 from tests.support.inproc import cli, start, start_mock, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawRequest, RawServer, Script
+from tests.support.rawserver import RawRequest, RawServer, Script, framed
 
 CASES = sorted(corpus_dir().glob("*.json"))
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -49,7 +49,7 @@ def per_event(events: list[bytes], ending: bytes = b"0\r\n\r\n") -> Script:
     """One chunk per event, one write per chunk, GAP_S apart: what engines do."""
     script: Script = [(0.0, HEAD)]
     # the second event 10 ms after the first: the quiet moment the relay takes over in, even on a busy machine
-    script += [(GAP_S if k != 1 else 0.01, b"%x\r\n%s\r\n" % (len(e), e)) for k, e in enumerate(events)]
+    script += [(GAP_S if k != 1 else 0.01, framed(e)) for k, e in enumerate(events)]
     return [*script, (GAP_S, ending)] if ending else script
 
 
@@ -284,7 +284,7 @@ def test_burst_streams_over_kept_alive_connections_all_end_whole(scripted):
     scripts, pair = scripted
     scripts["m"] = [
         (0.0, HEAD),
-        *[(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in _content_events() * 8],
+        *[(0.0, framed(e)) for e in _content_events() * 8],
         (0.0, b"0\r\n\r\n"),
     ]
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
@@ -322,8 +322,8 @@ def test_a_slow_client_makes_the_upstream_wait_and_gets_every_byte(scripted):
     scripts, pair = scripted
     event = CONTENT % (b"x" * 4000)
     paced = 5  # written 10 ms apart first, as engines do: the relay takes over at one of them, even on a busy machine
-    scripts["m"] = [(0.0, HEAD), *[(0.01, b"%x\r\n%s\r\n" % (len(event), event))] * paced]
-    scripts["m"] += [(0.0, b"%x\r\n%s\r\n" % (len(event), event) * 16) for _ in range(128)] + [(0.0, b"0\r\n\r\n")]
+    scripts["m"] = [(0.0, HEAD), *[(0.01, framed(event))] * paced]
+    scripts["m"] += [(0.0, framed(event) * 16) for _ in range(128)] + [(0.0, b"0\r\n\r\n")]
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     before, waited = Tally.taken, Tally.waited
     proxy = start_proxy(pair.tmp, pair.server.url)

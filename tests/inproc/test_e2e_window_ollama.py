@@ -23,7 +23,7 @@ from tests.support.builders import DONE, chat_chunk, sse_event
 from tests.support.config_text import toml_table
 from tests.support.inproc import cli, start_proxy
 from tests.support.procs import wait_capture
-from tests.support.rawserver import RawRequest, RawServer
+from tests.support.rawserver import RawRequest, RawServer, framed
 
 MODEL = "qwen3:8b"
 NUM_CTX = 512
@@ -83,7 +83,7 @@ def ollama(request: RawRequest) -> list[tuple[float, bytes]]:
         chunks.append(chunk() | {"choices": [], "usage": usage})
     events = [*map(sse_event, chunks), DONE]
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    return [(0.0, head)] + [(0.0, b"%x\r\n%s\r\n" % (len(e), e)) for e in events] + [(0.0, b"0\r\n\r\n")]
+    return [(0.0, head)] + [(0.0, framed(e)) for e in events] + [(0.0, b"0\r\n\r\n")]
 
 
 @pytest.fixture

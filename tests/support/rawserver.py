@@ -34,6 +34,11 @@ class RawRequest:
         return None
 
 
+def framed(piece: bytes) -> bytes:
+    """`piece` as one HTTP/1.1 chunk, written out here (the test's own framing, not tapfix's)."""
+    return b"%x\r\n%s\r\n" % (len(piece), piece)
+
+
 def sse_response(
     events: list[bytes], *, split: Callable[[bytes], list[bytes]] | None = None, delay: float = 0.0
 ) -> Script:
@@ -45,7 +50,7 @@ def sse_response(
     script: Script = [(0.0, head)]
     for event in events:
         for piece in split(event) if split else [event]:
-            script.append((delay, b"%x\r\n%s\r\n" % (len(piece), piece)))
+            script.append((delay, framed(piece)))
     script.append((0.0, b"0\r\n\r\n"))
     return script
 
