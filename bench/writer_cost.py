@@ -9,7 +9,7 @@ The answers pass the real `StreamPipeline` with the chat repair stage armed, as 
 `time.thread_time` per exchange; for a count that holds on a loaded machine, run it under callgrind twice,
 `WRITE=1` and `WRITE=0` (everything but the measured transactions), and divide the difference by N:
 
-    .venv/bin/python bench/writer_cost.py                    # N=96 ROUNDS=3 KINDS=profile,thread
+    .venv/bin/python bench/writer_cost.py                    # N=96 ROUNDS=3 KINDS=profile,thread CHUNKS=256
     PYTHONHASHSEED=0 KINDS=profile N=32 WRITE=0 valgrind --tool=callgrind .venv/bin/python bench/writer_cost.py
 """
 
@@ -81,7 +81,7 @@ def fresh(ex: Exchange) -> Exchange:
 
 def profile_exchanges(n: int) -> list[Exchange]:
     body = request_body(AGENT_BODY, tools=True)
-    proto = streamed(body, sse_events("content", 256), [])
+    proto = streamed(body, sse_events("content", CHUNKS), [])
     return [fresh(proto) for _ in range(n)]
 
 
@@ -92,7 +92,7 @@ def thread_exchanges(n: int) -> list[Exchange]:
     for turn in range(n):
         body = orjson.dumps({**base, "messages": messages})
         kind = "tools" if turn % 2 else "content"
-        ex = streamed(body, sse_events(kind, 256), [("x-session-id", "ses_bench")])
+        ex = streamed(body, sse_events(kind, CHUNKS), [("x-session-id", "ses_bench")])
         out.append(ex)
         a = assemble_sse(ex.client_response_chunks or ex.response_chunks, ex.path)
         msg = {"role": "assistant", "content": a.content}
@@ -108,9 +108,10 @@ def thread_exchanges(n: int) -> list[Exchange]:
 
 
 WRITE = os.environ.get("WRITE", "1") == "1"
+CHUNKS = int(os.environ.get("CHUNKS", "256"))  # events per answer (16: the fixed part dominates)
 
 
-def run(kind: str, n: int, batch: int = 8) -> float:
+def run(kind: str, n: int, batch: int = int(os.environ.get("BATCH", "8"))) -> float:
     exchanges = profile_exchanges(n + batch) if kind == "profile" else thread_exchanges(n + batch)
     gc.collect()
     gc.freeze()  # the prepared exchanges aside: a full collection over them would land in one run, not the other

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tapfix.addons.runner import body_relay
 from tapfix.addons.runner.body_relay import Tally
 
 from tests.conftest import corpus_dir
@@ -183,8 +184,56 @@ def scripted(tmp_path: Path) -> Iterator[tuple[dict[str, Script], SideBySide]]:
         server.close()
 
 
+@pytest.fixture()
+def racing_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Every take-over tried at the worst moment, as under load: right after bytes reach mitmproxy's reader,
+    which is woken for them but hasn't read them. The relay must hold what comes next until that read is
+    processed, then start at the boundary it ends on, or hand the held bytes back (mid-chunk, the body's end).
+    Counts the second steps: begun, handed back."""
+    steps = {"begun": 0, "handed_back": 0}
+
+    def arm(relay: body_relay.BodyRelay) -> None:
+        """Once the chunk is processed whole (as `offer` waits for): the take-over goes with the next bytes."""
+        relay.scheduled = False
+        parts = body_relay._parts(relay.flow, relay.proxyserver)
+        if parts is None or relay.running or relay.ended or relay.holding:
+            return
+        reader = parts[1].reader
+        if "feed_data" in vars(reader):  # armed already
+            return
+        feed = reader.feed_data
+
+        def fed(data: bytes) -> None:
+            feed(data)
+            del reader.feed_data
+            relay.take_over()  # mitmproxy's reader task is woken for `data`, and hasn't run
+
+        reader.feed_data = fed
+
+    def offer(relay: body_relay.BodyRelay) -> None:
+        if not (relay.scheduled or relay.running or relay.ended or relay.holding):
+            relay.scheduled = True
+            asyncio.get_running_loop().call_soon(arm, relay)
+
+    def counted(name: str, key: str) -> None:
+        original = getattr(body_relay._RelayProtocol, name)
+
+        def step(protocol: body_relay._RelayProtocol) -> None:
+            steps[key] += 1
+            original(protocol)
+
+        monkeypatch.setattr(body_relay._RelayProtocol, name, step)
+
+    monkeypatch.setattr(body_relay.BodyRelay, "offer", offer)
+    counted("begin", "begun")
+    counted("release", "handed_back")
+    return steps
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["quiet", "racing-reads"])
 @pytest.mark.parametrize("cut", ["per-event", "odd-cuts"])
-def test_every_corpus_stream_gets_the_same_bytes_and_records_with_the_relay(corpus_bytes, scripted, cut):
+def test_every_corpus_stream_gets_the_same_bytes_and_records_with_the_relay(corpus_bytes, scripted, cut, race, request):
+    steps = request.getfixturevalue("racing_reads") if race else None
     scripts, pair = scripted
     bodies, relayed = [], []
     for case_path in CASES:
@@ -200,7 +249,13 @@ def test_every_corpus_stream_gets_the_same_bytes_and_records_with_the_relay(corp
             }
         )
         relayed.append(len(events) > 2)
-    pair.same(bodies, relayed)
+    if steps is None:
+        pair.same(bodies, relayed)
+        return
+    # racing mitmproxy's reads, the relay still runs in each stream sent one event a read; cut anywhere,
+    # where it runs depends on where the reads end
+    pair.same(bodies, relayed if cut == "per-event" else False)
+    assert steps["begun"] >= sum(relayed) if cut == "per-event" else steps["begun"] + steps["handed_back"] > 0
 
 
 CONTENT = b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
