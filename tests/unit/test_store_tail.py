@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tapfix.proxy.changes import Change
 from tapfix.proxy.store.errors import StoreError
 from tapfix.proxy.store.reader import CaptureFilter
 from tapfix.proxy.store.sqlite.database import open_for_reading, open_when_ready
@@ -32,6 +33,21 @@ def test_commit_order_not_id_order_and_a_replaced_row_comes_again(tmp_path: Path
     write(db, [early])  # `insert or replace`: its row is committed again, after `late`
     assert ids(tail) == [late.id, early.id]
     assert ids(tail) == []
+
+
+def test_a_capture_written_again_is_replaced_whole_changes_and_all(tmp_path: Path) -> None:
+    """A new row is one statement; one stored before is replaced, its old changes gone (not added to)."""
+    db = tmp_path / "c.db"
+    ex = exchange()
+    ex.changes = [Change("request", "default_sampling", "$.temperature", None, 0.6, "x"), Change("request", "k", "$.a")]
+    write(db, [ex])
+    ex.changes = [Change("request", "default_sampling", "$.top_p", None, 0.95, "y")]
+    write(db, [ex])
+    conn = sqlite3.connect(db)
+    assert conn.execute("select count(*) from exchanges").fetchone() == (1,)
+    assert conn.execute("select path, reason from changes where exchange_id = ?", (ex.id,)).fetchall() == [
+        ("$.top_p", "y")
+    ]
 
 
 def test_a_filter_takes_attempts_with_their_client_request(tmp_path: Path) -> None:

@@ -129,10 +129,18 @@ class SqliteBackend:
         return {}
 
     def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
+        """A new row in one statement; a capture stored before (written again) replaced whole, with a new rowid
+        (store/sqlite/tail.py), its old changes gone. Why two paths: each statement releases the GIL and takes it
+        back, and under load that hand-over costs the writer thread more than the statement (issue 34)."""
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
-        self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", list(row.values()))
-        self.conn.execute("delete from changes where exchange_id = ?", (row["id"],))
+        values = list(row.values())
+        added = self.conn.execute(
+            f"insert into exchanges ({columns}) values ({marks}) on conflict (id) do nothing", values
+        ).rowcount
+        if added != 1:
+            self.conn.execute(f"insert or replace into exchanges ({columns}) values ({marks})", values)
+            self.conn.execute("delete from changes where exchange_id = ?", (row["id"],))
 
     def retain(self, retention: Retention) -> None:
         from tapfix.proxy.store.sqlite.retention import purge
