@@ -68,17 +68,35 @@ class DeltaWriter:
         # family → (body id, bytes, depth, sha256): the base the next body of the family is a delta on
         self._latest: OrderedDict[str, tuple[int, bytes | None, int, str]] = OrderedDict()
         self._held = 0  # bytes of bases held in memory
+        # This transaction's bodies, when the backend looked them up in one go (`prefetch`): digest of the bytes,
+        # and what the store holds for a digest (None: not stored), bodies added since included.
+        self._batch_digests: dict[bytes, str] = {}
+        self._batch_found: dict[str, tuple[int, int, bool] | None] = {}
 
     def forget(self) -> None:
         """After a rollback the remembered ids may not exist (or be reused by other bodies): start over."""
         self._latest.clear()
         self._held = 0
+        self.end_batch()
+
+    batch_lookups = False  # the backend's `_lookup_many` looks a transaction's bodies up in one go
+
+    def prefetch(self, bodies: list[bytes]) -> None:
+        """The bodies a transaction will `put`, looked up together where the backend can (`_lookup_many`)."""
+        if not self.batch_lookups or not bodies:
+            return
+        digests = {data: hashlib.sha256(data).hexdigest() for data in bodies}
+        self._batch_digests, self._batch_found = digests, self._lookup_many(sorted(set(digests.values())))
+
+    def end_batch(self) -> None:
+        """The transaction ended (committed or rolled back): what `prefetch` learned is no longer sure."""
+        self._batch_digests, self._batch_found = {}, {}
 
     def put(self, data: bytes, family: str | None = None, *, level: int = 6, when: float | None = None) -> int:
         """Store a body; `level` is zlib's (responses use 1: 10x cheaper, a few % larger); `when`, the
         exchange's start (unix time), is for backends that file bodies by day (SQLite doesn't)."""
-        digest = hashlib.sha256(data).hexdigest()
-        found = self._lookup(digest)
+        digest = self._batch_digests.get(data) or hashlib.sha256(data).hexdigest()
+        found = self._batch_found[digest] if digest in self._batch_found else self._lookup(digest)
         if found is not None:
             body_id, depth, own = found
             if own:
@@ -86,10 +104,16 @@ class DeltaWriter:
             return body_id
         base = self._latest.get(family) if family else None
         body_id, depth = self._insert(data, digest, base, level)
+        if digest in self._batch_found:
+            self._batch_found[digest] = (body_id, depth, True)
         self._remember(family, body_id, data, depth, digest)
         return body_id
 
     # The backend's part.
+
+    def _lookup_many(self, digests: list[str]) -> dict[str, tuple[int, int, bool] | None]:
+        """`_lookup` of each digest (None: not stored), in as few statements as the backend can (`batch_lookups`)."""
+        raise NotImplementedError
 
     def _lookup(self, digest: str) -> tuple[int, int, bool] | None:
         """The stored body with these bytes: (id, depth, whether a delta may take it as its base)."""

@@ -67,6 +67,9 @@ class SessionSQL:
     # pipelines its batch (PostgreSQL) then has no round trip per exchange for it. None: `orphan`,
     # then `adopt` and the rest.
     adopt_waiting: str | None = None
+    # Whether any session waits for a parent at all (its `wants`): asked once a transaction, so the turns of a
+    # batch don't each ask `orphan` for nothing (a statement each, issue 34). None: `orphan` every time.
+    any_waiting: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +151,17 @@ def _longest(conn: Executes, sql: str, parents: list[str], rest: list[object]) -
 
 
 class SessionTracker:
-    """Lives in the writer thread; its only memory is a cache of parsed conversation items."""
+    """Lives in the writer thread; its memory: a cache of parsed conversation items, and in a transaction whether
+    any session waits for a parent (`any_waiting`; the transaction holds the write lock, so only it adds one)."""
 
     def __init__(self, sql: SessionSQL) -> None:
         self.parser = Parser()
         self.sql = sql
+        self._waiting: bool | None = None  # None: not asked in this transaction
+
+    def end_batch(self) -> None:
+        """The transaction ended: other writers may add waiting sessions before the next."""
+        self._waiting = None
 
     def assign(
         self, conn: Executes, ex: Exchange, reply: Assembled, client: bytes, noted: NotedParse | None = None
@@ -210,6 +219,8 @@ class SessionTracker:
             self.sql.record,
             (link.session_id, when, when, ex.user_agent, ex.model, link.chain_hash, link.wants),
         )
+        if link.wants:
+            self._waiting = True
         for wanted in (link.chain_hash, link.response_id and _RESPONSE_PREFIX + link.response_id):
             if wanted:
                 self._adopt(conn, link.session_id, wanted, ex)
@@ -218,6 +229,11 @@ class SessionTracker:
         if self.sql.adopt_waiting is not None:
             conn.execute(self.sql.adopt_waiting, (wanted, session_id, ex.user_agent, session_id, session_id))
             return
+        if self.sql.any_waiting is not None:
+            if self._waiting is None:
+                self._waiting = conn.execute(self.sql.any_waiting).fetchone() is not None
+            if not self._waiting:
+                return
         row = conn.execute(self.sql.orphan, (wanted, session_id, ex.user_agent)).fetchone()
         if row is None:
             return

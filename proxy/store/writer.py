@@ -131,6 +131,7 @@ class CaptureWriter:
         # (enqueue), never block. Add them before traffic starts.
         self.observers: list[Observer] = [self._count]
         self._pending: list[Written] = []  # this transaction's, told to the observers after its commit
+        self._joined: dict[str, tuple[bytes, bytes]] = {}  # this transaction's answers, joined (`_prefetch`)
         self.held = Held(max_held, max_held_bytes, starting=self.backend.unreachable)
         # An outage that hit a commit leaves its fate unknown: these may be stored; checked before a retry.
         self._unsure: dict[str, Written] = {}
@@ -320,12 +321,14 @@ class CaptureWriter:
             try:
                 self.backend.begin()
                 stored = self._already_stored(exchanges)
+                self._prefetch([ex for ex in exchanges if ex.id not in stored])
                 for exchange in exchanges:
                     if exchange.id in stored:  # committed before the connection broke: told now, not written twice
                         self._pending.append(stored[exchange.id])
                     else:
                         write(exchange)
                 self.backend.commit()
+                self._end_batch()
                 self._unsure = {}
                 self.stats.written += len(exchanges)
                 self.stats.last_commit = time.time()
@@ -340,6 +343,7 @@ class CaptureWriter:
                 return None
             except Exception as e:  # noqa: BLE001 - a capture failure must never break traffic
                 written, self._pending = self._pending, []
+                self._end_batch()
                 self.backend.rollback()
                 self.bodies.forget()  # its remembered bases may have been rolled back with the batch
                 if self.backend.outage(e):
@@ -351,6 +355,33 @@ class CaptureWriter:
                     continue
                 return e
         raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns
+
+    def _prefetch(self, exchanges: list[Exchange]) -> None:
+        """The batch's bodies, joined once (`_answer_bodies`), looked up in the store together (`Bodies.prefetch`)."""
+        self._joined = {}
+        bodies: list[bytes] = []
+        for ex in exchanges:
+            upstream = ex.response_body()
+            client = ex.client_response_body(upstream)
+            self._joined[ex.id] = (upstream, client)
+            if ex.store_bodies:
+                bodies += [ex.request, upstream, client]
+                if ex.forwarded is not None:
+                    bodies.append(ex.forwarded)
+        self.bodies.prefetch(bodies)
+
+    def _answer_bodies(self, ex: Exchange) -> tuple[bytes, bytes]:
+        """What the upstream answered and what the client received, whole: joined by `_prefetch` for this batch."""
+        joined = self._joined.get(ex.id)
+        if joined is not None:
+            return joined
+        upstream = ex.response_body()
+        return upstream, ex.client_response_body(upstream)
+
+    def _end_batch(self) -> None:
+        self._joined = {}
+        self.bodies.end_batch()
+        self.sessions.end_batch()
 
     def _already_stored(self, exchanges: list[Exchange]) -> dict[str, Written]:
         """Of `exchanges`, those an earlier commit may have stored after all (`_unsure`) and did."""
@@ -406,8 +437,7 @@ class CaptureWriter:
     def _write_kept(self, ex: Exchange, error: Exception) -> None:
         """What is left of an exchange the writer could not store whole: its metadata, its raw bytes as
         bodies (no delta, no assembly, no session) and the error, flagged, so it is still listed."""
-        upstream = ex.response_body()
-        client = ex.client_response_body(upstream)
+        upstream, client = self._answer_bodies(ex)
         bodies = self._put_bodies(ex, upstream, client, None, always_response=True)
         row = kept_row(ex, bodies, upstream, f"capture failed, stored without its assembled answer: {describe(error)}")
         row |= attempt_columns(ex)
@@ -415,8 +445,7 @@ class CaptureWriter:
         self._pending.append(Written(ex, row, None, "kept"))
 
     def _write_one(self, ex: Exchange) -> None:
-        upstream = ex.response_body()
-        client = ex.client_response_body(upstream)
+        upstream, client = self._answer_bodies(ex)
         assembled = assemble_answer(ex, client)
         upstream_answer = upstream_view(ex, assembled, client, upstream)  # one assembly for timing and error
         first_token_ms = None

@@ -120,3 +120,22 @@ def test_reader_forgets_an_id_that_now_holds_another_body():
     second = writer.put(b"another body under the same id")
     assert second == first
     assert reader.read(first) == b"another body under the same id"
+
+
+@settings(max_examples=examples(60))
+@given(
+    st.lists(st.lists(st.sampled_from([b"a" * 70, b"b" * 90, b"{}", b"a" * 70 + b"!", b""]), max_size=6), max_size=5)
+)
+def test_a_batch_looked_up_together_stores_what_one_at_a_time_stores(batches):
+    """`prefetch` (one statement for a transaction's bodies) against `put` alone: the same rows, every body read
+    back; a body met earlier in the batch or in an earlier one is found, not stored twice."""
+    together, alone = _conn(), _conn()
+    batched, single = BodyWriter(together), BodyWriter(alone)
+    for batch in batches:
+        batched.prefetch(list(batch))
+        ids = [batched.put(data, "s") for data in batch]
+        batched.end_batch()
+        assert [read_body(together, i) for i in ids] == batch
+        assert [single.put(data, "s") for data in batch] == ids
+    count = "select count(*), sum(length(data)) from bodies"
+    assert together.execute(count).fetchone() == alone.execute(count).fetchone()

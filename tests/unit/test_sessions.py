@@ -18,6 +18,7 @@ from tapfix.proxy.assemble import Assembled
 from tapfix.proxy.exchange import Exchange
 from tapfix.proxy.jsonsplice import SpliceError, array_item_spans, top_level_item_spans, top_level_spans
 from tapfix.proxy.store.conversation import CONVERSATION_FIELDS, MAX_PARENTS, Conversation, Parser, reply_parts
+from tapfix.proxy.store.kept import as_text
 from tapfix.proxy.store.sessions import SessionTracker, response_id
 from tapfix.proxy.store.sqlite.database import open_for_writing
 from tapfix.proxy.store.sqlite.writer import SQLITE_SESSION_SQL
@@ -224,6 +225,36 @@ def test_a_turn_written_before_its_parent_is_taken_in(tmp_path):
     by_id, counts = _sessions(db)
     assert by_id[one.id] == by_id[two.id] == by_id[three.id] == f"s-{one.id}"
     assert counts == {f"s-{one.id}": 3}
+
+
+def test_a_waiting_turn_is_taken_in_by_its_parent_in_the_same_batch_or_a_later_one(tmp_path):
+    """Whether any session waits is asked once a transaction: a turn that starts waiting in the batch counts, and
+    so does one another writer added between this writer's transactions."""
+    db = tmp_path / "s.db"
+    user = {"role": "user", "content": "hi"}
+    one = _turn([user], "hello")
+    two = _turn([user, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}], "bye")
+    other = _turn([{"role": "user", "content": "unrelated"}], "x")
+    writer = CaptureWriter(db)
+    try:
+        # one transaction: `other` finds no session waiting, then `two` waits for `one`, then `one` comes
+        assert writer._transaction([as_text(ex) for ex in (other, two, one)], writer._write_one) is None
+    finally:
+        writer.close()
+    by_id, counts = _sessions(db)
+    assert by_id[one.id] == by_id[two.id] == f"s-{one.id}" and counts[f"s-{one.id}"] == 2
+    user2 = {"role": "user", "content": "again"}
+    first, second = _turn([user2], "yes"), _turn([user2, {"role": "assistant", "content": "yes"}, user], "z")
+    writer = CaptureWriter(db)
+    try:
+        unrelated = _turn([{"role": "user", "content": "unrelated too"}], "y")
+        assert writer._transaction([as_text(unrelated)], writer._write_one) is None  # asks: nothing waits
+        _write(db, second)  # another process, between two transactions: its turn waits for `first`
+        assert writer._transaction([as_text(first)], writer._write_one) is None
+    finally:
+        writer.close()
+    by_id, counts = _sessions(db)
+    assert by_id[first.id] == by_id[second.id] == f"s-{first.id}" and counts[f"s-{first.id}"] == 2
 
 
 def test_identical_runs_stay_apart_and_prefer_their_own_client(tmp_path):

@@ -27,8 +27,13 @@ def _unpack(encoding: str, data: bytes) -> bytes:
     return zlib.decompress(data) if encoding == "zlib" else bytes(data)
 
 
+LOOKUP_BATCH = 500  # digests per statement (SQLite allows 32,766 variables; a batch has a few per exchange)
+
+
 class BodyWriter(DeltaWriter):
     """SQLite's `DeltaWriter`: on the writer's connection, inside its transaction."""
+
+    batch_lookups = True
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         super().__init__()
@@ -38,6 +43,20 @@ class BodyWriter(DeltaWriter):
         """The stored body with these bytes: (id, depth, whether a delta may take it as its base)."""
         row = self.conn.execute("select id, depth from bodies where sha256 = ?", (digest,)).fetchone()
         return None if row is None else (int(row[0]), int(row[1]), True)
+
+    def _lookup_many(self, digests: list[str]) -> dict[str, tuple[int, int, bool] | None]:
+        """One statement for a batch's bodies where there was one per body: each statement hands the GIL over and
+        takes it back, and under load that costs the writer thread more than the lookup (issue 34). Sound for the
+        transaction: it holds the write lock (`begin immediate`), so no other process adds or purges meanwhile."""
+        known: dict[str, tuple[int, int, bool] | None] = dict.fromkeys(digests)
+        for at in range(0, len(digests), LOOKUP_BATCH):
+            part = digests[at : at + LOOKUP_BATCH]
+            marks = ", ".join("?" * len(part))
+            for digest, body_id, depth in self.conn.execute(
+                f"select sha256, id, depth from bodies where sha256 in ({marks})", part
+            ).fetchall():
+                known[digest] = (int(body_id), int(depth), True)
+        return known
 
     def _still_stored(self, body_id: int, digest: str) -> bool:
         """A purge (retention, `tapfix captures purge`) may have removed the base, and SQLite may have

@@ -47,6 +47,7 @@ SQLITE_SESSION_SQL = SessionSQL(
     " order by (user_agent is ?) desc, first_at, id limit 1",
     adopt="update sessions set exchanges = exchanges + ?, first_at = min(first_at, ?), last_at = max(last_at, ?),"
     " tip_hash = case when ? >= last_at then coalesce(?, tip_hash) else tip_hash end where id = ?",
+    any_waiting="select 1 from sessions where wants is not null limit 1",
 )
 
 
