@@ -45,9 +45,9 @@ class BodyWriter(DeltaWriter):
         return None if row is None else (int(row[0]), int(row[1]), True)
 
     def _lookup_many(self, digests: list[str]) -> dict[str, tuple[int, int, bool] | None]:
-        """One statement for a batch's bodies where there was one per body: each statement hands the GIL over and
-        takes it back, and under load that costs the writer thread more than the lookup (issue 34). Sound for the
-        transaction: it holds the write lock (`begin immediate`), so no other process adds or purges meanwhile."""
+        """One statement for a batch's bodies where there was one per body (issue 34: the writer's statements, each
+        a GIL hand-over besides the work). Sound for the transaction: it holds the write lock (`begin immediate`),
+        so no other process adds or purges bodies meanwhile."""
         known: dict[str, tuple[int, int, bool] | None] = dict.fromkeys(digests)
         for at in range(0, len(digests), LOOKUP_BATCH):
             part = digests[at : at + LOOKUP_BATCH]

@@ -131,8 +131,8 @@ class SqliteBackend:
 
     def put_exchange(self, row: dict[str, Any], ex: Exchange) -> None:
         """A new row in one statement; a capture stored before (written again) replaced whole, with a new rowid
-        (store/sqlite/tail.py), its old changes gone. Why two paths: each statement releases the GIL and takes it
-        back, and under load that hand-over costs the writer thread more than the statement (issue 34)."""
+        (store/sqlite/tail.py), its old changes gone. Two paths so the common one is a single statement: each costs
+        the writer thread a GIL hand-over besides the work (issue 34)."""
         columns = ", ".join(row)
         marks = ", ".join("?" * len(row))
         values = list(row.values())
