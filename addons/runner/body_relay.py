@@ -124,8 +124,9 @@ class BodyRelay:
             return None
         return parts
 
-    def _settle(self, protocol: _RelayProtocol, reader: asyncio.StreamReader, tries: int) -> None:
-        """The second step: mitmproxy's reader has had its turn at the bytes it was woken for."""
+    def _settle(self, protocol: _RelayProtocol, reader: Any, tries: int) -> None:
+        """The second step: mitmproxy's reader has had its turn at the bytes it was woken for. `reader`: its
+        asyncio.StreamReader, whose `_buffer` is read (see the module's docstring)."""
         if self.holding is not protocol:  # given back meanwhile (EOF, a closed connection)
             return
         if len(reader._buffer) and tries > 1:  # its task hasn't run yet
