@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,6 +38,12 @@ _EARLY_BUILD = pytest.StashKey[list[subprocess.Popen]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Started in the background (`.ci/run &`, nohup), this process inherits SIGINT ignored, and so would every
+    # tapfix process a test starts: a `captures tail` then ignores the Ctrl-C its tests send, as it should
+    # under nohup. Handled here, SIGINT is back at its default in each child (exec resets a handled signal),
+    # as a terminal's Ctrl-C finds it.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.stash[_EARLY_BUILD] = early_build.start(config)
     # The SDKs name the platform in their headers, and Python learns the processor by running `uname -p`
     # once: here, before any test, so no in-process test starts it (tests/support/e2e_guard.py).
