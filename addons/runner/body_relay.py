@@ -82,7 +82,7 @@ class BodyRelay:
 
     def take_over(self) -> None:
         self.scheduled = False
-        if self.running or self.ended or self.holding or not self.flow.live or self.flow.error is not None:
+        if self.running or self.ended or self.holding:
             return
         ready = self._ready()
         if ready is None:
@@ -107,7 +107,9 @@ class BodyRelay:
         asyncio.get_running_loop().call_soon(self._settle, protocol, reader, SETTLE_TRIES)
 
     def _ready(self) -> tuple[Any, Any, Any, H11ChunkedReader] | None:
-        """`_parts`, when both sockets are open and mitmproxy's reader is neither paused nor done."""
+        """`_parts`, when the flow is live, both sockets are open and mitmproxy's reader is neither paused nor done."""
+        if not self.flow.live or self.flow.error is not None:
+            return None
         try:
             parts = _parts(self.flow, self.proxyserver)
         except (AttributeError, KeyError, TypeError):  # a mitmproxy whose insides moved: its own path, as before
@@ -133,7 +135,7 @@ class BodyRelay:
             asyncio.get_running_loop().call_soon(self._settle, protocol, reader, tries - 1)
             return
         self.holding = None
-        ready = None if len(reader._buffer) or not self.flow.live or self.flow.error else self._ready()
+        ready = None if len(reader._buffer) else self._ready()
         if ready is None or ready[3] is not protocol.h11_reader:
             protocol.release()
             return
@@ -267,21 +269,14 @@ class _RelayProtocol(asyncio.Protocol):
     def begin(self) -> None:
         """The second step: the relay runs from the boundary mitmproxy's reader stopped at, held bytes first."""
         held, self.held = self.held, None
-        if self.paused:  # by the holding: reads resume in a later turn of the loop, after these
-            self.paused = False
-            self.transport.resume_reading()
+        self._resume()  # paused by the holding: reads resume in a later turn of the loop, after these
         if held:
             self.data_received(bytes(held))
 
     def release(self) -> None:
         """No second step: the socket back to mitmproxy's reader, with the bytes held meanwhile."""
         held, self.held = self.held, None
-        self.transport.set_protocol(self.original)
-        if self.paused:
-            self.paused = False
-            self.transport.resume_reading()
-        if held:
-            self.original.data_received(bytes(held))
+        self._to_mitmproxy(bytes(held or b""))
 
     def _hand_back(self) -> None:
         if self.held is not None:  # still the first step
@@ -300,12 +295,19 @@ class _RelayProtocol(asyncio.Protocol):
         # mitmproxy's reader goes on from where the relay's stands, mid-chunk included (a reset, a bad footer):
         # so its errors are word for word the ones it gives without the relay
         self.h11_reader._bytes_in_chunk, self.h11_reader._bytes_to_discard = self.chunks.inside()
+        self._to_mitmproxy(rest)
+
+    def _to_mitmproxy(self, rest: bytes) -> None:
+        """mitmproxy's protocol back on the server socket, reading, `rest` first."""
         self.transport.set_protocol(self.original)
+        self._resume()
+        if rest:
+            self.original.data_received(rest)
+
+    def _resume(self) -> None:
         if self.paused:
             self.paused = False
             self.transport.resume_reading()
-        if rest:
-            self.original.data_received(rest)
 
     def eof_received(self) -> bool | None:
         self._hand_back()
