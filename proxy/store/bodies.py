@@ -85,7 +85,10 @@ class DeltaWriter:
         """The bodies a transaction will `put`, looked up together where the backend can (`_lookup_many`)."""
         if not self.batch_lookups or not bodies:
             return
-        digests = {data: hashlib.sha256(data).hexdigest() for data in bodies}
+        digests: dict[bytes, str] = {}
+        for data in bodies:
+            if data not in digests:  # each distinct body hashed once
+                digests[data] = hashlib.sha256(data).hexdigest()
         self._batch_digests, self._batch_found = digests, self._lookup_many(sorted(set(digests.values())))
 
     def end_batch(self) -> None:

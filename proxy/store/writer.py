@@ -97,6 +97,22 @@ class WriterStats:
         }
 
 
+def _kept_bodies(ex: Exchange, upstream: bytes, client: bytes, *, always_response: bool = False) -> dict[str, bytes]:
+    """The bodies an exchange stores, by kind, in storing order: none without `store_bodies`; the forwarded
+    request and the client's answer only where they differ from the request and the upstream's answer; the
+    upstream's answer when one came (`always_response`: a kept-in-part capture's, even empty)."""
+    if not ex.store_bodies:
+        return {}
+    kept = {"req": ex.request}
+    if ex.forwarded is not None and ex.forwarded != ex.request:
+        kept["fwd"] = ex.forwarded
+    if always_response or ex.status is not None or upstream:
+        kept["resp"] = upstream
+    if client is not upstream and client != upstream:
+        kept["client"] = client
+    return kept
+
+
 class CaptureWriter:
     """Owns the single write connection; `submit` is safe to call from the event loop.
 
@@ -364,10 +380,7 @@ class CaptureWriter:
             upstream = ex.response_body()
             client = ex.client_response_body(upstream)
             self._joined[ex.id] = (upstream, client)
-            if ex.store_bodies:
-                bodies += [ex.request, upstream, client]
-                if ex.forwarded is not None:
-                    bodies.append(ex.forwarded)
+            bodies += _kept_bodies(ex, upstream, client).values()
         self.bodies.prefetch(bodies)
 
     def _answer_bodies(self, ex: Exchange) -> tuple[bytes, bytes]:
@@ -422,16 +435,12 @@ class CaptureWriter:
         """The four bodies' ids (None where a body is the same as the one before it, or not kept).
         `family` deltas the request against its session's last one; a kept-in-part capture has none."""
         bodies: dict[str, int | None] = dict.fromkeys(("req", "fwd", "resp", "client"))
-        if not ex.store_bodies:
-            return bodies
         put, when = self.bodies.put, ex.started_at
-        bodies["req"] = put(ex.request, family, when=when)
-        if ex.forwarded is not None and ex.forwarded != ex.request:
-            bodies["fwd"] = put(ex.forwarded, family, when=when)
-        if always_response or ex.status is not None or upstream:
-            bodies["resp"] = put(upstream, level=1, when=when)
-        if client is not upstream and client != upstream:
-            bodies["client"] = put(client, level=1, when=when)
+        for kind, data in _kept_bodies(ex, upstream, client, always_response=always_response).items():
+            if kind in ("req", "fwd"):
+                bodies[kind] = put(data, family, when=when)
+            else:
+                bodies[kind] = put(data, level=1, when=when)
         return bodies
 
     def _write_kept(self, ex: Exchange, error: Exception) -> None:
