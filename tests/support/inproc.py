@@ -38,12 +38,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 from click.testing import CliRunner
@@ -55,6 +54,9 @@ from tapfix.proxy.cli.run import run as run_command
 from tapfix.proxy.config.settings import Settings
 
 from tests.support.procs import mock_then_proxy
+
+if TYPE_CHECKING:
+    from tapfix.proxy.cli.demo import MockThread
 
 run_module = sys.modules["tapfix.proxy.cli.run"]  # the module whose run_proxy the command calls
 
@@ -327,25 +329,19 @@ def _log_path(tmp: Path, kind: str) -> Path:
 class InprocMock(_OnLoopback):
     """`tapfix mock` served by a uvicorn thread of the test process (as `tapfix demo` serves it)."""
 
-    server: Any
+    mock: MockThread
     log_path: Path
     port: int
-    thread: threading.Thread | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def alive(self) -> bool:
-        return any(s.is_serving() for s in self.server.servers)
+        return any(s.is_serving() for s in self.mock.server.servers)
 
     def stop(self) -> int:
         """Stops listening at once, as a killed process would, and returns once its thread ended: the responses
         still open get uvicorn's graceful second, and what uvicorn says of those it cancels is said during
         the test that stopped it (in its captured output), not after the session's summary."""
-        self.server.should_exit = True
-        deadline = time.monotonic() + 10
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if self.thread is not None:
-            self.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.mock.stop()
         return 0
 
 
@@ -359,11 +355,8 @@ def start_mock(tmp: Path, *args: str) -> InprocMock:
         params = dict(ctx.params)
         host, _ = params.pop("listen")
         opts = mock_options(**params)
-    before = set(threading.enumerate())
-    server = start_mock_thread(host, 0, opts)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    thread = next((t for t in threading.enumerate() if t.name == MOCK_THREAD and t not in before), None)
-    handle = InprocMock(server, _log_path(tmp, "mock"), port, thread)
+    mock = start_mock_thread(host, 0, opts)
+    handle = InprocMock(mock, _log_path(tmp, "mock"), mock.port)
     STARTED.append(handle)
     return handle
 
