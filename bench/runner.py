@@ -42,6 +42,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,14 +105,15 @@ class Phase:
     rows: tuple[str, ...] = ()  # () = all rows
     rounds: int = 0  # 0: the run's default
     steady: bool = False  # stagger the workers' starts over one stream's duration
+    pinned: bool = False  # the proxies on one CPU, the load generator and upstream on the other (`on_one_cpu`)
 
 
 PHASES = [
     Phase("ttft1", 1, 16, 0, 1000, 150),
     Phase("ttft8", 8, 16, 0, 1200, 320),
     Phase("paced32", 32, 256, 5, 256, 64, rounds=2, steady=True),
-    Phase("cpu256", 8, 256, 1, 128, 24),
-    Phase("cpu16", 8, 16, 1, 512, 96),
+    Phase("cpu256", 8, 256, 1, 128, 24, pinned=True),
+    Phase("cpu16", 8, 16, 1, 512, 96, pinned=True),
     Phase("burst", 8, 256, 0, 160, 32),
     Phase("mem32x1MB", 32, 256, 5, 96, 32, body=MB, rows=(MITM, AGENTS, AGENTS0), rounds=1, steady=True),
 ]
@@ -420,23 +423,45 @@ def export_lines(results: dict[str, dict[str, Cell]], nums: dict, fleet: Fleet) 
     ]
 
 
-def run_lane(fleet: Fleet, quick: bool) -> tuple[dict[str, dict[int, lane.Cell]], str]:
-    """The stream lane (bench/lane.py) for LANE_ROWS, the proxies pinned to the first CPU and this process
-    (the load generator) and the upstream to the second: each thread's affinity set as `taskset -a -p`
-    would. Returns the cells and how they were pinned."""
+@contextmanager
+def on_one_cpu(fleet: Fleet, pin: bool = True) -> Iterator[str]:
+    """The proxies on the first CPU, this process (the load generator) and the upstream on the second, each
+    thread's affinity set as `taskset -a -p` would, all CPUs again after. Yields how they were placed.
+
+    Why: unpinned on two CPUs, a proxy's threads and the harness's share both, and tapfix's two threads
+    (the event loop's and the capture writer's) hand the GIL to each other across CPUs: measured side by
+    side (16-event streams, 8 at a time, 1,000 requests), the writer's thread spent 0.80 ms per request
+    pinned against 1.06-1.15 unpinned. A GIL-bound process is one core's worth of Python wherever it runs;
+    on one CPU each proxy pays for its own work and not for where the scheduler put it. Plain mitmproxy
+    (one thread) is placed the same way."""
     cpus = sorted(os.sched_getaffinity(0))
-    proxies = [name for name in fleet.pids if name != "upstream"]
-    if len(cpus) >= 2:
-        for name in proxies:
-            procstat.pin(fleet.pids[name], {cpus[0]})
-        for pid in (fleet.pids["upstream"], os.getpid()):
-            procstat.pin(pid, {cpus[1]})
-        how = (
+    if not pin:
+        yield "not pinned (--unpinned): the proxies, the load generator and the upstream share every CPU"
+        return
+    if len(cpus) < 2:
+        yield "not pinned: fewer than 2 CPUs"
+        return
+    for name, pid in fleet.pids.items():
+        procstat.pin(pid, {cpus[1]} if name == "upstream" else {cpus[0]})
+    procstat.pin(os.getpid(), {cpus[1]})
+    try:
+        yield (
             f"every proxy's threads pinned to CPU {cpus[0]}, the load generator (this process) and the upstream "
             f"to CPU {cpus[1]} (sched_setaffinity of each thread, as `taskset -a -p`)"
         )
-    else:
-        how = "not pinned: fewer than 2 CPUs"
+    finally:
+        for pid in (*fleet.pids.values(), os.getpid()):
+            procstat.pin(pid, set(cpus))
+
+
+def run_lane(fleet: Fleet, quick: bool, pin: bool = True) -> tuple[dict[str, dict[int, lane.Cell]], str]:
+    """The stream lane (bench/lane.py) for LANE_ROWS, placed by `on_one_cpu`. Returns the cells and how
+    they were placed."""
+    with on_one_cpu(fleet, pin) as how:
+        return _lane(fleet, quick), how
+
+
+def _lane(fleet: Fleet, quick: bool) -> dict[str, dict[int, lane.Cell]]:
     target = {r.name: r.target for r in ROWS}
     rows = {
         name: (fleet.ports[target[name]], None if target[name] == "upstream" else fleet.pids[target[name]])
@@ -446,22 +471,17 @@ def run_lane(fleet: Fleet, quick: bool) -> tuple[dict[str, dict[int, lane.Cell]]
     def sent(name: str, n: int) -> None:
         fleet.sent[name] = fleet.sent.get(name, 0) + n
 
-    try:
-        cells = lane.step_up(
-            rows,
-            "direct",
-            streams=2 if quick else 3,
-            rounds=1 if quick else 2,
-            body=load.request_body(load.AGENT_BODY, tools=True),
-            idle=lambda: procstat.wait_idle(fleet.pids),
-            cpu_ns=procstat.cpu_ns,
-            sent=sent,
-            log=lambda line: print(line, file=sys.stderr),
-        )
-    finally:
-        for pid in (*fleet.pids.values(), os.getpid()):
-            procstat.pin(pid, set(cpus))
-    return cells, how
+    return lane.step_up(
+        rows,
+        "direct",
+        streams=2 if quick else 3,
+        rounds=1 if quick else 2,
+        body=load.request_body(load.AGENT_BODY, tools=True),
+        idle=lambda: procstat.wait_idle(fleet.pids),
+        cpu_ns=procstat.cpu_ns,
+        sent=sent,
+        log=lambda line: print(line, file=sys.stderr),
+    )
 
 
 def lane_lines(cells: dict[str, dict[int, lane.Cell]], how: str, quick: bool) -> tuple[str, list[str], dict]:
@@ -631,6 +651,11 @@ def main() -> None:
     ap.add_argument("--no-lane", action="store_true", help="skip the stream lane (N concurrent paced streams)")
     ap.add_argument("--json", type=Path, help="also write the raw numbers here")
     ap.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="leave every process on every CPU in the CPU phases and the lane (default: the proxies on one)",
+    )
+    ap.add_argument(
         "--tapfix-arg",
         action="append",
         default=None,
@@ -656,14 +681,17 @@ def main() -> None:
         idle = {k: procstat.idle_rate_ns_per_s(p, 0.5) / 1e6 for k, p in fleet.pids.items()}
         warm_up(fleet)
         results = {}
+        placed = ""
         for phase in PHASES:
             t = time.monotonic()
-            results[phase.name] = run_phase(fleet, phase, a.quick, rounds)
+            with on_one_cpu(fleet, phase.pinned and not a.unpinned) as how:
+                results[phase.name] = run_phase(fleet, phase, a.quick, rounds)
+            placed = how if phase.pinned else placed
             print(f"  {phase.name}: {time.monotonic() - t:.1f}s", file=sys.stderr)
         lane_cells, pinned = None, ""
         if not a.no_lane:
             t = time.monotonic()
-            lane_cells, pinned = run_lane(fleet, a.quick)
+            lane_cells, pinned = run_lane(fleet, a.quick, not a.unpinned)
             print(f"  lane: {time.monotonic() - t:.1f}s", file=sys.stderr)
         hwm = {k: procstat.memory_kb(p)["VmHWM"] for k, p in fleet.pids.items()}
         ours = procstat.self_cpu_ns() + sum(procstat.ticks_ns(p) for p in fleet.pids.values()) - ours0
@@ -693,6 +721,7 @@ def main() -> None:
         print(f"tapfix: {chunk_reads(fleet.db)}")
         print(f"tapfix --regenerate 0: {chunk_reads(fleet.db_of('tapfix0'))}")
         print(first_attempt_check(fleet))
+        print(f"CPU phases (CPU per chunk and per request): {placed}")
         print(
             f"wall time {elapsed:.0f}s; phases x rounds: {len(PHASES)} x {rounds}; noise: other processes used "
             f"{max(others, 0) / 1e9 / elapsed:.2f} of {os.cpu_count()} cores meanwhile, load avg now "
@@ -705,7 +734,14 @@ def main() -> None:
         for line in export_lines(results, nums, fleet):
             print(line)
         if a.json:
-            out = {"nums": nums, "hwm_kb": hwm, "table": rows, "regenerate_rounds": regen_rounds, "lane": lane_raw}
+            out = {
+                "nums": nums,
+                "placed": placed,
+                "hwm_kb": hwm,
+                "table": rows,
+                "regenerate_rounds": regen_rounds,
+                "lane": lane_raw,
+            }
             a.json.write_text(json.dumps(out, indent=2))
     finally:
         fleet.stop()
