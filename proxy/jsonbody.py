@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -92,3 +94,104 @@ def noted_parse(noted: NotedParse | None, body: bytes) -> dict[str, Any] | None:
     if noted is not None and (noted[0] is body or noted[0] == body):
         return noted[1]
     return None
+
+
+class RepeatedMembers:
+    """Parses request bodies whose big members come back byte for byte, request after request, once per
+    member: an agent resends its whole tool list (tens of KB, thousands of small objects) and a Messages
+    `system` on every turn. Parsing those again was most of a request's parse (issue 34: ~100 µs of a 32 KB
+    agent body on the event loop, and a fresh tree of objects for the collector to walk each time).
+
+    A member learnt from an earlier body (its compact serialization found in that body right after its key)
+    is looked for in the next one; where it is found, the body is parsed with those bytes swapped for a marker
+    string, and the marker's place, when it is the top-level member's, gets the value kept from before. Equal
+    bytes parse to equal values, so the result equals `orjson.loads(body)`; anywhere the marker lands elsewhere,
+    the body is parsed whole. The values handed out are shared between parses: read them, never change them
+    (as every parse noted by `note_parse`). Not thread-safe: one per thread (the event loop's)."""
+
+    def __init__(self, names: tuple[str, ...] = ("tools", "system"), keep: int = 4, min_bytes: int = 1024) -> None:
+        self.names = names
+        self.keep = keep
+        self.min_bytes = min_bytes
+        # A per-process nonce: no body can spell the marker without knowing it (it never leaves the process).
+        self._marker = f"tapfix-repeated-member-{secrets.token_hex(12)}"
+        self._marker_json = orjson.dumps(self._marker)
+        self._known: list[_Learnt] = []  # the most recently used first
+        self._misses = 0  # bodies parsed whole in a row where nothing could be learnt
+        self._parsed_whole = 0
+
+    def loads(self, body: bytes) -> Any:
+        """`orjson.loads(body)`: the same value, or the same JSONDecodeError."""
+        found: dict[str, tuple[int, _Learnt]] = {}
+        for learnt in self._known:
+            if learnt.name not in found and (at := learnt.find_in(body)) >= 0:
+                found[learnt.name] = (at, learnt)
+        if found:
+            parsed = self._with_markers(body, sorted(found.values(), key=lambda f: f[0]))
+            if parsed is not None:
+                return parsed
+        parsed = orjson.loads(body)
+        self._parsed_whole += 1
+        if isinstance(parsed, dict) and (self._misses < 8 or self._parsed_whole % 64 == 0):
+            self._learn(body, parsed)
+        return parsed
+
+    def _with_markers(self, body: bytes, found: list[tuple[int, _Learnt]]) -> dict[str, Any] | None:
+        """The body parsed with each found member's bytes swapped for the marker, each marker then replaced by
+        the member's kept value; None when any marker is not where its member is (the body is parsed whole)."""
+        pieces, pos = [], 0
+        for at, learnt in found:
+            if at < pos:  # overlapping finds: not two top-level members
+                return None
+            pieces += (body[pos : at + len(learnt.key)], self._marker_json)
+            pos = at + len(learnt.key) + len(learnt.serialized)
+        pieces.append(body[pos:])
+        try:
+            parsed = orjson.loads(b"".join(pieces))
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(parsed, dict) or any(parsed.get(learnt.name) != self._marker for _, learnt in found):
+            return None
+        for _, learnt in found:
+            parsed[learnt.name] = learnt.value
+            self._known.remove(learnt)
+            self._known.insert(0, learnt)
+        return parsed
+
+    def _learn(self, body: bytes, parsed: dict[str, Any]) -> None:
+        learnt_any = False
+        for name in self.names:
+            value = parsed.get(name)
+            if not isinstance(value, (list, dict)) or any(k.value is value for k in self._known):
+                continue
+            try:
+                serialized = orjson.dumps(value)
+            except TypeError:  # integers beyond 64 bits
+                continue
+            if len(serialized) < self.min_bytes:
+                continue
+            learnt = _Learnt(name, orjson.dumps(name) + b":", serialized, value)
+            if learnt.find_in(body) < 0:  # not compact as orjson writes it (spaces, escapes): not learnable
+                continue
+            self._known.insert(0, learnt)
+            del self._known[self.keep :]
+            learnt_any = True
+        self._misses = 0 if learnt_any else self._misses + 1
+
+
+@dataclass(frozen=True)
+class _Learnt:
+    name: str
+    key: bytes  # `"tools":`
+    serialized: bytes  # the value's compact serialization, as found in a body right after the key
+    value: Any
+
+    def find_in(self, body: bytes) -> int:
+        """Where the key is followed by the serialization (the first of a few places the key is), else -1.
+        The key is looked for, not the whole (`find` of a 20 KB needle costs ~60 µs, the key's ~2)."""
+        at = body.find(self.key)
+        for _ in range(4):
+            if at < 0 or body.startswith(self.serialized, at + len(self.key)):
+                return at
+            at = body.find(self.key, at + 1)
+        return -1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,6 +19,7 @@ from tapfix.proxy.config.file import Config, ConfigError, ModelConfig, Upstream
 from tapfix.proxy.config.model import ENGINE_DIALECT, ReasoningSettings
 from tapfix.proxy.content_encoding import DecodedTooLarge, DecodeError, codings, decode_whole
 from tapfix.proxy.errors import LocalAnswer, internal_error, request_error
+from tapfix.proxy.jsonbody import RepeatedMembers
 from tapfix.proxy.jsonsplice import Edit, Set, SpliceError, apply_to_dict, splice
 from tapfix.proxy.request.billing_line import strip_billing_blocks, strips_for
 from tapfix.proxy.request.reasoning import apply_reasoning
@@ -80,6 +81,7 @@ class RequestPolicy:
         self._environ = os.environ if environ is None else environ
         self._known = Knowledge(environ=self._environ)
         self._policies: dict[str, _ModelPolicy] = {}
+        self._bodies = RepeatedMembers()  # an agent's tool list, parsed once, not on every turn
         self.turns: ReplaySource | None = None  # where reasoning replay finds answered turns (set at start)
         models = list(config.models.values()) + ([config.quick_model] if config.quick_model else [])
         for m in models:
@@ -160,7 +162,7 @@ class RequestPolicy:
         outcome = Outcome(body=body, surface=surface_for(path))
         lowered = {k.lower(): v for k, v in headers.items()}
         encoding = lowered.get("content-encoding", "identity").strip().lower()
-        parsed, ok = _parse(body) if encoding in ("", "identity") else (None, False)
+        parsed, ok = _parse(body, self._bodies.loads) if encoding in ("", "identity") else (None, False)
         outcome.parsed = parsed
         if encoding not in ("", "identity"):
             outcome.flags.add("encoded_request_body")
@@ -245,7 +247,7 @@ class RequestPolicy:
         if stripped is None:
             return body, parsed
         outcome.changes += stripped.changes
-        if _parse(stripped.body) == (stripped.parsed, True):
+        if _parse(stripped.body, self._bodies.loads) == (stripped.parsed, True):
             return stripped.body, stripped.parsed
         outcome.flags.add("request_reserialized")
         return self._serialize(stripped.parsed), stripped.parsed
@@ -281,7 +283,7 @@ class RequestPolicy:
         outcome.changes += replayed.changes
         if replayed.body is body:
             return body, parsed
-        if _parse(replayed.body) == (replayed.parsed, True):
+        if _parse(replayed.body, self._bodies.loads) == (replayed.parsed, True):
             return replayed.body, replayed.parsed
         outcome.flags.add("request_reserialized")
         return self._serialize(replayed.parsed), replayed.parsed
@@ -354,9 +356,10 @@ def edited(parsed: dict[str, Any], edits: list[Edit]) -> dict[str, Any]:
     return out
 
 
-def _parse(body: bytes) -> tuple[Any, bool]:
+def _parse(body: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> tuple[Any, bool]:
+    """`loads`: orjson's, or one that gives the same value and raises the same error (RepeatedMembers)."""
     try:
-        return orjson.loads(body), True
+        return loads(body), True
     except orjson.JSONDecodeError:
         pass
     try:  # integers beyond 64 bits, lone surrogates: what orjson refuses and servers may accept
