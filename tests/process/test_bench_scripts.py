@@ -1,18 +1,21 @@
 """The bench scripts' rows against real processes: `bench/versus` reads each tree's command line, the agents'
 path rows and their `--regenerate 0` twins send each request upstream once with no later attempt (issues 19
 and 34; a long prompt's count, which tapfix asks first, is no stream request), and the stream lane reads every
-delta and how late it came and counts the requests it wrote. The pure checks are in
+delta and how late it came and counts the requests it wrote, and the CPU phases and the lane place the processes
+on one CPU each side and give every CPU back. The pure checks are in
 tests/unit/test_bench_scripts.py."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import socketserver
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -136,3 +139,25 @@ def test_the_stream_lane_counts_the_requests_it_wrote_not_the_streams_it_asked_f
 
 def load_body(tools: bool) -> bytes:
     return bytes(_bench("load").request_body(_bench("load").AGENT_BODY, tools=tools))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="placing processes on one CPU needs two")
+def test_the_cpu_phases_and_the_lane_put_the_proxies_on_one_cpu_and_give_every_cpu_back() -> None:
+    runner = _bench("runner")
+    cpus = sorted(os.sched_getaffinity(0))
+    children = {name: subprocess.Popen(["sleep", "30"]) for name in ("upstream", "mitm", "tapfix")}
+    fleet = SimpleNamespace(pids={name: p.pid for name, p in children.items()})
+    try:
+        assert {p.name for p in runner.PHASES if p.pinned} == {"cpu256", "cpu16"}
+        with runner.on_one_cpu(fleet) as how:
+            assert os.sched_getaffinity(fleet.pids["mitm"]) == os.sched_getaffinity(fleet.pids["tapfix"]) == {cpus[0]}
+            assert os.sched_getaffinity(fleet.pids["upstream"]) == os.sched_getaffinity(0) == {cpus[1]}
+            assert f"CPU {cpus[0]}" in how
+        assert all(os.sched_getaffinity(pid) == set(cpus) for pid in [*fleet.pids.values(), os.getpid()])
+        with runner.on_one_cpu(fleet, pin=False) as how:
+            assert os.sched_getaffinity(fleet.pids["tapfix"]) == set(cpus) and "not pinned" in how
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+        for p in children.values():
+            p.kill()
+            p.wait()
