@@ -139,7 +139,8 @@ class RepeatedMembers:
     def _with_markers(self, body: bytes, found: list[tuple[int, _Learnt]]) -> dict[str, Any] | None:
         """The body parsed with each found member's bytes swapped for the marker, each marker then replaced by
         the member's kept value; None when any marker is not where its member is (the body is parsed whole)."""
-        pieces, pos = [], 0
+        pieces: list[bytes] = []
+        pos = 0
         for at, learnt in found:
             if at < pos:  # overlapping finds: not two top-level members
                 return None
