@@ -307,7 +307,12 @@ def test_the_connection_carries_the_next_request_after_a_relayed_stream(scripted
 
 def test_a_client_that_leaves_mid_relay_is_recorded_as_on_mitmproxys_path(scripted):
     scripts, pair = scripted
-    scripts["m"] = per_event(_content_events() * 10)
+    events = _content_events() * 10
+    # A pause after the client leaves: without it a loaded machine let the whole stream (2 ms apart) into the
+    # client's socket buffer before the client read its 20 chunks, so nothing was left to find it gone (CI, once).
+    script = per_event(events[:30], ending=b"")
+    script += [(1.0 if k == 0 else GAP_S, framed(e)) for k, e in enumerate(events[30:])] + [(GAP_S, b"0\r\n\r\n")]
+    scripts["m"] = script
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     rows = {}
     for relay in (True, False):
@@ -321,8 +326,10 @@ def test_a_client_that_leaves_mid_relay_is_recorded_as_on_mitmproxys_path(script
         try:
             with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as response:
                 capture_id = response.headers["x-tapfix-capture-id"]
-                for k, _ in enumerate(response.iter_raw()):
-                    if k == 20:
+                seen = b""
+                for data in response.iter_raw():  # leaves within the first 30 events, before the pause
+                    seen += data
+                    if seen.count(b"data:") >= 20:
                         break
             rows[relay] = wait_capture(proxy.extra["db"], capture_id, timeout=15)
         finally:

@@ -334,8 +334,13 @@ class InprocMock(_OnLoopback):
     port: int
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def server(self) -> Any:
+        """The uvicorn server (its `config.loaded_app` is the app a test may wrap)."""
+        return self.mock.server
+
     def alive(self) -> bool:
-        return any(s.is_serving() for s in self.mock.server.servers)
+        return any(s.is_serving() for s in self.server.servers)
 
     def stop(self) -> int:
         """Stops listening at once, as a killed process would, and returns once its thread ended: the responses
