@@ -101,13 +101,27 @@ class SideBySide:
         """Each body's client bytes, capture and relayed streams, the same with the relay and without; the
         relay ran where `relayed` says (by default on each; False: anywhere)."""
         on, off = self.run(bodies, True), self.run(bodies, False)
+        declined = []
         for k, ((data, capture, taken), (off_data, off_capture, off_taken)) in enumerate(zip(on, off, strict=True)):
             assert data == off_data, bodies[k]["model"]
             assert capture == off_capture, bodies[k]["model"]
             assert off_taken == 0
             if relayed is not False:
                 want = relayed[k] if isinstance(relayed, list) else True
-                assert taken == want, f"{bodies[k]['model']}: the relay ran"
+                assert taken <= want, f"{bodies[k]['model']}: the relay ran where it shouldn't"
+                if want and not taken:
+                    declined.append(k)
+        # A take-over declines when the loop is too late to find a boundary in what mitmproxy's reader holds (the
+        # two-step's settle gives up): right, but on a loaded machine a stream that should show the relay can then
+        # pass without it (CI, once in a full run). Such a stream gets two more tries to show the relay takes it.
+        for _ in range(2):
+            if not declined:
+                break
+            again = self.run([bodies[k] for k in declined], True)
+            for k, (data, capture, _) in zip(declined, again, strict=True):
+                assert (data, capture) == off[k][:2], bodies[k]["model"]
+            declined = [k for k, (_, _, taken) in zip(declined, again, strict=True) if not taken]
+        assert not declined, f"{[bodies[k]['model'] for k in declined]}: the relay never ran"
         return on
 
 
